@@ -1,0 +1,368 @@
+"""Typed, frozen configuration for every part of the pipeline.
+
+The configuration is a tree of dataclasses (``Config`` -> ``DataConfig``, ``EncoderConfig``, ...).
+It is filled from a YAML file, overridden from the command line with dotted keys
+(``train.lr=2e-4``), validated at construction, saved beside the outputs and stored in every
+checkpoint as plain Python types, so a checkpoint rebuilds its model with no other file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value or file is invalid; the message names the key."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _one_of(name: str, value: Any, choices: tuple) -> None:
+    _check(value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the captions and images come from and how captions become token ids."""
+
+    dataset: str = "shapes"  # shapes | karpathy | coco | folder
+    root: str = "data/shapes"  # image root (Karpathy: the folder holding filepath/filename)
+    split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
+    annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
+    instances: str | None = None  # COCO instances JSON with boxes, for attention grounding
+    restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
+    min_word_count: int = 5  # words seen fewer times in train become <unk>
+    max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
+    skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
+    num_workers: int = 0  # DataLoader worker processes
+    cache_dir: str | None = None  # feature cache folder; None puts it under the output folder
+    use_cache: bool = True  # cache frozen-encoder features on disk (ignored when fine-tuning)
+    # Shapes, the built-in synthetic dataset.
+    shapes_seed: int = 0
+    shapes_train: int = 2000  # images per split
+    shapes_val: int = 200
+    shapes_test: int = 200
+    shapes_image_size: int = 224
+    shapes_max_objects: int = 3
+
+    def __post_init__(self) -> None:
+        _one_of("data.dataset", self.dataset, ("shapes", "karpathy", "coco", "folder"))
+        _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
+        _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
+        _check(self.num_workers >= 0, "data.num_workers must be >= 0")
+        _check(1 <= self.shapes_max_objects <= 3, "data.shapes_max_objects must be 1, 2 or 3")
+        _check(min(self.shapes_train, self.shapes_val, self.shapes_test) >= 1,
+               "data.shapes_train/val/test must be >= 1")
+        _check(self.shapes_image_size >= 32, "data.shapes_image_size must be >= 32")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """The CNN that turns an image into a grid of annotation vectors."""
+
+    name: str = "efficientnet_lite0"  # a name from captioning.models.encoders.ENCODERS
+    weights: str = "pretrained"  # pretrained | none | path to a state-dict file
+    image_size: int = 224  # input side in pixels (resize shorter side, centre crop)
+    grid_size: int = 14  # adaptive pooling to grid_size x grid_size; 0 keeps the native grid
+    fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
+
+    def __post_init__(self) -> None:
+        _check(self.image_size >= 32, f"model.encoder.image_size must be >= 32, got {self.image_size}")
+        _check(self.grid_size >= 0, f"model.encoder.grid_size must be >= 0, got {self.grid_size}")
+        _check(self.fine_tune_stages >= 0, "model.encoder.fine_tune_stages must be >= 0")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The attention LSTM of Show, Attend and Tell."""
+
+    attention: str = "soft"  # soft (section 4.2) | hard (stochastic, section 4.1)
+    scoring: str = "additive"  # additive | dot | scaled_dot | multihead
+    activation: str = "tanh"  # additive scoring non-linearity: tanh (paper) | relu (tutorial)
+    num_heads: int = 8  # multihead scoring only
+    embed_dim: int = 512  # word embedding size
+    hidden_dim: int = 512  # LSTM size
+    attention_dim: int = 512  # attention projection size
+    gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
+    deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
+    dropout: float = 0.5
+    doubly_stochastic: float = 1.0  # lambda of the doubly stochastic attention penalty
+    # Hard attention (REINFORCE with a moving-average baseline and an entropy bonus).
+    hard_entropy: float = 0.002
+    hard_baseline_decay: float = 0.9
+    hard_expected_prob: float = 0.5  # probability of using the expected context instead of a sample
+
+    def __post_init__(self) -> None:
+        _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
+        _one_of("model.decoder.scoring", self.scoring, ("additive", "dot", "scaled_dot", "multihead"))
+        _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
+        _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))
+        for name in ("embed_dim", "hidden_dim", "attention_dim", "num_heads"):
+            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1")
+        if self.scoring == "multihead":
+            _check(self.attention_dim % self.num_heads == 0,
+                   "model.decoder.attention_dim must be divisible by model.decoder.num_heads")
+        _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
+        _check(self.doubly_stochastic >= 0, "model.decoder.doubly_stochastic must be >= 0")
+        _check(0.0 <= self.hard_expected_prob <= 1.0, "model.decoder.hard_expected_prob must be in [0, 1]")
+        _check(0.0 <= self.hard_baseline_decay < 1.0, "model.decoder.hard_baseline_decay must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How captions are generated at validation, test and visualization time."""
+
+    strategy: str = "beam"  # greedy | beam | sample
+    beam_size: int = 3
+    max_length: int = 20  # words, without <end>
+    min_length: int = 0  # <end> is forbidden before this many words
+    length_alpha: float = 0.0  # GNMT length normalisation ((5 + len) / 6) ** alpha; 0 = none
+    block_trigrams: bool = False  # forbid a trigram from appearing twice in one caption
+    temperature: float = 1.0  # sampling only
+    top_k: int = 0  # sampling only; 0 = the whole vocabulary
+    batch_size: int = 50  # images decoded at once
+
+    def __post_init__(self) -> None:
+        _one_of("decode.strategy", self.strategy, ("greedy", "beam", "sample"))
+        _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
+        _check(self.max_length >= 1, f"decode.max_length must be >= 1, got {self.max_length}")
+        _check(0 <= self.min_length <= self.max_length, "decode.min_length must be in [0, max_length]")
+        _check(self.length_alpha >= 0, "decode.length_alpha must be >= 0")
+        _check(self.temperature > 0, f"decode.temperature must be > 0, got {self.temperature}")
+        _check(self.top_k >= 0, "decode.top_k must be >= 0")
+        _check(self.batch_size >= 1, "decode.batch_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation: cross-entropy stage, then optionally self-critical."""
+
+    output_dir: str = "runs/shapes"
+    epochs: int = 4  # cross-entropy epochs
+    batch_size: int = 32  # images per batch (each brings all its captions)
+    captions_per_image: int = 5  # captions of an image used per step (seq_per_img)
+    lr: float = 4e-4
+    encoder_lr: float = 1e-4  # used when model.encoder.fine_tune_stages > 0
+    weight_decay: float = 0.0
+    grad_clip: float = 5.0  # max gradient norm; 0 disables
+    label_smoothing: float = 0.0
+    schedule: str = "plateau"  # none | step | plateau
+    step_size: int = 3  # epochs between decays (step)
+    gamma: float = 0.8  # decay factor (step and plateau)
+    plateau_patience: int = 2
+    early_stop_patience: int = 5  # epochs without improvement of `metric`; 0 disables
+    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping
+    val_images: int = 0  # validate on the first N validation images; 0 = all
+    seed: int = 0
+    deterministic: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: str = "none"  # none | bf16 | fp16 (autocast on GPU)
+    compile: bool = False  # torch.compile the decoder
+    checkpoint_every: int = 0  # also checkpoint every N steps; 0 = once per epoch
+    nonfinite: str = "stop"  # stop | skip: what a non-finite loss does
+    max_steps: int = 0  # stop after N optimisation steps in total (tests, smoke runs); 0 = no limit
+    log_every: int = 20  # TensorBoard scalars every N steps
+    # Self-critical sequence training (Rennie et al. 2017), after the cross-entropy epochs.
+    scst_epochs: int = 0
+    scst_lr: float = 2e-5
+    scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
+    scst_samples: int = 5  # sampled captions per image
+
+    def __post_init__(self) -> None:
+        _check(self.epochs >= 0, f"train.epochs must be >= 0, got {self.epochs}")
+        _check(self.batch_size >= 1, f"train.batch_size must be >= 1, got {self.batch_size}")
+        _check(self.captions_per_image >= 1, "train.captions_per_image must be >= 1")
+        for name in ("lr", "encoder_lr", "scst_lr"):
+            _check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
+        _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")
+        _check(self.grad_clip >= 0, "train.grad_clip must be >= 0")
+        _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
+        _one_of("train.schedule", self.schedule, ("none", "step", "plateau"))
+        _check(self.step_size >= 1, "train.step_size must be >= 1")
+        _check(0 < self.gamma <= 1, "train.gamma must be in (0, 1]")
+        _check(self.early_stop_patience >= 0, "train.early_stop_patience must be >= 0")
+        _one_of("train.amp", self.amp, ("none", "bf16", "fp16"))
+        _one_of("train.nonfinite", self.nonfinite, ("stop", "skip"))
+        _one_of("train.scst_baseline", self.scst_baseline, ("greedy", "mean"))
+        _check(self.scst_samples >= 2 or self.scst_baseline == "greedy",
+               "train.scst_samples must be >= 2 with the mean baseline")
+        for name in ("checkpoint_every", "max_steps", "val_images", "scst_epochs"):
+            _check(getattr(self, name) >= 0, f"train.{name} must be >= 0")
+        _check(self.log_every >= 1, "train.log_every must be >= 1")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration of a run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A configuration dataclass as nested plain dicts/lists (for YAML, JSON and checkpoints)."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(config)
+
+
+def _coerce(type_hint: Any, value: Any, key: str) -> Any:
+    """Turn a YAML/CLI value into the field's declared type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(type_hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(type_hint)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in options:
+                return None
+        inner = [t for t in options if t is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(str(v) for v in value)
+    if type_hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if type_hint is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        try:
+            as_float = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be an integer, got {value!r}") from None
+        if not as_float.is_integer():
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return int(as_float)
+    if type_hint is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if type_hint is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix or 'configuration'} must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        where = prefix or "the top level"
+        raise ConfigError(f"unknown configuration key {prefix + unknown[0]!r} in {where}; "
+                          f"known: {', '.join(sorted(names))}")
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        key = prefix + name
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, key + ".")
+        else:
+            kwargs[name] = _coerce(hint, value, key)
+    return cls(**kwargs)
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    """Build a validated Config from nested dicts; missing keys take their defaults."""
+    return _build(Config, values, "")
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {key!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML configuration (or start from the defaults) and apply dotted-key overrides.
+
+    Args:
+        path: YAML file whose nested sections mirror ``Config``; None starts from the defaults.
+        overrides: ``{"train.lr": 2e-4, ...}``; values may be strings as typed on a command line.
+    Returns:
+        The validated, frozen ``Config``.
+    Raises:
+        ConfigError: the file is unreadable or not YAML, a key is unknown, or a value is invalid.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"{path}: cannot read configuration ({error.strerror})") from None
+        try:
+            tree = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: a configuration must be a mapping of sections")
+    for key, value in (overrides or {}).items():
+        _set_dotted(tree, key, value)
+    try:
+        return from_dict(tree)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}" if path else str(error)) from None
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved configuration as YAML (readable by ``load_config``)."""
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+
+
+def config_json(config: Any) -> str:
+    """The configuration as one JSON line, for logs."""
+    return json.dumps(to_dict(config), sort_keys=True)
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """Every configuration key as ``(dotted key, type, default)``, for generated documentation."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            rows.extend(describe(hint, prefix + f.name + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+            rows.append((prefix + f.name, type_name, default))
+    return rows
