@@ -1,0 +1,282 @@
+"""Caption generation over a batch of images: greedy, sampling and batched beam search.
+
+All functions drive ``ShowAttendTellDecoder.step``. The annotation projections are made once
+per image (``decoder.prepare``) and shared by that image's samples or beams through
+``Prepared.select``; every image's hypotheses advance together as one tensor batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from captioning.config import DecodeConfig
+from captioning.data.vocab import Vocabulary
+from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
+
+START, END, PAD = Vocabulary.start_id, Vocabulary.end_id, Vocabulary.pad_id
+
+
+@dataclass
+class Caption:
+    """One generated caption.
+
+    Attributes:
+        tokens: word ids, without ``<start>`` and ``<end>``.
+        log_prob: sum of the log-probabilities of the words and of ``<end>`` when reached.
+        attention: (len(tokens), P) the attention map of every emitted word.
+        betas: (len(tokens),) the gate value of every word, or None without a gate.
+        finished: whether ``<end>`` was produced within the maximum length.
+        score: the value the search ranked by (``log_prob`` after length normalisation).
+    """
+
+    tokens: list[int]
+    log_prob: float
+    attention: Tensor
+    betas: Tensor | None
+    finished: bool
+    score: float
+
+    def words(self, vocab: Vocabulary) -> list[str]:
+        return [vocab.itos[t] for t in self.tokens]
+
+
+@dataclass
+class Rollout:
+    """Token-by-token generation for N rows (tensors keep gradients when enabled)."""
+
+    tokens: Tensor  # (N, T) emitted ids, PAD after <end>
+    log_probs: Tensor  # (N, T) log-probability of each emitted id, 0 after <end>
+    mask: Tensor  # (N, T) True on emitted tokens, <end> included
+    alphas: Tensor  # (N, T, P)
+    betas: Tensor | None  # (N, T)
+    lengths: Tensor  # (N,) words, <end> excluded
+    finished: Tensor  # (N,) bool
+
+
+def _forbid_end(log_probs: Tensor, step: int, min_length: int) -> Tensor:
+    if step < min_length:
+        log_probs = log_probs.clone()
+        log_probs[:, END] = float("-inf")
+    return log_probs
+
+
+def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callable[[Tensor], Tensor],
+            max_length: int, min_length: int = 0, repeats: int = 1) -> Rollout:
+    """Generate one caption per row, choosing each word with ``choose(log_probs) -> ids``.
+
+    Args:
+        annotations: (B, P, C) image grids.
+        choose: maps (N, V) log-probabilities to (N,) token ids (argmax, a sample, ...).
+        max_length: words at most; a row still running then is returned unfinished.
+        repeats: rows per image (samples for SCST); rows are image-major (image 0's first).
+    """
+    batch = annotations.size(0)
+    rows = torch.arange(batch, device=annotations.device).repeat_interleave(repeats)
+    prepared = decoder.prepare(annotations).select(rows)  # once per image, shared by its rows
+    state = decoder.init_state(annotations).select(rows)
+    n = rows.numel()
+    tokens = torch.full((n,), START, dtype=torch.long, device=annotations.device)
+    running = torch.ones(n, dtype=torch.bool, device=annotations.device)
+    ended = torch.zeros_like(running)
+    out_tokens, out_log_probs, out_mask, out_alphas, out_betas = [], [], [], [], []
+    for t in range(max_length + 1):
+        log_probs, state, alpha, beta = decoder.step(prepared, tokens, state)  # (N, V)
+        chosen = choose(_forbid_end(log_probs, t, min_length))
+        # After max_length words only <end> may follow: other choices leave the row unfinished.
+        emit = running & (chosen == END) if t == max_length else running
+        tokens = chosen.masked_fill(~emit, PAD)
+        out_tokens.append(tokens)
+        out_log_probs.append(log_probs.gather(1, chosen.unsqueeze(1)).squeeze(1) * emit)
+        out_mask.append(emit)
+        out_alphas.append(alpha)
+        if beta is not None:
+            out_betas.append(beta)
+        ended = ended | (emit & (tokens == END))
+        running = running & ~ended
+        if not running.any():
+            break
+    tokens_t = torch.stack(out_tokens, 1)  # (N, T)
+    mask = torch.stack(out_mask, 1)
+    words = mask & (tokens_t != END)
+    return Rollout(tokens_t, torch.stack(out_log_probs, 1), mask, torch.stack(out_alphas, 1),
+                   torch.stack(out_betas, 1) if out_betas else None, words.sum(1), ended)
+
+
+def _captions_from_rollout(result: Rollout) -> list[Caption]:
+    captions = []
+    for i in range(result.tokens.size(0)):
+        length = int(result.lengths[i])
+        log_prob = float(result.log_probs[i].sum())
+        captions.append(Caption(
+            tokens=result.tokens[i, :length].tolist(), log_prob=log_prob,
+            attention=result.alphas[i, :length].float().cpu(),
+            betas=None if result.betas is None else result.betas[i, :length].float().cpu(),
+            finished=bool(result.finished[i]), score=log_prob))
+    return captions
+
+
+@torch.inference_mode()
+def greedy_search(decoder: ShowAttendTellDecoder, annotations: Tensor, max_length: int = 20,
+                  min_length: int = 0) -> list[Caption]:
+    """The most likely word at every step, for each of the B images in (B, P, C)."""
+    result = rollout(decoder, annotations, lambda lp: lp.argmax(dim=1), max_length, min_length)
+    return _captions_from_rollout(result)
+
+
+def sampler(temperature: float = 1.0, top_k: int = 0) -> Callable[[Tensor], Tensor]:
+    """A ``choose`` function drawing from softmax(log_probs / temperature), optionally the top k only."""
+
+    def choose(log_probs: Tensor) -> Tensor:
+        logits = log_probs.detach().float() / temperature
+        if top_k:
+            kth = logits.topk(min(top_k, logits.size(1)), dim=1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(logits, dim=1), 1).squeeze(1)
+
+    return choose
+
+
+@torch.inference_mode()
+def sample_captions(decoder: ShowAttendTellDecoder, annotations: Tensor, max_length: int = 20,
+                    min_length: int = 0, temperature: float = 1.0, top_k: int = 0) -> list[Caption]:
+    """One sampled caption per image (temperature, top-k)."""
+    result = rollout(decoder, annotations, sampler(temperature, top_k), max_length, min_length)
+    return _captions_from_rollout(result)
+
+
+def _length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT: ((5 + length) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _block_repeated_trigrams(log_probs: Tensor, history: Tensor) -> Tensor:
+    """Forbid the words that would repeat a trigram already in each hypothesis.
+
+    Args:
+        log_probs: (N, V) next-word scores.
+        history: (N, t) words so far.
+    """
+    if history.size(1) < 3:
+        return log_probs
+    trigrams = history.unfold(1, 3, 1)  # (N, t-2, 3)
+    last_two = history[:, -2:].unsqueeze(1)  # (N, 1, 2)
+    repeats = (trigrams[:, :, :2] == last_two).all(dim=2)  # (N, t-2)
+    if not repeats.any():
+        return log_probs
+    row, position = repeats.nonzero(as_tuple=True)
+    log_probs = log_probs.clone()
+    log_probs[row, trigrams[row, position, 2]] = float("-inf")
+    return log_probs
+
+
+@torch.inference_mode()
+def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: int = 3, max_length: int = 20,
+                min_length: int = 0, length_alpha: float = 0.0, block_trigrams: bool = False) -> list[Caption]:
+    """Batched beam search: the beams of all B images advance as one (B*K) batch.
+
+    An image is finished once ``beam_size`` hypotheses have produced ``<end>``; its rows are then
+    dropped from the batch. Hypotheses are ranked by log-probability divided by the GNMT length
+    penalty (``length_alpha`` = 0 ranks by log-probability). An image none of whose hypotheses
+    reached ``<end>`` within ``max_length`` words gets its best unfinished hypothesis.
+
+    Args:
+        annotations: (B, P, C) image grids.
+    Returns:
+        The best caption of each image, in order.
+    """
+    device = annotations.device
+    batch, k = annotations.size(0), beam_size
+    images = torch.arange(batch, device=device)  # which image each active block of K rows belongs to
+    prepared = decoder.prepare(annotations).select(images.repeat_interleave(k))  # (B*K, ...)
+    state = decoder.init_state(annotations).select(images.repeat_interleave(k))
+    tokens = torch.full((batch * k,), START, dtype=torch.long, device=device)
+    # Only the first beam is live at the start, so the K beams do not duplicate each other.
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B*K, t)
+    alpha_history = None  # (B*K, t, P)
+    beta_history = None  # (B*K, t)
+    finished: list[list[Caption]] = [[] for _ in range(batch)]
+
+    def hypothesis(row: int, log_prob: float, done: bool) -> Caption:
+        length = history.size(1)
+        return Caption(tokens=history[row].tolist(), log_prob=log_prob,
+                       attention=alpha_history[row, :length].float().cpu() if length else
+                       torch.zeros(0, prepared.keys.shape[-2]),
+                       betas=None if beta_history is None else beta_history[row].float().cpu(),
+                       finished=done, score=log_prob / _length_penalty(length + int(done), length_alpha))
+
+    for t in range(max_length + 1):
+        log_probs, state, alpha, beta = decoder.step(prepared, tokens, state)  # (n*K, V)
+        vocab_size = log_probs.size(1)
+        log_probs = _forbid_end(log_probs, t, min_length)
+        if block_trigrams:
+            log_probs = _block_repeated_trigrams(log_probs, history)
+        n = images.numel()
+        candidates = (scores.unsqueeze(2) + log_probs.view(n, k, vocab_size)).view(n, k * vocab_size)
+        top_scores, top_index = candidates.topk(min(2 * k, k * vocab_size), dim=1)  # (n, 2K)
+        top_beam, top_token = top_index // vocab_size, top_index % vocab_size
+        is_end = (top_token == END) & torch.isfinite(top_scores)
+        # Finished hypotheses: <end> among the K best candidates of an image.
+        for block, position in is_end[:, :k].nonzero().tolist():
+            image = int(images[block])
+            row = block * k + int(top_beam[block, position])
+            finished[image].append(hypothesis(row, float(top_scores[block, position]), True))
+        if t == max_length:  # after max_length words only <end> may follow
+            break
+        # Live beams: the K best candidates that did not end.
+        keep = (~is_end).float().argsort(dim=1, descending=True, stable=True)[:, :k]  # (n, K)
+        scores = top_scores.gather(1, keep)
+        source_rows = (top_beam.gather(1, keep) + torch.arange(n, device=device).unsqueeze(1) * k).view(-1)
+        tokens = top_token.gather(1, keep).view(-1)
+        history = torch.cat([history.index_select(0, source_rows), tokens.unsqueeze(1)], dim=1)
+        step_alpha = alpha.index_select(0, source_rows).unsqueeze(1)
+        alpha_history = step_alpha if alpha_history is None else torch.cat(
+            [alpha_history.index_select(0, source_rows), step_alpha], dim=1)
+        if beta is not None:
+            step_beta = beta.index_select(0, source_rows).unsqueeze(1)
+            beta_history = step_beta if beta_history is None else torch.cat(
+                [beta_history.index_select(0, source_rows), step_beta], dim=1)
+        state = state.select(source_rows)
+        prepared = prepared.select(source_rows)
+        # Drop images that have K finished hypotheses.
+        done = torch.tensor([len(finished[i]) >= k for i in images.tolist()], device=device)
+        if done.all():
+            break
+        if done.any():
+            alive = (~done).nonzero().squeeze(1)
+            alive_rows = (alive.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
+            images, scores = images.index_select(0, alive), scores.index_select(0, alive)
+            tokens, history = tokens.index_select(0, alive_rows), history.index_select(0, alive_rows)
+            alpha_history = alpha_history.index_select(0, alive_rows)
+            if beta_history is not None:
+                beta_history = beta_history.index_select(0, alive_rows)
+            state, prepared = state.select(alive_rows), prepared.select(alive_rows)
+
+    best = []
+    for image in range(batch):
+        pool = finished[image]
+        if not pool:  # no hypothesis reached <end>: the best unfinished one of max_length words
+            block = (images == image).nonzero()
+            if block.numel():
+                b = int(block[0])
+                pool = [hypothesis(b * k + beam, float(scores[b, beam]), False)
+                        for beam in range(k) if torch.isfinite(scores[b, beam])]
+        best.append(max(pool, key=lambda c: c.score))
+    return best
+
+
+def decode(decoder: ShowAttendTellDecoder, annotations: Tensor, config: DecodeConfig) -> list[Caption]:
+    """Caption B images (B, P, C) with the strategy and options of ``config``."""
+    strategies: dict[str, Callable[[], list[Caption]]] = {
+        "greedy": lambda: greedy_search(decoder, annotations, config.max_length, config.min_length),
+        "beam": lambda: beam_search(decoder, annotations, config.beam_size, config.max_length, config.min_length,
+                                    config.length_alpha, config.block_trigrams),
+        "sample": lambda: sample_captions(decoder, annotations, config.max_length, config.min_length,
+                                          config.temperature, config.top_k),
+    }
+    return strategies[config.strategy]()

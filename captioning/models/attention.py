@@ -1,0 +1,158 @@
+"""Attention scoring functions over the annotation grid.
+
+Every scorer works in two phases, so the work that depends only on the image is done once:
+
+* ``prepare(annotations)`` projects the annotation vectors (keys and values) once per image,
+  before the time loop (and before beams are expanded);
+* ``forward(prepared, query)`` scores the projected keys against the decoder state h_{t-1} at
+  each step and returns attention weights over the P grid positions.
+
+``combine(weights, prepared)`` turns weights (soft attention) or one-hot locations (hard
+attention) into the context vector z_t of size ``context_dim``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+
+class Prepared(NamedTuple):
+    """Per-image projections, computed once; every field has the batch on dim 0."""
+
+    keys: Tensor  # (B, P, A) or (B, nh, P, dk)
+    values: Tensor  # (B, P, Dv) or (B, nh, P, dv)
+
+    def select(self, index: Tensor) -> Prepared:
+        """Rows ``index`` of every field, e.g. to give each beam or caption its image's projections."""
+        return Prepared(self.keys.index_select(0, index), self.values.index_select(0, index))
+
+    def head(self, n: int) -> Prepared:
+        """The first ``n`` rows (a view), for an active batch that shrinks as captions end."""
+        return Prepared(self.keys[:n], self.values[:n])
+
+
+class Attention(nn.Module):
+    """Base class: subclasses define ``prepare`` and ``scores``; weights are a softmax over P."""
+
+    context_dim: int
+    num_heads: int = 1
+
+    def prepare(self, annotations: Tensor) -> Prepared:
+        raise NotImplementedError
+
+    def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
+        """Unnormalised scores (N, nh, P) for decoder states ``query`` (N, H)."""
+        raise NotImplementedError
+
+    def forward(self, prepared: Prepared, query: Tensor) -> Tensor:
+        """Attention weights (N, nh, P), each head's weights summing to 1 over positions."""
+        return torch.softmax(self.scores(prepared, query), dim=-1)
+
+    def combine(self, weights: Tensor, prepared: Prepared) -> Tensor:
+        """Context (N, context_dim) from weights (N, nh, P) over the values."""
+        values = prepared.values
+        if values.dim() == 3:  # single head: values (N, P, D)
+            return torch.bmm(weights, values).squeeze(1)  # (N, D)
+        context = torch.matmul(weights.unsqueeze(2), values).squeeze(2)  # (N, nh, dv)
+        return context.flatten(1)  # (N, nh*dv)
+
+
+class AdditiveAttention(Attention):
+    """The paper's f_att: e_ti = w^T act(W_a a_i + W_h h_{t-1}) (Bahdanau et al.), values = a_i.
+
+    Args:
+        annotation_dim: C, channels of the annotation vectors.
+        hidden_dim: H, the decoder state size.
+        attention_dim: A, the projection size.
+        activation: ``tanh`` (paper) or ``relu`` (the popular tutorial).
+    """
+
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int, activation: str = "tanh"):
+        super().__init__()
+        self.annotation_proj = nn.Linear(annotation_dim, attention_dim)
+        self.query_proj = nn.Linear(hidden_dim, attention_dim, bias=False)
+        self.score = nn.Linear(attention_dim, 1)
+        self.activation: Callable[[Tensor], Tensor] = torch.tanh if activation == "tanh" else torch.relu
+        self.context_dim = annotation_dim
+
+    def prepare(self, annotations: Tensor) -> Prepared:
+        return Prepared(self.annotation_proj(annotations), annotations)  # (B, P, A), (B, P, C)
+
+    def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
+        hidden = self.activation(prepared.keys + self.query_proj(query).unsqueeze(1))  # (N, P, A)
+        return self.score(hidden).squeeze(-1).unsqueeze(1)  # (N, 1, P)
+
+
+class DotAttention(Attention):
+    """Multiplicative (Luong 'general') scoring: e_ti = a_i . W h_{t-1}; values = a_i."""
+
+    def __init__(self, annotation_dim: int, hidden_dim: int):
+        super().__init__()
+        self.query_proj = nn.Linear(hidden_dim, annotation_dim, bias=False)
+        self.context_dim = annotation_dim
+
+    def prepare(self, annotations: Tensor) -> Prepared:
+        return Prepared(annotations, annotations)
+
+    def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
+        query = self.query_proj(query).unsqueeze(2)  # (N, C, 1)
+        return torch.bmm(prepared.keys, query).transpose(1, 2)  # (N, 1, P)
+
+
+class ScaledDotAttention(Attention):
+    """Scaled dot-product attention with query/key/value projections and ``num_heads`` heads.
+
+    With one head: e_ti = (W_k a_i) . (W_q h) / sqrt(A), z = sum_i alpha_ti W_v a_i.
+    With several heads the A-dimensional projections are split into heads (Vaswani et al.);
+    the context is the concatenation of the heads followed by an output projection.
+    """
+
+    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int, num_heads: int = 1):
+        super().__init__()
+        if attention_dim % num_heads:
+            raise ValueError(f"attention_dim {attention_dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = attention_dim // num_heads
+        self.key_value_proj = nn.Linear(annotation_dim, 2 * attention_dim)
+        self.query_proj = nn.Linear(hidden_dim, attention_dim)
+        self.output_proj = nn.Linear(attention_dim, attention_dim) if num_heads > 1 else nn.Identity()
+        self.context_dim = attention_dim
+
+    def _split(self, x: Tensor) -> Tensor:
+        n, p, _ = x.shape
+        return x.view(n, p, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, P, dk)
+
+    def prepare(self, annotations: Tensor) -> Prepared:
+        keys, values = self.key_value_proj(annotations).chunk(2, dim=-1)  # (B, P, A) each
+        if self.num_heads == 1:
+            return Prepared(keys, values)
+        return Prepared(self._split(keys), self._split(values))
+
+    def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
+        query = self.query_proj(query) / math.sqrt(self.head_dim)  # (N, A)
+        if self.num_heads == 1:
+            return torch.bmm(prepared.keys, query.unsqueeze(2)).transpose(1, 2)  # (N, 1, P)
+        query = query.view(-1, self.num_heads, self.head_dim, 1)  # (N, nh, dk, 1)
+        return torch.matmul(prepared.keys, query).squeeze(-1)  # (N, nh, P)
+
+    def combine(self, weights: Tensor, prepared: Prepared) -> Tensor:
+        return self.output_proj(super().combine(weights, prepared))  # (N, A)
+
+
+def build_attention(scoring: str, annotation_dim: int, hidden_dim: int, attention_dim: int,
+                    activation: str = "tanh", num_heads: int = 8) -> Attention:
+    """The scorer named ``scoring`` (additive | dot | scaled_dot | multihead) with the given sizes."""
+    builders: dict[str, Callable[[], Attention]] = {
+        "additive": lambda: AdditiveAttention(annotation_dim, hidden_dim, attention_dim, activation),
+        "dot": lambda: DotAttention(annotation_dim, hidden_dim),
+        "scaled_dot": lambda: ScaledDotAttention(annotation_dim, hidden_dim, attention_dim, 1),
+        "multihead": lambda: ScaledDotAttention(annotation_dim, hidden_dim, attention_dim, num_heads),
+    }
+    if scoring not in builders:
+        raise ValueError(f"unknown attention scoring {scoring!r}; choose from {', '.join(builders)}")
+    return builders[scoring]()

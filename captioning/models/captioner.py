@@ -1,0 +1,52 @@
+"""The whole model: a CNN encoder and the attention decoder, with its vocabulary and configuration."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from captioning.config import ModelConfig
+from captioning.data.vocab import Vocabulary
+from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioning.models.encoders import Encoder, build_encoder
+
+
+class Captioner(nn.Module):
+    """Encoder + decoder. Either images go through the encoder, or cached grids skip it.
+
+    Args:
+        encoder: the CNN; it reports ``channels`` and ``grid``.
+        decoder: the attention LSTM, built for ``encoder.channels``.
+        vocab: the word list the decoder's ids refer to.
+        config: the model configuration the parts were built from (saved in checkpoints).
+    """
+
+    def __init__(self, encoder: Encoder, decoder: ShowAttendTellDecoder, vocab: Vocabulary, config: ModelConfig):
+        super().__init__()
+        if decoder.annotation_dim != encoder.channels:
+            raise ValueError(f"decoder expects {decoder.annotation_dim} channels, encoder gives {encoder.channels}")
+        if decoder.vocab_size != len(vocab):
+            raise ValueError(f"decoder has {decoder.vocab_size} words, vocabulary {len(vocab)}")
+        self.encoder = encoder
+        self.decoder = decoder
+        self.vocab = vocab
+        self.config = config
+
+    @classmethod
+    def build(cls, config: ModelConfig, vocab: Vocabulary) -> Captioner:
+        """Build the encoder (with its weights) and a fresh decoder for ``vocab``."""
+        encoder = build_encoder(config.encoder)
+        decoder = ShowAttendTellDecoder.from_config(config.decoder, len(vocab), encoder.channels)
+        return cls(encoder, decoder, vocab, config)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.encoder.grid
+
+    def encode(self, images: Tensor) -> Tensor:
+        """(B, 3, S, S) normalised images -> (B, P, C) annotation grid."""
+        return self.encoder(images)
+
+    def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor,
+                image_index: Tensor | None = None) -> DecoderOutput:
+        """Teacher-forced decoding from annotation grids (see ``ShowAttendTellDecoder.forward``)."""
+        return self.decoder(annotations, captions, lengths, image_index)

@@ -1,0 +1,276 @@
+"""The attention LSTM decoder of Show, Attend and Tell (Xu et al. 2015), soft and hard attention.
+
+One decoding step (section 3.1.2), with h_{t-1} the previous state and a the annotation grid:
+
+    alpha_t = softmax(f_att(a, h_{t-1}))            attention over the P grid positions
+    z_t     = beta_t * phi(alpha_t, a)              context; beta_t = sigmoid(f_beta(h_{t-1}))
+    h_t, c_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_t-1)
+    p(y_t)  ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))   the deep output, equation 7
+
+phi is the expectation under alpha_t (soft, section 4.2) or a location sampled from alpha_t
+(hard, section 4.1). The teacher-forced ``forward`` keeps only work that depends on h_{t-1}
+inside the time loop: the annotation projections are made once per image, and the embeddings,
+their share of the LSTM gates and the output layer are computed for all steps at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from captioning.config import DecoderConfig
+from captioning.models.attention import Attention, Prepared, build_attention
+
+
+class DecoderState(NamedTuple):
+    """LSTM memory, (N, H) each."""
+
+    h: Tensor
+    c: Tensor
+
+    def select(self, index: Tensor) -> DecoderState:
+        return DecoderState(self.h.index_select(0, index), self.c.index_select(0, index))
+
+
+@dataclass
+class DecoderOutput:
+    """Teacher-forced outputs for N captions and T = longest caption length - 1 steps.
+
+    Step t predicts token t+1 of the caption from tokens 0..t; ``mask`` marks real steps.
+    """
+
+    logits: Tensor  # (N, T, V)
+    alphas: Tensor  # (N, T, P), each real step's weights sum to 1 over P (mean over heads)
+    mask: Tensor  # (N, T) bool
+    betas: Tensor | None = None  # (N, T) gate value (mean over channels for the channel gate)
+    location_log_probs: Tensor | None = None  # (N, T) hard attention: log alpha of the sampled location
+    entropies: Tensor | None = None  # (N, T) hard attention: entropy of alpha_t
+
+
+class StepOutput(NamedTuple):
+    """One decoding step for N running hypotheses."""
+
+    log_probs: Tensor  # (N, V)
+    state: DecoderState
+    alpha: Tensor  # (N, P)
+    beta: Tensor | None  # (N,)
+
+
+class ShowAttendTellDecoder(nn.Module):
+    """LSTM decoder with soft attention over a grid of annotation vectors.
+
+    Args:
+        vocab_size: V, including the special tokens.
+        annotation_dim: C, channels of the encoder grid.
+        attention: a scorer from ``captioning.models.attention`` (its ``context_dim`` is D).
+        embed_dim: m, word embedding size.
+        hidden_dim: H, LSTM size.
+        gate: ``scalar`` (beta_t, the paper), ``channel`` (one gate per context channel) or ``none``.
+        deep_output: equation 7 when True; a linear layer over dropout(h_t) when False.
+        dropout: dropout before the output layer.
+    """
+
+    def __init__(self, vocab_size: int, annotation_dim: int, attention: Attention, embed_dim: int = 512,
+                 hidden_dim: int = 512, gate: str = "scalar", deep_output: bool = True, dropout: float = 0.5):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.annotation_dim = annotation_dim
+        self.hidden_dim = hidden_dim
+        self.attention = attention
+        context_dim = attention.context_dim
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        self.init_h = nn.Linear(annotation_dim, hidden_dim)
+        self.init_c = nn.Linear(annotation_dim, hidden_dim)
+        gate_dims = {"scalar": 1, "channel": context_dim, "none": 0}
+        self.gate = nn.Linear(hidden_dim, gate_dims[gate]) if gate_dims[gate] else None
+        # LSTM gates (i, f, g, o): the embedding share is computed for all steps at once,
+        # the context and recurrent shares in one product per step.
+        self.embed_to_gates = nn.Linear(embed_dim, 4 * hidden_dim)
+        self.recurrent_to_gates = nn.Linear(context_dim + hidden_dim, 4 * hidden_dim, bias=False)
+        self.dropout = nn.Dropout(dropout)
+        self.deep_output = deep_output
+        if deep_output:
+            self.hidden_to_out = nn.Linear(hidden_dim, embed_dim)  # L_h
+            self.context_to_out = nn.Linear(context_dim, embed_dim, bias=False)  # L_z
+            self.out = nn.Linear(embed_dim, vocab_size)  # L_o
+        else:
+            self.out = nn.Linear(hidden_dim, vocab_size)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        with torch.no_grad():  # forget-gate bias 1: remember by default early in training
+            self.embed_to_gates.bias.zero_()
+            self.embed_to_gates.bias[self.hidden_dim:2 * self.hidden_dim].fill_(1.0)
+
+    @classmethod
+    def from_config(cls, config: DecoderConfig, vocab_size: int, annotation_dim: int) -> ShowAttendTellDecoder:
+        """The decoder (soft or hard attention) described by ``config``."""
+        attention = build_attention(config.scoring, annotation_dim, config.hidden_dim, config.attention_dim,
+                                    config.activation, config.num_heads)
+        kwargs = dict(vocab_size=vocab_size, annotation_dim=annotation_dim, attention=attention,
+                      embed_dim=config.embed_dim, hidden_dim=config.hidden_dim, gate=config.gate,
+                      deep_output=config.deep_output, dropout=config.dropout)
+        if config.attention == "hard":
+            return HardAttentionDecoder(**kwargs, expected_prob=config.hard_expected_prob,
+                                        baseline_decay=config.hard_baseline_decay)
+        return cls(**kwargs)
+
+    # ----------------------------------------------------------------- per-image work, done once
+    def prepare(self, annotations: Tensor) -> Prepared:
+        """Attention projections of the annotations (B, P, C), once per image."""
+        return self.attention.prepare(annotations)
+
+    def init_state(self, annotations: Tensor) -> DecoderState:
+        """h_0, c_0 = tanh(MLP(mean_i a_i)), each (B, H)."""
+        mean = annotations.mean(dim=1)  # (B, C)
+        return DecoderState(torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean)))
+
+    # ----------------------------------------------------------------- the recurrence
+    def _gate(self, h: Tensor) -> Tensor | None:
+        return torch.sigmoid(self.gate(h)) if self.gate is not None else None  # (N, 1) or (N, D)
+
+    def _context(self, weights: Tensor, prepared: Prepared) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Soft attention: z = E_alpha[values]. Returns (context (N, D), None, None)."""
+        return self.attention.combine(weights, prepared), None, None
+
+    def _cell(self, embed_gates: Tensor, prepared: Prepared, state: DecoderState):
+        """One recurrence step for N rows; ``embed_gates`` (N, 4H) is the embedding share."""
+        h, c = state
+        weights = self.attention(prepared, h)  # (N, nh, P)
+        context, location_log_prob, entropy = self._context(weights, prepared)  # (N, D)
+        beta = self._gate(h)
+        if beta is not None:
+            context = beta * context
+        gates = embed_gates + self.recurrent_to_gates(torch.cat([context, h], dim=1))  # (N, 4H)
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        alpha = weights.mean(dim=1)  # (N, P)
+        beta_value = beta.mean(dim=1) if beta is not None else None  # (N,)
+        return DecoderState(h, c), context, alpha, beta_value, location_log_prob, entropy
+
+    def _logits(self, embedded: Tensor, hidden: Tensor, context: Tensor) -> Tensor:
+        """Output layer over any leading shape: (..., m), (..., H), (..., D) -> (..., V)."""
+        if self.deep_output:
+            return self.out(self.dropout(embedded + self.hidden_to_out(hidden) + self.context_to_out(context)))
+        return self.out(self.dropout(hidden))
+
+    def step(self, prepared: Prepared, tokens: Tensor, state: DecoderState) -> StepOutput:
+        """Advance N hypotheses by one word.
+
+        Args:
+            prepared: projections for the N rows (``Prepared.select`` expands images to beams).
+            tokens: (N,) the previous words y_{t-1}.
+            state: (N, H) memory.
+        Returns:
+            log-probabilities of the next word (N, V), the new state, alpha_t (N, P), beta_t (N,).
+        """
+        embedded = self.embedding(tokens)  # (N, m)
+        state, context, alpha, beta, _, _ = self._cell(self.embed_to_gates(embedded), prepared, state)
+        logits = self._logits(embedded, state.h, context)  # (N, V)
+        return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, alpha, beta)
+
+    def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor,
+                image_index: Tensor | None = None) -> DecoderOutput:
+        """Teacher-forced decoding of N captions.
+
+        Args:
+            annotations: (B, P, C) the annotation grid of B images.
+            captions: (N, L) token ids ``<start> w1 .. wn <end>`` padded with 0.
+            lengths: (N,) tokens per caption including ``<start>`` and ``<end>``.
+            image_index: (N,) the image row of each caption (several captions per image share
+                one image's projections); None when N == B and caption i belongs to image i.
+        Returns:
+            ``DecoderOutput`` with T = max(lengths) - 1 steps, in the captions' order.
+        """
+        num_captions = captions.size(0)
+        steps = int(lengths.max().item()) - 1
+        decode_lengths = lengths - 1  # (N,) words to predict
+        # Sort by length so the active rows at step t are a prefix: the batch shrinks as captions end.
+        order = torch.argsort(decode_lengths, descending=True, stable=True)
+        rows = order if image_index is None else image_index.index_select(0, order)
+        prepared = self.prepare(annotations).select(rows)  # per caption, no re-projection
+        state = self.init_state(annotations).select(rows)
+        inputs = captions.index_select(0, order)[:, :steps]  # (N, T)
+        embedded = self.embedding(inputs)  # (N, T, m)
+        embed_gates = self.embed_to_gates(embedded)  # (N, T, 4H), all steps in one product
+        active = (decode_lengths.index_select(0, order).unsqueeze(1)
+                  > torch.arange(steps, device=captions.device)).sum(0).tolist()  # rows alive per step
+
+        num_positions = prepared.keys.shape[-2]
+        hiddens = embedded.new_zeros(num_captions, steps, self.hidden_dim)
+        contexts = embedded.new_zeros(num_captions, steps, self.attention.context_dim)
+        alphas = embedded.new_zeros(num_captions, steps, num_positions)
+        betas = embedded.new_zeros(num_captions, steps) if self.gate is not None else None
+        hard = isinstance(self, HardAttentionDecoder) and self.training
+        location_log_probs = embedded.new_zeros(num_captions, steps) if hard else None
+        entropies = embedded.new_zeros(num_captions, steps) if hard else None
+        if hard:
+            self._draw_expected(num_captions, captions.device)
+
+        for t, n in enumerate(active):
+            state = DecoderState(state.h[:n], state.c[:n])
+            state, context, alpha, beta, location_log_prob, entropy = self._cell(
+                embed_gates[:n, t], prepared.head(n), state)
+            hiddens[:n, t] = state.h
+            contexts[:n, t] = context
+            alphas[:n, t] = alpha
+            if betas is not None:
+                betas[:n, t] = beta
+            if hard:
+                location_log_probs[:n, t] = location_log_prob
+                entropies[:n, t] = entropy
+
+        logits = self._logits(embedded, hiddens, contexts)  # (N, T, V), one product for all steps
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(num_captions, device=order.device)
+        mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
+
+        def unsort(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.index_select(0, inverse)
+
+        return DecoderOutput(unsort(logits), unsort(alphas), mask, unsort(betas),
+                             unsort(location_log_probs), unsort(entropies))
+
+
+class HardAttentionDecoder(ShowAttendTellDecoder):
+    """Stochastic hard attention (section 4.1): z_t is the value at one location s_t ~ alpha_t.
+
+    In training, each caption uses a sampled location at every step, except that with
+    probability ``expected_prob`` a caption uses the expected context instead (the paper's
+    variance reduction). Trained with the variational lower bound: REINFORCE on the location
+    log-probabilities with the log-likelihood as reward, a moving-average baseline (stored in
+    the buffer ``reward_baseline``, saved in checkpoints) and an entropy bonus
+    (``captioning.training.losses``). At inference the expected context is used.
+    """
+
+    def __init__(self, *args, expected_prob: float = 0.5, baseline_decay: float = 0.9, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.expected_prob = expected_prob
+        self.baseline_decay = baseline_decay
+        self.register_buffer("reward_baseline", torch.full((), float("nan")))  # NaN until the first step
+        self._use_expected: Tensor | None = None
+
+    def _draw_expected(self, num_captions: int, device: torch.device) -> None:
+        # Sorted order does not matter: the draws are i.i.d. per caption.
+        self._use_expected = torch.rand(num_captions, device=device) < self.expected_prob  # (N,)
+
+    def _context(self, weights: Tensor, prepared: Prepared):
+        expected = self.attention.combine(weights, prepared)
+        if not self.training:
+            return expected, None, None
+        alpha = weights.mean(dim=1)  # (n, P)
+        location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)  # (n,)
+        one_hot = torch.zeros_like(weights).scatter_(2, location.view(-1, 1, 1).expand(-1, weights.size(1), 1), 1.0)
+        sampled = self.attention.combine(one_hot, prepared)  # (n, D)
+        use_expected = self._use_expected[: alpha.size(0)].unsqueeze(1)  # (n, 1)
+        context = torch.where(use_expected, expected, sampled)
+        log_alpha = torch.log(alpha.clamp_min(1e-12))
+        location_log_prob = log_alpha.gather(1, location.unsqueeze(1)).squeeze(1)
+        location_log_prob = location_log_prob.masked_fill(use_expected.squeeze(1), 0.0)
+        entropy = -(alpha * log_alpha).sum(dim=1)  # (n,)
+        return context, location_log_prob, entropy
