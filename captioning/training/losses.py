@@ -21,19 +21,20 @@ class LossTerms:
     hard_attention: Tensor | None = None
 
 
-def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
+def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor, num_captions: float | None = None) -> Tensor:
     """sum_i (1 - sum_t alpha_ti)^2 over real steps only, averaged over captions.
 
     Args:
         alphas: (N, T, P) attention weights.
         mask: (N, T) True on real (non-padding) steps.
+        num_captions: the denominator of the average (default N).
     """
     attention_sum = (alphas * mask.unsqueeze(-1)).sum(dim=1)  # (N, P)
-    return ((1.0 - attention_sum) ** 2).sum(dim=1).mean()
+    return ((1.0 - attention_sum) ** 2).sum() / (num_captions if num_captions is not None else alphas.size(0))
 
 
-def caption_loss(output: DecoderOutput, captions: Tensor, penalty_weight: float,
-                 label_smoothing: float = 0.0) -> LossTerms:
+def caption_loss(output: DecoderOutput, captions: Tensor, penalty_weight: float, label_smoothing: float = 0.0,
+                 num_tokens: float | None = None, num_captions: float | None = None) -> LossTerms:
     """Token-averaged cross-entropy on real steps plus lambda times the doubly stochastic penalty.
 
     Args:
@@ -41,17 +42,22 @@ def caption_loss(output: DecoderOutput, captions: Tensor, penalty_weight: float,
         captions: (N, L) the same captions; step t's target is token t+1.
         penalty_weight: lambda.
         label_smoothing: passed to ``F.cross_entropy``.
+        num_tokens, num_captions: the denominators of the two averages; by default this batch's
+            real tokens and captions. Data-parallel training passes the global counts divided by
+            the number of processes, so that averaged gradients equal one process's.
     """
     steps = output.logits.size(1)
     targets = captions[:, 1:steps + 1]  # (N, T)
     logits = output.logits[output.mask]  # (M, V), real steps only
-    cross_entropy = F.cross_entropy(logits.float(), targets[output.mask], label_smoothing=label_smoothing)
-    penalty = doubly_stochastic_penalty(output.alphas, output.mask)
+    token_loss = F.cross_entropy(logits.float(), targets[output.mask], label_smoothing=label_smoothing,
+                                 reduction="sum")
+    cross_entropy = token_loss / (num_tokens if num_tokens is not None else logits.size(0))
+    penalty = doubly_stochastic_penalty(output.alphas, output.mask, num_captions)
     return LossTerms(cross_entropy + penalty_weight * penalty, cross_entropy, penalty)
 
 
 def hard_attention_loss(decoder: HardAttentionDecoder, output: DecoderOutput, captions: Tensor,
-                        penalty_weight: float, entropy_weight: float) -> LossTerms:
+                        penalty_weight: float, entropy_weight: float, label_smoothing: float = 0.0) -> LossTerms:
     """The variational lower bound of section 4.1, as a loss.
 
     L = -log p(y | s, a) - sum_t (log p(y | s, a) - b) log p(s_t | a) - lambda_e H(alpha) + penalty:
@@ -59,7 +65,7 @@ def hard_attention_loss(decoder: HardAttentionDecoder, output: DecoderOutput, ca
     log-likelihood, baseline b a moving average of it) trains the attention; the entropy bonus
     keeps the location distribution from collapsing early.
     """
-    terms = caption_loss(output, captions, penalty_weight)
+    terms = caption_loss(output, captions, penalty_weight, label_smoothing)
     steps = output.logits.size(1)
     targets = captions[:, 1:steps + 1]
     token_log_probs = -F.cross_entropy(output.logits.float().transpose(1, 2), targets, reduction="none")

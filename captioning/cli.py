@@ -1,0 +1,80 @@
+"""Shared command-line plumbing: configuration flags, dotted overrides, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from captioning.config import Config, ConfigError, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes.yaml"
+
+# Common flags and the configuration keys they set; anything else goes through --set KEY=VALUE.
+FLAG_KEYS: dict[str, tuple[str, type, str]] = {
+    "output_dir": ("train.output_dir", str, "folder for checkpoints, logs and results"),
+    "epochs": ("train.epochs", int, "cross-entropy epochs"),
+    "scst_epochs": ("train.scst_epochs", int, "self-critical epochs after cross-entropy"),
+    "batch_size": ("train.batch_size", int, "images per batch (each with all its captions)"),
+    "lr": ("train.lr", float, "decoder learning rate"),
+    "seed": ("train.seed", int, "random seed"),
+    "device": ("train.device", str, "auto, cpu, cuda or cuda:N"),
+    "amp": ("train.amp", str, "mixed precision on GPU: none, bf16 or fp16"),
+    "max_steps": ("train.max_steps", int, "stop after this many optimisation steps (0 = no limit)"),
+    "workers": ("data.num_workers", int, "data loading worker processes"),
+    "encoder": ("model.encoder.name", str, "CNN backbone, e.g. resnet101 or efficientnet_lite0"),
+    "attention": ("model.decoder.attention", str, "soft or hard"),
+    "beam_size": ("decode.beam_size", int, "beam size for decoding"),
+}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...] = tuple(FLAG_KEYS)) -> None:
+    """``--config``, the common flags in ``flags`` and ``--set KEY=VALUE``."""
+    parser.add_argument("--config", type=Path, default=None,
+                        help=f"YAML configuration (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])})")
+    for name in flags:
+        key, kind, text = FLAG_KEYS[name]
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,
+                            metavar=kind.__name__.upper(), help=f"{text} (sets {key})")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any configuration key, e.g. --set model.decoder.gate=channel (repeatable)")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The configuration file (or the Shapes default) with flags and ``--set`` applied; flags win."""
+    overrides: dict[str, Any] = {}
+    for item in args.overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = value.strip()
+    for name, (key, _, _) in FLAG_KEYS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[key] = value
+    path = args.config if args.config is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    return load_config(path, overrides)
+
+
+def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser,
+            argv: list[str] | None = None) -> int:
+    """Parse, run ``main(args)``; expected failures print one line ``error: ...`` and exit 2."""
+    args = parser.parse_args(argv)
+    try:
+        main(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - every failure becomes one clear line
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if not isinstance(error, (ValueError, OSError, RuntimeError)):  # not an input problem: say what it was
+            message = f"{type(error).__name__}: {message} (run with --debug for the traceback)"
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    return 0

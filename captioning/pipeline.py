@@ -1,0 +1,66 @@
+"""The whole main job behind ``python train.py``: train, score the test split, draw, summarise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from captioning.config import Config
+from captioning.evaluation.runner import (
+    caption_records,
+    default_instances,
+    load_captioner,
+    score_captioned,
+    split_records,
+    write_results,
+    write_scores,
+)
+from captioning.training import distributed
+from captioning.training.run import RunOutputs, best_checkpoint, resolve_device, train
+
+
+def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, outputs: RunOutputs,
+                        figures: int = 6) -> dict:
+    """Score the best checkpoint on the test split; write results, scores, figures and the report."""
+    checkpoint = best_checkpoint(output_dir)
+    model, config = load_captioner(checkpoint, device)
+    records = split_records(config, "test")
+    captioned = caption_records(model, config, records, device, progress=progress, output_dir=output_dir)
+    outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
+    scores = score_captioned(captioned, model.grid, default_instances(config))
+    scores["checkpoint"] = str(checkpoint)
+    scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
+    outputs.files["test scores"] = scores_path
+    outputs.files["test scores per image"] = per_image_path
+    outputs.test_scores = scores
+    print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")
+    if "grounding-mass" in scores:
+        print(f"grounding: attention mass in box {scores['grounding-mass']}, pointing game "
+              f"{scores['grounding-pointing']} over {scores['grounding-words']} object words")
+    if figures:
+        from captioning.visualization.report import write_figures_and_report
+
+        written = write_figures_and_report(model, captioned[:figures], output_dir / "figures",
+                                           output_dir / "report.html")
+        outputs.files.update(written)
+    return scores
+
+
+def summary(outputs: RunOutputs) -> str:
+    """The closing lines: every file the run wrote."""
+    lines = [f"wrote under {outputs.output_dir}/:"]
+    for what, path in outputs.files.items():
+        lines.append(f"  {what:<24} {path}")
+    return "\n".join(lines)
+
+
+def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True) -> RunOutputs:
+    """Train, then (on rank 0) evaluate the test split with figures and an HTML report."""
+    outputs = train(config, resume=resume, progress=progress)
+    if test and distributed.init_from_environment("cpu").is_main:
+        evaluate_test_split(Path(config.train.output_dir), resolve_device(config.train.device), progress, outputs)
+    if distributed.init_from_environment("cpu").is_main:
+        print(summary(outputs), flush=True)
+    distributed.shutdown()
+    return outputs

@@ -1,0 +1,236 @@
+"""The epoch loop: cross-entropy steps, self-critical steps and validation by real decoding."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from captioning.config import DecodeConfig, TrainConfig
+from captioning.decoding import Caption, decode, rollout, sampler
+from captioning.models.captioner import Captioner
+from captioning.models.decoder import HardAttentionDecoder
+from captioning.training import distributed
+from captioning.training.losses import LossTerms, caption_loss, hard_attention_loss
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or the gradient became NaN or infinite; nothing was written."""
+
+
+@dataclass
+class TrainState:
+    """Where a run stands; saved in checkpoints so ``--resume`` continues exactly."""
+
+    epoch: int = 0  # the epoch in progress (0-based)
+    batch_in_epoch: int = 0  # batches of that epoch already done
+    global_step: int = 0
+    stage: str = "xe"  # xe (cross-entropy) | scst
+    best_metric: float = -math.inf
+    best_epoch: int = -1
+    epochs_without_improvement: int = 0
+    skipped_batches: int = 0
+    history: list[dict] = field(default_factory=list)  # one dict of numbers per finished epoch
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainState:
+        return cls(**data)
+
+
+class EpochBatches:
+    """Image indices of each batch of one epoch, shuffled from (seed, epoch) alone.
+
+    The order depends on nothing else, so a resumed run sees the same batches: it simply
+    starts ``skip`` batches in. With several processes, each takes its share of every
+    global batch (``rank::world_size``).
+    """
+
+    def __init__(self, num_images: int, batch_size: int, seed: int, epoch: int, skip: int = 0,
+                 rank: int = 0, world_size: int = 1, shuffle: bool = True):
+        generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randperm(num_images, generator=generator) if shuffle else torch.arange(num_images)
+        self.batches = [order[i:i + batch_size].tolist() for i in range(0, num_images, batch_size)]
+        self.batches = [batch[rank::world_size] for batch in self.batches[skip:]]
+        self.batches = [batch for batch in self.batches if batch]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def move(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def annotations_of(model: Captioner, batch: dict) -> Tensor:
+    """(B, P, C) grids: cached features as they are, or images through the encoder."""
+    if "features" in batch:
+        return batch["features"].float()
+    return model.encode(batch["images"])
+
+
+def autocast(device: torch.device, amp: str):
+    """Mixed precision on GPU (bf16 or fp16); a no-op on CPU or with amp 'none'."""
+    if amp == "none" or device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+def flatten_captions(batch: dict) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, K, T) captions -> (B*K, T) captions, (B*K,) lengths, (B*K,) image row of each."""
+    captions, lengths = batch["captions"], batch["lengths"]
+    b, k, t = captions.shape
+    image_index = torch.arange(b, device=captions.device).repeat_interleave(k)
+    return captions.reshape(b * k, t), lengths.reshape(b * k), image_index
+
+
+def xe_loss(model: Captioner, batch: dict, config: TrainConfig, penalty_weight: float, entropy_weight: float,
+            world_size: int = 1) -> LossTerms:
+    """The cross-entropy objective of one batch (with the hard-attention terms when applicable)."""
+    captions, lengths, image_index = flatten_captions(batch)
+    decoder = model.decoder
+    output = model(annotations_of(model, batch), captions, lengths, image_index)
+    if isinstance(distributed.unwrap(decoder), HardAttentionDecoder):
+        return hard_attention_loss(distributed.unwrap(decoder), output, captions, penalty_weight,
+                                   entropy_weight, config.label_smoothing)
+    num_tokens = num_captions = None
+    if world_size > 1:  # global averages, so averaged gradients equal one process's
+        counts = torch.tensor([float((lengths - 1).sum()), float(lengths.numel())], device=lengths.device)
+        counts = distributed.all_reduce_sum(counts) / world_size
+        num_tokens, num_captions = float(counts[0]), float(counts[1])
+    return caption_loss(output, captions, penalty_weight, config.label_smoothing, num_tokens, num_captions)
+
+
+def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Optimizer, config: TrainConfig,
+                      scaler: torch.amp.GradScaler | None, where: str) -> bool:
+    """Backward, clip and step. Returns False when the batch was skipped for a non-finite value.
+
+    Raises:
+        NonFiniteLossError: a non-finite loss or gradient with ``nonfinite: stop``.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    finite = bool(torch.isfinite(loss.detach()))
+    if finite:
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip if config.grad_clip else float("inf"))
+        finite = bool(torch.isfinite(norm)) or scaler is not None  # the scaler skips inf steps itself
+    if not finite:
+        optimizer.zero_grad(set_to_none=True)
+        if config.nonfinite == "stop":
+            raise NonFiniteLossError(f"non-finite loss or gradient ({float(loss.detach()):.4g}) at {where}; "
+                                     "stopped without writing a checkpoint (set train.nonfinite=skip to skip "
+                                     "such batches)")
+        return False
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    return True
+
+
+def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, max_length: int) -> tuple[Tensor, dict]:
+    """Self-critical loss of one batch (Rennie et al. 2017).
+
+    ``scst_samples`` captions are sampled per image; each one's advantage is its CIDEr-D minus a
+    baseline: the greedy caption's CIDEr-D (``greedy``) or the mean of the other samples
+    (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens.
+    """
+    decoder = distributed.unwrap(model.decoder)
+    annotations = annotations_of(model, batch)
+    image_ids = batch["image_ids"].tolist()
+    n = config.scst_samples
+    sampled = rollout(decoder, annotations, sampler(), max_length, repeats=n)
+    sample_words = [row[:length].tolist() for row, length in zip(sampled.tokens, sampled.lengths.tolist())]
+    rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words).reshape(len(image_ids), n)
+    if config.scst_baseline == "greedy":
+        decoder.eval()
+        with torch.no_grad():
+            greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), max_length)
+        decoder.train()
+        greedy_words = [row[:length].tolist() for row, length in zip(greedy.tokens, greedy.lengths.tolist())]
+        baseline = rewarder(image_ids, greedy_words)[:, None]
+    else:
+        baseline = (rewards.sum(1, keepdims=True) - rewards) / (n - 1)
+    advantage = torch.as_tensor(rewards - baseline, dtype=torch.float32, device=annotations.device).view(-1)
+    mask = sampled.mask.float()
+    loss = -(advantage.unsqueeze(1) * sampled.log_probs * mask).sum() / mask.sum().clamp_min(1)
+    return loss, {"reward": float(rewards.mean()), "baseline": float(np.mean(baseline))}
+
+
+def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.optim.Optimizer,
+                    config: TrainConfig, state: TrainState, device: torch.device, *, penalty_weight: float,
+                    entropy_weight: float, rewarder=None, max_length: int = 20,
+                    scaler: torch.amp.GradScaler | None = None, on_step=None, world_size: int = 1,
+                    progress: bool = True) -> dict[str, float]:
+    """One pass over ``loader``; calls ``on_step(state, numbers)`` after each optimisation step.
+
+    Returns mean loss (and reward for SCST) over the batches that were not skipped.
+    """
+    model.train()
+    totals: dict[str, float] = {}
+    done = 0
+    bar = tqdm(loader, desc=f"{state.stage} epoch {state.epoch + 1}", leave=False, disable=not progress,
+               dynamic_ncols=True, unit="batch")
+    for batch in bar:
+        if batch is None:  # every image of the batch was unreadable and skipped
+            state.batch_in_epoch += 1
+            continue
+        batch = move(batch, device)
+        where = f"epoch {state.epoch + 1}, step {state.global_step + 1}"
+        with autocast(device, config.amp):
+            if state.stage == "scst":
+                loss, numbers = scst_loss(model, batch, rewarder, config, max_length)
+            else:
+                terms = xe_loss(model, batch, config, penalty_weight, entropy_weight, world_size)
+                loss = terms.total
+                numbers = {"cross_entropy": float(terms.cross_entropy), "attention_penalty": float(terms.attention_penalty)}
+        stepped = optimisation_step(loss, model, optimizer, config, scaler, where)
+        state.batch_in_epoch += 1
+        if not stepped:
+            state.skipped_batches += 1
+            tqdm.write(f"skipped batch at {where}: non-finite loss")
+            continue
+        state.global_step += 1
+        numbers["loss"] = float(loss.detach())
+        done += 1
+        for key, value in numbers.items():
+            totals[key] = totals.get(key, 0.0) + value
+        bar.set_postfix(loss=f"{numbers['loss']:.3f}")
+        if on_step is not None:
+            on_step(state, numbers)
+        if config.max_steps and state.global_step >= config.max_steps:
+            break
+    return {key: value / max(done, 1) for key, value in totals.items()}
+
+
+@torch.inference_mode()
+def generate_captions(model: Captioner, loader: Iterable[dict], decode_config: DecodeConfig, device: torch.device,
+                      progress: bool = True, desc: str = "decoding") -> list[tuple[int, int, Caption]]:
+    """Caption every image of ``loader``: a list of (dataset index, image id, Caption)."""
+    model.eval()
+    decoder = distributed.unwrap(model.decoder)
+    results = []
+    for batch in tqdm(loader, desc=desc, leave=False, disable=not progress, dynamic_ncols=True, unit="batch"):
+        if batch is None:
+            continue
+        batch = move(batch, device)
+        captions = decode(decoder, annotations_of(model, batch), decode_config)
+        results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions))
+    return results

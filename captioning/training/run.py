@@ -1,0 +1,390 @@
+"""The main job: data -> features -> cross-entropy -> (self-critical) -> test scores -> figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.tensorboard import SummaryWriter
+
+from captioning.config import Config, config_json, save_config, to_dict
+from captioning.data import build_vocabulary, load_records
+from captioning.data.datasets import CaptionDataset, collate_captions
+from captioning.data.feature_cache import FeatureCache
+from captioning.data.records import ImageRecord, records_of_split
+from captioning.evaluation.metrics import CiderDScorer, score_captions
+from captioning.models.captioner import Captioner
+from captioning.training import distributed
+from captioning.training.checkpoint import (
+    CheckpointError,
+    atomic_write,
+    checkpoint_config,
+    load_checkpoint,
+    load_state_checked,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from captioning.training.engine import EpochBatches, TrainState, generate_captions, train_one_epoch
+
+
+@dataclass
+class RunOutputs:
+    """What a run wrote, for the closing summary."""
+
+    output_dir: Path
+    files: dict[str, Path] = field(default_factory=dict)
+    test_scores: dict | None = None
+    state: TrainState | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when available; anything else is passed to ``torch.device``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} asked for, but CUDA is not available")
+    return device
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+
+
+def feature_cache_dir(config: Config, output_dir: Path) -> Path:
+    """Shared by runs over the same data: under the data root unless configured."""
+    if config.data.cache_dir:
+        return Path(config.data.cache_dir)
+    return Path(config.data.root) / "features" if config.data.dataset != "folder" else output_dir / "features"
+
+
+def uses_cache(config: Config) -> bool:
+    return config.data.use_cache and config.model.encoder.fine_tune_stages == 0
+
+
+def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
+                    output_dir: Path, progress: bool, captions_per_image: int) -> CaptionDataset:
+    """A dataset over ``records``: cached grids for a frozen encoder, images otherwise."""
+    common = dict(vocab=model.vocab, max_length=config.data.max_caption_length,
+                  captions_per_image=captions_per_image, seed=config.train.seed,
+                  skip_bad_images=config.data.skip_bad_images)
+    if uses_cache(config):
+        cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
+                                           batch_size=32, device=device, num_workers=config.data.num_workers,
+                                           progress=progress, skip_bad_images=config.data.skip_bad_images)
+        return CaptionDataset(records, features=cache, **common)
+    return CaptionDataset(records, transform=model.encoder.transform, **common)
+
+
+def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.device) -> DataLoader:
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
+                      num_workers=config.data.num_workers, pin_memory=device.type == "cuda",
+                      persistent_workers=False)
+
+
+def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
+                   limit: int = 0, progress: bool = True, desc: str = "decoding"):
+    """Caption the first ``limit`` (0 = all) images of ``dataset``: (index, image id, Caption) triples."""
+    count = len(dataset) if not limit else min(limit, len(dataset))
+    batches = EpochBatches(count, config.decode.batch_size, seed=0, epoch=0, shuffle=False)
+    return generate_captions(model, loader_for(dataset, batches, config, device), config.decode, device,
+                             progress=progress, desc=desc)
+
+
+def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
+                      progress: bool) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]]]:
+    """Decode the validation images for real and score them (CIDEr-D, BLEU-4 ...; no Java needed)."""
+    triples = decode_records(model, dataset, config, device, config.train.val_images, progress, "validating")
+    candidates = {image_id: " ".join(caption.words(model.vocab)) for _, image_id, caption in triples}
+    references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in triples}
+    scores = score_captions(references, candidates, use_java=False)
+    examples = [(image_id, candidates[image_id], references[image_id][:1]) for _, image_id, _ in triples[:3]]
+    return scores.overall, examples
+
+
+def optimizer_for(model: Captioner, lr: float, config: Config) -> torch.optim.Optimizer:
+    """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
+    groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}]
+    encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
+    if encoder_params:
+        groups.append({"params": encoder_params, "lr": config.train.encoder_lr, "name": "encoder"})
+    return torch.optim.Adam(groups, weight_decay=config.train.weight_decay)
+
+
+def scheduler_for(optimizer: torch.optim.Optimizer, config: Config):
+    builders = {
+        "none": lambda: None,
+        "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
+        "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="max", factor=config.train.gamma, patience=config.train.plateau_patience),
+    }
+    return builders[config.train.schedule]()
+
+
+class Trainer:
+    """Holds a run's parts; ``fit`` runs the cross-entropy then the self-critical stage."""
+
+    def __init__(self, config: Config, output_dir: Path, model: Captioner, train_set: CaptionDataset,
+                 val_set: CaptionDataset, device: torch.device, group: distributed.ProcessGroup, progress: bool):
+        self.config, self.output_dir, self.model = config, output_dir, model
+        self.train_set, self.val_set, self.device, self.group = train_set, val_set, device, group
+        self.progress = progress and group.is_main
+        self.state = TrainState()
+        self.checkpoint_dir = output_dir / "checkpoints"
+        self.writer = SummaryWriter(str(output_dir / "tensorboard")) if group.is_main else None
+        self.steps_log = output_dir / "steps.jsonl"
+        self.rewarder = None
+        self._new_stage("xe")
+        self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
+
+    # ------------------------------------------------------------------ state
+    def _new_stage(self, stage: str) -> None:
+        lr = self.config.train.scst_lr if stage == "scst" else self.config.train.lr
+        self.optimizer = optimizer_for(self.model, lr, self.config)
+        self.scheduler = scheduler_for(self.optimizer, self.config)
+        if stage == "scst" and self.rewarder is None:
+            references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
+            scorer = CiderDScorer(references)  # document frequencies once, from the training references
+            vocab = self.model.vocab
+            self.rewarder = lambda ids, token_ids: scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id]
+                                                                      for row in token_ids])
+
+    def checkpoint(self, name: str) -> Path:
+        """Write ``checkpoints/<name>.pt`` (rank 0 only) with everything ``--resume`` needs."""
+        path = self.checkpoint_dir / f"{name}.pt"
+        if not self.group.is_main:
+            return path
+        encoder_state = self.model.encoder.state_dict() if self.config.model.encoder.fine_tune_stages else None
+        save_checkpoint(path, config=self.config, vocab=self.model.vocab,
+                        decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
+                        encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
+                        training={"state": self.state.to_dict(), "optimizer": self.optimizer.state_dict(),
+                                  "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                                  "scaler": self.scaler.state_dict() if self.scaler else None,
+                                  "rng": rng_state()})
+        return path
+
+    def resume(self, path: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer, schedule, position and RNG streams."""
+        payload = load_checkpoint(path)
+        training = payload.get("training")
+        if not training:
+            raise CheckpointError(f"{path}: has no training state to resume from")
+        _, vocab = checkpoint_config(payload, path)
+        if vocab != self.model.vocab:
+            raise CheckpointError(f"{path}: vocabulary differs from this run's ({len(vocab)} vs "
+                                  f"{len(self.model.vocab)} words)")
+        load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", path)
+        if payload.get("encoder") is not None:
+            load_state_checked(self.model.encoder, payload["encoder"], "encoder", path)
+        self.state = TrainState.from_dict(training["state"])
+        self._new_stage(self.state.stage)
+        self.optimizer.load_state_dict(training["optimizer"])
+        if self.scheduler is not None and training.get("scheduler"):
+            self.scheduler.load_state_dict(training["scheduler"])
+        if self.scaler is not None and training.get("scaler"):
+            self.scaler.load_state_dict(training["scaler"])
+        set_rng_state(training["rng"])
+        self._trim_steps_log()
+
+    def _trim_steps_log(self) -> None:
+        """Forget logged steps after the checkpoint (a killed run may have logged a few more)."""
+        if not self.steps_log.exists() or not self.group.is_main:
+            return
+        kept = [line for line in self.steps_log.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= self.state.global_step]
+        atomic_write(self.steps_log, lambda p: p.write_text("".join(line + "\n" for line in kept)))
+
+    # ------------------------------------------------------------------ loop
+    def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
+        if self.group.is_main:
+            with self.steps_log.open("a") as log:
+                log.write(json.dumps({"step": state.global_step, "epoch": state.epoch + 1, "stage": state.stage,
+                                      **numbers}) + "\n")
+            if state.global_step % self.config.train.log_every == 0:
+                for key, value in numbers.items():
+                    self.writer.add_scalar(f"train/{key}", value, state.global_step)
+                self.writer.add_scalar("train/lr", self.optimizer.param_groups[0]["lr"], state.global_step)
+        every = self.config.train.checkpoint_every
+        if every and state.global_step % every == 0:
+            self.checkpoint("last")
+
+    def _stage_epochs(self, stage: str) -> int:
+        return self.config.train.scst_epochs if stage == "scst" else self.config.train.epochs
+
+    def fit(self) -> TrainState:
+        """Run the remaining epochs of both stages, validating after each epoch."""
+        for stage in ("xe", "scst"):
+            if stage == "scst" and self.state.stage == "xe":
+                if not self.config.train.scst_epochs or self._stopped:
+                    break
+                self.state = replace(self.state, stage="scst", epoch=0, batch_in_epoch=0,
+                                     best_metric=-math.inf, best_epoch=-1, epochs_without_improvement=0)
+                best = self.checkpoint_dir / "best.pt"
+                if best.exists():  # self-critical training starts from the best cross-entropy model
+                    payload = load_checkpoint(best)
+                    load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", best)
+                self._new_stage("scst")
+            if self.state.stage != stage:
+                continue
+            while self.state.epoch < self._stage_epochs(stage) and not self._stopped:
+                self._run_epoch()
+        return self.state
+
+    @property
+    def _stopped(self) -> bool:
+        config = self.config.train
+        out_of_steps = bool(config.max_steps) and self.state.global_step >= config.max_steps
+        patience = config.early_stop_patience
+        return out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
+
+    def _run_epoch(self) -> None:
+        config, state = self.config, self.state
+        self.train_set.set_epoch(state.epoch)
+        batches = EpochBatches(len(self.train_set), config.train.batch_size, config.train.seed, state.epoch,
+                               skip=state.batch_in_epoch, rank=self.group.rank, world_size=self.group.world_size)
+        started = time.time()
+        numbers = train_one_epoch(
+            self.model, loader_for(self.train_set, batches, config, self.device), self.optimizer, config.train,
+            state, self.device, penalty_weight=config.model.decoder.doubly_stochastic,
+            entropy_weight=config.model.decoder.hard_entropy, rewarder=self.rewarder,
+            max_length=config.decode.max_length, scaler=self.scaler, on_step=self._on_step,
+            world_size=self.group.world_size, progress=self.progress)
+        if state.batch_in_epoch < math.ceil(len(self.train_set) / config.train.batch_size):
+            self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
+            return
+        scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress)
+        metric = scores.get(config.train.metric)
+        metric = float("-inf") if metric is None else metric
+        improved = metric > state.best_metric
+        if self.scheduler is not None:
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                self.scheduler.step(metric)
+            else:
+                self.scheduler.step()
+        record = {"stage": state.stage, "epoch": state.epoch + 1, "seconds": round(time.time() - started, 1),
+                  **{f"train_{k}": v for k, v in numbers.items()},
+                  **{f"val_{k}": v for k, v in scores.items() if v is not None},
+                  "lr": self.optimizer.param_groups[0]["lr"]}
+        state.history.append(record)
+        if improved:
+            state.best_metric, state.best_epoch, state.epochs_without_improvement = metric, state.epoch + 1, 0
+        else:
+            state.epochs_without_improvement += 1
+        state.epoch += 1
+        state.batch_in_epoch = 0
+        if self.group.is_main:
+            for key, value in scores.items():
+                if value is not None:
+                    self.writer.add_scalar(f"val/{key}", value, state.global_step)
+            self.writer.add_text("val/captions", "\n\n".join(
+                f"{image_id}: **{caption}** (reference: {refs[0] if refs else ''})"
+                for image_id, caption, refs in examples), state.global_step)
+            self.writer.flush()
+            print(f"[{state.stage}] epoch {state.epoch}: loss {numbers.get('loss', float('nan')):.3f}  "
+                  f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
+                  f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else ""), flush=True)
+        # Best first, then last: a crash between the two leaves a resumable 'last' of the previous epoch.
+        if improved:
+            self.checkpoint("best" if state.stage == "xe" else "best_scst")
+        self.checkpoint("last")
+
+
+def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,
+                group: distributed.ProcessGroup, device: torch.device):
+    """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
+    records = load_records(config.data, output_dir)
+    train_records = records_of_split(records, "train")
+    val_records = records_of_split(records, "val")
+    if not train_records or not val_records:
+        raise ValueError(f"the dataset has {len(train_records)} training and {len(val_records)} validation "
+                         "images; training needs both")
+    if resume is not None:
+        _, vocab = checkpoint_config(load_checkpoint(resume), resume)
+    else:
+        vocab = build_vocabulary(train_records, config.data.min_word_count)
+    model = Captioner.build(config.model, vocab).to(device)
+    model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
+    train_set = caption_dataset(train_records, model, config, device, output_dir, progress,
+                                config.train.captions_per_image)
+    val_set = caption_dataset(val_records, model, config, device, output_dir, progress, 1)
+    return records, model, train_set, val_set
+
+
+def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> RunOutputs:
+    """Train as configured; returns what was written where.
+
+    Args:
+        config: the resolved configuration.
+        resume: a checkpoint to continue from (``--resume``), or None for a new run.
+    """
+    device = resolve_device(config.train.device)
+    group = distributed.init_from_environment(device.type)
+    if device.type == "cuda" and group.world_size > 1:
+        device = torch.device("cuda", group.local_rank)
+        torch.cuda.set_device(device)
+    seed_everything(config.train.seed + group.rank, config.train.deterministic)
+    output_dir = Path(config.train.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    outputs = RunOutputs(output_dir)
+    resume = Path(resume) if resume is not None else None
+
+    if group.is_main:
+        print(f"configuration: {config_json(config)}", flush=True)
+        save_config(config, output_dir / "config.yaml")
+        outputs.files["configuration"] = output_dir / "config.yaml"
+    records, model, train_set, val_set = prepare_run(config, output_dir, resume, progress, group, device)
+    if group.is_main:
+        model.vocab.save(output_dir / "vocab.json")
+        outputs.files["vocabulary"] = output_dir / "vocab.json"
+        print(f"data: {len(train_set)} training and {len(val_set)} validation images, "
+              f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
+              f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
+              f"device {device}", flush=True)
+    model.decoder = distributed.wrap(model.decoder, group, device)
+    trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
+    if resume is not None:
+        trainer.resume(resume)
+        if group.is_main:
+            print(f"resumed from {resume}: stage {trainer.state.stage}, epoch {trainer.state.epoch + 1}, "
+                  f"step {trainer.state.global_step}", flush=True)
+    try:
+        outputs.state = trainer.fit()
+    finally:
+        if trainer.writer is not None:
+            trainer.writer.close()
+    if group.is_main:
+        for name in ("last", "best", "best_scst"):
+            path = trainer.checkpoint_dir / f"{name}.pt"
+            if path.exists():
+                outputs.files[f"checkpoint ({name})"] = path
+        outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
+        outputs.files["step log"] = trainer.steps_log
+        history = output_dir / "history.json"
+        history.write_text(json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1))
+        outputs.files["epoch history"] = history
+    distributed.barrier()
+    return outputs
+
+
+def best_checkpoint(output_dir: Path) -> Path:
+    """The checkpoint to evaluate: the best self-critical one, else the best, else the last."""
+    for name in ("best_scst", "best", "last"):
+        path = output_dir / "checkpoints" / f"{name}.pt"
+        if path.exists():
+            return path
+    raise CheckpointError(f"{output_dir / 'checkpoints'}: no checkpoint found")
+

@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""Train a Show, Attend and Tell captioner.
+
+With no arguments: the built-in Shapes demo (configs/shapes.yaml) on the offline pretrained
+EfficientNet-Lite0: generate data, cache features, train, score the test split, draw attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from captioning.cli import add_config_arguments, config_from_args, run_cli
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python train.py                                     # Shapes demo\n"
+               "  python train.py --config configs/coco_resnet101.yaml --lr 2e-4\n"
+               "  python train.py --config configs/coco_resnet101.yaml --resume\n"
+               "  torchrun --nproc-per-node 4 train.py --config configs/coco_resnet101.yaml --amp bf16")
+    add_config_arguments(parser)
+    parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CHECKPOINT",
+                        help="continue a run exactly: from CHECKPOINT, or from <output-dir>/checkpoints/last.pt")
+    parser.add_argument("--no-test", action="store_true",
+                        help="skip scoring the test split, the figures and the report after training")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def main(args: argparse.Namespace) -> None:
+    config = config_from_args(args)
+    from captioning.pipeline import main_job  # after the configuration is known to be valid
+
+    resume = args.resume
+    if resume == "last":
+        resume = Path(config.train.output_dir) / "checkpoints" / "last.pt"
+    main_job(config, resume=resume, progress=not args.no_progress, test=not args.no_test)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, get_args_parser()))
