@@ -1,0 +1,32 @@
+"""Reader for a plain folder of images (captioning new images, no references)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from captioning.data.records import DatasetError, ImageRecord
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
+
+
+def read_folder(folder: str | Path) -> list[ImageRecord]:
+    """One record per image file directly inside ``folder`` (not in sub-folders).
+
+    Files are those with an image suffix (``IMAGE_SUFFIXES``, any case), hidden files excluded,
+    sorted by file name. ``image_id`` is the 1-based position in that order, so ids are stable as
+    long as the folder's file names are; ``split`` is ``""`` and there are no captions.
+
+    Raises:
+        DatasetError: the folder does not exist, is not a folder, or holds no image file.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DatasetError(f"{folder}: " + ("not a folder" if folder.exists() else "folder not found"))
+    paths = sorted(
+        (p for p in folder.iterdir()
+         if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()),
+        key=lambda p: p.name,
+    )
+    if not paths:
+        raise DatasetError(f"{folder}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    return [ImageRecord(image_id=number, path=path, split="") for number, path in enumerate(paths, start=1)]

@@ -1,0 +1,69 @@
+"""Image loading: any file PIL reads becomes an RGB image, or a one-line error naming it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from PIL import Image, ImageFile, UnidentifiedImageError
+
+from captioning.data.records import DatasetError
+
+# Keep PIL's decompression-bomb guard on (Image.MAX_IMAGE_PIXELS) and make truncated files errors.
+ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+
+class ImageError(DatasetError):
+    """An image file is missing or cannot be decoded."""
+
+
+def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
+    """Open an image and convert it to 8-bit RGB.
+
+    Grayscale, 16-bit, CMYK, palette and RGBA images are converted (alpha is composited on
+    white). Truncated, empty, non-image and over-large files raise ``ImageError``.
+
+    Args:
+        path: the image file.
+        entry: what refers to the image (e.g. ``"dataset_coco.json: image 391895"``), for the message.
+    Returns:
+        A fully decoded ``PIL.Image.Image`` in mode ``RGB``.
+    """
+    where = f"{path}" + (f" ({entry})" if entry else "")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()
+                return to_rgb(image)
+    except FileNotFoundError:
+        raise ImageError(f"{where}: image file not found") from None
+    except IsADirectoryError:
+        raise ImageError(f"{where}: is a directory, not an image") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageError(f"{where}: image too large (over {Image.MAX_IMAGE_PIXELS} pixels)") from None
+    except UnidentifiedImageError:
+        raise ImageError(f"{where}: not an image file PIL can read") from None
+    except (OSError, SyntaxError, ValueError) as error:
+        raise ImageError(f"{where}: cannot decode image ({error})") from None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Convert any PIL mode to 8-bit RGB (16-bit grayscale is scaled, alpha composited on white)."""
+    if image.mode == "RGB":
+        return image.copy()
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # 16/32-bit integer grayscale: scale the real value range to 8 bits.
+        import numpy as np
+
+        values = np.asarray(image, dtype=np.float64)
+        low, high = float(values.min()), float(values.max())
+        scaled = (values - low) * (255.0 / (high - low)) if high > low else np.zeros_like(values)
+        return Image.fromarray(scaled.round().astype("uint8"), mode="L").convert("RGB")
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")

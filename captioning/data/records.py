@@ -1,0 +1,34 @@
+"""What every dataset reader returns: one ``ImageRecord`` per image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DatasetError(ValueError):
+    """Bad dataset input; the message is one line naming the file and the entry."""
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One image and its reference captions.
+
+    Attributes:
+        image_id: integer id written to results files (COCO id where the source has one).
+        path: the image file (absolute, or relative to the working directory).
+        split: ``train``, ``val``, ``test`` (or ``restval`` when not merged) ; ``""`` for a plain folder.
+        captions: tokenized reference captions (lower case, no punctuation).
+        raw: the captions as written in the source, same order as ``captions``.
+    """
+
+    image_id: int
+    path: Path
+    split: str
+    captions: tuple[tuple[str, ...], ...] = ()
+    raw: tuple[str, ...] = ()
+
+
+def records_of_split(records: list[ImageRecord], split: str) -> list[ImageRecord]:
+    """The records of one split, in reading order."""
+    return [r for r in records if r.split == split]

@@ -1,0 +1,226 @@
+"""The dataset readers on tiny files in each real format: Karpathy split JSON, COCO captions, a folder."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from captioning.data.coco import read_coco
+from captioning.data.folder import read_folder
+from captioning.data.karpathy import read_karpathy
+from captioning.data.records import DatasetError, records_of_split
+
+
+def _edit_karpathy(split_file: Path, edit) -> Path:
+    """Apply ``edit`` to the split file's parsed JSON and write it back."""
+    data = json.loads(split_file.read_text(encoding="utf-8"))
+    edit(data)
+    split_file.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return split_file
+
+
+# Karpathy split files -------------------------------------------------------------------------------
+
+def test_karpathy_reads_ids_paths_splits_and_captions(karpathy_dataset):
+    split_file, root = karpathy_dataset
+    records = read_karpathy(split_file, root)
+    assert [r.image_id for r in records] == [9, 25, 30, 42, 73]  # cocoid, not imgid
+    assert [r.split for r in records] == ["train", "train", "train", "val", "test"]  # restval joined train
+    first = records[0]
+    assert first.path == root / "train2014" / "COCO_train2014_000000000009.jpg"
+    assert first.path.is_file()
+    assert first.captions[0] == ("a", "dog", "runs", "on", "the", "grass")
+    assert first.raw[0] == "A dog runs on the grass."
+    assert len(first.captions) == len(first.raw) == 5
+
+
+def test_karpathy_keeps_restval_when_asked(karpathy_dataset):
+    split_file, root = karpathy_dataset
+    records = read_karpathy(split_file, root, restval_to_train=False)
+    assert [r.image_id for r in records_of_split(records, "restval")] == [30]
+
+
+def test_karpathy_flickr_schema_uses_imgid_and_no_filepath(tmp_path, write_json):
+    data = {"dataset": "flickr8k", "images": [
+        {"filename": "1000268201_693b08cb0e.jpg", "imgid": 0, "split": "test", "sentids": [0],
+         "sentences": [{"tokens": ["A", "child", "in", "pink"], "raw": "A child in pink .", "imgid": 0,
+                        "sentid": 0}]},
+    ]}
+    split_file = write_json(tmp_path / "dataset_flickr8k.json", data)
+    records = read_karpathy(split_file, tmp_path / "Flicker8k_Dataset")
+    assert records[0].image_id == 0
+    assert records[0].path == tmp_path / "Flicker8k_Dataset" / "1000268201_693b08cb0e.jpg"
+    assert records[0].captions == (("a", "child", "in", "pink"),)  # given tokens, lower-cased
+
+
+def test_karpathy_keeps_non_ascii_text(karpathy_dataset):
+    split_file, root = karpathy_dataset
+
+    def add_accents(data):
+        sentence = data["images"][0]["sentences"][0]
+        sentence.update(tokens=["Un", "café", "à", "Zürich"], raw="Un café à Zürich.")
+
+    records = read_karpathy(_edit_karpathy(split_file, add_accents), root)
+    assert records[0].captions[0] == ("un", "café", "à", "zürich")
+    assert records[0].raw[0] == "Un café à Zürich."
+
+
+def test_karpathy_skips_empty_captions_and_drops_uncaptioned_images(karpathy_dataset, caplog):
+    split_file, root = karpathy_dataset
+
+    def blank(data):
+        data["images"][0]["sentences"][1].update(tokens=[], raw="   ")
+        data["images"][0]["sentences"][2].update(tokens=[" "], raw="")
+        for sentence in data["images"][1]["sentences"]:
+            sentence.update(tokens=[], raw="")
+
+    with caplog.at_level(logging.WARNING, logger="captioning.data.karpathy"):
+        records = read_karpathy(_edit_karpathy(split_file, blank), root)
+    assert [r.image_id for r in records] == [9, 30, 42, 73]
+    assert len(records[0].captions) == 3
+    assert "skipped 4 empty captions" in caplog.text
+    assert "skipped 1 images with no caption" in caplog.text and "cocoid 25" in caplog.text
+
+
+def test_karpathy_not_json(tmp_path):
+    bad = tmp_path / "dataset_coco.json"
+    bad.write_text('{"images": [', encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"dataset_coco\.json: not valid JSON"):
+        read_karpathy(bad, tmp_path)
+
+
+def test_karpathy_missing_file(tmp_path):
+    with pytest.raises(DatasetError, match="file not found"):
+        read_karpathy(tmp_path / "dataset_coco.json", tmp_path)
+
+
+@pytest.mark.parametrize("data", [[], {"dataset": "coco"}, {"images": {}}])
+def test_karpathy_wrong_top_level(tmp_path, write_json, data):
+    with pytest.raises(DatasetError, match=r"^dataset_coco\.json: "):
+        read_karpathy(write_json(tmp_path / "dataset_coco.json", data), tmp_path)
+
+
+def test_karpathy_missing_field_names_file_and_entry(karpathy_dataset):
+    split_file, root = karpathy_dataset
+    _edit_karpathy(split_file, lambda data: data["images"][3].pop("sentences"))
+    with pytest.raises(DatasetError) as error:
+        read_karpathy(split_file, root)
+    assert str(error.value) == "dataset_coco.json: image 3 (cocoid 42): missing field 'sentences'"
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["images"][1].update(cocoid=9),
+     r"image 1 \(cocoid 9\): duplicate image id 9 \(also image 0\)"),
+    (lambda d: d["images"][1].update(split="holdout"), r"image 1 \(cocoid 25\): unknown split 'holdout'"),
+    (lambda d: d["images"][2].update(cocoid="30"), r"image 2: field 'cocoid' must be an integer"),
+    (lambda d: d["images"][0]["sentences"][1].pop("tokens"),
+     r"cocoid 9\) sentence 1: missing field 'tokens'"),
+    (lambda d: d["images"][0]["sentences"][1].update(tokens="a dog"), r"field 'tokens' must be a list"),
+    (lambda d: d["images"][0].update(filename="../../etc/passwd"), r"must not contain '\.\.'"),
+    (lambda d: d["images"][0].update(filepath="/abs/train2014"), r"must be relative to the image root"),
+])
+def test_karpathy_bad_entries(karpathy_dataset, edit, message):
+    split_file, root = karpathy_dataset
+    with pytest.raises(DatasetError, match=message):
+        read_karpathy(_edit_karpathy(split_file, edit), root)
+
+
+# COCO caption annotations ---------------------------------------------------------------------------
+
+def test_coco_reads_standard_layout(coco_dataset, capsys):
+    annotation_files, root = coco_dataset
+    records = read_coco(annotation_files, root)
+    assert capsys.readouterr().out == ""  # pycocotools' progress prints are silenced
+    assert [(r.image_id, r.split) for r in records] == [(9, "train"), (25, "train"), (30, "val"), (42, "val"),
+                                                        (73, "val")]
+    assert records[0].path == root / "train2014" / "COCO_train2014_000000000009.jpg"
+    assert records[0].captions == (("a", "dog", "runs", "on", "the", "grass"),
+                                   ("a", "brown", "dog", "running"))
+    assert records[0].raw[1] == "A brown dog, running!"
+    assert all(r.path.is_file() for r in records)
+
+
+def test_coco_2017_layout_takes_folder_from_file_name(tmp_path, write_json):
+    data = {"images": [{"id": 397133, "file_name": "000000397133.jpg"}],
+            "annotations": [{"id": 1, "image_id": 397133, "caption": "A man in a kitchen."}]}
+    records = read_coco([write_json(tmp_path / "captions_val2017.json", data)], tmp_path / "coco")
+    assert records[0].path == tmp_path / "coco" / "val2017" / "000000397133.jpg"
+    assert records[0].split == "val"
+
+
+def test_coco_karpathy_resplit(coco_dataset, karpathy_dataset, caplog):
+    annotation_files, root = coco_dataset
+    split_file, _ = karpathy_dataset
+    _edit_karpathy(split_file, lambda data: data["images"].pop(1))  # cocoid 25 is not in the split file
+    with caplog.at_level(logging.WARNING):
+        records = read_coco(annotation_files, root, karpathy_split_file=split_file)
+    assert [(r.image_id, r.split) for r in records] == [(9, "train"), (30, "train"), (42, "val"),
+                                                        (73, "test")]
+    assert "skipped 1 images not in the Karpathy split file" in caplog.text
+
+
+def test_coco_skips_empty_captions(coco_dataset, write_json, caplog):
+    annotation_files, root = coco_dataset
+    data = json.loads(annotation_files[1].read_text())
+    data["annotations"][0]["caption"] = " . "
+    write_json(annotation_files[1], data)
+    with caplog.at_level(logging.WARNING):
+        records = read_coco(annotation_files, root)
+    assert 30 not in [r.image_id for r in records]
+    assert "skipped 1 empty captions" in caplog.text
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.pop("annotations"), r"captions_val2014\.json: missing field 'annotations'"),
+    (lambda d: d["annotations"][0].update(image_id=5),
+     r"annotation 0 \(id 3000\): image_id 5 is not in 'images'"),
+    (lambda d: d["annotations"][1].pop("caption"), r"annotation 1 \(id 4200\): missing field 'caption'"),
+    (lambda d: d["images"][0].pop("file_name"), r"image 30: missing field 'file_name'"),
+    (lambda d: d["images"][1].update(id=30), r"image 1: duplicate image id 30"),
+    (lambda d: d["images"][0].update(file_name="../../secret.jpg"), r"must not contain '\.\.'"),
+])
+def test_coco_bad_entries(coco_dataset, write_json, edit, message):
+    annotation_files, root = coco_dataset
+    data = json.loads(annotation_files[1].read_text())
+    edit(data)
+    write_json(annotation_files[1], data)
+    with pytest.raises(DatasetError, match=message):
+        read_coco(annotation_files, root)
+
+
+def test_coco_bad_files(coco_dataset, tmp_path, write_json):
+    annotation_files, root = coco_dataset
+    not_json = tmp_path / "captions_train2014.json"
+    not_json.write_text("{oops", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"captions_train2014\.json: not valid JSON"):
+        read_coco([not_json], root)
+    with pytest.raises(DatasetError, match="expected a JSON object"):
+        read_coco([write_json(tmp_path / "captions_val2014.json", [1, 2])], root)
+    with pytest.raises(DatasetError, match="cannot tell the split"):
+        read_coco([write_json(tmp_path / "my_captions.json", {"images": [], "annotations": []})], root)
+    with pytest.raises(DatasetError, match="image id 9 is also in captions_train2014.json"):
+        read_coco([annotation_files[0], annotation_files[0]], root)
+
+
+# Image folders --------------------------------------------------------------------------------------
+
+def test_folder_lists_images_sorted_with_ids(tmp_path, make_image):
+    for name in ("b.PNG", "a.jpg", "c.JpEg", "d.webp"):
+        make_image(tmp_path / name)
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / ".hidden.jpg").write_bytes(b"")
+    make_image(tmp_path / "sub" / "e.jpg")
+    records = read_folder(tmp_path)
+    assert [(r.image_id, r.path.name, r.split, r.captions) for r in records] == [
+        (1, "a.jpg", "", ()), (2, "b.PNG", "", ()), (3, "c.JpEg", "", ()), (4, "d.webp", "", ())]
+
+
+def test_folder_errors(tmp_path):
+    with pytest.raises(DatasetError, match="folder not found"):
+        read_folder(tmp_path / "missing")
+    (tmp_path / "readme.txt").write_text("hi")
+    with pytest.raises(DatasetError, match="no image files"):
+        read_folder(tmp_path)
