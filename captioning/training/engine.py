@@ -200,7 +200,7 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
             else:
                 terms = xe_loss(model, batch, config, penalty_weight, entropy_weight, world_size)
                 loss = terms.total
-                numbers = {"cross_entropy": float(terms.cross_entropy), "attention_penalty": float(terms.attention_penalty)}
+                numbers = {"cross_entropy": terms.cross_entropy.item(), "attention_penalty": terms.attention_penalty.item()}
         stepped = optimisation_step(loss, model, optimizer, config, scaler, where)
         state.batch_in_epoch += 1
         if not stepped:

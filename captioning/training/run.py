@@ -85,7 +85,7 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
         cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
                                            batch_size=32, device=device, num_workers=config.data.num_workers,
                                            progress=progress, skip_bad_images=config.data.skip_bad_images)
-        return CaptionDataset(records, features=cache, **common)
+        return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
     return CaptionDataset(records, transform=model.encoder.transform, **common)
 
 
@@ -346,7 +346,12 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         print(f"configuration: {config_json(config)}", flush=True)
         save_config(config, output_dir / "config.yaml")
         outputs.files["configuration"] = output_dir / "config.yaml"
-    records, model, train_set, val_set = prepare_run(config, output_dir, resume, progress, group, device)
+    if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
+        distributed.barrier()
+    records, model, train_set, val_set = prepare_run(config, output_dir, resume, progress and group.is_main,
+                                                     group, device)
+    if group.is_main:
+        distributed.barrier()
     if group.is_main:
         model.vocab.save(output_dir / "vocab.json")
         outputs.files["vocabulary"] = output_dir / "vocab.json"

@@ -1,0 +1,225 @@
+"""Training: outputs, exact resume after SIGKILL, non-finite guard, SCST, 2-process DDP equivalence."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from captioning.config import DecoderConfig, load_config
+from captioning.data.vocab import Vocabulary
+from captioning.evaluation.metrics import CiderDScorer
+from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.training import engine
+from captioning.training.checkpoint import load_checkpoint
+from captioning.training.engine import NonFiniteLossError, rollout, scst_loss
+from captioning.training.run import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
+    """A Shapes run small enough for a test: 64 px images, a 2x2 grid, a tiny decoder."""
+    values = {
+        "data.root": str(data_root), "data.shapes_train": 32, "data.shapes_val": 8, "data.shapes_test": 8,
+        "data.shapes_image_size": 64, "model.encoder.image_size": 64, "model.encoder.grid_size": 0,
+        "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 32, "model.decoder.attention_dim": 16,
+        "model.decoder.dropout": 0.2, "train.output_dir": str(output_dir), "train.epochs": 2,
+        "train.batch_size": 4, "train.deterministic": True, "train.log_every": 1, "decode.beam_size": 2,
+        "decode.max_length": 12,
+    }
+    values.update(extra)
+    return values
+
+
+def as_flags(overrides: dict) -> list[str]:
+    return [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """Shapes data and its feature cache, made once and shared by the runs of this module."""
+    root = tmp_path_factory.mktemp("shapes")
+    config = load_config(REPO / "configs" / "shapes.yaml",
+                         tiny_overrides(root, tmp_path_factory.mktemp("warmup"), **{"train.epochs": 0}))
+    from captioning.training.run import prepare_run, resolve_device
+
+    from captioning.training.distributed import ProcessGroup
+
+    prepare_run(config, root, None, False, ProcessGroup(), resolve_device("cpu"))
+    return root
+
+
+def read_steps(output_dir: Path) -> list[dict]:
+    path = output_dir / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_train(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO, **kwargs)
+
+
+def test_train_writes_checkpoints_logs_and_history(data_root, tmp_path):
+    config = load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, tmp_path / "run"))
+    outputs = train(config, progress=False)
+    run = tmp_path / "run"
+    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "config.yaml", "vocab.json", "history.json"):
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    history = json.loads((run / "history.json").read_text())["epochs"]
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert all("val_CIDEr-D" in h and "val_BLEU-4" in h for h in history)
+    steps = read_steps(run)
+    assert [s["step"] for s in steps] == list(range(1, 17))  # 32 images / 4 per batch x 2 epochs
+    assert outputs.state.global_step == 16
+    payload = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert payload["training"]["state"]["epoch"] == 2
+    assert load_config(run / "config.yaml") == config
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(data_root, tmp_path):
+    common = {"train.epochs": 3, "train.checkpoint_every": 2, "model.decoder.dropout": 0.3}
+    straight = tmp_path / "straight"
+    result = run_train(as_flags(tiny_overrides(data_root, straight, **common)))
+    assert result.returncode == 0, result.stderr
+
+    killed = tmp_path / "killed"
+    flags = as_flags(tiny_overrides(data_root, killed, **common))
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *flags],
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        log = killed / "steps.jsonl"
+        if log.exists() and len(log.read_text().splitlines()) >= 11:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    interrupted_at = load_checkpoint(killed / "checkpoints" / "last.pt")["training"]["state"]["global_step"]
+    assert 0 < interrupted_at < 24
+
+    result = run_train([*flags, "--resume"])
+    assert result.returncode == 0, result.stderr
+    assert f"step {interrupted_at}" in result.stdout
+    expected, resumed = read_steps(straight), read_steps(killed)
+    assert [s["step"] for s in resumed] == [s["step"] for s in expected] == list(range(1, 25))
+    np.testing.assert_allclose([s["loss"] for s in resumed], [s["loss"] for s in expected], rtol=1e-6)
+    final_a = load_checkpoint(straight / "checkpoints" / "last.pt")["decoder"]
+    final_b = load_checkpoint(killed / "checkpoints" / "last.pt")["decoder"]
+    for key in final_a:
+        torch.testing.assert_close(final_a[key], final_b[key], rtol=1e-5, atol=1e-6)
+
+
+def _poison_after(monkeypatch, step: int) -> None:
+    """Make the cross-entropy NaN from the ``step``-th call on."""
+    calls = {"n": 0}
+    original = engine.caption_loss
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        terms = original(*args, **kwargs)
+        if calls["n"] >= step:
+            terms.total = terms.total * float("nan")
+        return terms
+
+    monkeypatch.setattr(engine, "caption_loss", poisoned)
+
+
+def test_nonfinite_loss_stops_without_writing_a_checkpoint(data_root, tmp_path, monkeypatch):
+    config = load_config(REPO / "configs" / "shapes.yaml",
+                         tiny_overrides(data_root, tmp_path / "run", **{"train.checkpoint_every": 2}))
+    _poison_after(monkeypatch, 4)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss"):
+        train(config, progress=False)
+    payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert payload["training"]["state"]["global_step"] == 2  # the checkpoint before the NaN, not after
+    assert all(torch.isfinite(v).all() for v in payload["decoder"].values() if v.is_floating_point()
+               and v.numel() > 1)
+
+
+def test_nonfinite_loss_skip_continues(data_root, tmp_path, monkeypatch):
+    config = load_config(REPO / "configs" / "shapes.yaml",
+                         tiny_overrides(data_root, tmp_path / "run", **{"train.nonfinite": "skip",
+                                                                        "train.epochs": 1}))
+    _poison_after(monkeypatch, 6)
+    outputs = train(config, progress=False)
+    assert outputs.state.skipped_batches == 3  # batches 6, 7 and 8 of 8
+    assert outputs.state.global_step == 5
+    decoder = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["decoder"]
+    assert all(torch.isfinite(v).all() for v in decoder.values() if v.is_floating_point() and v.numel() > 1)
+
+
+def test_self_critical_training_raises_the_reward():
+    torch.manual_seed(0)
+    words = ["<pad>", "<start>", "<end>", "<unk>", "red", "blue", "circle", "square", "a", "small"]
+    vocab = Vocabulary(words)
+    references = {1: [["a", "red", "circle"]] * 3, 2: [["a", "blue", "square"]] * 3, 3: [["a", "small", "circle"]] * 3}
+    scorer = CiderDScorer(references)
+
+    def rewarder(ids, token_ids):
+        return scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id] for row in token_ids])
+
+    decoder = ShowAttendTellDecoder.from_config(
+        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), len(vocab), 8)
+    annotations = torch.randn(3, 4, 8)
+    batch = {"features": annotations, "image_ids": torch.tensor([1, 2, 3])}
+    config = load_config(None, {"train.scst_samples": 5, "train.scst_baseline": "mean"}).train
+
+    class Model:  # the part of Captioner that scst_loss uses
+        def __init__(self, decoder):
+            self.decoder = decoder
+
+    def greedy_reward() -> float:
+        decoder.eval()
+        with torch.no_grad():
+            result = rollout(decoder, annotations, lambda lp: lp.argmax(1), 6)
+        decoder.train()
+        return float(rewarder([1, 2, 3], [row[:n].tolist() for row, n in zip(result.tokens, result.lengths)]).mean())
+
+    before = greedy_reward()
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=5e-3)
+    decoder.train()
+    for _ in range(150):
+        loss, numbers = scst_loss(Model(decoder), batch, rewarder, config, max_length=6)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = greedy_reward()
+    assert before < 1.0
+    assert after > before + 2.0, (before, after)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_root, tmp_path):
+    common = {"train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8}
+    single = tmp_path / "single"
+    result = run_train(as_flags(tiny_overrides(data_root, single, **common)))
+    assert result.returncode == 0, result.stderr
+    double = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(REPO / "train.py"), "--no-test", "--no-progress", "--device", "cpu",
+         *as_flags(tiny_overrides(data_root, double, **common))],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = load_checkpoint(single / "checkpoints" / "last.pt")
+    two = load_checkpoint(double / "checkpoints" / "last.pt")
+    assert one["training"]["state"]["global_step"] == two["training"]["state"]["global_step"] == 3
+    start = ShowAttendTellDecoder.from_config(DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16),
+                                              one["decoder"]["embedding.weight"].shape[0], 1280)
+    moved = False
+    for key, value in one["decoder"].items():
+        torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=1e-5)
+        moved |= key in start.state_dict() and not torch.equal(value, start.state_dict()[key])
+    assert moved
