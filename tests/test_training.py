@@ -220,6 +220,6 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_roo
                                               one["decoder"]["embedding.weight"].shape[0], 1280)
     moved = False
     for key, value in one["decoder"].items():
-        torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
         moved |= key in start.state_dict() and not torch.equal(value, start.state_dict()[key])
     assert moved

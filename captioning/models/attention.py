@@ -76,7 +76,7 @@ class AdditiveAttention(Attention):
         super().__init__()
         self.annotation_proj = nn.Linear(annotation_dim, attention_dim)
         self.query_proj = nn.Linear(hidden_dim, attention_dim, bias=False)
-        self.score = nn.Linear(attention_dim, 1)
+        self.score = nn.Linear(attention_dim, 1, bias=False)  # a bias would cancel in the softmax
         self.activation: Callable[[Tensor], Tensor] = torch.tanh if activation == "tanh" else torch.relu
         self.context_dim = annotation_dim
 

@@ -90,9 +90,11 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
 
 
 def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.device) -> DataLoader:
+    # An own generator: creating the loader's iterator must not draw from the global RNG, or a
+    # resumed run (whose iterator starts mid-epoch) would see different dropout masks.
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
                       num_workers=config.data.num_workers, pin_memory=device.type == "cuda",
-                      persistent_workers=False)
+                      generator=torch.Generator().manual_seed(config.train.seed))
 
 
 def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
