@@ -73,7 +73,7 @@ class EncoderConfig:
 
     name: str = "efficientnet_lite0"  # a name from captioning.models.encoders.ENCODERS
     weights: str = "pretrained"  # pretrained | none | path to a state-dict file
-    image_size: int = 224  # input side in pixels (resize shorter side, centre crop)
+    image_size: int = 224  # images are resized to image_size x image_size (no crop: the grid covers the whole image)
     grid_size: int = 14  # adaptive pooling to grid_size x grid_size; 0 keeps the native grid
     fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
 

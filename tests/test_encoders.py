@@ -1,0 +1,209 @@
+"""Encoders: registry shapes, stage freezing, weights errors, fingerprints, and real Lite0 weights."""
+
+from __future__ import annotations
+
+import functools
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from captioning.config import ConfigError, EncoderConfig
+from captioning.models import encoders
+from captioning.models.encoders import ENCODERS, Encoder, EncoderWeightsError, build_encoder
+
+
+@functools.cache
+def _random_backbone(name: str) -> encoders.Backbone:
+    """One randomly initialised backbone per name for the whole session (VGG takes seconds to build)."""
+    return ENCODERS[name]("none")
+
+
+@pytest.mark.parametrize("grid_size", [0, 2])
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+def test_reported_shapes_match_output(name: str, grid_size: int) -> None:
+    encoder = Encoder(name, _random_backbone(name), image_size=64, grid_size=grid_size).eval()
+    with torch.inference_mode():
+        grid_features = encoder(torch.randn(2, 3, 64, 64))
+    assert grid_features.shape == (2, encoder.grid[0] * encoder.grid[1], encoder.channels)
+    assert torch.isfinite(grid_features).all()
+    if grid_size:
+        assert encoder.grid == (2, 2)
+    else:
+        assert encoder.grid == encoder.native_grid
+
+
+@pytest.mark.parametrize("name", ["vgg16", "vgg19"])
+def test_vgg_is_cut_at_the_last_conv_before_the_final_pool(name: str) -> None:
+    encoder = Encoder(name, _random_backbone(name), image_size=224, grid_size=0)
+    assert (encoder.channels, encoder.grid) == (512, (14, 14))
+    layers = list(encoder.backbone.modules())
+    convs = [m for m in layers if isinstance(m, nn.Conv2d)]
+    assert len(convs) == {"vgg16": 13, "vgg19": 16}[name]
+    assert isinstance(layers[-1], nn.ReLU) and convs[-1].out_channels == 512
+    assert sum(isinstance(m, nn.MaxPool2d) for m in layers) == 4
+    # The real forward pass on shapes only (meta tensors cost no arithmetic).
+    assert encoder(torch.empty(1, 3, 224, 224, device="meta")).shape == (1, 196, 512)
+
+
+def test_resnet_native_grid_is_stride_32() -> None:
+    encoder = Encoder("resnet50", _random_backbone("resnet50"), image_size=224, grid_size=0)
+    assert (encoder.channels, encoder.grid) == (2048, (7, 7))
+    assert [type(s).__name__ for s in encoder.stages()] == ["Sequential"] * 5
+
+
+def _batch_norms(module: nn.Module) -> list[nn.BatchNorm2d]:
+    return [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
+
+
+def test_set_trainable_unfreezes_last_stages_and_keeps_frozen_batchnorm_in_eval() -> None:
+    encoder = build_encoder(EncoderConfig(name="resnet50", weights="none", image_size=64, grid_size=2,
+                                          fine_tune_stages=2))
+    stages = encoder.stages()
+    frozen, trainable = stages[:3], stages[3:]
+    assert all(p.requires_grad for stage in trainable for p in stage.parameters())
+    assert not any(p.requires_grad for stage in frozen for p in stage.parameters())
+    assert sum(p.numel() for p in encoder.parameters() if p.requires_grad) == \
+        sum(p.numel() for stage in trainable for p in stage.parameters())
+
+    encoder.train()
+    assert encoder.training and all(m.training for stage in trainable for m in _batch_norms(stage))
+    assert not any(m.training for stage in frozen for m in _batch_norms(stage))
+    # Frozen running statistics stay fixed through a training-mode forward pass.
+    before = stages[1][0].bn1.running_mean.clone()
+    encoder(torch.randn(2, 3, 64, 64)).sum().backward()
+    assert torch.equal(stages[1][0].bn1.running_mean, before)
+    assert stages[4][0].conv1.weight.grad is not None and stages[0][0].weight.grad is None
+
+    encoder.set_trainable(0)
+    encoder.train()
+    assert not any(p.requires_grad for p in encoder.parameters())
+    assert not any(m.training for m in _batch_norms(encoder))
+    encoder.eval()
+    assert not any(m.training for m in encoder.modules())
+
+
+def test_too_many_fine_tune_stages_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="fine_tune_stages"):
+        build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", fine_tune_stages=10))
+
+
+def test_unknown_name_lists_the_registry() -> None:
+    with pytest.raises(ConfigError, match="resnet101"):
+        build_encoder(EncoderConfig(name="alexnet", weights="none"))
+
+
+def test_missing_local_weights_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.pth"
+    with pytest.raises(EncoderWeightsError, match="nowhere.pth: encoder weights file not found"):
+        build_encoder(EncoderConfig(name="efficientnet_lite0", weights=str(missing)))
+
+
+def test_local_weights_with_wrong_keys_names_them(tmp_path: Path) -> None:
+    state = ENCODERS["efficientnet_lite0"]("none").features.state_dict()
+    state.pop("_fc.bias")
+    state["extra.weight"] = torch.zeros(1)
+    path = tmp_path / "lite0.pth"
+    torch.save(state, path)
+    with pytest.raises(EncoderWeightsError, match=r"missing 1 \(_fc.bias\); unexpected 1 \(extra.weight\)"):
+        build_encoder(EncoderConfig(name="efficientnet_lite0", weights=str(path)))
+
+
+def test_local_weights_file_round_trips(tmp_path: Path) -> None:
+    source = ENCODERS["efficientnet_lite0"]("none").features
+    path = tmp_path / "lite0.pth"
+    torch.save(source.state_dict(), path)
+    encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights=str(path), image_size=64))
+    assert torch.equal(encoder.backbone._conv_stem.weight, source._conv_stem.weight)
+    assert encoder.fingerprint()["weights"]["file"] == str(path.resolve())
+
+
+def test_offline_pretrained_raises_quickly_naming_file_url_and_place(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+
+    def offline(url: str, *args, **kwargs) -> None:
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    started = time.monotonic()
+    with pytest.raises(EncoderWeightsError) as caught:
+        build_encoder(EncoderConfig(name="resnet101", weights="pretrained"))
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    expected_path = tmp_path / "hub" / "checkpoints" / "resnet101-cd907fc2.pth"
+    assert "\n" not in message
+    assert "https://download.pytorch.org/models/resnet101-cd907fc2.pth" in message
+    assert str(expected_path) in message and "name resolution" in message
+
+
+def test_pretrained_file_in_hub_cache_is_used_without_download(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
+
+    def no_network(*args, **kwargs) -> None:
+        raise AssertionError("must not download a cached file")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    import torchvision.models as tvm
+
+    published = tvm.EfficientNet_B0_Weights.IMAGENET1K_V1
+    reference = tvm.efficientnet_b0()
+    (tmp_path / "checkpoints").mkdir()
+    torch.save(reference.state_dict(), tmp_path / "checkpoints" / published.url.rsplit("/", 1)[-1])
+    encoder = build_encoder(EncoderConfig(name="efficientnet_b0", weights="pretrained", image_size=64))
+    assert torch.equal(encoder.backbone[0][0].weight, reference.features[0][0].weight)
+    assert encoder.fingerprint()["weights"] == {"torchvision": "EfficientNet_B0_Weights.IMAGENET1K_V1"}
+    assert encoder.mean == tuple(published.transforms().mean)
+
+
+def test_fingerprint_changes_with_weights_grid_and_image_size() -> None:
+    backbone = _random_backbone("efficientnet_lite0")
+    base = Encoder("efficientnet_lite0", backbone, 64, 2).fingerprint()
+    assert Encoder("efficientnet_lite0", backbone, 64, 2).fingerprint() == base
+    assert Encoder("efficientnet_lite0", backbone, 64, 4).fingerprint() != base
+    # The native grid at 64 px is 2x2: grid_size 0 gives the same features, so the same key.
+    assert Encoder("efficientnet_lite0", backbone, 64, 0).fingerprint() == base
+    assert Encoder("efficientnet_lite0", backbone, 96, 2).fingerprint() != base
+    pretrained = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64,
+                                             grid_size=2))
+    assert pretrained.fingerprint() != base
+    assert pretrained.fingerprint()["weights"]["file"].endswith(".pth")
+
+
+def test_transform_resizes_to_a_square_without_cropping() -> None:
+    encoder = Encoder("efficientnet_lite0", _random_backbone("efficientnet_lite0"), 64, 2)
+    # Left half black, right half white: a centre crop would lose the sides, a resize keeps both.
+    image = Image.new("RGB", (200, 100), (0, 0, 0))
+    image.paste((255, 255, 255), (100, 0, 200, 100))
+    tensor = encoder.transform(image)
+    assert tensor.shape == (3, 64, 64)
+    black, white = (0 - 127 / 255) / (128 / 255), (1 - 127 / 255) / (128 / 255)
+    assert tensor[:, :, :30].allclose(torch.tensor(black), atol=1e-3)
+    assert tensor[:, :, 34:].allclose(torch.tensor(white), atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def lite0() -> Encoder:
+    return build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=224,
+                                       grid_size=0)).eval()
+
+
+def test_lite0_native_grid(lite0: Encoder) -> None:
+    assert (lite0.channels, lite0.grid) == (1280, (7, 7))
+
+
+def test_lite0_pretrained_weights_classify_real_photos(lite0: Encoder) -> None:
+    skimage_data = pytest.importorskip("skimage.data")
+    images = torch.stack([lite0.transform(Image.fromarray(skimage_data.chelsea())),
+                          lite0.transform(Image.fromarray(skimage_data.coffee()))])
+    with torch.inference_mode():
+        probabilities = lite0.backbone.classify(images).softmax(-1)  # (2, 1000)
+        grid_features = lite0(images)
+    cat, coffee = probabilities.argmax(-1).tolist()
+    assert 281 <= cat <= 285  # tabby, tiger cat, Persian, Siamese, Egyptian cat (observed: 285, p 0.79)
+    assert coffee in (967, 968)  # espresso, cup (observed: 967, p 0.90)
+    assert probabilities.max(-1).values.min() > 0.5
+    assert grid_features.shape == (2, 49, 1280) and torch.isfinite(grid_features).all()

@@ -1,0 +1,200 @@
+"""Feature cache: reuse, equality with the encoder, keys, resume after a kill, full disk, bad images."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from captioning.config import EncoderConfig
+from captioning.data import feature_cache
+from captioning.data.feature_cache import FeatureCache
+from captioning.data.images import ImageError, load_image
+from captioning.data.records import ImageRecord
+from captioning.models.encoders import Encoder, build_encoder
+
+NUM_IMAGES = 10
+BATCH = 4  # batches of rows 0-3, 4-7, 8-9
+
+
+def _encoder(image_size: int = 64, grid_size: int = 2) -> Encoder:
+    return build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained",
+                                       image_size=image_size, grid_size=grid_size))
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Encoder:
+    return _encoder()
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> list[ImageRecord]:
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(NUM_IMAGES):
+        pixels = rng.integers(0, 256, size=(40 + 4 * i, 56, 3), dtype=np.uint8)
+        path = folder / f"{i:03d}.png"
+        Image.fromarray(pixels).save(path)
+        out.append(ImageRecord(image_id=i, path=path, split="train"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(encoder: Encoder, records: list[ImageRecord]) -> np.ndarray:
+    """The encoder run directly, image by image: (N, P, C) float32."""
+    encoder.eval()
+    with torch.inference_mode():
+        return np.stack([encoder(encoder.transform(load_image(r.path))[None])[0].numpy() for r in records])
+
+
+class _ForwardCounter:
+    def __init__(self, encoder: Encoder) -> None:
+        self.calls = 0
+        self.handle = encoder.register_forward_hook(self)
+
+    def __call__(self, *args) -> None:
+        self.calls += 1
+
+
+def _build(directory: Path, encoder: Encoder, records: list[ImageRecord], **kwargs) -> FeatureCache:
+    return FeatureCache.build_or_open(directory, encoder, records, batch_size=BATCH, progress=False, **kwargs)
+
+
+def _interrupt_at_image(monkeypatch: pytest.MonkeyPatch, calls_before_interrupt: int) -> None:
+    """Make the (calls_before_interrupt + 1)-th image load raise KeyboardInterrupt, as a kill would."""
+    calls = {"n": 0}
+
+    def load(path, entry=None):
+        calls["n"] += 1
+        if calls["n"] > calls_before_interrupt:
+            raise KeyboardInterrupt
+        return load_image(path, entry=entry)
+
+    monkeypatch.setattr(feature_cache, "load_image", load)
+
+
+def _index(cache_dir: Path) -> dict:
+    (path,) = cache_dir.glob("*/index.json")
+    return json.loads(path.read_text())
+
+
+def test_built_once_then_reused(tmp_path: Path, encoder: Encoder, records, reference) -> None:
+    counter = _ForwardCounter(encoder)
+    cache = _build(tmp_path, encoder, records)
+    assert counter.calls == 3
+    assert len(cache) == NUM_IMAGES and cache.shape == (NUM_IMAGES, 4, encoder.channels)
+    assert cache[0].dtype == np.float16 and cache[0].shape == (4, encoder.channels)
+    np.testing.assert_allclose(np.stack([cache[i] for i in range(len(cache))]), reference,
+                               rtol=2e-3, atol=2e-3)
+    index = _index(tmp_path)
+    assert (index["completed"], index["count"], index["dtype"]) == (NUM_IMAGES, NUM_IMAGES, "float16")
+    assert index["fingerprint"] == encoder.fingerprint() and index["bad"] == []
+
+    reopened = _build(tmp_path, encoder, records)
+    assert counter.calls == 3  # reused: the encoder did not run
+    assert reopened.path == cache.path
+    np.testing.assert_array_equal(reopened[7], cache[7])
+    counter.handle.remove()
+    # Workers started by spawn get the path, not a pickled copy of the array.
+    pickled = pickle.dumps(reopened)
+    assert len(pickled) < 4096
+    np.testing.assert_array_equal(pickle.loads(pickled)[3], cache[3])
+
+
+def test_changed_encoder_or_images_make_new_caches(tmp_path: Path, encoder: Encoder, records) -> None:
+    first = _build(tmp_path, encoder, records)
+    bigger = _build(tmp_path, _encoder(image_size=96), records)
+    finer = _build(tmp_path, _encoder(grid_size=3), records)
+    fewer = _build(tmp_path, encoder, records[:5])
+    assert len({first.path, bigger.path, finer.path, fewer.path}) == 4
+    assert finer.shape == (NUM_IMAGES, 9, encoder.channels) and len(fewer) == 5
+    assert len(list(tmp_path.glob("*/index.json"))) == 4  # all coexist
+    assert not np.array_equal(bigger[0], first[0])
+
+
+def test_resumes_after_interruption(tmp_path: Path, encoder: Encoder, records, reference,
+                                    monkeypatch) -> None:
+    _interrupt_at_image(monkeypatch, 6)  # during the second batch
+    with pytest.raises(KeyboardInterrupt):
+        _build(tmp_path, encoder, records)
+    assert _index(tmp_path)["completed"] == 4
+    monkeypatch.undo()
+
+    counter = _ForwardCounter(encoder)
+    cache = _build(tmp_path, encoder, records)
+    assert counter.calls == 2  # rows 4-7 and 8-9 only
+    counter.handle.remove()
+    uninterrupted = _build(tmp_path / "clean", encoder, records)
+    resumed = np.stack([cache[i] for i in range(NUM_IMAGES)])
+    np.testing.assert_array_equal(resumed, np.stack([uninterrupted[i] for i in range(NUM_IMAGES)]))
+    np.testing.assert_allclose(resumed, reference, rtol=2e-3, atol=2e-3)
+
+
+def test_full_disk_while_writing_the_index_keeps_the_previous_one(tmp_path: Path, encoder: Encoder,
+                                                                   records, monkeypatch) -> None:
+    _interrupt_at_image(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        _build(tmp_path, encoder, records)
+    monkeypatch.undo()
+    (index_path,) = tmp_path.glob("*/index.json")
+    before = index_path.read_bytes()
+
+    def full_disk(source, destination):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="no space left on device writing the feature cache") as caught:
+        _build(tmp_path, encoder, records)
+    monkeypatch.undo()
+    assert caught.value.errno == errno.ENOSPC
+    assert index_path.read_bytes() == before and json.loads(before)["completed"] == 4
+    assert not list(tmp_path.glob("*/*.tmp"))
+    assert len(_build(tmp_path, encoder, records)) == NUM_IMAGES
+
+
+def test_full_disk_at_allocation_says_how_much_is_needed(tmp_path: Path, encoder: Encoder, records,
+                                                         monkeypatch) -> None:
+    if not hasattr(os, "posix_fallocate"):
+        pytest.skip("no posix_fallocate on this platform")
+
+    def full_disk(descriptor, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full_disk)
+    with pytest.raises(OSError, match=r"features.npy \(needs 0.0 GiB\)"):
+        _build(tmp_path, encoder, records)
+
+
+@pytest.fixture
+def records_with_bad_image(tmp_path: Path, records) -> list[ImageRecord]:
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    return [*records[:5], ImageRecord(image_id=99, path=broken, split="train"), *records[5:]]
+
+
+def test_bad_image_stops_the_build_naming_the_file(tmp_path: Path, encoder, records_with_bad_image) -> None:
+    with pytest.raises(ImageError, match=r"broken.png \(image 99\)"):
+        _build(tmp_path / "cache", encoder, records_with_bad_image)
+    assert _index(tmp_path / "cache")["completed"] == 4  # the first batch is kept
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bad_image_skipped_and_recorded(tmp_path: Path, encoder, records_with_bad_image, reference,
+                                        num_workers: int) -> None:
+    with pytest.warns(UserWarning, match="1 of 11 images could not be read"):
+        cache = _build(tmp_path, encoder, records_with_bad_image, skip_bad_images=True,
+                       num_workers=num_workers)
+    assert set(cache.bad) == {5} and "broken.png" in cache.bad[5]
+    assert not cache[5].any()
+    good = np.stack([cache[i] for i in range(len(cache)) if i != 5])
+    np.testing.assert_allclose(good, reference, rtol=2e-3, atol=2e-3)
+    (bad,) = _index(tmp_path)["bad"]
+    assert bad["row"] == 5 and bad["path"].endswith("broken.png") and "broken.png" in bad["error"]
