@@ -25,6 +25,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     add_config_arguments(parser)
     parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CHECKPOINT",
                         help="continue a run exactly: from CHECKPOINT, or from <output-dir>/checkpoints/last.pt")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="only prepare the data and cache the frozen encoder's features of every split, then stop")
     parser.add_argument("--no-test", action="store_true",
                         help="skip scoring the test split, the figures and the report after training")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -33,8 +35,11 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> None:
     config = config_from_args(args)
-    from captioning.pipeline import main_job  # after the configuration is known to be valid
+    from captioning.pipeline import cache_only, main_job  # after the configuration is known to be valid
 
+    if args.cache_only:
+        cache_only(config, progress=not args.no_progress)
+        return
     resume = args.resume
     if resume == "last":
         resume = Path(config.train.output_dir) / "checkpoints" / "last.pt"

@@ -17,7 +17,7 @@ from captioning.evaluation.runner import (
     write_scores,
 )
 from captioning.training import distributed
-from captioning.training.run import RunOutputs, best_checkpoint, resolve_device, train
+from captioning.training.run import RunOutputs, best_checkpoint, cache_features, resolve_device, train
 
 
 def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, outputs: RunOutputs,
@@ -49,7 +49,7 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
 
 def summary(outputs: RunOutputs) -> str:
     """The closing lines: every file the run wrote."""
-    lines = [f"wrote under {outputs.output_dir}/:"]
+    lines = ["files written:"]
     for what, path in outputs.files.items():
         lines.append(f"  {what:<24} {path}")
     return "\n".join(lines)
@@ -63,4 +63,11 @@ def main_job(config: Config, resume: str | Path | None = None, progress: bool = 
     if distributed.init_from_environment("cpu").is_main:
         print(summary(outputs), flush=True)
     distributed.shutdown()
+    return outputs
+
+
+def cache_only(config: Config, progress: bool = True) -> RunOutputs:
+    """Generate/read the data and fill the feature cache of every split; nothing is trained."""
+    outputs = RunOutputs(Path(config.train.output_dir), files=cache_features(config, progress))
+    print(summary(outputs), flush=True)
     return outputs

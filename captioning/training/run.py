@@ -326,6 +326,24 @@ def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress:
     return records, model, train_set, val_set
 
 
+def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
+    """Run the frozen encoder once over every split and store the grids (``train.py --cache-only``)."""
+    if not uses_cache(config):
+        raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
+    device = resolve_device(config.train.device)
+    records = load_records(config.data, Path(config.train.output_dir))
+    vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
+    model = Captioner.build(config.model, vocab).to(device)
+    written = {}
+    for split in ("train", "val", "test"):
+        split_records = [r for r in records_of_split(records, split) if r.captions]
+        if split_records:
+            dataset = caption_dataset(split_records, model, config, device, Path(config.train.output_dir),
+                                      progress, 1)
+            written[f"{split} features"] = Path(dataset.features.path)
+    return written
+
+
 def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> RunOutputs:
     """Train as configured; returns what was written where.
 
