@@ -46,15 +46,15 @@ class DataConfig:
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
-    cache_dir: str | None = None  # feature cache folder; None puts it under the output folder
+    cache_dir: str | None = None  # feature cache folder; None: <data.root>/features
     use_cache: bool = True  # cache frozen-encoder features on disk (ignored when fine-tuning)
     # Shapes, the built-in synthetic dataset.
-    shapes_seed: int = 0
-    shapes_train: int = 2000  # images per split
-    shapes_val: int = 200
-    shapes_test: int = 200
-    shapes_image_size: int = 224
-    shapes_max_objects: int = 3
+    shapes_seed: int = 0  # Shapes: generator seed (same seed, same bytes)
+    shapes_train: int = 2000  # Shapes: training images
+    shapes_val: int = 200  # Shapes: validation images
+    shapes_test: int = 200  # Shapes: test images
+    shapes_image_size: int = 224  # Shapes: image side in pixels
+    shapes_max_objects: int = 3  # Shapes: at most this many objects per image (1-3)
 
     def __post_init__(self) -> None:
         _one_of("data.dataset", self.dataset, ("shapes", "karpathy", "coco", "folder"))
@@ -73,7 +73,7 @@ class EncoderConfig:
 
     name: str = "efficientnet_lite0"  # a name from captioning.models.encoders.ENCODERS
     weights: str = "pretrained"  # pretrained | none | path to a state-dict file
-    image_size: int = 224  # images are resized to image_size x image_size (no crop: the grid covers the whole image)
+    image_size: int = 224  # images resized to a square of this side, no crop (the grid covers the image)
     grid_size: int = 14  # adaptive pooling to grid_size x grid_size; 0 keeps the native grid
     fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
 
@@ -96,11 +96,11 @@ class DecoderConfig:
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
-    dropout: float = 0.5
+    dropout: float = 0.5  # dropout before the output layer
     doubly_stochastic: float = 1.0  # lambda of the doubly stochastic attention penalty
     # Hard attention (REINFORCE with a moving-average baseline and an entropy bonus).
-    hard_entropy: float = 0.002
-    hard_baseline_decay: float = 0.9
+    hard_entropy: float = 0.002  # hard attention: weight of the entropy bonus
+    hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
     hard_expected_prob: float = 0.5  # probability of using the expected context instead of a sample
 
     def __post_init__(self) -> None:
@@ -130,7 +130,7 @@ class DecodeConfig:
     """How captions are generated at validation, test and visualization time."""
 
     strategy: str = "beam"  # greedy | beam | sample
-    beam_size: int = 3
+    beam_size: int = 3  # hypotheses kept per image
     max_length: int = 20  # words, without <end>
     min_length: int = 0  # <end> is forbidden before this many words
     length_alpha: float = 0.0  # GNMT length normalisation ((5 + len) / 6) ** alpha; 0 = none
@@ -154,24 +154,24 @@ class DecodeConfig:
 class TrainConfig:
     """The optimisation: cross-entropy stage, then optionally self-critical."""
 
-    output_dir: str = "runs/shapes"
+    output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
     epochs: int = 4  # cross-entropy epochs
     batch_size: int = 32  # images per batch (each brings all its captions)
     captions_per_image: int = 5  # captions of an image used per step (seq_per_img)
-    lr: float = 4e-4
+    lr: float = 4e-4  # decoder learning rate (Adam), cross-entropy stage
     encoder_lr: float = 1e-4  # used when model.encoder.fine_tune_stages > 0
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # Adam weight decay
     grad_clip: float = 5.0  # max gradient norm; 0 disables
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.0  # cross-entropy label smoothing
     schedule: str = "plateau"  # none | step | plateau
     step_size: int = 3  # epochs between decays (step)
     gamma: float = 0.8  # decay factor (step and plateau)
-    plateau_patience: int = 2
+    plateau_patience: int = 2  # epochs without improvement before a plateau decay
     early_stop_patience: int = 5  # epochs without improvement of `metric`; 0 disables
     metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping
     val_images: int = 0  # validate on the first N validation images; 0 = all
-    seed: int = 0
-    deterministic: bool = False
+    seed: int = 0  # seeds Python, NumPy, torch and the batch order
+    deterministic: bool = False  # deterministic algorithms (exact resume on CPU)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "none"  # none | bf16 | fp16 (autocast on GPU)
     compile: bool = False  # torch.compile the decoder
@@ -180,8 +180,8 @@ class TrainConfig:
     max_steps: int = 0  # stop after N optimisation steps in total (tests, smoke runs); 0 = no limit
     log_every: int = 20  # TensorBoard scalars every N steps
     # Self-critical sequence training (Rennie et al. 2017), after the cross-entropy epochs.
-    scst_epochs: int = 0
-    scst_lr: float = 2e-5
+    scst_epochs: int = 0  # self-critical epochs after the cross-entropy epochs
+    scst_lr: float = 2e-5  # learning rate of the self-critical stage
     scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
     scst_samples: int = 5  # sampled captions per image
 
@@ -363,6 +363,40 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any]]
             rows.extend(describe(hint, prefix + f.name + "."))
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+            type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "").replace(" | ", " or ")
             rows.append((prefix + f.name, type_name, default))
     return rows
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """The ``# comment`` after each field in the class source: the one place options are explained."""
+    import inspect
+    import re
+
+    pattern = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
+    return {m.group(1): m.group(2).strip() for line in inspect.getsource(cls).splitlines()
+            if (m := pattern.match(line))}
+
+
+def reference_markdown() -> str:
+    """The configuration reference table of the README, generated from the dataclasses."""
+    comments: dict[str, str] = {}
+
+    def collect(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for name, text in _field_comments(cls).items():
+            comments[prefix + name] = text
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                collect(hints[f.name], prefix + f.name + ".")
+
+    collect(Config, "")
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for key, type_name, default in describe():
+        shown = json.dumps(list(default) if isinstance(default, tuple) else default)
+        lines.append(f"| `{key}` | {type_name} | `{shown}` | {comments.get(key, '').replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m captioning.config prints the reference table
+    print(reference_markdown())

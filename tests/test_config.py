@@ -1,0 +1,93 @@
+"""Configuration: YAML loading, dotted overrides, validation, round trips, the generated reference."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from captioning.cli import add_config_arguments, config_from_args
+from captioning.config import Config, ConfigError, from_dict, load_config, reference_markdown, save_config, to_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_and_shipped_configs_load():
+    assert load_config() == Config()
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        config = load_config(path)
+        assert isinstance(config, Config), path
+    assert load_config(REPO / "configs" / "coco_resnet101.yaml").model.encoder.name == "resnet101"
+    assert load_config(REPO / "configs" / "flickr8k.yaml").model.encoder.name == "vgg19"
+
+
+def test_overrides_are_typed_and_win_over_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  lr: 1.0e-3\n  epochs: 3\nmodel:\n  decoder:\n    gate: channel\n")
+    config = load_config(path, {"train.lr": "2e-4", "model.decoder.deep_output": "false", "data.annotations": "a.json,b.json"})
+    assert config.train.lr == pytest.approx(2e-4)
+    assert config.train.epochs == 3
+    assert config.model.decoder.gate == "channel"
+    assert config.model.decoder.deep_output is False
+    assert config.data.annotations == ("a.json", "b.json")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("decode.beam_size", "0", "decode.beam_size must be >= 1"),
+    ("train.lr", "-1", "train.lr must be > 0"),
+    ("model.decoder.scoring", "cosine", "model.decoder.scoring must be one of"),
+    ("train.epochs", "two", "train.epochs must be an integer"),
+    ("train.epochs", "2.5", "train.epochs must be an integer"),
+    ("model.decoder.deep_output", "maybe", "must be true or false"),
+    ("train.lrr", "1", "unknown configuration key 'train.lrr'"),
+    ("model.decoder.attention_dim", "100", "divisible"),
+])
+def test_bad_values_are_refused_with_the_key(key, value, message):
+    overrides = {key: value}
+    if key == "model.decoder.attention_dim":
+        overrides["model.decoder.scoring"] = "multihead"
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(listed)
+
+
+def test_save_and_dict_round_trip(tmp_path):
+    config = load_config(REPO / "configs" / "coco_resnet101.yaml", {"train.lr": "3e-4"})
+    save_config(config, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == config
+    assert from_dict(to_dict(config)) == config
+    with pytest.raises(Exception):
+        config.train.lr = 1.0  # frozen
+
+
+def test_command_line_flags_and_set(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args(["--config", str(REPO / "configs" / "flickr8k.yaml"), "--lr", "2e-4",
+                              "--set", "model.decoder.gate=none", "--set", "train.lr=9"])
+    config = config_from_args(args)
+    assert config.train.lr == pytest.approx(2e-4)  # the flag wins over --set and the file
+    assert config.model.decoder.gate == "none"
+    assert config.data.split_file.endswith("dataset_flickr8k.json")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        config_from_args(parser.parse_args(["--set", "novalue"]))
+
+
+def test_readme_reference_is_the_generated_table():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert reference_markdown() in readme, "README's configuration reference is stale: " \
+        "paste the output of `python -m captioning.config`"
+    assert readme.count("| `") >= len(reference_markdown().splitlines()) - 2
