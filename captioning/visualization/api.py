@@ -1,0 +1,156 @@
+"""What ``visualize.py`` does: caption images with a checkpoint, draw their attention, write a report."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from captioning.config import Config, ConfigError, load_config, to_dict
+from captioning.data.images import load_image
+from captioning.data.records import ImageRecord
+
+if TYPE_CHECKING:
+    from captioning.evaluation.runner import Captioned
+
+# Only these sections of a checkpoint's configuration may change when visualizing: the model is fixed.
+_OVERRIDABLE = ("data.", "decode.")
+MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
+FORMATS = ("png", "pdf", "svg")  # as in captioning.visualization.figures
+
+
+@dataclass
+class VisualizationResult:
+    """What ``visualize_images`` produced.
+
+    Attributes:
+        captioned: the decoded images, in input order.
+        figures: one figure file per decoded image, same order.
+        panels: panels of each figure (1 + words).
+        report: the HTML report, when one was asked for.
+    """
+
+    captioned: list[Captioned]
+    figures: list[Path]
+    panels: list[int]
+    report: Path | None = None
+
+    def summary(self) -> str:
+        """Each image's caption, then every file written."""
+        lines = [f"{Path(item.record.path).name}: {' '.join(item.words) or '(empty caption)'}"
+                 for item in self.captioned]
+        lines.append("wrote:")
+        lines.extend(f"  figure       {path}" for path in self.figures)
+        if self.report is not None:
+            lines.append(f"  HTML report  {self.report}")
+        return "\n".join(lines)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def visualization_config(config: Config, data_config: str | Path | None = None, overrides: Sequence[str] = (),
+                         beam_size: int | None = None) -> Config:
+    """A checkpoint's configuration, adjusted for visualizing.
+
+    Decoding is beam search with the checkpoint's options unless overridden. ``data_config`` takes
+    the ``data`` section from another YAML file; ``overrides`` are ``KEY=VALUE`` strings on
+    ``data.*`` and ``decode.*`` keys; ``beam_size`` wins over both.
+
+    Raises:
+        ConfigError: a malformed or non-overridable key, or an invalid value.
+    """
+    if data_config is not None:
+        config = replace(config, data=load_config(data_config).data)
+    values = _flatten(to_dict(config))
+    values["decode.strategy"] = "beam"
+    for item in overrides:
+        key, equals, value = item.partition("=")
+        key = key.strip()
+        if not equals:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        if not key.startswith(_OVERRIDABLE):
+            raise ConfigError(f"--set {key}: only data.* and decode.* keys can change; the model comes "
+                              "from the checkpoint")
+        values[key] = value.strip()
+    if beam_size is not None:
+        values["decode.beam_size"] = beam_size
+    return load_config(None, values)
+
+
+def _unique_stems(paths: Sequence[Path]) -> list[str]:
+    """File stems, with ``-2``, ``-3`` ... added where two inputs share one."""
+    totals, seen, names = Counter(p.stem for p in paths), Counter(), []
+    for path in paths:
+        seen[path.stem] += 1
+        names.append(path.stem if totals[path.stem] == 1 else f"{path.stem}-{seen[path.stem]}")
+    return names
+
+
+def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), *, split: str | None = None,
+                     num: int = 20, data_config: str | Path | None = None, overrides: Sequence[str] = (),
+                     out_dir: str | Path = "visualizations", mode: str = "bilinear", file_format: str = "png",
+                     html: str | Path | None = None, beam_size: int | None = None, device: str = "auto",
+                     progress: bool = True) -> VisualizationResult:
+    """Caption images with a checkpoint and draw one attention figure per image.
+
+    Either ``images`` (files of any size, aspect ratio or colour mode) or ``split`` (the first
+    ``num`` images of that split of the checkpoint's dataset, or of ``data_config``'s; their
+    reference captions are printed under the figures). All images are decoded in batches.
+
+    Args:
+        checkpoint: a checkpoint written by ``train.py``.
+        out_dir: figure folder; files are ``<image stem>.<format>`` (``<image id>`` for a split).
+        mode: ``bilinear`` or ``gaussian`` attention upsampling.
+        file_format: ``png``, ``pdf`` or ``svg``.
+        html: also write the interactive HTML report there.
+        beam_size: overrides the checkpoint's beam size.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+    Raises:
+        ImageError: an image is missing or unreadable (one line naming it).
+        CheckpointError: the checkpoint is missing or invalid.
+        ValueError / ConfigError: contradictory or invalid options.
+    """
+    if bool(images) == (split is not None):
+        raise ValueError("give IMAGE files or --split, not both" if images else "give IMAGE files or --split")
+    if num < 1:
+        raise ValueError(f"--num must be >= 1, got {num}")
+    if mode not in MODES:
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if file_format not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
+    paths = [Path(p) for p in images]
+    for path in paths:  # fail before loading the model, naming the file
+        load_image(path)
+    # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
+    from captioning.evaluation.runner import caption_records, load_captioner, split_records
+    from captioning.training.run import resolve_device
+    from captioning.visualization.report import write_figures, write_report
+
+    torch_device = resolve_device(device)
+    model, config = load_captioner(checkpoint, torch_device)
+    config = visualization_config(config, data_config, overrides, beam_size)
+    if split is not None:
+        records = split_records(config, split)[:num]
+        names = None
+    else:
+        records = [ImageRecord(image_id=k, path=path, split="") for k, path in enumerate(paths, start=1)]
+        names = _unique_stems(paths)
+    # A handful of images: decode them straight from the files rather than building a feature cache.
+    decode_from_images = replace(config, data=replace(config.data, use_cache=False))
+    captioned = caption_records(model, decode_from_images, records, torch_device, config.decode, progress)
+    if names is not None:
+        position = {record.image_id: k for k, record in enumerate(records)}
+        names = [names[position[item.record.image_id]] for item in captioned]
+    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress)
+    report = write_report(captioned, html, model.grid, mode) if html is not None else None
+    return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report)

@@ -1,0 +1,126 @@
+"""Attention maps onto image pixels: upsampling, display scaling, colour mapping and alpha blending.
+
+The encoder resizes every image to a square without cropping, so the attention grid (gh, gw)
+covers the whole image whatever its aspect ratio: cell (r, c) covers x in [c*W/gw, (c+1)*W/gw)
+and y in [r*H/gh, (r+1)*H/gh) of a W x H image. Every map is therefore stretched onto exactly
+(H, W); the upsampling factor follows the grid, so a 7x7 and a 14x14 grid both cover the image.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.functional as TF
+from torch import Tensor
+
+MODES = ("bilinear", "gaussian")
+# Gaussian mode: blur at this many pixels per cell, then resize bilinearly to the image (the blurred
+# map is smooth, so blurring at full resolution would only cost time).
+_CELL_PIXELS = 8
+
+
+def upsample_attention(attention: Tensor | np.ndarray, grid: tuple[int, int], size: tuple[int, int],
+                       mode: str = "bilinear", sigma_cells: float = 0.5, normalize: bool = True) -> np.ndarray:
+    """Stretch T attention maps over an image of ``size`` pixels.
+
+    Args:
+        attention: (T, P) with P = gh * gw in row-major order, or (T, gh, gw); T may be 0.
+        grid: (gh, gw), the attention grid.
+        size: (H, W) of the image the maps are drawn on.
+        mode: ``bilinear`` (``F.interpolate``, align_corners=False: each cell's value sits at the
+            cell's centre) or ``gaussian`` (each cell a flat block, then a Gaussian blur of
+            ``sigma_cells`` cell sizes, as in the paper's figures).
+        sigma_cells: the Gaussian's standard deviation in cells (``gaussian`` only).
+        normalize: scale each map by its own maximum to [0, 1] for display; a flat map stays flat
+            (all ones) and an all-zero map stays zero.
+    Returns:
+        (T, H, W) float32 maps.
+    Raises:
+        ValueError: unknown mode, a shape that does not match the grid, or an empty size.
+    """
+    if mode not in MODES:
+        raise ValueError(f"attention mode must be one of {', '.join(MODES)}, got {mode!r}")
+    gh, gw = (int(v) for v in grid)
+    height, width = (int(v) for v in size)
+    if min(gh, gw, height, width) < 1:
+        raise ValueError(f"grid {grid} and image size {size} must be positive")
+    maps = torch.as_tensor(attention).detach().float().cpu()
+    if maps.dim() == 2 and maps.size(1) == gh * gw:
+        maps = maps.view(-1, gh, gw)  # (T, gh, gw)
+    if maps.dim() != 3 or tuple(maps.shape[1:]) != (gh, gw):
+        raise ValueError(f"attention of shape {tuple(maps.shape)} does not fit a {gh}x{gw} grid "
+                         f"(expected (T, {gh * gw}) or (T, {gh}, {gw}))")
+    if maps.size(0) == 0:
+        return np.zeros((0, height, width), dtype=np.float32)
+    maps = maps.unsqueeze(1)  # (T, 1, gh, gw)
+    if mode == "bilinear":
+        upsampled = F.interpolate(maps, size=(height, width), mode="bilinear", align_corners=False)
+    else:
+        upsampled = F.interpolate(_blurred_blocks(maps, sigma_cells), size=(height, width), mode="bilinear",
+                                  align_corners=False)
+    upsampled = upsampled.squeeze(1)  # (T, H, W)
+    if normalize:
+        peak = upsampled.amax(dim=(1, 2), keepdim=True)  # (T, 1, 1)
+        upsampled = torch.where(peak > 1e-12, upsampled / peak.clamp_min(1e-12), torch.zeros_like(upsampled))
+    return upsampled.numpy()
+
+
+def _blurred_blocks(maps: Tensor, sigma_cells: float) -> Tensor:
+    """(T, 1, gh, gw) -> (T, 1, gh*k, gw*k): each cell a k x k block, blurred by ``sigma_cells`` cells."""
+    blocks = maps.repeat_interleave(_CELL_PIXELS, dim=2).repeat_interleave(_CELL_PIXELS, dim=3)
+    sigma = max(sigma_cells, 1e-3) * _CELL_PIXELS
+    kernel = 2 * math.ceil(3 * sigma) + 1
+    # Reflect padding needs the half-kernel to be smaller than the map side.
+    largest = 2 * min(blocks.shape[-2:]) - 1
+    kernel = min(kernel, largest if largest % 2 else largest - 1)
+    return TF.gaussian_blur(blocks, kernel_size=[kernel, kernel], sigma=[sigma, sigma])
+
+
+def colorize(heat: np.ndarray, cmap: str = "jet", alpha: float = 0.6) -> np.ndarray:
+    """Colour one display-scaled map with a matplotlib colour map.
+
+    Args:
+        heat: (H, W) values in [0, 1].
+        cmap: a matplotlib colour map name.
+        alpha: the overlay's opacity, the same everywhere (as in the paper's figures).
+    Returns:
+        (H, W, 4) uint8 RGBA, ready to be placed over the image.
+    """
+    try:
+        colour_map = matplotlib.colormaps[cmap]
+    except KeyError:
+        raise ValueError(f"unknown colour map {cmap!r}") from None
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    rgba = colour_map(np.clip(heat, 0.0, 1.0), bytes=True)  # (H, W, 4) uint8
+    rgba[..., 3] = round(alpha * 255)
+    return rgba
+
+
+def blend(image: np.ndarray, heat: np.ndarray, cmap: str = "jet", alpha: float = 0.6) -> np.ndarray:
+    """Alpha-blend a coloured map over an image.
+
+    Args:
+        image: (H, W, 3) uint8 RGB.
+        heat: (H, W) display-scaled map in [0, 1], aligned with ``image``.
+    Returns:
+        (H, W, 3) uint8 RGB: ``(1 - alpha) * image + alpha * cmap(heat)``.
+    """
+    if image.shape[:2] != heat.shape:
+        raise ValueError(f"image {image.shape[:2]} and map {heat.shape} differ in size")
+    colour = colorize(heat, cmap, alpha)[..., :3].astype(np.float32)
+    mixed = (1.0 - alpha) * image.astype(np.float32) + alpha * colour
+    return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+
+
+def display_size(size: tuple[int, int], max_side: int | None) -> tuple[int, int]:
+    """(W, H) scaled down (never up) so the longer side is at most ``max_side``; None keeps it."""
+    width, height = size
+    if not max_side or max(width, height) <= max_side:
+        return width, height
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))

@@ -1,0 +1,184 @@
+"""One self-contained HTML page of captions and their attention, plus the figures of the training run.
+
+Every picture is embedded as a ``data:`` URI, so the page is a single file with no external assets.
+Each word of a caption is a link; hovering, focusing or clicking it shows that word's attention
+map (a precomputed transparent PNG, coloured like the figures) stacked over the image with CSS.
+Without any interaction each image shows its first word's map, and a URL fragment such as
+``report.html#img0-w2`` selects word 2 of image 0 (this works without JavaScript too).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from captioning.data.images import load_image
+from captioning.visualization.figures import attention_figure, save_figure
+from captioning.visualization.overlay import colorize, display_size, upsample_attention
+
+if TYPE_CHECKING:
+    from captioning.evaluation.runner import Captioned
+    from captioning.models.captioner import Captioner
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
+h1 { font-size: 20px; margin: 0 0 4px; }
+p.note { margin: 0 0 16px; color: #555; font-size: 13px; }
+.item { margin: 0 0 28px; }
+.item h2 { font-size: 13px; font-weight: normal; color: #555; margin: 0 0 6px; }
+.stage { position: relative; }
+.stage img { position: absolute; left: 0; top: 0; width: 100%; height: 100%; display: block; }
+.stage .map { visibility: hidden; }
+body:not(.js) .stage .map.first { visibility: visible; }
+body:not(.js) .stage:has(.map:target) .map.first:not(:target) { visibility: hidden; }
+body:not(.js) .stage .map:target { visibility: visible; }
+body.js .stage .map.shown { visibility: visible; }
+.caption { font-size: 17px; margin: 8px 0 4px; line-height: 1.9; }
+.word { color: #222; text-decoration: none; padding: 1px 4px; border-radius: 3px; border: 1px solid #bbb; }
+.word.active, .word:hover, .word:focus { background: #333; color: #fff; border-color: #333; outline: none; }
+.refs { font-size: 13px; color: #444; margin: 4px 0 0; padding-left: 20px; }
+""".strip()
+
+_SCRIPT = """
+document.body.classList.add("js");
+function show(item, id) {
+  for (const map of item.querySelectorAll(".map")) map.classList.toggle("shown", map.id === id);
+  for (const word of item.querySelectorAll(".word")) word.classList.toggle("active", word.dataset.map === id);
+}
+function select(item, id) { item.dataset.selected = id; show(item, id); }
+function fromHash() {
+  const target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
+  for (const item of document.querySelectorAll(".item")) {
+    const first = item.querySelector(".map");
+    if (!first) continue;
+    select(item, target && target.classList.contains("map") && item.contains(target) ? target.id
+                 : (item.dataset.selected || first.id));
+  }
+}
+for (const word of document.querySelectorAll(".word")) {
+  const item = word.closest(".item");
+  word.addEventListener("mouseenter", () => show(item, word.dataset.map));
+  word.addEventListener("focus", () => show(item, word.dataset.map));
+  word.addEventListener("mouseleave", () => show(item, item.dataset.selected));
+  word.addEventListener("blur", () => show(item, item.dataset.selected));
+  word.addEventListener("click", (event) => {
+    event.preventDefault();
+    history.replaceState(null, "", "#" + word.dataset.map);
+    select(item, word.dataset.map);
+  });
+}
+window.addEventListener("hashchange", fromHash);
+fromHash();
+""".strip()
+
+
+def _data_uri(pixels: np.ndarray, image_format: str) -> str:
+    """(H, W, 3|4) uint8 -> ``data:image/...;base64,...``."""
+    buffer = io.BytesIO()
+    if image_format == "JPEG":
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    else:
+        Image.fromarray(pixels).save(buffer, format="PNG", optimize=False, compress_level=6)
+    mime = "image/jpeg" if image_format == "JPEG" else "image/png"
+    return f"data:{mime};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
+
+
+def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
+               max_side: int | None) -> str:
+    image = load_image(item.record.path)
+    width, height = display_size(image.size, max_side)
+    if (width, height) != image.size:
+        image = image.resize((width, height), Image.Resampling.BICUBIC)
+    words = list(item.words)
+    maps = upsample_attention(item.caption.attention, grid, (height, width), mode)  # (T, H, W)
+    betas = item.caption.betas
+    name = html.escape(Path(item.record.path).name)
+    layers = [f'<img class="photo" src="{_data_uri(np.asarray(image), "JPEG")}" alt="{name}">']
+    links = []
+    for t, word in enumerate(words):
+        map_id = f"img{index}-w{t}"
+        first = " first" if t == 0 else ""
+        label = html.escape(word)
+        layers.append(f'<img class="map{first}" id="{map_id}" alt="attention for {label}" '
+                      f'src="{_data_uri(colorize(maps[t], cmap, alpha), "PNG")}">')
+        tip = f' title="beta={float(betas[t]):.2f}"' if betas is not None else ""
+        links.append(f'<a class="word" href="#{map_id}" data-map="{map_id}"{tip}>{label}</a>')
+    caption = " ".join(links) if links else "<em>(empty caption)</em>"
+    references = "".join(f"<li>{html.escape(str(ref))}</li>" for ref in item.record.raw)
+    return (f'<section class="item" id="img{index}">\n'
+            f'<h2>{name} &middot; image {item.record.image_id}</h2>\n'
+            f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
+            f'<p class="caption">{caption}</p>\n'
+            + (f'<ol class="refs">{references}</ol>\n' if references else "")
+            + "</section>")
+
+
+def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, int], mode: str = "bilinear",
+                 cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 384,
+                 title: str = "Where the model looked") -> Path:
+    """Write one self-contained HTML page: each image, its caption word by word, its references.
+
+    Args:
+        items: decoded images (``Captioned``: ``record`` with ``path``, ``image_id`` and ``raw``
+            references, ``caption`` with ``attention`` (T, P) and ``betas``, and the T ``words``).
+        path: the HTML file to write (its folder is created).
+        grid: (gh, gw), the attention grid of the model that produced the captions.
+        mode: ``bilinear`` or ``gaussian`` upsampling.
+        cmap: matplotlib colour map of the overlays.
+        alpha: opacity of the overlays.
+        max_side: images are embedded scaled down to this longer side (None: full size).
+    Returns:
+        ``path``. Word ``t`` of item ``i`` can be selected with the fragment ``#img{i}-w{t}``.
+    """
+    path = Path(path)
+    sections = [_item_html(i, item, grid, mode, cmap, alpha, max_side) for i, item in enumerate(items)]
+    page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+            f"<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
+            '<p class="note">Hover over or click a word to see the attention map that produced it.</p>\n'
+            + "\n".join(sections) + f"\n<script>\n{_SCRIPT}\n</script>\n</body>\n</html>\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tuple[int, int],
+                  mode: str = "bilinear", suffix: str = ".png", names: Sequence[str] | None = None,
+                  progress: bool = False) -> list[tuple[Path, int]]:
+    """One attention figure per item, references under it; ``figures_dir/<name><suffix>``.
+
+    Args:
+        suffix: ``.png``, ``.pdf`` or ``.svg``.
+        names: file names without suffix, one per item (default: the image ids).
+        progress: show a progress bar.
+    Returns:
+        (file, panels) of each figure, in the order of ``items``.
+    """
+    figures_dir = Path(figures_dir)
+    written = []
+    for k, item in enumerate(tqdm(items, desc="figures", disable=not progress, leave=False, unit="image")):
+        image = load_image(item.record.path)
+        result = attention_figure(image, item.words, item.caption.attention, grid, betas=item.caption.betas,
+                                  references=list(item.record.raw), mode=mode)
+        name = (names[k] if names is not None else str(item.record.image_id)) + suffix
+        written.append((save_figure(result.figure, figures_dir / name), result.panels))
+    return written
+
+
+def write_figures_and_report(model: Captioner, captioned: Sequence[Captioned], figures_dir: str | Path,
+                             report_path: str | Path, mode: str = "bilinear") -> dict[str, Path]:
+    """The training run's closing pictures: ``figures_dir/<image_id>.png`` per image and the HTML report.
+
+    Returns:
+        ``{"attention figures": figures_dir, "HTML report": report_path}``.
+    """
+    write_figures(captioned, figures_dir, model.grid, mode)
+    report = write_report(captioned, report_path, model.grid, mode)
+    return {"attention figures": Path(figures_dir), "HTML report": report}

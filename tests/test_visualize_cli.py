@@ -1,0 +1,163 @@
+"""``visualize.py`` end to end with a tiny real checkpoint: figures, the report, the summary, one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from captioning.cli import run_cli
+from captioning.config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    DecodeConfig,
+    DecoderConfig,
+    EncoderConfig,
+    ModelConfig,
+)
+from captioning.data.shapes import ShapesFiles
+from captioning.data.vocab import Vocabulary
+from captioning.models.captioner import Captioner
+from captioning.training.checkpoint import load_checkpoint, save_checkpoint
+from captioning.visualization.api import visualization_config, visualize_images
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles,
+               shapes_vocab: Vocabulary) -> Path:
+    """An untrained but seeded tiny captioner on the tiny Shapes data; captions of 3 or 4 words."""
+    torch.manual_seed(0)
+    model_config = ModelConfig(encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64,
+                                                     grid_size=0),
+                               decoder=DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16))
+    model = Captioner.build(model_config, shapes_vocab)
+    data = DataConfig(dataset="shapes", root=str(tiny_shapes.root), shapes_train=12, shapes_val=4, shapes_test=4,
+                      shapes_image_size=64)
+    config = Config(data=data, model=model_config,
+                    decode=DecodeConfig(strategy="greedy", beam_size=2, min_length=3, max_length=4))
+    path = tmp_path_factory.mktemp("checkpoint") / "best.pt"
+    save_checkpoint(path, config=config, vocab=shapes_vocab, decoder_state=model.decoder.state_dict(),
+                    encoder_fingerprint=model.encoder.fingerprint())
+    return path
+
+
+@pytest.fixture
+def odd_images(tmp_path: Path) -> list[Path]:
+    """A wide RGB PNG with some structure and a tall grayscale JPEG."""
+    wide = Image.new("RGB", (97, 41), (30, 30, 200))
+    wide.paste((220, 40, 40), (10, 5, 40, 30))
+    wide.save(tmp_path / "wide.png")
+    Image.new("L", (33, 80), 90).save(tmp_path / "tall.jpg")
+    return [tmp_path / "wide.png", tmp_path / "tall.jpg"]
+
+
+def run_script(*arguments: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "visualize.py"), *map(str, arguments), "--no-progress"],
+                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("visualize_script", ROOT / "visualize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
+    out_dir, report = tmp_path / "figures", tmp_path / "report.html"
+    result = run_script(*odd_images, "--checkpoint", checkpoint, "--out-dir", out_dir, "--html", report)
+    assert result.returncode == 0, result.stderr
+    figures = [out_dir / "wide.png", out_dir / "tall.png"]
+    for figure in figures:
+        with Image.open(figure) as image:
+            assert image.format == "PNG" and image.size[0] > 300
+        assert str(figure) in result.stdout
+    assert str(report) in result.stdout
+    assert "wide.png: " in result.stdout and "tall.jpg: " in result.stdout
+    page = report.read_text(encoding="utf-8")
+    assert page.count('class="photo"') == 2 and 'id="img1-w2"' in page  # >= 3 words each
+
+
+def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
+    missing = tmp_path / "no_such_image.jpg"
+    result = run_script(odd_images[0], missing, "--checkpoint", checkpoint, "--out-dir", tmp_path / "out")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and str(missing) in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("problem", ["not an image", "missing checkpoint", "images and split", "nothing"])
+def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Path], capsys, problem):
+    text_file = tmp_path / "notes.png"
+    text_file.write_text("not a picture")
+    argv = {
+        "not an image": [str(text_file), "--checkpoint", str(checkpoint)],
+        "missing checkpoint": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt")],
+        "images and split": [str(odd_images[0]), "--split", "val", "--checkpoint", str(checkpoint)],
+        "nothing": ["--checkpoint", str(checkpoint)],
+    }[problem]
+    script = load_script()
+    assert run_cli(script.main, script.get_args_parser(), argv + ["--out-dir", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error:")
+    if problem == "not an image":
+        assert str(text_file) in error[0]
+    if problem == "missing checkpoint":
+        assert "none.pt" in error[0]
+
+
+def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path):
+    result = visualize_images(checkpoint, split="val", num=3, out_dir=tmp_path / "figures", mode="gaussian",
+                              file_format="pdf", html=tmp_path / "val.html", progress=False)
+    assert len(result.captioned) == len(result.figures) == 3
+    for item, figure, panels in zip(result.captioned, result.figures, result.panels):
+        assert 3 <= len(item.words) <= 4 and panels == len(item.words) + 1
+        assert item.caption.attention.shape == (len(item.words), 4)  # the 2x2 grid of a 64 px Lite0
+        assert figure == tmp_path / "figures" / f"{item.record.image_id}.pdf"
+        assert figure.read_bytes().startswith(b"%PDF")
+        assert item.record.raw  # references, printed under the figure
+    page = (tmp_path / "val.html").read_text(encoding="utf-8")
+    assert result.captioned[0].record.raw[0] in page
+    assert str(result.report) in result.summary()
+
+
+def test_image_figures_panel_count(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
+    duplicate = tmp_path / "again" / "wide.png"
+    duplicate.parent.mkdir()
+    duplicate.write_bytes(odd_images[0].read_bytes())
+    result = visualize_images(checkpoint, [*odd_images, duplicate], out_dir=tmp_path / "out", beam_size=1,
+                              progress=False)
+    assert [p.name for p in result.figures] == ["wide-1.png", "tall.png", "wide-2.png"]
+    assert result.panels == [len(item.words) + 1 for item in result.captioned]
+    assert all(panels >= 4 for panels in result.panels)
+
+
+def test_choices_agree():
+    from captioning.visualization import api, figures, overlay
+
+    actions = {action.dest: action for action in load_script().get_args_parser()._actions}
+    assert tuple(actions["mode"].choices) == api.MODES == overlay.MODES
+    assert tuple(actions["file_format"].choices) == api.FORMATS == tuple(s[1:] for s in figures.FORMATS)
+
+
+def test_visualization_config(checkpoint: Path):
+    from captioning.config import from_dict
+
+    config = from_dict(load_checkpoint(checkpoint)["config"])
+    adjusted = visualization_config(config, overrides=["decode.max_length=7"], beam_size=5)
+    assert (adjusted.decode.strategy, adjusted.decode.beam_size, adjusted.decode.max_length) == ("beam", 5, 7)
+    assert adjusted.model == config.model and adjusted.data == config.data
+    assert visualization_config(config, overrides=["decode.strategy=greedy"]).decode.strategy == "greedy"
+    with pytest.raises(ConfigError, match="only data"):
+        visualization_config(config, overrides=["model.decoder.hidden_dim=8"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        visualization_config(config, overrides=["decode.beam_size"])

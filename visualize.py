@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Draw where a trained captioner looks: one figure per image, one panel per generated word.
+
+Captions each image (beam search with the checkpoint's decoding options) and writes a figure:
+the image titled by its caption, then each word's attention map over it. With --split, the
+first --num images of that split of the checkpoint's dataset are used and their reference
+captions are printed under the figures. --html also writes one self-contained interactive page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from captioning.cli import run_cli
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python visualize.py photo.jpg --checkpoint runs/shapes/checkpoints/best.pt\n"
+               "  python visualize.py a.jpg b.png --checkpoint best.pt --mode gaussian --format pdf --html a.html\n"
+               "  python visualize.py --split val --num 20 --checkpoint best.pt --html val.html")
+    parser.add_argument("images", nargs="*", type=Path, metavar="IMAGE", help="image files to caption")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train.py")
+    parser.add_argument("--out-dir", type=Path, default=Path("visualizations"),
+                        help="figure folder (default: ./visualizations)")
+    parser.add_argument("--mode", choices=("bilinear", "gaussian"), default="bilinear",
+                        help="attention upsampling: smooth bilinear, or blocks blurred as in the paper")
+    parser.add_argument("--format", dest="file_format", choices=("png", "pdf", "svg"), default="png",
+                        help="figure file format")
+    parser.add_argument("--html", type=Path, default=None, help="also write an interactive HTML report here")
+    parser.add_argument("--beam-size", type=int, default=None, help="beam size (default: the checkpoint's)")
+    data = parser.add_argument_group("images of a dataset split instead of IMAGE files")
+    data.add_argument("--split", default=None, help="train, val or test of the checkpoint's dataset")
+    data.add_argument("--num", type=int, default=20, help="the first NUM images of the split (default: 20)")
+    data.add_argument("--config", type=Path, default=None, help="take the dataset from this YAML instead")
+    data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a data.* or decode.* key, e.g. --set decode.max_length=12 (repeatable)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    return parser
+
+
+def main(args: argparse.Namespace) -> None:
+    from captioning.visualization.api import visualize_images
+
+    result = visualize_images(
+        args.checkpoint, args.images, split=args.split, num=args.num, data_config=args.config,
+        overrides=args.overrides, out_dir=args.out_dir, mode=args.mode, file_format=args.file_format,
+        html=args.html, beam_size=args.beam_size, device=args.device, progress=not args.no_progress)
+    print(result.summary())
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, get_args_parser()))
