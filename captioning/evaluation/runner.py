@@ -112,3 +112,27 @@ def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path]:
     atomic_write(per_image_path, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
     return path, per_image_path
 
+
+
+def decode_config_with(config: Config, **changes) -> DecodeConfig:
+    """The checkpoint's decoding options with the non-None ``changes`` applied (validated)."""
+    from dataclasses import asdict
+
+    values = asdict(config.decode)
+    values.update({k: v for k, v in changes.items() if v is not None})
+    return DecodeConfig(**values)
+
+
+def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
+                       spice: bool = False) -> dict:
+    """Score a COCO results file against COCO-format reference captions, as the official toolkit does."""
+    from captioning.evaluation.metrics import load_coco_references, load_results
+
+    references = load_coco_references(annotations)
+    candidates = load_results(results)
+    missing = sorted(set(candidates) - set(references))
+    if missing:
+        raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")
+    references = {image_id: references[image_id] for image_id in candidates}
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice)
+    return {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
