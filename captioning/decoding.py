@@ -15,7 +15,7 @@ from torch import Tensor
 
 from captioning.config import DecodeConfig
 from captioning.data.vocab import Vocabulary
-from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
+from captioning.models.decoder import ShowAttendTellDecoder
 
 START, END, PAD = Vocabulary.start_id, Vocabulary.end_id, Vocabulary.pad_id
 
@@ -168,9 +168,10 @@ def _block_repeated_trigrams(log_probs: Tensor, history: Tensor) -> Tensor:
     if not repeats.any():
         return log_probs
     row, position = repeats.nonzero(as_tuple=True)
-    log_probs = log_probs.clone()
-    log_probs[row, trigrams[row, position, 2]] = float("-inf")
-    return log_probs
+    blocked = log_probs.clone()
+    blocked[row, trigrams[row, position, 2]] = float("-inf")
+    # A hypothesis with every word blocked keeps its scores: the search must always go on.
+    return torch.where(torch.isinf(blocked).all(dim=1, keepdim=True), log_probs, blocked)
 
 
 @torch.inference_mode()
@@ -207,7 +208,8 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
         return Caption(tokens=history[row].tolist(), log_prob=log_prob,
                        attention=alpha_history[row, :length].float().cpu() if length else
                        torch.zeros(0, prepared.keys.shape[-2]),
-                       betas=None if beta_history is None else beta_history[row].float().cpu(),
+                       betas=None if beta is None else beta_history[row].float().cpu() if length else
+                       torch.zeros(0),
                        finished=done, score=log_prob / _length_penalty(length + int(done), length_alpha))
 
     for t in range(max_length + 1):

@@ -263,6 +263,9 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
         expected = self.attention.combine(weights, prepared)
         if not self.training:
             return expected, None, None
+        if self._use_expected is None or self._use_expected.numel() < weights.size(0):
+            # Step-by-step use in training (self-critical sampling) without a forward() first.
+            self._draw_expected(weights.size(0), weights.device)
         alpha = weights.mean(dim=1)  # (n, P)
         location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)  # (n,)
         one_hot = torch.zeros_like(weights).scatter_(2, location.view(-1, 1, 1).expand(-1, weights.size(1), 1), 1.0)

@@ -124,7 +124,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: refused: the checkpoint holds objects other than tensors and plain "
                               f"types ({first[:160]})") from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({str(error).splitlines()[0][:160]})") from None
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({detail})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a captioning checkpoint")
     if payload.get("version") != VERSION:

@@ -1,0 +1,158 @@
+"""Attention scorers: weights are distributions over the grid, and projections are made once per image."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from captioning.config import DecoderConfig
+from captioning.decoding import beam_search, greedy_search, sample_captions
+from captioning.models.attention import Prepared, ScaledDotAttention, build_attention
+from captioning.models.decoder import ShowAttendTellDecoder
+
+C, H, A, P, HEADS = 12, 16, 16, 9, 4  # annotation channels, hidden, attention size, positions, heads
+VOCAB = 10
+
+# (scoring, activation, heads expected in the weights)
+SCORERS = [("additive", "tanh", 1), ("additive", "relu", 1), ("dot", "tanh", 1),
+           ("scaled_dot", "tanh", 1), ("multihead", "tanh", HEADS)]
+SCORER_IDS = ["additive-tanh", "additive-relu", "dot", "scaled_dot", "multihead"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_decoder(scoring: str, activation: str = "tanh", attention: str = "soft") -> ShowAttendTellDecoder:
+    config = DecoderConfig(attention=attention, scoring=scoring, activation=activation, num_heads=HEADS,
+                           embed_dim=16, hidden_dim=H, attention_dim=A, dropout=0.0)
+    return ShowAttendTellDecoder.from_config(config, VOCAB, C).eval()
+
+
+@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
+def test_weights_are_distributions_over_positions(scoring, activation, heads):
+    torch.manual_seed(0)
+    attention = build_attention(scoring, C, H, A, activation, HEADS)
+    annotations = torch.randn(3, P, C) * 3  # large inputs: scores far apart, softmax near one-hot
+    query = torch.randn(3, H) * 3
+    weights = attention(attention.prepare(annotations), query)
+    assert weights.shape == (3, heads, P)
+    assert attention.num_heads == heads
+    assert (weights >= 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, heads))
+    context = attention.combine(weights, attention.prepare(annotations))
+    assert context.shape == (3, attention.context_dim)
+
+
+@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
+def test_weights_depend_on_query_and_image(scoring, activation, heads):
+    torch.manual_seed(1)
+    attention = build_attention(scoring, C, H, A, activation, HEADS)
+    annotations = torch.randn(2, P, C)
+    prepared = attention.prepare(annotations)
+    query = torch.randn(2, H)
+    weights = attention(prepared, query)
+    assert not torch.allclose(weights, attention(prepared, torch.randn(2, H)))
+    assert not torch.allclose(weights[0], weights[1])  # different images, different weights
+
+
+def test_unknown_scoring_and_indivisible_heads_are_rejected():
+    with pytest.raises(ValueError, match="unknown attention scoring"):
+        build_attention("cosine", C, H, A)
+    with pytest.raises(ValueError, match="not divisible"):
+        ScaledDotAttention(C, H, 10, num_heads=4)
+
+
+def test_multihead_context_concatenates_heads_before_projection():
+    torch.manual_seed(2)
+    attention = build_attention("multihead", C, H, A, num_heads=HEADS)
+    prepared = attention.prepare(torch.randn(2, P, C))
+    assert prepared.keys.shape == (2, HEADS, P, A // HEADS)
+    assert prepared.values.shape == (2, HEADS, P, A // HEADS)
+    # One-hot weights on position 3 in every head: the context is the projected value at position 3.
+    weights = torch.zeros(2, HEADS, P)
+    weights[..., 3] = 1.0
+    expected = attention.output_proj(prepared.values[:, :, 3].flatten(1))
+    torch.testing.assert_close(attention.combine(weights, prepared), expected)
+
+
+def test_prepared_select_and_head():
+    keys = torch.arange(4 * P * 2, dtype=torch.float32).view(4, P, 2)
+    values = -keys
+    prepared = Prepared(keys, values)
+    index = torch.tensor([2, 2, 0, 3, 1])
+    selected = prepared.select(index)
+    assert isinstance(selected, Prepared)
+    assert torch.equal(selected.keys, keys[index]) and torch.equal(selected.values, values[index])
+    head = prepared.head(2)
+    assert isinstance(head, Prepared)
+    assert torch.equal(head.keys, keys[:2]) and torch.equal(head.values, values[:2])
+    # a view, not a copy: the shrinking active batch costs nothing
+    assert head.keys.data_ptr() == keys.data_ptr() and head.values.data_ptr() == values.data_ptr()
+    # multi-head layout (B, nh, P, dk) selects on the batch dimension too
+    heads = Prepared(torch.randn(3, HEADS, P, 2), torch.randn(3, HEADS, P, 2))
+    assert torch.equal(heads.select(torch.tensor([1, 0])).keys, heads.keys[[1, 0]])
+
+
+class PrepareCounter:
+    """Wraps ``attention.prepare`` and records the batch size of every call."""
+
+    def __init__(self, decoder: ShowAttendTellDecoder):
+        self.batch_sizes: list[int] = []
+        original = decoder.attention.prepare
+
+        def counted(annotations):
+            self.batch_sizes.append(annotations.size(0))
+            return original(annotations)
+
+        decoder.attention.prepare = counted
+
+
+def projection_calls(decoder: ShowAttendTellDecoder) -> list[int]:
+    """Rows seen by every call of the module that projects the annotations (a forward hook)."""
+    attention = decoder.attention
+    module = getattr(attention, "annotation_proj", None) or getattr(attention, "key_value_proj", None)
+    calls: list[int] = []
+    if module is not None:
+        module.register_forward_hook(lambda mod, inputs, output: calls.append(inputs[0].size(0)))
+    return calls
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
+def test_prepare_runs_once_per_image_in_teacher_forcing(scoring, activation, heads, attention):
+    torch.manual_seed(3)
+    decoder = make_decoder(scoring, activation, attention).train()
+    counter = PrepareCounter(decoder)
+    hooked = projection_calls(decoder)
+    annotations = torch.randn(2, P, C)
+    captions = torch.randint(4, VOCAB, (5, 7))
+    lengths = torch.tensor([7, 5, 3, 6, 2])
+    decoder(annotations, captions, lengths, image_index=torch.tensor([0, 0, 1, 1, 1]))
+    assert counter.batch_sizes == [2]  # once, for the 2 images, not per caption or per step
+    if scoring != "dot":  # dot scoring has no annotation projection
+        assert hooked == [2]
+
+
+@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_prepare_runs_once_per_image_in_decoding(scoring, activation, heads, strategy):
+    torch.manual_seed(4)
+    decoder = make_decoder(scoring, activation)
+    counter = PrepareCounter(decoder)
+    hooked = projection_calls(decoder)
+    annotations = torch.randn(3, P, C)
+    if strategy == "greedy":
+        greedy_search(decoder, annotations, max_length=6)
+    elif strategy == "beam":
+        beam_search(decoder, annotations, beam_size=4, max_length=6)
+    else:
+        sample_captions(decoder, annotations, max_length=6)
+    assert counter.batch_sizes == [3]  # before the beams are expanded, never once per step
+    if scoring != "dot":
+        assert hooked == [3]

@@ -1,0 +1,344 @@
+"""The attention LSTM decoder and its losses, pinned to a plain step-by-step reference."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from captioning.config import DecoderConfig
+from captioning.models.decoder import DecoderOutput, HardAttentionDecoder, ShowAttendTellDecoder
+from captioning.training.losses import caption_loss, doubly_stochastic_penalty, hard_attention_loss
+
+C, P, V, HEADS = 12, 9, 11, 4  # annotation channels, grid positions, vocabulary, multihead heads
+
+SCORINGS = [("additive", "tanh"), ("additive", "relu"), ("dot", "tanh"), ("scaled_dot", "tanh"),
+            ("multihead", "tanh")]
+SCORING_IDS = ["additive-tanh", "additive-relu", "dot", "scaled_dot", "multihead"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_decoder(scoring: str = "additive", activation: str = "tanh", attention: str = "soft",
+                 gate: str = "scalar", deep_output: bool = True, dropout: float = 0.0,
+                 expected_prob: float = 0.5) -> ShowAttendTellDecoder:
+    config = DecoderConfig(attention=attention, scoring=scoring, activation=activation, num_heads=HEADS,
+                           embed_dim=16, hidden_dim=24, attention_dim=16, gate=gate, deep_output=deep_output,
+                           dropout=dropout, hard_expected_prob=expected_prob)
+    return ShowAttendTellDecoder.from_config(config, V, C)
+
+
+def make_batch(seed: int = 0):
+    """2 images, 5 captions of different lengths (image_index 0 0 1 1 1), padded with 0."""
+    generator = torch.Generator().manual_seed(seed)
+    annotations = torch.randn(2, P, C, generator=generator)
+    lengths = torch.tensor([6, 3, 8, 2, 5])  # tokens incl. <start> and <end>
+    captions = torch.zeros(5, 9, dtype=torch.long)
+    for i, length in enumerate(lengths.tolist()):
+        captions[i, 0] = 1
+        captions[i, 1:length - 1] = torch.randint(4, V, (length - 2,), generator=generator)
+        captions[i, length - 1] = 2
+    return annotations, captions, lengths, torch.tensor([0, 0, 1, 1, 1])
+
+
+# ----------------------------------------------------------------------------- shapes
+@pytest.mark.parametrize("deep_output", [True, False])
+@pytest.mark.parametrize("gate", ["scalar", "channel", "none"])
+def test_output_shapes(gate, deep_output):
+    torch.manual_seed(0)
+    decoder = make_decoder(gate=gate, deep_output=deep_output).train()
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    assert isinstance(output, DecoderOutput)
+    assert output.logits.shape == (5, 7, V)
+    assert output.alphas.shape == (5, 7, P)
+    assert output.mask.shape == (5, 7) and output.mask.dtype == torch.bool
+    assert output.mask.sum(1).tolist() == (lengths - 1).tolist()
+    if gate == "none":
+        assert output.betas is None
+    else:
+        assert output.betas.shape == (5, 7)
+        real = output.betas[output.mask]
+        assert ((real > 0) & (real < 1)).all()  # sigmoid gate
+    assert output.location_log_probs is None and output.entropies is None  # soft attention
+    assert torch.isfinite(output.logits).all()
+
+
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_hard_attention_outputs_in_train_mode_only(scoring, activation):
+    torch.manual_seed(1)
+    decoder = make_decoder(scoring, activation, attention="hard", expected_prob=0.0).train()
+    assert isinstance(decoder, HardAttentionDecoder)
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    assert output.location_log_probs.shape == (5, 7) and output.entropies.shape == (5, 7)
+    real = output.mask
+    assert (output.location_log_probs[real] <= 0).all()
+    assert (output.location_log_probs[real] < 0).any()  # sampled locations (no expected context)
+    assert (output.entropies[real] >= 0).all() and (output.entropies[real] <= math.log(P) + 1e-5).all()
+    assert (output.location_log_probs[~real] == 0).all() and (output.entropies[~real] == 0).all()
+    decoder.eval()
+    output = decoder(annotations, captions, lengths, image_index)
+    assert output.location_log_probs is None and output.entropies is None
+
+
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_alphas_sum_to_one_on_real_steps_and_zero_on_padding(scoring, activation):
+    torch.manual_seed(2)
+    decoder = make_decoder(scoring, activation).eval()
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    sums = output.alphas.sum(-1)
+    torch.testing.assert_close(sums[output.mask], torch.ones(int(output.mask.sum())))
+    assert (output.alphas[~output.mask] == 0).all()
+    assert (output.alphas >= 0).all()
+
+
+# ----------------------------------------------------------------------------- padding
+def loss_and_grads(decoder, annotations, captions, lengths, image_index):
+    decoder.zero_grad()
+    output = decoder(annotations, captions, lengths, image_index)
+    terms = caption_loss(output, captions, penalty_weight=1.0)
+    terms.total.backward()
+    grads = {name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None}
+    return terms, grads
+
+
+@pytest.mark.parametrize("gate", ["scalar", "none"])
+@pytest.mark.parametrize("deep_output", [True, False])
+def test_padding_contributes_nothing_to_loss_or_gradients(deep_output, gate):
+    torch.manual_seed(3)
+    decoder = make_decoder(deep_output=deep_output, gate=gate).eval()
+    annotations, captions, lengths, image_index = make_batch()
+    reference, reference_grads = loss_and_grads(decoder, annotations, captions, lengths, image_index)
+
+    garbage = captions.clone()
+    after_end = torch.arange(captions.size(1)) >= lengths.unsqueeze(1)  # (N, L) positions after <end>
+    garbage[after_end] = torch.randint(0, V, (int(after_end.sum()),))
+    garbage = torch.cat([garbage, torch.randint(0, V, (5, 4))], dim=1)  # 4 more padding columns
+    assert not torch.equal(garbage[:, :captions.size(1)], captions)
+    terms, grads = loss_and_grads(decoder, annotations, garbage, lengths, image_index)
+
+    torch.testing.assert_close(terms.cross_entropy, reference.cross_entropy, rtol=0, atol=1e-6)
+    torch.testing.assert_close(terms.attention_penalty, reference.attention_penalty, rtol=0, atol=1e-6)
+    torch.testing.assert_close(terms.total, reference.total, rtol=0, atol=1e-6)
+    assert grads.keys() == reference_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_caption_loss_is_token_mean_cross_entropy_plus_weighted_penalty():
+    torch.manual_seed(4)
+    decoder = make_decoder().eval()
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    terms = caption_loss(output, captions, penalty_weight=0.7)
+    log_probs = torch.log_softmax(output.logits, -1)
+    token_terms = [-log_probs[i, t, captions[i, t + 1]] for i in range(5) for t in range(int(lengths[i]) - 1)]
+    torch.testing.assert_close(terms.cross_entropy, torch.stack(token_terms).mean())
+    penalty = sum(((1 - output.alphas[i, :int(lengths[i]) - 1].sum(0)) ** 2).sum() for i in range(5)) / 5
+    torch.testing.assert_close(terms.attention_penalty, penalty)
+    torch.testing.assert_close(terms.total, terms.cross_entropy + 0.7 * penalty)
+
+
+# ----------------------------------------------------------------------------- doubly stochastic penalty
+def test_doubly_stochastic_penalty_known_values():
+    steps = 4
+    alphas = torch.full((2, steps, P), 1.0 / P)
+    mask = torch.ones(2, steps, dtype=torch.bool)
+    # every position gets steps / P in total: penalty P * (1 - steps / P) ** 2 per caption
+    expected = P * (1 - steps / P) ** 2
+    torch.testing.assert_close(doubly_stochastic_penalty(alphas, mask), torch.tensor(expected))
+    # the second caption has 2 real steps; its padding steps hold garbage that must be ignored
+    mask[1, 2:] = False
+    alphas[1, 2:] = 5.0
+    expected_two = P * (1 - 2 / P) ** 2
+    torch.testing.assert_close(doubly_stochastic_penalty(alphas, mask),
+                               torch.tensor((expected + expected_two) / 2))
+    # attention spread so that every position sums to exactly 1: no penalty
+    perfect = torch.eye(P).unsqueeze(0)  # (1, T = P, P)
+    torch.testing.assert_close(doubly_stochastic_penalty(perfect, torch.ones(1, P, dtype=torch.bool)),
+                               torch.tensor(0.0))
+
+
+# ----------------------------------------------------------------------------- reference loop
+def step_by_step(decoder, annotations, captions, lengths, image_index):
+    """Per caption, ``decoder.step`` from ``init_state``: log-probs, alphas and betas of real steps."""
+    results = []
+    for i in range(captions.size(0)):
+        image = image_index[i:i + 1]
+        prepared = decoder.prepare(annotations).select(image)
+        state = decoder.init_state(annotations).select(image)
+        log_probs, alphas, betas = [], [], []
+        for t in range(int(lengths[i]) - 1):
+            out = decoder.step(prepared, captions[i, t:t + 1], state)
+            state = out.state
+            log_probs.append(out.log_probs[0])
+            alphas.append(out.alpha[0])
+            betas.append(None if out.beta is None else out.beta[0])
+        results.append((torch.stack(log_probs), torch.stack(alphas),
+                        None if betas[0] is None else torch.stack(betas)))
+    return results
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+@pytest.mark.parametrize("deep_output", [True, False])
+@pytest.mark.parametrize("gate", ["scalar", "channel", "none"])
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_teacher_forcing_equals_step_loop(scoring, activation, gate, deep_output, attention):
+    torch.manual_seed(5)
+    # dropout > 0 checks that eval mode turns it off in both paths
+    decoder = make_decoder(scoring, activation, attention, gate, deep_output, dropout=0.3).eval()
+    annotations, captions, lengths, image_index = make_batch(seed=1)
+    with torch.no_grad():
+        output = decoder(annotations, captions, lengths, image_index)
+        reference = step_by_step(decoder, annotations, captions, lengths, image_index)
+    forward_log_probs = torch.log_softmax(output.logits, dim=-1)
+    for i, (log_probs, alphas, betas) in enumerate(reference):
+        steps = int(lengths[i]) - 1
+        torch.testing.assert_close(forward_log_probs[i, :steps], log_probs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(output.alphas[i, :steps], alphas, rtol=0, atol=1e-5)
+        if gate == "none":
+            assert output.betas is None and betas is None
+        else:
+            torch.testing.assert_close(output.betas[i, :steps], betas, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_hard_attention_in_eval_mode_is_soft_attention(scoring, activation):
+    torch.manual_seed(11)
+    hard = make_decoder(scoring, activation, attention="hard").eval()
+    soft = make_decoder(scoring, activation, attention="soft").eval()
+    state = {k: v for k, v in hard.state_dict().items() if k != "reward_baseline"}
+    soft.load_state_dict(state)
+    annotations, captions, lengths, image_index = make_batch()
+    with torch.no_grad():
+        expected = soft(annotations, captions, lengths, image_index)
+        actual = hard(annotations, captions, lengths, image_index)
+    torch.testing.assert_close(actual.logits, expected.logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(actual.alphas, expected.alphas, rtol=0, atol=1e-6)
+
+
+def test_captions_of_one_image_share_it_and_order_does_not_matter():
+    torch.manual_seed(6)
+    decoder = make_decoder().eval()
+    annotations, captions, lengths, image_index = make_batch()
+    with torch.no_grad():
+        output = decoder(annotations, captions, lengths, image_index)
+        # one image per caption, expanded by hand, in reversed order
+        order = torch.arange(4, -1, -1)
+        expanded = decoder(annotations[image_index[order]], captions[order], lengths[order])
+    torch.testing.assert_close(expanded.logits, output.logits[order], rtol=0, atol=1e-5)
+    torch.testing.assert_close(expanded.alphas, output.alphas[order], rtol=0, atol=1e-5)
+    assert torch.equal(expanded.mask, output.mask[order])
+
+
+# ----------------------------------------------------------------------------- training
+def fixed_captions():
+    """4 captions of 2 images with different lengths, words chosen so they must be memorised."""
+    captions = torch.tensor([[1, 4, 5, 6, 7, 2, 0],
+                             [1, 8, 9, 2, 0, 0, 0],
+                             [1, 10, 4, 4, 9, 8, 2],
+                             [1, 6, 2, 0, 0, 0, 0]])
+    lengths = torch.tensor([6, 4, 7, 3])
+    return captions, lengths, torch.tensor([0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_overfits_four_captions(scoring, activation, attention):
+    torch.manual_seed(7)
+    decoder = make_decoder(scoring, activation, attention).train()
+    annotations = torch.randn(2, P, C)
+    captions, lengths, image_index = fixed_captions()
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        output = decoder(annotations, captions, lengths, image_index)
+        if attention == "hard":
+            terms = hard_attention_loss(decoder, output, captions, penalty_weight=1.0, entropy_weight=0.002)
+        else:
+            terms = caption_loss(output, captions, penalty_weight=1.0)
+        optimizer.zero_grad()
+        terms.total.backward()
+        optimizer.step()
+        assert torch.isfinite(terms.total)
+        losses.append(terms.cross_entropy.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    if attention == "hard":
+        assert torch.isfinite(decoder.reward_baseline)
+        assert terms.hard_attention is not None and torch.isfinite(terms.hard_attention)
+
+
+def test_hard_attention_baseline_starts_at_first_reward_then_moves_average():
+    torch.manual_seed(8)
+    decoder = make_decoder(attention="hard").train()
+    assert torch.isnan(decoder.reward_baseline)  # unset until the first step
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    hard_attention_loss(decoder, output, captions, penalty_weight=1.0, entropy_weight=0.0)
+    mask = output.mask.float()
+    token_log_probs = torch.log_softmax(output.logits, -1).gather(2, captions[:, 1:8].unsqueeze(2)).squeeze(2)
+    reward = ((token_log_probs * mask).sum(1) / mask.sum(1)).mean()
+    torch.testing.assert_close(decoder.reward_baseline, reward.detach())
+    assert "reward_baseline" in decoder.state_dict()
+
+
+def test_hard_attention_reinforce_gradient_reaches_attention():
+    # with only sampled locations, the REINFORCE term must give the attention scorer a gradient
+    torch.manual_seed(9)
+    decoder = make_decoder(attention="hard", expected_prob=0.0).train()
+    annotations, captions, lengths, image_index = make_batch()
+    decoder.reward_baseline.fill_(-100.0)  # every reward beats the baseline
+    output = decoder(annotations, captions, lengths, image_index)
+    terms = hard_attention_loss(decoder, output, captions, penalty_weight=0.0, entropy_weight=0.0)
+    (terms.total - terms.cross_entropy).backward()  # the REINFORCE part alone
+    grads = [p.grad for p in decoder.attention.parameters() if p.grad is not None]
+    assert grads and any(g.abs().sum() > 0 for g in grads)
+
+
+def test_hard_attention_step_works_in_train_mode():
+    # Self-critical training samples captions with ``rollout`` (decoder.step) in train mode: on a
+    # fresh decoder (e.g. SCST resumed from a checkpoint) and after a teacher-forced batch of
+    # fewer captions than the rollout has rows.
+    torch.manual_seed(12)
+    decoder = make_decoder(attention="hard").train()
+    annotations = torch.randn(6, P, C)
+    prepared, state = decoder.prepare(annotations), decoder.init_state(annotations)
+    out = decoder.step(prepared, torch.full((6,), 1), state)  # before any forward
+    assert out.log_probs.shape == (6, V) and torch.isfinite(out.log_probs).all()
+    small_annotations, captions, lengths, _ = make_batch()  # 5 captions
+    decoder(small_annotations, captions[:2], lengths[:2])
+    out = decoder.step(prepared, torch.full((6,), 1), state)  # 6 rows after a forward over 2 captions
+    assert out.log_probs.shape == (6, V) and torch.isfinite(out.log_probs).all()
+
+
+def test_all_config_combinations_build():
+    for attention, (scoring, activation), gate, deep in itertools.product(
+            ["soft", "hard"], SCORINGS, ["scalar", "channel", "none"], [True, False]):
+        decoder = make_decoder(scoring, activation, attention, gate, deep)
+        assert isinstance(decoder, HardAttentionDecoder) == (attention == "hard")
+        assert decoder.vocab_size == V
+        assert decoder.attention.num_heads == (HEADS if scoring == "multihead" else 1)
+
+
+def test_step_returns_normalised_log_probs():
+    torch.manual_seed(10)
+    decoder = make_decoder(scoring="multihead").eval()
+    annotations = torch.randn(3, P, C)
+    out = decoder.step(decoder.prepare(annotations), torch.full((3,), 1), decoder.init_state(annotations))
+    assert out.log_probs.shape == (3, V)
+    torch.testing.assert_close(out.log_probs.exp().sum(1), torch.ones(3))
+    assert out.alpha.shape == (3, P) and out.beta.shape == (3,)
+    assert out.state.h.shape == (3, 24) and out.state.c.shape == (3, 24)
+    torch.testing.assert_close(F.softmax(out.log_probs, 1), out.log_probs.exp())

@@ -1,0 +1,410 @@
+"""Greedy, sampling and beam search, pinned to references: greedy, exhaustive search, per-image decoding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from captioning import decoding
+from captioning.config import DecodeConfig, DecoderConfig
+from captioning.data.vocab import Vocabulary
+from captioning.decoding import Caption, beam_search, decode, greedy_search, sample_captions
+from captioning.models.decoder import ShowAttendTellDecoder
+
+START, END = 1, 2
+C, P, V = 8, 9, 11  # annotation channels, grid positions, vocabulary (4 specials + 7 words)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_decoder(seed: int = 0, vocab_size: int = V, scoring: str = "additive", gate: str = "scalar",
+                 gain: float = 3.0, end_bias: float | None = None) -> ShowAttendTellDecoder:
+    """A random decoder in eval mode.
+
+    ``gain`` scales every parameter: the default initialisation gives near-uniform word
+    distributions and the same caption for every image; larger weights give captions that differ
+    per image and end at different lengths. ``end_bias`` sets the output bias of ``<end>``.
+    """
+    torch.manual_seed(seed)
+    config = DecoderConfig(scoring=scoring, num_heads=4, embed_dim=16, hidden_dim=16, attention_dim=16,
+                           gate=gate, dropout=0.0)
+    decoder = ShowAttendTellDecoder.from_config(config, vocab_size, C).eval()
+    with torch.no_grad():
+        for parameter in decoder.parameters():
+            parameter.mul_(gain)
+        if end_bias is not None:
+            decoder.out.bias[END] = end_bias
+    return decoder
+
+
+def annotations_for(batch: int, seed: int = 100) -> torch.Tensor:
+    return torch.randn(batch, P, C, generator=torch.Generator().manual_seed(seed))
+
+
+def varied_decoder(annotations: torch.Tensor, max_length: int, **options) -> ShowAttendTellDecoder:
+    """The first random decoder (by seed) whose greedy captions of ``annotations`` end at 3+ lengths.
+
+    Searching keeps the tests meaningful (images finish at different steps) whatever the
+    initialisation of the layers draws from the random generator.
+    """
+    for seed in range(50):
+        decoder = make_decoder(seed=seed, **options)
+        if len({len(c.tokens) for c in greedy_search(decoder, annotations, max_length)}) >= 3:
+            return decoder
+    raise AssertionError("no random decoder gives captions of varied lengths")
+
+
+@torch.no_grad()
+def replay(decoder, annotations: torch.Tensor, tokens: list[int], finished: bool):
+    """Feed ``<start> tokens`` through ``decoder.step`` for one image (1, P, C).
+
+    Returns the caption's log-probability (plus ``<end>`` when finished), alphas (len, P), betas.
+    """
+    prepared, state = decoder.prepare(annotations), decoder.init_state(annotations)
+    previous, log_prob, alphas, betas = START, 0.0, [], []
+    for word in tokens + ([END] if finished else []):
+        out = decoder.step(prepared, torch.tensor([previous]), state)
+        log_prob += float(out.log_probs[0, word])
+        alphas.append(out.alpha[0])
+        betas.append(None if out.beta is None else out.beta[0])
+        state, previous = out.state, word
+    alphas = torch.stack(alphas[:len(tokens)]) if tokens else torch.zeros(0, P)
+    betas = betas[:len(tokens)]
+    betas = None if (betas and betas[0] is None) else (torch.stack(betas) if betas else torch.zeros(0))
+    return log_prob, alphas, betas
+
+
+def assert_same_caption(actual: Caption, expected: Caption, atol: float = 1e-5):
+    assert actual.tokens == expected.tokens
+    assert actual.finished == expected.finished
+    assert actual.log_prob == pytest.approx(expected.log_prob, abs=atol)
+    assert actual.score == pytest.approx(expected.score, abs=atol)
+    torch.testing.assert_close(actual.attention, expected.attention, rtol=0, atol=atol)
+    if expected.betas is None:
+        assert actual.betas is None
+    else:
+        torch.testing.assert_close(actual.betas, expected.betas, rtol=0, atol=atol)
+
+
+def trigrams(tokens: list[int]) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i:i + 3]) for i in range(len(tokens) - 2)]
+
+
+# ----------------------------------------------------------------------------- beam 1 == greedy
+@pytest.mark.parametrize("min_length", [0, 3])
+@pytest.mark.parametrize("scoring, gate", [("additive", "scalar"), ("multihead", "channel"), ("dot", "none")])
+def test_beam_size_one_equals_greedy(scoring, gate, min_length):
+    annotations = annotations_for(6)
+    decoder = varied_decoder(annotations, 8, scoring=scoring, gate=gate)
+    greedy = greedy_search(decoder, annotations, max_length=8, min_length=min_length)
+    beam = beam_search(decoder, annotations, beam_size=1, max_length=8, min_length=min_length)
+    for g, b in zip(greedy, beam):
+        assert_same_caption(b, g)
+
+
+# ----------------------------------------------------------------------------- exhaustive search
+@torch.no_grad()
+def exhaustive_best(decoder, annotations: torch.Tensor, max_length: int, min_length: int = 0,
+                    length_alpha: float = 0.0) -> tuple[list[int], float, bool]:
+    """The best caption of one image (1, P, C) by enumerating every sequence of non-<end> tokens.
+
+    Finished captions (``<end>`` after 0..max_length words, not before ``min_length``) are ranked by
+    log-probability / ((5 + words + 1) / 6) ** alpha; unfinished ones of max_length words (ranked
+    by log-probability / ((5 + words) / 6) ** alpha) count only when no finished caption exists.
+    """
+    words = [w for w in range(decoder.vocab_size) if w != END]
+    prepared, initial = decoder.prepare(annotations), decoder.init_state(annotations)
+    finished, unfinished = [], []
+    frontier = [([], 0.0, initial, START)]
+    for t in range(max_length + 1):
+        next_frontier = []
+        for tokens, log_prob, state, previous in frontier:
+            out = decoder.step(prepared, torch.tensor([previous]), state)
+            log_probs = out.log_probs[0].double()
+            end = log_prob + float(log_probs[END])
+            if t >= min_length and math.isfinite(end):
+                finished.append((end / ((5 + t + 1) / 6) ** length_alpha, tokens, end))
+            if t == max_length:
+                unfinished.append((log_prob / ((5 + t) / 6) ** length_alpha, tokens, log_prob))
+                continue
+            next_frontier += [(tokens + [w], log_prob + float(log_probs[w]), out.state, w) for w in words]
+        frontier = next_frontier
+    if finished:
+        _, tokens, log_prob = max(finished, key=lambda item: item[0])
+        return tokens, log_prob, True
+    _, tokens, log_prob = max(unfinished, key=lambda item: item[0])
+    return tokens, log_prob, False
+
+
+@pytest.mark.parametrize("min_length, length_alpha, end_bias", [
+    (0, 0.0, None), (0, 2.0, None), (2, 0.0, None), (0, 0.0, float("-inf"))],
+    ids=["plain", "length_alpha", "min_length", "no_end"])
+def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias):
+    vocab_size, max_length = 6, 3
+    annotations = annotations_for(4, seed=3)
+    options = {"max_length": max_length, "min_length": min_length, "length_alpha": length_alpha}
+    # A decoder for which the reference is not trivial: a beam of 2 misses the best caption of some
+    # image (without <end>, a small beam finds the best unfinished caption of every random decoder).
+    for seed in range(20):
+        decoder = make_decoder(seed=seed, vocab_size=vocab_size, end_bias=end_bias)
+        best = [exhaustive_best(decoder, annotations[i:i + 1], **options) for i in range(4)]
+        small_beams = beam_search(decoder, annotations, beam_size=2, **options)
+        unnormalised = [exhaustive_best(decoder, annotations[i:i + 1], max_length, min_length)
+                        for i in range(4)]
+        misses = any(small.tokens != b[0] for small, b in zip(small_beams, best))
+        # with length_alpha, also a decoder for which the normalisation changes some image's best caption
+        normalised = length_alpha == 0 or any(a[0] != b[0] for a, b in zip(unnormalised, best))
+        if end_bias is not None or (misses and normalised):
+            break
+    else:
+        raise AssertionError("every random decoder is solved by a beam of 2")
+    # Every live hypothesis and every one of its continuations fits in the beam: 5**3 * 6 = 750.
+    beam_size = (vocab_size - 1) ** max_length * vocab_size
+    beams = beam_search(decoder, annotations, beam_size=beam_size, **options)
+    for caption, (tokens, log_prob, finished) in zip(beams, best):
+        assert caption.tokens == tokens
+        assert caption.finished == finished == (end_bias is None)
+        assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
+        penalty = ((5 + len(tokens) + int(finished)) / 6) ** length_alpha
+        assert caption.score == pytest.approx(log_prob / penalty, abs=1e-4)
+        assert len(tokens) >= min_length
+
+
+# ----------------------------------------------------------------------------- batching
+@pytest.mark.parametrize("strategy, options", [
+    ("greedy", {}), ("greedy", {"min_length": 2}),
+    ("beam", {"beam_size": 3}), ("beam", {"beam_size": 5}),
+    ("beam", {"beam_size": 3, "length_alpha": 0.7}), ("beam", {"beam_size": 5, "block_trigrams": True}),
+    ("beam", {"beam_size": 5, "length_alpha": 1.0, "block_trigrams": True, "min_length": 2}),
+], ids=["greedy", "greedy-min2", "beam3", "beam5", "beam3-alpha", "beam5-trigrams", "beam5-all"])
+@pytest.mark.parametrize("scoring, gate", [("additive", "scalar"), ("multihead", "channel")])
+def test_batching_does_not_change_any_image(strategy, options, scoring, gate):
+    annotations = annotations_for(5, seed=5)
+    decoder = varied_decoder(annotations, 10, scoring=scoring, gate=gate)
+    search = greedy_search if strategy == "greedy" else beam_search
+    batched = search(decoder, annotations, max_length=10, **options)
+    assert len(batched) == 5
+    for i in range(5):
+        (alone,) = search(decoder, annotations[i:i + 1], max_length=10, **options)
+        assert_same_caption(batched[i], alone)
+
+
+# ----------------------------------------------------------------------------- no <end> reachable
+@pytest.mark.parametrize("search, options, end_bias", [
+    (greedy_search, {}, -1e9),
+    (beam_search, {"beam_size": 1}, -1e9),
+    (beam_search, {"beam_size": 3}, -1e9),
+    (beam_search, {"beam_size": 3, "block_trigrams": True, "length_alpha": 1.0}, -1e9),
+    (beam_search, {"beam_size": 4}, float("-inf")),
+    (beam_search, {"beam_size": 20}, float("-inf")),  # more beams than tokens
+    (beam_search, {"beam_size": 3, "min_length": 5}, float("-inf")),
+], ids=["greedy", "beam1", "beam3", "beam3-trigrams", "beam4-inf", "beam20-inf", "beam3-min-inf"])
+def test_no_end_gives_best_unfinished_caption_of_max_length(search, options, end_bias):
+    decoder = make_decoder(seed=6, end_bias=end_bias)
+    annotations = annotations_for(3)
+    captions = search(decoder, annotations, max_length=5, **options)
+    for i, caption in enumerate(captions):
+        assert not caption.finished
+        assert len(caption.tokens) == 5 and END not in caption.tokens
+        assert math.isfinite(caption.log_prob)
+        log_prob, alphas, _ = replay(decoder, annotations[i:i + 1], caption.tokens, finished=False)
+        assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
+        torch.testing.assert_close(caption.attention, alphas, rtol=0, atol=1e-5)
+
+
+def test_beam_never_raises_when_trigram_blocking_leaves_no_word():
+    # 4 specials + 1 word and no <end>: only 4 tokens can follow <end>-less, so at most 4**3 = 64
+    # distinct trigrams exist and every hypothesis runs out of allowed words before 70 words.
+    decoder = make_decoder(seed=7, vocab_size=5, end_bias=float("-inf"))
+    (caption,) = beam_search(decoder, annotations_for(1), beam_size=2, max_length=70, block_trigrams=True)
+    assert not caption.finished
+    assert len(caption.tokens) <= 70 and caption.attention.shape == (len(caption.tokens), P)
+
+
+# ----------------------------------------------------------------------------- min_length
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_min_length_is_respected(strategy):
+    decoder = make_decoder(seed=8, end_bias=5.0)  # <end> is likely early
+    annotations = annotations_for(6)
+    run = {"greedy": lambda **kw: greedy_search(decoder, annotations, max_length=8, **kw),
+           "beam": lambda **kw: beam_search(decoder, annotations, beam_size=3, max_length=8, **kw),
+           "sample": lambda **kw: sample_captions(decoder, annotations, max_length=8, **kw)}[strategy]
+    torch.manual_seed(0)
+    free = run()
+    assert min(len(c.tokens) for c in free) < 4  # without the constraint, short captions occur
+    torch.manual_seed(0)
+    constrained = run(min_length=4)
+    assert any(c.finished for c in constrained)
+    for i, caption in enumerate(constrained):
+        assert len(caption.tokens) >= 4
+        # the reported log-probability is the model's, not the constrained distribution's
+        log_prob, _, _ = replay(decoder, annotations[i:i + 1], caption.tokens, caption.finished)
+        assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- trigram blocking
+def bigram_decoder() -> ShowAttendTellDecoder:
+    """A decoder whose next word depends only on the previous one and loves the cycle 4 5 4 5 ..."""
+    decoder = make_decoder(seed=9, gate="none")
+    table = torch.randn(V, V, generator=torch.Generator().manual_seed(9))  # table[previous, next]
+    table[START, 4] = table[4, 5] = table[5, 4] = 6.0
+    table[:, END] = -4.0
+    with torch.no_grad():
+        decoder.embedding.weight.zero_()
+        decoder.embedding.weight[:, :V] = torch.eye(V)  # one-hot embeddings (embed_dim 16 >= V)
+        decoder.hidden_to_out.weight.zero_()
+        decoder.hidden_to_out.bias.zero_()
+        decoder.context_to_out.weight.zero_()
+        decoder.out.weight.zero_()
+        decoder.out.weight[:, :V] = table.T
+        decoder.out.bias.zero_()
+    return decoder
+
+
+@pytest.mark.parametrize("beam_size", [1, 3, 5])
+def test_block_trigrams(beam_size):
+    decoder = bigram_decoder()
+    annotations = annotations_for(3)
+    repeated = beam_search(decoder, annotations, beam_size=beam_size, max_length=10)
+    for caption in repeated:
+        assert caption.tokens[:4] == [4, 5, 4, 5]  # the unconstrained search repeats "4 5 4"
+        assert len(set(trigrams(caption.tokens))) < len(trigrams(caption.tokens))
+    blocked = beam_search(decoder, annotations, beam_size=beam_size, max_length=10, block_trigrams=True)
+    for i, caption in enumerate(blocked):
+        assert len(caption.tokens) >= 4 and math.isfinite(caption.log_prob)
+        assert len(set(trigrams(caption.tokens))) == len(trigrams(caption.tokens)), caption.tokens
+        log_prob, _, _ = replay(decoder, annotations[i:i + 1], caption.tokens, caption.finished)
+        assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- returned captions
+def all_strategies(decoder, annotations):
+    torch.manual_seed(10)
+    return {"greedy": greedy_search(decoder, annotations, max_length=7),
+            "beam3": beam_search(decoder, annotations, beam_size=3, max_length=7),
+            "beam4-alpha": beam_search(decoder, annotations, beam_size=4, max_length=7, length_alpha=1.0),
+            "sample": sample_captions(decoder, annotations, max_length=7, temperature=1.5)}
+
+
+@pytest.mark.parametrize("scoring, gate", [("additive", "scalar"), ("multihead", "channel"),
+                                           ("scaled_dot", "none"), ("dot", "scalar")])
+def test_captions_carry_their_attention_and_log_prob(scoring, gate):
+    decoder = make_decoder(seed=11, scoring=scoring, gate=gate)
+    annotations = annotations_for(4)
+    for name, captions in all_strategies(decoder, annotations).items():
+        assert len(captions) == 4, name
+        for i, caption in enumerate(captions):
+            n = len(caption.tokens)
+            assert all(t != END for t in caption.tokens)
+            assert caption.attention.shape == (n, P), name
+            torch.testing.assert_close(caption.attention.sum(1), torch.ones(n))
+            log_prob, alphas, betas = replay(decoder, annotations[i:i + 1], caption.tokens, caption.finished)
+            assert caption.log_prob == pytest.approx(log_prob, abs=1e-4), name
+            torch.testing.assert_close(caption.attention, alphas, rtol=0, atol=1e-5, msg=name)
+            if gate == "none":
+                assert caption.betas is None, name
+            else:
+                assert caption.betas.shape == (n,), name
+                torch.testing.assert_close(caption.betas, betas, rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("gate", ["scalar", "none"])
+def test_certain_end_gives_empty_captions(gate):
+    decoder = make_decoder(seed=12, gate=gate, end_bias=50.0)
+    annotations = annotations_for(2)
+    torch.manual_seed(0)
+    for captions in all_strategies(decoder, annotations).values():
+        for caption in captions:
+            assert caption.tokens == [] and caption.finished
+            assert caption.attention.shape == (0, P)
+            assert caption.log_prob == pytest.approx(0.0, abs=1e-4)
+            if gate == "none":
+                assert caption.betas is None
+            else:
+                assert caption.betas is not None and caption.betas.shape == (0,)
+
+
+def test_caption_words():
+    vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "a", "red", "circle"])
+    caption = Caption(tokens=[4, 5, 6], log_prob=-1.0, attention=torch.zeros(3, P), betas=None,
+                      finished=True, score=-1.0)
+    assert caption.words(vocab) == ["a", "red", "circle"]
+
+
+# ----------------------------------------------------------------------------- sampling
+def test_sampling_with_top_1_equals_greedy():
+    decoder = make_decoder(seed=13)
+    annotations = annotations_for(5)
+    greedy = greedy_search(decoder, annotations, max_length=8, min_length=1)
+    torch.manual_seed(0)
+    sampled = sample_captions(decoder, annotations, max_length=8, min_length=1, top_k=1, temperature=5.0)
+    for s, g in zip(sampled, greedy):
+        assert_same_caption(s, g)
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_without():
+    decoder = make_decoder(seed=14)
+    annotations = annotations_for(4)
+    draws = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        draws.append(sample_captions(decoder, annotations, max_length=8, temperature=2.0))
+    for a, b in zip(draws[0], draws[1]):
+        assert_same_caption(a, b, atol=0)
+    assert [c.tokens for c in draws[0]] != [c.tokens for c in draws[2]]
+
+
+@torch.no_grad()
+def test_top_k_restricts_sampled_words():
+    decoder = make_decoder(seed=15)
+    annotations = annotations_for(4)
+    torch.manual_seed(0)
+    captions = sample_captions(decoder, annotations, max_length=6, top_k=2, temperature=3.0)
+    for i, caption in enumerate(captions):
+        prepared, state = decoder.prepare(annotations[i:i + 1]), decoder.init_state(annotations[i:i + 1])
+        previous = START
+        for word in caption.tokens + ([END] if caption.finished else []):
+            out = decoder.step(prepared, torch.tensor([previous]), state)
+            assert word in out.log_probs[0].topk(2).indices.tolist()
+            state, previous = out.state, word
+
+
+# ----------------------------------------------------------------------------- decode()
+@pytest.mark.parametrize("config, strategy, arguments", [
+    (DecodeConfig(strategy="greedy", max_length=6, min_length=1), "greedy_search", (6, 1)),
+    (DecodeConfig(strategy="beam", beam_size=4, max_length=6, length_alpha=0.5, block_trigrams=True),
+     "beam_search", (4, 6, 0, 0.5, True)),
+    (DecodeConfig(strategy="sample", max_length=6, temperature=1.5, top_k=3),
+     "sample_captions", (6, 0, 1.5, 3)),
+], ids=["greedy", "beam", "sample"])
+def test_decode_dispatches_to_the_strategy(config, strategy, arguments, monkeypatch):
+    decoder = make_decoder(seed=16)
+    annotations = annotations_for(3)
+    torch.manual_seed(0)
+    captions = decode(decoder, annotations, config)
+    torch.manual_seed(0)
+    expected = getattr(decoding, strategy)(decoder, annotations, *arguments)
+    for actual, reference in zip(captions, expected, strict=True):
+        assert_same_caption(actual, reference, atol=0)
+    # exactly the named strategy runs, with the configuration's options in order
+    calls = []
+    for name in ("greedy_search", "beam_search", "sample_captions"):
+        monkeypatch.setattr(decoding, name, lambda *args, name=name: calls.append((name, args[2:])) or [])
+    decode(decoder, annotations, config)
+    assert calls == [(strategy, arguments)]
+
+
+def test_decoding_does_not_track_gradients():
+    decoder = make_decoder(seed=17)
+    for captions in all_strategies(decoder, annotations_for(2)).values():
+        assert all(not c.attention.requires_grad for c in captions)
+
