@@ -223,3 +223,25 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_roo
         torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
         moved |= key in start.state_dict() and not torch.equal(value, start.state_dict()[key])
     assert moved
+
+
+def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, tmp_path):
+    overrides = tiny_overrides(data_root, tmp_path / "run", **{
+        "model.encoder.fine_tune_stages": 1, "train.encoder_lr": 1e-2, "train.max_steps": 2})
+    config = load_config(REPO / "configs" / "shapes.yaml", overrides)
+    from captioning.models.encoders import build_encoder
+
+    before = build_encoder(config.model.encoder).state_dict()
+    train(config, progress=False)
+    payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    after = payload["encoder"]
+    assert after is not None, "a fine-tuned encoder must be saved in the checkpoint"
+    changed = {key for key in before if before[key].is_floating_point() and not torch.equal(before[key], after[key])}
+    last_stage = build_encoder(config.model.encoder)
+    last_stage.set_trainable(1)
+    trainable = {name for name, p in last_stage.named_parameters() if p.requires_grad}
+    trainable_modules = {name.rsplit(".", 1)[0] for name in trainable}
+    # Only the last stage moved: its weights, and the running statistics of its own BatchNorms
+    # (frozen stages keep BatchNorm in eval mode, so their statistics stay put).
+    assert changed and all(key.rsplit(".", 1)[0] in trainable_modules for key in changed), changed
+    assert any(key in trainable for key in changed)

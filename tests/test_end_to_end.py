@@ -1,0 +1,136 @@
+"""The command-line tools end to end: a shortened demo, then evaluate.py's three uses and visualize.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from captioning.evaluation.metrics import METRICS
+from captioning.training.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+
+SHORT_DEMO = {
+    "data.shapes_train": 48, "data.shapes_val": 8, "data.shapes_test": 8, "data.shapes_image_size": 96,
+    "model.encoder.image_size": 96, "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 32,
+    "model.decoder.attention_dim": 16, "train.epochs": 1, "train.batch_size": 8, "train.scst_epochs": 1,
+    "train.scst_samples": 2, "decode.batch_size": 4, "decode.max_length": 10,
+}
+
+
+def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """``python train.py`` (the Shapes demo) shortened: few images, one epoch of each stage."""
+    work = tmp_path_factory.mktemp("demo")
+    flags = [arg for key, value in {**SHORT_DEMO, "data.root": work / "shapes",
+                                    "train.output_dir": work / "run"}.items()
+             for arg in ("--set", f"{key}={value}")]
+    result = run("train.py", "--no-progress", *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (work / "stdout.txt").write_text(result.stdout)
+    return work
+
+
+def test_demo_writes_every_promised_file(demo):
+    run_dir = demo / "run"
+    stdout = (demo / "stdout.txt").read_text()
+    promised = ["checkpoints/best.pt", "checkpoints/best_scst.pt", "checkpoints/last.pt", "config.yaml",
+                "vocab.json", "steps.jsonl", "history.json", "test_results.json", "test_scores.json",
+                "test_scores.per_image.json", "report.html"]
+    for name in promised:
+        assert (run_dir / name).is_file(), name
+        assert str(run_dir / name) in stdout or name.startswith("checkpoints/best_scst"), f"{name} not in summary"
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+    history = json.loads((run_dir / "history.json").read_text())["epochs"]
+    assert [h["stage"] for h in history] == ["xe", "scst"]
+    payload = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert payload["training"]["state"]["stage"] == "scst"
+
+    results = json.loads((run_dir / "test_results.json").read_text())
+    assert len(results) == 8
+    assert all(isinstance(r["image_id"], int) and isinstance(r["caption"], str) for r in results)
+    scores = json.loads((run_dir / "test_scores.json").read_text())
+    for key in METRICS:
+        assert key in scores
+    for key in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"):
+        assert scores[key] is not None and scores[key] >= 0
+    assert scores["SPICE"] is None and "SPICE" in scores["unavailable"]
+    assert 0 <= scores["grounding-pointing"] <= 1 and 0 <= scores["grounding-mass"] <= 1
+    assert scores["grounding-words"] > 0
+    per_image = json.loads((run_dir / "test_scores.per_image.json").read_text())
+    assert {p["image_id"] for p in per_image} == {r["image_id"] for r in results}
+
+    figures = sorted((run_dir / "figures").glob("*.png"))
+    assert figures
+    with Image.open(figures[0]) as figure:
+        assert figure.size[0] > 100 and figure.size[1] > 100
+    report = (run_dir / "report.html").read_text()
+    assert report.count("data:image/") >= 2 and "http://" not in report
+
+
+def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
+    checkpoint = demo / "run" / "checkpoints" / "best.pt"
+    out = tmp_path / "val_results.json"
+    result = run("evaluate.py", "--checkpoint", str(checkpoint), "--split", "val", "--results", str(out),
+                 "--no-progress", "--no-java")
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert len(results) == 8
+    scores = json.loads((tmp_path / "val_results.scores.json").read_text())
+    assert scores["METEOR"] is None and "Java" in scores["unavailable"]["METEOR"]
+    assert scores["CIDEr-D"] is not None
+    assert "grounding-mass" in scores
+    assert "CIDEr-D" in result.stdout and str(out) in result.stdout
+
+
+def test_evaluate_scores_a_results_file_against_coco_references(demo, tmp_path):
+    references = demo / "shapes" / "captions_test.json"
+    results = tmp_path / "results.json"
+    coco = json.loads(references.read_text())
+    first = {}
+    for annotation in coco["annotations"]:
+        first.setdefault(annotation["image_id"], annotation["caption"])
+    results.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in first.items()]))
+    out = tmp_path / "scores.json"
+    result = run("evaluate.py", "--annotations", str(references), "--results", str(results), "--out", str(out),
+                 "--no-java")
+    assert result.returncode == 0, result.stderr[-2000:]
+    scores = json.loads(out.read_text())
+    assert scores["BLEU-1"] == pytest.approx(1.0)  # each candidate is one of its own references
+    assert scores["CIDEr-D"] > 1.0
+
+
+def test_evaluate_captions_a_folder_of_images(demo, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.new("RGB", (120, 80), (200, 30, 30)).save(folder / "red.jpg")
+    Image.new("L", (64, 64), 128).save(folder / "gray.png")
+    out = tmp_path / "captions.json"
+    result = run("evaluate.py", "--checkpoint", str(demo / "run" / "checkpoints" / "best.pt"),
+                 "--images", str(folder), "--results", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr[-2000:]
+    captions = json.loads(out.read_text())
+    assert [c["image_id"] for c in captions] == [1, 2]
+    assert all(c["caption"] for c in captions)
+    index = json.loads((tmp_path / "captions.images.json").read_text())
+    assert index["1"].endswith("gray.png") and index["2"].endswith("red.jpg")
+
+
+def test_visualize_a_dataset_split_with_references(demo, tmp_path):
+    result = run("visualize.py", "--checkpoint", str(demo / "run" / "checkpoints" / "best.pt"), "--split", "test",
+                 "--num", "3", "--out-dir", str(tmp_path / "figs"), "--html", str(tmp_path / "page.html"),
+                 "--no-progress")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(list((tmp_path / "figs").glob("*.png"))) == 3
+    assert (tmp_path / "page.html").is_file()
