@@ -174,7 +174,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic algorithms (exact resume on CPU)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "none"  # none | bf16 | fp16 (autocast on GPU)
-    compile: bool = False  # torch.compile the decoder
+    compile: bool = False  # torch.compile the decoder step (helps on GPU; slow to compile on CPU)
     checkpoint_every: int = 0  # also checkpoint every N steps; 0 = once per epoch
     nonfinite: str = "stop"  # stop | skip: what a non-finite loss does
     max_steps: int = 0  # stop after N optimisation steps in total (tests, smoke runs); 0 = no limit

@@ -342,3 +342,17 @@ def test_step_returns_normalised_log_probs():
     assert out.alpha.shape == (3, P) and out.beta.shape == (3,)
     assert out.state.h.shape == (3, 24) and out.state.c.shape == (3, 24)
     torch.testing.assert_close(F.softmax(out.log_probs, 1), out.log_probs.exp())
+
+
+def test_compiled_step_gives_the_same_outputs():
+    torch.manual_seed(0)
+    decoder = ShowAttendTellDecoder.from_config(
+        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), 20, 8).eval()
+    annotations = torch.randn(3, 9, 8)
+    captions = torch.randint(4, 20, (6, 7))
+    captions[:, 0] = 1
+    lengths = torch.tensor([7, 5, 3, 7, 6, 4])
+    image_index = torch.tensor([0, 0, 1, 1, 2, 2])
+    expected = decoder(annotations, captions, lengths, image_index).logits
+    decoder.compile_step(backend="eager")  # dynamo tracing without the slow C++ code generation
+    torch.testing.assert_close(decoder(annotations, captions, lengths, image_index).logits, expected)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioning.config import DecoderConfig
@@ -119,6 +120,15 @@ class ShowAttendTellDecoder(nn.Module):
                                         baseline_decay=config.hard_baseline_decay)
         return cls(**kwargs)
 
+    def compile_step(self, backend: str = "inductor") -> None:
+        """``torch.compile`` the recurrence step (attention, gate, LSTM cell), with dynamic batch sizes.
+
+        The step is where the time goes and its shapes change only with the active batch, so it
+        compiles to one fused kernel chain; the surrounding loop stays in Python. Worth it on
+        GPU; on CPU the compilation (a minute or more) rarely pays for itself.
+        """
+        self._cell = torch.compile(self._cell, dynamic=True, backend=backend)
+
     # ----------------------------------------------------------------- per-image work, done once
     def prepare(self, annotations: Tensor) -> Prepared:
         """Attention projections of the annotations (B, P, C), once per image."""
@@ -153,8 +163,11 @@ class ShowAttendTellDecoder(nn.Module):
         beta_value = beta.mean(dim=1) if beta is not None else None  # (N,)
         return DecoderState(h, c), context, alpha, beta_value, location_log_prob, entropy
 
-    def _logits(self, embedded: Tensor, hidden: Tensor, context: Tensor) -> Tensor:
-        """Output layer over any leading shape: (..., m), (..., H), (..., D) -> (..., V)."""
+    def _logits(self, embedded: Tensor | None, hidden: Tensor, context: Tensor | None) -> Tensor:
+        """Output layer over any leading shape: (..., m), (..., H), (..., D) -> (..., V).
+
+        Only the deep output reads ``embedded`` and ``context``; they may be None without it.
+        """
         if self.deep_output:
             return self.out(self.dropout(embedded + self.hidden_to_out(hidden) + self.context_to_out(context)))
         return self.out(self.dropout(hidden))
@@ -192,49 +205,72 @@ class ShowAttendTellDecoder(nn.Module):
         decode_lengths = lengths - 1  # (N,) words to predict
         # Sort by length so the active rows at step t are a prefix: the batch shrinks as captions end.
         order = torch.argsort(decode_lengths, descending=True, stable=True)
-        rows = order if image_index is None else image_index.index_select(0, order)
-        prepared = self.prepare(annotations).select(rows)  # per caption, no re-projection
-        state = self.init_state(annotations).select(rows)
-        inputs = captions.index_select(0, order)[:, :steps]  # (N, T)
+        in_order = bool((order == torch.arange(num_captions, device=order.device)).all())
+        if image_index is None:  # one image per caption: sort the grids, then project each once
+            sorted_annotations = annotations if in_order else annotations.index_select(0, order)
+            prepared = self.prepare(sorted_annotations)
+            state = self.init_state(sorted_annotations)
+        else:  # several captions per image: project each image once, then give every caption its rows
+            rows = image_index if in_order else image_index.index_select(0, order)
+            prepared = self.prepare(annotations).select(rows)
+            state = self.init_state(annotations).select(rows)
+        inputs = (captions if in_order else captions.index_select(0, order))[:, :steps]  # (N, T)
         embedded = self.embedding(inputs)  # (N, T, m)
-        embed_gates = self.embed_to_gates(embedded)  # (N, T, 4H), all steps in one product
+        embed_gates = self.embed_to_gates(embedded).unbind(1)  # T x (N, 4H), all steps in one product
         active = (decode_lengths.index_select(0, order).unsqueeze(1)
                   > torch.arange(steps, device=captions.device)).sum(0).tolist()  # rows alive per step
 
-        num_positions = prepared.keys.shape[-2]
-        hiddens = embedded.new_zeros(num_captions, steps, self.hidden_dim)
-        contexts = embedded.new_zeros(num_captions, steps, self.attention.context_dim)
-        alphas = embedded.new_zeros(num_captions, steps, num_positions)
-        betas = embedded.new_zeros(num_captions, steps) if self.gate is not None else None
         hard = isinstance(self, HardAttentionDecoder) and self.training
-        location_log_probs = embedded.new_zeros(num_captions, steps) if hard else None
-        entropies = embedded.new_zeros(num_captions, steps) if hard else None
         if hard:
             self._draw_expected(num_captions, captions.device)
-
+        # Per-step results are collected and stacked once: writing each step into a preallocated
+        # (N, T, ...) buffer would make backward copy the whole buffer once per step.
+        hiddens, contexts, alphas, betas, location_log_probs, entropies = [], [], [], [], [], []
         for t, n in enumerate(active):
-            state = DecoderState(state.h[:n], state.c[:n])
+            if n < state.h.size(0):  # slice only when rows end: a no-op slice still costs a backward copy
+                state, prepared = DecoderState(state.h[:n], state.c[:n]), prepared.head(n)
             state, context, alpha, beta, location_log_prob, entropy = self._cell(
-                embed_gates[:n, t], prepared.head(n), state)
-            hiddens[:n, t] = state.h
-            contexts[:n, t] = context
-            alphas[:n, t] = alpha
-            if betas is not None:
-                betas[:n, t] = beta
-            if hard:
-                location_log_probs[:n, t] = location_log_prob
-                entropies[:n, t] = entropy
+                embed_gates[t][:n] if n < num_captions else embed_gates[t], prepared, state)
+            hiddens.append(state.h)
+            contexts.append(context)
+            alphas.append(alpha)
+            betas.append(beta)
+            location_log_probs.append(location_log_prob)
+            entropies.append(entropy)
 
-        logits = self._logits(embedded, hiddens, contexts)  # (N, T, V), one product for all steps
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(num_captions, device=order.device)
-        mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
 
         def unsort(x: Tensor | None) -> Tensor | None:
-            return None if x is None else x.index_select(0, inverse)
+            return x if x is None or in_order else x.index_select(0, inverse)
 
-        return DecoderOutput(unsort(logits), unsort(alphas), mask, unsort(betas),
-                             unsort(location_log_probs), unsort(entropies))
+        def padded(values: list[Tensor], *shape: int) -> Tensor:
+            """(N, T, *shape) in the callers' order from per-step (n_t, *shape), zeros after a caption ends."""
+            return unsort(_stack_steps(values, num_captions, shape, embedded))
+
+        # Unsorted before the output layer: (N, T, H) inputs are V/H times smaller than (N, T, V) logits.
+        hiddens = padded(hiddens, self.hidden_dim)
+        if self.deep_output:
+            logits = self._logits(unsort(embedded), hiddens, padded(contexts, self.attention.context_dim))
+        else:
+            logits = self._logits(None, hiddens, None)  # (N, T, V), one product for all steps
+        mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
+        return DecoderOutput(logits, padded(alphas, prepared.keys.shape[-2]), mask,
+                             padded(betas) if self.gate is not None else None,
+                             padded(location_log_probs) if hard else None,
+                             padded(entropies) if hard else None)
+
+
+def _stack_steps(values: list[Tensor], rows: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """Stack per-step values (n_t, *shape), n_t non-increasing, into (rows, T, *shape) padded with zeros.
+
+    The result has the dtype of ``like`` (the step values may be lower precision under autocast).
+    """
+    if not values:
+        return like.new_zeros(rows, 0, *shape)
+    columns = [F.pad(value, (0, 0) * len(shape) + (0, rows - value.size(0))) if value.size(0) < rows else value
+               for value in (value.to(like.dtype) for value in values)]
+    return torch.stack(columns, dim=1)
 
 
 class HardAttentionDecoder(ShowAttendTellDecoder):

@@ -379,6 +379,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
               f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
               f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
               f"device {device}", flush=True)
+    if config.train.compile:
+        model.decoder.compile_step()
     model.decoder = distributed.wrap(model.decoder, group, device)
     trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
     if resume is not None:
