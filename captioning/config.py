@@ -236,9 +236,9 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(type_hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(type_hint)
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            if type(None) in options:
-                return None
+        is_null = value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))
+        if is_null and type(None) in options:
+            return None
         inner = [t for t in options if t is not type(None)]
         return _coerce(inner[0], value, key)
     if origin is tuple:

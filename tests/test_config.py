@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from captioning.cli import add_config_arguments, config_from_args
-from captioning.config import Config, ConfigError, from_dict, load_config, reference_markdown, save_config, to_dict
+from captioning.config import (
+    Config,
+    ConfigError,
+    from_dict,
+    load_config,
+    reference_markdown,
+    save_config,
+    to_dict,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,8 +78,8 @@ def test_save_and_dict_round_trip(tmp_path):
     save_config(config, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == config
     assert from_dict(to_dict(config)) == config
-    with pytest.raises(Exception):
-        config.train.lr = 1.0  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.train.lr = 1.0
 
 
 def test_command_line_flags_and_set(tmp_path):

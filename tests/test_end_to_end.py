@@ -25,7 +25,7 @@ SHORT_DEMO = {
 
 def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+                          timeout=timeout, cwd=REPO, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -78,9 +78,9 @@ def uses_cache(config: Config) -> bool:
 def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
                     output_dir: Path, progress: bool, captions_per_image: int) -> CaptionDataset:
     """A dataset over ``records``: cached grids for a frozen encoder, images otherwise."""
-    common = dict(vocab=model.vocab, max_length=config.data.max_caption_length,
-                  captions_per_image=captions_per_image, seed=config.train.seed,
-                  skip_bad_images=config.data.skip_bad_images)
+    common = {"vocab": model.vocab, "max_length": config.data.max_caption_length,
+              "captions_per_image": captions_per_image, "seed": config.train.seed,
+              "skip_bad_images": config.data.skip_bad_images}
     if uses_cache(config):
         cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
                                            batch_size=32, device=device, num_workers=config.data.num_workers,
@@ -368,7 +368,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         outputs.files["configuration"] = output_dir / "config.yaml"
     if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
         distributed.barrier()
-    records, model, train_set, val_set = prepare_run(config, output_dir, resume, progress and group.is_main,
+    _, model, train_set, val_set = prepare_run(config, output_dir, resume, progress and group.is_main,
                                                      group, device)
     if group.is_main:
         distributed.barrier()

@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""Generate captions with a trained checkpoint and score them with the COCO caption metrics.
+
+Three uses:
+  python evaluate.py --checkpoint ckpt.pt --split test        decode a split, write results, score them
+  python evaluate.py --annotations captions_val2014.json --results results.json   score any results file
+  python evaluate.py --checkpoint ckpt.pt --images some/folder  caption plain images (no scores)
+
+Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
+ROUGE-L, CIDEr-D, SPICE, grounding) go to --out, by default <results>.scores.json, with
+per-image scores beside it. METEOR (and the official PTB tokenizer) need Java; without it they
+are reported as unavailable and a Python tokenizer is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_argument_group("what to evaluate")
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint written by train.py")
+    source.add_argument("--split", default=None, help="split of the checkpoint's dataset to decode (train/val/test)")
+    source.add_argument("--images", type=Path, help="a folder of images to caption (no scores)")
+    source.add_argument("--annotations", type=Path, help="COCO-format reference captions (captions_val2014.json)")
+    source.add_argument("--results", type=Path,
+                        help="results file to score (with --annotations) or to write (default: "
+                             "<checkpoint run folder>/<split>_results.json)")
+    source.add_argument("--config", type=Path, help="take the dataset from this YAML instead of the checkpoint")
+    decoding = parser.add_argument_group("decoding (defaults: the checkpoint's configuration)")
+    decoding.add_argument("--strategy", choices=("greedy", "beam", "sample"))
+    decoding.add_argument("--beam-size", type=int)
+    decoding.add_argument("--max-length", type=int)
+    decoding.add_argument("--length-alpha", type=float, help="GNMT length normalisation exponent")
+    decoding.add_argument("--block-trigrams", action="store_true", default=None)
+    scoring = parser.add_argument_group("scoring")
+    scoring.add_argument("--out", type=Path, help="scores JSON (default: <results>.scores.json)")
+    scoring.add_argument("--instances", type=Path,
+                         help="COCO instances JSON with boxes: adds attention grounding (Shapes: automatic)")
+    scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
+    scoring.add_argument("--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)")
+    parser.add_argument("--skip-bad-images", action="store_true",
+                        help="leave out (and count) images that cannot be read instead of stopping")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    return parser
+
+
+def main(args: argparse.Namespace) -> None:
+    from captioning.evaluation.commands import evaluate
+
+    evaluate(args)
+
+
+if __name__ == "__main__":
+    from captioning.cli import run_cli
+
+    sys.exit(run_cli(main, get_args_parser()))
