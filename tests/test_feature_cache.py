@@ -198,3 +198,17 @@ def test_bad_image_skipped_and_recorded(tmp_path: Path, encoder, records_with_ba
     np.testing.assert_allclose(good, reference, rtol=2e-3, atol=2e-3)
     (bad,) = _index(tmp_path)["bad"]
     assert bad["row"] == 5 and bad["path"].endswith("broken.png") and "broken.png" in bad["error"]
+
+
+def test_image_rewritten_in_place_makes_a_new_cache(tmp_path: Path, encoder: Encoder) -> None:
+    # Same paths, new pixels (e.g. Shapes regenerated with another seed): the old rows must not be reused.
+    path = tmp_path / "img.png"
+    Image.new("RGB", (48, 48), (250, 0, 0)).save(path)
+    records = [ImageRecord(image_id=1, path=path, split="train")]
+    first = _build(tmp_path / "cache", encoder, records)
+    red = np.array(first[0], dtype=np.float32)
+    Image.new("RGB", (48, 48), (0, 0, 250)).save(path)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 1_000_000_000))
+    second = _build(tmp_path / "cache", encoder, records)
+    assert second.path != first.path
+    assert not np.allclose(np.array(second[0], dtype=np.float32), red)

@@ -61,8 +61,17 @@ class _ImageFiles(Dataset):
         return row, image, ""
 
 
+def _file_state(path: Path) -> str:
+    """Size and modification time: an image rewritten in place (e.g. Shapes with another seed) changes the key."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def _image_list(records: list[ImageRecord]) -> list[str]:
-    return [f"{record.image_id}\t{os.path.abspath(record.path)}" for record in records]
+    return [f"{record.image_id}\t{os.path.abspath(record.path)}\t{_file_state(record.path)}" for record in records]
 
 
 def _sha256_json(value: Any) -> str:
@@ -181,7 +190,8 @@ class FeatureCache:
             The complete ``FeatureCache``, rows in the order of ``records``.
         Raises:
             ImageError: an image cannot be read (without ``skip_bad_images``); rows before its batch
-                are kept.
+                are kept. Also when an existing cache lists unreadable images and ``skip_bad_images``
+                is off.
             OSError: the disk is full (ENOSPC, with a message naming the file); the index is intact.
         """
         if not records:
@@ -210,6 +220,10 @@ class FeatureCache:
             _fill(path, index, encoder, records, batch_size, torch.device(device), num_workers, progress,
                   skip_bad_images)
         cache = cls(path, index)
+        if cache.bad and not skip_bad_images:  # built by a run that skipped them; this one must not
+            row = min(cache.bad)
+            raise ImageError(f"{cache.bad[row]} (recorded in {index_path}; set data.skip_bad_images "
+                             "to skip such images)")
         if cache.bad:
             warnings.warn(f"{len(cache.bad)} of {len(cache)} images could not be read and have zero "
                           f"features (listed under 'bad' in {index_path})", stacklevel=2)
