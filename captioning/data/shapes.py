@@ -48,7 +48,7 @@ RELATION_PHRASES = {
 }
 SPLITS = ("train", "val", "test")
 CAPTIONS_PER_IMAGE = 5
-FORMAT_VERSION = 1  # raise when the output for given parameters changes, so old folders are regenerated
+FORMAT_VERSION = 2  # raise when the output for given parameters changes, so old folders are regenerated
 
 _COLOR_RGB = {"red": (214, 39, 40), "green": (44, 160, 44), "blue": (31, 90, 200),
               "yellow": (232, 186, 20), "purple": (140, 70, 180)}
@@ -59,10 +59,15 @@ _RELATION_MARGIN = 0.08  # least | |dx| - |dy| | between two centres, so the rel
 _BACKGROUND = (236, 236, 230)
 _NOISE = 5  # grey levels of uniform noise, on 2x2 pixel blocks
 
-_SINGLE_TEMPLATES = ("{a}", "there is one {w}", "a picture of {a}", "one {w} on a plain background",
-                     "a single {w}", "an image showing {a}")
-_GROUP_TEMPLATES = ("{a} {rel} {b}{rest}", "there is {a} {rel} {b}{rest}", "{a} is {rel} {b}{rest}",
-                    "{all}", "{count} shapes: {all}", "{a} sits {rel} {b}{rest}")
+# Each template fixes its wording: whether sizes are named (``a``/``w`` with the size, ``a_``/``w_``
+# without) and which relation phrase it uses. The variety between an image's five captions comes
+# from the templates; within one template the caption follows from the image alone, so a model
+# can learn to say exactly what a reference says.
+_SINGLE_TEMPLATES = ("{a}", "there is one {w}", "a picture of {a_}", "one {w} on a plain background",
+                     "a single {w_}", "an image showing {a}")
+_GROUP_TEMPLATES = (("{a} {rel} {b}{rest}", 0), ("there is {a_} {rel} {b_}{rest_}", 1),
+                    ("{a} is {rel} {b}{rest}", 0), ("{all}", 0), ("{count} shapes: {all_}", 0),
+                    ("{a_} sits {rel} {b_}{rest_}", 1))
 _COUNT_WORDS = {2: "two", 3: "three"}
 MAX_OBJECTS = 3
 
@@ -253,29 +258,36 @@ def _shape_area(obj: ShapeObject) -> float:
     return {"circle": math.pi * side * side / 4, "square": float(side * side)}.get(obj.shape, side * side / 2)
 
 
-def _phrase(obj: ShapeObject, rng: np.random.Generator) -> str:
-    """``"small red circle"`` or ``"red circle"`` (size named half of the time)."""
-    return " ".join(([obj.size] if rng.random() < 0.5 else []) + [obj.color, obj.shape])
+def _phrase(obj: ShapeObject, with_size: bool) -> str:
+    """``"small red circle"`` or ``"red circle"``."""
+    return " ".join(([obj.size] if with_size else []) + [obj.color, obj.shape])
+
+
+def _salience_order(objects: list[ShapeObject]) -> list[ShapeObject]:
+    """Large objects first, then from left to right: the order every caption names them in."""
+    return sorted(objects, key=lambda obj: (obj.size != "large", obj.center[0], obj.center[1]))
 
 
 def _captions(objects: list[ShapeObject], rng: np.random.Generator) -> list[str]:
-    """Five captions, each from a different template, naming every object."""
+    """Five captions, each from a different template, naming every object (the first two by relation)."""
     if len(objects) == 1:
+        forms = {"w": _phrase(objects[0], True), "w_": _phrase(objects[0], False)}
+        forms.update(a=f"a {forms['w']}", a_=f"a {forms['w_']}")
         template_ids = rng.permutation(len(_SINGLE_TEMPLATES))[:CAPTIONS_PER_IMAGE]
-        captions = []
-        for template_id in template_ids:
-            words = _phrase(objects[0], rng)
-            captions.append(_SINGLE_TEMPLATES[template_id].format(a=f"a {words}", w=words))
-        return captions
+        return [_SINGLE_TEMPLATES[i].format(**forms) for i in template_ids]
+    order = _salience_order(objects)
+    full = [f"a {_phrase(obj, True)}" for obj in order]
+    short = [f"a {_phrase(obj, False)}" for obj in order]
+    options = RELATION_PHRASES[relation(order[0], order[1])]
     captions = []
     for template_id in rng.permutation(len(_GROUP_TEMPLATES))[:CAPTIONS_PER_IMAGE]:
-        order = [objects[i] for i in rng.permutation(len(objects))]  # the first two get the relation
-        phrases = [f"a {_phrase(obj, rng)}" for obj in order]
-        options = RELATION_PHRASES[relation(order[0], order[1])]
-        captions.append(_GROUP_TEMPLATES[template_id].format(
-            a=phrases[0], b=phrases[1], rel=options[int(rng.integers(len(options)))],
-            rest="".join(f" and {phrase}" for phrase in phrases[2:]),
-            all=" and ".join([", ".join(phrases[:-1]), phrases[-1]]), count=_COUNT_WORDS[len(objects)]))
+        template, relation_choice = _GROUP_TEMPLATES[template_id]
+        captions.append(template.format(
+            a=full[0], b=full[1], a_=short[0], b_=short[1], rel=options[relation_choice],
+            rest="".join(f" and {phrase}" for phrase in full[2:]),
+            rest_="".join(f" and {phrase}" for phrase in short[2:]),
+            all=" and ".join([", ".join(full[:-1]), full[-1]]),
+            all_=" and ".join([", ".join(short[:-1]), short[-1]]), count=_COUNT_WORDS[len(objects)]))
     return captions
 
 
