@@ -340,7 +340,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     try:
         return from_dict(tree)
     except ConfigError as error:
-        raise ConfigError(f"{path}: {error}" if path else str(error)) from None
+        # Name the file only when the bad value came from it, not from an override (a flag or --set).
+        from_override = any(str(error).startswith(key) or repr(key) in str(error) for key in overrides or {})
+        raise ConfigError(f"{path}: {error}" if path and not from_override else str(error)) from None
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -244,7 +244,8 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
             beta_history = step_beta if beta_history is None else torch.cat(
                 [beta_history.index_select(0, source_rows), step_beta], dim=1)
         state = state.select(source_rows)
-        prepared = prepared.select(source_rows)
+        # ``prepared`` is not reordered: a beam only moves within its image's block of K rows, which
+        # all hold that image's projections (gathering them would copy (n*K, P, C) every step).
         # Drop images that have K finished hypotheses.
         done = torch.tensor([len(finished[i]) >= k for i in images.tolist()], device=device)
         if done.all():

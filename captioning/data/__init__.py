@@ -63,7 +63,9 @@ def load_records(config: DataConfig, output_dir: Path | None = None) -> list[Ima
 
     Args:
         config: the data configuration.
-        output_dir: when given, ``data_summary.json`` (images and captions per split) is written there.
+        output_dir: when given (training and caching runs), ``data_summary.json`` (images and
+            captions per split, training captions longer than ``max_caption_length``) is written
+            there, and a warning says how many training captions will be cut.
     Returns:
         One record per image, in the reader's order.
     """
@@ -77,8 +79,12 @@ def load_records(config: DataConfig, output_dir: Path | None = None) -> list[Ima
     logger.info("%s: %s", config.dataset, ", ".join(f"{split} {counts['images']} images"
                                                     for split, counts in summary.items()))
     if output_dir is not None:
+        cut, message = caption_length_summary(records, config.max_caption_length)
+        if cut:  # kept, but cut to data.max_caption_length words when encoded: say so once
+            logger.warning("%s (data.max_caption_length)", message)
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"dataset": config.dataset, "splits": summary}, indent=2, sort_keys=True)
+        text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut},
+                          indent=2, sort_keys=True)
         (Path(output_dir) / "data_summary.json").write_text(text, encoding="utf-8")
     return records
 

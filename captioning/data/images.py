@@ -43,7 +43,8 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageError(f"{where}: image too large (over {Image.MAX_IMAGE_PIXELS} pixels)") from None
     except UnidentifiedImageError:
-        raise ImageError(f"{where}: not an image file PIL can read") from None
+        what = "empty file (0 bytes)" if Path(path).stat().st_size == 0 else "not an image file PIL can read"
+        raise ImageError(f"{where}: {what}") from None
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageError(f"{where}: cannot decode image ({error})") from None
 

@@ -58,10 +58,15 @@ class Vocabulary:
         return word in self.stoi
 
     def encode(self, tokens: Sequence[str], max_length: int | None = None) -> list[int]:
-        """``<start> w1 .. wn <end>`` as ids; tokens beyond ``max_length`` words are dropped."""
+        """``<start> w1 .. wn <end>`` as ids; tokens beyond ``max_length`` words are dropped.
+
+        Unknown words and the special tokens' own strings (a caption holding the text ``<end>``)
+        become ``<unk>``, so the ids between ``<start>`` and ``<end>`` are never pad, start or end.
+        """
         if max_length is not None:
             tokens = tokens[:max_length]
-        return [self.start_id] + [self.stoi.get(t, self.unk_id) for t in tokens] + [self.end_id]
+        words = [self.stoi.get(t, self.unk_id) for t in tokens]
+        return [self.start_id] + [max(i, self.unk_id) for i in words] + [self.end_id]
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Words for ids, stopping at ``<end>`` and skipping ``<start>``/``<pad>``."""

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from captioning.config import ConfigError, load_config
+from captioning.config import Config, ConfigError, load_config
 from captioning.data.folder import read_folder
 from captioning.evaluation.runner import (
     caption_records,
@@ -20,6 +20,7 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
+from captioning.training.checkpoint import atomic_write
 from captioning.training.run import resolve_device
 
 
@@ -27,6 +28,13 @@ def _print_summary(files: dict[str, Path]) -> None:
     print("wrote:")
     for what, path in files.items():
         print(f"  {what:<22} {path}")
+
+
+def _report_skipped(records: list, captioned: list) -> None:
+    """One line saying how many images were left out as unreadable (``data.skip_bad_images``)."""
+    if len(captioned) < len(records):
+        print(f"skipped {len(records) - len(captioned)} of {len(records)} images that could not be read "
+              "(data.skip_bad_images); they are not in the results", flush=True)
 
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
@@ -51,23 +59,29 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         raise ConfigError("give --checkpoint (with --split or --images), or --annotations with --results")
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
+    decoding = {"strategy": args.strategy, "beam_size": args.beam_size, "max_length": args.max_length,
+                "length_alpha": args.length_alpha, "block_trigrams": args.block_trigrams}
+    # Cheap checks first, so that a typo fails in a moment rather than after loading the model.
+    decode_config_with(Config(), **decoding)
+    records = read_folder(args.images) if args.images is not None else None
+    data_config = load_config(args.config).data if args.config is not None else None
     device = resolve_device(args.device)
     model, config = load_captioner(args.checkpoint, device)
-    if args.config is not None:
-        config = replace(config, data=load_config(args.config).data)
-    decode_config = decode_config_with(config, strategy=args.strategy, beam_size=args.beam_size,
-                                       max_length=args.max_length, length_alpha=args.length_alpha,
-                                       block_trigrams=args.block_trigrams)
+    if data_config is not None:
+        config = replace(config, data=data_config)
+    if getattr(args, "skip_bad_images", False):
+        config = replace(config, data=replace(config.data, skip_bad_images=True))
+    decode_config = decode_config_with(config, **decoding)
     run_dir = args.checkpoint.resolve().parent.parent
     progress = not args.no_progress
 
-    if args.images is not None:
-        records = read_folder(args.images)
+    if records is not None:
         captioned = caption_records(model, config, records, device, decode_config, progress)
+        _report_skipped(records, captioned)
         results = write_results(args.results or run_dir / "folder_results.json", captioned)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
         index = results.with_name(results.stem + ".images.json")
-        index.write_text(json.dumps(paths, indent=1))
+        atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8"))
         for item in captioned[:10]:
             print(f"{item.record.path.name}: {' '.join(item.words)}")
         _print_summary({"captions": results, "image id -> file": index})
@@ -75,6 +89,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
     records = split_records(config, args.split)
     captioned = caption_records(model, config, records, device, decode_config, progress, output_dir=run_dir)
+    _report_skipped(records, captioned)
     results = write_results(args.results or run_dir / f"{args.split}_results.json", captioned)
     instances = args.instances or default_instances(config)
     scores = score_captioned(captioned, model.grid, instances, use_java=use_java)

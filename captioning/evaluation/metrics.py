@@ -253,7 +253,8 @@ def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> C
         required: top-level list key -> keys every entry of that list must have, e.g.
             ``{"annotations": ["image_id", "caption"]}``.
     Raises:
-        EvaluationInputError: missing file, not JSON, not an object, a missing list or entry key.
+        EvaluationInputError: missing file, not JSON, not an object, a missing list or entry key,
+            a repeated image or annotation id.
     """
     data = _read_json(path)
     if not isinstance(data, dict):
@@ -268,8 +269,23 @@ def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> C
             for key in entry_keys:
                 if key not in entry:
                     raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
-    for index, annotation in enumerate(data.get("annotations", [])):
-        annotation.setdefault("id", index + 1)  # caption files may omit ids; the COCO index needs them
+    for list_key in ("images", "annotations"):  # a repeated id would silently replace an entry in the index
+        first_index: dict[Any, int] = {}
+        for index, entry in enumerate(data.get(list_key) or []):
+            if isinstance(entry, dict) and "id" in entry:
+                entry_id = entry["id"]
+                if not isinstance(entry_id, (int, str)) or isinstance(entry_id, bool):
+                    raise EvaluationInputError(f"{path}: {list_key}[{index}]: id must be an integer or a "
+                                               f"string, got {entry_id!r:.60}")
+                if entry_id in first_index:
+                    raise EvaluationInputError(f"{path}: {list_key}[{index}]: duplicate id {entry_id!r} "
+                                               f"(also {list_key}[{first_index[entry_id]}])")
+                first_index[entry_id] = index
+    annotations = [a for a in data.get("annotations") or [] if isinstance(a, dict)]
+    free_id = 1 + max((a["id"] for a in annotations if isinstance(a.get("id"), int)), default=0)
+    for annotation in annotations:
+        if "id" not in annotation:  # caption files may omit ids; the COCO index needs unique ones
+            annotation["id"], free_id = free_id, free_id + 1
     coco = COCO()
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):

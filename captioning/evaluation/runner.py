@@ -18,7 +18,12 @@ from captioning.decoding import Caption
 from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
 from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
-from captioning.training.checkpoint import atomic_write, checkpoint_config, load_checkpoint, load_state_checked
+from captioning.training.checkpoint import (
+    atomic_write,
+    checkpoint_config,
+    load_checkpoint,
+    load_state_checked,
+)
 from captioning.training.engine import EpochBatches, generate_captions
 from captioning.training.run import caption_dataset, uses_cache
 

@@ -77,14 +77,16 @@ class AdditiveAttention(Attention):
         self.annotation_proj = nn.Linear(annotation_dim, attention_dim)
         self.query_proj = nn.Linear(hidden_dim, attention_dim, bias=False)
         self.score = nn.Linear(attention_dim, 1, bias=False)  # a bias would cancel in the softmax
-        self.activation: Callable[[Tensor], Tensor] = torch.tanh if activation == "tanh" else torch.relu
+        # In place on the fresh (N, P, A) sum: one large temporary per step instead of two (autograd
+        # allows it: the sum's backward does not need its output; tanh and relu save their result).
+        self.activation: Callable[[Tensor], Tensor] = torch.tanh_ if activation == "tanh" else torch.relu_
         self.context_dim = annotation_dim
 
     def prepare(self, annotations: Tensor) -> Prepared:
         return Prepared(self.annotation_proj(annotations), annotations)  # (B, P, A), (B, P, C)
 
     def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
-        hidden = self.activation(prepared.keys + self.query_proj(query).unsqueeze(1))  # (N, P, A)
+        hidden = self.activation(prepared.keys + self.query_proj(query).unsqueeze(1))  # (N, P, A), in place
         return self.score(hidden).squeeze(-1).unsqueeze(1)  # (N, 1, P)
 
 

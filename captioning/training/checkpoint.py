@@ -12,6 +12,7 @@ import errno
 import os
 import pickle
 import random
+import re
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -120,11 +121,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "unsupported object"
         raise CheckpointError(f"{path}: refused: the checkpoint holds objects other than tensors and plain "
-                              f"types ({first[:160]})") from None
+                              f"types ({_unpickling_detail(error)})") from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError) as error:
-        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        detail = _first_sentence(str(error)) or type(error).__name__
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({detail})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a captioning checkpoint")
@@ -135,6 +135,26 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         if not isinstance(payload.get(key), dict):
             raise CheckpointError(f"{path}: checkpoint has no '{key}' section")
     return payload
+
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
+    """The first sentence of an error message, on one line, without terminal colour codes."""
+    text = " ".join(_ANSI_ESCAPE.sub("", text).split())
+    return text.split(". ")[0].rstrip(".")[:limit]
+
+
+def _unpickling_detail(error: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler refused (``Unsupported global: GLOBAL os.system ...``).
+
+    torch's message starts with advice to load the file with ``weights_only=False``; for a file from
+    a stranger that is exactly what must not happen, so only the refused object is reported.
+    """
+    text = _ANSI_ESCAPE.sub("", str(error))
+    match = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    return _first_sentence(match.group(1) if match else text) or "unsupported object"
 
 
 def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") -> tuple[Config, Vocabulary]:
