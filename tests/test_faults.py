@@ -579,6 +579,7 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(shapes, tmp_pa
     last = run / "checkpoints" / "last.pt"
     assert last.read_bytes() == previous  # the half-written file never replaced it
     assert load_checkpoint(last)["training"]["state"]["global_step"] == 4
+    assert list(last.parent.glob(".last.pt.*.tmp"))  # the killed writer's temporary file
 
     result = run_tool("train.py", *flags, "--resume")
     assert result.returncode == 0, result.stderr
@@ -587,6 +588,7 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(shapes, tmp_pa
     assert (state["global_step"], state["epoch"]) == (16, 2)
     steps = [json.loads(line)["step"] for line in (run / "steps.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 17))
+    assert not list(last.parent.glob(".*.tmp"))  # removed by the next write
 
 
 def _full_disk_after(calls: int, before_failing=lambda: None):

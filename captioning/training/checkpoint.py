@@ -40,6 +40,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):  # from a writer killed mid-write
+        leftover.unlink(missing_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
     try:

@@ -401,7 +401,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
         outputs.files["step log"] = trainer.steps_log
         history = output_dir / "history.json"
-        history.write_text(json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1))
+        text = json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1)
+        atomic_write(history, lambda p: p.write_text(text))
         outputs.files["epoch history"] = history
     distributed.barrier()
     return outputs
