@@ -114,3 +114,15 @@ def shapes_records(tiny_shapes: ShapesFiles) -> list[ImageRecord]:
 @pytest.fixture(scope="session")
 def shapes_vocab(shapes_records: list[ImageRecord]) -> Vocabulary:
     return build_vocabulary(shapes_records, min_count=1)
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for a module of tiny models: they gain nothing from more, and on a busy
+    machine waiting threads spin (10-30x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -30,13 +30,7 @@ C, P = 8, 9  # annotation channels, grid positions (annotation_dim comes from th
 WORDS = ["a", "red", "blue", "circle", "square", "left", "of"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_config(attention: str = "soft", scoring: str = "multihead") -> Config:

@@ -20,13 +20,7 @@ SCORINGS = [("additive", "tanh"), ("additive", "relu"), ("dot", "tanh"), ("scale
 SCORING_IDS = ["additive-tanh", "additive-relu", "dot", "scaled_dot", "multihead"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_decoder(scoring: str = "additive", activation: str = "tanh", attention: str = "soft",

@@ -17,13 +17,7 @@ START, END = 1, 2
 C, P, V = 8, 9, 11  # annotation channels, grid positions, vocabulary (4 specials + 7 words)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_decoder(seed: int = 0, vocab_size: int = V, scoring: str = "additive", gate: str = "scalar",

@@ -56,12 +56,7 @@ SHAPES_YAML = REPO / "configs" / "shapes.yaml"
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def run_tool(script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
