@@ -112,9 +112,9 @@ class ShowAttendTellDecoder(nn.Module):
         """The decoder (soft or hard attention) described by ``config``."""
         attention = build_attention(config.scoring, annotation_dim, config.hidden_dim, config.attention_dim,
                                     config.activation, config.num_heads)
-        kwargs = dict(vocab_size=vocab_size, annotation_dim=annotation_dim, attention=attention,
-                      embed_dim=config.embed_dim, hidden_dim=config.hidden_dim, gate=config.gate,
-                      deep_output=config.deep_output, dropout=config.dropout)
+        kwargs = {"vocab_size": vocab_size, "annotation_dim": annotation_dim, "attention": attention,
+                  "embed_dim": config.embed_dim, "hidden_dim": config.hidden_dim, "gate": config.gate,
+                  "deep_output": config.deep_output, "dropout": config.dropout}
         if config.attention == "hard":
             return HardAttentionDecoder(**kwargs, expected_prob=config.hard_expected_prob,
                                         baseline_decay=config.hard_baseline_decay)
