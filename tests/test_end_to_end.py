@@ -66,8 +66,11 @@ def test_demo_writes_every_promised_file(demo):
     for key in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"):
         assert scores[key] is not None and scores[key] >= 0
     assert scores["SPICE"] is None and "SPICE" in scores["unavailable"]
-    assert 0 <= scores["grounding-pointing"] <= 1 and 0 <= scores["grounding-mass"] <= 1
-    assert scores["grounding-words"] > 0
+    # Grounding is reported for Shapes by default; a model this briefly trained may name no object yet.
+    if scores["grounding-words"]:
+        assert 0 <= scores["grounding-pointing"] <= 1 and 0 <= scores["grounding-mass"] <= 1
+    else:
+        assert scores["grounding-pointing"] is None and scores["grounding-mass"] is None
     per_image = json.loads((run_dir / "test_scores.per_image.json").read_text())
     assert {p["image_id"] for p in per_image} == {r["image_id"] for r in results}
 
