@@ -1,8 +1,8 @@
 """Caption generation over a batch of images: greedy, sampling and batched beam search.
 
 All functions drive ``ShowAttendTellDecoder.step``. The annotation projections are made once
-per image (``decoder.prepare``) and shared by that image's samples or beams through
-``Prepared.select``; every image's hypotheses advance together as one tensor batch.
+per image (``decoder.prepare``) and read, without copies, by that image's samples or beams
+(``Prepared.group``); every image's hypotheses advance together as one tensor batch.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callabl
     """
     batch = annotations.size(0)
     rows = torch.arange(batch, device=annotations.device).repeat_interleave(repeats)
-    prepared = decoder.prepare(annotations).select(rows)  # once per image, shared by its rows
+    prepared = decoder.prepare(annotations)._replace(group=repeats)  # once per image, read by its rows
     state = decoder.init_state(annotations).select(rows)
     n = rows.numel()
     tokens = torch.full((n,), START, dtype=torch.long, device=annotations.device)
@@ -192,7 +192,7 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
     device = annotations.device
     batch, k = annotations.size(0), beam_size
     images = torch.arange(batch, device=device)  # which image each active block of K rows belongs to
-    prepared = decoder.prepare(annotations).select(images.repeat_interleave(k))  # (B*K, ...)
+    prepared = decoder.prepare(annotations)._replace(group=k)  # (B, ...): each image's K beams read it once
     state = decoder.init_state(annotations).select(images.repeat_interleave(k))
     tokens = torch.full((batch * k,), START, dtype=torch.long, device=device)
     # Only the first beam is live at the start, so the K beams do not duplicate each other.
@@ -243,9 +243,7 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
             step_beta = beta.index_select(0, source_rows).unsqueeze(1)
             beta_history = step_beta if beta_history is None else torch.cat(
                 [beta_history.index_select(0, source_rows), step_beta], dim=1)
-        state = state.select(source_rows)
-        # ``prepared`` is not reordered: a beam only moves within its image's block of K rows, which
-        # all hold that image's projections (gathering them would copy (n*K, P, C) every step).
+        state = state.select(source_rows)  # beams move within their image's block: ``prepared`` holds
         # Drop images that have K finished hypotheses.
         done = torch.tensor([len(finished[i]) >= k for i in images.tolist()], device=device)
         if done.all():
@@ -258,7 +256,7 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
             alpha_history = alpha_history.index_select(0, alive_rows)
             if beta_history is not None:
                 beta_history = beta_history.index_select(0, alive_rows)
-            state, prepared = state.select(alive_rows), prepared.select(alive_rows)
+            state, prepared = state.select(alive_rows), prepared.select(alive)
 
     best = []
     for image in range(batch):

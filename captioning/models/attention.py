@@ -22,18 +22,24 @@ from torch import Tensor, nn
 
 
 class Prepared(NamedTuple):
-    """Per-image projections, computed once; every field has the batch on dim 0."""
+    """Per-image projections, computed once; every field has the images on dim 0.
+
+    ``group`` decoder rows share each image: the N = B * group queries are image-major (the K
+    beams of image 0, then those of image 1, ...), and the scorers read an image's projections
+    once for its whole group instead of from K copies (beam search, several samples per image).
+    """
 
     keys: Tensor  # (B, P, A) or (B, nh, P, dk)
     values: Tensor  # (B, P, Dv) or (B, nh, P, dv)
+    group: int = 1  # query rows per image
 
     def select(self, index: Tensor) -> Prepared:
-        """Rows ``index`` of every field, e.g. to give each beam or caption its image's projections."""
-        return Prepared(self.keys.index_select(0, index), self.values.index_select(0, index))
+        """Rows ``index`` of every field, e.g. to give each caption its image's projections."""
+        return self._replace(keys=self.keys.index_select(0, index), values=self.values.index_select(0, index))
 
     def head(self, n: int) -> Prepared:
         """The first ``n`` rows (a view), for an active batch that shrinks as captions end."""
-        return Prepared(self.keys[:n], self.values[:n])
+        return self._replace(keys=self.keys[:n], values=self.values[:n])
 
 
 class Attention(nn.Module):
@@ -55,11 +61,12 @@ class Attention(nn.Module):
 
     def combine(self, weights: Tensor, prepared: Prepared) -> Tensor:
         """Context (N, context_dim) from weights (N, nh, P) over the values."""
-        values = prepared.values
-        if values.dim() == 3:  # single head: values (N, P, D)
-            return torch.bmm(weights, values).squeeze(1)  # (N, D)
-        context = torch.matmul(weights.unsqueeze(2), values).squeeze(2)  # (N, nh, dv)
-        return context.flatten(1)  # (N, nh*dv)
+        values, group = prepared.values, prepared.group
+        if values.dim() == 3:  # single head: values (B, P, D); a group's weights are the rows of one product
+            return torch.bmm(weights.view(-1, group, weights.size(-1)), values).flatten(0, 1)  # (N, D)
+        heads = weights.view(-1, group, *weights.shape[1:]).transpose(1, 2)  # (B, nh, G, P)
+        context = torch.matmul(heads, values).transpose(1, 2)  # (B, G, nh, dv)
+        return context.flatten(2).flatten(0, 1)  # (N, nh*dv)
 
 
 class AdditiveAttention(Attention):
@@ -86,8 +93,9 @@ class AdditiveAttention(Attention):
         return Prepared(self.annotation_proj(annotations), annotations)  # (B, P, A), (B, P, C)
 
     def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
-        hidden = self.activation(prepared.keys + self.query_proj(query).unsqueeze(1))  # (N, P, A), in place
-        return self.score(hidden).squeeze(-1).unsqueeze(1)  # (N, 1, P)
+        query = self.query_proj(query).view(-1, prepared.group, 1, self.query_proj.out_features)  # (B, G, 1, A)
+        hidden = self.activation(prepared.keys.unsqueeze(1) + query)  # (B, G, P, A), in place
+        return self.score(hidden.flatten(0, 1)).squeeze(-1).unsqueeze(1)  # (N, 1, P)
 
 
 class DotAttention(Attention):
@@ -102,8 +110,9 @@ class DotAttention(Attention):
         return Prepared(annotations, annotations)
 
     def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
-        query = self.query_proj(query).unsqueeze(2)  # (N, C, 1)
-        return torch.bmm(prepared.keys, query).transpose(1, 2)  # (N, 1, P)
+        keys = prepared.keys  # (B, P, C)
+        query = self.query_proj(query).view(-1, prepared.group, keys.size(-1)).transpose(1, 2)  # (B, C, G)
+        return torch.bmm(keys, query).transpose(1, 2).reshape(-1, 1, keys.size(1))  # (N, 1, P)
 
 
 class ScaledDotAttention(Attention):
@@ -137,10 +146,12 @@ class ScaledDotAttention(Attention):
 
     def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
         query = self.query_proj(query) / math.sqrt(self.head_dim)  # (N, A)
+        keys, group = prepared.keys, prepared.group
         if self.num_heads == 1:
-            return torch.bmm(prepared.keys, query.unsqueeze(2)).transpose(1, 2)  # (N, 1, P)
-        query = query.view(-1, self.num_heads, self.head_dim, 1)  # (N, nh, dk, 1)
-        return torch.matmul(prepared.keys, query).squeeze(-1)  # (N, nh, P)
+            query = query.view(-1, group, self.head_dim).transpose(1, 2)  # (B, dk, G)
+            return torch.bmm(keys, query).transpose(1, 2).reshape(-1, 1, keys.size(1))  # (N, 1, P)
+        query = query.view(-1, group, self.num_heads, self.head_dim).permute(0, 2, 3, 1)  # (B, nh, dk, G)
+        return torch.matmul(keys, query).permute(0, 3, 1, 2).flatten(0, 1)  # (N, nh, P)
 
     def combine(self, weights: Tensor, prepared: Prepared) -> Tensor:
         return self.output_proj(super().combine(weights, prepared))  # (N, A)

@@ -176,7 +176,7 @@ class ShowAttendTellDecoder(nn.Module):
         """Advance N hypotheses by one word.
 
         Args:
-            prepared: projections for the N rows (``Prepared.select`` expands images to beams).
+            prepared: projections of the images of the N rows (``Prepared.group`` rows per image).
             tokens: (N,) the previous words y_{t-1}.
             state: (N, H) memory.
         Returns:

@@ -1,0 +1,520 @@
+"""Speed benchmark of the decoder, beam search and the feature cache, beside the tutorial's decoder.
+
+    python benchmarks/speed.py                      # CPU, reference sizes, a table
+    python benchmarks/speed.py --json               # one JSON object on stdout
+    python benchmarks/speed.py --device cuda --amp  # GPU, bf16 autocast, plus the COCO epoch estimate
+    python benchmarks/speed.py --quick --json       # tiny sizes, a few seconds (the test suite's run)
+
+Every number is the median of ``--repeats`` timed runs after a warm-up run, in one process. See
+benchmarks/README.md for what each number means and for results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import ctypes
+import functools
+import gc
+import json
+import math
+import os
+import platform
+import re
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+from torch.utils.data import DataLoader
+
+# Measure the code of this checkout (not another copy the environment may have installed), and
+# find tutorial_baseline beside this file.
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
+
+import captioning
+from captioning.config import DecoderConfig, EncoderConfig
+from captioning.data import build_vocabulary, generate_shapes, read_shapes
+from captioning.data.datasets import CaptionDataset, collate_captions
+from captioning.data.feature_cache import FeatureCache
+from captioning.data.records import records_of_split
+from captioning.data.vocab import Vocabulary
+from captioning.decoding import beam_search
+from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.encoders import build_encoder
+from captioning.training.engine import flatten_captions
+from captioning.training.losses import caption_loss
+
+COCO_IMAGES = 113_287  # Karpathy train + restval
+COCO_CAPTIONS = 566_747
+CAPTIONS_PER_IMAGE = 5
+# Words per COCO training caption (cut at 20, as data.max_caption_length does): an approximation,
+# not counted from the annotations (not available here). Annotators were asked for 8+ words, the
+# histogram peaks at 9-10 and has a long right tail; this table sums to 1 and has mean 10.49 words.
+COCO_WORDS = {6: 0.005, 7: 0.025, 8: 0.14, 9: 0.245, 10: 0.2, 11: 0.135, 12: 0.085, 13: 0.055, 14: 0.035,
+              15: 0.025, 16: 0.017, 17: 0.012, 18: 0.008, 19: 0.005, 20: 0.008}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The benchmark configuration; the defaults are the reference (the tutorial's sizes)."""
+
+    batch: int = 32  # captions per training step, one image each
+    caption_tokens: int = 22  # <start> + 20 words + <end>: 21 decoding steps, every caption full length
+    grid: int = 14  # grid side: P = 196 positions
+    channels: int = 2048  # C, annotation channels (ResNet-101)
+    attention_dim: int = 512
+    embed_dim: int = 512
+    hidden_dim: int = 512
+    vocab_size: int = 9490
+    dropout: float = 0.5
+    beam_images: int = 16
+    beam_max_length: int = 50
+    beam_sizes: tuple[int, ...] = (1, 3, 5)
+    tutorial_beam_images: int = 2  # the tutorial decodes one image at a time: its rate is per image
+    matmul_size: int = 2048  # 8192 on CUDA
+    shapes_images: int = 64
+    shapes_image_size: int = 224
+    shapes_grid: int = 14
+    coco_steps: int = 20  # timed batches of the COCO epoch estimate
+
+    @property
+    def positions(self) -> int:
+        return self.grid * self.grid
+
+
+QUICK = Sizes(batch=4, caption_tokens=6, grid=3, channels=32, attention_dim=16, embed_dim=16, hidden_dim=16,
+              vocab_size=50, beam_images=2, beam_max_length=5, tutorial_beam_images=1, matmul_size=128,
+              shapes_images=4, shapes_image_size=64, shapes_grid=2, coco_steps=2)
+
+
+def decoder_config(sizes: Sizes) -> DecoderConfig:
+    """The tutorial's variant of our decoder: additive ReLU attention, channel gate, linear output."""
+    return DecoderConfig(attention="soft", scoring="additive", activation="relu", gate="channel",
+                         deep_output=False, embed_dim=sizes.embed_dim, hidden_dim=sizes.hidden_dim,
+                         attention_dim=sizes.attention_dim, dropout=sizes.dropout, doubly_stochastic=1.0)
+
+
+# ------------------------------------------------------------------------------------ arithmetic
+def train_step_flop(sizes: Sizes, num_images: int, num_tokens: int, per_step_projection: bool = False) -> float:
+    """FLOP of one teacher-forced training step, counted from the layer sizes (matrix products only).
+
+    A multiply-add is 2 FLOP. Backward is counted as twice the forward (gradients with respect to
+    the inputs and to the weights), so every forward product counts x3. Elementwise work (ReLU,
+    softmax, LSTM non-linearities, Adam) is left out: it is small in FLOP though not in time.
+
+    Args:
+        num_images: B, grids projected once each (our decoder).
+        num_tokens: sum over captions of the decoding steps (words + <end>), N * T when all are full.
+        per_step_projection: the tutorial's count: the annotation projection is redone for every
+            active caption at every step, i.e. ``num_tokens`` times instead of ``num_images`` times.
+    """
+    p, c, a = sizes.positions, sizes.channels, sizes.attention_dim
+    m, h, v = sizes.embed_dim, sizes.hidden_dim, sizes.vocab_size
+    projection = 2 * p * c * a  # W_a a_i for the P annotation vectors of one image
+    per_image = 2 * 2 * c * h  # init_h and init_c of the mean annotation
+    per_token = (2 * m * 4 * h  # embedding share of the LSTM gates
+                 + 2 * h * a  # attention query W_h h_{t-1}
+                 + 2 * p * a  # scores w^T relu(W_a a_i + W_h h) over the P positions
+                 + 2 * p * c  # context sum_i alpha_i a_i
+                 + 2 * h * c  # channel gate f_beta(h_{t-1})
+                 + 2 * (c + h) * 4 * h  # context and recurrent shares of the LSTM gates
+                 + 2 * h * v)  # output layer
+    projections = num_tokens if per_step_projection else num_images
+    forward = projections * projection + num_images * per_image + num_tokens * per_token
+    return 3.0 * forward
+
+
+# ------------------------------------------------------------------------------------ measuring
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(run: Callable[[], Any], repeats: int, device: torch.device, warmup: int = 1) -> float:
+    """Median wall time of ``run()`` over ``repeats`` calls, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def _release_free_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc), so the resident set counts live memory only."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class PeakMemory:
+    """Peak memory a block adds above what was in use when it began, in MiB (``.mib`` after the block).
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak. CPU: the resident set's
+    high-water mark (VmHWM), reset by writing 5 to /proc/self/clear_refs (Linux), above the
+    resident set at the start, after freed heap memory is returned to the OS; where the reset is
+    not possible, the growth of ``ru_maxrss``, which misses a block that stays under an earlier peak.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.mib = 0.0
+
+    def __enter__(self) -> Self:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            return self
+        _release_free_heap()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self._peak = lambda: _status_kib("VmHWM") * 1024
+            self._start = _status_kib("VmRSS") * 1024
+        except (OSError, TypeError):
+            self._peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            self._start = self._peak()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = self._peak()
+        self.mib = max(peak - self._start, 0) / 2**20
+
+
+def autocast(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA when ``amp``; nothing otherwise."""
+    if amp and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ------------------------------------------------------------------------------------ the parts
+def matmul_peak(sizes: Sizes, device: torch.device, repeats: int, dtype: torch.dtype) -> tuple[float, float]:
+    """GFLOP/s of an n x n x n matrix product in ``dtype`` (the ceiling), and its peak memory."""
+    n = sizes.matmul_size
+    left = torch.randn(n, n, device=device, dtype=dtype)
+    right = torch.randn(n, n, device=device, dtype=dtype)
+    with PeakMemory(device) as memory:
+        seconds = median_seconds(lambda: torch.mm(left, right), max(repeats, 3), device)
+    return 2 * n**3 / seconds / 1e9, memory.mib
+
+
+def random_captions(sizes: Sizes, num_captions: int, words: Iterator[int] | None, device: torch.device,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, L) random captions <start> w.. <end> <pad>.. and their (N,) token counts (all full by default)."""
+    lengths = [sizes.caption_tokens if words is None else next(words) + 2 for _ in range(num_captions)]
+    captions = torch.randint(4, sizes.vocab_size, (num_captions, max(lengths)), generator=generator)
+    for row, length in enumerate(lengths):
+        captions[row, 0] = Vocabulary.start_id
+        captions[row, length - 1] = Vocabulary.end_id
+        captions[row, length:] = Vocabulary.pad_id
+    return captions.to(device), torch.tensor(lengths, device=device)
+
+
+def our_train_step(decoder: ShowAttendTellDecoder, optimizer: torch.optim.Optimizer, annotations: torch.Tensor,
+                   captions: torch.Tensor, lengths: torch.Tensor, image_index: torch.Tensor | None,
+                   device: torch.device, amp: bool) -> None:
+    """Forward, cross-entropy + doubly stochastic penalty, backward, Adam step."""
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(device, amp):
+        output = decoder(annotations, captions, lengths, image_index)
+        loss = caption_loss(output, captions, penalty_weight=1.0).total
+    loss.backward()
+    optimizer.step()
+
+
+def tutorial_train_step(decoder: TutorialDecoder, optimizer: torch.optim.Optimizer, annotations: torch.Tensor,
+                        captions: torch.Tensor, lengths: torch.Tensor, device: torch.device, amp: bool) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(device, amp):
+        logits, sorted_captions, decode_lengths, alphas, _ = decoder(annotations, captions, lengths)
+        loss = tutorial_loss(logits, sorted_captions, decode_lengths, alphas)
+    loss.backward()
+    optimizer.step()
+
+
+def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDecoder, device: torch.device,
+             repeats: int, tutorial_repeats: int, amp: bool) -> dict[str, float]:
+    """Milliseconds per training step of both decoders on the same batch (all captions full length)."""
+    generator = torch.Generator().manual_seed(1)
+    annotations = torch.rand(sizes.batch, sizes.positions, sizes.channels, generator=generator).to(device)
+    captions, lengths = random_captions(sizes, sizes.batch, None, device, generator)
+    results = {}
+    decoder.train()
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+    with PeakMemory(device) as memory:
+        seconds = median_seconds(functools.partial(our_train_step, decoder, optimizer, annotations, captions,
+                                                   lengths, None, device, amp), repeats, device)
+    results["train_step_ms"], results["train_peak_mem_mb"] = seconds * 1e3, memory.mib
+    del optimizer
+    tutorial.train()
+    tutorial_optimizer = torch.optim.Adam(tutorial.parameters(), lr=4e-4)
+    with PeakMemory(device) as memory:
+        seconds = median_seconds(functools.partial(tutorial_train_step, tutorial, tutorial_optimizer, annotations,
+                                                   captions, lengths, device, amp), tutorial_repeats, device)
+    results["tutorial_train_step_ms"], results["tutorial_train_peak_mem_mb"] = seconds * 1e3, memory.mib
+    del tutorial_optimizer
+    tokens = int((lengths - 1).sum())
+    results["train_step_gflop"] = train_step_flop(sizes, sizes.batch, tokens) / 1e9
+    results["tutorial_train_step_gflop"] = train_step_flop(sizes, sizes.batch, tokens, True) / 1e9
+    results["train_gflops"] = results["train_step_gflop"] / (results["train_step_ms"] / 1e3)
+    results["speedup_train"] = results["tutorial_train_step_ms"] / results["train_step_ms"]
+    return results
+
+
+def beam_decoding(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.device, repeats: int,
+                  tutorial_repeats: int, amp: bool) -> dict[str, Any]:
+    """Captions per second of batched beam search (all images at once) and of the tutorial's (one by one).
+
+    Untrained weights rank words arbitrarily, and a search that happens to pick <end> early would
+    time almost nothing; so both decoders get the same weights with <end> made unreachable
+    (a -1e4 output bias), and every search runs the full ``beam_max_length`` words: the same work
+    for both, the worst case of a real search.
+    """
+    generator = torch.Generator().manual_seed(2)
+    grids = torch.rand(sizes.beam_images, sizes.positions, sizes.channels, generator=generator).to(device)
+    decoder = copy.deepcopy(decoder).eval()
+    with torch.no_grad():
+        decoder.out.bias[Vocabulary.end_id] = -1e4
+    tutorial = TutorialDecoder.from_ours(decoder).eval()
+    ours, theirs, results = {}, {}, {}
+    with PeakMemory(device) as our_memory:
+        for k in sizes.beam_sizes:
+            with autocast(device, amp):
+                seconds = median_seconds(functools.partial(beam_search, decoder, grids, k, sizes.beam_max_length),
+                                         repeats, device)
+            ours[str(k)] = sizes.beam_images / seconds
+    few = grids[:sizes.tutorial_beam_images]
+
+    def tutorial_images(k: int) -> None:
+        for grid in few:
+            tutorial_beam_search(tutorial, grid, k, Vocabulary.start_id, Vocabulary.end_id, sizes.beam_max_length)
+
+    with PeakMemory(device) as tutorial_memory:
+        for k in sizes.beam_sizes:
+            with autocast(device, amp):
+                seconds = median_seconds(functools.partial(tutorial_images, k), tutorial_repeats, device)
+            theirs[str(k)] = len(few) / seconds
+    results = {"beam_captions_per_s": ours, "tutorial_beam_captions_per_s": theirs,
+               "beam_peak_mem_mb": our_memory.mib, "tutorial_beam_peak_mem_mb": tutorial_memory.mib}
+    for k in sizes.beam_sizes:
+        results[f"speedup_beam_{k}"] = ours[str(k)] / theirs[str(k)]
+    return results
+
+
+def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -> dict[str, float]:
+    """One epoch of decoder training fed from the feature cache vs. from images through the encoder.
+
+    Both read a Shapes train split with a DataLoader in the main process (batches of 32 images x 5
+    captions) and run the same decoder training step (reference decoder sizes, the split's own
+    vocabulary); the streamed epoch loads, transforms and encodes (frozen efficientnet_lite0) each
+    image instead of reading its cached grid. The cache is built before timing. ``*_grids_s`` is the
+    part of the epoch spent producing the (B, P, C) grids, the rest is the decoder steps.
+    """
+    with tempfile.TemporaryDirectory(prefix="speed_shapes_") as folder:
+        files = generate_shapes(Path(folder) / "shapes", seed=0, num_train=sizes.shapes_images, num_val=1,
+                                num_test=1, image_size=sizes.shapes_image_size)
+        records = records_of_split(read_shapes(files.root), "train")
+        vocab = build_vocabulary(records, min_count=1)
+        encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained",
+                                              image_size=sizes.shapes_image_size, grid_size=sizes.shapes_grid))
+        encoder.to(device).eval()
+        start = time.perf_counter()
+        cache = FeatureCache.build_or_open(Path(folder) / "cache", encoder, records, device=device,
+                                           progress=False)
+        build_seconds = time.perf_counter() - start
+        decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), len(vocab), encoder.channels).to(device)
+        optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+
+        def epoch(dataset: CaptionDataset) -> tuple[float, float]:
+            """Seconds of the whole epoch and of producing its grids."""
+            synchronize(device)
+            start = time.perf_counter()
+            grid_seconds = 0.0
+            batches = iter(DataLoader(dataset, batch_size=32, shuffle=False, collate_fn=collate_captions))
+            while True:
+                grids_start = time.perf_counter()
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                if "features" in batch:
+                    annotations = batch["features"].to(device)  # (B, P, C)
+                else:
+                    with torch.no_grad(), autocast(device, amp):
+                        annotations = encoder(batch["images"].to(device)).float()  # (B, P, C)
+                synchronize(device)
+                grid_seconds += time.perf_counter() - grids_start
+                captions, lengths, image_index = flatten_captions(batch)
+                our_train_step(decoder, optimizer, annotations, captions.to(device), lengths.to(device),
+                               image_index.to(device), device, amp)
+            synchronize(device)
+            return time.perf_counter() - start, grid_seconds
+
+        results = {"cache_build_s": build_seconds}
+        for name, dataset in (("cache", CaptionDataset(records, vocab, 20, CAPTIONS_PER_IMAGE, features=cache)),
+                              ("stream", CaptionDataset(records, vocab, 20, CAPTIONS_PER_IMAGE,
+                                                        transform=encoder.transform))):
+            with PeakMemory(device) as memory:
+                epoch(dataset)  # warm-up
+                runs = [epoch(dataset) for _ in range(repeats)]
+            results[f"{name}_epoch_s"] = statistics.median(total for total, _ in runs)
+            results[f"{name}_grids_s"] = statistics.median(grids for _, grids in runs)
+            results[f"{name}_peak_mem_mb"] = memory.mib
+        results["cache_speedup"] = results["stream_epoch_s"] / results["cache_epoch_s"]
+        results["cache_grids_speedup"] = results["stream_grids_s"] / results["cache_grids_s"]
+        return results
+
+
+def coco_words(generator: torch.Generator) -> Iterator[int]:
+    """Caption lengths in words drawn from ``COCO_WORDS``."""
+    words = list(COCO_WORDS)
+    weights = torch.tensor([COCO_WORDS[w] for w in words])
+    while True:
+        yield words[int(torch.multinomial(weights, 1, generator=generator))]
+
+
+def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.device, amp: bool) -> dict[str, float]:
+    """One cross-entropy epoch at COCO's size, from the mean time of ``coco_steps`` timed batches.
+
+    A batch is 32 images' grids (held in memory) with 5 captions each, lengths drawn from
+    ``COCO_WORDS``; the epoch is ceil(113,287 / 32) such batches.
+    """
+    generator = torch.Generator().manual_seed(3)
+    images = 32
+    annotations = torch.rand(images, sizes.positions, sizes.channels, generator=generator).to(device)
+    image_index = torch.arange(images, device=device).repeat_interleave(CAPTIONS_PER_IMAGE)
+    words = coco_words(generator)
+    batches = [random_captions(sizes, images * CAPTIONS_PER_IMAGE, words, device, generator)
+               for _ in range(sizes.coco_steps + 2)]
+    decoder.train()
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+    times = []
+    for number, (captions, lengths) in enumerate(batches):
+        synchronize(device)
+        start = time.perf_counter()
+        our_train_step(decoder, optimizer, annotations, captions, lengths, image_index, device, amp)
+        synchronize(device)
+        if number >= 2:  # two warm-up batches
+            times.append(time.perf_counter() - start)
+    step = statistics.fmean(times)
+    return {"coco_step_ms": step * 1e3, "coco_epoch_s": step * math.ceil(COCO_IMAGES / images),
+            "coco_mean_words": sum(w * p for w, p in COCO_WORDS.items()) / sum(COCO_WORDS.values())}
+
+
+# ------------------------------------------------------------------------------------ the command
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per number (median)")
+    parser.add_argument("--tutorial-repeats", type=int, default=3, help="timed runs of the (slow) tutorial")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads (default: the usable cores; 1 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, in seconds")
+    parser.add_argument("--parts", default="train,beam,cache",
+                        help="comma-separated parts to run: train, beam, cache, coco (default train,beam,cache; "
+                             "coco is added on CUDA); the matmul peak always runs")
+    parser.add_argument("--coco", action="store_true", help="add the COCO epoch estimate to the parts")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return parser
+
+
+def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    with contextlib.suppress(OSError):
+        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        cpu = match.group(1).strip() if match else cpu
+    return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+            else cpu, "cpu": cpu, "threads": threads, "amp": amp and device.type == "cuda",
+            "torch": torch.__version__, "captioning": str(Path(captioning.__file__).parent),
+            "load_average_start": os.getloadavg()[0]}
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available")
+    # Tiny quick sizes gain nothing from threads, and on a busy machine idle threads spin.
+    threads = args.threads or (1 if args.quick else len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads)
+    sizes = QUICK if args.quick else Sizes()
+    if device.type == "cuda" and not args.quick:
+        sizes = replace(sizes, matmul_size=8192)
+    repeats, tutorial_repeats = (1, 1) if args.quick else (args.repeats, args.tutorial_repeats)
+    torch.manual_seed(0)
+    results: dict[str, Any] = {**environment(device, threads, args.amp), "quick": args.quick,
+                               "repeats": repeats, "tutorial_repeats": tutorial_repeats, "sizes": asdict(sizes)}
+    results["matmul_peak_gflops"], results["matmul_peak_mem_mb"] = matmul_peak(sizes, device, repeats,
+                                                                               torch.float32)
+    peak = results["matmul_peak_gflops"]
+    if results["amp"]:
+        results["matmul_peak_bf16_gflops"], _ = matmul_peak(sizes, device, repeats, torch.bfloat16)
+        peak = results["matmul_peak_bf16_gflops"]
+
+    parts = set(args.parts.split(",")) | ({"coco"} if device.type == "cuda" or args.coco else set())
+    unknown = parts - {"train", "beam", "cache", "coco"}
+    if unknown:
+        raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}")
+    decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), sizes.vocab_size, sizes.channels)
+    decoder.to(device)
+    if "train" in parts:
+        tutorial = TutorialDecoder.from_ours(decoder)
+        results.update(training(sizes, decoder, tutorial, device, repeats, tutorial_repeats, results["amp"]))
+        results["train_mfu"] = results["train_gflops"] / peak
+    if "beam" in parts:
+        results.update(beam_decoding(sizes, decoder, device, repeats, tutorial_repeats, results["amp"]))
+    if "cache" in parts:
+        results.update(feature_cache(sizes, device, min(repeats, 3), results["amp"]))
+    if "coco" in parts:
+        results.update(coco_epoch(sizes, decoder, device, results["amp"]))
+    results["load_average_end"] = os.getloadavg()[0]
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"{results['device_name']} | {results['threads']} threads | torch {results['torch']} | "
+          f"amp {results['amp']} | load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}")
+    for key, value in results.items():
+        if key in ("sizes", "device", "device_name", "cpu", "threads", "amp", "torch", "captioning"):
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"k={k}: {v:.3g}" for k, v in value.items())
+        elif isinstance(value, float):
+            value = f"{value:.4g}"
+        print(f"  {key:32s} {value}")
+
+
+if __name__ == "__main__":
+    arguments = get_args_parser().parse_args()
+    outcome = main(arguments)
+    if arguments.json:
+        print(json.dumps(outcome))
+    else:
+        print_table(outcome)

@@ -1,0 +1,123 @@
+"""benchmarks/speed.py runs end to end and reports every promised number; the tutorial baseline is faithful.
+
+No timing is asserted: the numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from captioning.config import DecoderConfig
+from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEED = ROOT / "benchmarks" / "speed.py"
+
+POSITIVE_NUMBERS = (
+    "matmul_peak_gflops", "train_step_ms", "train_step_gflop", "train_gflops", "train_mfu",
+    "tutorial_train_step_ms", "tutorial_train_step_gflop", "speedup_train",
+    "speedup_beam_1", "speedup_beam_3", "speedup_beam_5",
+    "cache_build_s", "cache_epoch_s", "stream_epoch_s", "cache_speedup", "cache_grids_s", "stream_grids_s",
+    "cache_grids_speedup",
+    "coco_step_ms", "coco_epoch_s", "coco_mean_words",
+)
+MEMORY = ("matmul_peak_mem_mb", "train_peak_mem_mb", "tutorial_train_peak_mem_mb", "beam_peak_mem_mb",
+          "tutorial_beam_peak_mem_mb", "cache_peak_mem_mb", "stream_peak_mem_mb")
+
+
+def _load_baseline():
+    spec = importlib.util.spec_from_file_location("tutorial_baseline", ROOT / "benchmarks" / "tutorial_baseline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_results() -> dict:
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--coco"], check=False,
+                               cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout)
+
+
+def test_quick_run_reports_finite_positive_numbers(quick_results):
+    for key in POSITIVE_NUMBERS:
+        value = quick_results[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    for key in ("beam_captions_per_s", "tutorial_beam_captions_per_s"):
+        assert set(quick_results[key]) == {"1", "3", "5"}
+        assert all(math.isfinite(v) and v > 0 for v in quick_results[key].values()), key
+    for key in MEMORY:  # a part may fit in memory freed by an earlier one
+        assert math.isfinite(quick_results[key]) and quick_results[key] >= 0, key
+    assert quick_results["quick"] is True and quick_results["device"] == "cpu"
+
+
+def test_flop_count_of_the_reference_configuration():
+    """The formula by hand for the reference sizes (32 captions x 21 steps, 14x14x2048, 512, V 9490)."""
+    sys.path.insert(0, str(SPEED.parent))
+    try:
+        speed = importlib.import_module("speed")
+    finally:
+        sys.path.remove(str(SPEED.parent))
+    sizes = speed.Sizes()
+    projection = 2 * 196 * 2048 * 512
+    per_token = 2 * (512 * 2048 + 512 * 512 + 196 * 512 + 196 * 2048 + 512 * 2048 + 2560 * 2048 + 512 * 9490)
+    init = 2 * 2 * 2048 * 512
+    expected = 3 * (32 * (projection + init) + 32 * 21 * per_token)
+    assert speed.train_step_flop(sizes, 32, 32 * 21) == expected
+    tutorial = 3 * (32 * 21 * (projection + per_token) + 32 * init)
+    assert speed.train_step_flop(sizes, 32, 32 * 21, per_step_projection=True) == tutorial
+
+
+def _decoders(seed: int = 0):
+    torch.manual_seed(seed)
+    config = DecoderConfig(scoring="additive", activation="relu", gate="channel", deep_output=False,
+                           embed_dim=12, hidden_dim=10, attention_dim=8, dropout=0.0)
+    ours = ShowAttendTellDecoder.from_config(config, vocab_size=17, annotation_dim=6).eval()
+    with torch.no_grad():  # larger weights than the initialisation: captions that differ per image
+        for parameter in ours.parameters():
+            parameter.mul_(3.0)
+    # The tutorial's h_0, c_0 have no tanh; give ours the same start so the two compute one function.
+    ours.init_state = lambda a: DecoderState(ours.init_h(a.mean(1)), ours.init_c(a.mean(1)))
+    return ours, _load_baseline().TutorialDecoder.from_ours(ours).eval()
+
+
+def test_tutorial_baseline_computes_our_decoder_given_our_weights():
+    ours, tutorial = _decoders()
+    annotations = torch.randn(5, 9, 6)
+    lengths = torch.tensor([7, 4, 7, 2, 5])
+    captions = torch.randint(4, 17, (5, 7))
+    with torch.no_grad():
+        expected = ours(annotations, captions, lengths)
+        logits, _, decode_lengths, alphas, order = tutorial(annotations, captions, lengths)
+    mask = expected.mask[order]
+    assert decode_lengths == (lengths[order] - 1).tolist()
+    torch.testing.assert_close(logits[mask], expected.logits[order][mask], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(alphas[mask], expected.alphas[order][mask], rtol=1e-4, atol=1e-5)
+
+
+def test_tutorial_beam_search_with_one_beam_is_our_greedy_caption():
+    from captioning.decoding import greedy_search
+
+    baseline = _load_baseline()
+    ours, tutorial = _decoders(seed=1)
+    with torch.no_grad():  # make <end> likely enough that some captions end, at varied lengths
+        ours.out.bias[2] += 0.5
+        tutorial.fc.bias[2] += 0.5
+    images = torch.randn(6, 9, 6, generator=torch.Generator().manual_seed(5))
+    expected = greedy_search(ours, images, max_length=12)
+    assert len({len(caption.tokens) for caption in expected}) >= 3
+    for image, caption in zip(images, expected):
+        found, maps = baseline.tutorial_beam_search(tutorial, image, 1, start_id=1, end_id=2, max_steps=12)
+        # Unfinished, the tutorial's loop runs one word past the limit: compare the common words.
+        words = len(caption.tokens)
+        assert found == caption.tokens if caption.finished else found[:words] == caption.tokens
+        torch.testing.assert_close(maps[:words], caption.attention, rtol=1e-4, atol=1e-5)
