@@ -446,6 +446,35 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OtherLoad:
+    """CPU cores used on average by other processes while the block ran (Linux; None elsewhere).
+
+    The system's busy time from /proc/stat minus this process's own CPU time, over the wall time:
+    near 0 means the numbers were measured on an otherwise idle machine.
+    """
+
+    @staticmethod
+    def _busy_seconds() -> float | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + fields[4]  # idle + iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> Self:
+        times = os.times()
+        self._start = (self._busy_seconds(), times.user + times.system, time.perf_counter())
+        self.cores: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy, times, wall = self._busy_seconds(), os.times(), time.perf_counter()
+        if busy is not None and self._start[0] is not None:
+            own = times.user + times.system - self._start[1]
+            self.cores = max(busy - self._start[0] - own, 0.0) / (wall - self._start[2])
+
+
 def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]:
     cpu = platform.processor() or "unknown"
     with contextlib.suppress(OSError):
@@ -458,6 +487,15 @@ def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark; the results as one flat dictionary (beam rates are keyed by beam size)."""
+    with OtherLoad() as other:
+        results = run_parts(args)
+    results["load_average_end"] = os.getloadavg()[0]
+    results["other_processes_cores"] = other.cores
+    return results
+
+
+def run_parts(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available")
@@ -494,13 +532,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         results.update(feature_cache(sizes, device, min(repeats, 3), results["amp"]))
     if "coco" in parts:
         results.update(coco_epoch(sizes, decoder, device, results["amp"]))
-    results["load_average_end"] = os.getloadavg()[0]
     return results
 
 
 def print_table(results: dict[str, Any]) -> None:
     print(f"{results['device_name']} | {results['threads']} threads | torch {results['torch']} | "
-          f"amp {results['amp']} | load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}")
+          f"amp {results['amp']} | load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}"
+          f" | other processes {results['other_processes_cores'] or 0:.2f} cores")
     for key, value in results.items():
         if key in ("sizes", "device", "device_name", "cpu", "threads", "amp", "torch", "captioning"):
             continue
