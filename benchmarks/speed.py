@@ -3,6 +3,7 @@
     python benchmarks/speed.py                      # CPU, reference sizes, a table
     python benchmarks/speed.py --json               # one JSON object on stdout
     python benchmarks/speed.py --device cuda --amp  # GPU, bf16 autocast, plus the COCO epoch estimate
+    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco)
     python benchmarks/speed.py --quick --json       # tiny sizes, a few seconds (the test suite's run)
 
 Every number is the median of ``--repeats`` timed runs after a warm-up run, in one process. See
