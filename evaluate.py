@@ -36,6 +36,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--max-length", type=int)
     decoding.add_argument("--length-alpha", type=float, help="GNMT length normalisation exponent")
     decoding.add_argument("--block-trigrams", action="store_true", default=None)
+    decoding.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                          help="change a data.* or decode.* key of the checkpoint's configuration, e.g. "
+                               "--set decode.min_length=5 (repeatable; the flags above win)")
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument("--out", type=Path, help="scores JSON (default: <results>.scores.json)")
     scoring.add_argument("--instances", type=Path,

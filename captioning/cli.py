@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from captioning.config import Config, ConfigError, load_config
+from captioning.config import Config, load_config, parse_overrides
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes.yaml"
 
@@ -46,12 +46,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...]
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The configuration file (or the Shapes default) with flags and ``--set`` applied; flags win."""
-    overrides: dict[str, Any] = {}
-    for item in args.overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        overrides[key.strip()] = value.strip()
+    overrides: dict[str, Any] = dict(parse_overrides(args.overrides))
     for name, (key, _, _) in FLAG_KEYS.items():
         value = getattr(args, name, None)
         if value is not None:

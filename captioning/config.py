@@ -12,6 +12,7 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,47 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(f"cannot set {key!r}: {part!r} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+# The sections of a checkpoint's configuration that evaluating or visualizing may change: the model is fixed.
+CHECKPOINT_SECTIONS = ("data", "decode")
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, str]:
+    """``["train.lr=2e-4", ...]`` as typed after ``--set`` -> ``{"train.lr": "2e-4", ...}`` (later wins).
+
+    Raises:
+        ConfigError: an item without ``=`` or with an empty key.
+    """
+    overrides: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def apply_overrides(config: Config, overrides: dict[str, Any],
+                    sections: tuple[str, ...] | None = None) -> Config:
+    """``config`` with dotted-key ``overrides`` applied and the result validated again.
+
+    Args:
+        config: a validated configuration, e.g. a checkpoint's.
+        overrides: ``{"decode.beam_size": "5", ...}``; values may be strings as typed on a command line.
+        sections: when given, the only top-level sections whose keys may change (a checkpoint's
+            ``model`` must stay as it was trained).
+    Raises:
+        ConfigError: a key outside ``sections``, an unknown key or an invalid value.
+    """
+    tree = to_dict(config)
+    for key, value in overrides.items():
+        if sections is not None and key.split(".", 1)[0] not in sections:
+            allowed = " and ".join(f"{section}.*" for section in sections)
+            raise ConfigError(f"{key}: only {allowed} keys can be overridden here (the rest is fixed, "
+                              "e.g. by the checkpoint)")
+        _set_dotted(tree, key, value)
+    return from_dict(tree)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

@@ -10,10 +10,13 @@ import pytest
 
 from captioning.cli import add_config_arguments, config_from_args
 from captioning.config import (
+    CHECKPOINT_SECTIONS,
     Config,
     ConfigError,
+    apply_overrides,
     from_dict,
     load_config,
+    parse_overrides,
     reference_markdown,
     save_config,
     to_dict,
@@ -93,6 +96,26 @@ def test_command_line_flags_and_set(tmp_path):
     assert config.data.split_file.endswith("dataset_flickr8k.json")
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         config_from_args(parser.parse_args(["--set", "novalue"]))
+
+
+def test_overrides_on_a_loaded_configuration():
+    config = load_config(REPO / "configs" / "shapes.yaml")
+    overrides = parse_overrides(["decode.beam_size=5", "data.root = elsewhere", "decode.beam_size=7"])
+    assert overrides == {"decode.beam_size": "7", "data.root": "elsewhere"}  # the later one wins
+    changed = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
+    assert changed.decode.beam_size == 7 and changed.data.root == "elsewhere"
+    assert changed.model == config.model and changed.train == config.train
+    assert dataclasses.replace(changed.decode, beam_size=config.decode.beam_size) == config.decode
+    with pytest.raises(ConfigError, match=r"^model.decoder.hidden_dim: only data.\* and decode.\* keys"):
+        apply_overrides(config, {"model.decoder.hidden_dim": "8"}, CHECKPOINT_SECTIONS)
+    assert apply_overrides(config, {"model.decoder.hidden_dim": "8"}).model.decoder.hidden_dim == 8
+    with pytest.raises(ConfigError, match="decode.beam_size must be an integer"):
+        apply_overrides(config, {"decode.beam_size": "many"})
+    with pytest.raises(ConfigError, match="unknown configuration key 'decode.beams'"):
+        apply_overrides(config, {"decode.beams": "3"})
+    for malformed in ("decode.beam_size", "=3"):
+        with pytest.raises(ConfigError, match="KEY=VALUE"):
+            parse_overrides([malformed])
 
 
 def test_readme_reference_is_the_generated_table():

@@ -97,6 +97,26 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     assert "CIDEr-D" in result.stdout and str(out) in result.stdout
 
 
+def test_evaluate_set_changes_decoding_but_never_the_model(demo, tmp_path):
+    checkpoint = str(demo / "run" / "checkpoints" / "best.pt")
+    common = ["--checkpoint", checkpoint, "--split", "val", "--no-progress", "--no-java", "--strategy", "greedy"]
+    lengths = {}
+    for name, extra in (("default", []), ("short", ["--set", "decode.max_length=2"])):
+        out = tmp_path / f"{name}.json"
+        result = run("evaluate.py", *common, "--results", str(out), *extra)
+        assert result.returncode == 0, result.stderr[-2000:]
+        lengths[name] = [len(c["caption"].split()) for c in json.loads(out.read_text())]
+    assert max(lengths["default"]) > 2  # so that the limit below is the override's doing
+    assert max(lengths["short"]) <= 2
+    refused = run("evaluate.py", *common, "--results", str(tmp_path / "x.json"),
+                  "--set", "model.decoder.hidden_dim=8")
+    assert refused.returncode == 2
+    message = ("error: model.decoder.hidden_dim: only data.* and decode.* keys can be overridden here "
+               "(the rest is fixed, e.g. by the checkpoint)")
+    assert refused.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_evaluate_scores_a_results_file_against_coco_references(demo, tmp_path):
     references = demo / "shapes" / "captions_test.json"
     results = tmp_path / "results.json"

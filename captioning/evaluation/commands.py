@@ -7,7 +7,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from captioning.config import Config, ConfigError, load_config
+from captioning.config import (
+    CHECKPOINT_SECTIONS,
+    Config,
+    ConfigError,
+    apply_overrides,
+    load_config,
+    parse_overrides,
+)
 from captioning.data.folder import read_folder
 from captioning.evaluation.runner import (
     caption_records,
@@ -61,15 +68,17 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
     decoding = {"strategy": args.strategy, "beam_size": args.beam_size, "max_length": args.max_length,
                 "length_alpha": args.length_alpha, "block_trigrams": args.block_trigrams}
+    overrides = parse_overrides(args.overrides)
     # Cheap checks first, so that a typo fails in a moment rather than after loading the model.
-    decode_config_with(Config(), **decoding)
+    decode_config_with(apply_overrides(Config(), overrides, CHECKPOINT_SECTIONS), **decoding)
     records = read_folder(args.images) if args.images is not None else None
     data_config = load_config(args.config).data if args.config is not None else None
     device = resolve_device(args.device)
     model, config = load_captioner(args.checkpoint, device)
     if data_config is not None:
         config = replace(config, data=data_config)
-    if getattr(args, "skip_bad_images", False):
+    config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
+    if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
     decode_config = decode_config_with(config, **decoding)
     run_dir = args.checkpoint.resolve().parent.parent

@@ -8,15 +8,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioning.config import Config, ConfigError, load_config, to_dict
+from captioning.config import CHECKPOINT_SECTIONS, Config, apply_overrides, load_config, parse_overrides
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
 
-# Only these sections of a checkpoint's configuration may change when visualizing: the model is fixed.
-_OVERRIDABLE = ("data.", "decode.")
 MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
 FORMATS = ("png", "pdf", "svg")  # as in captioning.visualization.figures
 
@@ -48,16 +46,6 @@ class VisualizationResult:
         return "\n".join(lines)
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[prefix + key] = value
-    return flat
-
-
 def visualization_config(config: Config, data_config: str | Path | None = None, overrides: Sequence[str] = (),
                          beam_size: int | None = None) -> Config:
     """A checkpoint's configuration, adjusted for visualizing.
@@ -71,20 +59,10 @@ def visualization_config(config: Config, data_config: str | Path | None = None, 
     """
     if data_config is not None:
         config = replace(config, data=load_config(data_config).data)
-    values = _flatten(to_dict(config))
-    values["decode.strategy"] = "beam"
-    for item in overrides:
-        key, equals, value = item.partition("=")
-        key = key.strip()
-        if not equals:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        if not key.startswith(_OVERRIDABLE):
-            raise ConfigError(f"--set {key}: only data.* and decode.* keys can change; the model comes "
-                              "from the checkpoint")
-        values[key] = value.strip()
+    values: dict[str, Any] = {"decode.strategy": "beam", **parse_overrides(overrides)}
     if beam_size is not None:
         values["decode.beam_size"] = beam_size
-    return load_config(None, values)
+    return apply_overrides(config, values, sections=CHECKPOINT_SECTIONS)
 
 
 def _unique_stems(paths: Sequence[Path]) -> list[str]:
