@@ -332,6 +332,39 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
     return overrides
 
 
+def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None = None) -> None:
+    """Fail fast on overrides that no configuration can take: each key must name a field (inside
+    ``sections`` when given) and each value must have the field's type. Range and cross-field rules
+    (``decode.min_length <= decode.max_length``) are checked when the overrides are applied.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    for key, value in overrides.items():
+        if sections is not None and key.split(".", 1)[0] not in sections:
+            allowed = " and ".join(f"{section}.*" for section in sections)
+            raise ConfigError(f"{key}: only {allowed} keys can be overridden here (the rest is fixed, "
+                              "e.g. by the checkpoint)")
+        cls: type = Config
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            names = {f.name for f in dataclasses.fields(cls)}
+            prefix = ".".join(parts[:depth]) + "." if depth else ""
+            if part not in names:
+                raise ConfigError(f"unknown configuration key {prefix + part!r} in {prefix or 'the top level'}; "
+                                  f"known: {', '.join(sorted(names))}")
+            hint = typing.get_type_hints(cls)[part]
+            is_section = dataclasses.is_dataclass(hint)
+            if depth == len(parts) - 1:
+                if is_section:
+                    raise ConfigError(f"{key} is a section: set one of its keys, e.g. {key}.{dataclasses.fields(hint)[0].name}")
+                _coerce(hint, value, key)
+            elif not is_section:
+                raise ConfigError(f"cannot set {key!r}: {prefix + part!r} is not a section")
+            else:
+                cls = hint
+
+
 def apply_overrides(config: Config, overrides: dict[str, Any],
                     sections: tuple[str, ...] | None = None) -> Config:
     """``config`` with dotted-key ``overrides`` applied and the result validated again.
@@ -344,12 +377,9 @@ def apply_overrides(config: Config, overrides: dict[str, Any],
     Raises:
         ConfigError: a key outside ``sections``, an unknown key or an invalid value.
     """
+    check_overrides(overrides, sections)
     tree = to_dict(config)
     for key, value in overrides.items():
-        if sections is not None and key.split(".", 1)[0] not in sections:
-            allowed = " and ".join(f"{section}.*" for section in sections)
-            raise ConfigError(f"{key}: only {allowed} keys can be overridden here (the rest is fixed, "
-                              "e.g. by the checkpoint)")
         _set_dotted(tree, key, value)
     return from_dict(tree)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from captioning.config import (
     Config,
     ConfigError,
     apply_overrides,
+    check_overrides,
     from_dict,
     load_config,
     parse_overrides,
@@ -116,6 +118,23 @@ def test_overrides_on_a_loaded_configuration():
     for malformed in ("decode.beam_size", "=3"):
         with pytest.raises(ConfigError, match="KEY=VALUE"):
             parse_overrides([malformed])
+
+
+def test_overrides_are_checked_alone_before_they_meet_a_configuration():
+    # Key names, sections and types fail at once; rules between fields wait for the real configuration.
+    for overrides, message in (({"decode.beams": "3"}, "unknown configuration key 'decode.beams' in decode."),
+                               ({"decode": "3"}, "decode is a section"),
+                               ({"decode.beam_size.x": "1"}, "'decode.beam_size' is not a section"),
+                               ({"decode.beam_size": "x"}, "decode.beam_size must be an integer"),
+                               ({"model.decoder.gate": "none"}, "only data.* and decode.* keys")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check_overrides(overrides, CHECKPOINT_SECTIONS)
+    longer = {"decode.min_length": "25"}
+    check_overrides(longer, CHECKPOINT_SECTIONS)  # fine against a checkpoint decoding up to 50 words
+    trained = apply_overrides(Config(), {"decode.max_length": 50})
+    assert apply_overrides(trained, longer, CHECKPOINT_SECTIONS).decode.min_length == 25
+    with pytest.raises(ConfigError, match=re.escape("decode.min_length must be in [0, max_length]")):
+        apply_overrides(Config(), longer, CHECKPOINT_SECTIONS)  # max_length 20
 
 
 def test_readme_reference_is_the_generated_table():

@@ -450,7 +450,9 @@ def test_unknown_options_are_argparse_errors(script):
     (["--split", "test", "--beam-size", "0"], ["decode.beam_size must be >= 1, got 0"]),
     (["--split", "test", "--max-length", "0"], ["decode.max_length must be >= 1, got 0"]),
     (["--split", "test", "--config", "missing.yaml"], ["missing.yaml: cannot read configuration"]),
-], ids=["missing-folder", "beam-size-0", "max-length-0", "missing-config"])
+    (["--split", "test", "--set", "decode.beams=3"], ["unknown configuration key 'decode.beams'"]),
+    (["--split", "test", "--set", "model.decoder.gate=none"], ["model.decoder.gate: only data.* and decode.*"]),
+], ids=["missing-folder", "beam-size-0", "max-length-0", "missing-config", "set-unknown-key", "set-model-key"])
 def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, capsys, monkeypatch, args, needles):
     from captioning.evaluation import commands
 

@@ -95,7 +95,8 @@ def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_i
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("problem", ["not an image", "missing checkpoint", "images and split", "nothing"])
+@pytest.mark.parametrize("problem", ["not an image", "missing checkpoint", "images and split", "nothing",
+                                     "model key set"])
 def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Path], capsys, problem):
     text_file = tmp_path / "notes.png"
     text_file.write_text("not a picture")
@@ -104,6 +105,9 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         "missing checkpoint": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt")],
         "images and split": [str(odd_images[0]), "--split", "val", "--checkpoint", str(checkpoint)],
         "nothing": ["--checkpoint", str(checkpoint)],
+        # Checked before the checkpoint is read: the error names the key, not the missing file.
+        "model key set": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt"),
+                          "--set", "model.decoder.gate=none"],
     }[problem]
     script = load_script()
     assert run_cli(script.main, script.get_args_parser(), argv + ["--out-dir", str(tmp_path / "out")]) == 2
@@ -113,6 +117,8 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         assert str(text_file) in error[0]
     if problem == "missing checkpoint":
         assert "none.pt" in error[0]
+    if problem == "model key set":
+        assert "model.decoder.gate: only data.* and decode.*" in error[0]
 
 
 def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path):

@@ -12,6 +12,7 @@ from captioning.config import (
     Config,
     ConfigError,
     apply_overrides,
+    check_overrides,
     load_config,
     parse_overrides,
 )
@@ -70,7 +71,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
                 "length_alpha": args.length_alpha, "block_trigrams": args.block_trigrams}
     overrides = parse_overrides(args.overrides)
     # Cheap checks first, so that a typo fails in a moment rather than after loading the model.
-    decode_config_with(apply_overrides(Config(), overrides, CHECKPOINT_SECTIONS), **decoding)
+    check_overrides(overrides, CHECKPOINT_SECTIONS)
+    decode_config_with(Config(), **decoding)
     records = read_folder(args.images) if args.images is not None else None
     data_config = load_config(args.config).data if args.config is not None else None
     device = resolve_device(args.device)

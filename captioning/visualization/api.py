@@ -8,7 +8,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioning.config import CHECKPOINT_SECTIONS, Config, apply_overrides, load_config, parse_overrides
+from captioning.config import (
+    CHECKPOINT_SECTIONS,
+    Config,
+    apply_overrides,
+    check_overrides,
+    load_config,
+    parse_overrides,
+)
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
 
@@ -106,6 +113,7 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if file_format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
+    check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
     paths = [Path(p) for p in images]
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
