@@ -225,6 +225,80 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_roo
     assert moved
 
 
+SYNC_WORKER = """
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from captioning.config import DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
+from captioning.data.vocab import Vocabulary
+from captioning.models.captioner import Captioner
+from captioning.training import distributed
+from captioning.training.engine import TrainState, train_one_epoch
+
+out = Path(sys.argv[1])
+group = distributed.init_from_environment("cpu")
+torch.manual_seed(0)  # one starting point
+vocab = Vocabulary.build([["a", "red", "circle", "left", "of", "blue", "square"]], min_count=1)
+model = Captioner.build(ModelConfig(
+    encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0, fine_tune_stages=1),
+    decoder=DecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)), vocab)
+model.decoder = distributed.wrap(model.decoder, group, torch.device("cpu"))
+optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+torch.manual_seed(1 + group.rank)  # each process its own images and captions
+words = torch.randint(4, len(vocab), (2, 2, 4))
+batch = {"images": torch.randn(2, 3, 64, 64), "lengths": torch.full((2, 2), 6),
+         "captions": torch.cat([torch.ones(2, 2, 1, dtype=torch.long), words, torch.full((2, 2, 1), 2)], dim=2),
+         "image_ids": torch.tensor([1, 2]) + 10 * group.rank, "indices": torch.arange(2)}
+
+
+def snapshot(name):
+    params = {key: value.detach().clone() for key, value in model.named_parameters()}
+    torch.save(params, out / f"{name}_rank{group.rank}.pt")
+
+
+snapshot("start")
+train = TrainConfig(scst_samples=3, grad_clip=0.0)
+options = {"penalty_weight": 0.0, "entropy_weight": 0.0, "world_size": group.world_size, "progress": False}
+train_one_epoch(model, [batch], optimizer, train, TrainState(), torch.device("cpu"), **options)
+snapshot("xe")
+rewarder = lambda image_ids, samples: np.array([float(len(s)) for s in samples])  # longer is better
+train_one_epoch(model, [batch], optimizer, train, TrainState(stage="scst"), torch.device("cpu"),
+                rewarder=rewarder, max_length=8, **options)
+snapshot("scst")
+distributed.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_keep_one_model_through_fine_tuning_and_self_critical_steps(tmp_path):
+    # DistributedDataParallel averages only the wrapped decoder's forward; a fine-tuned encoder
+    # and the self-critical rollout (the unwrapped decoder) must be averaged too, or the
+    # processes drift apart and only rank 0's copy is saved.
+    script = tmp_path / "worker.py"
+    script.write_text(SYNC_WORKER)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+         str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    snaps = {(name, rank): torch.load(tmp_path / f"{name}_rank{rank}.pt", weights_only=True)
+             for name in ("start", "xe", "scst") for rank in (0, 1)}
+    for name in ("start", "xe", "scst"):
+        for key, value in snaps[name, 0].items():
+            torch.testing.assert_close(snaps[name, 1][key], value, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, key=key, name=name: f"{name} {key}: {m}")
+
+    def moved(before, after, prefix):
+        return [k for k in snaps[before, 0] if k.startswith(prefix)
+                and not torch.equal(snaps[before, 0][k], snaps[after, 0][k])]
+
+    assert moved("start", "xe", "encoder."), "the cross-entropy step did not train the encoder"
+    assert moved("xe", "scst", "decoder."), "the self-critical step did not train the decoder"
+
+
 def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, tmp_path):
     overrides = tiny_overrides(data_root, tmp_path / "run", **{
         "model.encoder.fine_tune_stages": 1, "train.encoder_lr": 1e-2, "train.max_steps": 2})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,31 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.clone()
         dist.all_reduce(tensor)
     return tensor
+
+
+def average_gradients(parameters: Iterable[nn.Parameter], world_size: int) -> None:
+    """Average the gradients of ``parameters`` over the processes, in place, with one all-reduce.
+
+    DistributedDataParallel averages only the gradients of its own forward pass. This is for the
+    rest: the self-critical rollout, which steps the unwrapped decoder, and a fine-tuned encoder,
+    which runs before the wrapped decoder. A parameter without a gradient counts as zero, so
+    every process reduces the same tensors.
+    """
+    params = [p for p in parameters if p.requires_grad]
+    if world_size <= 1 or not params:
+        return
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat /= world_size
+    for param, grad in zip(params, flat.split([p.numel() for p in params])):
+        param.grad = grad.view_as(param)
+
+
+def broadcast_parameters(module: nn.Module) -> None:
+    """Give every process rank 0's parameters (what DistributedDataParallel does for the module it wraps)."""
+    if dist.is_available() and dist.is_initialized():
+        for param in module.parameters():
+            dist.broadcast(param.data, src=0)
 
 
 def barrier() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,22 +99,25 @@ def xe_loss(model: Captioner, batch: dict, config: TrainConfig, penalty_weight: 
             world_size: int = 1) -> LossTerms:
     """The cross-entropy objective of one batch (with the hard-attention terms when applicable)."""
     captions, lengths, image_index = flatten_captions(batch)
-    decoder = model.decoder
     output = model(annotations_of(model, batch), captions, lengths, image_index)
-    if isinstance(distributed.unwrap(decoder), HardAttentionDecoder):
-        return hard_attention_loss(distributed.unwrap(decoder), output, captions, penalty_weight,
-                                   entropy_weight, config.label_smoothing)
     num_tokens = num_captions = None
     if world_size > 1:  # global averages, so averaged gradients equal one process's
         counts = torch.tensor([float((lengths - 1).sum()), float(lengths.numel())], device=lengths.device)
         counts = distributed.all_reduce_sum(counts) / world_size
         num_tokens, num_captions = float(counts[0]), float(counts[1])
+    decoder = distributed.unwrap(model.decoder)
+    if isinstance(decoder, HardAttentionDecoder):
+        return hard_attention_loss(decoder, output, captions, penalty_weight, entropy_weight,
+                                   config.label_smoothing, num_tokens, num_captions)
     return caption_loss(output, captions, penalty_weight, config.label_smoothing, num_tokens, num_captions)
 
 
 def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Optimizer, config: TrainConfig,
-                      scaler: torch.amp.GradScaler | None, where: str) -> bool:
-    """Backward, clip and step. Returns False when the batch was skipped for a non-finite value.
+                      scaler: torch.amp.GradScaler | None, where: str, average: Sequence[torch.nn.Parameter] = (),
+                      world_size: int = 1) -> bool:
+    """Backward, average ``average``'s gradients over processes, clip and step.
+
+    Returns False when the batch was skipped for a non-finite value.
 
     Raises:
         NonFiniteLossError: a non-finite loss or gradient with ``nonfinite: stop``.
@@ -122,11 +125,10 @@ def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Opt
     optimizer.zero_grad(set_to_none=True)
     finite = bool(torch.isfinite(loss.detach()))
     if finite:
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        distributed.average_gradients(average, world_size)
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
-        else:
-            loss.backward()
         parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip if config.grad_clip else float("inf"))
         finite = bool(torch.isfinite(norm)) or scaler is not None  # the scaler skips inf steps itself
@@ -145,12 +147,14 @@ def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Opt
     return True
 
 
-def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, max_length: int) -> tuple[Tensor, dict]:
+def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, max_length: int,
+              world_size: int = 1) -> tuple[Tensor, dict]:
     """Self-critical loss of one batch (Rennie et al. 2017).
 
     ``scst_samples`` captions are sampled per image; each one's advantage is its CIDEr-D minus a
     baseline: the greedy caption's CIDEr-D (``greedy``) or the mean of the other samples
-    (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens.
+    (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all
+    processes, divided by ``world_size``, so that averaged gradients equal one process's).
     """
     decoder = distributed.unwrap(model.decoder)
     annotations = annotations_of(model, batch)
@@ -170,7 +174,10 @@ def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, max_
         baseline = (rewards.sum(1, keepdims=True) - rewards) / (n - 1)
     advantage = torch.as_tensor(rewards - baseline, dtype=torch.float32, device=annotations.device).view(-1)
     mask = sampled.mask.float()
-    loss = -(advantage.unsqueeze(1) * sampled.log_probs * mask).sum() / mask.sum().clamp_min(1)
+    num_tokens = mask.sum().detach()
+    if world_size > 1:
+        num_tokens = distributed.all_reduce_sum(num_tokens) / world_size
+    loss = -(advantage.unsqueeze(1) * sampled.log_probs * mask).sum() / num_tokens.clamp_min(1)
     return loss, {"reward": float(rewards.mean()), "baseline": float(np.mean(baseline))}
 
 
@@ -184,6 +191,11 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
     Returns mean loss (and reward for SCST) over the batches that were not skipped.
     """
     model.train()
+    # DistributedDataParallel averages the gradients of the wrapped decoder's forward pass; the
+    # encoder's (when fine-tuned) and the self-critical rollout's are averaged by hand.
+    by_hand = [p for p in model.encoder.parameters() if p.requires_grad]
+    if state.stage == "scst":
+        by_hand += list(distributed.unwrap(model.decoder).parameters())
     totals: dict[str, float] = {}
     done = 0
     bar = tqdm(loader, desc=f"{state.stage} epoch {state.epoch + 1}", leave=False, disable=not progress,
@@ -196,12 +208,12 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
         where = f"epoch {state.epoch + 1}, step {state.global_step + 1}"
         with autocast(device, config.amp):
             if state.stage == "scst":
-                loss, numbers = scst_loss(model, batch, rewarder, config, max_length)
+                loss, numbers = scst_loss(model, batch, rewarder, config, max_length, world_size)
             else:
                 terms = xe_loss(model, batch, config, penalty_weight, entropy_weight, world_size)
                 loss = terms.total
                 numbers = {"cross_entropy": terms.cross_entropy.item(), "attention_penalty": terms.attention_penalty.item()}
-        stepped = optimisation_step(loss, model, optimizer, config, scaler, where)
+        stepped = optimisation_step(loss, model, optimizer, config, scaler, where, by_hand, world_size)
         state.batch_in_epoch += 1
         if not stepped:
             state.skipped_batches += 1

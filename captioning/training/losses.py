@@ -57,15 +57,18 @@ def caption_loss(output: DecoderOutput, captions: Tensor, penalty_weight: float,
 
 
 def hard_attention_loss(decoder: HardAttentionDecoder, output: DecoderOutput, captions: Tensor,
-                        penalty_weight: float, entropy_weight: float, label_smoothing: float = 0.0) -> LossTerms:
+                        penalty_weight: float, entropy_weight: float, label_smoothing: float = 0.0,
+                        num_tokens: float | None = None, num_captions: float | None = None) -> LossTerms:
     """The variational lower bound of section 4.1, as a loss.
 
-    L = -log p(y | s, a) - sum_t (log p(y | s, a) - b) log p(s_t | a) - lambda_e H(alpha) + penalty:
-    the first term trains the whole decoder; the REINFORCE term (reward = the caption's
-    log-likelihood, baseline b a moving average of it) trains the attention; the entropy bonus
-    keeps the location distribution from collapsing early.
+    L = -log p(y | s, a) - sum_t (r - b) log p(s_t | a) - lambda_e H(alpha) + penalty: the first
+    term trains the whole decoder; the REINFORCE term trains the attention; the entropy bonus keeps
+    the location distribution from collapsing early. The reward r is the caption's log-likelihood
+    per word (the paper uses the sum; the mean keeps long and short captions on one scale) and the
+    baseline b a moving average of it. The cross-entropy and entropy are averaged over words, the
+    REINFORCE term over captions; ``num_tokens`` / ``num_captions`` as in :func:`caption_loss`.
     """
-    terms = caption_loss(output, captions, penalty_weight, label_smoothing)
+    terms = caption_loss(output, captions, penalty_weight, label_smoothing, num_tokens, num_captions)
     steps = output.logits.size(1)
     targets = captions[:, 1:steps + 1]
     token_log_probs = -F.cross_entropy(output.logits.float().transpose(1, 2), targets, reduction="none")
@@ -77,7 +80,7 @@ def hard_attention_loss(decoder: HardAttentionDecoder, output: DecoderOutput, ca
         baseline = decoder.reward_baseline.clone()
         decoder.reward_baseline.mul_(decoder.baseline_decay).add_((1 - decoder.baseline_decay) * reward.mean())
     location_log_prob = (output.location_log_probs * mask).sum(1)  # (N,)
-    reinforce = -((reward - baseline) * location_log_prob).mean()
-    entropy = (output.entropies * mask).sum() / mask.sum()
+    reinforce = -((reward - baseline) * location_log_prob).sum() / (num_captions or reward.numel())
+    entropy = (output.entropies * mask).sum() / (num_tokens or mask.sum())
     extra = reinforce - entropy_weight * entropy
     return LossTerms(terms.total + extra, terms.cross_entropy, terms.attention_penalty, extra.detach())

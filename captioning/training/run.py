@@ -381,6 +381,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
               f"device {device}", flush=True)
     if config.train.compile:
         model.decoder.compile_step()
+    if group.world_size > 1 and config.model.encoder.fine_tune_stages:
+        distributed.broadcast_parameters(model.encoder)  # one starting point, as the wrap gives the decoder
     model.decoder = distributed.wrap(model.decoder, group, device)
     trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
     if resume is not None:
