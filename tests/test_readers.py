@@ -6,10 +6,13 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from captioning.data.coco import read_coco
 from captioning.data.folder import read_folder
+from captioning.data.images import load_image
 from captioning.data.karpathy import read_karpathy
 from captioning.data.records import DatasetError, records_of_split
 
@@ -224,3 +227,46 @@ def test_folder_errors(tmp_path):
     (tmp_path / "readme.txt").write_text("hi")
     with pytest.raises(DatasetError, match="no image files"):
         read_folder(tmp_path)
+
+
+# Image loading: 16-bit grayscale --------------------------------------------------------------------
+
+def _load_gray16(tmp_path: Path, values) -> np.ndarray:
+    """Write ``values`` as a 16-bit grayscale PNG, load it with ``load_image``: its (one) RGB channel."""
+    path = tmp_path / "gray16.png"
+    Image.fromarray(np.asarray(values, dtype=np.uint16)).save(path)
+    with Image.open(path) as written:
+        assert written.mode in ("I;16", "I;16B", "I;16L", "I")  # really a 16-bit PNG
+    image = load_image(path)
+    assert image.mode == "RGB"
+    rgb = np.asarray(image)
+    assert (rgb == rgb[..., :1]).all()  # gray
+    return rgb[..., 0]
+
+
+@pytest.mark.parametrize(("value", "expected"), [(65535, 255), (0, 0)])
+def test_load_image_uniform_16bit_gray_keeps_its_level(tmp_path, value, expected):
+    assert (_load_gray16(tmp_path, np.full((6, 8), value)) == expected).all()
+
+
+def test_load_image_16bit_gray_scales_by_the_full_range(tmp_path):
+    values = [0, 128, 129, 257, 514, 1000, 32767, 32768, 65278, 65535]
+    loaded = _load_gray16(tmp_path, [values])[0]
+    assert loaded.tolist() == [0, 0, 1, 1, 2, 4, 127, 128, 254, 255]  # round(v * 255 / 65535)
+    gradient = np.arange(0, 65536, 37)[None, :]
+    scaled = _load_gray16(tmp_path, gradient)[0].astype(int)
+    assert (np.diff(scaled) >= 0).all() and scaled[0] == 0
+    assert np.abs(scaled - gradient[0] / 257).max() <= 0.5
+
+
+def test_load_image_nearly_black_16bit_gray_stays_nearly_black(tmp_path):
+    values = np.linspace(200, 300, 48).reshape(6, 8)
+    assert _load_gray16(tmp_path, values).max() <= 1
+
+
+def test_load_image_32bit_gray_is_read_as_16bit_and_clipped(tmp_path):
+    path = tmp_path / "gray32.tif"
+    Image.fromarray(np.array([[-5, 0, 257, 32768, 65535, 70000]], dtype=np.int32)).save(path)
+    with Image.open(path) as written:
+        assert written.mode == "I"
+    assert np.asarray(load_image(path))[0, :, 0].tolist() == [0, 0, 1, 128, 255, 255]

@@ -50,17 +50,25 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Convert any PIL mode to 8-bit RGB (16-bit grayscale is scaled, alpha composited on white)."""
+    """Convert any PIL mode to 8-bit RGB (16-bit grayscale is scaled, alpha composited on white).
+
+    Integer grayscale (modes ``I;16``, ``I;16B``, ``I;16L`` and ``I``) is read as 16-bit data and
+    scaled by the format's full range, not by each image's own minimum and maximum: 0 becomes 0,
+    65535 becomes 255, and ``v`` becomes ``round(v * 255 / 65535)`` (i.e. ``v / 257``, halves
+    rounded up), so a white image stays white and a dark one stays dark. Pillow opens 16-bit
+    grayscale PNGs as ``I;16`` (older versions as ``I``); mode ``I`` is 32-bit signed, and its
+    values are taken as 16-bit too: values below 0 are clipped to 0 (black) and values above 65535
+    to 255 (white). Palette and alpha images are composited on white; other modes (``1``, ``L``,
+    ``CMYK``, ``F``, ...) go through Pillow's ``convert``.
+    """
     if image.mode == "RGB":
         return image.copy()
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        # 16/32-bit integer grayscale: scale the real value range to 8 bits.
         import numpy as np
 
-        values = np.asarray(image, dtype=np.float64)
-        low, high = float(values.min()), float(values.max())
-        scaled = (values - low) * (255.0 / (high - low)) if high > low else np.zeros_like(values)
-        return Image.fromarray(scaled.round().astype("uint8"), mode="L").convert("RGB")
+        values = np.clip(np.asarray(image).astype(np.int64), 0, 65535)
+        scaled = (values * 255 + 65535 // 2) // 65535  # round(v * 255 / 65535), halves up
+        return Image.fromarray(scaled.astype(np.uint8)).convert("RGB")  # 2-D uint8: mode L
     if image.mode == "P":
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):
