@@ -1,11 +1,15 @@
-"""Feature cache: reuse, equality with the encoder, keys, resume after a kill, full disk, bad images."""
+"""Feature cache: reuse, equality with the encoder, keys, resume after a kill, full disk, bad images,
+two processes building the same cache at once."""
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
+import multiprocessing
 import os
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +216,92 @@ def test_image_rewritten_in_place_makes_a_new_cache(tmp_path: Path, encoder: Enc
     second = _build(tmp_path / "cache", encoder, records)
     assert second.path != first.path
     assert not np.allclose(np.array(second[0], dtype=np.float32), red)
+
+
+def _wait_for(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _build_in_child(cache_dir: Path, encoder: Encoder, records: list[ImageRecord], role: str,
+                    folder: Path) -> None:
+    """Forked child: build the cache, counting forward passes and logging to ``folder/<role>.log``.
+
+    "first" pauses in its second forward pass (rows 0-3 are on disk) until ``folder/go`` exists;
+    "second" starts building only once "first" is paused there, and marks any forward pass it makes.
+    """
+    torch.set_num_threads(1)  # two processes on the test machine's cores; no OpenMP pool after fork
+    log = logging.getLogger(feature_cache.__name__)
+    log.setLevel(logging.INFO)
+    log.addHandler(logging.FileHandler(folder / f"{role}.log"))
+    calls = {"n": 0}
+
+    def before_forward(module, inputs) -> None:
+        calls["n"] += 1
+        if role == "second":
+            (folder / "second_ran").touch()
+        elif calls["n"] == 2:
+            (folder / "first_paused").touch()
+            _wait_for((folder / "go").exists)
+
+    encoder.register_forward_pre_hook(before_forward)
+    if role == "second":
+        assert _wait_for((folder / "first_paused").exists)
+    cache = _build(cache_dir, encoder, records)
+    np.save(folder / f"{role}.npy", np.stack([cache[i] for i in range(len(cache))]))
+    (folder / f"{role}.json").write_text(json.dumps({"calls": calls["n"], "path": str(cache.path)}))
+
+
+def test_concurrent_builds_take_turns(tmp_path: Path, encoder: Encoder, records, reference) -> None:
+    # Two independent runs (a sweep) build the same cache at once: the second must neither truncate
+    # the file the first is filling nor rebuild it, but wait for it and reuse the complete cache.
+    context = multiprocessing.get_context("fork")
+    cache_dir, folder = tmp_path / "cache", tmp_path / "ipc"
+    folder.mkdir()
+    children = {role: context.Process(target=_build_in_child, args=(cache_dir, encoder, records, role, folder))
+                for role in ("first", "second")}
+
+    def second_waits_or_builds() -> bool:
+        log = folder / "second.log"
+        return ((folder / "second_ran").exists() or not children["second"].is_alive()
+                or (log.exists() and "waiting" in log.read_text()))
+
+    try:
+        for child in children.values():
+            child.start()
+        # Hold the first mid-build until the second waits for the lock (or, unguarded, builds too).
+        _wait_for(second_waits_or_builds)
+        (folder / "go").touch()
+        for child in children.values():
+            child.join(60)
+        assert [child.exitcode for child in children.values()] == [0, 0]
+    finally:
+        for child in children.values():
+            if child.is_alive():
+                child.kill()
+                child.join()
+
+    first, second = (json.loads((folder / f"{role}.json").read_text()) for role in ("first", "second"))
+    assert first["calls"] == 3 and second["calls"] == 0  # the second reused the first's cache
+    assert first["path"] == second["path"]
+    assert "waiting for another process building the same feature cache in " + first["path"] \
+        in (folder / "second.log").read_text()
+    assert "waiting" not in (folder / "first.log").read_text()
+    assert _index(cache_dir)["completed"] == NUM_IMAGES
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the children: the same summation order, the same float16 rows
+    try:
+        single = _build(tmp_path / "single", encoder, records)
+    finally:
+        torch.set_num_threads(threads)
+    expected = np.stack([single[i] for i in range(NUM_IMAGES)])
+    for role in ("first", "second"):
+        features = np.load(folder / f"{role}.npy")
+        np.testing.assert_array_equal(features, expected)
+        assert all(row.any() for row in features)
+    np.testing.assert_allclose(expected, reference, rtol=2e-3, atol=2e-3)

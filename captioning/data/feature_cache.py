@@ -6,10 +6,16 @@ for several encoders, image sizes or image lists coexist)::
     <directory>/<key hash>/features.npy   float16 (N, P, C), memory-mapped
     <directory>/<key hash>/images.json    the image list, in order (written once)
     <directory>/<key hash>/index.json     key, shape, dtype, completed rows, unreadable images
+    <directory>/<key hash>/build.lock     advisory lock held while a process builds the cache
 
 The key is the encoder's ``fingerprint()`` plus the sha256 of the image list. Rows are flushed to
 disk before ``index.json`` is atomically replaced (temp file, fsync, ``os.replace``) after each
 batch, so a killed build loses at most the batch in flight and resumes from ``completed``.
+
+Independent processes (e.g. the runs of a sweep sharing the default cache folder) building the same
+cache take turns on an exclusive ``flock`` of ``build.lock``: the second waits for the first and then
+reuses its cache (or resumes it, if the first died: the OS releases the lock with the process).
+Opening a complete cache takes no lock.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +40,16 @@ from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import Encoder
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: concurrent builds of one cache are not guarded
+    fcntl = None
+
+logger = logging.getLogger(__name__)
+
 INDEX_VERSION = 1
 _DTYPE = np.float16
+_LOCK_NAME = "build.lock"
 
 
 class _ImageFiles(Dataset):
@@ -136,6 +153,46 @@ def _allocate(path: Path, shape: tuple[int, int, int]) -> None:
             os.close(descriptor)
 
 
+@contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path/build.lock``, waiting (with one INFO line) if it is taken.
+
+    ``flock`` locks die with their process, so a crashed builder never leaves the cache locked.
+    """
+    if fcntl is None:
+        yield
+        return
+    descriptor = os.open(path / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    locked = False
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process building the same feature cache in %s", path)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        locked = True
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            os.close(descriptor)
+            raise
+        warnings.warn(f"cannot lock {path / _LOCK_NAME} ({error.strerror}): processes building this "
+                      "feature cache at the same time are not kept apart", stacklevel=3)
+    try:
+        yield
+    finally:
+        if locked:  # unlock explicitly: forked DataLoader workers may still hold a copy of the descriptor
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+        os.close(descriptor)
+
+
+def _matches(index: dict[str, Any] | None, key: dict[str, Any], shape: tuple[int, int, int],
+             path: Path) -> bool:
+    """Whether ``index`` describes an allocated cache of ``key`` and ``shape`` (complete or not)."""
+    return bool(index and index.get("version") == INDEX_VERSION and index.get("key") == key
+                and (index["count"], index["positions"], index["channels"]) == shape
+                and (path / "features.npy").is_file())
+
+
 class FeatureCache:
     """Read access to a complete cache: ``cache[i]`` is the (P, C) float16 grid of ``records[i]``.
 
@@ -173,8 +230,10 @@ class FeatureCache:
                       progress: bool = True, skip_bad_images: bool = False) -> FeatureCache:
         """Open the cache of ``encoder`` over ``records``, computing whatever rows are missing.
 
-        A complete cache with the same key is reused without running the encoder; a partial one
-        (an interrupted build) resumes at its first incomplete row; a new key starts a new cache.
+        A complete cache with the same key is reused without running the encoder (and without a
+        lock); a partial one (an interrupted build) resumes at its first incomplete row; a new key
+        starts a new cache. Building holds an exclusive lock on the cache's ``build.lock``: another
+        process building the same cache at the same time waits for it, then reuses the result.
 
         Args:
             directory: the cache folder (each key gets its own sub-directory).
@@ -205,20 +264,22 @@ class FeatureCache:
         shape = (len(records), encoder.grid[0] * encoder.grid[1], encoder.channels)
 
         index = _read_index(index_path)
-        if not (index and index.get("version") == INDEX_VERSION and index.get("key") == key
-                and (index["count"], index["positions"], index["channels"]) == shape
-                and (path / "features.npy").is_file()):
+        if not (_matches(index, key, shape, path) and index["completed"] == shape[0]):
             path.mkdir(parents=True, exist_ok=True)
-            _write_json_atomic(path / "images.json", images)
-            _allocate(path / "features.npy", shape)
-            index = {"version": INDEX_VERSION, "key": key, "fingerprint": fingerprint,
-                     "images_sha256": images_sha256, "count": shape[0], "positions": shape[1],
-                     "channels": shape[2], "dtype": np.dtype(_DTYPE).name, "completed": 0, "bad": []}
-            _write_json_atomic(index_path, index)
+            with _build_lock(path):
+                index = _read_index(index_path)  # as left by a process that held the lock before us
+                if not _matches(index, key, shape, path):
+                    _write_json_atomic(path / "images.json", images)
+                    _allocate(path / "features.npy", shape)
+                    index = {"version": INDEX_VERSION, "key": key, "fingerprint": fingerprint,
+                             "images_sha256": images_sha256, "count": shape[0], "positions": shape[1],
+                             "channels": shape[2], "dtype": np.dtype(_DTYPE).name, "completed": 0,
+                             "bad": []}
+                    _write_json_atomic(index_path, index)
 
-        if index["completed"] < shape[0]:
-            _fill(path, index, encoder, records, batch_size, torch.device(device), num_workers, progress,
-                  skip_bad_images)
+                if index["completed"] < shape[0]:
+                    _fill(path, index, encoder, records, batch_size, torch.device(device), num_workers,
+                          progress, skip_bad_images)
         cache = cls(path, index)
         if cache.bad and not skip_bad_images:  # built by a run that skipped them; this one must not
             row = min(cache.bad)
