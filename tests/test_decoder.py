@@ -288,6 +288,29 @@ def test_hard_attention_baseline_starts_at_first_reward_then_moves_average():
     assert "reward_baseline" in decoder.state_dict()
 
 
+def test_hard_attention_draws_expected_or_sampled_anew_for_every_pass():
+    # Which captions use the expected context is drawn per pass: a self-critical rollout must not
+    # reuse the previous rollout's (or a teacher-forced pass's) draws.
+    from captioning.decoding import rollout, sampler
+
+    torch.manual_seed(10)
+    decoder = make_decoder(attention="hard").train()
+    annotations = torch.randn(16, P, C)
+    lengths = torch.full((64,), 5)
+    captions = torch.cat([torch.ones(64, 1, dtype=torch.long), torch.randint(4, V, (64, 3)),
+                          torch.full((64, 1), 2)], dim=1)
+    draws = []
+    with torch.no_grad():
+        decoder(annotations, captions, lengths, torch.arange(16).repeat_interleave(4))
+        draws.append(decoder._use_expected.clone())
+        for _ in range(3):
+            rollout(decoder, annotations, sampler(), max_length=3, repeats=4)  # 64 rows
+            draws.append(decoder._use_expected.clone())
+    assert all(d.shape == (64,) for d in draws)
+    assert 0 < sum(int(d.sum()) for d in draws) < 4 * 64  # both kinds occur
+    assert len({tuple(d.tolist()) for d in draws}) == len(draws)  # never the same draw twice
+
+
 def test_hard_attention_reinforce_gradient_reaches_attention():
     # with only sampled locations, the REINFORCE term must give the attention scorer a gradient
     torch.manual_seed(9)

@@ -220,9 +220,6 @@ class ShowAttendTellDecoder(nn.Module):
         active = (decode_lengths.index_select(0, order).unsqueeze(1)
                   > torch.arange(steps, device=captions.device)).sum(0).tolist()  # rows alive per step
 
-        hard = isinstance(self, HardAttentionDecoder) and self.training
-        if hard:
-            self._draw_expected(num_captions, captions.device)
         # Per-step results are collected and stacked once: writing each step into a preallocated
         # (N, T, ...) buffer would make backward copy the whole buffer once per step.
         hiddens, contexts, alphas, betas, location_log_probs, entropies = [], [], [], [], [], []
@@ -238,6 +235,7 @@ class ShowAttendTellDecoder(nn.Module):
             location_log_probs.append(location_log_prob)
             entropies.append(entropy)
 
+        sampled_locations = location_log_probs[0] is not None  # hard attention in training
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(num_captions, device=order.device)
 
@@ -257,8 +255,8 @@ class ShowAttendTellDecoder(nn.Module):
         mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
         return DecoderOutput(logits, padded(alphas, prepared.keys.shape[-2]), mask,
                              padded(betas) if self.gate is not None else None,
-                             padded(location_log_probs) if hard else None,
-                             padded(entropies) if hard else None)
+                             padded(location_log_probs) if sampled_locations else None,
+                             padded(entropies) if sampled_locations else None)
 
 
 def _stack_steps(values: list[Tensor], rows: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -291,17 +289,22 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
         self.register_buffer("reward_baseline", torch.full((), float("nan")))  # NaN until the first step
         self._use_expected: Tensor | None = None
 
-    def _draw_expected(self, num_captions: int, device: torch.device) -> None:
-        # Sorted order does not matter: the draws are i.i.d. per caption.
-        self._use_expected = torch.rand(num_captions, device=device) < self.expected_prob  # (N,)
+    def prepare(self, annotations: Tensor) -> Prepared:
+        """As the soft decoder's; also starts a new draw of which captions use the expected context.
+
+        Every teacher-forced pass and every rollout begins here, so each gets fresh draws.
+        """
+        self._use_expected = None
+        return super().prepare(annotations)
 
     def _context(self, weights: Tensor, prepared: Prepared):
         expected = self.attention.combine(weights, prepared)
         if not self.training:
             return expected, None, None
         if self._use_expected is None or self._use_expected.numel() < weights.size(0):
-            # Step-by-step use in training (self-critical sampling) without a forward() first.
-            self._draw_expected(weights.size(0), weights.device)
+            # At the first step after prepare() every row is active. The draws are i.i.d. per row,
+            # so the length-sorted order of the teacher-forced pass does not matter.
+            self._use_expected = torch.rand(weights.size(0), device=weights.device) < self.expected_prob  # (n,)
         alpha = weights.mean(dim=1)  # (n, P)
         location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)  # (n,)
         one_hot = torch.zeros_like(weights).scatter_(2, location.view(-1, 1, 1).expand(-1, weights.size(1), 1), 1.0)
