@@ -57,9 +57,16 @@ class Rollout:
     finished: Tensor  # (N,) bool
 
 
-def _forbid_end(log_probs: Tensor, step: int, min_length: int) -> Tensor:
+def _allowed(log_probs: Tensor, step: int, min_length: int) -> Tensor:
+    """``log_probs`` (N, V) with the tokens that may not come next at -inf.
+
+    ``<pad>`` and ``<start>`` are never emitted (the model gives them little but nonzero mass;
+    an untrained one a lot), and ``<end>`` not before ``min_length`` words. The others keep the
+    model's log-probabilities (not renormalised), so a caption's log-probability is the model's.
+    """
+    log_probs = log_probs.clone()
+    log_probs[:, [PAD, START]] = float("-inf")
     if step < min_length:
-        log_probs = log_probs.clone()
         log_probs[:, END] = float("-inf")
     return log_probs
 
@@ -85,7 +92,7 @@ def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callabl
     out_tokens, out_log_probs, out_mask, out_alphas, out_betas = [], [], [], [], []
     for t in range(max_length + 1):
         log_probs, state, alpha, beta = decoder.step(prepared, tokens, state)  # (N, V)
-        chosen = choose(_forbid_end(log_probs, t, min_length))
+        chosen = choose(_allowed(log_probs, t, min_length))
         # After max_length words only <end> may follow: other choices leave the row unfinished.
         emit = running & (chosen == END) if t == max_length else running
         tokens = chosen.masked_fill(~emit, PAD)
@@ -215,7 +222,7 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
     for t in range(max_length + 1):
         log_probs, state, alpha, beta = decoder.step(prepared, tokens, state)  # (n*K, V)
         vocab_size = log_probs.size(1)
-        log_probs = _forbid_end(log_probs, t, min_length)
+        log_probs = _allowed(log_probs, t, min_length)
         if block_trigrams:
             log_probs = _block_repeated_trigrams(log_probs, history)
         n = images.numel()

@@ -10,10 +10,10 @@ import torch
 from captioning import decoding
 from captioning.config import DecodeConfig, DecoderConfig
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import Caption, beam_search, decode, greedy_search, sample_captions
+from captioning.decoding import Caption, beam_search, decode, greedy_search, rollout, sample_captions, sampler
 from captioning.models.decoder import ShowAttendTellDecoder
 
-START, END = 1, 2
+PAD, START, END = 0, 1, 2
 C, P, V = 8, 9, 11  # annotation channels, grid positions, vocabulary (4 specials + 7 words)
 
 
@@ -109,13 +109,14 @@ def test_beam_size_one_equals_greedy(scoring, gate, min_length):
 @torch.no_grad()
 def exhaustive_best(decoder, annotations: torch.Tensor, max_length: int, min_length: int = 0,
                     length_alpha: float = 0.0) -> tuple[list[int], float, bool]:
-    """The best caption of one image (1, P, C) by enumerating every sequence of non-<end> tokens.
+    """The best caption of one image (1, P, C) by enumerating every sequence of words (<end>, <pad>
+    and <start> excluded: a caption never contains them).
 
     Finished captions (``<end>`` after 0..max_length words, not before ``min_length``) are ranked by
     log-probability / ((5 + words + 1) / 6) ** alpha; unfinished ones of max_length words (ranked
     by log-probability / ((5 + words) / 6) ** alpha) count only when no finished caption exists.
     """
-    words = [w for w in range(decoder.vocab_size) if w != END]
+    words = [w for w in range(decoder.vocab_size) if w not in (END, PAD, START)]
     prepared, initial = decoder.prepare(annotations), decoder.init_state(annotations)
     finished, unfinished = [], []
     frontier = [([], 0.0, initial, START)]
@@ -311,6 +312,24 @@ def test_captions_carry_their_attention_and_log_prob(scoring, gate):
                 torch.testing.assert_close(caption.betas, betas, rtol=0, atol=1e-5, msg=name)
 
 
+def test_pad_and_start_are_never_emitted():
+    # A decoder that puts nearly all its mass on <pad> and <start> still writes only words and <end>,
+    # with every strategy and in self-critical rollouts.
+    decoder = make_decoder(seed=13)
+    with torch.no_grad():
+        decoder.out.bias[PAD] = 20.0
+        decoder.out.bias[START] = 20.0
+        decoder.out.bias[END] = -20.0  # full-length captions: seven choices each
+    annotations = annotations_for(4)
+    for name, captions in all_strategies(decoder, annotations).items():
+        for caption in captions:
+            assert len(caption.tokens) == 7 and not {PAD, START, END} & set(caption.tokens), (name, caption.tokens)
+    torch.manual_seed(0)
+    sampled = rollout(decoder, annotations, sampler(), max_length=7, repeats=3)
+    emitted = sampled.tokens[sampled.mask]
+    assert emitted.numel() > 0 and not ((emitted == PAD) | (emitted == START)).any()
+
+
 @pytest.mark.parametrize("gate", ["scalar", "none"])
 def test_certain_end_gives_empty_captions(gate):
     decoder = make_decoder(seed=12, gate=gate, end_bias=50.0)
@@ -368,7 +387,9 @@ def test_top_k_restricts_sampled_words():
         previous = START
         for word in caption.tokens + ([END] if caption.finished else []):
             out = decoder.step(prepared, torch.tensor([previous]), state)
-            assert word in out.log_probs[0].topk(2).indices.tolist()
+            allowed = out.log_probs[0].clone()
+            allowed[[PAD, START]] = float("-inf")  # never emitted, so never among the top k
+            assert word in allowed.topk(2).indices.tolist()
             state, previous = out.state, word
 
 
