@@ -86,12 +86,13 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     checkpoint = demo / "run" / "checkpoints" / "best.pt"
     out = tmp_path / "val_results.json"
     result = run("evaluate.py", "--checkpoint", str(checkpoint), "--split", "val", "--results", str(out),
-                 "--no-progress", "--no-java")
+                 "--no-progress", "--no-java", "--spice")
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
     assert len(results) == 8
     scores = json.loads((tmp_path / "val_results.scores.json").read_text())
     assert scores["METEOR"] is None and "Java" in scores["unavailable"]["METEOR"]
+    assert scores["SPICE"] is None and "Java" in scores["unavailable"]["SPICE"]  # asked for, so not "not requested"
     assert scores["CIDEr-D"] is not None
     assert "grounding-mass" in scores
     assert "CIDEr-D" in result.stdout and str(out) in result.stdout

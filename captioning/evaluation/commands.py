@@ -103,7 +103,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     _report_skipped(records, captioned)
     results = write_results(args.results or run_dir / f"{args.split}_results.json", captioned)
     instances = args.instances or default_instances(config)
-    scores = score_captioned(captioned, model.grid, instances, use_java=use_java)
+    scores = score_captioned(captioned, model.grid, instances, use_java=use_java, spice=args.spice)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores["table"])
     if "grounding-mass" in scores:

@@ -85,11 +85,11 @@ def default_instances(config: Config) -> Path | None:
 
 
 def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances: Path | None = None,
-                    use_java: bool | None = None) -> dict:
+                    use_java: bool | None = None, spice: bool = False) -> dict:
     """Caption metrics against each record's references, plus attention grounding when boxes are given."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
-    scores = score_captions(references, candidates, use_java=use_java)
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice)
     result = scores.to_json()
     result["per_image"] = scores.per_image_json()
     result["table"] = scores.table()
