@@ -84,6 +84,8 @@ def test_karpathy_skips_empty_captions_and_drops_uncaptioned_images(karpathy_dat
         records = read_karpathy(_edit_karpathy(split_file, blank), root)
     assert [r.image_id for r in records] == [9, 30, 42, 73]
     assert len(records[0].captions) == 3
+    # Scoring keeps every reference as the official toolkit does, empty ones too.
+    assert len(records[0].raw) == 5 and records[0].raw[1:3] == ("   ", "")
     assert "skipped 4 empty captions" in caplog.text
     assert "skipped 1 images with no caption" in caplog.text and "cocoid 25" in caplog.text
 
@@ -174,6 +176,11 @@ def test_coco_skips_empty_captions(coco_dataset, write_json, caplog):
         records = read_coco(annotation_files, root)
     assert 30 not in [r.image_id for r in records]
     assert "skipped 1 empty captions" in caplog.text
+    train = json.loads(annotation_files[0].read_text())
+    train["annotations"][1]["caption"] = "..."  # image 9's second caption
+    write_json(annotation_files[0], train)
+    nine = next(r for r in read_coco(annotation_files, root) if r.image_id == 9)
+    assert len(nine.captions) == 1 and nine.raw == ("A dog runs on the grass.", "...")  # kept for scoring
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -94,11 +94,11 @@ def _read_annotation_file(annotation_file: Path, image_root: Path, karpathy_spli
         for annotation in coco.imgToAnns.get(image_id, []):
             raw = annotation["caption"]
             tokens = tokenize(raw)
+            raws.append(raw.strip())  # a reference for scoring even when it has no words, as the toolkit does
             if not tokens:
                 skipped.skip("empty captions", f"{source}: annotation id {annotation['id']}")
                 continue
             captions.append(tuple(tokens))
-            raws.append(raw.strip())
         if not captions:
             skipped.skip("images with no caption", where)
             continue

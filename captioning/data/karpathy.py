@@ -162,11 +162,11 @@ def _read_image(entry: dict, image_id: int, where: str, image_root: Path, restva
         if not all(isinstance(token, str) for token in tokens):
             raise DatasetError(f"{sentence_where}: field 'tokens' must hold strings only")
         words = tuple(token.strip().lower() for token in tokens if token.strip())
+        raws.append(raw)  # a reference for scoring even when it has no words, as in the official files
         if not words:
             skipped.skip("empty captions", sentence_where)
             continue
         captions.append(words)
-        raws.append(raw)
     if not captions:
         skipped.skip("images with no caption", where)
         return None

@@ -18,8 +18,10 @@ class ImageRecord:
         image_id: integer id written to results files (COCO id where the source has one).
         path: the image file (absolute, or relative to the working directory).
         split: ``train``, ``val``, ``test`` (or ``restval`` when not merged) ; ``""`` for a plain folder.
-        captions: tokenized reference captions (lower case, no punctuation).
-        raw: the captions as written in the source, same order as ``captions``.
+        captions: tokenized reference captions (lower case, no punctuation); the training targets.
+        raw: every caption as written in the source, in its order: the references for scoring, as
+            the official toolkit reads them from the caption file. It also holds captions that
+            tokenize to nothing (``"..."``), which ``captions`` leaves out.
     """
 
     image_id: int
