@@ -176,6 +176,7 @@ def test_coco_skips_empty_captions(coco_dataset, write_json, caplog):
         records = read_coco(annotation_files, root)
     assert 30 not in [r.image_id for r in records]
     assert "skipped 1 empty captions" in caplog.text
+    assert {r.name for r in caplog.records if "skipped" in r.getMessage()} == {"captioning.data.coco"}
     train = json.loads(annotation_files[0].read_text())
     train["annotations"][1]["caption"] = "..."  # image 9's second caption
     write_json(annotation_files[0], train)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +26,8 @@ from pycocotools.coco import COCO
 from captioning.data.karpathy import SkipLog, image_path_under, read_json, read_karpathy, require_field
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.text import tokenize
+
+logger = logging.getLogger(__name__)
 
 _SPLIT_IN_NAME = re.compile(r"(train|val|test)")
 _FOLDER_IN_NAME = re.compile(r"((?:train|val|test)\d{4})")
@@ -57,7 +60,7 @@ def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
     file_of_id: dict[int, str] = {}
     for annotation_file in annotation_files:
         annotation_file = Path(annotation_file)
-        skipped = SkipLog(annotation_file.name)
+        skipped = SkipLog(annotation_file.name, logger)
         for record in _read_annotation_file(annotation_file, image_root, karpathy_split, skipped):
             if record.image_id in file_of_id:
                 raise DatasetError(f"{annotation_file.name}: image id {record.image_id} is also in "

@@ -12,9 +12,10 @@ The published schema::
                                 "imgid": 0, "sentid": 0}, ...]},
                 ...]}
 
-Bad captions: a sentence whose tokens are all blank is skipped, and an image left with no
-caption at all is dropped (in every split: it can be neither trained on nor scored). Both are
-counted and reported in one warning line per file. Malformed entries are errors.
+Bad captions: a sentence whose tokens are all blank is left out of the training targets (it
+stays a scoring reference), and an image left with no caption at all is dropped (in every
+split: it can be neither trained on nor scored). Both are counted and reported, one warning
+line per file and reason, naming the first such entry. Malformed entries are errors.
 
 The helpers ``read_json``, ``require_field``, ``image_path_under`` and ``SkipLog`` are shared
 with the COCO reader.
@@ -80,8 +81,9 @@ def image_path_under(image_root: Path, relative: str, where: str) -> Path:
 class SkipLog:
     """Counts what a reader skipped and reports one warning line per reason."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, log: logging.Logger = logger):
         self.source = source
+        self.log = log  # the reader's own logger, so that warnings name the module that skipped
         self.counts: Counter[str] = Counter()
         self.first_entry: dict[str, str] = {}
 
@@ -91,7 +93,7 @@ class SkipLog:
 
     def report(self) -> None:
         for reason, count in self.counts.items():
-            logger.warning("%s: skipped %d %s (first: %s)", self.source, count, reason,
+            self.log.warning("%s: skipped %d %s (first: %s)", self.source, count, reason,
                            self.first_entry[reason])
 
 
