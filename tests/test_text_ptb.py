@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captioning.data.vocab import SPECIALS
 from captioning.text import PUNCTUATION, detokenize, tokenize
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="needs a Java runtime (PTBTokenizer)")
@@ -34,7 +35,31 @@ PTB_CASES = {
     "The dogs' bowls at 3 o'clock, 1,000 people and 3.5 miles": "the dogs bowls at 3 o'clock 1,000 people and "
                                                                "3.5 miles",
     "a t-shirt -- a half-empty glass ; a: b ... fine": "a t-shirt a half-empty glass a b fine",
+    "a <unk> dog <end> <pad>": "a <unk> dog <end> <pad>",
+    "a cat.. tennis player- w/ a+b": "a cat tennis player w / a + b",
+    'The word "Stop." is rock \'n\' roll': "the word stop is rock 'n' roll",
 }
+
+# Inputs on which the Stanford lexer's own rules once gave other tokens than ours: one token for
+# <unk> and the other vocabulary specials, ".." as two periods, hyphens and slashes at a word's edge
+# split off, a period split off inside quotes and brackets, "+" "=" "*" as symbols, 'n' kept whole.
+# Left out, as ours differs: a tag holding a space ("<foo bar>", one token with a non-breaking space
+# in Java), "#a" / "@a" (hashtag-like tokens), "a/b/c/d" (Java joins 3 parts at most), a curly
+# "’n’" (kept curly in Java, ASCII here), smileys like ":)".
+PTB_REGRESSION_CASES = [
+    "a <unk> dog", "<start> a <UNK> dog <end> <pad> <pad>", "a<unk>dog", "a <unk>. dog", "a </s> <s>",
+    "a cat..", "a cat.. Dog", "a dog.. a cat", "a cat....", "etc.. and the u.s..", "a cat..!",
+    "tennis player-", "a player- dog", "a -player dog", "pre- and post-war, pro- and anti-war",
+    "a -5 degree day, 5-", "a U.S.-led team", "a player-'s ball", "x--y and x-- y",
+    'The word "Stop." is', "the word 'Stop.' is", 'He said "go." then', "a (stop.) sign",
+    "a (etc.) and (b.) sign", 'a suit marked, " Seattle Police. "', "a dog.'s bowl", "a dog., a cat.",
+    "it is 3.5. it is 5 p.m.", ".a dog",
+    "w/", "a man w/ a hat w/o a coat", "a/b and and/or, a / b/", "12/ and /12",
+    "a+b", "A+B and AT&T", "1+1 and a+5", "a++ and c++", "a=b, a*b, a**b, a~b, a^b, a|b",
+    "rock 'n' roll", "rock'n'roll", "rock 'N' Roll", "fish 'n chips", "the 'n' word", "'n' sync",
+    "the 'nice' dog", "the 'n- dog", "rock n' roll",
+    "see http://x.com/a/b. then", "a dog. http://x.com",
+]
 
 
 def flickr_captions_file() -> Path | None:
@@ -75,6 +100,27 @@ def test_ptb_behaviour(caption: str):
 @pytest.mark.java
 def test_ptb_cases_are_what_the_java_tokenizer_gives():
     assert ptb_tokenize(list(PTB_CASES)) == list(PTB_CASES.values())
+
+
+@pytest.fixture(scope="module")
+def java_regression_tokens() -> dict[str, str]:
+    """The Java tokenizer's output for every regression case, from one Java call."""
+    return dict(zip(PTB_REGRESSION_CASES, ptb_tokenize(PTB_REGRESSION_CASES), strict=True))
+
+
+@needs_java
+@pytest.mark.java
+@pytest.mark.parametrize("caption", PTB_REGRESSION_CASES)
+def test_matches_ptb_tokenizer_on_regression_cases(caption: str, java_regression_tokens: dict[str, str]):
+    assert detokenize(tokenize(caption)) == java_regression_tokens[caption]
+
+
+@pytest.mark.parametrize("special", SPECIALS)
+def test_vocabulary_specials_stay_one_token(special: str):
+    """A model emits ``<unk>`` (and may emit the others): validation scores must see one word, as Java does."""
+    assert tokenize(f"a {special} dog") == ["a", special, "dog"]
+    assert tokenize(f"A{special.upper()}dog {special}. {special}") == ["a", special, "dog", special, special]
+    assert tokenize(detokenize(tokenize(f"a {special} dog"))) == ["a", special, "dog"]
 
 
 @needs_java
