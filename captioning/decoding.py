@@ -186,10 +186,12 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
                 min_length: int = 0, length_alpha: float = 0.0, block_trigrams: bool = False) -> list[Caption]:
     """Batched beam search: the beams of all B images advance as one (B*K) batch.
 
-    An image is finished once ``beam_size`` hypotheses have produced ``<end>``; its rows are then
-    dropped from the batch. Hypotheses are ranked by log-probability divided by the GNMT length
-    penalty (``length_alpha`` = 0 ranks by log-probability). An image none of whose hypotheses
-    reached ``<end>`` within ``max_length`` words gets its best unfinished hypothesis.
+    An image is finished once ``beam_size`` hypotheses have produced ``<end>`` (the usual early stop:
+    a live beam that might still have ended higher is not followed); its rows are then dropped from
+    the batch. The live beams are the ``beam_size`` best by log-probability; the finished ones are
+    ranked by log-probability divided by the GNMT length penalty (``length_alpha`` = 0 ranks by
+    log-probability). An image none of whose hypotheses reached ``<end>`` within ``max_length``
+    words gets its best unfinished hypothesis.
 
     Args:
         annotations: (B, P, C) image grids.
