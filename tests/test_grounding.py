@@ -64,6 +64,23 @@ def test_argmax_inside_a_box_that_misses_most_of_the_mass_is_a_hit():
     assert result["grounding-mass"] == pytest.approx(0.3) and result["grounding-pointing"] == 1.0
 
 
+def test_tied_peaks_score_the_share_of_them_that_hit():
+    # A flat map must not "point" at whatever cell (0, 0) covers: ties score the expected hit.
+    top_left = ObjectBox("dog", (0.0, 0.0, 25.0, 25.0))  # cell (0, 0) of a 4x4 grid
+    flat = score(one_image(top_left), ["dog"], [np.full((4, 4), 1 / 16)], (4, 4))
+    assert flat["grounding-pointing"] == pytest.approx(1 / 16)
+    two = score(one_image(DOG), ["dog"], [peak((4, 4), (1, 1, 0.5), (3, 2, 0.5))], (4, 4))
+    assert two["grounding-pointing"] == pytest.approx(0.5)
+
+
+def test_zero_size_boxes_count_for_neither_score():
+    point = ObjectBox("dog", (37.5, 37.5, 0.0, 0.0))  # exactly on the centre of cell (1, 1)
+    result = score(one_image(point), ["dog"], [peak((4, 4), (1, 1, 1.0))], (4, 4))
+    assert result == {"grounding-mass": None, "grounding-pointing": None, "grounding-words": 0}
+    both = score(one_image(point, DOG), ["dog"], [peak((4, 4), (1, 1, 1.0))], (4, 4))
+    assert both["grounding-words"] == 1 and both["grounding-mass"] == 1.0
+
+
 def test_unnormalised_attention_is_taken_as_shares():
     result = score(one_image(DOG), ["dog"], [peak((4, 4), (1, 1, 3.0), (0, 0, 1.0))], (4, 4))
     assert result["grounding-mass"] == pytest.approx(0.75)
@@ -119,11 +136,19 @@ def test_shape_mismatch_and_unknown_image_are_errors():
     ("puppy", "dog"), ("puppies", "dog"), ("dogs", "dog"), ("bike", "bicycle"), ("motorbike", "motorcycle"),
     ("plane", "airplane"), ("jets", "airplane"), ("television", "tv"), ("buses", "bus"), ("knives", "knife"),
     ("skis", "skis"), ("sandwiches", "sandwich"), ("benches", "bench"), ("ponies", "horse"),
+    ("lights", "traffic light"), ("sign", "stop sign"), ("glasses", "wine glass"), ("bat", "baseball bat"),
+    ("meters", "parking meter"), ("glove", "baseball glove"), ("boxes", "box"),
 ])
 def test_synonyms_and_plurals(word: str, category: str):
     target = ObjectBox(category, (0.0, 0.0, 10.0, 10.0))
     other = ObjectBox("toaster", (0.0, 0.0, 10.0, 10.0))
     assert WordMatcher().matches(word, [target, other]) == [target]
+
+
+def test_plural_rules_do_not_invent_categories():
+    skis = ObjectBox("skis", (0.0, 0.0, 10.0, 10.0))
+    assert WordMatcher().matches("skies", [skis]) == []  # skies -> sky, not ski
+    assert WordMatcher().matches("ski", [skis]) == [skis]
 
 
 def test_colour_words_name_objects_of_that_colour():

@@ -70,6 +70,18 @@ def test_peak_lies_in_its_cell(grid, cell, size, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_an_image_smaller_than_the_grid_loses_no_cell(mode):
+    # Shrinking a 14x14 map onto 5x5 pixels averages cells: none may vanish.
+    grid = (14, 14)
+    for row in range(14):
+        for column in range(14):
+            heat = upsample_attention(one_hot(grid, (row, column)), grid, (5, 5), mode, normalize=False)[0]
+            assert heat.max() > 0, (row, column)
+            peak = np.unravel_index(heat.argmax(), heat.shape)
+            assert abs(peak[0] - row * 5 / 14) <= 1.5 and abs(peak[1] - column * 5 / 14) <= 1.5, (row, column, peak)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_display_scaling_flat_and_zero_maps(mode):
     grid = (7, 7)
     attention = torch.stack([torch.full((49,), 1 / 49), torch.zeros(49), one_hot(grid, (3, 3))[0] * 0.2])

@@ -167,3 +167,15 @@ def test_visualization_config(checkpoint: Path):
         visualization_config(config, overrides=["model.decoder.hidden_dim=8"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         visualization_config(config, overrides=["decode.beam_size"])
+
+
+def test_figure_names_never_collide():
+    from captioning.visualization.api import _unique_stems
+
+    cases = [["a/cat.jpg", "b/cat.jpg", "cat-2.png"], ["a/cat.jpg", "b/Cat.jpg", "c/CAT.png"],
+             ["cat-1.png", "a/cat.jpg", "b/cat.jpg"], ["x.jpg", "y.png"]]
+    for case in cases:
+        names = _unique_stems([Path(name) for name in case])
+        assert len({name.casefold() for name in names}) == len(case), (case, names)
+    assert _unique_stems([Path("x.jpg"), Path("y.png")]) == ["x", "y"]
+    assert _unique_stems([Path("a/x.jpg"), Path("b/x.jpg")]) == ["x-1", "x-2"]

@@ -7,7 +7,12 @@ word's attention map:
 - mass: the share of the attention inside the union of the named objects' boxes, each grid
   cell's weight spread uniformly over the cell's area (so a box covering half a cell gets half
   that cell's weight);
-- pointing game: whether the centre of the most attended cell lies inside one of those boxes.
+- pointing game: whether the centre of the most attended cell lies inside one of those boxes
+  (edges included). When several cells share the maximum, the word scores the share of them that
+  hit, the expected hit of breaking the tie at random: a flat map scores the chance rate, not
+  whatever the first cell happens to cover.
+
+Boxes of zero width or height cover nothing and are left out of both.
 
 The attention grid covers the whole image (the encoder resizes without cropping): cell (r, c) of a
 (gh, gw) grid spans x in [c W/gw, (c+1) W/gw) and y in [r H/gh, (r+1) H/gh).
@@ -39,6 +44,10 @@ DEFAULT_SYNONYMS: Mapping[str, str] = {
     "hotdog": "hot dog", "hydrant": "fire hydrant", "teddy": "teddy bear", "plant": "potted plant",
     "racket": "tennis racket", "racquet": "tennis racket", "doughnut": "donut", "ski": "skis",
     "ship": "boat", "pony": "horse", "lamb": "sheep", "calf": "cow", "cattle": "cow",
+    # the head nouns of two-word categories, as captions say them
+    "light": "traffic light", "stoplight": "traffic light", "sign": "stop sign", "glass": "wine glass",
+    "bat": "baseball bat", "glove": "baseball glove", "mitt": "baseball glove", "meter": "parking meter",
+    "dryer": "hair drier", "hairdryer": "hair drier", "drier": "hair drier",
 }
 _IRREGULAR_SINGULAR = {"people": "person", "men": "man", "women": "woman", "children": "child", "mice": "mouse",
                        "knives": "knife", "geese": "goose", "feet": "foot", "teeth": "tooth"}
@@ -147,7 +156,7 @@ def _singulars(word: str) -> set[str]:
         forms.add(word[:-3] + "y")
     if word.endswith("ves") and len(word) > 3:
         forms.update([word[:-3] + "f", word[:-3] + "fe"])
-    if word.endswith("es") and len(word) > 2:
+    if word.endswith(("ses", "xes", "zes", "ches", "shes")):  # boxes, glasses, benches; not skies -> ski
         forms.add(word[:-2])
     if word.endswith("s") and not word.endswith("ss") and len(word) > 1:
         forms.add(word[:-1])
@@ -210,7 +219,7 @@ def grounding_scores(
         ValueError: an image without instances, or attention whose shape does not fit words and grid.
     """
     masses: list[float] = []
-    hits: list[bool] = []
+    hits: list[float] = []
     for image_id, words, attention, grid in items:
         if image_id not in instances.image_sizes:
             raise ValueError(f"image {image_id!r} is not in the instances file")
@@ -225,15 +234,16 @@ def grounding_scores(
         width, height = image_size
         for word, weights in zip(words, maps):
             named = matcher.matches(word, instances.objects.get(image_id, []))
-            if not named:
+            boxes = [obj.bbox for obj in named if obj.bbox[2] > 0 and obj.bbox[3] > 0]
+            if not boxes:
                 continue
-            boxes = [obj.bbox for obj in named]
             total = weights.sum()
             inside = (weights * box_coverage(boxes, image_size, grid)).sum()
             masses.append(float(inside / total) if total > 0 else 0.0)
-            row, col = np.unravel_index(int(np.argmax(weights)), (rows, cols))
-            centre_x, centre_y = (col + 0.5) * width / cols, (row + 0.5) * height / rows
-            hits.append(any(x <= centre_x <= x + w and y <= centre_y <= y + h for x, y, w, h in boxes))
+            peak_rows, peak_cols = np.nonzero(weights >= weights.max() - 1e-9 * abs(weights.max()))
+            centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows)
+            hits.append(float(np.mean([any(x <= cx <= x + w and y <= cy <= y + h for x, y, w, h in boxes)
+                                       for cx, cy in centres])))
     return {
         "grounding-mass": float(np.mean(masses)) if masses else None,
         "grounding-pointing": float(np.mean(hits)) if hits else None,

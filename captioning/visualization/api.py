@@ -73,11 +73,19 @@ def visualization_config(config: Config, data_config: str | Path | None = None, 
 
 
 def _unique_stems(paths: Sequence[Path]) -> list[str]:
-    """File stems, with ``-2``, ``-3`` ... added where two inputs share one."""
-    totals, seen, names = Counter(p.stem for p in paths), Counter(), []
+    """File stems, with ``-1``, ``-2`` ... added where inputs share one (ignoring letter case), and
+    never a name another input already has: ``a/cat.jpg``, ``b/Cat.jpg``, ``cat-2.png`` -> ``cat-1``,
+    ``Cat-3``, ``cat-2``."""
+    totals = Counter(p.stem.casefold() for p in paths)
+    taken = {p.stem.casefold() for p in paths if totals[p.stem.casefold()] == 1}  # unique stems keep theirs
+    names = []
     for path in paths:
-        seen[path.stem] += 1
-        names.append(path.stem if totals[path.stem] == 1 else f"{path.stem}-{seen[path.stem]}")
+        name, number = path.stem, 1
+        if totals[path.stem.casefold()] > 1:
+            while (name := f"{path.stem}-{number}").casefold() in taken:
+                number += 1
+            taken.add(name.casefold())
+        names.append(name)
     return names
 
 
@@ -94,7 +102,8 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
 
     Args:
         checkpoint: a checkpoint written by ``train.py``.
-        out_dir: figure folder; files are ``<image stem>.<format>`` (``<image id>`` for a split).
+        out_dir: figure folder; files are ``<image stem>.<format>``, ``-1``, ``-2`` ... added where stems repeat
+            (``<image id>`` for a split).
         mode: ``bilinear`` or ``gaussian`` attention upsampling.
         file_format: ``png``, ``pdf`` or ``svg``.
         html: also write the interactive HTML report there.

@@ -57,11 +57,13 @@ def upsample_attention(attention: Tensor | np.ndarray, grid: tuple[int, int], si
     if maps.size(0) == 0:
         return np.zeros((0, height, width), dtype=np.float32)
     maps = maps.unsqueeze(1)  # (T, 1, gh, gw)
+    # antialias: an image smaller than the grid (or the blurred blocks) averages cells instead of
+    # skipping them; enlarging is plain bilinear interpolation either way.
     if mode == "bilinear":
-        upsampled = F.interpolate(maps, size=(height, width), mode="bilinear", align_corners=False)
+        upsampled = F.interpolate(maps, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
     else:
         upsampled = F.interpolate(_blurred_blocks(maps, sigma_cells), size=(height, width), mode="bilinear",
-                                  align_corners=False)
+                                  align_corners=False, antialias=True)
     upsampled = upsampled.squeeze(1)  # (T, H, W)
     if normalize:
         peak = upsampled.amax(dim=(1, 2), keepdim=True)  # (T, 1, 1)
