@@ -156,6 +156,7 @@ class TrainConfig:
     """The optimisation: cross-entropy stage, then optionally self-critical."""
 
     output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
+    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes them; else refused
     epochs: int = 4  # cross-entropy epochs
     batch_size: int = 32  # images per batch (each brings all its captions)
     captions_per_image: int = 5  # captions of an image used per step (seq_per_img)
@@ -182,7 +183,7 @@ class TrainConfig:
     log_every: int = 20  # TensorBoard scalars every N steps
     # Self-critical sequence training (Rennie et al. 2017), after the cross-entropy epochs.
     scst_epochs: int = 0  # self-critical epochs after the cross-entropy epochs
-    scst_lr: float = 2e-5  # learning rate of the self-critical stage
+    scst_lr: float = 2e-5  # learning rate of the self-critical stage (a fine-tuned encoder's: encoder_lr * scst_lr / lr)
     scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
     scst_samples: int = 5  # sampled captions per image
 

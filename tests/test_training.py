@@ -319,3 +319,56 @@ def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, t
     # (frozen stages keep BatchNorm in eval mode, so their statistics stay put).
     assert changed and all(key.rsplit(".", 1)[0] in trainable_modules for key in changed), changed
     assert any(key in trainable for key in changed)
+
+
+# ----------------------------------------------------------------------------- stages, folders, resume
+def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_root, tmp_path):
+    # lr ~ 0: epoch 2 cannot beat epoch 1, so patience 1 ends cross-entropy early; SCST must still run.
+    overrides = tiny_overrides(data_root, tmp_path / "run", **{
+        "train.epochs": 4, "train.early_stop_patience": 1, "train.lr": 1e-12, "train.scst_epochs": 1,
+        "train.scst_samples": 2, "train.schedule": "step", "train.step_size": 1, "train.gamma": 0.5})
+    outputs = train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
+    history = outputs.state.history
+    assert [h["stage"] for h in history] == ["xe", "xe", "scst"]
+    assert (tmp_path / "run" / "checkpoints" / "best_scst.pt").is_file()
+    # The rate each epoch used (a step schedule halves it after every epoch), not the next one.
+    assert [h["lr"] for h in history[:2]] == pytest.approx([1e-12, 0.5e-12])
+    assert all(path.exists() for path in outputs.files.values())
+
+
+def test_a_new_run_refuses_a_folder_holding_another_runs_checkpoints(data_root, tmp_path):
+    run = tmp_path / "run"
+    flags = as_flags(tiny_overrides(data_root, run, **{"train.max_steps": 2}))
+    assert run_train(flags).returncode == 0
+    second = run_train(flags)
+    assert second.returncode == 2
+    message = (f"error: {run}: holds an earlier run's checkpoints (last.pt); continue it with --resume, replace it "
+               "with --set train.overwrite=true, or choose another --output-dir")
+    assert second.stderr.strip().splitlines() == [message]
+    replaced = run_train([*flags, "--set", "train.max_steps=1", "--set", "train.overwrite=true"])
+    assert replaced.returncode == 0, replaced.stderr
+    assert [s["step"] for s in read_steps(run)] == [1]  # the earlier run's steps are gone
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
+
+
+def test_resume_refuses_a_changed_configuration(data_root, tmp_path):
+    run = tmp_path / "run"
+    flags = as_flags(tiny_overrides(data_root, run, **{"train.max_steps": 2}))
+    assert run_train(flags).returncode == 0
+    changed = run_train([*flags, "--lr", "0.5", "--resume"])
+    assert changed.returncode == 2
+    message = changed.stderr.strip().splitlines()
+    assert len(message) == 1 and "last.pt: train.lr is 0.001 in the checkpoint but 0.5 now" in message[0]
+    longer = run_train([*flags, "--set", "train.max_steps=3", "--set", "decode.beam_size=1", "--resume"])
+    assert longer.returncode == 0, longer.stderr  # length and decoding may change
+    assert [s["step"] for s in read_steps(run)] == [1, 2, 3]
+
+
+def test_self_critical_stage_scales_a_fine_tuned_encoders_rate(data_root, tmp_path):
+    overrides = tiny_overrides(data_root, tmp_path / "run", **{
+        "model.encoder.fine_tune_stages": 1, "train.epochs": 1, "train.scst_epochs": 1, "train.scst_samples": 2,
+        "train.lr": 1e-3, "train.encoder_lr": 1e-4, "train.scst_lr": 1e-5, "train.schedule": "none",
+        "data.shapes_train": 8})
+    train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
+    groups = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["optimizer"]["param_groups"]
+    assert {g["name"]: g["lr"] for g in groups} == pytest.approx({"decoder": 1e-5, "encoder": 1e-6})

@@ -80,6 +80,15 @@ def broadcast_parameters(module: nn.Module) -> None:
             dist.broadcast(param.data, src=0)
 
 
+def all_gather_objects(value: object) -> list:
+    """``value`` of every process, in rank order (``[value]`` with one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -117,12 +117,51 @@ def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config,
     return scores.overall, examples
 
 
-def optimizer_for(model: Captioner, lr: float, config: Config) -> torch.optim.Optimizer:
+# What may differ between a checkpoint's configuration and the run that resumes it: how long and
+# where to run, logging, and decoding (it only changes validation). The self-critical settings may
+# still change while the checkpoint is in its cross-entropy stage.
+RESUMABLE_KEYS = frozenset([
+    "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
+    "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
+    "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
+    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images",
+])
+RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline"])
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def check_resumable(stored: Config, config: Config, stage: str, path: Path) -> None:
+    """Refuse to resume a checkpoint under a configuration that would not continue the same run.
+
+    Raises:
+        CheckpointError: one line naming the first key that differs and may not change.
+    """
+    allowed = RESUMABLE_KEYS | (RESUMABLE_BEFORE_SCST if stage == "xe" else frozenset())
+    old, new = _flat(to_dict(stored)), _flat(to_dict(config))
+    changed = [key for key in new if old.get(key) != new[key] and key not in allowed and not key.startswith("decode.")]
+    if changed:
+        key = changed[0]
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise CheckpointError(f"{path}: {key} is {old.get(key)!r} in the checkpoint but {new[key]!r} now{more}; "
+                              "a resumed run keeps its configuration (pass the same --config and flags), "
+                              "apart from its length, logging, paths and decoding")
+
+
+def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config) -> torch.optim.Optimizer:
     """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
     groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
-        groups.append({"params": encoder_params, "lr": config.train.encoder_lr, "name": "encoder"})
+        groups.append({"params": encoder_params, "lr": encoder_lr, "name": "encoder"})
     return torch.optim.Adam(groups, weight_decay=config.train.weight_decay)
 
 
@@ -154,8 +193,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def _new_stage(self, stage: str) -> None:
-        lr = self.config.train.scst_lr if stage == "scst" else self.config.train.lr
-        self.optimizer = optimizer_for(self.model, lr, self.config)
+        train = self.config.train
+        # The self-critical stage scales a fine-tuned encoder's rate as it scales the decoder's.
+        scale = train.scst_lr / train.lr if stage == "scst" else 1.0
+        self.optimizer = optimizer_for(self.model, train.lr * scale, train.encoder_lr * scale, self.config)
         self.scheduler = scheduler_for(self.optimizer, self.config)
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
@@ -167,6 +208,7 @@ class Trainer:
     def checkpoint(self, name: str) -> Path:
         """Write ``checkpoints/<name>.pt`` (rank 0 only) with everything ``--resume`` needs."""
         path = self.checkpoint_dir / f"{name}.pt"
+        rng = distributed.all_gather_objects(rng_state())  # every rank's streams (dropout, sampling)
         if not self.group.is_main:
             return path
         encoder_state = self.model.encoder.state_dict() if self.config.model.encoder.fine_tune_stages else None
@@ -176,7 +218,7 @@ class Trainer:
                         training={"state": self.state.to_dict(), "optimizer": self.optimizer.state_dict(),
                                   "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                                   "scaler": self.scaler.state_dict() if self.scaler else None,
-                                  "rng": rng_state()})
+                                  "rng": rng[0], "rng_per_rank": rng})
         return path
 
     def resume(self, path: Path) -> None:
@@ -185,7 +227,8 @@ class Trainer:
         training = payload.get("training")
         if not training:
             raise CheckpointError(f"{path}: has no training state to resume from")
-        _, vocab = checkpoint_config(payload, path)
+        stored, vocab = checkpoint_config(payload, path)
+        check_resumable(stored, self.config, training["state"].get("stage", "xe"), path)
         if vocab != self.model.vocab:
             raise CheckpointError(f"{path}: vocabulary differs from this run's ({len(vocab)} vs "
                                   f"{len(self.model.vocab)} words)")
@@ -199,7 +242,9 @@ class Trainer:
             self.scheduler.load_state_dict(training["scheduler"])
         if self.scaler is not None and training.get("scaler"):
             self.scaler.load_state_dict(training["scaler"])
-        set_rng_state(training["rng"])
+        per_rank = training.get("rng_per_rank") or [training["rng"]]
+        same_ranks = len(per_rank) == self.group.world_size
+        set_rng_state(per_rank[self.group.rank] if same_ranks else training["rng"])  # exact with the same ranks
         self._trim_steps_log()
 
     def _trim_steps_log(self) -> None:
@@ -231,7 +276,8 @@ class Trainer:
         """Run the remaining epochs of both stages, validating after each epoch."""
         for stage in ("xe", "scst"):
             if stage == "scst" and self.state.stage == "xe":
-                if not self.config.train.scst_epochs or self._stopped:
+                # Early stopping ends the cross-entropy stage only; max_steps ends the run.
+                if not self.config.train.scst_epochs or self._out_of_steps:
                     break
                 self.state = replace(self.state, stage="scst", epoch=0, batch_in_epoch=0,
                                      best_metric=-math.inf, best_epoch=-1, epochs_without_improvement=0)
@@ -239,6 +285,10 @@ class Trainer:
                 if best.exists():  # self-critical training starts from the best cross-entropy model
                     payload = load_checkpoint(best)
                     load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", best)
+                    if payload.get("encoder") is not None:
+                        load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
+                    if self.group.is_main:
+                        print(f"self-critical training starts from {best}", flush=True)
                 self._new_stage("scst")
             if self.state.stage != stage:
                 continue
@@ -247,11 +297,14 @@ class Trainer:
         return self.state
 
     @property
+    def _out_of_steps(self) -> bool:
+        return bool(self.config.train.max_steps) and self.state.global_step >= self.config.train.max_steps
+
+    @property
     def _stopped(self) -> bool:
-        config = self.config.train
-        out_of_steps = bool(config.max_steps) and self.state.global_step >= config.max_steps
-        patience = config.early_stop_patience
-        return out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
+        """The current stage is over early: out of steps, or no gain in ``early_stop_patience`` epochs."""
+        patience = self.config.train.early_stop_patience
+        return self._out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
 
     def _run_epoch(self) -> None:
         config, state = self.config, self.state
@@ -272,6 +325,7 @@ class Trainer:
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this epoch used, before the schedule moves it
         if self.scheduler is not None:
             if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 self.scheduler.step(metric)
@@ -280,7 +334,7 @@ class Trainer:
         record = {"stage": state.stage, "epoch": state.epoch + 1, "seconds": round(time.time() - started, 1),
                   **{f"train_{k}": v for k, v in numbers.items()},
                   **{f"val_{k}": v for k, v in scores.items() if v is not None},
-                  "lr": self.optimizer.param_groups[0]["lr"]}
+                  "lr": lr}
         state.history.append(record)
         if improved:
             state.best_metric, state.best_epoch, state.epochs_without_improvement = metric, state.epoch + 1, 0
@@ -344,6 +398,29 @@ def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
     return written
 
 
+def _claim_output_dir(output_dir: Path, overwrite: bool, group: distributed.ProcessGroup) -> None:
+    """A new run must not mix with an earlier run's checkpoints and logs in the same folder.
+
+    Without ``train.overwrite`` such a folder is refused (its best checkpoint would otherwise be
+    scored as this run's); with it, the earlier run's checkpoints, step log, history and
+    TensorBoard events are deleted first.
+    """
+    earlier = sorted((output_dir / "checkpoints").glob("*.pt"))
+    if not earlier:
+        return
+    if not overwrite:
+        raise CheckpointError(f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
+                              "continue it with --resume, replace it with --set train.overwrite=true, or choose "
+                              "another --output-dir")
+    distributed.barrier()  # every rank has looked before rank 0 deletes
+    if group.is_main:
+        for path in [*earlier, output_dir / "steps.jsonl", output_dir / "history.json",
+                     *(output_dir / "tensorboard").glob("events.out.tfevents.*")]:
+            path.unlink(missing_ok=True)
+        print(f"overwrite: deleted the earlier run's checkpoints and logs in {output_dir}", flush=True)
+    distributed.barrier()
+
+
 def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> RunOutputs:
     """Train as configured; returns what was written where.
 
@@ -358,9 +435,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         torch.cuda.set_device(device)
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
     output_dir = Path(config.train.output_dir)
+    resume = Path(resume) if resume is not None else None
+    if resume is None:
+        _claim_output_dir(output_dir, config.train.overwrite, group)
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs = RunOutputs(output_dir)
-    resume = Path(resume) if resume is not None else None
 
     if group.is_main:
         print(f"configuration: {config_json(config)}", flush=True)
@@ -401,7 +480,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             if path.exists():
                 outputs.files[f"checkpoint ({name})"] = path
         outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
-        outputs.files["step log"] = trainer.steps_log
+        if trainer.steps_log.exists():  # no step was taken in a run of 0 epochs
+            outputs.files["step log"] = trainer.steps_log
         history = output_dir / "history.json"
         text = json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1)
         atomic_write(history, lambda p: p.write_text(text))
