@@ -83,7 +83,7 @@ class Sizes:
     tutorial_beam_images: int = 2  # the tutorial decodes one image at a time: its rate is per image
     matmul_size: int = 2048  # 8192 on CUDA
     shapes_images: int = 64
-    shapes_image_size: int = 224
+    shapes_image_size: int = 448  # Lite0's native grid is 14x14 at 448 px (7x7 at 224)
     shapes_grid: int = 14
     coco_steps: int = 20  # timed batches of the COCO epoch estimate
 

@@ -75,7 +75,7 @@ class EncoderConfig:
     name: str = "efficientnet_lite0"  # a name from captioning.models.encoders.ENCODERS
     weights: str = "pretrained"  # pretrained | none | path to a state-dict file
     image_size: int = 224  # images resized to a square of this side, no crop (the grid covers the image)
-    grid_size: int = 14  # adaptive pooling to grid_size x grid_size; 0 keeps the native grid
+    grid_size: int = 0  # 0 keeps the native grid; else adaptive pooling to grid_size x grid_size (coarser only)
     fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
 
     def __post_init__(self) -> None:

@@ -239,3 +239,26 @@ def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
     set_rng_state(state)  # also straight from memory
     again = draws()
     assert again[:3] == expected[:3] and torch.equal(again[3], expected[3])
+
+
+def test_the_evaluated_checkpoint_is_the_one_with_the_best_validation_score(tmp_path):
+    # Self-critical epochs need not beat the cross-entropy model they start from.
+    from captioning.training.run import best_checkpoint
+
+    config, vocab = make_config(), make_vocab()
+    decoder = ShowAttendTellDecoder.from_config(config.model.decoder, len(vocab), C)
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+
+    def write(name: str, best_metric: float) -> None:
+        save(folder / f"{name}.pt", config, vocab, decoder, training={"state": {"best_metric": best_metric}})
+
+    write("last", 0.1)
+    assert best_checkpoint(tmp_path) == folder / "last.pt"
+    write("best", 1.2)
+    write("best_scst", 1.1)
+    assert best_checkpoint(tmp_path) == folder / "best.pt"
+    write("best_scst", 1.3)
+    assert best_checkpoint(tmp_path) == folder / "best_scst.pt"
+    write("best_scst", 1.2)
+    assert best_checkpoint(tmp_path) == folder / "best_scst.pt"  # a tie goes to the self-critical model

@@ -163,7 +163,7 @@ def test_fingerprint_changes_with_weights_grid_and_image_size() -> None:
     backbone = _random_backbone("efficientnet_lite0")
     base = Encoder("efficientnet_lite0", backbone, 64, 2).fingerprint()
     assert Encoder("efficientnet_lite0", backbone, 64, 2).fingerprint() == base
-    assert Encoder("efficientnet_lite0", backbone, 64, 4).fingerprint() != base
+    assert Encoder("efficientnet_lite0", backbone, 64, 1).fingerprint() != base
     # The native grid at 64 px is 2x2: grid_size 0 gives the same features, so the same key.
     assert Encoder("efficientnet_lite0", backbone, 64, 0).fingerprint() == base
     assert Encoder("efficientnet_lite0", backbone, 96, 2).fingerprint() != base
@@ -207,3 +207,36 @@ def test_lite0_pretrained_weights_classify_real_photos(lite0: Encoder) -> None:
     assert coffee in (967, 968)  # espresso, cup (observed: 967, p 0.90)
     assert probabilities.max(-1).values.min() > 0.5
     assert grid_features.shape == (2, 49, 1280) and torch.isfinite(grid_features).all()
+
+
+def test_frozen_stages_compute_in_training_mode_what_they_compute_at_test_time():
+    # EfficientNet drops residual branches at random in training mode (stochastic depth): a frozen
+    # stage must not, or training features differ from validation and test features.
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 64, 64)
+    frozen = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0))
+    with torch.no_grad():
+        expected = frozen.eval()(images)
+        frozen.train()
+        torch.testing.assert_close(frozen(images), expected)
+        torch.testing.assert_close(frozen(images), expected)
+    tuned = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0,
+                                        fine_tune_stages=2)).train()
+    layers = [[m for m in stage.modules() if not isinstance(m, nn.ModuleList)] for stage in tuned.stages()]
+    assert not any(m.training for stage in layers[:-2] for m in stage)
+    assert all(m.training for stage in layers[-2:] for m in stage)
+
+
+def test_random_weights_are_told_apart_by_the_cache_key():
+    def fingerprint(seed: int) -> dict:
+        torch.manual_seed(seed)
+        return build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64,
+                                           grid_size=0)).fingerprint()
+
+    assert fingerprint(1) == fingerprint(1)
+    assert fingerprint(1) != fingerprint(2)
+
+
+def test_a_grid_finer_than_the_native_one_is_refused():
+    with pytest.raises(ConfigError, match=r"model.encoder.grid_size 14 is finer than efficientnet_lite0's native 7x7"):
+        build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=224, grid_size=14))

@@ -116,10 +116,10 @@ def test_built_once_then_reused(tmp_path: Path, encoder: Encoder, records, refer
 def test_changed_encoder_or_images_make_new_caches(tmp_path: Path, encoder: Encoder, records) -> None:
     first = _build(tmp_path, encoder, records)
     bigger = _build(tmp_path, _encoder(image_size=96), records)
-    finer = _build(tmp_path, _encoder(grid_size=3), records)
+    coarser = _build(tmp_path, _encoder(grid_size=1), records)
     fewer = _build(tmp_path, encoder, records[:5])
-    assert len({first.path, bigger.path, finer.path, fewer.path}) == 4
-    assert finer.shape == (NUM_IMAGES, 9, encoder.channels) and len(fewer) == 5
+    assert len({first.path, bigger.path, coarser.path, fewer.path}) == 4
+    assert coarser.shape == (NUM_IMAGES, 1, encoder.channels) and len(fewer) == 5
     assert len(list(tmp_path.glob("*/index.json"))) == 4  # all coexist
     assert not np.array_equal(bigger[0], first[0])
 

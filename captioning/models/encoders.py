@@ -28,7 +28,6 @@ import torch.hub
 import torchvision.models as tvm
 from torch import nn
 from torch.func import functional_call
-from torch.nn.modules.batchnorm import _BatchNorm
 from torchvision import transforms
 from torchvision.models import WeightsEnum
 from torchvision.transforms import InterpolationMode
@@ -123,6 +122,10 @@ class Encoder(nn.Module):
         self.backbone.train(was_training)
         self.channels = int(probe.shape[1])
         self.native_grid = (int(probe.shape[2]), int(probe.shape[3]))
+        if grid_size > min(self.native_grid):
+            raise ConfigError(f"model.encoder.grid_size {grid_size} is finer than {name}'s native "
+                             f"{self.native_grid[0]}x{self.native_grid[1]} grid at {image_size} px: pooling would only "
+                             "repeat cells; use 0 (the native grid), a smaller grid_size or a larger image_size")
         self.grid = (grid_size, grid_size) if grid_size else self.native_grid
         self.trainable_stages = 0
         self.set_trainable(0)
@@ -152,21 +155,34 @@ class Encoder(nn.Module):
         self.train(self.training)
 
     def train(self, mode: bool = True) -> Encoder:
-        """Set the training mode, keeping frozen BatchNorm layers in eval mode (running stats fixed)."""
+        """Set the training mode; frozen stages stay in eval mode whole.
+
+        A frozen stage must compute what it computes at test time: BatchNorm with its running
+        statistics, and no dropout or stochastic depth (EfficientNet drops residual branches at
+        random in training mode).
+        """
         super().train(mode)
         if mode:
-            trainable = {id(m) for stage in self._stages[len(self._stages) - self.trainable_stages:]
-                         for m in stage.modules()}
-            for module in self.backbone.modules():
-                if isinstance(module, _BatchNorm) and id(module) not in trainable:
-                    module.eval()
+            for stage in self._stages[:len(self._stages) - self.trainable_stages]:
+                stage.eval()
         return self
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything that determines the features, as plain JSON types (the feature-cache key)."""
+        """Everything that determines the features, as plain JSON types (the feature-cache key).
+
+        Random weights (``weights: none``) are identified by a hash of their values, so that two
+        random encoders never share a cache.
+        """
+        weights = self.weights
+        if weights.get("none"):
+            digest = hashlib.sha256()
+            for name, tensor in sorted(self.backbone.state_dict().items()):
+                digest.update(name.encode())
+                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+            weights = {**weights, "sha256": digest.hexdigest()}
         return {
             "name": self.name,
-            "weights": self.weights,
+            "weights": weights,
             "image_size": self.image_size,
             "resize": "square, no crop",
             "interpolation": self.interpolation.value,
@@ -180,7 +196,8 @@ def build_encoder(config: EncoderConfig) -> Encoder:
     """The encoder named by ``config.name`` with its weights, grid and trainable stages.
 
     Raises:
-        ConfigError: unknown name, or more fine-tuning stages than the backbone has.
+        ConfigError: unknown name, more fine-tuning stages than the backbone has, or a grid_size
+            finer than the backbone's native grid.
         EncoderWeightsError: weights missing, unreachable or not matching the network.
     """
     if config.name not in ENCODERS:
@@ -223,9 +240,9 @@ def _published_file(published: WeightsEnum) -> Path:
     path = Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     match = torch.hub.HASH_REGEX.search(path.name)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a read-only or odd hub folder is an OSError too
         with _socket_timeout(DOWNLOAD_TIMEOUT_S):
             torch.hub.download_url_to_file(url, str(path), hash_prefix=match.group(1) if match else None,
                                            progress=True)

@@ -211,7 +211,9 @@ class Trainer:
         rng = distributed.all_gather_objects(rng_state())  # every rank's streams (dropout, sampling)
         if not self.group.is_main:
             return path
-        encoder_state = self.model.encoder.state_dict() if self.config.model.encoder.fine_tune_stages else None
+        encoder = self.config.model.encoder
+        # Trained or random encoder weights cannot be rebuilt from their name: save them.
+        encoder_state = self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none" else None
         save_checkpoint(path, config=self.config, vocab=self.model.vocab,
                         decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
                         encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
@@ -491,10 +493,19 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
 
 
 def best_checkpoint(output_dir: Path) -> Path:
-    """The checkpoint to evaluate: the best self-critical one, else the best, else the last."""
-    for name in ("best_scst", "best", "last"):
+    """The checkpoint to evaluate: of ``best_scst.pt`` and ``best.pt``, the one with the higher
+    validation metric (self-critical epochs need not beat the cross-entropy model they start
+    from; a tie goes to the self-critical one), else ``last.pt``."""
+    scored = []
+    for order, name in enumerate(("best_scst", "best")):
         path = output_dir / "checkpoints" / f"{name}.pt"
         if path.exists():
-            return path
+            state = (load_checkpoint(path).get("training") or {}).get("state", {})
+            scored.append((state.get("best_metric", -math.inf), -order, path))
+    if scored:
+        return max(scored)[2]
+    last = output_dir / "checkpoints" / "last.pt"
+    if last.exists():
+        return last
     raise CheckpointError(f"{output_dir / 'checkpoints'}: no checkpoint found")
 
