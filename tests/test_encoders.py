@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 import urllib.error
 from pathlib import Path
@@ -119,7 +120,8 @@ def test_local_weights_file_round_trips(tmp_path: Path) -> None:
     torch.save(source.state_dict(), path)
     encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights=str(path), image_size=64))
     assert torch.equal(encoder.backbone._conv_stem.weight, source._conv_stem.weight)
-    assert encoder.fingerprint()["weights"]["file"] == str(path.resolve())
+    assert encoder.fingerprint()["weights"] == {"size": path.stat().st_size,
+                                                "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def test_offline_pretrained_raises_quickly_naming_file_url_and_place(tmp_path: Path, monkeypatch) -> None:
@@ -170,7 +172,28 @@ def test_fingerprint_changes_with_weights_grid_and_image_size() -> None:
     pretrained = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64,
                                              grid_size=2))
     assert pretrained.fingerprint() != base
-    assert pretrained.fingerprint()["weights"]["file"].endswith(".pth")
+    assert len(pretrained.fingerprint()["weights"]["sha256"]) == 64
+
+
+def test_a_moved_weights_file_keeps_its_fingerprint(tmp_path: Path) -> None:
+    # The same bytes give the same features: the feature cache must survive a copy or a reinstall.
+    from captioning.models import efficientnet_lite
+
+    original = efficientnet_lite.lite0_weights_file()
+    copy = tmp_path / "elsewhere" / "lite0.pth"
+    copy.parent.mkdir()
+    copy.write_bytes(original.read_bytes())
+
+    def fingerprint(weights: str) -> dict:
+        return build_encoder(EncoderConfig(name="efficientnet_lite0", weights=weights, image_size=64,
+                                           grid_size=0)).fingerprint()
+
+    assert fingerprint(str(copy)) == fingerprint("pretrained")
+    changed = tmp_path / "changed.pth"
+    content = bytearray(original.read_bytes())
+    content[len(content) // 2] ^= 1  # one bit: other weights, another cache
+    changed.write_bytes(bytes(content))
+    assert encoders.file_identity(changed) != encoders.file_identity(original)
 
 
 def test_transform_resizes_to_a_square_without_cropping() -> None:

@@ -217,11 +217,17 @@ def build_encoder(config: EncoderConfig) -> Encoder:
 
 
 def file_identity(path: Path) -> dict[str, Any]:
-    """A weights file's identity: absolute path, size, mtime and sha256 of its first MiB."""
-    stat = path.stat()
+    """A weights file's identity: its size and the sha256 of its content.
+
+    Not its path or modification time: a moved, copied or reinstalled file with the same bytes
+    gives the same features, so it must keep the same feature cache (hashing takes well under a
+    second even for ResNet-152's 230 MB).
+    """
+    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        head = hashlib.sha256(handle.read(1 << 20)).hexdigest()
-    return {"file": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime, "sha256_1mb": head}
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 @contextlib.contextmanager
