@@ -262,3 +262,23 @@ def test_the_evaluated_checkpoint_is_the_one_with_the_best_validation_score(tmp_
     assert best_checkpoint(tmp_path) == folder / "best_scst.pt"
     write("best_scst", 1.2)
     assert best_checkpoint(tmp_path) == folder / "best_scst.pt"  # a tie goes to the self-critical model
+
+
+def test_a_checkpoint_refuses_an_encoder_with_other_weights(tmp_path):
+    # The decoder learned from one encoder's features: another set of weights (an edited file, another
+    # version) would give it features it never saw.
+    from captioning.evaluation.runner import load_captioner
+    from captioning.models.encoders import build_encoder
+
+    config, vocab = Config(), make_vocab()
+    encoder = build_encoder(config.model.encoder)
+    decoder = ShowAttendTellDecoder.from_config(config.model.decoder, len(vocab), encoder.channels)
+    path = tmp_path / "model.pt"
+    save(path, config, vocab, decoder, encoder_fingerprint=encoder.fingerprint())
+    model, _ = load_captioner(path, torch.device("cpu"))
+    assert model.encoder.fingerprint() == encoder.fingerprint()
+    other = {**encoder.fingerprint(), "weights": {"size": 1, "sha256": "0" * 64}}
+    save(path, config, vocab, decoder, encoder_fingerprint=other)
+    with pytest.raises(CheckpointError, match=r"model\.pt: the encoder weights differ from those it was trained with"):
+        load_captioner(path, torch.device("cpu"))
+

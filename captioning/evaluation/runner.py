@@ -19,6 +19,7 @@ from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_
 from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
+    CheckpointError,
     atomic_write,
     checkpoint_config,
     load_checkpoint,
@@ -48,6 +49,11 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
     load_state_checked(model.decoder, payload["decoder"], "decoder", checkpoint)
     if payload.get("encoder") is not None:
         load_state_checked(model.encoder, payload["encoder"], "encoder", checkpoint)
+    trained = (payload.get("encoder_fingerprint") or {}).get("weights")
+    now = model.encoder.fingerprint()["weights"]
+    if trained is not None and trained != now:  # other features than the decoder learned from
+        raise CheckpointError(f"{checkpoint}: the encoder weights differ from those it was trained with "
+                              f"({json.dumps(trained, sort_keys=True)} then, {json.dumps(now, sort_keys=True)} now)")
     return model.to(device).eval(), config
 
 
