@@ -45,6 +45,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFile
                     decode=DecodeConfig(strategy="greedy", beam_size=2, min_length=3, max_length=4))
     path = tmp_path_factory.mktemp("checkpoint") / "best.pt"
     save_checkpoint(path, config=config, vocab=shapes_vocab, decoder_state=model.decoder.state_dict(),
+                    encoder_state=model.encoder.state_dict(),  # random weights: saved, as training does
                     encoder_fingerprint=model.encoder.fingerprint())
     return path
 
