@@ -63,8 +63,10 @@ def _allowed(log_probs: Tensor, step: int, min_length: int) -> Tensor:
     ``<pad>`` and ``<start>`` are never emitted (the model gives them little but nonzero mass;
     an untrained one a lot), and ``<end>`` not before ``min_length`` words. The others keep the
     model's log-probabilities (not renormalised), so a caption's log-probability is the model's.
+    Masks in place (no (N, V) copy per step) unless autograd needs the original.
     """
-    log_probs = log_probs.clone()
+    if log_probs.requires_grad:  # a self-critical rollout: autograd still needs the original
+        log_probs = log_probs.clone()
     log_probs[:, [PAD, START]] = float("-inf")
     if step < min_length:
         log_probs[:, END] = float("-inf")
@@ -252,7 +254,8 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
             step_beta = beta.index_select(0, source_rows).unsqueeze(1)
             beta_history = step_beta if beta_history is None else torch.cat(
                 [beta_history.index_select(0, source_rows), step_beta], dim=1)
-        state = state.select(source_rows)  # beams move within their image's block: ``prepared`` holds
+        # Beams move only within their image's block of K rows: ``prepared`` (one copy per image) stays.
+        state = state.select(source_rows)
         # Drop images that have K finished hypotheses.
         done = torch.tensor([len(finished[i]) >= k for i in images.tolist()], device=device)
         if done.all():
