@@ -1,0 +1,302 @@
+"""The trainer: the epoch loop of both stages, validation by decoding, checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.tensorboard import SummaryWriter
+
+from captioning.config import Config, to_dict
+from captioning.data.datasets import CaptionDataset, collate_captions
+from captioning.evaluation.metrics import CiderDScorer, score_captions
+from captioning.models.captioner import Captioner
+from captioning.training import distributed
+from captioning.training.checkpoint import (
+    CheckpointError,
+    atomic_write,
+    checkpoint_config,
+    load_checkpoint,
+    load_state_checked,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from captioning.training.engine import EpochBatches, TrainState, generate_captions, train_one_epoch
+
+
+def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.device) -> DataLoader:
+    # An own generator: creating the loader's iterator must not draw from the global RNG, or a
+    # resumed run (whose iterator starts mid-epoch) would see different dropout masks.
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
+                      num_workers=config.data.num_workers, pin_memory=device.type == "cuda",
+                      generator=torch.Generator().manual_seed(config.train.seed))
+
+
+def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
+                   limit: int = 0, progress: bool = True, desc: str = "decoding"):
+    """Caption the first ``limit`` (0 = all) images of ``dataset``: (index, image id, Caption) triples."""
+    count = len(dataset) if not limit else min(limit, len(dataset))
+    batches = EpochBatches(count, config.decode.batch_size, seed=0, epoch=0, shuffle=False)
+    return generate_captions(model, loader_for(dataset, batches, config, device), config.decode, device,
+                             progress=progress, desc=desc)
+
+
+def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
+                      progress: bool) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]]]:
+    """Decode the validation images for real and score them (CIDEr-D, BLEU-4 ...; no Java needed)."""
+    triples = decode_records(model, dataset, config, device, config.train.val_images, progress, "validating")
+    candidates = {image_id: " ".join(caption.words(model.vocab)) for _, image_id, caption in triples}
+    references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in triples}
+    scores = score_captions(references, candidates, use_java=False)
+    examples = [(image_id, candidates[image_id], references[image_id][:1]) for _, image_id, _ in triples[:3]]
+    return scores.overall, examples
+
+
+# What may differ between a checkpoint's configuration and the run that resumes it: how long and
+# where to run, logging, and decoding (it only changes validation). The self-critical settings may
+# still change while the checkpoint is in its cross-entropy stage.
+RESUMABLE_KEYS = frozenset([
+    "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
+    "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
+    "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
+    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images",
+])
+RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline"])
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def check_resumable(stored: Config, config: Config, stage: str, path: Path) -> None:
+    """Refuse to resume a checkpoint under a configuration that would not continue the same run.
+
+    Raises:
+        CheckpointError: one line naming the first key that differs and may not change.
+    """
+    allowed = RESUMABLE_KEYS | (RESUMABLE_BEFORE_SCST if stage == "xe" else frozenset())
+    old, new = _flat(to_dict(stored)), _flat(to_dict(config))
+    changed = [key for key in new if old.get(key) != new[key] and key not in allowed and not key.startswith("decode.")]
+    if changed:
+        key = changed[0]
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise CheckpointError(f"{path}: {key} is {old.get(key)!r} in the checkpoint but {new[key]!r} now{more}; "
+                              "a resumed run keeps its configuration (pass the same --config and flags), "
+                              "apart from its length, logging, paths and decoding")
+
+
+def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config) -> torch.optim.Optimizer:
+    """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
+    groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}]
+    encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
+    if encoder_params:
+        groups.append({"params": encoder_params, "lr": encoder_lr, "name": "encoder"})
+    return torch.optim.Adam(groups, weight_decay=config.train.weight_decay)
+
+
+def scheduler_for(optimizer: torch.optim.Optimizer, config: Config):
+    builders = {
+        "none": lambda: None,
+        "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
+        "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="max", factor=config.train.gamma, patience=config.train.plateau_patience),
+    }
+    return builders[config.train.schedule]()
+
+
+class Trainer:
+    """Holds a run's parts; ``fit`` runs the cross-entropy then the self-critical stage."""
+
+    def __init__(self, config: Config, output_dir: Path, model: Captioner, train_set: CaptionDataset,
+                 val_set: CaptionDataset, device: torch.device, group: distributed.ProcessGroup, progress: bool):
+        self.config, self.output_dir, self.model = config, output_dir, model
+        self.train_set, self.val_set, self.device, self.group = train_set, val_set, device, group
+        self.progress = progress and group.is_main
+        self.state = TrainState()
+        self.checkpoint_dir = output_dir / "checkpoints"
+        self.writer = SummaryWriter(str(output_dir / "tensorboard")) if group.is_main else None
+        self.steps_log = output_dir / "steps.jsonl"
+        self.rewarder = None
+        self._new_stage("xe")
+        self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
+
+    # ------------------------------------------------------------------ state
+    def _new_stage(self, stage: str) -> None:
+        train = self.config.train
+        # The self-critical stage scales a fine-tuned encoder's rate as it scales the decoder's.
+        scale = train.scst_lr / train.lr if stage == "scst" else 1.0
+        self.optimizer = optimizer_for(self.model, train.lr * scale, train.encoder_lr * scale, self.config)
+        self.scheduler = scheduler_for(self.optimizer, self.config)
+        if stage == "scst" and self.rewarder is None:
+            references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
+            scorer = CiderDScorer(references)  # document frequencies once, from the training references
+            vocab = self.model.vocab
+            self.rewarder = lambda ids, token_ids: scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id]
+                                                                      for row in token_ids])
+
+    def checkpoint(self, name: str) -> Path:
+        """Write ``checkpoints/<name>.pt`` (rank 0 only) with everything ``--resume`` needs."""
+        path = self.checkpoint_dir / f"{name}.pt"
+        rng = distributed.all_gather_objects(rng_state())  # every rank's streams (dropout, sampling)
+        if not self.group.is_main:
+            return path
+        encoder = self.config.model.encoder
+        # Trained or random encoder weights cannot be rebuilt from their name: save them.
+        encoder_state = self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none" else None
+        save_checkpoint(path, config=self.config, vocab=self.model.vocab,
+                        decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
+                        encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
+                        training={"state": self.state.to_dict(), "optimizer": self.optimizer.state_dict(),
+                                  "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                                  "scaler": self.scaler.state_dict() if self.scaler else None,
+                                  "rng": rng[0], "rng_per_rank": rng})
+        return path
+
+    def resume(self, path: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer, schedule, position and RNG streams."""
+        payload = load_checkpoint(path)
+        training = payload.get("training")
+        if not training:
+            raise CheckpointError(f"{path}: has no training state to resume from")
+        stored, vocab = checkpoint_config(payload, path)
+        check_resumable(stored, self.config, training["state"].get("stage", "xe"), path)
+        if vocab != self.model.vocab:
+            raise CheckpointError(f"{path}: vocabulary differs from this run's ({len(vocab)} vs "
+                                  f"{len(self.model.vocab)} words)")
+        load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", path)
+        if payload.get("encoder") is not None:
+            load_state_checked(self.model.encoder, payload["encoder"], "encoder", path)
+        self.state = TrainState.from_dict(training["state"])
+        self._new_stage(self.state.stage)
+        self.optimizer.load_state_dict(training["optimizer"])
+        if self.scheduler is not None and training.get("scheduler"):
+            self.scheduler.load_state_dict(training["scheduler"])
+        if self.scaler is not None and training.get("scaler"):
+            self.scaler.load_state_dict(training["scaler"])
+        per_rank = training.get("rng_per_rank") or [training["rng"]]
+        same_ranks = len(per_rank) == self.group.world_size
+        set_rng_state(per_rank[self.group.rank] if same_ranks else training["rng"])  # exact with the same ranks
+        self._trim_steps_log()
+
+    def _trim_steps_log(self) -> None:
+        """Forget logged steps after the checkpoint (a killed run may have logged a few more)."""
+        if not self.steps_log.exists() or not self.group.is_main:
+            return
+        kept = [line for line in self.steps_log.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= self.state.global_step]
+        atomic_write(self.steps_log, lambda p: p.write_text("".join(line + "\n" for line in kept)))
+
+    # ------------------------------------------------------------------ loop
+    def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
+        if self.group.is_main:
+            with self.steps_log.open("a") as log:
+                log.write(json.dumps({"step": state.global_step, "epoch": state.epoch + 1, "stage": state.stage,
+                                      **numbers}) + "\n")
+            if state.global_step % self.config.train.log_every == 0:
+                for key, value in numbers.items():
+                    self.writer.add_scalar(f"train/{key}", value, state.global_step)
+                self.writer.add_scalar("train/lr", self.optimizer.param_groups[0]["lr"], state.global_step)
+        every = self.config.train.checkpoint_every
+        if every and state.global_step % every == 0:
+            self.checkpoint("last")
+
+    def _stage_epochs(self, stage: str) -> int:
+        return self.config.train.scst_epochs if stage == "scst" else self.config.train.epochs
+
+    def fit(self) -> TrainState:
+        """Run the remaining epochs of both stages, validating after each epoch."""
+        for stage in ("xe", "scst"):
+            if stage == "scst" and self.state.stage == "xe":
+                # Early stopping ends the cross-entropy stage only; max_steps ends the run.
+                if not self.config.train.scst_epochs or self._out_of_steps:
+                    break
+                self.state = replace(self.state, stage="scst", epoch=0, batch_in_epoch=0,
+                                     best_metric=-math.inf, best_epoch=-1, epochs_without_improvement=0)
+                best = self.checkpoint_dir / "best.pt"
+                if best.exists():  # self-critical training starts from the best cross-entropy model
+                    payload = load_checkpoint(best)
+                    load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", best)
+                    if payload.get("encoder") is not None:
+                        load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
+                    if self.group.is_main:
+                        print(f"self-critical training starts from {best}", flush=True)
+                self._new_stage("scst")
+            if self.state.stage != stage:
+                continue
+            while self.state.epoch < self._stage_epochs(stage) and not self._stopped:
+                self._run_epoch()
+        return self.state
+
+    @property
+    def _out_of_steps(self) -> bool:
+        return bool(self.config.train.max_steps) and self.state.global_step >= self.config.train.max_steps
+
+    @property
+    def _stopped(self) -> bool:
+        """The current stage is over early: out of steps, or no gain in ``early_stop_patience`` epochs."""
+        patience = self.config.train.early_stop_patience
+        return self._out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
+
+    def _run_epoch(self) -> None:
+        config, state = self.config, self.state
+        self.train_set.set_epoch(state.epoch)
+        batches = EpochBatches(len(self.train_set), config.train.batch_size, config.train.seed, state.epoch,
+                               skip=state.batch_in_epoch, rank=self.group.rank, world_size=self.group.world_size)
+        started = time.time()
+        numbers = train_one_epoch(
+            self.model, loader_for(self.train_set, batches, config, self.device), self.optimizer, config.train,
+            state, self.device, penalty_weight=config.model.decoder.doubly_stochastic,
+            entropy_weight=config.model.decoder.hard_entropy, rewarder=self.rewarder,
+            max_length=config.decode.max_length, scaler=self.scaler, on_step=self._on_step,
+            world_size=self.group.world_size, progress=self.progress)
+        if state.batch_in_epoch < math.ceil(len(self.train_set) / config.train.batch_size):
+            self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
+            return
+        scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress)
+        metric = scores.get(config.train.metric)
+        metric = float("-inf") if metric is None else metric
+        improved = metric > state.best_metric
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this epoch used, before the schedule moves it
+        if self.scheduler is not None:
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                self.scheduler.step(metric)
+            else:
+                self.scheduler.step()
+        record = {"stage": state.stage, "epoch": state.epoch + 1, "seconds": round(time.time() - started, 1),
+                  **{f"train_{k}": v for k, v in numbers.items()},
+                  **{f"val_{k}": v for k, v in scores.items() if v is not None},
+                  "lr": lr}
+        state.history.append(record)
+        if improved:
+            state.best_metric, state.best_epoch, state.epochs_without_improvement = metric, state.epoch + 1, 0
+        else:
+            state.epochs_without_improvement += 1
+        state.epoch += 1
+        state.batch_in_epoch = 0
+        if self.group.is_main:
+            for key, value in scores.items():
+                if value is not None:
+                    self.writer.add_scalar(f"val/{key}", value, state.global_step)
+            self.writer.add_text("val/captions", "\n\n".join(
+                f"{image_id}: **{caption}** (reference: {refs[0] if refs else ''})"
+                for image_id, caption, refs in examples), state.global_step)
+            self.writer.flush()
+            print(f"[{state.stage}] epoch {state.epoch}: loss {numbers.get('loss', float('nan')):.3f}  "
+                  f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
+                  f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else ""), flush=True)
+        # Best first, then last: a crash between the two leaves a resumable 'last' of the previous epoch.
+        if improved:
+            self.checkpoint("best" if state.stage == "xe" else "best_scst")
+        self.checkpoint("last")
