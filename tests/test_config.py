@@ -19,10 +19,10 @@ from captioning.config import (
     from_dict,
     load_config,
     parse_overrides,
-    reference_markdown,
     save_config,
     to_dict,
 )
+from captioning.config_reference import reference_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,5 +140,5 @@ def test_overrides_are_checked_alone_before_they_meet_a_configuration():
 def test_readme_reference_is_the_generated_table():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert reference_markdown() in readme, "README's configuration reference is stale: " \
-        "paste the output of `python -m captioning.config`"
+        "paste the output of `python -m captioning.config_reference`"
     assert readme.count("| `") >= len(reference_markdown().splitlines()) - 2
