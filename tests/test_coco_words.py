@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords, Mention, mentioned_categories, plural
+from captioning.evaluation.coco_words import (
+    COCO_SYNONYMS,
+    COCO_WORDS,
+    NOT_OBJECTS,
+    CategoryWords,
+    Mention,
+    mentioned_categories,
+    plural,
+)
 from captioning.text import tokenize
 
 # The 80 categories of the COCO 2014/2017 instances files, each with its plural, written out here
@@ -41,6 +49,15 @@ def named(caption: str) -> list[tuple[str, str]]:
 def test_the_table_holds_exactly_the_80_coco_categories():
     assert len(COCO_NAMES_AND_PLURALS) == 80
     assert sorted(COCO_WORDS.categories) == sorted(COCO_NAMES_AND_PLURALS)
+
+
+def test_no_word_or_phrase_names_two_categories():
+    readings: dict[str, set] = {}
+    for category, words in [(None, NOT_OBJECTS), *COCO_SYNONYMS.items()]:
+        for phrase in ([category] if category else []) + list(words):
+            for form in (phrase, plural(phrase)):
+                readings.setdefault(form, set()).add(category)
+    assert {form: found for form, found in readings.items() if len(found) > 1} == {}
 
 
 @pytest.mark.parametrize(("name", "plural_form"), sorted(COCO_NAMES_AND_PLURALS.items()))
@@ -106,6 +123,7 @@ def test_synonyms_and_plurals(word: str, category: str):
     ("standing on one ski .", [("ski", "skis")]),
     ("a computer monitor and a computer mouse", [("monitor", "tv"), ("mouse", "mouse")]),
     ("a bus stop", []),
+    ("a bus driver", [("driver", "person")]),
     ("an orange cat", [("cat", "cat")]),
     ("an orange and white cat", [("cat", "cat")]),
     ("a girl in orange", [("girl", "person")]),
