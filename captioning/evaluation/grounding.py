@@ -2,8 +2,8 @@
 
 For every mention in a generated caption of an annotated object of its image (a category name, a
 plural, a synonym or phrase from :mod:`captioning.evaluation.coco_words`, or an attribute value such
-as a Shapes colour), two numbers are measured on the attention map of the mention's last word (the
-noun: "bear" of "teddy bear"; a phrase is one mention, and its words are not matched again alone):
+as a Shapes colour), two numbers are measured on the attention map of the mention's last word
+("bear" of "teddy bear": a phrase is one mention, and its words are not matched again alone):
 
 - mass: the share of the attention inside the union of the named objects' boxes, each grid
   cell's weight spread uniformly over the cell's area (so a box covering half a cell gets half
@@ -34,6 +34,7 @@ from captioning.evaluation.metrics import EvaluationInputError, read_coco_file
 # Annotation fields of the COCO format; any other field is an attribute (Shapes writes color, size).
 _COCO_FIELDS = frozenset(["id", "image_id", "category_id", "bbox", "area", "iscrowd", "segmentation",
                           "keypoints", "num_keypoints"])
+
 
 @dataclass(frozen=True)
 class ObjectBox:
