@@ -87,26 +87,43 @@ class EncoderConfig:
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """The attention LSTM of Show, Attend and Tell."""
+    """The caption decoder: the attention LSTM of Show, Attend and Tell, or a Transformer."""
 
+    kind: str = "lstm"  # lstm (Show, Attend and Tell) | transformer (README: "The Transformer decoder")
     attention: str = "soft"  # soft (section 4.2) | hard (stochastic, section 4.1)
     scoring: str = "additive"  # additive | dot | scaled_dot | multihead
     activation: str = "tanh"  # additive scoring non-linearity: tanh (paper) | relu (tutorial)
-    num_heads: int = 8  # multihead scoring only
+    num_heads: int = 8  # multihead scoring; the Transformer's attention heads
     embed_dim: int = 512  # word embedding size
     hidden_dim: int = 512  # LSTM size
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
-    dropout: float = 0.5  # dropout before the output layer
+    dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
     doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (README: "What lambda means")
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
     hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
     hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
     hard_expected_prob: float = 0.5  # probability of using the expected context instead of a sample
+    # Transformer (kind: transformer) only.
+    d_model: int = 512  # Transformer: model width (embeddings, attention, residual stream)
+    d_ff: int = 2048  # Transformer: inner size of the feed-forward blocks
+    encoder_layers: int = 3  # Transformer: self-attention blocks over the grid, once per image; 0 = none
+    decoder_layers: int = 3  # Transformer: decoder blocks (masked self-attention, cross-attention, feed-forward)
+    pre_norm: bool = False  # Transformer: LayerNorm before each sublayer instead of after (the original)
+    tie_embeddings: bool = True  # Transformer: the output layer shares the word embedding matrix
 
     def __post_init__(self) -> None:
+        _one_of("model.decoder.kind", self.kind, ("lstm", "transformer"))
+        if self.kind == "transformer":
+            _check(self.attention == "soft", "model.decoder.attention must be soft with kind transformer")
+            for name in ("d_model", "d_ff", "decoder_layers"):
+                _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
+            _check(self.encoder_layers >= 0, f"model.decoder.encoder_layers must be >= 0, got {self.encoder_layers}")
+            _check(self.d_model % self.num_heads == 0,
+                   f"model.decoder.d_model ({self.d_model}) must be divisible by model.decoder.num_heads "
+                   f"({self.num_heads})")
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.scoring", self.scoring, ("additive", "dot", "scaled_dot", "multihead"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
@@ -170,7 +187,8 @@ class TrainConfig:
     weight_decay: float = 0.0  # Adam weight decay
     grad_clip: float = 5.0  # max gradient norm; 0 disables
     label_smoothing: float = 0.0  # cross-entropy label smoothing
-    schedule: str = "plateau"  # none | step | plateau
+    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam (per step: warm-up, then 1/sqrt(step))
+    warmup_steps: int = 4000  # noam: steps of linear warm-up to train.lr, which then decays as 1/sqrt(step)
     step_size: int = 3  # epochs between decays (step)
     gamma: float = 0.8  # decay factor (step and plateau)
     plateau_patience: int = 2  # epochs without improvement before a plateau decay
@@ -201,7 +219,8 @@ class TrainConfig:
         _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")
         _check(self.grad_clip >= 0, "train.grad_clip must be >= 0")
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
-        _one_of("train.schedule", self.schedule, ("none", "step", "plateau"))
+        _one_of("train.schedule", self.schedule, ("none", "step", "plateau", "noam"))
+        _check(self.warmup_steps >= 1, f"train.warmup_steps must be >= 1, got {self.warmup_steps}")
         _check(self.step_size >= 1, "train.step_size must be >= 1")
         _check(0 < self.gamma <= 1, "train.gamma must be in (0, 1]")
         _check(self.early_stop_patience >= 0, "train.early_stop_patience must be >= 0")

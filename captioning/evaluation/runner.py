@@ -43,8 +43,9 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
     payload = load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)
     model = Captioner.build(config.model, vocab)
-    if model.encoder.channels != payload["decoder"]["init_h.weight"].shape[1]:
-        raise ValueError(f"{checkpoint}: decoder expects {payload['decoder']['init_h.weight'].shape[1]} channels "
+    input_weight = payload["decoder"].get(model.decoder.input_weight)
+    if input_weight is not None and model.encoder.channels != input_weight.shape[1]:
+        raise ValueError(f"{checkpoint}: decoder expects {input_weight.shape[1]} channels "
                          f"but encoder {model.encoder.name} gives {model.encoder.channels}")
     load_state_checked(model.decoder, payload["decoder"], "decoder", checkpoint)
     if payload.get("encoder") is not None:

@@ -106,8 +106,22 @@ def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config
     return torch.optim.Adam(groups, weight_decay=config.train.weight_decay)
 
 
+def noam_factor(step: int, warmup_steps: int) -> float:
+    """The learning rate of optimisation step ``step + 1`` as a fraction of its peak (Vaswani et al. 2017).
+
+    Linear warm-up to 1 over ``warmup_steps`` steps, then ``sqrt(warmup_steps / step)``: the paper's
+    ``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` with its peak ``d_model^-0.5 * warmup^-0.5``
+    given as ``train.lr``.
+    """
+    step += 1  # LambdaLR counts from 0; the paper's first step is 1
+    return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+
 def scheduler_for(optimizer: torch.optim.Optimizer, config: Config):
+    """The learning-rate schedule ``train.schedule`` names (None for ``none``); ``noam`` steps per batch."""
+    warmup = config.train.warmup_steps
     builders = {
+        "noam": lambda: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup)),
         "none": lambda: None,
         "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
         "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -199,6 +213,10 @@ class Trainer:
         atomic_write(self.steps_log, lambda p: p.write_text("".join(line + "\n" for line in kept)))
 
     # ------------------------------------------------------------------ loop
+    @property
+    def _per_step_schedule(self) -> bool:
+        return self.config.train.schedule == "noam"
+
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
         if self.group.is_main:
             with self.steps_log.open("a") as log:
@@ -208,6 +226,8 @@ class Trainer:
                 for key, value in numbers.items():
                     self.writer.add_scalar(f"train/{key}", value, state.global_step)
                 self.writer.add_scalar("train/lr", self.optimizer.param_groups[0]["lr"], state.global_step)
+        if self._per_step_schedule:  # after logging the rate this step used, before a checkpoint keeps it
+            self.scheduler.step()
         every = self.config.train.checkpoint_every
         if every and state.global_step % every == 0:
             self.checkpoint("last")
@@ -268,7 +288,7 @@ class Trainer:
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this epoch used, before the schedule moves it
-        if self.scheduler is not None:
+        if self.scheduler is not None and not self._per_step_schedule:
             if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 self.scheduler.step(metric)
             else:
