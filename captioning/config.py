@@ -185,9 +185,10 @@ class TrainConfig:
     lr: float = 4e-4  # decoder learning rate (Adam), cross-entropy stage
     encoder_lr: float = 1e-4  # used when model.encoder.fine_tune_stages > 0
     weight_decay: float = 0.0  # Adam weight decay
+    adam_beta2: float = 0.999  # Adam's second-moment decay (Transformer recipes use 0.98)
     grad_clip: float = 5.0  # max gradient norm; 0 disables
     label_smoothing: float = 0.0  # cross-entropy label smoothing
-    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam (per step: warm-up, then 1/sqrt(step))
+    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam (per step: warm-up, then 1/sqrt(step); cross-entropy stage only)
     warmup_steps: int = 4000  # noam: steps of linear warm-up to train.lr, which then decays as 1/sqrt(step)
     step_size: int = 3  # epochs between decays (step)
     gamma: float = 0.8  # decay factor (step and plateau)
@@ -217,6 +218,7 @@ class TrainConfig:
         for name in ("lr", "encoder_lr", "scst_lr"):
             _check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
         _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")
+        _check(0.0 <= self.adam_beta2 < 1.0, f"train.adam_beta2 must be in [0, 1), got {self.adam_beta2}")
         _check(self.grad_clip >= 0, "train.grad_clip must be >= 0")
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
         _one_of("train.schedule", self.schedule, ("none", "step", "plateau", "noam"))

@@ -58,10 +58,10 @@ class AttentionView:
     head: int | None = None
 
     def describe(self, layers: int, heads: int) -> str:
-        """Words for a figure: e.g. ``layer 3 of 3, mean of 8 heads``."""
-        layer = "mean of layers" if self.layer is None else f"layer {self.layer % layers + 1} of {layers}"
+        """Words for a figure, e.g. ``layer 3 of 3, mean of 8 heads``; empty with one layer of one head."""
+        layer = f"mean of {layers} layers" if self.layer is None else f"layer {self.layer % layers + 1} of {layers}"
         head = f"mean of {heads} heads" if self.head is None else f"head {self.head + 1} of {heads}"
-        return f"{layer}, {head}" if layers > 1 else head if heads > 1 else "attention"
+        return ", ".join(([layer] if layers > 1 else []) + ([head] if heads > 1 else []))
 
 
 class CaptionDecoder(nn.Module):

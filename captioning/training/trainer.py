@@ -103,7 +103,7 @@ def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
         groups.append({"params": encoder_params, "lr": encoder_lr, "name": "encoder"})
-    return torch.optim.Adam(groups, weight_decay=config.train.weight_decay)
+    return torch.optim.Adam(groups, betas=(0.9, config.train.adam_beta2), weight_decay=config.train.weight_decay)
 
 
 def noam_factor(step: int, warmup_steps: int) -> float:
@@ -117,11 +117,16 @@ def noam_factor(step: int, warmup_steps: int) -> float:
     return min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
-def scheduler_for(optimizer: torch.optim.Optimizer, config: Config):
-    """The learning-rate schedule ``train.schedule`` names (None for ``none``); ``noam`` steps per batch."""
+def scheduler_for(optimizer: torch.optim.Optimizer, config: Config, stage: str = "xe"):
+    """The learning-rate schedule ``train.schedule`` names (None for ``none``).
+
+    ``noam`` steps per batch and shapes the cross-entropy stage only: the self-critical stage
+    fine-tunes at a constant ``train.scst_lr``, as the Transformer captioners do.
+    """
     warmup = config.train.warmup_steps
     builders = {
-        "noam": lambda: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup)),
+        "noam": lambda: (torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup))
+                         if stage == "xe" else None),
         "none": lambda: None,
         "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
         "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -152,7 +157,7 @@ class Trainer:
         # The self-critical stage scales a fine-tuned encoder's rate as it scales the decoder's.
         scale = train.scst_lr / train.lr if stage == "scst" else 1.0
         self.optimizer = optimizer_for(self.model, train.lr * scale, train.encoder_lr * scale, self.config)
-        self.scheduler = scheduler_for(self.optimizer, self.config)
+        self.scheduler = scheduler_for(self.optimizer, self.config, stage)
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
             scorer = CiderDScorer(references)  # document frequencies once, from the training references
@@ -215,7 +220,7 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     @property
     def _per_step_schedule(self) -> bool:
-        return self.config.train.schedule == "noam"
+        return self.config.train.schedule == "noam" and self.scheduler is not None
 
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
         if self.group.is_main:

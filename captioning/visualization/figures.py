@@ -69,7 +69,8 @@ def _wrap(text: str, width_inches: float, font_size: float) -> list[str]:
 def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor | np.ndarray,
                      grid: tuple[int, int], betas: Tensor | np.ndarray | Sequence[float] | None = None,
                      references: Sequence[str] | None = None, mode: str = "bilinear", columns: int = 5,
-                     cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 512) -> FigureResult:
+                     cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 512,
+                     attention_label: str = "") -> FigureResult:
     """Draw the image titled by its caption, then one attention overlay per word.
 
     Args:
@@ -85,6 +86,8 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
         alpha: opacity of the overlays.
         max_side: the image is drawn scaled down to this longer side (bounds memory and file size);
             None draws it at full size.
+        attention_label: which map the overlays show (``CaptionDecoder.describe_attention``, e.g.
+            ``layer 3 of 3, mean of 8 heads``), printed under the caption; empty prints nothing.
     Returns:
         A ``FigureResult`` with the figure, the (T, H, W) maps and the panel layout.
     Raises:
@@ -112,7 +115,8 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
     aspect = min(max(height / width, 0.25), 4.0)
     panel_height = _PANEL_WIDTH * aspect
     caption = " ".join(words) if words else "(empty caption)"
-    titles = [_wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)]
+    titles = [_wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
+              + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])]
     for t, word in enumerate(words):
         title = word if beta_values is None else f"{word} (beta={beta_values[t]:.2f})"
         titles.append(_wrap(title, _PANEL_WIDTH, _TITLE_SIZE))

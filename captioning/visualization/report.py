@@ -123,7 +123,7 @@ def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cm
 
 def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, int], mode: str = "bilinear",
                  cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 384,
-                 title: str = "Where the model looked") -> Path:
+                 title: str = "Where the model looked", attention_label: str = "") -> Path:
     """Write one self-contained HTML page: each image, its caption word by word, its references.
 
     Args:
@@ -135,6 +135,7 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
         cmap: matplotlib colour map of the overlays.
         alpha: opacity of the overlays.
         max_side: images are embedded scaled down to this longer side (None: full size).
+        attention_label: which map is shown (e.g. ``layer 3 of 3, mean of 8 heads``); empty says nothing.
     Returns:
         ``path``. Word ``t`` of item ``i`` can be selected with the fragment ``#img{i}-w{t}``.
     """
@@ -142,7 +143,8 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
     sections = [_item_html(i, item, grid, mode, cmap, alpha, max_side) for i, item in enumerate(items)]
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
             f"<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
-            '<p class="note">Hover over or click a word to see the attention map that produced it.</p>\n'
+            '<p class="note">Hover over or click a word to see the attention map that produced it'
+            + (f" ({html.escape(attention_label)})" if attention_label else "") + '.</p>\n'
             + "\n".join(sections) + f"\n<script>\n{_SCRIPT}\n</script>\n</body>\n</html>\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
@@ -151,13 +153,14 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
 
 def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tuple[int, int],
                   mode: str = "bilinear", suffix: str = ".png", names: Sequence[str] | None = None,
-                  progress: bool = False) -> list[tuple[Path, int]]:
+                  progress: bool = False, attention_label: str = "") -> list[tuple[Path, int]]:
     """One attention figure per item, references under it; ``figures_dir/<name><suffix>``.
 
     Args:
         suffix: ``.png``, ``.pdf`` or ``.svg``.
         names: file names without suffix, one per item (default: the image ids).
         progress: show a progress bar.
+        attention_label: which map the figures show, printed under each caption (see ``attention_figure``).
     Returns:
         (file, panels) of each figure, in the order of ``items``.
     """
@@ -166,7 +169,7 @@ def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tup
     for k, item in enumerate(tqdm(items, desc="figures", disable=not progress, leave=False, unit="image")):
         image = load_image(item.record.path)
         result = attention_figure(image, item.words, item.caption.attention, grid, betas=item.caption.betas,
-                                  references=list(item.record.raw), mode=mode)
+                                  references=list(item.record.raw), mode=mode, attention_label=attention_label)
         name = (names[k] if names is not None else str(item.record.image_id)) + suffix
         written.append((save_figure(result.figure, figures_dir / name), result.panels))
     return written
@@ -179,6 +182,7 @@ def write_figures_and_report(model: Captioner, captioned: Sequence[Captioned], f
     Returns:
         ``{"attention figures": figures_dir, "HTML report": report_path}``.
     """
-    write_figures(captioned, figures_dir, model.grid, mode)
-    report = write_report(captioned, report_path, model.grid, mode)
+    label = model.decoder.describe_attention()
+    write_figures(captioned, figures_dir, model.grid, mode, attention_label=label)
+    report = write_report(captioned, report_path, model.grid, mode, attention_label=label)
     return {"attention figures": Path(figures_dir), "HTML report": report}
