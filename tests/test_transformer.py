@@ -254,3 +254,20 @@ def test_visualize_draws_the_chosen_layer_and_head(trained, tmp_path):
         result = visualize(*options, "--out-dir", str(tmp_path / "bad"))
         assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_resume_mid_epoch_continues_the_noam_schedule_exactly(trained, data_root, tmp_path):  # noqa: F811
+    """Stopped at step 10 (mid-epoch, after the warm-up) and resumed: the same 24 losses and weights."""
+    flags = as_flags(tiny_overrides(data_root, tmp_path / "run", **TRANSFORMER, **{"train.epochs": 3}))
+    result = run_train([*flags, "--set", "train.max_steps=10"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["state"]["global_step"] == 10
+    result = run_train([*flags, "--resume"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected, resumed = read_steps(trained), read_steps(tmp_path / "run")
+    assert [s["step"] for s in resumed] == [s["step"] for s in expected] == list(range(1, 25))
+    np.testing.assert_allclose([s["loss"] for s in resumed], [s["loss"] for s in expected], rtol=1e-6)
+    final_a = load_checkpoint(trained / "checkpoints" / "last.pt")["decoder"]
+    final_b = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["decoder"]
+    for key in final_a:
+        torch.testing.assert_close(final_a[key], final_b[key], rtol=1e-5, atol=1e-6)
