@@ -86,61 +86,106 @@ class TransformerState(NamedTuple):
                                 tuple(v.index_select(0, index) for v in self.values))
 
 
-class DecoderBlock(nn.Module):
-    """Masked self-attention, cross-attention over the grid, feed-forward; each residual, post- or pre-norm."""
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention with separate query, key and value projections.
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float, pre_norm: bool):
+    The keys have no bias: it would add the same score to every position of a query, which the
+    softmax ignores, so its gradient is zero up to rounding, and Adam would turn that rounding
+    noise into full-size updates (as in Whisper's attention).
+    """
+
+    def __init__(self, d_model: int, num_heads: int):
         super().__init__()
-        self.num_heads, self.head_dim, self.pre_norm = num_heads, d_model // num_heads, pre_norm
-        self.self_qkv = nn.Linear(d_model, 3 * d_model)
-        self.self_out = nn.Linear(d_model, d_model)
-        self.cross_q = nn.Linear(d_model, d_model)
-        self.cross_kv = nn.Linear(d_model, 2 * d_model)
-        self.cross_out = nn.Linear(d_model, d_model)
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model, bias=False)
+        self.value = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def heads(self, x: Tensor) -> Tensor:
+        """(..., T, d) -> (..., nh, T, dk)."""
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-3, -2)
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (N, nh, S, dk) of the attended sequence x (N, S, d)."""
+        return self.heads(self.key(x)), self.heads(self.value(x))
+
+    def weights(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """softmax(q k^T / sqrt(dk)): (..., nh, T, dk), (..., nh, S, dk) -> (..., nh, T, S)."""
+        return torch.softmax(queries @ keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)
+
+    def forward(self, x: Tensor, keys: Tensor, values: Tensor, causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Queries from x (N, T, d) over keys and values (N, nh, S, dk) -> (N, T, d) and, with
+        ``need_weights`` (never together with ``causal``), the weights (N, nh, T, S)."""
+        queries = self.heads(self.query(x))  # (N, nh, T, dk)
+        if need_weights:  # the same product, with the weights kept for the figures and the penalty
+            weights = self.weights(queries, keys)
+            context = weights @ values
+        else:
+            weights, context = None, F.scaled_dot_product_attention(queries, keys, values, is_causal=causal)
+        return self.out(context.transpose(-3, -2).flatten(-2)), weights
+
+
+class Block(nn.Module):
+    """Residual sublayers with LayerNorm after each (the original block) or before each (``pre_norm``)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, pre_norm: bool, sublayers: int):
+        super().__init__()
+        self.pre_norm = pre_norm
         self.feed_forward = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
                                           nn.Linear(d_ff, d_model))
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(3))
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(sublayers))
         self.dropout = nn.Dropout(dropout)
 
-    def _heads(self, x: Tensor) -> Tensor:
-        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-3, -2)  # (N, T, d) -> (N, nh, T, dk)
-
-    def memory(self, encoded: Tensor) -> tuple[Tensor, Tensor]:
-        """Cross-attention keys and values (B, nh, P, dk) of the encoded grid (B, P, d)."""
-        keys, values = self.cross_kv(encoded).chunk(2, dim=-1)
-        return self._heads(keys), self._heads(values)
-
-    def _residual(self, x: Tensor, index: int, sublayer) -> Tensor:
+    def residual(self, x: Tensor, index: int, sublayer) -> Tensor:
         """x + dropout(sublayer(norm(x))) (pre-norm) or norm(x + dropout(sublayer(x))) (post-norm)."""
         norm = self.norms[index]
         if self.pre_norm:
             return x + self.dropout(sublayer(norm(x)))
         return norm(x + self.dropout(sublayer(x)))
 
+
+class EncoderBlock(Block):
+    """Self-attention over the grid cells, then feed-forward."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float, pre_norm: bool):
+        super().__init__(d_model, d_ff, dropout, pre_norm, sublayers=2)
+        self.attention = MultiHeadAttention(d_model, num_heads)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, P, d) -> (B, P, d)."""
+        x = self.residual(x, 0, lambda h: self.attention(h, *self.attention.keys_values(h))[0])
+        return self.residual(x, 1, self.feed_forward)
+
+
+class DecoderBlock(Block):
+    """Masked self-attention over the words, cross-attention over the grid, feed-forward."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float, pre_norm: bool):
+        super().__init__(d_model, d_ff, dropout, pre_norm, sublayers=3)
+        self.self_attention = MultiHeadAttention(d_model, num_heads)
+        self.cross_attention = MultiHeadAttention(d_model, num_heads)
+
+    def memory(self, encoded: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values (B, nh, P, dk) of the encoded grid (B, P, d)."""
+        return self.cross_attention.keys_values(encoded)
+
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         """All T steps of N captions at once: x (N, T, d), memory (N, nh, P, dk).
 
         Returns the new x and, with ``need_weights``, the cross-attention weights (N, nh, T, P).
         """
-        def self_attention(h: Tensor) -> Tensor:
-            q, k, v = (self._heads(part) for part in self.self_qkv(h).chunk(3, dim=-1))  # (N, nh, T, dk)
-            return self.self_out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2))
-
+        x = self.residual(x, 0, lambda h: self.self_attention(h, *self.self_attention.keys_values(h), causal=True)[0])
         weights = None
 
-        def cross_attention(h: Tensor) -> Tensor:
+        def cross(h: Tensor) -> Tensor:
             nonlocal weights
-            q = self._heads(self.cross_q(h))  # (N, nh, T, dk)
-            if need_weights:  # the same product, with the weights kept for the figures and the penalty
-                weights = torch.softmax(q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)
-                context = weights @ values  # (N, nh, T, dk)
-            else:
-                context = F.scaled_dot_product_attention(q, keys, values)
-            return self.cross_out(context.transpose(1, 2).flatten(2))
+            context, weights = self.cross_attention(h, keys, values, need_weights=need_weights)
+            return context
 
-        x = self._residual(x, 0, self_attention)
-        x = self._residual(x, 1, cross_attention)
-        return self._residual(x, 2, self.feed_forward), weights
+        x = self.residual(x, 1, cross)
+        return self.residual(x, 2, self.feed_forward), weights
 
     def step(self, x: Tensor, cache_keys: Tensor, cache_values: Tensor, memory_keys: Tensor,
              memory_values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -153,25 +198,27 @@ class DecoderBlock(nn.Module):
 
         def self_attention(h: Tensor) -> Tensor:
             nonlocal new_keys, new_values
-            q, k, v = (self._heads(part.unsqueeze(1)) for part in self.self_qkv(h).chunk(3, dim=-1))  # (N, nh, 1, dk)
-            new_keys, new_values = torch.cat([cache_keys, k], dim=2), torch.cat([cache_values, v], dim=2)
-            # The cache holds only earlier words: no mask is needed.
-            return self.self_out(F.scaled_dot_product_attention(q, new_keys, new_values).flatten(1))
+            keys, values = self.self_attention.keys_values(h.unsqueeze(1))  # (N, nh, 1, dk)
+            new_keys, new_values = torch.cat([cache_keys, keys], dim=2), torch.cat([cache_values, values], dim=2)
+            # The cache holds only this and earlier words: no mask is needed.
+            return self.self_attention(h.unsqueeze(1), new_keys, new_values)[0].squeeze(1)
 
         weights = None
 
         def cross_attention(h: Tensor) -> Tensor:
             nonlocal weights
-            images, heads = memory_keys.shape[:2]
-            q = self.cross_q(h).view(images, -1, heads, self.head_dim).transpose(1, 2)  # (B, nh, G, dk)
-            weights = torch.softmax(q @ memory_keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)  # (B, nh, G, P)
-            context = (weights @ memory_values).transpose(1, 2).flatten(2).flatten(0, 1)  # (N, d)
-            weights = weights.transpose(1, 2).flatten(0, 1)  # (N, nh, P)
-            return self.cross_out(context)
+            attention = self.cross_attention
+            images = memory_keys.size(0)
+            # The G rows of an image query its one copy of the memory: (N, d) -> (B, nh, G, dk).
+            queries = attention.heads(attention.query(h).view(images, -1, h.size(-1)))
+            grouped = attention.weights(queries, memory_keys)  # (B, nh, G, P)
+            context = (grouped @ memory_values).transpose(1, 2).flatten(2).flatten(0, 1)  # (N, d)
+            weights = grouped.transpose(1, 2).flatten(0, 1)  # (N, nh, P)
+            return attention.out(context)
 
-        x = self._residual(x, 0, self_attention)
-        x = self._residual(x, 1, cross_attention)
-        return self._residual(x, 2, self.feed_forward), new_keys, new_values, weights
+        x = self.residual(x, 0, self_attention)
+        x = self.residual(x, 1, cross_attention)
+        return self.residual(x, 2, self.feed_forward), new_keys, new_values, weights
 
 
 class TransformerDecoder(CaptionDecoder):
@@ -185,7 +232,7 @@ class TransformerDecoder(CaptionDecoder):
         encoder_layers: self-attention blocks over the grid (0: the projected grid is the memory).
         decoder_layers: decoder blocks.
         dropout: on the embeddings and every residual branch.
-        pre_norm: LayerNorm before each sublayer (and once at the end) instead of after.
+        pre_norm: LayerNorm before each sublayer (and once after each stack) instead of after.
         tie_embeddings: the output layer's weight is the embedding matrix.
     """
 
@@ -201,14 +248,14 @@ class TransformerDecoder(CaptionDecoder):
         self.attention_layers, self.attention_heads = decoder_layers, num_heads
         self.grid_projection = nn.Linear(annotation_dim, d_model)
         self.register_buffer("grid_code", grid_positions(self.grid, d_model), persistent=False)  # (P, d)
-        self.grid_encoder = nn.TransformerEncoder(
-            nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout, batch_first=True, norm_first=pre_norm),
-            encoder_layers, norm=nn.LayerNorm(d_model) if pre_norm else None,
-            enable_nested_tensor=False) if encoder_layers else None
+        self.grid_encoder = nn.ModuleList(EncoderBlock(d_model, num_heads, d_ff, dropout, pre_norm)
+                                          for _ in range(encoder_layers))
+        # Pre-norm leaves the residual stream unnormalised: one LayerNorm after each stack.
+        self.grid_norm = nn.LayerNorm(d_model) if pre_norm and encoder_layers else nn.Identity()
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(DecoderBlock(d_model, num_heads, d_ff, dropout, pre_norm)
                                     for _ in range(decoder_layers))
-        self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()  # pre-norm leaves x unnormalised
+        self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(d_model, vocab_size)
         self.reset_parameters()
@@ -241,7 +288,9 @@ class TransformerDecoder(CaptionDecoder):
             raise ValueError(f"the decoder was built for a {self.grid[0]}x{self.grid[1]} grid "
                              f"({self.grid_code.size(0)} positions), got {annotations.size(1)} positions")
         encoded = self.dropout(self.grid_projection(annotations) + self.grid_code)  # (B, P, d)
-        return self.grid_encoder(encoded) if self.grid_encoder is not None else encoded
+        for block in self.grid_encoder:
+            encoded = block(encoded)
+        return self.grid_norm(encoded)
 
     def prepare(self, annotations: Tensor) -> TransformerPrepared:
         """Encode the grid and project every layer's cross-attention keys and values, once per image."""
