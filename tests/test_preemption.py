@@ -17,11 +17,14 @@ import pytest
 import torch
 from test_training import as_flags, data_root, read_steps, tiny_overrides
 
+from captioning.config import load_config
 from captioning.training.checkpoint import load_checkpoint
+from captioning.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 __all__ = ["data_root"]  # the module-scoped Shapes fixture of test_training
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def torchrun(*args: str, restarts: int = 0) -> list[str]:
@@ -77,3 +80,25 @@ def test_two_identical_two_process_launches_end_with_identical_weights(two_proce
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_steps(tmp_path / "again") == read_steps(straight)
     assert_same_weights(tmp_path / "again", straight)
+
+
+def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(data_root, run_dir, **{"train.epochs": 1, "train.scst_epochs": 1,
+                                                      "train.scst_samples": 2})
+    outputs = train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
+    assert [h["stage"] for h in outputs.state.history] == ["xe", "scst"]  # self-critical from best.pt's weights
+    checkpoints = run_dir / "checkpoints"
+    last = load_checkpoint(checkpoints / "last.pt")["training"]
+    assert last["optimizer"]["state"] and last["rng_per_rank"]  # resume needs them
+    for name in ("best", "best_scst"):
+        payload = load_checkpoint(checkpoints / f"{name}.pt")
+        assert set(payload["training"]) == {"state"}, name
+        assert payload["decoder"].keys() == weights(run_dir).keys()
+        assert (checkpoints / f"{name}.pt").stat().st_size < (checkpoints / "last.pt").stat().st_size / 2
+    result = run([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress",
+                  *as_flags(overrides), "--resume", str(checkpoints / "best.pt")])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {checkpoints / 'best.pt'}: holds weights only, without the optimizer state a resumed run needs; "
+        "resume from checkpoints/last.pt"]

@@ -147,21 +147,30 @@ class Trainer:
                                                                       for row in token_ids])
 
     def checkpoint(self, name: str) -> Path:
-        """Write ``checkpoints/<name>.pt`` (rank 0 only) with everything ``--resume`` needs."""
+        """Write ``checkpoints/<name>.pt`` (rank 0 only).
+
+        ``last`` holds everything ``--resume`` needs; the best checkpoints hold the weights and the
+        run's position only: Adam's two moments would double or triple their size, and nothing
+        resumes from them (the self-critical stage and evaluation take their weights alone).
+        """
         path = self.checkpoint_dir / f"{name}.pt"
-        rng = distributed.all_gather_objects(rng_state())  # every rank's streams (dropout, sampling)
+        resumable = name == "last"
+        rng = distributed.all_gather_objects(rng_state()) if resumable else None  # every rank's streams
         if not self.group.is_main:
             return path
         encoder = self.config.model.encoder
         # Trained or random encoder weights cannot be rebuilt from their name: save them.
         encoder_state = self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none" else None
+        training = {"state": self.state.to_dict()}
+        if resumable:
+            training.update({"optimizer": self.optimizer.state_dict(),
+                             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                             "scaler": self.scaler.state_dict() if self.scaler else None,
+                             "rng": rng[0], "rng_per_rank": rng})
         save_checkpoint(path, config=self.config, vocab=self.model.vocab,
                         decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
                         encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
-                        training={"state": self.state.to_dict(), "optimizer": self.optimizer.state_dict(),
-                                  "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                                  "scaler": self.scaler.state_dict() if self.scaler else None,
-                                  "rng": rng[0], "rng_per_rank": rng})
+                        training=training)
         return path
 
     def resume(self, path: Path) -> None:
@@ -170,6 +179,9 @@ class Trainer:
         training = payload.get("training")
         if not training:
             raise CheckpointError(f"{path}: has no training state to resume from")
+        if "optimizer" not in training:
+            raise CheckpointError(f"{path}: holds weights only, without the optimizer state a resumed run needs; "
+                                  "resume from checkpoints/last.pt")
         stored, vocab = checkpoint_config(payload, path)
         check_resumable(stored, self.config, training["state"].get("stage", "xe"), path)
         if vocab != self.model.vocab:
