@@ -100,5 +100,55 @@ def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_pa
                   *as_flags(overrides), "--resume", str(checkpoints / "best.pt")])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {checkpoints / 'best.pt'}: holds weights only, without the optimizer state a resumed run needs; "
-        "resume from checkpoints/last.pt"]
+        (f"error: {checkpoints / 'best.pt'}: holds weights only, without the optimizer state a resumed run needs; "
+        "resume from checkpoints/last.pt")]
+
+
+# ----------------------------------------------------------------------------- --resume auto
+def single(output_dir: Path, data_root: Path, *args: str, **extra) -> list[str]:
+    """train.py in one process: the tiny run, 1 epoch of 8 steps."""
+    overrides = tiny_overrides(data_root, output_dir, **{"train.epochs": 1, **extra})
+    return [sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *as_flags(overrides), *args]
+
+
+def test_resume_auto_starts_a_new_run_then_continues_it(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    first = run(single(run_dir, data_root, "--resume", "auto", **{"train.max_steps": 2}))
+    assert first.returncode == 0, first.stderr
+    assert f"resume auto: no checkpoint in {run_dir}; starting a new run" in first.stdout
+    again = run(single(run_dir, data_root, "--resume", "auto", **{"train.max_steps": 3}))
+    assert again.returncode == 0, again.stderr
+    assert f"resumed from {run_dir / 'checkpoints' / 'last.pt'}: stage xe, epoch 1, step 2" in again.stdout
+    assert [s["step"] for s in read_steps(run_dir)] == [1, 2, 3]
+    changed = run(single(run_dir, data_root, "--resume", "auto", "--lr", "0.5", **{"train.max_steps": 4}))
+    assert changed.returncode == 2
+    assert changed.stderr.strip().splitlines() == [
+        (f"error: {run_dir / 'checkpoints' / 'last.pt'}: train.lr is 0.001 in the checkpoint but 0.5 now; a resumed "
+        "run keeps its configuration (pass the same --config and flags), apart from its length, logging, paths "
+        "and decoding")]
+
+
+def test_resume_auto_starts_over_in_a_folder_left_without_a_checkpoint(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    command = single(run_dir, data_root, **{"train.resume": "auto"})  # the configuration's way to ask
+    with open(tmp_path / "killed.log", "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log, env=ONE_THREAD)
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if (run_dir / "steps.jsonl").exists() and read_steps(run_dir):
+            os.kill(process.pid, signal.SIGKILL)  # a step logged, the first checkpoint (end of epoch) not yet
+            break
+        time.sleep(0.01)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
+    assert (run_dir / "config.yaml").is_file() and not (run_dir / "checkpoints" / "last.pt").exists()
+
+    changed = run([*command, "--lr", "0.5"])
+    assert changed.returncode == 2
+    assert changed.stderr.strip().splitlines()[0].startswith(
+        f"error: {run_dir / 'config.yaml'}: train.lr is 0.001 in the checkpoint but 0.5 now")
+    result = run(command)
+    assert result.returncode == 0, result.stderr
+    assert f"resume auto: no checkpoint in {run_dir} yet; starting the run over" in result.stdout
+    assert [s["step"] for s in read_steps(run_dir)] == list(range(1, 9))  # the killed launch's steps are gone
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1

@@ -89,6 +89,15 @@ def all_gather_objects(value: object) -> list:
     return gathered
 
 
+def broadcast_object(value: object) -> object:
+    """Rank 0's ``value`` on every process (``value`` itself with one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
