@@ -7,6 +7,7 @@ end with the weights of the uninterrupted one, compared with ``torch.equal``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,96 @@ def test_two_identical_two_process_launches_end_with_identical_weights(two_proce
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_steps(tmp_path / "again") == read_steps(straight)
     assert_same_weights(tmp_path / "again", straight)
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as stream:
+        return subprocess.Popen(command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT, env=ONE_THREAD)
+
+
+def wait_for_steps(process: subprocess.Popen, output_dir: Path, count: int) -> None:
+    """Return once ``count`` steps are logged (rank 0 logs after each step)."""
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if (output_dir / "steps.jsonl").exists() and len(read_steps(output_dir)) >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the run ended or stalled before step {count} (exit status {process.poll()})")
+
+
+def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of ``torchrun``'s worker process of ``rank`` (from its environment)."""
+    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True, check=False)
+    for pid in map(int, children.stdout.split()):
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environment:
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under torchrun ({children.stdout.split()})")
+
+
+def stopped_step(log: str) -> int:
+    """The step named by the SIGTERM message (printed by rank 0)."""
+    match = re.search(r"stopped by SIGTERM after step (\d+) \(xe epoch \d\): (\S+) holds the run; run the same "
+                      r"command with --resume auto to continue it \(exit status 75\)", log)
+    assert match, log[-3000:]
+    return int(match.group(1))
+
+
+@pytest.mark.slow
+def test_a_worker_killed_under_torchrun_restarts_and_ends_with_the_same_weights(two_process, tmp_path):
+    command, straight = two_process
+    killed = tmp_path / "killed"
+    launcher = start(torchrun(*command(killed), "--resume", "auto", restarts=1), tmp_path / "log")
+    wait_for_steps(launcher, killed, 5)  # mid-epoch 1 of 2, after the checkpoint of step 3
+    os.kill(worker_pid(launcher, 1), signal.SIGKILL)
+    assert launcher.wait(timeout=600) == 0, (tmp_path / "log").read_text()[-3000:]
+    log = (tmp_path / "log").read_text()
+    resumed = re.search(rf"resumed from {killed / 'checkpoints' / 'last.pt'}: stage xe, epoch \d, step (\d+)", log)
+    assert resumed and 3 <= int(resumed.group(1)) < 16, log[-3000:]
+    assert read_steps(killed) == read_steps(straight)  # every step once, with the same losses
+    assert_same_weights(killed, straight)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_then_resume_auto_ends_with_the_same_weights(
+        two_process, tmp_path):
+    command, straight = two_process
+    stopped = tmp_path / "stopped"
+    launcher = start(torchrun(*command(stopped), "--resume", "auto"), tmp_path / "log")
+    wait_for_steps(launcher, stopped, 4)
+    launcher.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
+    launcher.wait(timeout=600)
+    step = stopped_step((tmp_path / "log").read_text())
+    assert 4 <= step < 16
+    # Both ranks finished the same step (last.pt gathers their random streams) and no later one.
+    training = load_checkpoint(stopped / "checkpoints" / "last.pt")["training"]
+    assert training["state"]["global_step"] == step and len(training["rng_per_rank"]) == 2
+    assert read_steps(stopped)[-1]["step"] == step
+
+    result = run(torchrun(*command(stopped), "--resume", "auto"))  # the same command again
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"step {step}" in result.stdout
+    assert read_steps(stopped) == read_steps(straight)
+    assert_same_weights(stopped, straight)
+
+
+def test_sigterm_to_one_process_stops_with_exit_status_75_then_resume_auto_ends_with_the_same_weights(
+        data_root, tmp_path):
+    straight = run(single(tmp_path / "straight", data_root))
+    assert straight.returncode == 0, straight.stderr
+    stopped = tmp_path / "stopped"
+    command = single(stopped, data_root, "--resume", "auto")
+    process = start(command, tmp_path / "log")
+    wait_for_steps(process, stopped, 3)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=600) == 75, (tmp_path / "log").read_text()[-3000:]
+    step = stopped_step((tmp_path / "log").read_text())
+    assert 3 <= step < 8 and read_steps(stopped)[-1]["step"] == step
+    assert load_checkpoint(stopped / "checkpoints" / "last.pt")["training"]["state"]["global_step"] == step
+    result = run(command)
+    assert result.returncode == 0, result.stderr
+    assert read_steps(stopped) == read_steps(tmp_path / "straight")
+    assert_same_weights(stopped, tmp_path / "straight")
 
 
 def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_path):

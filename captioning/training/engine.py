@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,8 +185,11 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
                     config: TrainConfig, state: TrainState, device: torch.device, *, penalty_weight: float,
                     entropy_weight: float, rewarder=None, max_length: int = 20,
                     scaler: torch.amp.GradScaler | None = None, on_step=None, world_size: int = 1,
-                    progress: bool = True) -> dict[str, float]:
+                    progress: bool = True, stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """One pass over ``loader``; calls ``on_step(state, numbers)`` after each optimisation step.
+
+    ``stop()``, called after each step (and ``on_step``), ends the pass early when it returns True;
+    with several processes it must be a collective call, so that all of them stop at the same step.
 
     Returns mean loss (and reward for SCST) over the batches that were not skipped.
     """
@@ -228,6 +231,8 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
         if on_step is not None:
             on_step(state, numbers)
         if config.max_steps and state.global_step >= config.max_steps:
+            break
+        if stop is not None and stop():
             break
     return {key: value / max(done, 1) for key, value in totals.items()}
 

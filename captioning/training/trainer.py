@@ -28,6 +28,7 @@ from captioning.training.checkpoint import (
     set_rng_state,
 )
 from captioning.training.engine import EpochBatches, TrainState, generate_captions, train_one_epoch
+from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
 
 
 def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.device) -> DataLoader:
@@ -129,6 +130,8 @@ class Trainer:
         self.writer = SummaryWriter(str(output_dir / "tensorboard")) if group.is_main else None
         self.steps_log = output_dir / "steps.jsonl"
         self.rewarder = None
+        self.stop = StopRequest(group.world_size, device)
+        self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
         self._new_stage("xe")
         self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
 
@@ -155,6 +158,8 @@ class Trainer:
         """
         path = self.checkpoint_dir / f"{name}.pt"
         resumable = name == "last"
+        if resumable:
+            self._last_saved_at = self.state.global_step
         rng = distributed.all_gather_objects(rng_state()) if resumable else None  # every rank's streams
         if not self.group.is_main:
             return path
@@ -172,6 +177,23 @@ class Trainer:
                         encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
                         training=training)
         return path
+
+    def _stop_here(self) -> None:
+        """Every process agreed to stop after this step: save ``last.pt`` and end the run.
+
+        Raises:
+            TrainingStopped: always, once every process knows ``last.pt`` is on disk.
+        """
+        state = self.state
+        if self._last_saved_at != state.global_step:  # checkpoint_every may have just written it
+            self.checkpoint("last")
+        distributed.barrier()  # no process exits (and gets its job torn down) before the file is written
+        message = (f"stopped by SIGTERM after step {state.global_step} ({state.stage} epoch {state.epoch + 1}): "
+                   f"{self.checkpoint_dir / 'last.pt'} holds the run; run the same command with --resume auto "
+                   f"to continue it (exit status {EXIT_STATUS})")
+        if self.group.is_main:
+            print(message, flush=True)
+        raise TrainingStopped(message)
 
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, position and RNG streams."""
@@ -228,7 +250,17 @@ class Trainer:
         return self.config.train.scst_epochs if stage == "scst" else self.config.train.epochs
 
     def fit(self) -> TrainState:
-        """Run the remaining epochs of both stages, validating after each epoch."""
+        """Run the remaining epochs of both stages, validating after each epoch.
+
+        SIGTERM stops every process at the next step boundary, after ``last.pt`` is written.
+
+        Raises:
+            TrainingStopped: stopped by SIGTERM (exit status 75 from the command line).
+        """
+        with self.stop:
+            return self._fit()
+
+    def _fit(self) -> TrainState:
         for stage in ("xe", "scst"):
             if stage == "scst" and self.state.stage == "xe":
                 # Early stopping ends the cross-entropy stage only; max_steps ends the run.
@@ -272,7 +304,9 @@ class Trainer:
             state, self.device, penalty_weight=config.model.decoder.doubly_stochastic,
             entropy_weight=config.model.decoder.hard_entropy, rewarder=self.rewarder,
             max_length=config.decode.max_length, scaler=self.scaler, on_step=self._on_step,
-            world_size=self.group.world_size, progress=self.progress)
+            world_size=self.group.world_size, progress=self.progress, stop=self.stop.agreed)
+        if self.stop.stopping:  # even after the epoch's last batch: validation waits for the resumed run
+            self._stop_here()
         if state.batch_in_epoch < math.ceil(len(self.train_set) / config.train.batch_size):
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
