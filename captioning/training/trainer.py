@@ -63,10 +63,10 @@ def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config,
 # where to run, logging, and decoding (it only changes validation). The self-critical settings may
 # still change while the checkpoint is in its cross-entropy stage.
 RESUMABLE_KEYS = frozenset([
-    "train.epochs", "train.scst_epochs", "train.max_steps", "train.resume", "train.early_stop_patience", "train.checkpoint_every",
+    "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
     "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
     "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
-    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images",
+    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images", "train.resume",
 ])
 RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline"])
 
