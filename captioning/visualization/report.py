@@ -176,13 +176,13 @@ def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tup
 
 
 def write_figures_and_report(model: Captioner, captioned: Sequence[Captioned], figures_dir: str | Path,
-                             report_path: str | Path, mode: str = "bilinear") -> dict[str, Path]:
+                             report_path: str | Path, mode: str = "bilinear",
+                             attention_label: str = "") -> dict[str, Path]:
     """The training run's closing pictures: ``figures_dir/<image_id>.png`` per image and the HTML report.
 
     Returns:
         ``{"attention figures": figures_dir, "HTML report": report_path}``.
     """
-    label = model.decoder.describe_attention()
-    write_figures(captioned, figures_dir, model.grid, mode, attention_label=label)
-    report = write_report(captioned, report_path, model.grid, mode, attention_label=label)
+    write_figures(captioned, figures_dir, model.grid, mode, attention_label=attention_label)
+    report = write_report(captioned, report_path, model.grid, mode, attention_label=attention_label)
     return {"attention figures": Path(figures_dir), "HTML report": report}
