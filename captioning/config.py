@@ -164,7 +164,7 @@ class TrainConfig:
     """The optimisation: cross-entropy stage, then optionally self-critical."""
 
     output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
-    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes them; else refused
+    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes its outputs; else refused
     epochs: int = 4  # cross-entropy epochs
     batch_size: int = 32  # images per batch (each brings all its captions)
     captions_per_image: int = 5  # captions of an image used per step (seq_per_img)
@@ -178,7 +178,7 @@ class TrainConfig:
     gamma: float = 0.8  # decay factor (step and plateau)
     plateau_patience: int = 2  # epochs without improvement before a plateau decay
     early_stop_patience: int = 5  # epochs without improvement of `metric`; 0 disables
-    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping
+    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping: BLEU-1..4, ROUGE-L or CIDEr-D
     val_images: int = 0  # validate on the first N validation images; 0 = all
     seed: int = 0  # seeds Python, NumPy, torch and the batch order
     deterministic: bool = False  # deterministic algorithms (exact resume on CPU)

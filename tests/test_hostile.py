@@ -120,6 +120,18 @@ def test_default_outputs_go_to_the_run_folder_else_the_current_one(shapes, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["downloads", "images", "work"]  # nothing beside them
 
 
+def test_symlinked_images_are_followed(shapes, tmp_path):
+    outside, folder = tmp_path / "elsewhere", tmp_path / "images"
+    write_odd_images(outside)
+    folder.mkdir()
+    (folder / "linked.png").symlink_to(outside / "rgba.png")  # points outside the image folder
+    result = run_in(tmp_path, "evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder,
+                    "--results", tmp_path / "captions.json", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    files = json.loads((tmp_path / "captions_files.json").read_text())
+    assert list(files.values()) == [str(folder / "linked.png")]
+
+
 # ------------------------------------------------------------------ C. runs never mix
 
 def test_one_run_per_folder_and_a_killed_run_leaves_no_lock(shapes, tmp_path):
