@@ -111,7 +111,7 @@ import torch
 real_save = torch.save
 
 def save(obj, destination, *args, **kwargs):
-    target = Path(destination)
+    target = Path(getattr(destination, "name", destination))  # a path, or the open temporary file
     if target.name.startswith(".last.pt.") and (target.parent / "last.pt").exists():
         buffer = io.BytesIO()
         real_save(obj, buffer)

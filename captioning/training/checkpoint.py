@@ -93,6 +93,7 @@ class _WholeWrites:
 
     def __init__(self, stream: io.FileIO) -> None:
         self.stream = stream
+        self.name = stream.name  # the file's path, as a file object has it
         self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
