@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from pathlib import Path
 
 try:
@@ -148,12 +147,9 @@ def check_output_folder(path: str | Path, option: str) -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise RunFolderError(f"{path}: {option}: exists and is not a folder")
-    check_output_file(path / "x", option) if path.is_dir() else check_output_file(path, option)
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise RunFolderError(f"{path}: {option}: cannot write in it (permission denied)")
+    else:
+        check_output_file(path, option)  # its nearest existing parent must take a new folder
 
-
-def free_bytes(path: str | Path) -> int:
-    """Free space for an unprivileged writer on the filesystem holding ``path`` (0 when unknown)."""
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return 0
