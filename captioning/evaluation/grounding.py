@@ -97,8 +97,8 @@ def load_instances(instances_file: str | Path) -> Instances:
     for image_id, image in coco.imgs.items():
         size = (image["width"], image["height"])
         if not all(_is_number(v) and 0 < v <= MAX_PIXELS for v in size):
-            raise EvaluationInputError(f"{instances_file}: image {image_id}: width and height must be in "
-                                       f"(0, {MAX_PIXELS}], got {size[0]!r:.40} x {size[1]!r:.40}")
+            raise EvaluationInputError(f"{instances_file}: image {image_id}: width and height must be positive "
+                                       f"and at most {MAX_PIXELS}, got {size[0]!r:.40} x {size[1]!r:.40}")
         image_sizes[image_id] = (float(size[0]), float(size[1]))
     objects: dict[int, list[ObjectBox]] = {image_id: [] for image_id in image_sizes}
     for index, annotation in enumerate(coco.dataset["annotations"]):
