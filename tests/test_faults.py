@@ -336,7 +336,7 @@ def test_evaluate_folder_captions_odd_modes_and_skips_bad_images_when_asked(shap
     assert "skipped 4 of 8 images that could not be read" in result.stdout
     for name in ("zero.jpg", "truncated.jpg", "text.jpg", "bomb.png"):
         assert str(folder / name) in result.stderr
-    files = json.loads(results.with_name("captions.images.json").read_text())
+    files = json.loads(results.with_name("captions_files.json").read_text())
     captions = json.loads(results.read_text())
     assert sorted(Path(files[str(c["image_id"])]).name for c in captions) == sorted(p.name for p in odd)
     assert all(isinstance(c["caption"], str) for c in captions)  # an untrained model: any words, maybe none

@@ -6,6 +6,7 @@ Torch datasets live in ``captioning.data.datasets``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import Counter
@@ -17,11 +18,14 @@ from captioning.data.coco import read_coco
 from captioning.data.folder import read_folder
 from captioning.data.karpathy import read_karpathy
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
-from captioning.data.shapes import generate_shapes, read_shapes
+from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
 from captioning.data.vocab import Vocabulary
+from captioning.files import atomic_write
+from captioning.text import replace_lone_surrogates
 
 __all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
-           "generate_shapes", "load_records", "read_coco", "read_folder", "read_karpathy", "read_shapes"]
+           "generate_shapes", "load_records", "read_coco", "read_folder", "read_karpathy", "read_shapes",
+           "write_data_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,18 +62,49 @@ READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
 }
 
 
-def load_records(config: DataConfig, output_dir: Path | None = None) -> list[ImageRecord]:
+def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True) -> list[ImageRecord]:
     """Read the dataset named by ``config.dataset`` (generating Shapes under ``config.root`` if needed).
 
     Args:
         config: the data configuration.
-        output_dir: when given (training and caching runs), ``data_summary.json`` (images and
-            captions per split, training captions longer than ``max_caption_length``) is written
-            there, and a warning says how many training captions will be cut.
+        output_dir: when given (training and caching runs), ``data_summary.json`` is written there
+            (see ``write_data_summary``).
+        generate: whether Shapes may be generated under ``config.root``; False when that path came
+            from a checkpoint (paths read from a file never choose where the project writes).
     Returns:
         One record per image, in the reader's order.
+    Raises:
+        DatasetError: an image id outside the 64-bit range results and tensors hold; Shapes
+            data missing where it may not be generated.
     """
-    records = READERS[config.dataset](config)
+    if config.dataset == "shapes" and not generate and not shapes_files(config.root).manifest.is_file():
+        raise DatasetError(f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
+                           "never written to); pass --set data.root=DIR to read or generate it in DIR")
+    records = [_clean_text(record) for record in READERS[config.dataset](config)]
+    for record in records:
+        if not INT64_MIN <= record.image_id <= INT64_MAX:
+            source = config.split_file or ", ".join(config.annotations) or config.root
+            raise DatasetError(f"{source}: image id {record.image_id} does not fit a 64-bit integer")
+    if output_dir is not None:
+        write_data_summary(records, config, Path(output_dir))
+    return records
+
+
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _clean_text(record: ImageRecord) -> ImageRecord:
+    """The record with lone surrogates in its captions replaced (they cannot be written as UTF-8)."""
+    raw = tuple(replace_lone_surrogates(text) for text in record.raw)
+    captions = tuple(tuple(replace_lone_surrogates(word) for word in caption) for caption in record.captions)
+    if raw == record.raw and captions == record.captions:
+        return record
+    return dataclasses.replace(record, raw=raw, captions=captions)
+
+
+def write_data_summary(records: list[ImageRecord], config: DataConfig, output_dir: Path) -> Path:
+    """``output_dir/data_summary.json``: images and captions per split, and training captions longer
+    than ``max_caption_length`` (with a warning saying how many will be cut)."""
     images = Counter(record.split for record in records)
     captions = Counter()
     for record in records:
@@ -78,15 +113,14 @@ def load_records(config: DataConfig, output_dir: Path | None = None) -> list[Ima
                for split in images}
     logger.info("%s: %s", config.dataset, ", ".join(f"{split} {counts['images']} images"
                                                     for split, counts in summary.items()))
-    if output_dir is not None:
-        cut, message = caption_length_summary(records, config.max_caption_length)
-        if cut:  # kept, but cut to data.max_caption_length words when encoded: say so once
-            logger.warning("%s (data.max_caption_length)", message)
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut},
-                          indent=2, sort_keys=True)
-        (Path(output_dir) / "data_summary.json").write_text(text, encoding="utf-8")
-    return records
+    cut, message = caption_length_summary(records, config.max_caption_length)
+    if cut:  # kept, but cut to data.max_caption_length words when encoded: say so once
+        logger.warning("%s (data.max_caption_length)", message)
+    text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut},
+                      indent=2, sort_keys=True)
+    path = output_dir / "data_summary.json"
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    return path
 
 
 def build_vocabulary(records: list[ImageRecord], min_count: int) -> Vocabulary:

@@ -227,7 +227,7 @@ class FeatureCache:
     @classmethod
     def build_or_open(cls, directory: str | Path, encoder: Encoder, records: list[ImageRecord],
                       batch_size: int = 32, device: str | torch.device = "cpu", num_workers: int = 0,
-                      progress: bool = True, skip_bad_images: bool = False) -> FeatureCache:
+                      progress: bool = True, skip_bad_images: bool = False, build: bool = True) -> FeatureCache | None:
         """Open the cache of ``encoder`` over ``records``, computing whatever rows are missing.
 
         A complete cache with the same key is reused without running the encoder (and without a
@@ -245,8 +245,11 @@ class FeatureCache:
             progress: show a tqdm progress bar.
             skip_bad_images: give unreadable images a zero row and list them in the index (with a
                 warning) instead of raising.
+            build: False opens a complete cache only, writing nothing (a folder the user did not
+                choose, e.g. one named in a checkpoint).
         Returns:
-            The complete ``FeatureCache``, rows in the order of ``records``.
+            The complete ``FeatureCache``, rows in the order of ``records``; None when ``build`` is
+            False and there is no complete cache.
         Raises:
             ImageError: an image cannot be read (without ``skip_bad_images``); rows before its batch
                 are kept. Also when an existing cache lists unreadable images and ``skip_bad_images``
@@ -265,6 +268,8 @@ class FeatureCache:
 
         index = _read_index(index_path)
         if not (_matches(index, key, shape, path) and index["completed"] == shape[0]):
+            if not build:
+                return None
             path.mkdir(parents=True, exist_ok=True)
             with _build_lock(path):
                 index = _read_index(index_path)  # as left by a process that held the lock before us

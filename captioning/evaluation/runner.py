@@ -16,11 +16,12 @@ from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
 from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
+from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import score_captions
+from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
     CheckpointError,
-    atomic_write,
     checkpoint_config,
     load_checkpoint,
     load_state_checked,
@@ -43,9 +44,10 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
     payload = load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)
     model = Captioner.build(config.model, vocab)
-    if model.encoder.channels != payload["decoder"]["init_h.weight"].shape[1]:
-        raise ValueError(f"{checkpoint}: decoder expects {payload['decoder']['init_h.weight'].shape[1]} channels "
-                         f"but encoder {model.encoder.name} gives {model.encoder.channels}")
+    init_h = payload["decoder"].get("init_h.weight")
+    if init_h is not None and init_h.dim() == 2 and model.encoder.channels != init_h.shape[1]:
+        raise CheckpointError(f"{checkpoint}: decoder expects {init_h.shape[1]} channels "
+                              f"but encoder {model.encoder.name} gives {model.encoder.channels}")
     load_state_checked(model.decoder, payload["decoder"], "decoder", checkpoint)
     if payload.get("encoder") is not None:
         load_state_checked(model.encoder, payload["encoder"], "encoder", checkpoint)
@@ -59,13 +61,17 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
 
 def caption_records(model: Captioner, config: Config, records: list[ImageRecord], device: torch.device,
                     decode_config: DecodeConfig | None = None, progress: bool = True,
-                    output_dir: Path | None = None) -> list[Captioned]:
-    """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions)."""
+                    output_dir: Path | None = None, build_cache: bool = True) -> list[Captioned]:
+    """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions).
+
+    ``build_cache`` False: only an existing complete cache is used; nothing is written.
+    """
     decode_config = decode_config or config.decode
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     if all(r.captions for r in records) and uses_cache(config):
-        dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1)
+        dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1,
+                                  build_cache)
     else:
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
@@ -77,7 +83,8 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
 def write_results(path: str | Path, captioned: list[Captioned]) -> Path:
     """COCO results format ``[{"image_id": ..., "caption": ...}]``, written atomically."""
     results = [{"image_id": item.record.image_id, "caption": " ".join(item.words)} for item in captioned]
-    atomic_write(path, lambda p: p.write_text(json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8"))
+    text = json.dumps(results, indent=1, ensure_ascii=False)
+    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8", errors="replace"))
     return Path(path)
 
 
@@ -91,11 +98,12 @@ def default_instances(config: Config) -> Path | None:
 
 
 def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances: Path | None = None,
-                    use_java: bool | None = None, spice: bool = False) -> dict:
+                    use_java: bool | None = None, spice: bool = False,
+                    java_timeout: float = DEFAULT_TIMEOUT_S) -> dict:
     """Caption metrics against each record's references, plus attention grounding when boxes are given."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice)
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
     result = scores.to_json()
     result["per_image"] = scores.per_image_json()
     result["table"] = scores.table()
@@ -106,9 +114,9 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances
     return result
 
 
-def split_records(config: Config, split: str) -> list[ImageRecord]:
-    """The records of one split of the configured dataset."""
-    records = records_of_split(load_records(config.data), split)
+def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
+    """The records of one split of the configured dataset (``generate``: as for ``load_records``)."""
+    records = records_of_split(load_records(config.data, generate=generate), split)
     if not records:
         raise DatasetError(f"the {config.data.dataset} dataset has no images in split {split!r}")
     return records
@@ -117,11 +125,17 @@ def split_records(config: Config, split: str) -> list[ImageRecord]:
 def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path]:
     """``<name>.json`` with the overall numbers and ``<name>.per_image.json`` beside it."""
     path = Path(path)
-    per_image_path = path.with_name(path.stem + ".per_image.json")
+    per_image = per_image_path(path)
     overall = {k: v for k, v in scores.items() if k not in ("per_image", "table")}
     atomic_write(path, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
-    atomic_write(per_image_path, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
-    return path, per_image_path
+    atomic_write(per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
+    return path, per_image
+
+
+def per_image_path(scores_path: str | Path) -> Path:
+    """``x_scores.json`` -> ``x_scores.per_image.json``: where ``write_scores`` puts per-image scores."""
+    scores_path = Path(scores_path)
+    return scores_path.with_name(scores_path.stem + ".per_image.json")
 
 
 
@@ -135,7 +149,7 @@ def decode_config_with(config: Config, **changes) -> DecodeConfig:
 
 
 def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
-                       spice: bool = False) -> dict:
+                       spice: bool = False, java_timeout: float = DEFAULT_TIMEOUT_S) -> dict:
     """Score a COCO results file against COCO-format reference captions, as the official toolkit does."""
     from captioning.evaluation.metrics import load_coco_references, load_results
 
@@ -145,5 +159,5 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
     if missing:
         raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")
     references = {image_id: references[image_id] for image_id in candidates}
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice)
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
     return {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}

@@ -98,6 +98,16 @@ def check_resumable(stored: Config, config: Config, stage: str, path: Path) -> N
                               "apart from its length, logging, paths and decoding")
 
 
+def _logged_step(line: str) -> float:
+    """The step of a steps.jsonl line; infinite (so it is dropped) for a line cut short by a full disk
+    or a kill mid-append."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        return math.inf
+    return step if isinstance(step, int) else math.inf
+
+
 def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config) -> torch.optim.Optimizer:
     """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
     groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}]
@@ -228,8 +238,8 @@ class Trainer:
         """Forget logged steps after the checkpoint (a killed run may have logged a few more)."""
         if not self.steps_log.exists() or not self.group.is_main:
             return
-        kept = [line for line in self.steps_log.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= self.state.global_step]
+        kept = [line for line in self.steps_log.read_text(encoding="utf-8", errors="replace").splitlines()
+                if _logged_step(line) <= self.state.global_step]
         atomic_write(self.steps_log, lambda p: p.write_text("".join(line + "\n" for line in kept)))
 
     # ------------------------------------------------------------------ loop
