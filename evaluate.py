@@ -41,8 +41,9 @@ def get_args_parser() -> argparse.ArgumentParser:
                                "--set decode.min_length=5 (repeatable; the flags above win)")
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument("--out", type=Path, help="scores JSON (default: <results>.scores.json)")
-    scoring.add_argument("--instances", type=Path,
-                         help="COCO instances JSON with boxes: adds attention grounding (Shapes: automatic)")
+    scoring.add_argument("--instances", type=Path, nargs="+",
+                         help="COCO instances JSON files with boxes: attention grounding on the images they cover "
+                              "(default: the checkpoint's data.instances; Shapes: automatic)")
     scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
     scoring.add_argument("--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)")
     parser.add_argument("--skip-bad-images", action="store_true",

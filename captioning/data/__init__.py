@@ -10,6 +10,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from captioning.config import ConfigError, DataConfig
@@ -21,7 +22,8 @@ from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.data.vocab import Vocabulary
 
 __all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
-           "generate_shapes", "load_records", "read_coco", "read_folder", "read_karpathy", "read_shapes"]
+           "check_data_paths", "divide_official_val", "generate_shapes", "load_records", "read_coco", "read_folder",
+           "read_karpathy", "read_shapes"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,19 @@ def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
 def _load_coco(config: DataConfig) -> list[ImageRecord]:
     if not config.annotations:
         raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
-    return read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    return records if config.split_file is not None else divide_official_val(records)
+
+
+def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
+    """The official COCO files' splits: ``captions_train2014.json`` trains, and the images of
+    ``captions_val2014.json`` are divided by image id, even ids validating and odd ids the test
+    split (COCO's test images have no public captions). Records are returned as they are when a
+    file already gives a test split (``captions_test....json``)."""
+    if any(record.split == "test" for record in records):
+        return records
+    return [replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
+            for record in records]
 
 
 def _load_folder(config: DataConfig) -> list[ImageRecord]:
@@ -58,6 +72,31 @@ READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
 }
 
 
+# The data keys that name files or folders, and what each must be.
+_PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
+
+
+def check_data_paths(config: DataConfig) -> None:
+    """Every file and folder the data configuration names must exist (Shapes generates its root).
+
+    Relative paths are taken from the current folder, so a checkpoint's configuration used from
+    another folder fails here; the message names the key to ``--set``.
+
+    Raises:
+        ConfigError: ``"<path>: data.<key>: no such file (relative paths start from <cwd>); set
+            data.<key>=... to where it is"``.
+    """
+    for key, kind in _PATH_KEYS:
+        if key == "root" and config.dataset == "shapes":
+            continue
+        value = getattr(config, key)
+        for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
+            exists = path.is_dir() if kind == "folder" else path.is_file()
+            if not exists:
+                where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
+                raise ConfigError(f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is")
+
+
 def load_records(config: DataConfig, output_dir: Path | None = None) -> list[ImageRecord]:
     """Read the dataset named by ``config.dataset`` (generating Shapes under ``config.root`` if needed).
 
@@ -69,6 +108,7 @@ def load_records(config: DataConfig, output_dir: Path | None = None) -> list[Ima
     Returns:
         One record per image, in the reader's order.
     """
+    check_data_paths(config)
     records = READERS[config.dataset](config)
     images = Counter(record.split for record in records)
     captions = Counter()

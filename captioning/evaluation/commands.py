@@ -21,6 +21,8 @@ from captioning.evaluation.runner import (
     caption_records,
     decode_config_with,
     default_instances,
+    grounding_line,
+    load_boxes,
     load_captioner,
     score_captioned,
     score_results_file,
@@ -99,16 +101,17 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         return None
 
     records = split_records(config, args.split)
+    # Every input before decoding: the boxes are read now, and ground only the images they cover.
+    boxes = load_boxes(args.instances or default_instances(config))
     captioned = caption_records(model, config, records, device, decode_config, progress, output_dir=run_dir)
     _report_skipped(records, captioned)
     results = write_results(args.results or run_dir / f"{args.split}_results.json", captioned)
-    instances = args.instances or default_instances(config)
-    scores = score_captioned(captioned, model.grid, instances, use_java=use_java, spice=args.spice)
+    scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores["table"])
-    if "grounding-mass" in scores:
-        print(f"grounding: mass in box {scores['grounding-mass']}, pointing game {scores['grounding-pointing']} "
-              f"({scores['grounding-words']} object words)")
+    line = grounding_line(scores, len(captioned))
+    if line is not None:
+        print(line)
     scores_path, per_image = write_scores(_scores_paths(args.out, results), scores)
     _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image})
     return scores

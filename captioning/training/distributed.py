@@ -34,6 +34,12 @@ def init_from_environment(device_type: str) -> ProcessGroup:
     return ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def launched_as_main() -> bool:
+    """Whether this process is rank 0 of its job (or alone), read from torchrun's environment
+    without joining the process group (which needs the device type)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def wrap(module: nn.Module, group: ProcessGroup, device: torch.device) -> nn.Module:
     """DistributedDataParallel around ``module`` when there are several processes."""
     if group.world_size <= 1:

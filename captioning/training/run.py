@@ -25,6 +25,7 @@ from captioning.training.checkpoint import (
     load_checkpoint,
 )
 from captioning.training.engine import TrainState
+from captioning.training.plan import check_images_exist, check_splits, describe_plan
 from captioning.training.trainer import Trainer
 
 
@@ -83,18 +84,28 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
 
 
 def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,
-                group: distributed.ProcessGroup, device: torch.device):
-    """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
+                group: distributed.ProcessGroup, device: torch.device, test: bool = False):
+    """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume).
+
+    Every input is checked before the first image is read: the data files and folders, the
+    splits the run needs (``test`` too when it is scored after training), every image file, and
+    the checkpoint to resume; then rank 0 prints the plan (``describe_plan``).
+    """
     records = load_records(config.data, output_dir)
+    needed = ("train", "val", "test") if test else ("train", "val")
+    counts = check_splits(records, config.data.dataset, needed)
+    check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
     val_records = records_of_split(records, "val")
-    if not train_records or not val_records:
-        raise ValueError(f"the dataset has {len(train_records)} training and {len(val_records)} validation "
-                         "images; training needs both")
     if resume is not None:
-        _, vocab = checkpoint_config(load_checkpoint(resume), resume)
+        payload = load_checkpoint(resume)
+        stored, vocab = checkpoint_config(payload, resume)
+        state, epochs = (payload.get("training") or {}).get("state"), stored.train.epochs
     else:
         vocab = build_vocabulary(train_records, config.data.min_word_count)
+        state, epochs = None, None
+    if group.is_main:
+        print(describe_plan(config, counts, state, test, epochs), flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
     train_set = caption_dataset(train_records, model, config, device, output_dir, progress,
@@ -144,12 +155,13 @@ def _claim_output_dir(output_dir: Path, overwrite: bool, group: distributed.Proc
     distributed.barrier()
 
 
-def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> RunOutputs:
+def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False) -> RunOutputs:
     """Train as configured; returns what was written where.
 
     Args:
         config: the resolved configuration.
         resume: a checkpoint to continue from (``--resume``), or None for a new run.
+        test: the test split is scored after training, so it must have images (checked first).
     """
     device = resolve_device(config.train.device)
     group = distributed.init_from_environment(device.type)
@@ -171,7 +183,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
         distributed.barrier()
     _, model, train_set, val_set = prepare_run(config, output_dir, resume, progress and group.is_main,
-                                                     group, device)
+                                               group, device, test)
     if group.is_main:
         distributed.barrier()
     if group.is_main:
