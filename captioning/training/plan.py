@@ -66,7 +66,8 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
     state = state or {}
     stage, epoch = state.get("stage", "xe"), state.get("epoch", 0)
     patience = train.early_stop_patience
-    xe_over = stage == "scst" or (patience > 0 and state.get("epochs_without_improvement", 0) >= patience)
+    xe_over = stage == "scst" or epoch >= train.epochs or (
+        patience > 0 and state.get("epochs_without_improvement", 0) >= patience)
     xe = "done" if xe_over and state else _epochs(epoch + 1, train.epochs)
     scst = _epochs(epoch + 1 if stage == "scst" else 1, train.scst_epochs)
     steps = math.ceil(counts["train"] / train.batch_size)
@@ -80,9 +81,10 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
     if not state:
         parts.append("a new run")
     else:
-        where = f"resuming at stage {stage} ({STAGE_NAMES[stage]}), epoch {epoch + 1}, step {state.get('global_step', 0)}"
+        where = (f"resuming from step {state.get('global_step', 0)}: stage {stage} ({STAGE_NAMES[stage]}), "
+                 f"{epoch} epoch{'s' * (epoch != 1)} done")
         if state.get("batch_in_epoch"):
-            where += f" (batch {state['batch_in_epoch']} of the epoch done)"
+            where += f", {state['batch_in_epoch']} batches into epoch {epoch + 1}"
         if stage == "xe" and checkpoint_epochs is not None and checkpoint_epochs != train.epochs:
             where += (f"; the checkpoint's run had train.epochs={checkpoint_epochs}, this one {train.epochs}"
                       f" (pass --epochs {checkpoint_epochs} to keep it)")
