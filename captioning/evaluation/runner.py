@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from captioning.config import Config, DecodeConfig
 from captioning.data import load_records
-from captioning.data.datasets import ImageOnlyDataset, collate_captions
+from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
@@ -71,7 +71,7 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
     else:
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
-                        num_workers=config.data.num_workers)
+                        num_workers=usable_workers(config.data.num_workers))
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
     return [Captioned(records[i], caption, caption.words(model.vocab)) for i, _, caption in triples]
 

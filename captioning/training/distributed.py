@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,13 +27,24 @@ class ProcessGroup:
 
 
 def init_from_environment(device_type: str) -> ProcessGroup:
-    """Join the process group when launched by ``torchrun`` (WORLD_SIZE > 1), else a single process."""
+    """Join the process group when launched by ``torchrun`` (WORLD_SIZE > 1), else a single process.
+
+    Processes other than rank 0 then keep quiet: warnings, and the package's log records below
+    errors, are dropped, so that a warning about the data prints once, not once per process.
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return ProcessGroup()
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-    return ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    group = ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    if not group.is_main:  # every process reads the same data: rank 0 alone says what it found
+        logging.getLogger("captioning").setLevel(logging.ERROR)
+        warnings.simplefilter("ignore")
+    return group
+
+
+SINGLE_PROCESS = ProcessGroup()
 
 
 def launched_as_main() -> bool:
@@ -93,6 +106,24 @@ def all_gather_objects(value: object) -> list:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def gather_to_main(value: object, group: ProcessGroup) -> list | None:
+    """``value`` of every process, in rank order, on rank 0; None on the others (``[value]`` alone)."""
+    if group.world_size <= 1:
+        return [value]
+    gathered: list | None = [None] * group.world_size if group.is_main else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
+def broadcast_from_main(value: object, group: ProcessGroup) -> object:
+    """Rank 0's ``value`` on every process (``value`` itself alone)."""
+    if group.world_size <= 1:
+        return value
+    holder = [value if group.is_main else None]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
 
 
 def barrier() -> None:

@@ -13,7 +13,7 @@ import torch
 
 from captioning.config import Config, config_json, save_config, to_dict
 from captioning.data import build_vocabulary, load_records
-from captioning.data.datasets import CaptionDataset
+from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.models.captioner import Captioner
@@ -77,7 +77,7 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
               "skip_bad_images": config.data.skip_bad_images}
     if uses_cache(config):
         cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
-                                           batch_size=32, device=device, num_workers=config.data.num_workers,
+                                           batch_size=32, device=device, num_workers=usable_workers(config.data.num_workers),
                                            progress=progress, skip_bad_images=config.data.skip_bad_images)
         return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
     return CaptionDataset(records, transform=model.encoder.transform, **common)
