@@ -193,3 +193,6 @@ def test_the_plan_of_a_resumed_run_counts_finished_stages_and_batches():
         "plan: cross-entropy done, then self-critical epochs 2-3; ")
     assert describe_plan(config, counts, mid_scst, test=False).endswith(
         "resuming from step 11: stage scst (self-critical), 1 epoch done, 2 batches into epoch 2")
+    stopped = {"stage": "xe", "epoch": 7, "batch_in_epoch": 0, "global_step": 28, "epochs_without_improvement": 5}
+    assert describe_plan(load_config(COCO_YAML, TINY | {"train.epochs": 20}), counts, stopped, test=False).startswith(
+        "plan: cross-entropy done (stopped early after 7 epochs), then self-critical none; ")

@@ -66,9 +66,10 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
     state = state or {}
     stage, epoch = state.get("stage", "xe"), state.get("epoch", 0)
     patience = train.early_stop_patience
-    xe_over = stage == "scst" or epoch >= train.epochs or (
-        patience > 0 and state.get("epochs_without_improvement", 0) >= patience)
-    xe = "done" if xe_over and state else _epochs(epoch + 1, train.epochs)
+    stopped_early = stage == "xe" and patience > 0 and state.get("epochs_without_improvement", 0) >= patience
+    xe = _epochs(epoch + 1, train.epochs)
+    if state and (stage == "scst" or epoch >= train.epochs or stopped_early):
+        xe = f"done (stopped early after {epoch} epochs)" if stopped_early and epoch < train.epochs else "done"
     scst = _epochs(epoch + 1 if stage == "scst" else 1, train.scst_epochs)
     steps = math.ceil(counts["train"] / train.batch_size)
     validated = min(train.val_images, counts["val"]) if train.val_images else counts["val"]
