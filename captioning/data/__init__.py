@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 def _load_shapes(config: DataConfig) -> list[ImageRecord]:
+    check_data_paths(config)
     generate_shapes(config.root, seed=config.shapes_seed, num_train=config.shapes_train,
                     num_val=config.shapes_val, num_test=config.shapes_test,
                     image_size=config.shapes_image_size, max_objects=config.shapes_max_objects)
@@ -39,12 +40,14 @@ def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
     if config.split_file is None:
         raise ConfigError("data.split_file is required for data.dataset=karpathy "
                           "(e.g. dataset_flickr8k.json)")
+    check_data_paths(config)
     return read_karpathy(config.split_file, config.root, config.restval_to_train)
 
 
 def _load_coco(config: DataConfig) -> list[ImageRecord]:
     if not config.annotations:
         raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
+    check_data_paths(config)
     records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
     return records if config.split_file is not None else divide_official_val(records)
 
@@ -61,6 +64,7 @@ def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
 
 
 def _load_folder(config: DataConfig) -> list[ImageRecord]:
+    check_data_paths(config)
     return read_folder(config.root)
 
 
@@ -77,7 +81,8 @@ _PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"
 
 
 def check_data_paths(config: DataConfig) -> None:
-    """Every file and folder the data configuration names must exist (Shapes generates its root).
+    """Every file and folder the data configuration names must exist (Shapes generates its root);
+    each reader of ``READERS`` checks this first.
 
     Relative paths are taken from the current folder, so a checkpoint's configuration used from
     another folder fails here; the message names the key to ``--set``.
@@ -108,7 +113,6 @@ def load_records(config: DataConfig, output_dir: Path | None = None) -> list[Ima
     Returns:
         One record per image, in the reader's order.
     """
-    check_data_paths(config)
     records = READERS[config.dataset](config)
     images = Counter(record.split for record in records)
     captions = Counter()

@@ -120,6 +120,7 @@ def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
     records = load_records(config.data, Path(config.train.output_dir))
+    check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
     written = {}
