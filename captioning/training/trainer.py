@@ -267,9 +267,9 @@ class Trainer:
         return self._out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
 
     def _loss_text(self, numbers: dict[str, float]) -> str:
-        """The epoch's loss with its parts: the doubly stochastic penalty cannot go below
-        P (1 - T/P)^2 for P grid cells and T words (173 at 14x14 for 12 words), so the total alone
-        hides the cross-entropy."""
+        """The epoch's loss with its parts: a caption's doubly stochastic penalty cannot go below
+        P (1 - T/P)^2 for P grid cells and T steps (173 at 14x14 for 12 steps), so the total
+        alone hides the cross-entropy."""
         loss = numbers.get("loss", float("nan"))
         text = f"loss {loss:.3f}"
         if "cross_entropy" in numbers:
