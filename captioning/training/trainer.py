@@ -268,7 +268,7 @@ class Trainer:
 
     def _loss_text(self, numbers: dict[str, float]) -> str:
         """The epoch's loss with its parts: a caption's doubly stochastic penalty cannot go below
-        P (1 - T/P)^2 for P grid cells and T steps (173 at 14x14 for 12 steps), so the total
+        P (1 - T/P)^2 for P grid cells and T steps (171 at 14x14 for 13 steps), so the total
         alone hides the cross-entropy."""
         loss = numbers.get("loss", float("nan"))
         text = f"loss {loss:.3f}"
