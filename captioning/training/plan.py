@@ -86,7 +86,7 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
                  f"{epoch} epoch{'s' * (epoch != 1)} done")
         if state.get("batch_in_epoch"):
             where += f", {state['batch_in_epoch']} batches into epoch {epoch + 1}"
-        if stage == "xe" and checkpoint_epochs is not None and checkpoint_epochs != train.epochs:
+        if not xe.startswith("done") and checkpoint_epochs is not None and checkpoint_epochs != train.epochs:
             where += (f"; the checkpoint's run had train.epochs={checkpoint_epochs}, this one {train.epochs}"
                       f" (pass --epochs {checkpoint_epochs} to keep it)")
         parts.append(where)
