@@ -44,8 +44,9 @@ def get_args_parser() -> argparse.ArgumentParser:
                                "--set decode.min_length=5 (repeatable; the flags above win)")
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument("--out", type=Path, help="scores JSON (default: <name>_scores.json for <name>_results.json)")
-    scoring.add_argument("--instances", type=Path,
-                         help="COCO instances JSON with boxes: adds attention grounding (Shapes: automatic)")
+    scoring.add_argument("--instances", type=Path, nargs="+",
+                         help="COCO instances JSON files with boxes: attention grounding on the images they cover "
+                              "(default: the checkpoint's data.instances; Shapes: automatic)")
     scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
     scoring.add_argument("--java-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "

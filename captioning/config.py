@@ -48,7 +48,7 @@ class DataConfig:
     root: str = "data/shapes"  # image root (Karpathy: the folder holding filepath/filename)
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
-    instances: str | None = None  # COCO instances JSON with boxes, for attention grounding
+    instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
@@ -260,6 +260,8 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
         inner = [t for t in options if t is not type(None)]
         return _coerce(inner[0], value, key)
     if origin is tuple:
+        if value is None:  # older configurations wrote null for an empty optional file
+            return ()
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):

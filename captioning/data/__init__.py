@@ -11,6 +11,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from captioning.config import ConfigError, DataConfig
@@ -24,13 +25,14 @@ from captioning.files import atomic_write
 from captioning.text import replace_lone_surrogates
 
 __all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
-           "generate_shapes", "load_records", "read_coco", "read_folder", "read_karpathy", "read_shapes",
-           "write_data_summary"]
+           "check_data_paths", "divide_official_val", "generate_shapes", "load_records", "read_coco", "read_folder",
+           "read_karpathy", "read_shapes", "write_data_summary"]
 
 logger = logging.getLogger(__name__)
 
 
 def _load_shapes(config: DataConfig) -> list[ImageRecord]:
+    check_data_paths(config)
     generate_shapes(config.root, seed=config.shapes_seed, num_train=config.shapes_train,
                     num_val=config.shapes_val, num_test=config.shapes_test,
                     image_size=config.shapes_image_size, max_objects=config.shapes_max_objects)
@@ -41,16 +43,31 @@ def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
     if config.split_file is None:
         raise ConfigError("data.split_file is required for data.dataset=karpathy "
                           "(e.g. dataset_flickr8k.json)")
+    check_data_paths(config)
     return read_karpathy(config.split_file, config.root, config.restval_to_train)
 
 
 def _load_coco(config: DataConfig) -> list[ImageRecord]:
     if not config.annotations:
         raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
-    return read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    check_data_paths(config)
+    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    return records if config.split_file is not None else divide_official_val(records)
+
+
+def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
+    """The official COCO files' splits: ``captions_train2014.json`` trains, and the images of
+    ``captions_val2014.json`` are divided by image id, even ids validating and odd ids the test
+    split (COCO's test images have no public captions). Records are returned as they are when a
+    file already gives a test split (``captions_test....json``)."""
+    if any(record.split == "test" for record in records):
+        return records
+    return [replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
+            for record in records]
 
 
 def _load_folder(config: DataConfig) -> list[ImageRecord]:
+    check_data_paths(config)
     return read_folder(config.root)
 
 
@@ -60,6 +77,32 @@ READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
     "coco": _load_coco,
     "folder": _load_folder,
 }
+
+
+# The data keys that name files or folders, and what each must be.
+_PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
+
+
+def check_data_paths(config: DataConfig) -> None:
+    """Every file and folder the data configuration names must exist (Shapes generates its root);
+    each reader of ``READERS`` checks this first.
+
+    Relative paths are taken from the current folder, so a checkpoint's configuration used from
+    another folder fails here; the message names the key to ``--set``.
+
+    Raises:
+        ConfigError: ``"<path>: data.<key>: no such file (relative paths start from <cwd>); set
+            data.<key>=... to where it is"``.
+    """
+    for key, kind in _PATH_KEYS:
+        if key == "root" and config.dataset == "shapes":
+            continue
+        value = getattr(config, key)
+        for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
+            exists = path.is_dir() if kind == "folder" else path.is_file()
+            if not exists:
+                where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
+                raise ConfigError(f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is")
 
 
 def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True) -> list[ImageRecord]:

@@ -21,6 +21,8 @@ from captioning.evaluation.runner import (
     caption_records,
     decode_config_with,
     default_instances,
+    grounding_line,
+    load_boxes,
     load_captioner,
     per_image_path,
     score_captioned,
@@ -133,19 +135,20 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         return None
 
     records = split_records(config, args.split, generate=generate)
+    # Every input before decoding: the boxes are read now, and ground only the images they cover.
+    boxes = load_boxes(args.instances or default_instances(config))
     captioned = caption_records(model, config, records, device, decode_config, progress, output_dir=run_dir,
                                 build_cache=build_cache)
     _report_skipped(records, captioned)
     replaced = _existing(*outputs)
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
-    instances = args.instances or default_instances(config)
-    scores = score_captioned(captioned, model.grid, instances, use_java=use_java, spice=args.spice,
+    scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
                              java_timeout=args.java_timeout)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores["table"])
-    if "grounding-mass" in scores:
-        print(f"grounding: mass in box {scores['grounding-mass']}, pointing game {scores['grounding-pointing']} "
-              f"({scores['grounding-words']} object words)")
+    line = grounding_line(scores, len(captioned))
+    if line is not None:
+        print(line)
     scores_path, per_image = write_scores(scores_target, scores)
     _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image}, replaced)
     return scores

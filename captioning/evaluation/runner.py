@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,13 +12,13 @@ from torch.utils.data import DataLoader
 
 from captioning.config import Config, DecodeConfig
 from captioning.data import load_records
-from captioning.data.datasets import ImageOnlyDataset, collate_captions
+from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
-from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
+from captioning.evaluation.grounding import Instances, WordMatcher, grounding_scores, load_instances
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
-from captioning.evaluation.metrics import score_captions
+from captioning.evaluation.metrics import EvaluationInputError, score_captions
 from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
@@ -27,6 +28,7 @@ from captioning.training.checkpoint import (
     load_state_checked,
 )
 from captioning.training.engine import EpochBatches, generate_captions
+from captioning.training.plan import check_splits
 from captioning.training.run import caption_dataset, uses_cache
 
 
@@ -75,7 +77,7 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
     else:
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
-                        num_workers=config.data.num_workers)
+                        num_workers=usable_workers(config.data.num_workers))
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
     return [Captioned(records[i], caption, caption.words(model.vocab)) for i, _, caption in triples]
 
@@ -88,38 +90,75 @@ def write_results(path: str | Path, captioned: list[Captioned]) -> Path:
     return Path(path)
 
 
-def default_instances(config: Config) -> Path | None:
-    """The instances file grounding uses by default: the configured one, or Shapes' own."""
+def default_instances(config: Config) -> tuple[Path, ...]:
+    """The instances files grounding uses by default: the configured ones, or Shapes' own."""
     if config.data.instances:
-        return Path(config.data.instances)
+        return tuple(Path(path) for path in config.data.instances)
     if config.data.dataset == "shapes":
-        return shapes_files(config.data.root).instances
-    return None
+        return (shapes_files(config.data.root).instances,)
+    return ()
 
 
-def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances: Path | None = None,
+def load_boxes(paths: Sequence[str | Path]) -> Instances | None:
+    """The boxes of several COCO instances files (``instances_train2014.json``, ``instances_val2014.json``)
+    as one :class:`Instances`; None when there are no files.
+
+    Raises:
+        EvaluationInputError: a file is missing or malformed, or an image id is in two files.
+    """
+    if not paths:
+        return None
+    merged = Instances({}, {})
+    source: dict[int, Path] = {}
+    for path in map(Path, paths):
+        boxes = load_instances(path)
+        for image_id in boxes.image_sizes:
+            if image_id in source:
+                raise EvaluationInputError(f"{path}: image {image_id}: also in {source[image_id]}")
+            source[image_id] = path
+        merged.image_sizes.update(boxes.image_sizes)
+        merged.objects.update(boxes.objects)
+    return merged
+
+
+def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: Instances | None = None,
                     use_java: bool | None = None, spice: bool = False,
                     java_timeout: float = DEFAULT_TIMEOUT_S) -> dict:
-    """Caption metrics against each record's references, plus attention grounding when boxes are given."""
+    """Caption metrics against each record's references, plus attention grounding on the images
+    ``boxes`` cover (``grounding-images`` of them; the others are left out of grounding only)."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
     scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
     result = scores.to_json()
     result["per_image"] = scores.per_image_json()
     result["table"] = scores.table()
-    if instances is not None:
-        boxes = load_instances(instances)
-        items = [(item.record.image_id, item.words, item.caption.attention.numpy(), grid) for item in captioned]
+    if boxes is not None:
+        items = [(item.record.image_id, item.words, item.caption.attention.numpy(), grid) for item in captioned
+                 if item.record.image_id in boxes.image_sizes]
         result.update(grounding_scores(items, boxes, WordMatcher()))
+        result["grounding-images"] = len(items)
     return result
+
+
+def grounding_line(scores: dict, images: int) -> str | None:
+    """The one summary line of attention grounding (None when it was not measured), rounded."""
+    if "grounding-images" not in scores:
+        return None
+    covered = scores["grounding-images"]
+    if not covered:
+        return f"grounding: none of the {images} images has boxes in the instances files"
+    if not scores["grounding-words"]:
+        return f"grounding: no generated word names an annotated object ({covered} of {images} images with boxes)"
+    return (f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
+            f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "
+            f"{images} images with boxes")
 
 
 def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
     """The records of one split of the configured dataset (``generate``: as for ``load_records``)."""
-    records = records_of_split(load_records(config.data, generate=generate), split)
-    if not records:
-        raise DatasetError(f"the {config.data.dataset} dataset has no images in split {split!r}")
-    return records
+    records = load_records(config.data, generate=generate)
+    check_splits(records, config.data.dataset, [split])
+    return records_of_split(records, split)
 
 
 def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path]:

@@ -14,7 +14,7 @@ import torch
 
 from captioning.config import Config, config_json, load_config, save_config, to_dict
 from captioning.data import build_vocabulary, load_records, write_data_summary
-from captioning.data.datasets import CaptionDataset
+from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.models.captioner import Captioner
@@ -27,6 +27,7 @@ from captioning.training.checkpoint import (
     load_checkpoint,
 )
 from captioning.training.engine import TrainState
+from captioning.training.plan import check_images_exist, check_splits, describe_plan
 from captioning.training.trainer import Trainer, check_resumable
 
 AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
@@ -96,7 +97,8 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
     cache = None
     if uses_cache(config):
         cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
-                                           batch_size=32, device=device, num_workers=config.data.num_workers,
+                                           batch_size=32, device=device,
+                                           num_workers=usable_workers(config.data.num_workers),
                                            progress=progress, skip_bad_images=config.data.skip_bad_images,
                                            build=build_cache)
     if cache is not None:
@@ -105,27 +107,37 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
 
 
 def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,
-                group: distributed.ProcessGroup, device: torch.device):
+                group: distributed.ProcessGroup, device: torch.device, test: bool = False):
     """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
-    records, model = build_run_model(config, resume, device)
+    records, model = build_run_model(config, resume, device, group, test)
     write_data_summary(records, config.data, output_dir)
     train_set, val_set = run_datasets(records, model, config, output_dir, progress, device)
     return records, model, train_set, val_set
 
 
-def build_run_model(config: Config, resume: Path | None, device: torch.device) -> tuple[list[ImageRecord], Captioner]:
+def build_run_model(config: Config, resume: Path | None, device: torch.device, group: distributed.ProcessGroup,
+                    test: bool = False) -> tuple[list[ImageRecord], Captioner]:
     """The dataset's records and the model (vocabulary from ``resume`` when given), writing nothing
-    in the output folder: an unknown encoder, a missing weights or split file fails here."""
+    in the output folder: an unknown encoder, a missing weights or split file fails here.
+
+    Every input is checked before the first image is read: the data files and folders, the
+    splits the run needs (``test`` too when it is scored after training), every image file, and
+    the checkpoint to resume; then rank 0 prints the plan (``describe_plan``).
+    """
     records = load_records(config.data)
+    needed = ("train", "val", "test") if test else ("train", "val")
+    counts = check_splits(records, config.data.dataset, needed)
+    check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
-    val_records = records_of_split(records, "val")
-    if not train_records or not val_records:
-        raise ValueError(f"the dataset has {len(train_records)} training and {len(val_records)} validation "
-                         "images; training needs both")
     if resume is not None:
-        _, vocab = checkpoint_config(load_checkpoint(resume), resume)
+        payload = load_checkpoint(resume)
+        stored, vocab = checkpoint_config(payload, resume)
+        state, epochs = (payload.get("training") or {}).get("state"), stored.train.epochs
     else:
         vocab = build_vocabulary(train_records, config.data.min_word_count)
+        state, epochs = None, None
+    if group.is_main:
+        print(describe_plan(config, counts, state, test, epochs), flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
     return records, model
@@ -169,6 +181,7 @@ def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
     records = load_records(config.data, Path(config.train.output_dir))
+    check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
     written = {}
@@ -230,7 +243,7 @@ def _auto_resume_point(config: Config, output_dir: Path,
     return None, True
 
 
-def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> RunOutputs:
+def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False) -> RunOutputs:
     """Train as configured; returns what was written where.
 
     Args:
@@ -238,6 +251,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         resume: a checkpoint to continue from (``--resume``); ``"auto"`` for the output folder's
             last.pt when there is one, else a new run (also ``train.resume: auto``); None for a
             new run.
+        test: the test split is scored after training, so it must have images (checked first).
     """
     device = resolve_device(config.train.device)
     group = distributed.init_from_environment(device.type)
@@ -257,7 +271,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         check_resume(config, output_dir, resume)
     if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
         distributed.barrier()
-    records, model = build_run_model(config, resume, device)
+    records, model = build_run_model(config, resume, device, group, test)
     outputs = RunOutputs(output_dir)
     if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
         output_dir.mkdir(parents=True, exist_ok=True)
