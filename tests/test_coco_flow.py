@@ -129,7 +129,7 @@ def test_evaluate_grounds_the_images_its_instances_files_cover_and_keeps_the_cap
                 "--results", "official/train_both.json", "--set",
                 "data.instances=data/coco/annotations/instances_train2014.json,data/coco/annotations/instances_val2014.json")
     assert both.returncode == 0, both.stderr
-    scores = json.loads((work / "official" / "train_both.scores.json").read_text())
+    scores = json.loads((work / "official" / "train_both_scores.json").read_text())
     assert scores["grounding-images"] == 12
     line = [line for line in both.stdout.splitlines() if line.startswith("grounding")]
     assert line and ("12 of 12 images with boxes" in line[0]), both.stdout
