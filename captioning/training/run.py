@@ -69,23 +69,36 @@ def uses_cache(config: Config) -> bool:
 
 
 def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
-                    output_dir: Path, progress: bool, captions_per_image: int) -> CaptionDataset:
-    """A dataset over ``records``: cached grids for a frozen encoder, images otherwise."""
+                    output_dir: Path, progress: bool, captions_per_image: int,
+                    group: distributed.ProcessGroup | None = None) -> CaptionDataset:
+    """A dataset over ``records``: cached grids for a frozen encoder, images otherwise.
+
+    With several processes (``group``), every rank must call this: they fill the cache together.
+    """
+    group = group or distributed.ProcessGroup()
     common = {"vocab": model.vocab, "max_length": config.data.max_caption_length,
               "captions_per_image": captions_per_image, "seed": config.train.seed,
               "skip_bad_images": config.data.skip_bad_images}
     if uses_cache(config):
         cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
                                            batch_size=32, device=device, num_workers=config.data.num_workers,
-                                           progress=progress, skip_bad_images=config.data.skip_bad_images)
+                                           progress=progress, skip_bad_images=config.data.skip_bad_images,
+                                           rank=group.rank, world_size=group.world_size)
         return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
     return CaptionDataset(records, transform=model.encoder.transform, **common)
 
 
 def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,
                 group: distributed.ProcessGroup, device: torch.device):
-    """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
-    records = load_records(config.data, output_dir)
+    """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume).
+
+    Every rank calls this; rank 0 reads (or generates) the data first, then all fill the feature cache.
+    """
+    if not group.is_main:
+        distributed.barrier()
+    records = load_records(config.data, output_dir if group.is_main else None)
+    if group.is_main:
+        distributed.barrier()
     train_records = records_of_split(records, "train")
     val_records = records_of_split(records, "val")
     if not train_records or not val_records:
@@ -98,8 +111,8 @@ def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress:
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
     train_set = caption_dataset(train_records, model, config, device, output_dir, progress,
-                                config.train.captions_per_image)
-    val_set = caption_dataset(val_records, model, config, device, output_dir, progress, 1)
+                                config.train.captions_per_image, group)
+    val_set = caption_dataset(val_records, model, config, device, output_dir, progress, 1, group)
     return records, model, train_set, val_set
 
 
@@ -168,12 +181,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         print(f"configuration: {config_json(config)}", flush=True)
         save_config(config, output_dir / "config.yaml")
         outputs.files["configuration"] = output_dir / "config.yaml"
-    if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
-        distributed.barrier()
     _, model, train_set, val_set = prepare_run(config, output_dir, resume, progress and group.is_main,
                                                      group, device)
-    if group.is_main:
-        distributed.barrier()
     if group.is_main:
         model.vocab.save(output_dir / "vocab.json")
         outputs.files["vocabulary"] = output_dir / "vocab.json"
