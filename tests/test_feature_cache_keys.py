@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from test_faults import REPO, assert_one_line_error, karpathy_flags, run_tool
 
@@ -182,9 +181,9 @@ def test_a_truncated_features_file_recomputes_the_rows_it_lost(built, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="captioning.data.feature_cache"):
         repaired = _build(tmp_path / "cache", encoder, records)
     counter.handle.remove()
+    size = 128 + 2 * row_bytes + row_bytes // 2
     assert [r.getMessage() for r in caplog.records] == [
-        f"{features}: truncated: {128 + 2 * row_bytes + row_bytes // 2} bytes, 6 rows need "
-        f"{128 + 6 * row_bytes}; recomputing the 4 rows it lost"]
+        f"{features}: truncated: {size} bytes, 6 rows need {128 + 6 * row_bytes}; recomputing the 4 rows it lost"]
     assert counter.images == 4 and repaired.computed == 4
     np.testing.assert_array_equal(_grids(repaired), grids)
 

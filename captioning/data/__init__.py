@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from captioning.config import ConfigError, DataConfig
 from captioning.data.coco import read_coco
 from captioning.data.folder import read_folder
 from captioning.data.karpathy import read_karpathy
+from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.data.vocab import Vocabulary
@@ -58,18 +59,32 @@ READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
 }
 
 
-def load_records(config: DataConfig, output_dir: Path | None = None) -> list[ImageRecord]:
+# Readers of large caption files: their records are kept in a compact per-split index (record_index).
+INDEXED_READERS = frozenset({"karpathy", "coco"})
+
+
+def load_records(config: DataConfig, output_dir: Path | None = None,
+                 splits: Collection[str] | None = None) -> list[ImageRecord]:
     """Read the dataset named by ``config.dataset`` (generating Shapes under ``config.root`` if needed).
+
+    Karpathy and COCO datasets are read from their per-split index when it is current
+    (``captioning.data.record_index``); a run with an ``output_dir`` writes it.
 
     Args:
         config: the data configuration.
         output_dir: when given (training and caching runs), ``data_summary.json`` (images and
             captions per split, training captions longer than ``max_caption_length``) is written
-            there, and a warning says how many training captions will be cut.
+            there, a warning says how many training captions will be cut, and the dataset index is
+            written if it was not current.
+        splits: only the records of these splits (all when None).
     Returns:
         One record per image, in the reader's order.
     """
-    records = READERS[config.dataset](config)
+    if config.dataset in INDEXED_READERS:
+        records = load_indexed(config, READERS[config.dataset], splits, writable=output_dir is not None)
+    else:
+        records = READERS[config.dataset](config)
+        records = records if splits is None else [r for r in records if r.split in splits]
     images = Counter(record.split for record in records)
     captions = Counter()
     for record in records:

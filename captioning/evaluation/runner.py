@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from captioning.config import Config, DecodeConfig
 from captioning.data import load_records
 from captioning.data.datasets import ImageOnlyDataset, collate_captions
-from captioning.data.records import DatasetError, ImageRecord, records_of_split
+from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
 from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
@@ -108,7 +108,7 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances
 
 def split_records(config: Config, split: str) -> list[ImageRecord]:
     """The records of one split of the configured dataset."""
-    records = records_of_split(load_records(config.data), split)
+    records = load_records(config.data, splits=(split,))
     if not records:
         raise DatasetError(f"the {config.data.dataset} dataset has no images in split {split!r}")
     return records
