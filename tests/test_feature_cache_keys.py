@@ -18,8 +18,10 @@ from test_faults import REPO, assert_one_line_error, karpathy_flags, run_tool
 
 from captioning.config import EncoderConfig
 from captioning.data import image_files
+from captioning.data.coco import read_coco
 from captioning.data.feature_cache import FeatureCache, FeatureCacheError
 from captioning.data.images import ImageError
+from captioning.data.karpathy import read_karpathy
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import Encoder, build_encoder
 
@@ -147,6 +149,21 @@ def test_other_orders_and_subsets_reuse_rows_and_new_images_are_appended(tmp_pat
     single = _build(tmp_path / "single", encoder, records)
     np.testing.assert_array_equal(_grids(grown), _grids(single))
     assert np.load(first.path / "features.npy", mmap_mode="r").shape[0] == 8
+
+
+def test_the_official_annotations_reuse_the_rows_of_karpathys_file(karpathy_dataset, coco_dataset, tmp_path,
+                                                                    encoder) -> None:
+    split_file, root = karpathy_dataset
+    annotation_files, coco_root = coco_dataset
+    assert coco_root == root  # the same image files, described by the official annotations
+    from_karpathy = _build(tmp_path / "cache", encoder, read_karpathy(split_file, root))
+    counter = _Counter(encoder)
+    official = read_coco(annotation_files, root)
+    from_official = _build(tmp_path / "cache", encoder, official)
+    counter.handle.remove()
+    assert counter.images == 0 and from_official.path == from_karpathy.path
+    assert [r.image_id for r in official] == [9, 25, 30, 42, 73]
+    np.testing.assert_array_equal(_grids(from_official), _grids(from_karpathy))
 
 
 def test_a_changed_image_recomputes_only_its_row(tmp_path, encoder) -> None:

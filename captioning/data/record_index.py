@@ -15,6 +15,7 @@ atomically. Tools that take their configuration from a checkpoint only read an i
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import logging
@@ -80,7 +81,7 @@ def _unpack_text(blob: np.ndarray, ends: np.ndarray) -> list[str]:
 def _pack_split(records: list[tuple[int, ImageRecord]], image_root: Path) -> dict[str, np.ndarray]:
     """Arrays of one split; ``records`` are (position in the reader's order, record)."""
     word_ids: dict[str, int] = {}
-    tokens: list[int] = []
+    tokens = array.array("i")  # int32, not a list of int objects: 600k captions on COCO
     caption_ends: list[int] = []
     captions_per_image: list[int] = []
     raws: list[str] = []
@@ -98,7 +99,7 @@ def _pack_split(records: list[tuple[int, ImageRecord]], image_root: Path) -> dic
     return {"positions": np.array([p for p, _ in records], dtype=np.int64),
             "image_ids": np.array([r.image_id for _, r in records], dtype=np.int64),
             "paths": paths_blob, "path_ends": path_ends, "words": words_blob, "word_ends": word_ends,
-            "tokens": np.array(tokens, dtype=np.int32), "caption_ends": np.array(caption_ends, dtype=np.int64),
+            "tokens": np.frombuffer(tokens, dtype=np.int32), "caption_ends": np.array(caption_ends, dtype=np.int64),
             "captions_per_image": np.array(captions_per_image, dtype=np.int64),
             "raw": raw_blob, "raw_ends": raw_ends, "raws_per_image": np.array(raws_per_image, dtype=np.int64)}
 
@@ -107,21 +108,16 @@ def _unpack_split(arrays: Any, split: str, image_root: Path) -> list[tuple[int, 
     words = _unpack_text(arrays["words"], arrays["word_ends"])
     token_words = [words[t] for t in arrays["tokens"].tolist()]
     caption_ends = arrays["caption_ends"].tolist()
-    caption_starts = [0, *caption_ends[:-1]]
+    captions = [tuple(token_words[a:b]) for a, b in zip([0, *caption_ends[:-1]], caption_ends)]
     raws = _unpack_text(arrays["raw"], arrays["raw_ends"])
+    caption_bounds = np.cumsum(np.concatenate([[0], arrays["captions_per_image"]])).tolist()
+    raw_bounds = np.cumsum(np.concatenate([[0], arrays["raws_per_image"]])).tolist()
     paths = _unpack_text(arrays["paths"], arrays["path_ends"])
-    out = []
-    caption, raw = 0, 0
-    for position, image_id, path, n_captions, n_raws in zip(
-            arrays["positions"].tolist(), arrays["image_ids"].tolist(), paths,
-            arrays["captions_per_image"].tolist(), arrays["raws_per_image"].tolist()):
-        captions = tuple(tuple(token_words[caption_starts[c]:caption_ends[c]])
-                         for c in range(caption, caption + n_captions))
-        out.append((position, ImageRecord(image_id=image_id, path=image_root / path, split=split,
-                                          captions=captions, raw=tuple(raws[raw:raw + n_raws]))))
-        caption += n_captions
-        raw += n_raws
-    return out
+    return [(position, ImageRecord(image_id=image_id, path=image_root / path, split=split,
+                                   captions=tuple(captions[caption_bounds[i]:caption_bounds[i + 1]]),
+                                   raw=tuple(raws[raw_bounds[i]:raw_bounds[i + 1]])))
+            for i, (position, image_id, path) in enumerate(zip(arrays["positions"].tolist(),
+                                                               arrays["image_ids"].tolist(), paths))]
 
 
 class _Remember(logging.Handler):
