@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Iterable
@@ -98,9 +99,10 @@ class DecoderConfig:
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
     dropout: float = 0.5  # dropout before the output layer
-    doubly_stochastic: float = 1.0  # lambda of the doubly stochastic attention penalty
-    # Hard attention (REINFORCE with a moving-average baseline and an entropy bonus).
-    hard_entropy: float = 0.002  # hard attention: weight of the entropy bonus
+    doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (README: "What lambda means")
+    # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
+    hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
+    hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
     hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
     hard_expected_prob: float = 0.5  # probability of using the expected context instead of a sample
 
@@ -115,7 +117,9 @@ class DecoderConfig:
             _check(self.attention_dim % self.num_heads == 0,
                    "model.decoder.attention_dim must be divisible by model.decoder.num_heads")
         _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
-        _check(self.doubly_stochastic >= 0, "model.decoder.doubly_stochastic must be >= 0")
+        for name in ("doubly_stochastic", "hard_reinforce", "hard_entropy"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value >= 0, f"model.decoder.{name} must be finite and >= 0, got {value}")
         _check(0.0 <= self.hard_expected_prob <= 1.0, "model.decoder.hard_expected_prob must be in [0, 1]")
         _check(0.0 <= self.hard_baseline_decay < 1.0, "model.decoder.hard_baseline_decay must be in [0, 1)")
 
@@ -138,6 +142,7 @@ class DecodeConfig:
     block_trigrams: bool = False  # forbid a trigram from appearing twice in one caption
     temperature: float = 1.0  # sampling only
     top_k: int = 0  # sampling only; 0 = the whole vocabulary
+    forbid_unk: bool = True  # never emit <unk> (validation, test, figures and self-critical rollouts)
     batch_size: int = 50  # images decoded at once
 
     def __post_init__(self) -> None:

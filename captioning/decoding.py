@@ -17,7 +17,7 @@ from captioning.config import DecodeConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
 
-START, END, PAD = Vocabulary.start_id, Vocabulary.end_id, Vocabulary.pad_id
+START, END, PAD, UNK = Vocabulary.start_id, Vocabulary.end_id, Vocabulary.pad_id, Vocabulary.unk_id
 
 
 @dataclass
@@ -55,33 +55,37 @@ class Rollout:
     betas: Tensor | None  # (N, T)
     lengths: Tensor  # (N,) words, <end> excluded
     finished: Tensor  # (N,) bool
+    location_log_probs: Tensor | None = None  # (N, T) hard attention in training, 0 after <end>
 
 
-def _allowed(log_probs: Tensor, step: int, min_length: int) -> Tensor:
+def _allowed(log_probs: Tensor, step: int, min_length: int, forbid_unk: bool = False) -> Tensor:
     """``log_probs`` (N, V) with the tokens that may not come next at -inf.
 
     ``<pad>`` and ``<start>`` are never emitted (the model gives them little but nonzero mass;
-    an untrained one a lot), and ``<end>`` not before ``min_length`` words. The others keep the
-    model's log-probabilities (not renormalised), so a caption's log-probability is the model's.
-    Masks in place (no (N, V) copy per step) unless autograd needs the original.
+    an untrained one a lot), ``<unk>`` not with ``forbid_unk``, and ``<end>`` not before
+    ``min_length`` words. The others keep the model's log-probabilities (not renormalised), so a
+    caption's log-probability is the model's. Masks in place (no (N, V) copy per step) unless
+    autograd needs the original.
     """
     if log_probs.requires_grad:  # a self-critical rollout: autograd still needs the original
         log_probs = log_probs.clone()
-    log_probs[:, [PAD, START]] = float("-inf")
+    log_probs[:, [PAD, START, UNK] if forbid_unk else [PAD, START]] = float("-inf")
     if step < min_length:
         log_probs[:, END] = float("-inf")
     return log_probs
 
 
 def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callable[[Tensor], Tensor],
-            max_length: int, min_length: int = 0, repeats: int = 1) -> Rollout:
+            max_length: int, min_length: int = 0, repeats: int = 1, forbid_unk: bool = False) -> Rollout:
     """Generate one caption per row, choosing each word with ``choose(log_probs) -> ids``.
 
     Args:
         annotations: (B, P, C) image grids.
         choose: maps (N, V) log-probabilities to (N,) token ids (argmax, a sample, ...).
         max_length: words at most; a row still running then is returned unfinished.
+        min_length: ``<end>`` is not chosen before this many words.
         repeats: rows per image (samples for SCST); rows are image-major (image 0's first).
+        forbid_unk: ``<unk>`` is never chosen.
     """
     batch = annotations.size(0)
     rows = torch.arange(batch, device=annotations.device).repeat_interleave(repeats)
@@ -91,10 +95,10 @@ def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callabl
     tokens = torch.full((n,), START, dtype=torch.long, device=annotations.device)
     running = torch.ones(n, dtype=torch.bool, device=annotations.device)
     ended = torch.zeros_like(running)
-    out_tokens, out_log_probs, out_mask, out_alphas, out_betas = [], [], [], [], []
+    out_tokens, out_log_probs, out_mask, out_alphas, out_betas, out_locations = [], [], [], [], [], []
     for t in range(max_length + 1):
-        log_probs, state, alpha, beta = decoder.step(prepared, tokens, state)  # (N, V)
-        chosen = choose(_allowed(log_probs, t, min_length))
+        log_probs, state, alpha, beta, location_log_prob = decoder.step(prepared, tokens, state)  # (N, V)
+        chosen = choose(_allowed(log_probs, t, min_length, forbid_unk))
         # After max_length words only <end> may follow: other choices leave the row unfinished.
         emit = running & (chosen == END) if t == max_length else running
         tokens = chosen.masked_fill(~emit, PAD)
@@ -104,6 +108,8 @@ def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callabl
         out_alphas.append(alpha)
         if beta is not None:
             out_betas.append(beta)
+        if location_log_prob is not None:  # the location drawn for this word's context
+            out_locations.append(location_log_prob * emit)
         ended = ended | (emit & (tokens == END))
         running = running & ~ended
         if not running.any():
@@ -112,7 +118,8 @@ def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callabl
     mask = torch.stack(out_mask, 1)
     words = mask & (tokens_t != END)
     return Rollout(tokens_t, torch.stack(out_log_probs, 1), mask, torch.stack(out_alphas, 1),
-                   torch.stack(out_betas, 1) if out_betas else None, words.sum(1), ended)
+                   torch.stack(out_betas, 1) if out_betas else None, words.sum(1), ended,
+                   torch.stack(out_locations, 1) if out_locations else None)
 
 
 def _captions_from_rollout(result: Rollout) -> list[Caption]:
@@ -130,9 +137,10 @@ def _captions_from_rollout(result: Rollout) -> list[Caption]:
 
 @torch.inference_mode()
 def greedy_search(decoder: ShowAttendTellDecoder, annotations: Tensor, max_length: int = 20,
-                  min_length: int = 0) -> list[Caption]:
+                  min_length: int = 0, forbid_unk: bool = False) -> list[Caption]:
     """The most likely word at every step, for each of the B images in (B, P, C)."""
-    result = rollout(decoder, annotations, lambda lp: lp.argmax(dim=1), max_length, min_length)
+    result = rollout(decoder, annotations, lambda lp: lp.argmax(dim=1), max_length, min_length,
+                     forbid_unk=forbid_unk)
     return _captions_from_rollout(result)
 
 
@@ -151,9 +159,11 @@ def sampler(temperature: float = 1.0, top_k: int = 0) -> Callable[[Tensor], Tens
 
 @torch.inference_mode()
 def sample_captions(decoder: ShowAttendTellDecoder, annotations: Tensor, max_length: int = 20,
-                    min_length: int = 0, temperature: float = 1.0, top_k: int = 0) -> list[Caption]:
+                    min_length: int = 0, temperature: float = 1.0, top_k: int = 0,
+                    forbid_unk: bool = False) -> list[Caption]:
     """One sampled caption per image (temperature, top-k)."""
-    result = rollout(decoder, annotations, sampler(temperature, top_k), max_length, min_length)
+    result = rollout(decoder, annotations, sampler(temperature, top_k), max_length, min_length,
+                     forbid_unk=forbid_unk)
     return _captions_from_rollout(result)
 
 
@@ -185,7 +195,8 @@ def _block_repeated_trigrams(log_probs: Tensor, history: Tensor) -> Tensor:
 
 @torch.inference_mode()
 def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: int = 3, max_length: int = 20,
-                min_length: int = 0, length_alpha: float = 0.0, block_trigrams: bool = False) -> list[Caption]:
+                min_length: int = 0, length_alpha: float = 0.0, block_trigrams: bool = False,
+                forbid_unk: bool = False) -> list[Caption]:
     """Batched beam search: the beams of all B images advance as one (B*K) batch.
 
     An image is finished once ``beam_size`` hypotheses have produced ``<end>`` (the usual early stop:
@@ -224,9 +235,9 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
                        finished=done, score=log_prob / _length_penalty(length + int(done), length_alpha))
 
     for t in range(max_length + 1):
-        log_probs, state, alpha, beta = decoder.step(prepared, tokens, state)  # (n*K, V)
+        log_probs, state, alpha, beta, _ = decoder.step(prepared, tokens, state)  # (n*K, V)
         vocab_size = log_probs.size(1)
-        log_probs = _allowed(log_probs, t, min_length)
+        log_probs = _allowed(log_probs, t, min_length, forbid_unk)
         if block_trigrams:
             log_probs = _block_repeated_trigrams(log_probs, history)
         n = images.numel()
@@ -286,10 +297,11 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
 def decode(decoder: ShowAttendTellDecoder, annotations: Tensor, config: DecodeConfig) -> list[Caption]:
     """Caption B images (B, P, C) with the strategy and options of ``config``."""
     strategies: dict[str, Callable[[], list[Caption]]] = {
-        "greedy": lambda: greedy_search(decoder, annotations, config.max_length, config.min_length),
+        "greedy": lambda: greedy_search(decoder, annotations, config.max_length, config.min_length,
+                                        config.forbid_unk),
         "beam": lambda: beam_search(decoder, annotations, config.beam_size, config.max_length, config.min_length,
-                                    config.length_alpha, config.block_trigrams),
+                                    config.length_alpha, config.block_trigrams, config.forbid_unk),
         "sample": lambda: sample_captions(decoder, annotations, config.max_length, config.min_length,
-                                          config.temperature, config.top_k),
+                                          config.temperature, config.top_k, config.forbid_unk),
     }
     return strategies[config.strategy]()

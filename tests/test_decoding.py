@@ -395,11 +395,11 @@ def test_top_k_restricts_sampled_words():
 
 # ----------------------------------------------------------------------------- decode()
 @pytest.mark.parametrize("config, strategy, arguments", [
-    (DecodeConfig(strategy="greedy", max_length=6, min_length=1), "greedy_search", (6, 1)),
-    (DecodeConfig(strategy="beam", beam_size=4, max_length=6, length_alpha=0.5, block_trigrams=True),
-     "beam_search", (4, 6, 0, 0.5, True)),
+    (DecodeConfig(strategy="greedy", max_length=6, min_length=1), "greedy_search", (6, 1, True)),
+    (DecodeConfig(strategy="beam", beam_size=4, max_length=6, length_alpha=0.5, block_trigrams=True,
+                  forbid_unk=False), "beam_search", (4, 6, 0, 0.5, True, False)),
     (DecodeConfig(strategy="sample", max_length=6, temperature=1.5, top_k=3),
-     "sample_captions", (6, 0, 1.5, 3)),
+     "sample_captions", (6, 0, 1.5, 3, True)),
 ], ids=["greedy", "beam", "sample"])
 def test_decode_dispatches_to_the_strategy(config, strategy, arguments, monkeypatch):
     decoder = make_decoder(seed=16)
@@ -416,6 +416,20 @@ def test_decode_dispatches_to_the_strategy(config, strategy, arguments, monkeypa
         monkeypatch.setattr(decoding, name, lambda *args, name=name: calls.append((name, args[2:])) or [])
     decode(decoder, annotations, config)
     assert calls == [(strategy, arguments)]
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_forbid_unk_keeps_unk_out_of_every_strategy(strategy):
+    decoder = make_decoder(seed=18)
+    with torch.no_grad():
+        decoder.out.bias[Vocabulary.unk_id] = 25.0  # a model that says <unk> whenever it can
+    annotations = annotations_for(3)
+    for forbid, expect_unk in ((False, True), (True, False)):
+        torch.manual_seed(0)
+        config = DecodeConfig(strategy=strategy, max_length=5, forbid_unk=forbid)
+        tokens = [t for caption in decode(decoder, annotations, config) for t in caption.tokens]
+        assert (Vocabulary.unk_id in tokens) == expect_unk, (forbid, tokens)
+        assert tokens  # forbidding <unk> leaves words to say
 
 
 def test_decoding_does_not_track_gradients():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from captioning.config import DecoderConfig, load_config
+from captioning.config import DecodeConfig, DecoderConfig, load_config
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.metrics import CiderDScorer
 from captioning.models.decoder import ShowAttendTellDecoder
@@ -189,7 +189,7 @@ def test_self_critical_training_raises_the_reward():
     optimizer = torch.optim.Adam(decoder.parameters(), lr=5e-3)
     decoder.train()
     for _ in range(150):
-        loss, _ = scst_loss(Model(decoder), batch, rewarder, config, max_length=6)
+        loss, _ = scst_loss(Model(decoder), batch, rewarder, config, DecodeConfig(max_length=6, forbid_unk=False))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -232,7 +232,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from captioning.config import DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
+from captioning.config import DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
 from captioning.training import distributed
@@ -261,12 +261,12 @@ def snapshot(name):
 
 snapshot("start")
 train = TrainConfig(scst_samples=3, grad_clip=0.0)
-options = {"penalty_weight": 0.0, "entropy_weight": 0.0, "world_size": group.world_size, "progress": False}
+options = {"decoder_config": DecoderConfig(doubly_stochastic=0.0), "world_size": group.world_size, "progress": False}
 train_one_epoch(model, [batch], optimizer, train, TrainState(), torch.device("cpu"), **options)
 snapshot("xe")
 rewarder = lambda image_ids, samples: np.array([float(len(s)) for s in samples])  # longer is better
 train_one_epoch(model, [batch], optimizer, train, TrainState(stage="scst"), torch.device("cpu"),
-                rewarder=rewarder, max_length=8, **options)
+                rewarder=rewarder, decode_config=DecodeConfig(max_length=8), **options)
 snapshot("scst")
 distributed.shutdown()
 """

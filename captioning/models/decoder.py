@@ -58,6 +58,7 @@ class StepOutput(NamedTuple):
     state: DecoderState
     alpha: Tensor  # (N, P)
     beta: Tensor | None  # (N,)
+    location_log_prob: Tensor | None = None  # (N,) hard attention in training: log alpha of the sampled location
 
 
 class ShowAttendTellDecoder(nn.Module):
@@ -180,12 +181,15 @@ class ShowAttendTellDecoder(nn.Module):
             tokens: (N,) the previous words y_{t-1}.
             state: (N, H) memory.
         Returns:
-            log-probabilities of the next word (N, V), the new state, alpha_t (N, P), beta_t (N,).
+            log-probabilities of the next word (N, V), the new state, alpha_t (N, P), beta_t (N,), and
+            with hard attention in training the log-probability of the sampled location (N,; 0 on
+            rows that use the expected context), which a policy gradient over rollouts needs.
         """
         embedded = self.embedding(tokens)  # (N, m)
-        state, context, alpha, beta, _, _ = self._cell(self.embed_to_gates(embedded), prepared, state)
+        state, context, alpha, beta, location_log_prob, _ = self._cell(
+            self.embed_to_gates(embedded), prepared, state)
         logits = self._logits(embedded, state.h, context)  # (N, V)
-        return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, alpha, beta)
+        return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, alpha, beta, location_log_prob)
 
     def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor,
                 image_index: Tensor | None = None) -> DecoderOutput:
@@ -276,10 +280,12 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
 
     In training, each caption uses a sampled location at every step, except that with
     probability ``expected_prob`` a caption uses the expected context instead (the paper's
-    variance reduction). Trained with the variational lower bound: REINFORCE on the location
-    log-probabilities with the log-likelihood as reward, a moving-average baseline (stored in
-    the buffer ``reward_baseline``, saved in checkpoints) and an entropy bonus
-    (``captioning.training.losses``). At inference the expected context is used.
+    variance reduction). Trained with the variational lower bound (equation 12): REINFORCE on the
+    location log-probabilities with the caption's log-likelihood as reward, a moving-average
+    baseline (the buffer ``reward_baseline``, saved in checkpoints) and an entropy bonus
+    (``captioning.training.losses.hard_attention_loss``). Self-critical rollouts sample locations
+    too and their log-probabilities join the policy gradient (``StepOutput.location_log_prob``).
+    At inference the expected context is used.
     """
 
     def __init__(self, *args, expected_prob: float = 0.5, baseline_decay: float = 0.9, **kwargs):

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from captioning.config import DecodeConfig, TrainConfig
+from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
 from captioning.decoding import Caption, decode, rollout, sampler
 from captioning.models.captioner import Captioner
 from captioning.models.decoder import HardAttentionDecoder
@@ -95,21 +95,20 @@ def flatten_captions(batch: dict) -> tuple[Tensor, Tensor, Tensor]:
     return captions.reshape(b * k, t), lengths.reshape(b * k), image_index
 
 
-def xe_loss(model: Captioner, batch: dict, config: TrainConfig, penalty_weight: float, entropy_weight: float,
+def xe_loss(model: Captioner, batch: dict, config: TrainConfig, decoder_config: DecoderConfig,
             world_size: int = 1) -> LossTerms:
-    """The cross-entropy objective of one batch (with the hard-attention terms when applicable)."""
+    """The cross-entropy objective of one batch (equation 14; equation 12 with hard attention)."""
     captions, lengths, image_index = flatten_captions(batch)
     output = model(annotations_of(model, batch), captions, lengths, image_index)
-    num_tokens = num_captions = None
-    if world_size > 1:  # global averages, so averaged gradients equal one process's
-        counts = torch.tensor([float((lengths - 1).sum()), float(lengths.numel())], device=lengths.device)
-        counts = distributed.all_reduce_sum(counts) / world_size
-        num_tokens, num_captions = float(counts[0]), float(counts[1])
+    num_tokens = None
+    if world_size > 1:  # the global average, so averaged gradients equal one process's
+        num_tokens = float(distributed.all_reduce_sum((lengths - 1).sum().float())) / world_size
     decoder = distributed.unwrap(model.decoder)
     if isinstance(decoder, HardAttentionDecoder):
-        return hard_attention_loss(decoder, output, captions, penalty_weight, entropy_weight,
-                                   config.label_smoothing, num_tokens, num_captions)
-    return caption_loss(output, captions, penalty_weight, config.label_smoothing, num_tokens, num_captions)
+        return hard_attention_loss(decoder, output, captions, decoder_config.doubly_stochastic,
+                                   decoder_config.hard_entropy, decoder_config.hard_reinforce,
+                                   config.label_smoothing, num_tokens)
+    return caption_loss(output, captions, decoder_config.doubly_stochastic, config.label_smoothing, num_tokens)
 
 
 def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Optimizer, config: TrainConfig,
@@ -147,7 +146,7 @@ def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Opt
     return True
 
 
-def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, max_length: int,
+def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, decode_config: DecodeConfig,
               world_size: int = 1) -> tuple[Tensor, dict]:
     """Self-critical loss of one batch (Rennie et al. 2017).
 
@@ -155,18 +154,30 @@ def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, max_
     baseline: the greedy caption's CIDEr-D (``greedy``) or the mean of the other samples
     (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all
     processes, divided by ``world_size``, so that averaged gradients equal one process's).
+
+    Rollouts obey the constraints that validation decoding obeys (``decode_config.max_length``,
+    ``min_length``, ``forbid_unk``; ``<pad>`` and ``<start>`` are never emitted). They sample at
+    temperature 1 from the whole vocabulary, whatever ``temperature`` and ``top_k`` say, because
+    the policy gradient needs samples from the model's own distribution; the beam-only options
+    (``beam_size``, ``length_alpha``, ``block_trigrams``) do not apply to sampling.
+
+    With hard attention the sampled locations are part of the policy: their log-probabilities
+    join the words' (a row that drew the expected context contributes none), and the greedy
+    baseline uses the expected context, as at inference.
     """
     decoder = distributed.unwrap(model.decoder)
     annotations = annotations_of(model, batch)
     image_ids = batch["image_ids"].tolist()
     n = config.scst_samples
-    sampled = rollout(decoder, annotations, sampler(), max_length, repeats=n)
+    limits = {"max_length": decode_config.max_length, "min_length": decode_config.min_length,
+              "forbid_unk": decode_config.forbid_unk}
+    sampled = rollout(decoder, annotations, sampler(), repeats=n, **limits)
     sample_words = [row[:length].tolist() for row, length in zip(sampled.tokens, sampled.lengths.tolist())]
     rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words).reshape(len(image_ids), n)
     if config.scst_baseline == "greedy":
         decoder.eval()
         with torch.no_grad():
-            greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), max_length)
+            greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), **limits)
         decoder.train()
         greedy_words = [row[:length].tolist() for row, length in zip(greedy.tokens, greedy.lengths.tolist())]
         baseline = rewarder(image_ids, greedy_words)[:, None]
@@ -177,16 +188,22 @@ def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, max_
     num_tokens = mask.sum().detach()
     if world_size > 1:
         num_tokens = distributed.all_reduce_sum(num_tokens) / world_size
-    loss = -(advantage.unsqueeze(1) * sampled.log_probs * mask).sum() / num_tokens.clamp_min(1)
+    log_probs = sampled.log_probs  # (N, T)
+    if sampled.location_log_probs is not None:
+        log_probs = log_probs + sampled.location_log_probs
+    loss = -(advantage.unsqueeze(1) * log_probs * mask).sum() / num_tokens.clamp_min(1)
     return loss, {"reward": float(rewards.mean()), "baseline": float(np.mean(baseline))}
 
 
 def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.optim.Optimizer,
-                    config: TrainConfig, state: TrainState, device: torch.device, *, penalty_weight: float,
-                    entropy_weight: float, rewarder=None, max_length: int = 20,
+                    config: TrainConfig, state: TrainState, device: torch.device, *, decoder_config: DecoderConfig,
+                    decode_config: DecodeConfig | None = None, rewarder=None,
                     scaler: torch.amp.GradScaler | None = None, on_step=None, world_size: int = 1,
                     progress: bool = True) -> dict[str, float]:
     """One pass over ``loader``; calls ``on_step(state, numbers)`` after each optimisation step.
+
+    ``decoder_config`` holds the loss weights; ``decode_config`` the constraints of self-critical
+    rollouts (default: ``DecodeConfig()``).
 
     Returns mean loss (and reward for SCST) over the batches that were not skipped.
     """
@@ -208,9 +225,9 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
         where = f"epoch {state.epoch + 1}, step {state.global_step + 1}"
         with autocast(device, config.amp):
             if state.stage == "scst":
-                loss, numbers = scst_loss(model, batch, rewarder, config, max_length, world_size)
+                loss, numbers = scst_loss(model, batch, rewarder, config, decode_config or DecodeConfig(), world_size)
             else:
-                terms = xe_loss(model, batch, config, penalty_weight, entropy_weight, world_size)
+                terms = xe_loss(model, batch, config, decoder_config, world_size)
                 loss = terms.total
                 numbers = {"cross_entropy": terms.cross_entropy.item(), "attention_penalty": terms.attention_penalty.item()}
         stepped = optimisation_step(loss, model, optimizer, config, scaler, where, by_hand, world_size)

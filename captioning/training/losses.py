@@ -1,4 +1,21 @@
-"""Training objectives: masked cross-entropy, the doubly stochastic penalty, hard-attention REINFORCE."""
+"""Training objectives: masked cross-entropy, the doubly stochastic penalty, hard-attention REINFORCE.
+
+Every term is a sum over the batch's captions divided by one number, the batch's real target
+tokens (words and ``<end>``). Per caption the terms are those of the paper: equation 14 for soft
+attention,
+
+    L_d = -log P(y | a) + lambda * sum_i (1 - sum_t alpha_ti)^2,
+
+and equation 12 for hard attention (the estimator of the gradient of the variational bound L_s).
+Dividing the sum over captions by the token count instead of the caption count only rescales
+the gradient (by captions / tokens, the same for every term), so ``lambda`` keeps the meaning it
+has in equation 14 while the cross-entropy reads as the usual per-word value. Other conventions
+(see the configuration reference): the popular PyTorch tutorial's ``alpha_c`` weighs a mean over
+the P positions, ``lambda = alpha_c * L / P`` with L the mean target tokens per caption (about
+12 on COCO, so its ``alpha_c = 1`` on a 14x14 grid is lambda = 0.06 here); the authors' Theano
+code sums the log-likelihood and the penalty per caption and averages over captions, so its
+``alpha_c`` is this lambda.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +25,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import DecoderOutput, HardAttentionDecoder
+from captioning.training import distributed
+
+# Never a target and never emitted (decoding masks them): label smoothing leaves them out.
+UNPRODUCIBLE = (Vocabulary.pad_id, Vocabulary.start_id)
 
 
 @dataclass
 class LossTerms:
-    """The total to minimise and its parts (detached scalars are fine for logging)."""
+    """The total to minimise and its parts, each on the per-token scale of the total.
+
+    ``total = cross_entropy + lambda * attention_penalty (+ hard_attention)``.
+    """
 
     total: Tensor
     cross_entropy: Tensor
@@ -21,66 +46,104 @@ class LossTerms:
     hard_attention: Tensor | None = None
 
 
-def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor, num_captions: float | None = None) -> Tensor:
-    """sum_i (1 - sum_t alpha_ti)^2 over real steps only, averaged over captions.
+def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
+    """sum_i (1 - sum_t alpha_ti)^2 of every caption, over real steps only, summed over the captions.
 
     Args:
         alphas: (N, T, P) attention weights.
         mask: (N, T) True on real (non-padding) steps.
-        num_captions: the denominator of the average (default N).
+    Returns:
+        A scalar: the sum over the N captions of equation 14's penalty.
     """
     attention_sum = (alphas * mask.unsqueeze(-1)).sum(dim=1)  # (N, P)
-    return ((1.0 - attention_sum) ** 2).sum() / (num_captions if num_captions is not None else alphas.size(0))
+    return ((1.0 - attention_sum) ** 2).sum()
+
+
+def token_negative_log_likelihood(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """-log p(target) per token, with label smoothing over the tokens the decoder can produce.
+
+    Smoothing gives ``label_smoothing`` of the target mass to every token but ``<pad>`` and
+    ``<start>`` in equal parts: decoding never emits those two, so mass put on them would be lost.
+
+    Args:
+        logits: (M, V) scores of M tokens.
+        targets: (M,) target ids.
+    Returns:
+        (M,) losses.
+    """
+    logits = logits.float()
+    if not label_smoothing:
+        return F.cross_entropy(logits, targets, reduction="none")
+    log_probs = torch.log_softmax(logits, dim=-1)  # (M, V)
+    nll = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # (M,)
+    producible = log_probs.sum(dim=1) - log_probs[:, list(UNPRODUCIBLE)].sum(dim=1)  # (M,)
+    uniform = -producible / (logits.size(1) - len(UNPRODUCIBLE))
+    return (1.0 - label_smoothing) * nll + label_smoothing * uniform
 
 
 def caption_loss(output: DecoderOutput, captions: Tensor, penalty_weight: float, label_smoothing: float = 0.0,
-                 num_tokens: float | None = None, num_captions: float | None = None) -> LossTerms:
-    """Token-averaged cross-entropy on real steps plus lambda times the doubly stochastic penalty.
+                 num_tokens: float | None = None) -> LossTerms:
+    """Equation 14 summed over the captions, divided by the number of target tokens.
 
     Args:
         output: the teacher-forced decoder output for N captions, T steps.
         captions: (N, L) the same captions; step t's target is token t+1.
-        penalty_weight: lambda.
-        label_smoothing: passed to ``F.cross_entropy``.
-        num_tokens, num_captions: the denominators of the two averages; by default this batch's
-            real tokens and captions. Data-parallel training passes the global counts divided by
-            the number of processes, so that averaged gradients equal one process's.
+        penalty_weight: lambda of equation 14.
+        label_smoothing: see :func:`token_negative_log_likelihood`.
+        num_tokens: the denominator; by default this batch's real tokens. Data-parallel training
+            passes the global count divided by the number of processes, so that averaged
+            gradients equal one process's.
+    Returns:
+        ``LossTerms``: cross-entropy per token, the penalty on the same scale (its sum over
+        captions divided by ``num_tokens``) and their weighted sum.
     """
     steps = output.logits.size(1)
     targets = captions[:, 1:steps + 1]  # (N, T)
     logits = output.logits[output.mask]  # (M, V), real steps only
-    token_loss = F.cross_entropy(logits.float(), targets[output.mask], label_smoothing=label_smoothing,
-                                 reduction="sum")
-    cross_entropy = token_loss / (num_tokens if num_tokens is not None else logits.size(0))
-    penalty = doubly_stochastic_penalty(output.alphas, output.mask, num_captions)
+    denominator = num_tokens if num_tokens is not None else logits.size(0)
+    cross_entropy = token_negative_log_likelihood(logits, targets[output.mask], label_smoothing).sum() / denominator
+    penalty = doubly_stochastic_penalty(output.alphas, output.mask) / denominator
     return LossTerms(cross_entropy + penalty_weight * penalty, cross_entropy, penalty)
 
 
 def hard_attention_loss(decoder: HardAttentionDecoder, output: DecoderOutput, captions: Tensor,
-                        penalty_weight: float, entropy_weight: float, label_smoothing: float = 0.0,
-                        num_tokens: float | None = None, num_captions: float | None = None) -> LossTerms:
-    """The variational lower bound of section 4.1, as a loss.
+                        penalty_weight: float, entropy_weight: float, reinforce_weight: float = 1.0,
+                        label_smoothing: float = 0.0, num_tokens: float | None = None) -> LossTerms:
+    """The estimator of equation 12 (section 4.1), as a loss whose gradient it is.
 
-    L = -log p(y | s, a) - sum_t (r - b) log p(s_t | a) - lambda_e H(alpha) + penalty: the first
-    term trains the whole decoder; the REINFORCE term trains the attention; the entropy bonus keeps
-    the location distribution from collapsing early. The reward r is the caption's log-likelihood
-    per word (the paper uses the sum; the mean keeps long and short captions on one scale) and the
-    baseline b a moving average of it. The cross-entropy and entropy are averaged over words, the
-    REINFORCE term over captions; ``num_tokens`` / ``num_captions`` as in :func:`caption_loss`.
+    Per caption n with sampled locations s^n:
+
+        -log p(y | s^n, a) - lambda_r (R_n - b) log p(s^n | a) - lambda_e H[s^n] + lambda * penalty_n
+
+    where the reward R_n = log p(y | s^n, a) is the caption's log-likelihood (summed over its words,
+    as in the paper; no gradient flows through it), b the moving average of the rewards (the buffer
+    ``decoder.reward_baseline``, updated here with the mean reward of the global batch: under
+    several processes the mean over all of them, so every process keeps the same baseline),
+    H the entropy of the location distributions and the penalty that of equation 14. Summed over
+    captions and divided by ``num_tokens`` like :func:`caption_loss`.
+
+    The doubly stochastic penalty acts on the distributions alpha_t from which the locations are
+    drawn (the paper introduces it for soft attention): it asks every location to be expected
+    to be visited about once over the caption, and it is differentiable there without REINFORCE.
+    The authors' code applies it for both kinds of attention too.
     """
-    terms = caption_loss(output, captions, penalty_weight, label_smoothing, num_tokens, num_captions)
+    terms = caption_loss(output, captions, penalty_weight, label_smoothing, num_tokens)
     steps = output.logits.size(1)
     targets = captions[:, 1:steps + 1]
-    token_log_probs = -F.cross_entropy(output.logits.float().transpose(1, 2), targets, reduction="none")
+    token_log_probs = -F.cross_entropy(output.logits.float().transpose(1, 2), targets, reduction="none")  # (N, T)
     mask = output.mask.float()
-    reward = ((token_log_probs * mask).sum(1) / mask.sum(1).clamp_min(1)).detach()  # (N,)
+    reward = (token_log_probs * mask).sum(1).detach()  # (N,)
     with torch.no_grad():
+        # The mean over the global batch: one all-reduce of (sum, count).
+        total = distributed.all_reduce_sum(torch.stack([reward.sum(), reward.new_tensor(float(reward.numel()))]))
+        batch_mean = total[0] / total[1]
         if torch.isnan(decoder.reward_baseline):  # first step: start the average at the first reward
-            decoder.reward_baseline.copy_(reward.mean())
+            decoder.reward_baseline.copy_(batch_mean)
         baseline = decoder.reward_baseline.clone()
-        decoder.reward_baseline.mul_(decoder.baseline_decay).add_((1 - decoder.baseline_decay) * reward.mean())
+        decoder.reward_baseline.mul_(decoder.baseline_decay).add_((1 - decoder.baseline_decay) * batch_mean)
+    denominator = num_tokens if num_tokens is not None else mask.sum()
     location_log_prob = (output.location_log_probs * mask).sum(1)  # (N,)
-    reinforce = -((reward - baseline) * location_log_prob).sum() / (num_captions or reward.numel())
-    entropy = (output.entropies * mask).sum() / (num_tokens or mask.sum())
+    reinforce = -reinforce_weight * ((reward - baseline) * location_log_prob).sum() / denominator
+    entropy = (output.entropies * mask).sum() / denominator
     extra = reinforce - entropy_weight * entropy
     return LossTerms(terms.total + extra, terms.cross_entropy, terms.attention_penalty, extra.detach())

@@ -257,9 +257,8 @@ class Trainer:
         started = time.time()
         numbers = train_one_epoch(
             self.model, loader_for(self.train_set, batches, config, self.device), self.optimizer, config.train,
-            state, self.device, penalty_weight=config.model.decoder.doubly_stochastic,
-            entropy_weight=config.model.decoder.hard_entropy, rewarder=self.rewarder,
-            max_length=config.decode.max_length, scaler=self.scaler, on_step=self._on_step,
+            state, self.device, decoder_config=config.model.decoder, decode_config=config.decode,
+            rewarder=self.rewarder, scaler=self.scaler, on_step=self._on_step,
             world_size=self.group.world_size, progress=self.progress)
         if state.batch_in_epoch < math.ceil(len(self.train_set) / config.train.batch_size):
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position

@@ -1,0 +1,248 @@
+"""The training objectives against the paper's equations computed directly (Xu et al. 2015, eq. 12 and 14)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
+from captioning.data.vocab import Vocabulary
+from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.training.engine import scst_loss
+from captioning.training.losses import (
+    caption_loss,
+    doubly_stochastic_penalty,
+    hard_attention_loss,
+    token_negative_log_likelihood,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+C, P, V = 12, 9, 11  # annotation channels, grid positions, vocabulary
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def make_decoder(attention: str = "soft", expected_prob: float = 0.5, dropout: float = 0.0) -> ShowAttendTellDecoder:
+    config = DecoderConfig(attention=attention, embed_dim=16, hidden_dim=24, attention_dim=16, dropout=dropout,
+                           hard_expected_prob=expected_prob)
+    return ShowAttendTellDecoder.from_config(config, V, C)
+
+
+def make_batch(seed: int = 0):
+    """2 images, 5 captions of different lengths (image_index 0 0 1 1 1), padded with 0."""
+    generator = torch.Generator().manual_seed(seed)
+    annotations = torch.randn(2, P, C, generator=generator)
+    lengths = torch.tensor([6, 3, 8, 2, 5])  # tokens incl. <start> and <end>
+    captions = torch.zeros(5, 9, dtype=torch.long)
+    for i, length in enumerate(lengths.tolist()):
+        captions[i, 0] = 1
+        captions[i, 1:length - 1] = torch.randint(4, V, (length - 2,), generator=generator)
+        captions[i, length - 1] = 2
+    return annotations, captions, lengths, torch.tensor([0, 0, 1, 1, 1])
+
+
+def per_caption_terms(output, captions, lengths):
+    """Equation 14's two terms for each caption, computed one caption and one step at a time."""
+    log_probs = torch.log_softmax(output.logits.float(), -1)
+    nll, penalty = [], []
+    for i, length in enumerate(lengths.tolist()):
+        steps = length - 1
+        nll.append(-sum(log_probs[i, t, captions[i, t + 1]] for t in range(steps)))
+        penalty.append(((1 - output.alphas[i, :steps].sum(0)) ** 2).sum())
+    return torch.stack(nll), torch.stack(penalty)
+
+
+def grads(value, module):
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [g if g is not None else torch.zeros_like(p)
+            for g, p in zip(torch.autograd.grad(value, params, retain_graph=True, allow_unused=True), params)]
+
+
+# ----------------------------------------------------------------------------- equation 14
+def test_caption_loss_is_equation_14_summed_over_captions_per_token():
+    torch.manual_seed(4)
+    decoder = make_decoder().eval()
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    lam = 0.7
+    terms = caption_loss(output, captions, penalty_weight=lam)
+    nll, penalty = per_caption_terms(output, captions, lengths)
+    tokens = float((lengths - 1).sum())
+    torch.testing.assert_close(terms.total, (nll + lam * penalty).sum() / tokens)
+    torch.testing.assert_close(terms.cross_entropy, nll.sum() / tokens)
+    torch.testing.assert_close(terms.attention_penalty, penalty.sum() / tokens)
+    # The two terms' gradients stand in equation 14's ratio: both are eq. 14's, scaled by one number.
+    for ours, direct in ((terms.cross_entropy, nll.sum()), (lam * terms.attention_penalty, lam * penalty.sum())):
+        for mine, reference in zip(grads(ours, decoder), grads(direct, decoder)):
+            torch.testing.assert_close(mine * tokens, reference, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads(terms.attention_penalty, decoder))
+
+
+def test_doubly_stochastic_penalty_known_values():
+    steps = 4
+    alphas = torch.full((2, steps, P), 1.0 / P)
+    mask = torch.ones(2, steps, dtype=torch.bool)
+    # every position gets steps / P in total: the penalty is P * (1 - steps / P) ** 2 per caption
+    expected = P * (1 - steps / P) ** 2
+    torch.testing.assert_close(doubly_stochastic_penalty(alphas, mask), torch.tensor(2 * expected))
+    # the second caption has 2 real steps; its padding steps hold garbage that must be ignored
+    mask[1, 2:] = False
+    alphas[1, 2:] = 5.0
+    torch.testing.assert_close(doubly_stochastic_penalty(alphas, mask),
+                               torch.tensor(expected + P * (1 - 2 / P) ** 2))
+    # attention spread so that every position sums to exactly 1: no penalty
+    perfect = torch.eye(P).unsqueeze(0)  # (1, T = P, P)
+    torch.testing.assert_close(doubly_stochastic_penalty(perfect, torch.ones(1, P, dtype=torch.bool)),
+                               torch.tensor(0.0))
+
+
+# ----------------------------------------------------------------------------- label smoothing
+def test_label_smoothing_spreads_mass_over_producible_tokens_only():
+    torch.manual_seed(5)
+    logits = torch.randn(6, V, requires_grad=True)
+    targets = torch.randint(2, V, (6,))
+    eps = 0.2
+    loss = token_negative_log_likelihood(logits, targets, eps)
+    log_probs = torch.log_softmax(logits, -1)
+    producible = [v for v in range(V) if v not in (Vocabulary.pad_id, Vocabulary.start_id)]
+    expected = (1 - eps) * -log_probs.gather(1, targets[:, None]).squeeze(1) - eps * log_probs[:, producible].mean(1)
+    torch.testing.assert_close(loss, expected)
+    # the target distribution puts nothing on <pad> and <start>: their logits are only pushed down
+    loss.sum().backward()
+    probs = torch.softmax(logits, -1).detach()
+    for special in (Vocabulary.pad_id, Vocabulary.start_id):
+        torch.testing.assert_close(logits.grad[:, special], probs[:, special])
+    # no smoothing: plain cross-entropy
+    torch.testing.assert_close(token_negative_log_likelihood(logits, targets),
+                               -log_probs.gather(1, targets[:, None]).squeeze(1))
+
+
+# ----------------------------------------------------------------------------- equation 12
+@pytest.mark.parametrize("reinforce_weight, entropy_weight", [(1.0, 0.0), (0.3, 0.01), (0.0, 0.002)])
+def test_hard_attention_loss_gradient_is_equation_12(reinforce_weight, entropy_weight):
+    torch.manual_seed(9)
+    decoder = make_decoder(attention="hard", expected_prob=0.3).train()
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    baseline = -12.5
+    decoder.reward_baseline.fill_(baseline)
+    lam = 0.4
+    terms = hard_attention_loss(decoder, output, captions, penalty_weight=lam, entropy_weight=entropy_weight,
+                                reinforce_weight=reinforce_weight)
+    nll, penalty = per_caption_terms(output, captions, lengths)
+    reward = -nll.detach()  # log p(y | s, a), summed over the caption's words as in the paper
+    mask = output.mask.float()
+    location = (output.location_log_probs * mask).sum(1)
+    entropy = (output.entropies * mask).sum(1)
+    per_caption = nll - reinforce_weight * (reward - baseline) * location - entropy_weight * entropy + lam * penalty
+    tokens = float((lengths - 1).sum())
+    direct = per_caption.sum() / tokens
+    torch.testing.assert_close(terms.total, direct)
+    for mine, reference in zip(grads(terms.total, decoder), grads(direct, decoder)):
+        torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-7)
+    # the baseline moved towards the batch's mean reward
+    decay = decoder.baseline_decay
+    torch.testing.assert_close(decoder.reward_baseline, torch.tensor(decay * baseline + (1 - decay) * float(reward.mean())))
+
+
+BASELINE_WORKER = """
+import sys
+from pathlib import Path
+
+import torch
+
+from captioning.config import DecoderConfig
+from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.training import distributed
+from captioning.training.losses import hard_attention_loss
+
+sys.path.insert(0, sys.argv[2])
+from test_losses import make_batch
+
+group = distributed.init_from_environment("cpu")
+torch.manual_seed(0)
+decoder = ShowAttendTellDecoder.from_config(DecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,
+                                            attention_dim=16, dropout=0.0, hard_expected_prob=1.0), 11, 12)
+decoder = distributed.wrap(decoder, group, torch.device("cpu")).train()
+baselines = []
+for step in range(2):
+    annotations, captions, lengths, image_index = make_batch(step)
+    mine = torch.arange(5)[group.rank::group.world_size]  # this process's captions of the global batch
+    output = decoder(annotations, captions[mine], lengths[mine], image_index[mine])
+    hard_attention_loss(distributed.unwrap(decoder), output, captions[mine], 0.0, 0.0)
+    baselines.append(float(distributed.unwrap(decoder).reward_baseline))
+torch.save(torch.tensor(baselines, dtype=torch.float64), Path(sys.argv[1]) / f"baselines_rank{group.rank}.pt")
+distributed.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_hard_attention_baseline_is_the_mean_reward_of_the_global_batch(tmp_path):
+    # Two processes, each with its share of the captions, keep the baseline that one process keeps
+    # on the whole batch (expected contexts only, so the rewards are deterministic).
+    script = tmp_path / "worker.py"
+    script.write_text(BASELINE_WORKER)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+         str(tmp_path), str(REPO / "tests")], capture_output=True, text=True, timeout=300, cwd=REPO, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    torch.manual_seed(0)
+    decoder = ShowAttendTellDecoder.from_config(DecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,
+                                                attention_dim=16, dropout=0.0, hard_expected_prob=1.0), V, C).train()
+    expected = []
+    for step in range(2):
+        annotations, captions, lengths, image_index = make_batch(step)
+        hard_attention_loss(decoder, decoder(annotations, captions, lengths, image_index), captions, 0.0, 0.0)
+        expected.append(float(decoder.reward_baseline))
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"baselines_rank{rank}.pt", weights_only=True)
+        torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- self-critical
+class _Model:  # the part of Captioner that scst_loss uses
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+
+def test_self_critical_rollouts_obey_the_decoding_constraints():
+    torch.manual_seed(2)
+    decoder = make_decoder(dropout=0.0).train()
+    with torch.no_grad():  # a model that wants to stop at once, or else say <unk>
+        decoder.out.bias[Vocabulary.end_id] = 30.0
+        decoder.out.bias[Vocabulary.unk_id] = 20.0
+    seen: list[list[int]] = []
+
+    def rewarder(image_ids, token_ids):
+        seen.extend(token_ids)
+        return np.array([float(len(row)) for row in token_ids])
+
+    batch = {"features": torch.randn(3, P, C), "image_ids": torch.tensor([1, 2, 3])}
+    train = TrainConfig(scst_samples=4, scst_baseline="greedy")
+    scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(min_length=3, max_length=6, forbid_unk=True))
+    assert len(seen) == 3 * 4 + 3  # the samples and the greedy baseline
+    assert all(3 <= len(row) <= 6 for row in seen), seen
+    assert all(Vocabulary.unk_id not in row for row in seen), seen
+    seen.clear()
+    scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(min_length=0, max_length=6, forbid_unk=False))
+    assert all(len(row) == 0 for row in seen)  # unconstrained, the model stops at once
+
+
+def test_self_critical_hard_attention_gives_the_locations_a_policy_gradient():
+    torch.manual_seed(3)
+    decoder = make_decoder(attention="hard", expected_prob=0.0).train()  # every context a sampled location
+    batch = {"features": torch.randn(4, P, C), "image_ids": torch.tensor([1, 2, 3, 4])}
+    train = TrainConfig(scst_samples=3, scst_baseline="mean")
+    rewarder = lambda ids, rows: np.array([float(len(row) % 3) for row in rows])  # noqa: E731
+    loss, _ = scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(max_length=5))
+    loss.backward()
+    # The scorer's parameters shape alpha only; with sampled contexts only the locations' log-probabilities reach them.
+    attention_grads = [p.grad for p in decoder.attention.parameters() if p.grad is not None]
+    assert attention_grads and sum(float(g.abs().sum()) for g in attention_grads) > 0
