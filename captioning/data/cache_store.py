@@ -115,6 +115,11 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         raise _damaged(path, f"rows outside the {capacity} allocated ones ({bad_rows[0] if bad_rows else capacity})")
     if len(set(rows.values())) != len(rows):
         raise _damaged(path, "two images own the same row")
+    malformed = [name for name, entry in index["files"].items() if not (isinstance(entry, list) and len(entry) == 5)]
+    if malformed:
+        raise _damaged(path, f"file entry {malformed[0]!r} is not [image id, size, mtime, ctime, identity]")
+    if not all(isinstance(message, str) for message in index["bad"].values()):
+        raise _damaged(path, "field 'bad' must map row keys to messages")
     return index
 
 
