@@ -131,34 +131,75 @@ def test_shape_mismatch_and_unknown_image_are_errors():
         grounding_scores([(5, ["dog"], np.ones((1, 16)), (4, 4))], one_image(DOG), WordMatcher())
 
 
-@pytest.mark.parametrize(("word", "category"), [
+def named(words: list[str], objects: list[ObjectBox], matcher: WordMatcher | None = None) -> list[ObjectBox]:
+    """The objects that any mention in ``words`` names."""
+    return [obj for _, objs in (matcher or WordMatcher()).mentions(words, objects) for obj in objs]
+
+
+@pytest.mark.parametrize(("words", "category"), [
     ("man", "person"), ("women", "person"), ("kids", "person"), ("people", "person"), ("player", "person"),
     ("puppy", "dog"), ("puppies", "dog"), ("dogs", "dog"), ("bike", "bicycle"), ("motorbike", "motorcycle"),
     ("plane", "airplane"), ("jets", "airplane"), ("television", "tv"), ("buses", "bus"), ("knives", "knife"),
     ("skis", "skis"), ("sandwiches", "sandwich"), ("benches", "bench"), ("ponies", "horse"),
-    ("lights", "traffic light"), ("sign", "stop sign"), ("glasses", "wine glass"), ("bat", "baseball bat"),
-    ("meters", "parking meter"), ("glove", "baseball glove"), ("boxes", "box"),
+    ("traffic lights", "traffic light"), ("stop sign", "stop sign"), ("wine glasses", "wine glass"),
+    ("bat", "baseball bat"), ("meters", "parking meter"), ("baseball glove", "baseball glove"), ("boxes", "box"),
 ])
-def test_synonyms_and_plurals(word: str, category: str):
+def test_synonyms_and_plurals(words: str, category: str):
     target = ObjectBox(category, (0.0, 0.0, 10.0, 10.0))
     other = ObjectBox("toaster", (0.0, 0.0, 10.0, 10.0))
-    assert WordMatcher().matches(word, [target, other]) == [target]
+    assert named(words.split(), [target, other]) == [target]
 
 
 def test_plural_rules_do_not_invent_categories():
     skis = ObjectBox("skis", (0.0, 0.0, 10.0, 10.0))
-    assert WordMatcher().matches("skies", [skis]) == []  # skies -> sky, not ski
-    assert WordMatcher().matches("ski", [skis]) == [skis]
+    assert named(["skies"], [skis]) == []  # skies -> sky, not ski
+    assert named(["ski"], [skis]) == [skis]
 
 
 def test_colour_words_name_objects_of_that_colour():
     red = ObjectBox("circle", (0.0, 0.0, 10.0, 10.0), {"color": "red", "size": "small"})
     blue = ObjectBox("square", (50.0, 50.0, 10.0, 10.0), {"color": "blue", "size": "large"})
-    matcher = WordMatcher()
-    assert matcher.matches("red", [red, blue]) == [red]
-    assert matcher.matches("circles", [red, blue]) == [red]
-    assert matcher.matches("green", [red, blue]) == [] and matcher.matches("small", [red, blue]) == []
-    assert WordMatcher(attributes=("color", "size")).matches("large", [red, blue]) == [blue]
+    assert named(["red"], [red, blue]) == [red]
+    assert named(["circles"], [red, blue]) == [red]
+    assert named(["green"], [red, blue]) == [] and named(["small"], [red, blue]) == []
+    assert named(["large"], [red, blue], WordMatcher(attributes=("color", "size"))) == [blue]
+    assert WordMatcher().mentions(["a", "small", "red", "circle"], [red, blue]) == [(2, [red]), (3, [red])]
+
+
+TEDDY = ObjectBox("teddy bear", (0.0, 0.0, 25.0, 25.0))  # cell (0, 0) of a 4x4 grid on 100x100
+BEAR = ObjectBox("bear", (75.0, 75.0, 25.0, 25.0))  # cell (3, 3)
+
+
+def test_a_teddy_bear_is_one_mention_scored_on_its_noun():
+    # "teddy" looks at the bear, "bear" at the teddy bear: only the phrase's noun is scored, on the teddy bear.
+    maps = [np.full((4, 4), 1 / 16), peak((4, 4), (3, 3, 1.0)), peak((4, 4), (0, 0, 1.0))]
+    result = score(one_image(TEDDY, BEAR), ["a", "teddy", "bear"], maps, (4, 4))
+    assert result == {"grounding-mass": 1.0, "grounding-pointing": 1.0, "grounding-words": 1}
+    assert score(one_image(BEAR), ["a", "teddy", "bear"], maps, (4, 4))["grounding-words"] == 0
+
+
+def test_a_hot_dog_is_not_a_dog():
+    hot_dog = ObjectBox("hot dog", (0.0, 0.0, 25.0, 25.0))
+    dog = ObjectBox("dog", (75.0, 75.0, 25.0, 25.0))
+    maps = [np.full((4, 4), 1 / 16), peak((4, 4), (3, 3, 1.0)), peak((4, 4), (0, 0, 1.0))]
+    assert score(one_image(dog), ["a", "hot", "dog"], maps, (4, 4))["grounding-words"] == 0
+    assert score(one_image(hot_dog, dog), ["a", "hot", "dog"], maps, (4, 4))["grounding-pointing"] == 1.0
+
+
+@pytest.mark.parametrize(("words", "category"), [
+    (["a", "man", "in", "glasses"], "wine glass"), (["a", "sign"], "stop sign"), (["a", "light"], "traffic light"),
+    (["the", "lights"], "traffic light"), (["a", "glove"], "baseball glove"), (["a", "dryer"], "hair drier"),
+])
+def test_ambiguous_head_nouns_alone_are_not_scored(words: list[str], category: str):
+    instances = one_image(ObjectBox(category, (25.0, 25.0, 25.0, 25.0)))
+    result = score(instances, words, [peak((4, 4), (1, 1, 1.0))] * len(words), (4, 4))
+    assert result["grounding-words"] == 0
+
+
+def test_a_datasets_own_category_names_win():
+    # A dataset's own category names name their objects even where the COCO table reads the word otherwise.
+    sign = ObjectBox("sign", (25.0, 25.0, 25.0, 25.0))
+    assert score(one_image(sign), ["two", "signs"], [peak((4, 4), (1, 1, 1.0))] * 2, (4, 4))["grounding-words"] == 1
 
 
 def brute_force_coverage(boxes, size, grid, samples: int = 240) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Evaluation: caption metrics (the official COCO toolkit and its Java-less path) and attention grounding."""
 
+from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords, mentioned_categories
 from captioning.evaluation.grounding import (
     Instances,
     ObjectBox,
@@ -19,6 +20,7 @@ from captioning.evaluation.metrics import (
 )
 
 __all__ = [
-    "METRICS", "NLTK_BLEU", "CiderDScorer", "EvaluationInputError", "Instances", "ObjectBox", "Scores",
-    "WordMatcher", "grounding_scores", "load_coco_references", "load_instances", "load_results", "score_captions",
+    "COCO_WORDS", "METRICS", "NLTK_BLEU", "CategoryWords", "CiderDScorer", "EvaluationInputError", "Instances",
+    "ObjectBox", "Scores", "WordMatcher", "grounding_scores", "load_coco_references", "load_instances",
+    "load_results", "mentioned_categories", "score_captions",
 ]

@@ -1,8 +1,9 @@
 """Attention grounding: does the model look at an object when it names it?
 
-For every generated word that names an annotated object of its image (a category name, a plural,
-a synonym, or an attribute value such as a Shapes colour), two numbers are measured on that
-word's attention map:
+For every mention in a generated caption of an annotated object of its image (a category name, a
+plural, a synonym or phrase from :mod:`captioning.evaluation.coco_words`, or an attribute value such
+as a Shapes colour), two numbers are measured on the attention map of the mention's last word
+("bear" of "teddy bear": a phrase is one mention, and its words are not matched again alone):
 
 - mass: the share of the attention inside the union of the named objects' boxes, each grid
   cell's weight spread uniformly over the cell's area (so a box covering half a cell gets half
@@ -27,30 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
 from captioning.evaluation.metrics import EvaluationInputError, read_coco_file
 
 # Annotation fields of the COCO format; any other field is an attribute (Shapes writes color, size).
 _COCO_FIELDS = frozenset(["id", "image_id", "category_id", "bbox", "area", "iscrowd", "segmentation",
                           "keypoints", "num_keypoints"])
-
-# Word -> COCO category it names. Plurals of these and of category names are derived by rule.
-DEFAULT_SYNONYMS: Mapping[str, str] = {
-    **dict.fromkeys(["man", "woman", "boy", "girl", "people", "person", "child", "kid", "guy", "lady", "men",
-                     "women", "player", "children", "baby", "skier", "surfer", "skateboarder", "snowboarder"],
-                    "person"),
-    "puppy": "dog", "puppies": "dog", "kitten": "cat", "bike": "bicycle", "motorbike": "motorcycle",
-    "plane": "airplane", "aeroplane": "airplane", "jet": "airplane", "television": "tv", "sofa": "couch",
-    "phone": "cell phone", "cellphone": "cell phone", "table": "dining table", "ball": "sports ball",
-    "hotdog": "hot dog", "hydrant": "fire hydrant", "teddy": "teddy bear", "plant": "potted plant",
-    "racket": "tennis racket", "racquet": "tennis racket", "doughnut": "donut", "ski": "skis",
-    "ship": "boat", "pony": "horse", "lamb": "sheep", "calf": "cow", "cattle": "cow",
-    # the head nouns of two-word categories, as captions say them
-    "light": "traffic light", "stoplight": "traffic light", "sign": "stop sign", "glass": "wine glass",
-    "bat": "baseball bat", "glove": "baseball glove", "mitt": "baseball glove", "meter": "parking meter",
-    "dryer": "hair drier", "hairdryer": "hair drier", "drier": "hair drier",
-}
-_IRREGULAR_SINGULAR = {"people": "person", "men": "man", "women": "woman", "children": "child", "mice": "mouse",
-                       "knives": "knife", "geese": "goose", "feet": "foot", "teeth": "tooth"}
 
 
 @dataclass(frozen=True)
@@ -118,49 +101,50 @@ def _is_number(value: Any) -> bool:
 
 
 class WordMatcher:
-    """Finds the objects a word names.
+    """Finds the objects that a caption's words name.
 
-    A word names an object when it is the object's category name, a plural of it, or a synonym
-    (``DEFAULT_SYNONYMS``: man/women/kid -> person, puppy -> dog, bike -> bicycle, ...), or when it
-    equals one of the object's attribute values for the attribute keys given (by default
-    ``color``: on Shapes, ``red`` names the red objects).
+    Category words come from a :class:`CategoryWords` table (by default the MS-COCO one:
+    phrases before their head nouns, plurals, synonyms; see :mod:`captioning.evaluation.coco_words`),
+    extended with the category names of the objects it is given, so that a dataset's own names
+    (Shapes' ``circle``, ``squares``) name their objects. A word outside every category mention
+    also names the objects whose value of one of ``attributes`` it equals (by default ``color``:
+    on Shapes, ``red`` names the red objects).
 
     Args:
-        synonyms: word -> category name.
+        table: the words and phrases that name each category.
         attributes: annotation fields whose values are words that name the object.
     """
 
-    def __init__(self, synonyms: Mapping[str, str] = DEFAULT_SYNONYMS, attributes: Sequence[str] = ("color",)):
-        self.synonyms = {word.lower(): category.lower() for word, category in synonyms.items()}
+    def __init__(self, table: CategoryWords = COCO_WORDS, attributes: Sequence[str] = ("color",)):
+        self.table = table
         self.attributes = tuple(attributes)
+        self._tables: dict[frozenset[str], CategoryWords] = {}
 
-    def categories(self, word: str) -> set[str]:
-        """The category names ``word`` may name (itself, its singular forms, their synonyms)."""
-        forms = {word} | _singulars(word)
-        return forms | {self.synonyms[form] for form in forms if form in self.synonyms}
+    def mentions(self, words: Sequence[str], objects: Sequence[ObjectBox]) -> list[tuple[int, list[ObjectBox]]]:
+        """The mentions in ``words`` (one caption) of objects among ``objects``.
 
-    def matches(self, word: str, objects: Sequence[ObjectBox]) -> list[ObjectBox]:
-        """The objects among ``objects`` that ``word`` names (empty when it names none)."""
-        word = word.lower()
-        categories = self.categories(word)
-        return [obj for obj in objects if obj.category in categories
-                or any(str(obj.attributes.get(key, "")).lower() == word for key in self.attributes)]
-
-
-def _singulars(word: str) -> set[str]:
-    """Possible singulars of an English plural (``boxes`` -> box, ``knives`` -> knife, ``puppies`` -> puppy)."""
-    forms = set()
-    if word in _IRREGULAR_SINGULAR:
-        forms.add(_IRREGULAR_SINGULAR[word])
-    if word.endswith("ies") and len(word) > 3:
-        forms.add(word[:-3] + "y")
-    if word.endswith("ves") and len(word) > 3:
-        forms.update([word[:-3] + "f", word[:-3] + "fe"])
-    if word.endswith(("ses", "xes", "zes", "ches", "shes")):  # boxes, glasses, benches; not skies -> ski
-        forms.add(word[:-2])
-    if word.endswith("s") and not word.endswith("ss") and len(word) > 1:
-        forms.add(word[:-1])
-    return forms
+        Returns:
+            ``(index of the mention's last word, the objects it names)`` per mention that names at
+            least one of ``objects``, in caption order.
+        """
+        names = frozenset(obj.category for obj in objects)
+        if names not in self._tables:
+            self._tables[names] = self.table.with_categories(names)
+        lowered = [word.lower() for word in words]
+        found: dict[int, list[ObjectBox]] = {}
+        in_mentions = set()
+        for (start, end), category in self._tables[names].mentions(lowered):
+            in_mentions.update(range(start, end))
+            named = [obj for obj in objects if obj.category == category]
+            if named:
+                found[end - 1] = named
+        for index, word in enumerate(lowered):
+            if index not in in_mentions:
+                named = [obj for obj in objects
+                         if any(str(obj.attributes.get(key, "")).lower() == word for key in self.attributes)]
+                if named:
+                    found[index] = named
+        return sorted(found.items())
 
 
 def box_coverage(boxes: Sequence[tuple[float, float, float, float]], image_size: tuple[float, float],
@@ -210,11 +194,12 @@ def grounding_scores(
         items: ``(image_id, words, attention, grid)`` per image: the T generated words, their
             attention maps (T, gh*gw) (row-major cells) or (T, gh, gw), and grid = (gh, gw).
         instances: the images' boxes (:func:`load_instances`).
-        matcher: decides which objects a word names.
+        matcher: decides which words name which objects.
     Returns:
         ``{"grounding-mass": mean share of attention inside the named boxes, "grounding-pointing":
-        share of words whose most attended cell centre is inside a named box, "grounding-words":
-        number of words counted}``; the first two are None when no word names an object.
+        share of mentions whose most attended cell centre is inside a named box, "grounding-words":
+        number of mentions counted (one per phrase)}``; the first two are None when no word names
+        an object.
     Raises:
         ValueError: an image without instances, or attention whose shape does not fit words and grid.
     """
@@ -232,8 +217,8 @@ def grounding_scores(
                              f"one {rows}x{cols} map per word for {len(words)} words")
         image_size = instances.image_sizes[image_id]
         width, height = image_size
-        for word, weights in zip(words, maps):
-            named = matcher.matches(word, instances.objects.get(image_id, []))
+        for index, named in matcher.mentions(words, instances.objects.get(image_id, [])):
+            weights = maps[index]  # (gh, gw)
             boxes = [obj.bbox for obj in named if obj.bbox[2] > 0 and obj.bbox[3] > 0]
             if not boxes:
                 continue
