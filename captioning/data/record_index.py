@@ -129,6 +129,15 @@ class _Remember(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append([record.name, record.levelno, record.getMessage()])
+        # Being a handler, this one would keep logging's last resort (stderr) from printing the
+        # warning when no other handler is configured: print it as logging would have.
+        logger_ = logging.getLogger(record.name)
+        while logger_ is not None:
+            if any(handler is not self for handler in logger_.handlers):
+                return
+            logger_ = logger_.parent if logger_.propagate else None
+        if logging.lastResort is not None and record.levelno >= logging.lastResort.level:
+            logging.lastResort.handle(record)
 
 
 def _read_meta(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
