@@ -241,7 +241,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     model.decoder = distributed.wrap(model.decoder, group, device)
     trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
     # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
-    # from them a varying number of times (rank 0 alone fills the feature cache, and each
+    # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders, and each
     # DataLoader iterator without a generator draws its base seed from the global RNG), which
     # made rank 0's dropout masks depend on whether the cache existed before the launch.
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
