@@ -106,7 +106,7 @@ import torch
 real_save = torch.save
 
 def save(obj, destination, *args, **kwargs):
-    target = Path(destination)
+    target = Path(getattr(destination, "name", destination))  # a path, or the open temporary file
     if target.name.startswith(".last.pt.") and (target.parent / "last.pt").exists():
         buffer = io.BytesIO()
         real_save(obj, buffer)
@@ -178,7 +178,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp
     fail = _full_disk_after(1, lambda: previous.setdefault("bytes", last.read_bytes()))
 
     def save(obj, destination, *args, **kwargs):
-        fail(destination)
+        fail(getattr(destination, "name", destination))  # torch.save is given the open temporary file
         real_save(obj, destination, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint_module.torch, "save", save)

@@ -171,7 +171,7 @@ class FeatureCache:
     def build_or_open(cls, directory: str | Path, encoder: Encoder, records: list[ImageRecord],
                       batch_size: int = 32, device: str | torch.device = "cpu", num_workers: int = 0,
                       progress: bool = True, skip_bad_images: bool = False, rank: int = 0,
-                      world_size: int = 1) -> FeatureCache:
+                      world_size: int = 1, build: bool = True) -> FeatureCache | None:
         """Open the cache of ``encoder`` over ``records``, computing whatever rows are missing.
 
         Every image file is checked (one ``stat``) before anything is created. A cache holding all
@@ -192,8 +192,11 @@ class FeatureCache:
             skip_bad_images: give missing and unreadable images zero grids (with a warning) instead
                 of raising.
             rank, world_size: this process's place in a ``torchrun`` job.
+            build: False opens a complete cache only, writing nothing (a folder the user did not
+                choose, e.g. one named in a checkpoint).
         Returns:
-            The complete ``FeatureCache`` over ``records``.
+            The complete ``FeatureCache`` over ``records``; None when ``build`` is False and the
+            cache does not hold every row.
         Raises:
             ImageError: an image is missing (before any work) or cannot be read (without
                 ``skip_bad_images``); computed rows are kept. Also when the cache records one of
@@ -206,36 +209,36 @@ class FeatureCache:
         stats, missing = stat_images(records, allow_missing=skip_bad_images)
         fingerprint = encoder.fingerprint()
         key = {"fingerprint": fingerprint, "dtype": np.dtype(DTYPE).name}
-        build = _Build(Path(directory) / _sha256_json(key)[:16], key, records, stats, missing,
-                       (encoder.grid[0] * encoder.grid[1], encoder.channels), skip_bad_images)
-        if world_size <= 1:
-            cache = build.open_complete()
-            if cache is not None:
+        builder = _Build(Path(directory) / _sha256_json(key)[:16], key, records, stats, missing,
+                         (encoder.grid[0] * encoder.grid[1], encoder.channels), skip_bad_images)
+        if world_size <= 1 or not build:
+            cache = builder.open_complete()
+            if cache is not None or not build:
                 return cache
         with ExitStack() as held:
             error = None
             if rank == 0:
                 try:
-                    build.folder.mkdir(parents=True, exist_ok=True)
-                    held.enter_context(store.build_lock(build.folder))
-                    build.plan()
+                    builder.folder.mkdir(parents=True, exist_ok=True)
+                    held.enter_context(store.build_lock(builder.folder))
+                    builder.plan()
                 except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
                     error = caught
             _agree(error, world_size)
             try:
-                computed = build.compute_share(encoder, batch_size, torch.device(device), num_workers,
-                                               progress, rank, world_size)
+                computed = builder.compute_share(encoder, batch_size, torch.device(device), num_workers,
+                                                 progress, rank, world_size)
             except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
                 error = caught
             _agree(error, world_size)
             if rank == 0:
-                build.finish()
+                builder.finish()
             _agree(None, world_size)  # the index is written before any rank reads it
         if rank != 0:
-            build.index = store.read_index(build.folder, build.key)
+            builder.index = store.read_index(builder.folder, builder.key)
         if world_size > 1:
-            logger.info("feature cache %s: rank %d of %d computed %d rows", build.folder, rank, world_size, computed)
-        return build.cache(computed)
+            logger.info("feature cache %s: rank %d of %d computed %d rows", builder.folder, rank, world_size, computed)
+        return builder.cache(computed)
 
 
 class _Build:
