@@ -93,10 +93,13 @@ def test_train_with_a_mistyped_root_names_the_first_missing_image(karpathy_datas
     split_file, root = karpathy_dataset
     wrong_root = root.parent / "cocoo"
     flags = karpathy_flags(split_file, wrong_root, tmp_path / "run", **{"data.cache_dir": tmp_path / "cache"})
+    result = run_tool("train.py", "--no-progress", "--no-test", *flags)  # no such folder
+    assert_one_line_error(result.returncode, result.stderr, f"error: {wrong_root}: data.root: no such folder")
+    wrong_root.mkdir()  # a folder without the images
     result = run_tool("train.py", "--no-progress", "--no-test", *flags)
     assert_one_line_error(result.returncode, result.stderr,
                           f"error: {wrong_root / 'train2014' / 'COCO_train2014_000000000009.jpg'} (image 9): "
-                          "image file not found (and 2 more of the 3 images", "data.root", alone=False)
+                          "image file not found (", "data.root", alone=False)
     assert not list((tmp_path / "cache").glob("*/features.npy"))  # nothing reserved (only the dataset index)
 
 
@@ -222,7 +225,7 @@ def test_rows_beyond_the_features_file_are_recomputed(built, tmp_path, encoder, 
 
 
 @pytest.mark.parametrize(("edit", "what"), [
-    (lambda text: text[: len(text) // 2], "not valid JSON (Unterminated string"),
+    (lambda text: text[: text.index('"rows"') + 3], "not valid JSON (Unterminated string"),  # cut inside a key
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "rows"}), "missing field 'rows'"),
     (lambda text: json.dumps({**json.loads(text), "capacity": "6"}), "field 'capacity' must be int"),
     (lambda text: json.dumps({**json.loads(text), "capacity": 3}), "rows outside the 3 allocated ones"),
