@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from captioning.config import ConfigError, DataConfig
 from captioning.data.coco import read_coco
 from captioning.data.folder import read_folder
 from captioning.data.karpathy import read_karpathy
+from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
 from captioning.data.vocab import Vocabulary
@@ -79,6 +80,10 @@ READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
 }
 
 
+# Readers of large caption files: their records are kept in a compact per-split index (record_index).
+INDEXED_READERS = frozenset({"karpathy", "coco"})
+
+
 # The data keys that name files or folders, and what each must be.
 _PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
 
@@ -105,8 +110,12 @@ def check_data_paths(config: DataConfig) -> None:
                 raise ConfigError(f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is")
 
 
-def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True) -> list[ImageRecord]:
+def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True,
+                 splits: Collection[str] | None = None, write_index: bool | None = None) -> list[ImageRecord]:
     """Read the dataset named by ``config.dataset`` (generating Shapes under ``config.root`` if needed).
+
+    Karpathy and COCO datasets are read from their per-split index when it is current
+    (``captioning.data.record_index``); a run with an ``output_dir`` writes it.
 
     Args:
         config: the data configuration.
@@ -114,6 +123,9 @@ def load_records(config: DataConfig, output_dir: Path | None = None, generate: b
             (see ``write_data_summary``).
         generate: whether Shapes may be generated under ``config.root``; False when that path came
             from a checkpoint (paths read from a file never choose where the project writes).
+        splits: only the records of these splits (all when None).
+        write_index: whether the dataset index (Karpathy, COCO) may be written when it is not
+            current (default: when ``output_dir`` is given); it lives under the configured cache folder.
     Returns:
         One record per image, in the reader's order.
     Raises:
@@ -123,7 +135,14 @@ def load_records(config: DataConfig, output_dir: Path | None = None, generate: b
     if config.dataset == "shapes" and not generate and not shapes_files(config.root).manifest.is_file():
         raise DatasetError(f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
                            "never written to); pass --set data.root=DIR to read or generate it in DIR")
-    records = [_clean_text(record) for record in READERS[config.dataset](config)]
+    if config.dataset in INDEXED_READERS:
+        check_data_paths(config)  # also when the index answers without the reader
+        writable = output_dir is not None if write_index is None else write_index
+        records = load_indexed(config, READERS[config.dataset], splits, writable=writable)
+    else:
+        records = READERS[config.dataset](config)
+        records = records if splits is None else [r for r in records if r.split in splits]
+    records = [_clean_text(record) for record in records]
     for record in records:
         if not INT64_MIN <= record.image_id <= INT64_MAX:
             source = config.split_file or ", ".join(config.annotations) or config.root

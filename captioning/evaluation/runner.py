@@ -156,7 +156,7 @@ def grounding_line(scores: dict, images: int) -> str | None:
 
 def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
     """The records of one split of the configured dataset (``generate``: as for ``load_records``)."""
-    records = load_records(config.data, generate=generate)
+    records = load_records(config.data, generate=generate, splits=(split,))
     check_splits(records, config.data.dataset, [split])
     return records_of_split(records, split)
 

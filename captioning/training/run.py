@@ -85,12 +85,14 @@ def uses_cache(config: Config) -> bool:
 
 def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
                     output_dir: Path, progress: bool, captions_per_image: int,
-                    build_cache: bool = True) -> CaptionDataset:
+                    group: distributed.ProcessGroup | None = None, build_cache: bool = True) -> CaptionDataset:
     """A dataset over ``records``: cached grids for a frozen encoder, images otherwise.
 
+    With several processes (``group``), every rank must call this: they fill the cache together.
     ``build_cache`` False: a complete cache is used if there is one, else images are read (nothing
     is written); for a cache folder named by a checkpoint rather than by the user.
     """
+    group = group or distributed.ProcessGroup()
     common = {"vocab": model.vocab, "max_length": config.data.max_caption_length,
               "captions_per_image": captions_per_image, "seed": config.train.seed,
               "skip_bad_images": config.data.skip_bad_images}
@@ -100,7 +102,7 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
                                            batch_size=32, device=device,
                                            num_workers=usable_workers(config.data.num_workers),
                                            progress=progress, skip_bad_images=config.data.skip_bad_images,
-                                           build=build_cache)
+                                           rank=group.rank, world_size=group.world_size, build=build_cache)
     if cache is not None:
         return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
     return CaptionDataset(records, transform=model.encoder.transform, **common)
@@ -111,7 +113,7 @@ def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress:
     """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
     records, model = build_run_model(config, resume, device, group, test)
     write_data_summary(records, config.data, output_dir)
-    train_set, val_set = run_datasets(records, model, config, output_dir, progress, device)
+    train_set, val_set = run_datasets(records, model, config, output_dir, progress, device, group)
     return records, model, train_set, val_set
 
 
@@ -124,7 +126,7 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     splits the run needs (``test`` too when it is scored after training), every image file, and
     the checkpoint to resume; then rank 0 prints the plan (``describe_plan``).
     """
-    records = load_records(config.data)
+    records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
     counts = check_splits(records, config.data.dataset, needed)
     check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
@@ -144,11 +146,14 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
 
 
 def run_datasets(records: list[ImageRecord], model: Captioner, config: Config, output_dir: Path, progress: bool,
-                 device: torch.device) -> tuple[CaptionDataset, CaptionDataset]:
-    """The training and validation datasets (filling the feature cache where needed)."""
+                 device: torch.device, group: distributed.ProcessGroup | None = None,
+                 ) -> tuple[CaptionDataset, CaptionDataset]:
+    """The training and validation datasets (filling the feature cache where needed; every rank of
+    ``group`` calls this, and they fill it together)."""
     train_set = caption_dataset(records_of_split(records, "train"), model, config, device, output_dir, progress,
-                                config.train.captions_per_image)
-    val_set = caption_dataset(records_of_split(records, "val"), model, config, device, output_dir, progress, 1)
+                                config.train.captions_per_image, group)
+    val_set = caption_dataset(records_of_split(records, "val"), model, config, device, output_dir, progress, 1,
+                              group)
     return train_set, val_set
 
 
@@ -269,7 +274,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         resume = Path(resume) if resume is not None else None
     if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
         check_resume(config, output_dir, resume)
-    if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
+    if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
         distributed.barrier()
     records, model = build_run_model(config, resume, device, group, test)
     outputs = RunOutputs(output_dir)
@@ -288,9 +293,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
         outputs.files["configuration"] = output_dir / "config.yaml"
         outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
-    train_set, val_set = run_datasets(records, model, config, output_dir, progress and group.is_main, device)
-    if group.is_main:
-        distributed.barrier()
+        distributed.barrier()  # the data are read (generated) and the folder is claimed: the other ranks go on
+    train_set, val_set = run_datasets(records, model, config, output_dir, progress and group.is_main, device, group)
     if group.is_main:
         model.vocab.save(output_dir / "vocab.json")
         outputs.files["vocabulary"] = output_dir / "vocab.json"
@@ -305,7 +309,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     model.decoder = distributed.wrap(model.decoder, group, device)
     trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
     # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
-    # from them a varying number of times (rank 0 alone fills the feature cache, and each
+    # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders, and each
     # DataLoader iterator without a generator draws its base seed from the global RNG), which
     # made rank 0's dropout masks depend on whether the cache existed before the launch.
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
