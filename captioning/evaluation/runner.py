@@ -73,7 +73,7 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     if all(r.captions for r in records) and uses_cache(config):
         dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1,
-                                  build_cache)
+                                  build_cache=build_cache)
     else:
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
