@@ -173,6 +173,9 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> None:
     training = payload.get("training")
     if not training:
         raise CheckpointError(f"{resume}: has no training state to resume from")
+    if "optimizer" not in training:  # best.pt and best_scst.pt keep the weights only
+        raise CheckpointError(f"{resume}: holds weights only, without the optimizer state a resumed run needs; "
+                              "resume from checkpoints/last.pt")
     for key in ("state", "optimizer"):
         if not isinstance(training.get(key), dict):
             raise CheckpointError(f"{resume}: checkpoint entry 'training.{key}' is missing or not a mapping")
@@ -268,7 +271,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
     start_over = False  # --resume auto after a launch that wrote no checkpoint
-    if resume == AUTO:
+    auto = resume == AUTO
+    if auto:
         resume, start_over = _auto_resume_point(config, output_dir, group)
     else:
         resume = Path(resume) if resume is not None else None
@@ -286,7 +290,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
                                         "(deleted the {count} files an earlier launch left)")
         elif resume is None:
             _claim_output_dir(output_dir, config.train.overwrite)
-            if config.train.resume == AUTO:
+            if auto:
                 print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
         print(f"configuration: {config_json(config)}", flush=True)
         # Atomic: a relaunch with --resume auto reads it back.
