@@ -162,9 +162,12 @@ for step in range(2):
     annotations, captions, lengths, image_index = make_batch(step)
     mine = torch.arange(5)[group.rank::group.world_size]  # this process's captions of the global batch
     output = decoder(annotations, captions[mine], lengths[mine], image_index[mine])
-    hard_attention_loss(distributed.unwrap(decoder), output, captions[mine], 0.0, 0.0)
+    terms = hard_attention_loss(distributed.unwrap(decoder), output, captions[mine], 0.0, 0.0)
+    terms.total.backward()  # as in training: DDP expects the backward pass of every forward pass
     baselines.append(float(distributed.unwrap(decoder).reward_baseline))
 torch.save(torch.tensor(baselines, dtype=torch.float64), Path(sys.argv[1]) / f"baselines_rank{group.rank}.pt")
+del decoder, output, terms
+torch.distributed.barrier()
 distributed.shutdown()
 """
 
