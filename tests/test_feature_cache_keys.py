@@ -253,10 +253,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from captioning.config import EncoderConfig
+from captioning.data import feature_cache
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import build_encoder
 
+hashed = []
+identity = feature_cache.content_identity
+feature_cache.content_identity = lambda path, size: hashed.append(str(path)) or identity(path, size)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -266,7 +270,7 @@ encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretra
 cache = FeatureCache.build_or_open(cache_dir, encoder, records, batch_size=2, progress=False, rank=rank,
                                    world_size=world_size)
 np.save(out / f"rank{rank}.npy", np.stack([cache[i] for i in range(len(cache))]))
-(out / f"rank{rank}.json").write_text(json.dumps({"computed": cache.computed}))
+(out / f"rank{rank}.json").write_text(json.dumps({"computed": cache.computed, "hashed": hashed}))
 dist.destroy_process_group()
 """
 
@@ -282,8 +286,11 @@ def test_two_torchrun_processes_fill_one_cache_together(tmp_path, encoder) -> No
          str(tmp_path / "images"), str(tmp_path / "cache"), str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=REPO, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    computed = [json.loads((tmp_path / f"rank{rank}.json").read_text())["computed"] for rank in (0, 1)]
-    assert computed == [2, 3]  # both ranks computed their share of the five missing rows
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [report["computed"] for report in reports] == [2, 3]  # each rank its share of the five missing rows
+    # each new file was read once, by one rank: rank 0 did not hash them all while rank 1 waited
+    hashed = [sorted(Path(path).name for path in report["hashed"]) for report in reports]
+    assert hashed == [["002.png", "004.png", "006.png"], ["003.png", "005.png"]]
     single = _grids(_build(tmp_path / "single", encoder, records))
     for rank in (0, 1):
         np.testing.assert_allclose(np.load(tmp_path / f"rank{rank}.npy").astype(np.float32),

@@ -17,8 +17,9 @@ shorter than the index says is repaired by recomputing only the rows it lost.
 
 Independent processes building the same cache take turns on an exclusive ``flock`` of
 ``build.lock``. The processes of one ``torchrun`` job build it together: rank 0 plans the new rows
-under the lock, each rank computes its share of the missing rows into the shared memory-mapped
-file, and rank 0 writes the index when all shares are done. Opening a complete cache in a single
+under the lock (from the content hashes all ranks computed, each for its share of the new files),
+each rank computes its share of the missing rows into the shared memory-mapped file, and rank 0
+writes the index when all shares are done. Opening a complete cache in a single
 process takes no lock.
 """
 
@@ -216,6 +217,7 @@ class FeatureCache:
             if cache is not None or not build:
                 return cache
         with ExitStack() as held:
+            builder.hash_together(rank, world_size)
             error = None
             if rank == 0:
                 try:
@@ -278,6 +280,32 @@ class _Build:
         self.index = index
         self._refuse_recorded_bad(states)
         return self.cache(0)
+
+    def hash_together(self, rank: int, world_size: int) -> None:
+        """Every rank hashes its share of the files the index does not know, then all exchange them.
+
+        Without this rank 0 alone would read every new file under the lock (about 16 GB for a first
+        COCO build) while the others wait in a collective, long enough for NCCL's timeout on a slow disk.
+        """
+        if world_size <= 1 or not dist.is_initialized():
+            return  # plan() hashes what it needs
+        error = None
+        hashed: dict[str, list] = {}
+        try:
+            try:
+                index = store.read_index(self.folder, self.key)
+            except FeatureCacheError:
+                index = None  # refused by rank 0's plan, under the lock
+            known = index["files"] if index is not None else {}
+            _, hashed = _row_keys(self.records[rank::world_size], self.stats[rank::world_size], known)
+        except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
+            error = caught
+        _agree(error, world_size)
+        shares: list[Any] = [None] * world_size
+        dist.all_gather_object(shares, hashed)
+        for share in shares:
+            self.hashed.update(share)
+        logger.info("feature cache %s: rank %d of %d hashed %d new files", self.folder, rank, world_size, len(hashed))
 
     def plan(self) -> None:
         """Under the lock: validate and repair the files, give new images rows, write the index."""
