@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 import types
 import typing
 from collections.abc import Iterable
@@ -30,6 +32,10 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# The metrics validation computes (without Java): train.metric must name one of them.
+VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D")
+
+
 def _one_of(name: str, value: Any, choices: tuple) -> None:
     _check(value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
@@ -42,7 +48,7 @@ class DataConfig:
     root: str = "data/shapes"  # image root (Karpathy: the folder holding filepath/filename)
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
-    instances: str | None = None  # COCO instances JSON with boxes, for attention grounding
+    instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
@@ -167,8 +173,9 @@ class DecodeConfig:
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
         _check(self.max_length >= 1, f"decode.max_length must be >= 1, got {self.max_length}")
         _check(0 <= self.min_length <= self.max_length, "decode.min_length must be in [0, max_length]")
-        _check(self.length_alpha >= 0, "decode.length_alpha must be >= 0")
-        _check(self.temperature > 0, f"decode.temperature must be > 0, got {self.temperature}")
+        _check(0 <= self.length_alpha <= 10, f"decode.length_alpha must be in [0, 10], got {self.length_alpha}")
+        # Logits are divided by it: far below 1e-3 they overflow to inf and sampling gives NaN.
+        _check(1e-3 <= self.temperature <= 1e3, f"decode.temperature must be in [0.001, 1000], got {self.temperature}")
         _check(self.top_k >= 0, "decode.top_k must be >= 0")
         _check(self.batch_size >= 1, "decode.batch_size must be >= 1")
 
@@ -178,7 +185,7 @@ class TrainConfig:
     """The optimisation: cross-entropy stage, then optionally self-critical."""
 
     output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
-    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes them; else refused
+    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes its outputs; else refused
     resume: str = "none"  # none | auto: continue from output_dir's checkpoints/last.pt if there is one (--resume auto)
     epochs: int = 4  # cross-entropy epochs
     batch_size: int = 32  # images per batch (each brings all its captions)
@@ -195,7 +202,7 @@ class TrainConfig:
     gamma: float = 0.8  # decay factor (step and plateau)
     plateau_patience: int = 2  # epochs without improvement before a plateau decay
     early_stop_patience: int = 5  # epochs without improvement of `metric`; 0 disables
-    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping
+    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping: BLEU-1..4, ROUGE-L or CIDEr-D
     val_images: int = 0  # validate on the first N validation images; 0 = all
     seed: int = 0  # seeds Python, NumPy, torch and the batch order
     deterministic: bool = False  # deterministic algorithms (exact resume on CPU)
@@ -228,6 +235,8 @@ class TrainConfig:
         _check(0 < self.gamma <= 1, "train.gamma must be in (0, 1]")
         _check(self.early_stop_patience >= 0, "train.early_stop_patience must be >= 0")
         _one_of("train.resume", self.resume, ("none", "auto"))
+        _one_of("train.metric", self.metric, VALIDATION_METRICS)
+        _check(0 <= self.seed < 2 ** 32, f"train.seed must be in [0, 2**32 - 1], got {self.seed}")
         _one_of("train.amp", self.amp, ("none", "bf16", "fp16"))
         _one_of("train.nonfinite", self.nonfinite, ("stop", "skip"))
         _one_of("train.scst_baseline", self.scst_baseline, ("greedy", "mean"))
@@ -272,11 +281,13 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
         inner = [t for t in options if t is not type(None)]
         return _coerce(inner[0], value, key)
     if origin is tuple:
+        if value is None:  # older configurations wrote null for an empty optional file
+            return ()
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(str(v) for v in value)
+        return tuple(_coerce(str, v, key) for v in value)
     if type_hint is bool:
         if isinstance(value, bool):
             return value
@@ -295,12 +306,19 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
         return int(as_float)
     if type_hint is float:
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{key} must be a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+        return number
     if type_hint is str:
+        if value is None:  # str(None) would be the folder name "None"
+            raise ConfigError(f"{key} must be a string, got null")
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key} must be a string, got {value!r}")
+        if "\x00" in str(value):
+            raise ConfigError(f"{key} must not contain a NUL character")
         return str(value)
     return value
 
@@ -427,13 +445,19 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     tree: dict[str, Any] = {}
     if path is not None:
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read forever
+                raise ConfigError(f"{path}: cannot read configuration (not a regular file)")
             text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
             raise ConfigError(f"{path}: cannot read configuration ({error.strerror})") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
         try:
             tree = yaml.safe_load(text) or {}
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: YAML nested too deeply to read") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a configuration must be a mapping of sections")
     for key, value in (overrides or {}).items():
@@ -448,7 +472,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved configuration as YAML (readable by ``load_config``)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+    from captioning.files import atomic_write
+
+    text = yaml.safe_dump(to_dict(config), sort_keys=False)
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
 def config_json(config: Any) -> str:

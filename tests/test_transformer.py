@@ -19,8 +19,14 @@ from captioning.config import ConfigError, DecodeConfig, DecoderConfig, from_dic
 from captioning.data.images import load_image
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search, greedy_search, rollout, sampler
-from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
-from captioning.evaluation.runner import caption_records, default_instances, load_captioner, split_records
+from captioning.evaluation.grounding import WordMatcher, grounding_scores
+from captioning.evaluation.runner import (
+    caption_records,
+    default_instances,
+    load_boxes,
+    load_captioner,
+    split_records,
+)
 from captioning.models.base import AttentionView
 from captioning.models.transformer import TransformerDecoder
 from captioning.training.checkpoint import load_checkpoint
@@ -223,7 +229,7 @@ def test_grounding_scores_the_transformer_cross_attention(trained):
             output = model(grid[None], torch.tensor([tokens]), torch.tensor([len(tokens)]))
             torch.testing.assert_close(item.caption.attention, output.alphas[0, :len(item.words)],
                                        rtol=0, atol=1e-4)
-    instances = load_instances(default_instances(config))
+    instances = load_boxes(default_instances(config))
     items = [(item.record.image_id, item.words, item.caption.attention.numpy(), model.grid) for item in captioned]
     scores = grounding_scores(items, instances, WordMatcher())
     assert set(scores) >= {"grounding-mass", "grounding-pointing", "grounding-words"}

@@ -19,6 +19,7 @@ from captioning.config import (
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
 from captioning.models.base import AttentionView
+from captioning.run_folder import check_output_file, check_output_folder
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
@@ -151,6 +152,9 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
     view = attention_view(layer, head)
+    check_output_folder(out_dir, "--out-dir")
+    if html is not None:
+        check_output_file(html, "--html")
     paths = [Path(p) for p in images]
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
@@ -168,7 +172,9 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     label = model.decoder.describe_attention()
     config = visualization_config(config, data_config, overrides, beam_size)
     if split is not None:
-        records = split_records(config, split)[:num]
+        # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
+        generate = data_config is not None or "data.root" in parse_overrides(overrides)
+        records = split_records(config, split, generate=generate)[:num]
         names = None
     else:
         records = [ImageRecord(image_id=k, path=path, split="") for k, path in enumerate(paths, start=1)]

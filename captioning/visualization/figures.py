@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 from torch import Tensor
 
+from captioning.files import atomic_write
 from captioning.visualization.overlay import blend, display_size, upsample_attention
 
 FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
@@ -171,6 +172,5 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 100) -> Path:
     file_format = FORMATS.get(path.suffix.lower())
     if file_format is None:
         raise ValueError(f"{path}: figure format must be one of {', '.join(FORMATS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format=file_format, dpi=dpi)
+    atomic_write(path, lambda temporary: figure.savefig(temporary, format=file_format, dpi=dpi))
     return path

@@ -21,6 +21,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from captioning.data.images import load_image
+from captioning.files import atomic_write
 from captioning.visualization.figures import attention_figure, save_figure
 from captioning.visualization.overlay import colorize, display_size, upsample_attention
 
@@ -146,8 +147,8 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
             '<p class="note">Hover over or click a word to see the attention map that produced it'
             + (f" ({html.escape(attention_label)})" if attention_label else "") + '.</p>\n'
             + "\n".join(sections) + f"\n<script>\n{_SCRIPT}\n</script>\n</body>\n</html>\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
+    atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))
     return path
 
 
