@@ -136,7 +136,7 @@ def beam_decoding(sizes: TransformerSizes, decoder: TransformerDecoder, device: 
 
     As for the LSTM in ``speed.py``, a copy of the weights gets ``<end>`` unreachable (output bias
     -1e4), so every search runs the full ``beam_max_length`` words; the tied output weight is the
-    embedding, so only the bias is changed. Both sides decode the same 16 grids with the same weights.
+    embedding, so only the bias is changed. Both sides decode the same grids with the same weights.
     """
     generator = torch.Generator().manual_seed(2)
     grids = torch.rand(sizes.beam_images, sizes.positions, sizes.channels, generator=generator).to(device)
@@ -154,9 +154,9 @@ def beam_decoding(sizes: TransformerSizes, decoder: TransformerDecoder, device: 
                                                                sizes.beam_max_length), runs, device)
                 rates[str(k)] = sizes.beam_images / seconds
         results[f"{name}_captions_per_s"], results[f"{name}_peak_mem_mb"] = rates, memory.mib
+    cached, recomputed = results["beam_captions_per_s"], results["recompute_beam_captions_per_s"]
     for k in sizes.beam_sizes:
-        results[f"speedup_beam_{k}"] = results["beam_captions_per_s"][str(k)] / \
-            results["recompute_beam_captions_per_s"][str(k)]
+        results[f"speedup_beam_{k}"] = cached[str(k)] / recomputed[str(k)]
     return results
 
 
