@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,12 +76,23 @@ def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.Argument
             return error.exit_status
         if getattr(args, "debug", False):
             traceback.print_exc()
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        message = printable(str(error).strip().split("\n")[0])
         if not isinstance(error, (ValueError, OSError, RuntimeError)):  # not an input problem: say what it was
             message = f"{type(error).__name__}: {message} (run with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters, line separators and lone surrogates written as Python escapes
+    (``\\x00``, ``\\x1b``, ``\\ud800``): a path read from a data file may hold any of them, and printed
+    raw they would be invisible, garble the terminal or cut the one-line message in two."""
+    return "".join(character.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(character) in _UNPRINTABLE else character for character in text)
+
+
+_UNPRINTABLE = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 def _refuse_nul_bytes(args: argparse.Namespace) -> None:

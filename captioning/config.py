@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import stat
 import types
 import typing
 from collections.abc import Iterable
@@ -21,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from captioning.files import not_a_regular_file
 
 
 class ConfigError(ValueError):
@@ -445,8 +445,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     tree: dict[str, Any] = {}
     if path is not None:
         try:
-            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read forever
-                raise ConfigError(f"{path}: cannot read configuration (not a regular file)")
+            kind = not_a_regular_file(path)
+            if kind is not None:
+                raise ConfigError(f"{path}: {kind}")
             text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
             raise ConfigError(f"{path}: cannot read configuration ({error.strerror})") from None

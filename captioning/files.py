@@ -1,4 +1,5 @@
-"""Writing files: every file the project writes goes through ``atomic_write``."""
+"""Reading and writing files: every file the project writes goes through ``atomic_write``, and
+every file it reads is first checked by ``not_a_regular_file`` (opening a FIFO would wait forever)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,37 @@ import errno
 import glob
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+_KINDS = {stat.S_IFREG: "a file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def kind_of(mode: int) -> str:
+    """What an ``st_mode`` is, in words: "a file", "a folder", "a FIFO", ..."""
+    return _KINDS.get(stat.S_IFMT(mode), "a special file")
+
+
+def path_kind(path: str | Path) -> str | None:
+    """What ``path`` is (symbolic links followed), in words; None when there is nothing there."""
+    try:
+        return kind_of(os.stat(path).st_mode)
+    except (OSError, ValueError):  # missing, unreadable, or a name no file can have (a NUL in it)
+        return None
+
+
+def not_a_regular_file(path: str | Path) -> str | None:
+    """``"not a regular file (a FIFO)"`` (or a folder, a socket, ...) when ``path`` exists but is not a
+    regular file; None for a regular file or when nothing is there, which the caller reports its own way.
+
+    Checked before any file the project reads is opened: opening a FIFO waits for a writer forever,
+    and a device reads without end.
+    """
+    kind = path_kind(path)
+    return None if kind in (None, "a file") else f"not a regular file ({kind})"
 
 
 class NoSpaceError(ValueError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import os
 import shutil
 import struct
@@ -254,13 +255,14 @@ def test_train_without_skipping_stops_at_the_first_unreadable_image(odd_dataset,
                           "(image 3)", "cannot decode image", alone=False)
 
 
-def test_a_cache_that_skipped_images_is_refused_by_a_run_that_does_not(odd_dataset, tmp_path):
+def test_a_cache_that_skipped_images_is_refused_by_a_run_that_does_not(odd_dataset, tmp_path, caplog):
     config = load_config(SHAPES_YAML, tiny_overrides(odd_dataset.root, tmp_path, **{
         "data.dataset": "karpathy", "data.split_file": odd_dataset.split_file}))
     records = records_of_split(read_karpathy(odd_dataset.split_file, odd_dataset.root), "val")
     encoder = build_encoder(config.model.encoder)
-    with pytest.warns(UserWarning, match="1 of 8 images could not be read"):
+    with caplog.at_level(logging.WARNING, logger="captioning.data.feature_cache"):
         FeatureCache.build_or_open(tmp_path / "cache", encoder, records, progress=False, skip_bad_images=True)
+    assert "1 of 8 images could not be read" in caplog.text
     with pytest.raises(ValueError, match=r"val/000033.png \(image 33\): image too large .*skip_bad_images"):
         FeatureCache.build_or_open(tmp_path / "cache", encoder, records, progress=False)
 

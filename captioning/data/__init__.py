@@ -22,7 +22,7 @@ from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
 from captioning.data.vocab import Vocabulary
-from captioning.files import atomic_write
+from captioning.files import atomic_write, path_kind
 from captioning.text import replace_lone_surrogates
 
 __all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
@@ -107,20 +107,10 @@ def check_data_paths(config: DataConfig) -> None:
             exists = path.is_dir() if kind == "folder" else path.is_file()
             if not exists:
                 if path.exists():  # a folder for a file, a FIFO (reading one would wait forever), ...
-                    raise ConfigError(f"{path}: data.{key}: {_kind_of(path)}, not a {kind}; "
+                    raise ConfigError(f"{path}: data.{key}: {path_kind(path)}, not a {kind}; "
                                       f"set data.{key}=... to a {kind}")
                 where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
                 raise ConfigError(f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is")
-
-
-def _kind_of(path: Path) -> str:
-    """What an existing path is, in words: "a folder", "a FIFO", ..."""
-    for test, name in ((path.is_dir, "a folder"), (path.is_fifo, "a FIFO"), (path.is_socket, "a socket"),
-                       (path.is_char_device, "a character device"), (path.is_block_device, "a block device"),
-                       (path.is_file, "a file")):
-        if test():
-            return name
-    return "not a regular file"
 
 
 def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True,
@@ -151,7 +141,10 @@ def load_records(config: DataConfig, output_dir: Path | None = None, generate: b
     if config.dataset in INDEXED_READERS:
         check_data_paths(config)  # also when the index answers without the reader
         writable = output_dir is not None if write_index is None else write_index
-        records = load_indexed(config, READERS[config.dataset], splits, writable=writable)
+        # Cleaned before indexing: the index is UTF-8, which cannot hold a lone surrogate.
+        reader = READERS[config.dataset]
+        records = load_indexed(config, lambda data: [_clean_text(r) for r in reader(data)], splits,
+                               writable=writable)
     else:
         records = READERS[config.dataset](config)
         records = records if splits is None else [r for r in records if r.split in splits]

@@ -21,7 +21,6 @@ import io
 import json
 import logging
 import os
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,8 +82,9 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     """The validated ``index.json`` of ``folder``, or None when there is none yet.
 
     Raises:
-        FeatureCacheError: not JSON, a missing or mistyped field, another version or key, or rows
-            outside the allocated range; the message says to delete the folder.
+        FeatureCacheError: not JSON, a missing or mistyped field, another version or key, rows
+            outside the allocated range, or a capacity other than the last row + 1; the message says
+            to delete the folder.
     """
     path = folder / "index.json"
     try:
@@ -115,6 +115,11 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         raise _damaged(path, f"rows outside the {capacity} allocated ones ({bad_rows[0] if bad_rows else capacity})")
     if len(set(rows.values())) != len(rows):
         raise _damaged(path, "two images own the same row")
+    # Rows are handed out in order, so the last one ends the allocation: a larger capacity is not
+    # one this code wrote, and acting on it would try to reserve that many rows on disk.
+    if capacity != max(rows.values(), default=-1) + 1:
+        raise _damaged(path, f"capacity {capacity} does not match its rows (the last is row "
+                             f"{max(rows.values(), default=-1)})")
     malformed = [name for name, entry in index["files"].items() if not (isinstance(entry, list) and len(entry) == 5)]
     if malformed:
         raise _damaged(path, f"file entry {malformed[0]!r} is not [image id, size, mtime, ctime, identity]")
@@ -199,6 +204,9 @@ def resize(folder: Path, old_capacity: int, capacity: int, positions: int, chann
         except OSError as error:
             if error.errno == errno.ENOSPC:
                 raise no_space(path, f" (needs {size / 2**30:.1f} GiB)") from error
+            if error.errno == errno.EFBIG:  # beyond the file system's (or ulimit -f's) largest file
+                raise FeatureCacheError(f"{path}: cannot hold {capacity} rows ({size} bytes: "
+                                        f"{error.strerror})") from None
             if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate on this filesystem
                 raise
             os.ftruncate(descriptor, max(size, os.fstat(descriptor).st_size))
@@ -242,8 +250,8 @@ def build_lock(path: Path) -> Iterator[None]:
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             os.close(descriptor)
             raise
-        warnings.warn(f"cannot lock {path / _LOCK_NAME} ({error.strerror}): processes building this "
-                      "feature cache at the same time are not kept apart", stacklevel=3)
+        logger.warning("cannot lock %s (%s): processes building this feature cache at the same time are "
+                       "not kept apart", path / _LOCK_NAME, error.strerror)
     try:
         yield
     finally:

@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import os
-import warnings
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -416,8 +415,8 @@ class _Build:
         bad.update({position: index["bad"][key] for position, key in enumerate(self.keys)
                     if key is not None and key in index["bad"]})
         if bad:
-            warnings.warn(f"{len(bad)} of {len(self.records)} images could not be read and have zero "
-                          f"features (listed under 'bad' in {self.folder / 'index.json'})", stacklevel=3)
+            logger.warning("%d of %d images could not be read and have zero features (listed under 'bad' in %s)",
+                           len(bad), len(self.records), self.folder / "index.json")
         return FeatureCache(self.folder, rows, self.grid_shape, bad, self.key["fingerprint"], computed)
 
 

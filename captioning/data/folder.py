@@ -12,8 +12,10 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
 def read_folder(folder: str | Path) -> list[ImageRecord]:
     """One record per image file directly inside ``folder`` (not in sub-folders).
 
-    Files are those with an image suffix (``IMAGE_SUFFIXES``, any case), hidden files excluded,
-    sorted by file name. ``image_id`` is the 1-based position in that order, so ids are stable as
+    Files are those with an image suffix (``IMAGE_SUFFIXES``, any case), hidden files and
+    sub-folders excluded, sorted by file name. Anything else with such a name (a FIFO, a socket, a
+    broken link) is kept, so that reading it fails naming it, or it is skipped and counted with
+    ``data.skip_bad_images``, like an image that cannot be decoded: never silently dropped. ``image_id`` is the 1-based position in that order, so ids are stable as
     long as the folder's file names are; ``split`` is ``""`` and there are no captions.
 
     Raises:
@@ -24,7 +26,7 @@ def read_folder(folder: str | Path) -> list[ImageRecord]:
         raise DatasetError(f"{folder}: " + ("not a folder" if folder.exists() else "folder not found"))
     paths = sorted(
         (p for p in folder.iterdir()
-         if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()),
+         if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and not p.is_dir()),
         key=lambda p: p.name,
     )
     if not paths:

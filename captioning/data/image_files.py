@@ -16,6 +16,7 @@ from pathlib import Path
 
 from captioning.data.images import ImageError
 from captioning.data.records import ImageRecord
+from captioning.files import kind_of
 
 HASH_SPAN = 64 * 1024  # bytes hashed at each end of a file
 
@@ -48,7 +49,7 @@ def stat_images(records: list[ImageRecord],
             if stat.S_ISDIR(state.st_mode):
                 what = "is a directory, not an image"
             elif not stat.S_ISREG(state.st_mode):
-                what = "not a regular file"
+                what = f"not a regular file ({kind_of(state.st_mode)})"
         if what is not None:
             problems[position] = f"{record.path} (image {record.image_id}): {what}"
             state = None

@@ -10,13 +10,10 @@ from pathlib import Path
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from captioning.data.records import DatasetError
+from captioning.files import kind_of
 
 # Keep PIL's decompression-bomb guard on (Image.MAX_IMAGE_PIXELS) and make truncated files errors.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
-
-
-_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-               stat.S_IFSOCK: "a socket"}
 
 
 class ImageError(DatasetError):
@@ -45,7 +42,7 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
     if stat.S_ISDIR(kind):
         raise ImageError(f"{where}: is a directory, not an image")
     if not stat.S_ISREG(kind):
-        raise ImageError(f"{where}: not a regular file ({_FILE_KINDS.get(stat.S_IFMT(kind), 'special file')})")
+        raise ImageError(f"{where}: not a regular file ({kind_of(kind)})")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from captioning.data.records import DatasetError, ImageRecord
+from captioning.files import not_a_regular_file
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ _TYPE_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an obj
 
 def read_json(path: Path) -> Any:
     """Parse a JSON file, turning every failure into a one-line ``DatasetError`` naming the file."""
+    kind = not_a_regular_file(path)
+    if kind is not None:
+        raise DatasetError(f"{path}: {kind}")
     try:
         with open(path, encoding="utf-8") as file:
             return json.load(file)
@@ -73,6 +77,8 @@ def require_field(entry: Any, name: str, kind: type, where: str) -> Any:
 
 def image_path_under(image_root: Path, relative: str, where: str) -> Path:
     """``image_root / relative``, refusing absolute paths and paths that climb out with ``..``."""
+    if "\x00" in relative:  # no file can have such a name; say so rather than "not found"
+        raise DatasetError(f"{where}: image path {relative!r} contains a NUL character")
     posix = PurePosixPath(relative.replace("\\", "/"))
     if (not relative or posix.is_absolute() or PureWindowsPath(relative).drive or ".." in posix.parts):
         raise DatasetError(f"{where}: image path {relative!r} must be relative to the image root "

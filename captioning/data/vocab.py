@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from captioning.files import atomic_write, not_a_regular_file
+
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
 
@@ -92,13 +94,14 @@ class Vocabulary:
         return cls(data["words"])
 
     def save(self, path: str | Path) -> None:
-        from captioning.files import atomic_write
-
         text = json.dumps(self.to_dict(), ensure_ascii=False, indent=0)
         atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
+        kind = not_a_regular_file(path)
+        if kind is not None:
+            raise VocabularyError(f"{path}: {kind}")
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as error:

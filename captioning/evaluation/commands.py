@@ -31,7 +31,7 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
-from captioning.files import atomic_write
+from captioning.files import atomic_write, not_a_regular_file
 from captioning.run_folder import check_output_file, evaluation_prefix, run_folder_of, scores_path_for
 from captioning.training.run import resolve_device
 
@@ -75,7 +75,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         if args.results is None or args.checkpoint is not None or args.images is not None:
             raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
         if not args.results.is_file():
-            raise ConfigError(f"{args.results}: results file not found")
+            raise ConfigError(f"{args.results}: {not_a_regular_file(args.results) or 'results file not found'}")
         scores_path = _scores_paths(args.out, args.results)
         check_output_file(scores_path, "--out")
         scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,

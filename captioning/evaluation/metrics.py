@@ -31,6 +31,7 @@ from pycocoevalcap.rouge.rouge import Rouge
 from pycocotools.coco import COCO
 
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S, JavaTimeout, meteor_score, ptb_tokenize
+from captioning.files import not_a_regular_file
 from captioning.text import tokenize
 
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
@@ -341,6 +342,9 @@ def load_results(results_file: str | Path) -> dict[int, str]:
 
 
 def _read_json(path: str | Path) -> Any:
+    kind = not_a_regular_file(path)
+    if kind is not None:
+        raise EvaluationInputError(f"{path}: {kind}")
     try:
         with open(path, encoding="utf-8") as file:
             return json.load(file)

@@ -33,6 +33,7 @@ from torchvision.models import WeightsEnum
 from torchvision.transforms import InterpolationMode
 
 from captioning.config import ConfigError, EncoderConfig
+from captioning.files import not_a_regular_file
 from captioning.models import efficientnet_lite
 
 DOWNLOAD_TIMEOUT_S = 15.0  # socket timeout while fetching published weights
@@ -297,7 +298,7 @@ def _load_weights(model: nn.Module, weights: str, pretrained: Callable[[], Path]
     else:
         path = Path(weights).expanduser()
         if not path.is_file():
-            raise EncoderWeightsError(f"{weights}: encoder weights file not found "
+            raise EncoderWeightsError(f"{weights}: {not_a_regular_file(path) or 'encoder weights file not found'} "
                                       "(model.encoder.weights takes pretrained, none or a file path)")
         identity = file_identity(path)
     _load_state_dict(model, path)

@@ -21,7 +21,7 @@ import torch
 
 from captioning.config import Config, ConfigError, from_dict, to_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
-from captioning.files import NoSpaceError, atomic_write
+from captioning.files import NoSpaceError, atomic_write, not_a_regular_file
 
 FORMAT = "captioning-checkpoint"
 VERSION = 1
@@ -130,7 +130,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint file not found")
+        raise CheckpointError(f"{path}: {not_a_regular_file(path) or 'checkpoint file not found'}")
     _check_crc(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from captioning.config import Config
 from captioning.data.records import DatasetError, ImageRecord
+from captioning.files import not_a_regular_file
 
 STAGE_NAMES = {"xe": "cross-entropy", "scst": "self-critical"}
 
@@ -39,9 +40,11 @@ def check_images_exist(records: Sequence[ImageRecord], skip_bad_images: bool) ->
     missing = [record for record in records if not record.path.is_file()]
     if missing:
         first = missing[0]
-        raise DatasetError(f"{first.path} (image {first.image_id}): image file not found ({len(missing)} of "
-                           f"{len(records)} images are missing; set data.root=... to the image folder, or "
-                           "data.skip_bad_images=true to leave them out)")
+        # A FIFO or a folder where an image should be is there, just not a file: name it as such.
+        what = not_a_regular_file(first.path) or "image file not found"
+        raise DatasetError(f"{first.path} (image {first.image_id}): {what} ({len(missing)} of "
+                           f"{len(records)} images are missing or not files; set data.root=... to the image "
+                           "folder, or data.skip_bad_images=true to leave them out)")
 
 
 def _epochs(first: int, last: int) -> str:
