@@ -230,6 +230,8 @@ def test_rows_beyond_the_features_file_are_recomputed(built, tmp_path, encoder, 
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "rows"}), "missing field 'rows'"),
     (lambda text: json.dumps({**json.loads(text), "capacity": "6"}), "field 'capacity' must be int"),
     (lambda text: json.dumps({**json.loads(text), "capacity": 3}), "rows outside the 3 allocated ones"),
+    (lambda text: json.dumps({**json.loads(text), "capacity": 10 ** 13}),
+     f"capacity {10 ** 13} does not match its rows (the last is row 5)"),
 ])
 def test_a_damaged_index_is_refused_saying_how_to_clear_it(built, tmp_path, encoder, edit, what) -> None:
     records, cache, _ = built

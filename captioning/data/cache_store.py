@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from captioning.files import not_a_regular_file
+
 try:
     import fcntl
 except ImportError:  # not POSIX: concurrent builds of one cache are not guarded
@@ -87,6 +89,9 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
             to delete the folder.
     """
     path = folder / "index.json"
+    kind = not_a_regular_file(path)
+    if kind is not None:
+        raise _damaged(path, kind)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

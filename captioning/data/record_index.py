@@ -30,6 +30,7 @@ from captioning.config import DataConfig
 from captioning.data import coco, karpathy
 from captioning.data import records as records_module
 from captioning.data.records import ImageRecord
+from captioning.files import not_a_regular_file
 
 FORMAT_VERSION = 1
 _CODE = (karpathy, coco, records_module)  # modules whose code decides what an index holds
@@ -141,6 +142,8 @@ class _Remember(logging.Handler):
 
 
 def _read_meta(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    if not_a_regular_file(folder / "meta.json") is not None:
+        return None  # not an index this code wrote: read the source files again
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
