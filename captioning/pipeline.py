@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from captioning.config import Config
+from captioning.evaluation.hallucination import chair_line
 from captioning.evaluation.runner import (
     caption_records,
     default_instances,
@@ -28,7 +29,8 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     records = split_records(config, "test")
     captioned = caption_records(model, config, records, device, progress=progress, output_dir=output_dir)
     outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
-    scores = score_captioned(captioned, model.grid, default_instances(config))
+    scores = score_captioned(captioned, model.grid, default_instances(config), decode=config.decode,
+                             checkpoint=checkpoint)
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path
@@ -38,6 +40,9 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     if "grounding-mass" in scores:
         print(f"grounding: attention mass in box {scores['grounding-mass']}, pointing game "
               f"{scores['grounding-pointing']} over {scores['grounding-words']} object words")
+    if chair_line(scores) is not None:
+        print(chair_line(scores))
+    print(f"signature: {scores['signature']}")
     if figures:
         from captioning.visualization.report import write_figures_and_report
 

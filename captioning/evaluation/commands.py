@@ -17,6 +17,7 @@ from captioning.config import (
     parse_overrides,
 )
 from captioning.data.folder import read_folder
+from captioning.evaluation.hallucination import chair_line
 from captioning.evaluation.runner import (
     caption_records,
     decode_config_with,
@@ -45,6 +46,18 @@ def _report_skipped(records: list, captioned: list) -> None:
               "(data.skip_bad_images); they are not in the results", flush=True)
 
 
+def scores_text(scores: dict) -> str:
+    """The metrics table, grounding and CHAIR when computed, and the signature last."""
+    lines = [scores["table"]]
+    if scores.get("grounding-mass") is not None:
+        lines.append(f"grounding: mass in box {scores['grounding-mass']}, pointing game "
+                     f"{scores['grounding-pointing']} ({scores['grounding-words']} object words)")
+    if chair_line(scores) is not None:
+        lines.append(chair_line(scores))
+    lines.append(f"signature: {scores['signature']}")
+    return "\n".join(lines)
+
+
 def _scores_paths(out: Path | None, results: Path) -> Path:
     return out if out is not None else results.with_name(results.stem + ".scores.json")
 
@@ -57,8 +70,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
         if not args.results.is_file():
             raise ConfigError(f"{args.results}: results file not found")
-        scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice)
-        print(scores["table"])
+        scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
+                                    instances=args.instances)
+        print(scores_text(scores))
         scores_path, per_image = write_scores(_scores_paths(args.out, args.results), scores)
         _print_summary({"scores": scores_path, "per-image scores": per_image})
         return scores
@@ -103,12 +117,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     _report_skipped(records, captioned)
     results = write_results(args.results or run_dir / f"{args.split}_results.json", captioned)
     instances = args.instances or default_instances(config)
-    scores = score_captioned(captioned, model.grid, instances, use_java=use_java, spice=args.spice)
+    scores = score_captioned(captioned, model.grid, instances, use_java=use_java, spice=args.spice,
+                             decode=decode_config, checkpoint=args.checkpoint)
     scores["checkpoint"] = str(args.checkpoint)
-    print(scores["table"])
-    if "grounding-mass" in scores:
-        print(f"grounding: mass in box {scores['grounding-mass']}, pointing game {scores['grounding-pointing']} "
-              f"({scores['grounding-words']} object words)")
+    print(scores_text(scores))
     scores_path, per_image = write_scores(_scores_paths(args.out, results), scores)
     _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image})
     return scores

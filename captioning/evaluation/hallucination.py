@@ -110,3 +110,30 @@ def add_per_image(per_image: list[dict[str, Any]], hallucination: Hallucination)
     """The per-image score entries (``{"image_id": ..., ...}``) with each image's CHAIR fields added."""
     return [{**entry, **hallucination.per_image[entry["image_id"]].to_json()}
             if entry.get("image_id") in hallucination.per_image else entry for entry in per_image]
+
+
+def add_chair(scores: dict[str, Any], captions: Mapping[int, Sequence[str]],
+              references: Mapping[int, Sequence[str]], instances: Instances) -> None:
+    """Add CHAIR to a scores dict in place: the overall fields, and each ``per_image`` entry's.
+
+    Args:
+        scores: the scores JSON being built (with a ``per_image`` list, if any).
+        captions: image id -> the generated caption's tokens.
+        references: image id -> raw reference captions (tokenised here as the metrics' Python path does).
+        instances: the annotated objects.
+    """
+    from captioning.text import tokenize
+
+    result = chair(captions, {i: [tokenize(ref) for ref in refs] for i, refs in references.items()}, instances)
+    scores.update(result.to_json())
+    if "per_image" in scores:
+        scores["per_image"] = add_per_image(scores["per_image"], result)
+
+
+def chair_line(scores: Mapping[str, Any]) -> str | None:
+    """One console line with CHAIR-i and CHAIR-s, or None when they were not computed."""
+    if "CHAIR-s" not in scores:
+        return None
+    chair_i = "n/a" if scores["CHAIR-i"] is None else f"{scores['CHAIR-i']:.4f}"
+    return (f"object hallucination: CHAIR-i {chair_i}, CHAIR-s {scores['CHAIR-s']:.4f} "
+            f"({scores['CHAIR-hallucinated']} of {scores['CHAIR-mentions']} object mentions not in the image)")

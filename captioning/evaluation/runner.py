@@ -16,7 +16,9 @@ from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
 from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
+from captioning.evaluation.hallucination import add_chair
 from captioning.evaluation.metrics import score_captions
+from captioning.evaluation.signature import make_signature
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
     CheckpointError,
@@ -91,8 +93,10 @@ def default_instances(config: Config) -> Path | None:
 
 
 def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances: Path | None = None,
-                    use_java: bool | None = None, spice: bool = False) -> dict:
-    """Caption metrics against each record's references, plus attention grounding when boxes are given."""
+                    use_java: bool | None = None, spice: bool = False, decode: DecodeConfig | None = None,
+                    checkpoint: Path | None = None) -> dict:
+    """Caption metrics against each record's references, plus attention grounding and CHAIR when boxes
+    are given, and the signature of the scores (``decode`` and ``checkpoint`` describe the system)."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
     scores = score_captions(references, candidates, use_java=use_java, spice=spice)
@@ -103,6 +107,8 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances
         boxes = load_instances(instances)
         items = [(item.record.image_id, item.words, item.caption.attention.numpy(), grid) for item in captioned]
         result.update(grounding_scores(items, boxes, WordMatcher()))
+        add_chair(result, {item.record.image_id: item.words for item in captioned}, references, boxes)
+    result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint)
     return result
 
 
@@ -135,9 +141,11 @@ def decode_config_with(config: Config, **changes) -> DecodeConfig:
 
 
 def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
-                       spice: bool = False) -> dict:
-    """Score a COCO results file against COCO-format reference captions, as the official toolkit does."""
+                       spice: bool = False, instances: Path | None = None) -> dict:
+    """Score a COCO results file against COCO-format reference captions, as the official toolkit does
+    (and CHAIR when an instances file is given)."""
     from captioning.evaluation.metrics import load_coco_references, load_results
+    from captioning.text import tokenize
 
     references = load_coco_references(annotations)
     candidates = load_results(results)
@@ -145,5 +153,10 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
     if missing:
         raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")
     references = {image_id: references[image_id] for image_id in candidates}
+    boxes = load_instances(instances) if instances is not None else None
     scores = score_captions(references, candidates, use_java=use_java, spice=spice)
-    return {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
+    result = {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
+    if boxes is not None:
+        add_chair(result, {i: tokenize(caption) for i, caption in candidates.items()}, references, boxes)
+    result["signature"] = make_signature(references, scores.tokenizer, results=results)
+    return result
