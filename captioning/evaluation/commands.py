@@ -58,6 +58,24 @@ def scores_text(scores: dict) -> str:
     return "\n".join(lines)
 
 
+def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> dict:
+    """``--compare A B --annotations REFS`` or ``--aggregate SCORES...`` (nothing is decoded)."""
+    if args.checkpoint is not None or args.images is not None or args.results is not None:
+        raise ConfigError("--compare and --aggregate read existing files: give no --checkpoint/--images/--results")
+    if args.aggregate:
+        if args.compare:
+            raise ConfigError("give one of --compare or --aggregate")
+        from captioning.evaluation.aggregate import aggregate_command
+
+        return aggregate_command(args.aggregate, args.out)
+    if args.annotations is None:
+        raise ConfigError("--compare needs --annotations (the reference captions of both systems' images)")
+    from captioning.evaluation.compare import compare_command
+
+    return compare_command(args.annotations, *args.compare, args.out, use_java, args.spice, args.resamples,
+                           args.seed)
+
+
 def _scores_paths(out: Path | None, results: Path) -> Path:
     return out if out is not None else results.with_name(results.stem + ".scores.json")
 
@@ -65,6 +83,8 @@ def _scores_paths(out: Path | None, results: Path) -> Path:
 def evaluate(args: argparse.Namespace) -> dict | None:
     """Dispatch on the arguments of ``evaluate.py``; returns the scores when some were computed."""
     use_java = False if args.no_java else None
+    if getattr(args, "aggregate", None) or getattr(args, "compare", None):
+        return _compare_or_aggregate(args, use_java)
     if args.annotations is not None:
         if args.results is None or args.checkpoint is not None or args.images is not None:
             raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
