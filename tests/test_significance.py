@@ -44,6 +44,9 @@ def test_shifted_system_is_found():
     assert 0 < c.ci_low < c.difference < c.ci_high
     same = paired_bootstrap({"CIDEr-D": a}, {"CIDEr-D": a}, resamples=1000, seed=0)["CIDEr-D"]
     assert same.difference == 0 and same.p_value == 1.0
+    # BLEU-4 of two systems without a single 4-gram match differs by ~1e-15: no difference, not p = 0.001
+    tiny = paired_bootstrap({"BLEU-4": a * 1e-14}, {"BLEU-4": b * 1e-14}, resamples=1000, seed=0)["BLEU-4"]
+    assert tiny.p_value == 1.0
 
 
 def test_seeded_and_deterministic():

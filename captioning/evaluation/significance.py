@@ -14,7 +14,7 @@ resample as the toolkit computes it on the whole set:
 With the bootstrap differences d*_r (B minus A) and the observed difference d, the 95% interval is
 the 2.5 and 97.5 percentiles of d*, and the two-sided p-value is the share of resamples whose
 difference, centred on d, is at least as far from 0 as d: ``(1 + #{|d*_r - d| >= |d|}) / (R + 1)``
-(Berg-Kirkpatrick et al., 2012; Koehn, 2004).
+(Berg-Kirkpatrick et al., 2012; Koehn, 2004). Differences under 1e-9 count as none (p = 1).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ BLEU_ORDERS = 4
 _TESTLEN, _REFLEN, _GUESS, _CORRECT = 0, 1, 2, 2 + BLEU_ORDERS
 # pycocoevalcap's smoothing constants, so that the corpus scores are the toolkit's.
 _TINY, _SMALL = 1e-15, 1e-9
+# Differences smaller than this are no difference: BLEU without a single n-gram match is ~1e-15, not 0.
+_RESOLUTION = 1e-9
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def compare_statistic(counts: np.ndarray, stats_a: np.ndarray, stats_b: np.ndarr
     difference = float(observed[1] - observed[0])
     boot = score(counts @ stats_b) - score(counts @ stats_a)  # (R,)
     low, high = np.percentile(boot, [2.5, 97.5])
-    extreme = np.count_nonzero(np.abs(boot - difference) >= abs(difference) - 1e-12)
+    extreme = np.count_nonzero(np.abs(boot - difference) >= abs(difference) - _RESOLUTION)
     return Comparison(float(observed[0]), float(observed[1]), difference, float(low), float(high),
                       float((1 + extreme) / (len(boot) + 1)))
 
