@@ -21,10 +21,14 @@ def get_args_parser() -> argparse.ArgumentParser:
                "  python train.py                                     # Shapes demo\n"
                "  python train.py --config configs/coco_resnet101.yaml --lr 2e-4\n"
                "  python train.py --config configs/coco_resnet101.yaml --resume\n"
-               "  torchrun --nproc-per-node 4 train.py --config configs/coco_resnet101.yaml --amp bf16")
+               "  torchrun --nproc-per-node 4 train.py --config configs/coco_resnet101.yaml --amp bf16\n"
+               "  torchrun --nproc-per-node 4 --max-restarts 3 train.py --config configs/coco_resnet101.yaml "
+               "--resume auto")
     add_config_arguments(parser)
     parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CHECKPOINT",
-                        help="continue a run exactly: from CHECKPOINT, or from <output-dir>/checkpoints/last.pt")
+                        help="continue a run exactly: from CHECKPOINT, or from <output-dir>/checkpoints/last.pt; "
+                             "'--resume auto' continues from last.pt when there is one and starts a new run "
+                             "when there is none (for restarts and requeued jobs; also train.resume: auto)")
     parser.add_argument("--cache-only", action="store_true",
                         help="only prepare the data and cache the frozen encoder's features of every split, then stop")
     parser.add_argument("--no-test", action="store_true",

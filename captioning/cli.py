@@ -57,7 +57,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser,
             argv: list[str] | None = None) -> int:
-    """Parse, run ``main(args)``; expected failures print one line ``error: ...`` and exit 2."""
+    """Parse, run ``main(args)``; expected failures print one line ``error: ...`` and exit 2.
+
+    An exception with an ``exit_status`` attribute is a deliberate stop that ``main`` has already
+    reported (``captioning.training.stopping.TrainingStopped``, exit status 75): it exits with
+    that status and no error line.
+    """
     args = parser.parse_args(argv)
     try:
         main(args)
@@ -65,6 +70,8 @@ def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.Argument
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear line
+        if isinstance(getattr(error, "exit_status", None), int):
+            return error.exit_status
         if getattr(args, "debug", False):
             traceback.print_exc()
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""

@@ -162,6 +162,7 @@ class TrainConfig:
 
     output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
     overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes them; else refused
+    resume: str = "none"  # none | auto: continue from output_dir's checkpoints/last.pt if there is one (--resume auto)
     epochs: int = 4  # cross-entropy epochs
     batch_size: int = 32  # images per batch (each brings all its captions)
     captions_per_image: int = 5  # captions of an image used per step (seq_per_img)
@@ -205,6 +206,7 @@ class TrainConfig:
         _check(self.step_size >= 1, "train.step_size must be >= 1")
         _check(0 < self.gamma <= 1, "train.gamma must be in (0, 1]")
         _check(self.early_stop_patience >= 0, "train.early_stop_patience must be >= 0")
+        _one_of("train.resume", self.resume, ("none", "auto"))
         _one_of("train.amp", self.amp, ("none", "bf16", "fp16"))
         _one_of("train.nonfinite", self.nonfinite, ("stop", "skip"))
         _one_of("train.scst_baseline", self.scst_baseline, ("greedy", "mean"))

@@ -30,8 +30,31 @@ def init_from_environment(device_type: str) -> ProcessGroup:
     if world_size <= 1:
         return ProcessGroup()
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        store = _store_of_this_attempt(world_size)
+        if store is None:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size)
     return ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _store_of_this_attempt(world_size: int) -> dist.Store | None:
+    """On one node under ``torchrun --max-restarts``: the agent's store, with keys of this attempt only.
+
+    torchrun lends its own key-value store to the processes it starts and keeps it across restarts,
+    so a restarted process can read the previous attempt's addresses before its peers overwrite
+    them, and connecting fails (pytorch/pytorch#135712). On one node all processes share one restart
+    count, which then names their keys. With several nodes the counts can differ: there
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (set for torchrun) gives every attempt a new store.
+    None when the default rendezvous is safe.
+    """
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if not (shared and restarts > 0 and os.environ.get("GROUP_WORLD_SIZE") == "1"):
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
+    return dist.PrefixStore(f"captioning/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def wrap(module: nn.Module, group: ProcessGroup, device: torch.device) -> nn.Module:
@@ -52,6 +75,14 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         tensor = tensor.clone()
         dist.all_reduce(tensor)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """Maximum over processes (identity with one process)."""
+    if dist.is_available() and dist.is_initialized():
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
 
 
@@ -87,6 +118,15 @@ def all_gather_objects(value: object) -> list:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def broadcast_object(value: object) -> object:
+    """Rank 0's ``value`` on every process (``value`` itself with one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
 
 
 def barrier() -> None:

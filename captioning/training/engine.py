@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,11 +199,13 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
                     config: TrainConfig, state: TrainState, device: torch.device, *, decoder_config: DecoderConfig,
                     decode_config: DecodeConfig | None = None, rewarder=None,
                     scaler: torch.amp.GradScaler | None = None, on_step=None, world_size: int = 1,
-                    progress: bool = True) -> dict[str, float]:
+                    progress: bool = True, stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """One pass over ``loader``; calls ``on_step(state, numbers)`` after each optimisation step.
 
     ``decoder_config`` holds the loss weights; ``decode_config`` the constraints of self-critical
-    rollouts (default: ``DecodeConfig()``).
+    rollouts (default: ``DecodeConfig()``). ``stop()``, called after each step (and ``on_step``),
+    ends the pass early when it returns True; with several processes it must be a collective call,
+    so that all of them stop at the same step.
 
     Returns mean loss (and reward for SCST) over the batches that were not skipped.
     """
@@ -245,6 +247,8 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
         if on_step is not None:
             on_step(state, numbers)
         if config.max_steps and state.global_step >= config.max_steps:
+            break
+        if stop is not None and stop():
             break
     return {key: value / max(done, 1) for key, value in totals.items()}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from captioning.config import Config, config_json, save_config, to_dict
+from captioning.config import Config, config_json, load_config, save_config, to_dict
 from captioning.data import build_vocabulary, load_records
 from captioning.data.datasets import CaptionDataset
 from captioning.data.feature_cache import FeatureCache
@@ -25,7 +25,9 @@ from captioning.training.checkpoint import (
     load_checkpoint,
 )
 from captioning.training.engine import TrainState
-from captioning.training.trainer import Trainer
+from captioning.training.trainer import Trainer, check_resumable
+
+AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
 
 
 @dataclass
@@ -135,13 +137,47 @@ def _claim_output_dir(output_dir: Path, overwrite: bool, group: distributed.Proc
         raise CheckpointError(f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
                               "continue it with --resume, replace it with --set train.overwrite=true, or choose "
                               "another --output-dir")
+    _delete_run_files(output_dir, group, f"overwrite: deleted the earlier run's checkpoints and logs in {output_dir}")
+
+
+def _delete_run_files(output_dir: Path, group: distributed.ProcessGroup, message: str) -> None:
+    """Delete the checkpoints, step log, history and TensorBoard events in ``output_dir`` (rank 0)."""
     distributed.barrier()  # every rank has looked before rank 0 deletes
     if group.is_main:
-        for path in [*earlier, output_dir / "steps.jsonl", output_dir / "history.json",
-                     *(output_dir / "tensorboard").glob("events.out.tfevents.*")]:
+        for path in [*(output_dir / "checkpoints").glob("*.pt"), output_dir / "steps.jsonl",
+                     output_dir / "history.json", *(output_dir / "tensorboard").glob("events.out.tfevents.*")]:
             path.unlink(missing_ok=True)
-        print(f"overwrite: deleted the earlier run's checkpoints and logs in {output_dir}", flush=True)
+        print(message, flush=True)
     distributed.barrier()
+
+
+def _auto_resume_point(config: Config, output_dir: Path, group: distributed.ProcessGroup) -> Path | None:
+    """``--resume auto``: the folder's ``last.pt`` when there is one, else None (a new run).
+
+    Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
+    failure or a preemption: it continues from the last checkpoint, or starts over when the launch
+    before wrote none. What such a launch left behind (its config.yaml, step log, TensorBoard events,
+    a best.pt written just before it died) is cleared then, provided its config.yaml holds this
+    configuration; a different one is refused as ``--resume`` refuses a changed configuration. Rank 0
+    looks and every rank follows its answer.
+
+    Raises:
+        CheckpointError: the folder's configuration differs, or it holds checkpoints but no
+            config.yaml (not a launch of this command) and ``train.overwrite`` is off.
+    """
+    last, stored = output_dir / "checkpoints" / "last.pt", output_dir / "config.yaml"
+    has_last, has_config = distributed.broadcast_object((last.is_file(), stored.is_file()) if group.is_main else None)
+    if has_last:
+        return last
+    if not has_config:
+        _claim_output_dir(output_dir, config.train.overwrite, group)
+        if group.is_main:
+            print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
+        return None
+    check_resumable(load_config(stored), config, "xe", stored)
+    _delete_run_files(output_dir, group, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+                                         "(cleared the logs an earlier launch left)")
+    return None
 
 
 def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> RunOutputs:
@@ -149,7 +185,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
 
     Args:
         config: the resolved configuration.
-        resume: a checkpoint to continue from (``--resume``), or None for a new run.
+        resume: a checkpoint to continue from (``--resume``); ``"auto"`` for the output folder's
+            last.pt when there is one, else a new run (also ``train.resume: auto``); None for a
+            new run.
     """
     device = resolve_device(config.train.device)
     group = distributed.init_from_environment(device.type)
@@ -158,15 +196,21 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         torch.cuda.set_device(device)
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
     output_dir = Path(config.train.output_dir)
-    resume = Path(resume) if resume is not None else None
-    if resume is None:
-        _claim_output_dir(output_dir, config.train.overwrite, group)
+    if resume is None and config.train.resume == AUTO:
+        resume = AUTO
+    if resume == AUTO:
+        resume = _auto_resume_point(config, output_dir, group)
+    else:
+        resume = Path(resume) if resume is not None else None
+        if resume is None:
+            _claim_output_dir(output_dir, config.train.overwrite, group)
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs = RunOutputs(output_dir)
 
     if group.is_main:
         print(f"configuration: {config_json(config)}", flush=True)
-        save_config(config, output_dir / "config.yaml")
+        # Atomic: a relaunch with --resume auto reads it back.
+        atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
         outputs.files["configuration"] = output_dir / "config.yaml"
     if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
         distributed.barrier()
@@ -187,6 +231,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         distributed.broadcast_parameters(model.encoder)  # one starting point, as the wrap gives the decoder
     model.decoder = distributed.wrap(model.decoder, group, device)
     trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
+    # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
+    # from them a varying number of times (rank 0 alone fills the feature cache, and each
+    # DataLoader iterator without a generator draws its base seed from the global RNG), which
+    # made rank 0's dropout masks depend on whether the cache existed before the launch.
+    seed_everything(config.train.seed + group.rank, config.train.deterministic)
     if resume is not None:
         trainer.resume(resume)
         if group.is_main:

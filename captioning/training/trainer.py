@@ -28,6 +28,7 @@ from captioning.training.checkpoint import (
     set_rng_state,
 )
 from captioning.training.engine import EpochBatches, TrainState, generate_captions, train_one_epoch
+from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
 
 
 def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.device) -> DataLoader:
@@ -65,7 +66,7 @@ RESUMABLE_KEYS = frozenset([
     "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
     "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
     "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
-    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images",
+    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images", "train.resume",
 ])
 RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline"])
 
@@ -129,6 +130,8 @@ class Trainer:
         self.writer = SummaryWriter(str(output_dir / "tensorboard")) if group.is_main else None
         self.steps_log = output_dir / "steps.jsonl"
         self.rewarder = None
+        self.stop = StopRequest(group.world_size, device)
+        self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
         self._new_stage("xe")
         self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
 
@@ -147,22 +150,50 @@ class Trainer:
                                                                       for row in token_ids])
 
     def checkpoint(self, name: str) -> Path:
-        """Write ``checkpoints/<name>.pt`` (rank 0 only) with everything ``--resume`` needs."""
+        """Write ``checkpoints/<name>.pt`` (rank 0 only).
+
+        ``last`` holds everything ``--resume`` needs; the best checkpoints hold the weights and the
+        run's position only: Adam's two moments would double or triple their size, and nothing
+        resumes from them (the self-critical stage and evaluation take their weights alone).
+        """
         path = self.checkpoint_dir / f"{name}.pt"
-        rng = distributed.all_gather_objects(rng_state())  # every rank's streams (dropout, sampling)
+        resumable = name == "last"
+        if resumable:
+            self._last_saved_at = self.state.global_step
+        rng = distributed.all_gather_objects(rng_state()) if resumable else None  # every rank's streams
         if not self.group.is_main:
             return path
         encoder = self.config.model.encoder
         # Trained or random encoder weights cannot be rebuilt from their name: save them.
         encoder_state = self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none" else None
+        training = {"state": self.state.to_dict()}
+        if resumable:
+            training.update({"optimizer": self.optimizer.state_dict(),
+                             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                             "scaler": self.scaler.state_dict() if self.scaler else None,
+                             "rng": rng[0], "rng_per_rank": rng})
         save_checkpoint(path, config=self.config, vocab=self.model.vocab,
                         decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
                         encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
-                        training={"state": self.state.to_dict(), "optimizer": self.optimizer.state_dict(),
-                                  "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                                  "scaler": self.scaler.state_dict() if self.scaler else None,
-                                  "rng": rng[0], "rng_per_rank": rng})
+                        training=training)
         return path
+
+    def _stop_here(self) -> None:
+        """Every process agreed to stop after this step: save ``last.pt`` and end the run.
+
+        Raises:
+            TrainingStopped: always, once every process knows ``last.pt`` is on disk.
+        """
+        state = self.state
+        if self._last_saved_at != state.global_step:  # checkpoint_every may have just written it
+            self.checkpoint("last")
+        distributed.barrier()  # no process exits (and gets its job torn down) before the file is written
+        message = (f"stopped by SIGTERM after step {state.global_step} ({state.stage} epoch {state.epoch + 1}): "
+                   f"{self.checkpoint_dir / 'last.pt'} holds the run; run the same command with --resume auto "
+                   f"to continue it (exit status {EXIT_STATUS})")
+        if self.group.is_main:
+            print(message, flush=True)
+        raise TrainingStopped(message)
 
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, position and RNG streams."""
@@ -170,6 +201,9 @@ class Trainer:
         training = payload.get("training")
         if not training:
             raise CheckpointError(f"{path}: has no training state to resume from")
+        if "optimizer" not in training:
+            raise CheckpointError(f"{path}: holds weights only, without the optimizer state a resumed run needs; "
+                                  "resume from checkpoints/last.pt")
         stored, vocab = checkpoint_config(payload, path)
         check_resumable(stored, self.config, training["state"].get("stage", "xe"), path)
         if vocab != self.model.vocab:
@@ -216,7 +250,17 @@ class Trainer:
         return self.config.train.scst_epochs if stage == "scst" else self.config.train.epochs
 
     def fit(self) -> TrainState:
-        """Run the remaining epochs of both stages, validating after each epoch."""
+        """Run the remaining epochs of both stages, validating after each epoch.
+
+        SIGTERM stops every process at the next step boundary, after ``last.pt`` is written.
+
+        Raises:
+            TrainingStopped: stopped by SIGTERM (exit status 75 from the command line).
+        """
+        with self.stop:
+            return self._fit()
+
+    def _fit(self) -> TrainState:
         for stage in ("xe", "scst"):
             if stage == "scst" and self.state.stage == "xe":
                 # Early stopping ends the cross-entropy stage only; max_steps ends the run.
@@ -259,7 +303,9 @@ class Trainer:
             self.model, loader_for(self.train_set, batches, config, self.device), self.optimizer, config.train,
             state, self.device, decoder_config=config.model.decoder, decode_config=config.decode,
             rewarder=self.rewarder, scaler=self.scaler, on_step=self._on_step,
-            world_size=self.group.world_size, progress=self.progress)
+            world_size=self.group.world_size, progress=self.progress, stop=self.stop.agreed)
+        if self.stop.stopping:  # even after the epoch's last batch: validation waits for the resumed run
+            self._stop_here()
         if state.batch_in_epoch < math.ceil(len(self.train_set) / config.train.batch_size):
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
