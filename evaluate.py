@@ -9,9 +9,12 @@ Uses:
   python evaluate.py --aggregate runs/*/test_scores.json      mean, std, min, max over seeds
 
 Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D, SPICE, grounding) go to --out, by default <results>.scores.json, with
-per-image scores beside it. METEOR (and the official PTB tokenizer) need Java; without it they
-are reported as unavailable and a Python tokenizer is used.
+ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, a signature) go to --out, by default <name>_scores.json beside
+<name>_results.json, with per-image scores in <name>_scores.per_image.json. Without --results,
+<name> is eval_<checkpoint stem>_<split> (or _images), in the checkpoint's run folder when it sits
+in one (<run>/checkpoints/x.pt), else in the current folder: never the main job's test_*.json.
+METEOR (and the official PTB tokenizer) need Java; without it, or past --java-timeout, they are
+reported as unavailable and a Python tokenizer is used.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     source.add_argument("--annotations", type=Path, help="COCO-format reference captions (captions_val2014.json)")
     source.add_argument("--results", type=Path,
                         help="results file to score (with --annotations) or to write (default: "
-                             "<checkpoint run folder>/<split>_results.json)")
+                             "eval_<checkpoint stem>_<split>_results.json in the checkpoint's run folder)")
     source.add_argument("--config", type=Path, help="take the dataset from this YAML instead of the checkpoint")
     tools = parser.add_argument_group("comparing systems and runs")
     tools.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
@@ -50,11 +53,17 @@ def get_args_parser() -> argparse.ArgumentParser:
                           help="change a data.* or decode.* key of the checkpoint's configuration, e.g. "
                                "--set decode.min_length=5 (repeatable; the flags above win)")
     scoring = parser.add_argument_group("scoring")
-    scoring.add_argument("--out", type=Path, help="scores JSON (default: <results>.scores.json)")
-    scoring.add_argument("--instances", type=Path,
-                         help="COCO instances JSON with boxes: adds attention grounding and object hallucination "
-                              "(CHAIR-i, CHAIR-s) (Shapes: automatic)")
+    scoring.add_argument("--out", type=Path,
+                         help="scores JSON (default: <name>_scores.json for <name>_results.json); with --compare "
+                              "or --aggregate, their JSON (default: printed only)")
+    scoring.add_argument("--instances", type=Path, nargs="+",
+                         help="COCO instances JSON files with boxes: attention grounding and object hallucination "
+                              "(CHAIR-i, CHAIR-s) on the images they cover (default: the checkpoint's "
+                              "data.instances; Shapes: automatic)")
     scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
+    scoring.add_argument("--java-timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "
+                              "path is used (default: 600)")
     scoring.add_argument("--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="leave out (and count) images that cannot be read instead of stopping")

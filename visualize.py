@@ -22,7 +22,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  python visualize.py photo.jpg --checkpoint runs/shapes/checkpoints/best.pt\n"
                "  python visualize.py a.jpg b.png --checkpoint best.pt --mode gaussian --format pdf --html a.html\n"
-               "  python visualize.py --split val --num 20 --checkpoint best.pt --html val.html")
+               "  python visualize.py --split val --num 20 --checkpoint best.pt --html val.html\n"
+               "  python visualize.py photo.jpg --checkpoint best.pt --layer 1 --head 3   # one head of a Transformer")
     parser.add_argument("images", nargs="*", type=Path, metavar="IMAGE", help="image files to caption")
     parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train.py")
     parser.add_argument("--out-dir", type=Path, default=Path("visualizations"),
@@ -33,6 +34,10 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="figure file format")
     parser.add_argument("--html", type=Path, default=None, help="also write an interactive HTML report here")
     parser.add_argument("--beam-size", type=int, default=None, help="beam size (default: the checkpoint's)")
+    parser.add_argument("--layer", default=None, metavar="N|mean",
+                        help="attention of decoder layer N (1-based) or the mean of the layers (default: the last)")
+    parser.add_argument("--head", default=None, metavar="H|mean",
+                        help="attention head H (1-based) or the mean of the heads (default: mean)")
     data = parser.add_argument_group("images of a dataset split instead of IMAGE files")
     data.add_argument("--split", default=None, help="train, val or test of the checkpoint's dataset")
     data.add_argument("--num", type=int, default=20, help="the first NUM images of the split (default: 20)")
@@ -51,7 +56,8 @@ def main(args: argparse.Namespace) -> None:
     result = visualize_images(
         args.checkpoint, args.images, split=args.split, num=args.num, data_config=args.config,
         overrides=args.overrides, out_dir=args.out_dir, mode=args.mode, file_format=args.file_format,
-        html=args.html, beam_size=args.beam_size, device=args.device, progress=not args.no_progress)
+        html=args.html, beam_size=args.beam_size, device=args.device, layer=args.layer, head=args.head,
+        progress=not args.no_progress)
     print(result.summary())
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from captioning.config import Config, load_config, parse_overrides
+from captioning.config import Config, ConfigError, load_config, parse_overrides
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes.yaml"
 
@@ -65,6 +65,7 @@ def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.Argument
     """
     args = parser.parse_args(argv)
     try:
+        _refuse_nul_bytes(args)
         main(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -80,3 +81,12 @@ def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.Argument
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0
+
+
+def _refuse_nul_bytes(args: argparse.Namespace) -> None:
+    """A NUL character cannot be in a file name; say which option holds one, before any work."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, (str, Path)) and "\x00" in str(item):
+                option = "IMAGE" if name == "images" else "--" + name.replace("_", "-").replace("overrides", "set")
+                raise ConfigError(f"{option}: {str(item)!r} contains a NUL character")

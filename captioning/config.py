@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 import types
 import typing
 from collections.abc import Iterable
@@ -30,6 +32,10 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# The metrics validation computes (without Java): train.metric must name one of them.
+VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D")
+
+
 def _one_of(name: str, value: Any, choices: tuple) -> None:
     _check(value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
@@ -42,7 +48,7 @@ class DataConfig:
     root: str = "data/shapes"  # image root (Karpathy: the folder holding filepath/filename)
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
-    instances: str | None = None  # COCO instances JSON with boxes, for attention grounding
+    instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
@@ -87,26 +93,43 @@ class EncoderConfig:
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """The attention LSTM of Show, Attend and Tell."""
+    """The caption decoder: the attention LSTM of Show, Attend and Tell, or a Transformer."""
 
+    kind: str = "lstm"  # lstm (Show, Attend and Tell) | transformer (README: "The Transformer decoder")
     attention: str = "soft"  # soft (section 4.2) | hard (stochastic, section 4.1)
     scoring: str = "additive"  # additive | dot | scaled_dot | multihead
     activation: str = "tanh"  # additive scoring non-linearity: tanh (paper) | relu (tutorial)
-    num_heads: int = 8  # multihead scoring only
+    num_heads: int = 8  # multihead scoring; the Transformer's attention heads
     embed_dim: int = 512  # word embedding size
     hidden_dim: int = 512  # LSTM size
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
-    dropout: float = 0.5  # dropout before the output layer
+    dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
     doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (README: "What lambda means")
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
     hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
     hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
     hard_expected_prob: float = 0.5  # probability of using the expected context instead of a sample
+    # Transformer (kind: transformer) only.
+    d_model: int = 512  # Transformer: model width (embeddings, attention, residual stream)
+    d_ff: int = 2048  # Transformer: inner size of the feed-forward blocks
+    encoder_layers: int = 3  # Transformer: self-attention blocks over the grid, once per image; 0 = none
+    decoder_layers: int = 3  # Transformer: decoder blocks (masked self-attention, cross-attention, feed-forward)
+    pre_norm: bool = False  # Transformer: LayerNorm before each sublayer instead of after (the original)
+    tie_embeddings: bool = True  # Transformer: the output layer shares the word embedding matrix
 
     def __post_init__(self) -> None:
+        _one_of("model.decoder.kind", self.kind, ("lstm", "transformer"))
+        if self.kind == "transformer":
+            _check(self.attention == "soft", "model.decoder.attention must be soft with kind transformer")
+            for name in ("d_model", "d_ff", "decoder_layers"):
+                _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
+            _check(self.encoder_layers >= 0, f"model.decoder.encoder_layers must be >= 0, got {self.encoder_layers}")
+            _check(self.d_model % self.num_heads == 0,
+                   f"model.decoder.d_model ({self.d_model}) must be divisible by model.decoder.num_heads "
+                   f"({self.num_heads})")
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.scoring", self.scoring, ("additive", "dot", "scaled_dot", "multihead"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
@@ -150,8 +173,9 @@ class DecodeConfig:
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
         _check(self.max_length >= 1, f"decode.max_length must be >= 1, got {self.max_length}")
         _check(0 <= self.min_length <= self.max_length, "decode.min_length must be in [0, max_length]")
-        _check(self.length_alpha >= 0, "decode.length_alpha must be >= 0")
-        _check(self.temperature > 0, f"decode.temperature must be > 0, got {self.temperature}")
+        _check(0 <= self.length_alpha <= 10, f"decode.length_alpha must be in [0, 10], got {self.length_alpha}")
+        # Logits are divided by it: far below 1e-3 they overflow to inf and sampling gives NaN.
+        _check(1e-3 <= self.temperature <= 1e3, f"decode.temperature must be in [0.001, 1000], got {self.temperature}")
         _check(self.top_k >= 0, "decode.top_k must be >= 0")
         _check(self.batch_size >= 1, "decode.batch_size must be >= 1")
 
@@ -161,7 +185,7 @@ class TrainConfig:
     """The optimisation: cross-entropy stage, then optionally self-critical."""
 
     output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
-    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes them; else refused
+    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes its outputs; else refused
     resume: str = "none"  # none | auto: continue from output_dir's checkpoints/last.pt if there is one (--resume auto)
     epochs: int = 4  # cross-entropy epochs
     batch_size: int = 32  # images per batch (each brings all its captions)
@@ -169,14 +193,16 @@ class TrainConfig:
     lr: float = 4e-4  # decoder learning rate (Adam), cross-entropy stage
     encoder_lr: float = 1e-4  # used when model.encoder.fine_tune_stages > 0
     weight_decay: float = 0.0  # Adam weight decay
+    adam_beta2: float = 0.999  # Adam's second-moment decay (Transformer recipes use 0.98)
     grad_clip: float = 5.0  # max gradient norm; 0 disables
     label_smoothing: float = 0.0  # cross-entropy label smoothing
-    schedule: str = "plateau"  # none | step | plateau
+    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam (per step: warm-up, then 1/sqrt(step); cross-entropy stage only)
+    warmup_steps: int = 4000  # noam: steps of linear warm-up to train.lr, which then decays as 1/sqrt(step)
     step_size: int = 3  # epochs between decays (step)
     gamma: float = 0.8  # decay factor (step and plateau)
     plateau_patience: int = 2  # epochs without improvement before a plateau decay
     early_stop_patience: int = 5  # epochs without improvement of `metric`; 0 disables
-    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping
+    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping: BLEU-1..4, ROUGE-L or CIDEr-D
     val_images: int = 0  # validate on the first N validation images; 0 = all
     seed: int = 0  # seeds Python, NumPy, torch and the batch order
     deterministic: bool = False  # deterministic algorithms (exact resume on CPU)
@@ -200,13 +226,17 @@ class TrainConfig:
         for name in ("lr", "encoder_lr", "scst_lr"):
             _check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
         _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")
+        _check(0.0 <= self.adam_beta2 < 1.0, f"train.adam_beta2 must be in [0, 1), got {self.adam_beta2}")
         _check(self.grad_clip >= 0, "train.grad_clip must be >= 0")
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
-        _one_of("train.schedule", self.schedule, ("none", "step", "plateau"))
+        _one_of("train.schedule", self.schedule, ("none", "step", "plateau", "noam"))
+        _check(self.warmup_steps >= 1, f"train.warmup_steps must be >= 1, got {self.warmup_steps}")
         _check(self.step_size >= 1, "train.step_size must be >= 1")
         _check(0 < self.gamma <= 1, "train.gamma must be in (0, 1]")
         _check(self.early_stop_patience >= 0, "train.early_stop_patience must be >= 0")
         _one_of("train.resume", self.resume, ("none", "auto"))
+        _one_of("train.metric", self.metric, VALIDATION_METRICS)
+        _check(0 <= self.seed < 2 ** 32, f"train.seed must be in [0, 2**32 - 1], got {self.seed}")
         _one_of("train.amp", self.amp, ("none", "bf16", "fp16"))
         _one_of("train.nonfinite", self.nonfinite, ("stop", "skip"))
         _one_of("train.scst_baseline", self.scst_baseline, ("greedy", "mean"))
@@ -251,11 +281,13 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
         inner = [t for t in options if t is not type(None)]
         return _coerce(inner[0], value, key)
     if origin is tuple:
+        if value is None:  # older configurations wrote null for an empty optional file
+            return ()
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(str(v) for v in value)
+        return tuple(_coerce(str, v, key) for v in value)
     if type_hint is bool:
         if isinstance(value, bool):
             return value
@@ -274,12 +306,19 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
         return int(as_float)
     if type_hint is float:
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{key} must be a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+        return number
     if type_hint is str:
+        if value is None:  # str(None) would be the folder name "None"
+            raise ConfigError(f"{key} must be a string, got null")
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key} must be a string, got {value!r}")
+        if "\x00" in str(value):
+            raise ConfigError(f"{key} must not contain a NUL character")
         return str(value)
     return value
 
@@ -406,13 +445,19 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     tree: dict[str, Any] = {}
     if path is not None:
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read forever
+                raise ConfigError(f"{path}: cannot read configuration (not a regular file)")
             text = Path(path).read_text(encoding="utf-8")
         except OSError as error:
             raise ConfigError(f"{path}: cannot read configuration ({error.strerror})") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
         try:
             tree = yaml.safe_load(text) or {}
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: YAML nested too deeply to read") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a configuration must be a mapping of sections")
     for key, value in (overrides or {}).items():
@@ -427,7 +472,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved configuration as YAML (readable by ``load_config``)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+    from captioning.files import atomic_write
+
+    text = yaml.safe_dump(to_dict(config), sort_keys=False)
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
 def config_json(config: Any) -> str:

@@ -1,6 +1,6 @@
 """Caption generation over a batch of images: greedy, sampling and batched beam search.
 
-All functions drive ``ShowAttendTellDecoder.step``. The annotation projections are made once
+All functions drive ``CaptionDecoder.step`` (any decoder family). The per-image work is done once
 per image (``decoder.prepare``) and read, without copies, by that image's samples or beams
 (``Prepared.group``); every image's hypotheses advance together as one tensor batch.
 """
@@ -15,7 +15,7 @@ from torch import Tensor
 
 from captioning.config import DecodeConfig
 from captioning.data.vocab import Vocabulary
-from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.base import CaptionDecoder
 
 START, END, PAD, UNK = Vocabulary.start_id, Vocabulary.end_id, Vocabulary.pad_id, Vocabulary.unk_id
 
@@ -75,7 +75,7 @@ def _allowed(log_probs: Tensor, step: int, min_length: int, forbid_unk: bool = F
     return log_probs
 
 
-def rollout(decoder: ShowAttendTellDecoder, annotations: Tensor, choose: Callable[[Tensor], Tensor],
+def rollout(decoder: CaptionDecoder, annotations: Tensor, choose: Callable[[Tensor], Tensor],
             max_length: int, min_length: int = 0, repeats: int = 1, forbid_unk: bool = False) -> Rollout:
     """Generate one caption per row, choosing each word with ``choose(log_probs) -> ids``.
 
@@ -136,7 +136,7 @@ def _captions_from_rollout(result: Rollout) -> list[Caption]:
 
 
 @torch.inference_mode()
-def greedy_search(decoder: ShowAttendTellDecoder, annotations: Tensor, max_length: int = 20,
+def greedy_search(decoder: CaptionDecoder, annotations: Tensor, max_length: int = 20,
                   min_length: int = 0, forbid_unk: bool = False) -> list[Caption]:
     """The most likely word at every step, for each of the B images in (B, P, C)."""
     result = rollout(decoder, annotations, lambda lp: lp.argmax(dim=1), max_length, min_length,
@@ -158,7 +158,7 @@ def sampler(temperature: float = 1.0, top_k: int = 0) -> Callable[[Tensor], Tens
 
 
 @torch.inference_mode()
-def sample_captions(decoder: ShowAttendTellDecoder, annotations: Tensor, max_length: int = 20,
+def sample_captions(decoder: CaptionDecoder, annotations: Tensor, max_length: int = 20,
                     min_length: int = 0, temperature: float = 1.0, top_k: int = 0,
                     forbid_unk: bool = False) -> list[Caption]:
     """One sampled caption per image (temperature, top-k)."""
@@ -194,7 +194,7 @@ def _block_repeated_trigrams(log_probs: Tensor, history: Tensor) -> Tensor:
 
 
 @torch.inference_mode()
-def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: int = 3, max_length: int = 20,
+def beam_search(decoder: CaptionDecoder, annotations: Tensor, beam_size: int = 3, max_length: int = 20,
                 min_length: int = 0, length_alpha: float = 0.0, block_trigrams: bool = False,
                 forbid_unk: bool = False) -> list[Caption]:
     """Batched beam search: the beams of all B images advance as one (B*K) batch.
@@ -229,7 +229,7 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
         length = history.size(1)
         return Caption(tokens=history[row].tolist(), log_prob=log_prob,
                        attention=alpha_history[row, :length].float().cpu() if length else
-                       torch.zeros(0, prepared.keys.shape[-2]),
+                       torch.zeros(0, prepared.positions),
                        betas=None if beta is None else beta_history[row].float().cpu() if length else
                        torch.zeros(0),
                        finished=done, score=log_prob / _length_penalty(length + int(done), length_alpha))
@@ -294,7 +294,7 @@ def beam_search(decoder: ShowAttendTellDecoder, annotations: Tensor, beam_size: 
     return best
 
 
-def decode(decoder: ShowAttendTellDecoder, annotations: Tensor, config: DecodeConfig) -> list[Caption]:
+def decode(decoder: CaptionDecoder, annotations: Tensor, config: DecodeConfig) -> list[Caption]:
     """Caption B images (B, P, C) with the strategy and options of ``config``."""
     strategies: dict[str, Callable[[], list[Caption]]] = {
         "greedy": lambda: greedy_search(decoder, annotations, config.max_length, config.min_length,

@@ -99,6 +99,19 @@ _WORD_END = re.compile(r"[\w.'/]*")  # matched on the reversed chunk, which keep
 _DOTTED = re.compile(r"[^\W\d_](?:\.[^\W\d_])*")
 
 
+_LONE_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def replace_lone_surrogates(text: str) -> str:
+    """``text`` with lone surrogates (from JSON escapes such as ``"\\ud800"``) replaced by U+FFFD.
+
+    They are not characters: UTF-8 cannot encode them, so any file or Java process they reached
+    would fail. A Python ``str`` never holds a valid surrogate pair (JSON's pairs decode to one
+    character), so every surrogate code point in one is lone.
+    """
+    return _LONE_SURROGATES.sub("\ufffd", text)
+
+
 def _is_abbreviation(chunk: str) -> bool:
     """Whether ``chunk`` (the text before a period) is an abbreviation: ``mr``, ``e.g``, ``b``.
 

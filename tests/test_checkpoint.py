@@ -184,7 +184,7 @@ def test_full_disk_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
     previous = path.read_bytes()
 
     def full_disk(obj, destination, *args, **kwargs):
-        Path(destination).write_bytes(b"partial checkpoint bytes")  # some bytes made it out
+        destination.write(b"partial checkpoint bytes")  # some bytes made it out (to the open file)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint_module.torch, "save", full_disk)

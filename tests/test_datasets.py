@@ -183,11 +183,11 @@ def test_load_records_karpathy_coco_and_folder(karpathy_dataset, coco_dataset):
     assert [r.image_id for r in folder] == [1, 2, 3]
 
 
-def test_load_records_needs_its_files():
+def test_load_records_needs_its_files(tmp_path):
     with pytest.raises(ConfigError, match="data.split_file"):
-        load_records(DataConfig(dataset="karpathy"))
+        load_records(DataConfig(dataset="karpathy", root=str(tmp_path)))
     with pytest.raises(ConfigError, match="data.annotations"):
-        load_records(DataConfig(dataset="coco"))
+        load_records(DataConfig(dataset="coco", root=str(tmp_path)))
 
 
 def test_caption_length_summary(tmp_path):

@@ -108,7 +108,7 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
     assert len(results) == 8
-    scores = json.loads((tmp_path / "val_results.scores.json").read_text())
+    scores = json.loads((tmp_path / "val_scores.json").read_text())
     assert scores["METEOR"] is None and "Java" in scores["unavailable"]["METEOR"]
     assert scores["SPICE"] is None and "Java" in scores["unavailable"]["SPICE"]  # asked for, so not "not requested"
     assert scores["CIDEr-D"] is not None
@@ -168,7 +168,7 @@ def test_evaluate_captions_a_folder_of_images(demo, tmp_path):
     captions = json.loads(out.read_text())
     assert [c["image_id"] for c in captions] == [1, 2]
     assert all(c["caption"] for c in captions)
-    index = json.loads((tmp_path / "captions.images.json").read_text())
+    index = json.loads((tmp_path / "captions_files.json").read_text())
     assert index["1"].endswith("gray.png") and index["2"].endswith("red.jpg")
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_faults import assert_one_line_error
 
 from captioning.cli import run_cli
 from captioning.config import Config, save_config
@@ -92,27 +93,101 @@ def test_compare_refuses_different_image_sets(files: dict[str, Path], tmp_path: 
     out = tmp_path / "comparison.json"
     result = evaluate("--compare", str(files["a"]), str(files["b"]), "--annotations", str(files["refs"]),
                       "--out", str(out), "--no-java")
-    assert result.returncode == 2
-    message = (f"error: {files['a']}: image_id 40 is not in {files['b']}: a paired comparison needs both "
-               "systems' captions of the same images")
-    assert result.stderr.strip().splitlines() == [message]
+    assert_one_line_error(result.returncode, result.stderr, f"{files['a']}: image_id 40: not in {files['b']} "
+                          "(a paired comparison needs both systems' captions of the same images)")
     assert not out.exists()
 
 
+def _not_json(files, tmp_path):
+    files["a"].write_text('[{"image_id": 1, "caption": "a red circle"')
+    return ["--compare", files["a"], files["b"], "--annotations", files["refs"]], [f"{files['a']}: not valid JSON"]
+
+
+def _string_id(files, tmp_path):
+    entries = json.loads(files["b"].read_text())
+    entries[3]["image_id"] = str(entries[3]["image_id"])
+    files["b"].write_text(json.dumps(entries))
+    return (["--compare", files["a"], files["b"], "--annotations", files["refs"]],
+            [f"{files['b']}: entry 3: image_id must be an integer, got '4'"])
+
+
+def _scores_not_json(files, tmp_path):
+    paths = [write_run(tmp_path / "one", 1, {"CIDEr-D": 0.5}), write_run(tmp_path / "two", 2, {"CIDEr-D": 0.6})]
+    paths[1].write_text("{CIDEr-D: 0.6}")
+    return ["--aggregate", *paths], [f"{paths[1]}: not valid JSON"]
+
+
+def _configs_differ(files, tmp_path):
+    paths = [write_run(tmp_path / "one", 1, {"CIDEr-D": 0.5}),
+             write_run(tmp_path / "two", 2, {"CIDEr-D": 0.6}, captions_per_image=3)]
+    return ["--aggregate", *paths], [f"{paths[1]}: train.captions_per_image: 3 here but 5 in {paths[0]}"]
+
+
+def _given_twice(files, tmp_path):
+    paths = [write_run(tmp_path / "one", 1, {"CIDEr-D": 0.5}), write_run(tmp_path / "two", 2, {"CIDEr-D": 0.6})]
+    return ["--aggregate", paths[0], paths[1], paths[0]], [f"{paths[0]}: given twice"]
+
+
+@pytest.mark.parametrize("case", [_not_json, _string_id, _scores_not_json, _configs_differ, _given_twice],
+                         ids=["not-json", "string-image-id", "scores-not-json", "configs-differ", "given-twice"])
+def test_compare_and_aggregate_refuse_bad_input_before_any_work(files, tmp_path, capsys, monkeypatch, case):
+    from captioning.evaluation import aggregate, compare
+
+    def never(*args, **kwargs):
+        raise AssertionError("scoring began before every input was checked")
+
+    monkeypatch.setattr(compare, "score_captions", never)
+    monkeypatch.setattr(aggregate, "summarise", never)
+    args, needles = case(files, tmp_path)
+    out = tmp_path / "out.json"
+    code, stdout, stderr = evaluate_in_process(capsys, *map(str, args), "--out", str(out), "--no-java")
+    assert_one_line_error(code, stderr, *needles)
+    assert stdout == "" and not out.exists()
+
+
+def test_compare_and_aggregate_check_out_before_reading_anything(files, tmp_path, capsys):
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    missing = tmp_path / "missing.json"  # never read: --out is refused first
+    for tool in (["--compare", missing, files["b"], "--annotations", files["refs"]], ["--aggregate", missing, missing]):
+        code, _, stderr = evaluate_in_process(capsys, *map(str, tool), "--out", str(folder))
+        assert_one_line_error(code, stderr, f"{folder}: --out: is a folder")
+    before = files["a"].read_bytes()
+    code, _, stderr = evaluate_in_process(capsys, "--compare", str(files["a"]), str(files["b"]), "--annotations",
+                                          str(files["refs"]), "--out", str(files["a"]), "--no-java")
+    assert_one_line_error(code, stderr, f"{files['a']}: --out: is an input")
+    assert files["a"].read_bytes() == before
+
+
 def test_results_file_with_instances_reports_chair(files: dict[str, Path], tmp_path: Path):
-    out = tmp_path / "b.scores.json"
     result = evaluate("--annotations", str(files["refs"]), "--results", str(files["b"]),
-                      "--instances", str(files["instances"]), "--out", str(out), "--no-java")
+                      "--instances", str(files["instances"]), "--no-java")
     assert result.returncode == 0, result.stderr[-2000:]
-    scores = json.loads(out.read_text())
+    scores = json.loads((tmp_path / "b_scores.json").read_text())  # the run folder's naming, beside b.json
     # B names one shape per caption and the wrong one on the 20 odd-numbered images
     assert scores["CHAIR-i"] == pytest.approx(0.5) and scores["CHAIR-s"] == pytest.approx(0.5)
-    assert scores["CHAIR-mentions"] == 40
-    per_image = {e["image_id"]: e for e in json.loads((tmp_path / "b.scores.per_image.json").read_text())}
+    assert scores["CHAIR-mentions"] == 40 and scores["CHAIR-images"] == 40
+    per_image = {e["image_id"]: e for e in json.loads((tmp_path / "b_scores.per_image.json").read_text())}
     assert per_image[1]["hallucinated"] == [shape_of(2)[1]] and per_image[1]["CHAIR-s"] == 1.0
     assert per_image[2]["hallucinated"] == [] and per_image[2]["CHAIR-i"] == 0.0
     assert "CHAIR-i 0.5000" in result.stdout
     assert f"signature: {scores['signature']}" in result.stdout and parse_signature(scores["signature"])["tok"] == "python"
+
+
+def test_chair_leaves_out_images_the_instances_files_do_not_cover(files, tmp_path, capsys):
+    instances = json.loads(files["instances"].read_text())
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    for path, images in ((first, range(1, 11)), (second, range(11, 21))):  # images 21..40 have no boxes
+        path.write_text(json.dumps({**instances, "images": [i for i in instances["images"] if i["id"] in images],
+                                    "annotations": [a for a in instances["annotations"] if a["image_id"] in images]}))
+    code, stdout, stderr = evaluate_in_process(capsys, "--annotations", str(files["refs"]), "--results",
+                                               str(files["b"]), "--instances", str(first), str(second), "--no-java")
+    assert code == 0, stderr
+    scores = json.loads((tmp_path / "b_scores.json").read_text())
+    assert scores["CHAIR-images"] == 20 and scores["CHAIR-mentions"] == 20 and scores["CHAIR-hallucinated"] == 10
+    per_image = {e["image_id"]: e for e in json.loads((tmp_path / "b_scores.per_image.json").read_text())}
+    assert "CHAIR-s" in per_image[20] and "CHAIR-s" not in per_image[21] and per_image[21]["CIDEr-D"] is not None
+    assert "CHAIR-i 0.5000" in stdout
 
 
 def write_run(folder: Path, seed: int, scores: dict, **train_changes) -> Path:

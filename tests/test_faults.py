@@ -241,8 +241,17 @@ def test_train_without_skipping_stops_at_the_first_unreadable_image(odd_dataset,
     flags = karpathy_flags(odd_dataset.split_file, odd_dataset.root, tmp_path / "run",
                            **{"data.cache_dir": tmp_path / "cache"})
     result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+    # A missing file is found before any image is read; an unreadable one when the cache reaches it.
+    assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000007.png"),
+                          "(image 7)", "image file not found", alone=False)  # after the caption warnings
+    assert not list((tmp_path / "cache").glob("*/features.npy"))
+    (odd_dataset.root / "train" / "000007.png").write_bytes((odd_dataset.root / "train" / "000001.png").read_bytes())
+    try:
+        result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+    finally:
+        (odd_dataset.root / "train" / "000007.png").unlink()
     assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000003.png"),
-                          "(image 3)", "cannot decode image", alone=False)  # after the caption warnings
+                          "(image 3)", "cannot decode image", alone=False)
 
 
 def test_a_cache_that_skipped_images_is_refused_by_a_run_that_does_not(odd_dataset, tmp_path):
@@ -336,7 +345,7 @@ def test_evaluate_folder_captions_odd_modes_and_skips_bad_images_when_asked(shap
     assert "skipped 4 of 8 images that could not be read" in result.stdout
     for name in ("zero.jpg", "truncated.jpg", "text.jpg", "bomb.png"):
         assert str(folder / name) in result.stderr
-    files = json.loads(results.with_name("captions.images.json").read_text())
+    files = json.loads(results.with_name("captions_files.json").read_text())
     captions = json.loads(results.read_text())
     assert sorted(Path(files[str(c["image_id"])]).name for c in captions) == sorted(p.name for p in odd)
     assert all(isinstance(c["caption"], str) for c in captions)  # an untrained model: any words, maybe none

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from captioning.evaluation.grounding import load_instances
-from captioning.evaluation.hallucination import add_per_image, chair
+from captioning.evaluation.hallucination import add_per_image, chair, chair_line
+from captioning.evaluation.runner import load_boxes
 from captioning.text import tokenize
 
 # Every category named below except horse, so that "horse" is outside the vocabulary CHAIR counts.
@@ -96,3 +97,20 @@ def test_per_image_entries_gain_chair_fields(instances):
 def test_image_missing_from_instances(instances):
     with pytest.raises(ValueError, match="image 99"):
         chair({99: ["a", "dog"]}, {}, instances)
+
+
+def test_several_instances_files_count_every_files_categories(tmp_path: Path):
+    """Through ``load_boxes``, a category of the second file that no image holds still counts."""
+    first = write_instances(tmp_path / "train.json", ["person", "dog"], {1: ["person", "dog"]})
+    second = write_instances(tmp_path / "val.json", ["person", "dog", "car"], {2: ["dog"]})  # no car anywhere
+    boxes = load_boxes([first, second])
+    assert boxes.categories == ("person", "dog", "car")
+    result = chair({1: tokenize("a man and a dog in a car"), 2: tokenize("a dog")}, {}, boxes)
+    assert result.per_image[1].mentioned == ["person", "dog", "car"]
+    assert result.per_image[1].hallucinated == ["car"]
+
+
+def test_chair_line_without_covered_images():
+    scores = {"CHAIR-i": None, "CHAIR-s": None, "CHAIR-mentions": 0, "CHAIR-hallucinated": 0, "CHAIR-images": 0}
+    assert chair_line(scores) == "object hallucination: none of the images has boxes in the instances files"
+    assert chair_line({"CIDEr-D": 1.0}) is None

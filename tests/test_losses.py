@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_decoder import C, P, V, make_batch  # the decoder tests' sizes and batch
 
 from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
@@ -23,7 +24,6 @@ from captioning.training.losses import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-C, P, V = 12, 9, 11  # annotation channels, grid positions, vocabulary
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -32,19 +32,6 @@ def make_decoder(attention: str = "soft", expected_prob: float = 0.5, dropout: f
     config = DecoderConfig(attention=attention, embed_dim=16, hidden_dim=24, attention_dim=16, dropout=dropout,
                            hard_expected_prob=expected_prob)
     return ShowAttendTellDecoder.from_config(config, V, C)
-
-
-def make_batch(seed: int = 0):
-    """2 images, 5 captions of different lengths (image_index 0 0 1 1 1), padded with 0."""
-    generator = torch.Generator().manual_seed(seed)
-    annotations = torch.randn(2, P, C, generator=generator)
-    lengths = torch.tensor([6, 3, 8, 2, 5])  # tokens incl. <start> and <end>
-    captions = torch.zeros(5, 9, dtype=torch.long)
-    for i, length in enumerate(lengths.tolist()):
-        captions[i, 0] = 1
-        captions[i, 1:length - 1] = torch.randint(4, V, (length - 2,), generator=generator)
-        captions[i, length - 1] = 2
-    return annotations, captions, lengths, torch.tensor([0, 0, 1, 1, 1])
 
 
 def per_caption_terms(output, captions, lengths):
@@ -175,9 +162,12 @@ for step in range(2):
     annotations, captions, lengths, image_index = make_batch(step)
     mine = torch.arange(5)[group.rank::group.world_size]  # this process's captions of the global batch
     output = decoder(annotations, captions[mine], lengths[mine], image_index[mine])
-    hard_attention_loss(distributed.unwrap(decoder), output, captions[mine], 0.0, 0.0)
+    terms = hard_attention_loss(distributed.unwrap(decoder), output, captions[mine], 0.0, 0.0)
+    terms.total.backward()  # as in training: DDP expects the backward pass of every forward pass
     baselines.append(float(distributed.unwrap(decoder).reward_baseline))
 torch.save(torch.tensor(baselines, dtype=torch.float64), Path(sys.argv[1]) / f"baselines_rank{group.rank}.pt")
+del decoder, output, terms
+torch.distributed.barrier()
 distributed.shutdown()
 """
 

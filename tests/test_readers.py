@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from captioning.config import DataConfig
+from captioning.data import coco, divide_official_val, load_records
 from captioning.data.coco import read_coco
 from captioning.data.folder import read_folder
 from captioning.data.images import load_image
@@ -278,3 +280,74 @@ def test_load_image_32bit_gray_is_read_as_16bit_and_clipped(tmp_path):
     with Image.open(path) as written:
         assert written.mode == "I"
     assert np.asarray(load_image(path))[0, :, 0].tolist() == [0, 0, 1, 128, 255, 255]
+
+
+# Per-split dataset index ------------------------------------------------------------------------------
+
+def _index_folders(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / "records").glob("*-*"))
+
+
+def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_parsing(karpathy_dataset, tmp_path,
+                                                                                    monkeypatch):
+    split_file, root = karpathy_dataset
+    config = DataConfig(dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c"))
+    assert load_records(config) == read_karpathy(split_file, root)
+    assert _index_folders(tmp_path / "c") == []  # tools without a run folder (evaluate.py) only read an index
+    first = load_records(config, output_dir=tmp_path / "run")
+    (folder,) = _index_folders(tmp_path / "c")
+    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "test.npz", "train.npz", "val.npz"]
+
+    def no_parsing(path):
+        raise AssertionError(f"{path} parsed again")
+
+    monkeypatch.setattr("captioning.data.karpathy.read_json", no_parsing)
+    assert load_records(config) == first
+    assert load_records(config, splits=("test",)) == records_of_split(first, "test")
+    moved = DataConfig(dataset="karpathy", split_file=str(split_file), root=str(tmp_path / "moved"),
+                       cache_dir=str(tmp_path / "c"))
+    (tmp_path / "moved").mkdir()  # the images' new home (data paths are checked before the index answers)
+    assert [r.path for r in load_records(moved)] == [tmp_path / "moved" / r.path.relative_to(root) for r in first]
+    monkeypatch.undo()
+
+    _edit_karpathy(split_file, lambda data: data["images"][4]["sentences"][0].update(tokens=["A", "new", "bus"]))
+    changed = load_records(config, output_dir=tmp_path / "run")
+    assert changed[4].captions[0] == ("a", "new", "bus") and changed[:4] == first[:4]
+    assert len(_index_folders(tmp_path / "c")) == 2  # a new index for the changed file
+
+
+def test_karpathy_index_repeats_the_readers_warnings(karpathy_dataset, tmp_path, caplog):
+    split_file, root = karpathy_dataset
+    _edit_karpathy(split_file, lambda data: data["images"][0]["sentences"][0].update(tokens=[" "]))
+    config = DataConfig(dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c"))
+    for _ in range(2):  # the first read parses, the second reads the index
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="captioning.data"):
+            load_records(config, output_dir=tmp_path / "run")
+        assert "dataset_coco.json: skipped 1 empty captions" in caplog.text
+    assert len(_index_folders(tmp_path / "c")) == 1
+
+
+def test_coco_index_keeps_the_tokenization(coco_dataset, tmp_path, write_json, monkeypatch):
+    annotation_files, root = coco_dataset
+    config = DataConfig(dataset="coco", annotations=tuple(map(str, annotation_files)), root=str(root),
+                        cache_dir=str(tmp_path / "c"))
+    calls = {"n": 0}
+    real_tokenize = coco.tokenize
+
+    def counting(text):
+        calls["n"] += 1
+        return real_tokenize(text)
+
+    monkeypatch.setattr(coco, "tokenize", counting)
+    first = load_records(config, output_dir=tmp_path / "run")
+    assert calls["n"] == 6 and first == divide_official_val(read_coco(annotation_files, root))
+    calls["n"] = 0
+    assert load_records(config, output_dir=tmp_path / "run") == first and calls["n"] == 0  # not re-tokenized
+    assert load_records(config, splits=("val",)) == records_of_split(first, "val")
+
+    data = json.loads(annotation_files[1].read_text())
+    data["annotations"][0]["caption"] = "A woman rides a horse."
+    write_json(annotation_files[1], data)
+    changed = load_records(config, output_dir=tmp_path / "run")
+    assert calls["n"] == 6 and changed[2].captions == (("a", "woman", "rides", "a", "horse"),)

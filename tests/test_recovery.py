@@ -55,15 +55,10 @@ def cache_shapes(tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(root=root, overrides=overrides)
 
 
-def _train_index(cache_dir: Path) -> tuple[Path, dict] | None:
-    """The index of the training split's cache (the one with CACHE_IMAGES rows), if readable yet."""
-    for path in cache_dir.glob("*/index.json"):
-        try:
-            index = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if index["count"] == CACHE_IMAGES:
-            return path, index
+def _computed_rows(cache_dir: Path) -> tuple[Path, int] | None:
+    """The cache's folder and how many of its rows are computed (state byte 1), once it has rows."""
+    for path in cache_dir.glob("*/state.bin"):
+        return path.parent, int((np.fromfile(path, dtype=np.uint8) == 1).sum())
     return None
 
 
@@ -75,15 +70,14 @@ def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, 
         process = subprocess.Popen([*command, "--no-progress"], cwd=REPO, stdout=log, stderr=log, env=ONE_THREAD)
     deadline, completed = time.time() + 240, 0
     while time.time() < deadline and process.poll() is None:
-        found = _train_index(cache_dir)
-        if found and 0 < found[1]["completed"] < CACHE_IMAGES:
+        found = _computed_rows(cache_dir)
+        if found and 0 < found[1] < CACHE_IMAGES:
             os.kill(process.pid, signal.SIGKILL)
             break
         time.sleep(0.02)
     process.wait()
     assert process.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
-    index_path, index = _train_index(cache_dir)
-    completed = index["completed"]
+    folder, completed = _computed_rows(cache_dir)
     assert 0 < completed < CACHE_IMAGES and completed % 32 == 0
 
     result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -92,15 +86,16 @@ def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, 
     bars = result.stderr.replace("\r", "\n")
     assert re.search(rf"\| {completed}/{CACHE_IMAGES} \[", bars), bars  # the bar starts where the kill left off
     assert not re.search(rf"\| 0/{CACHE_IMAGES} \[", bars), bars  # ... and not at 0: done rows are not recomputed
-    assert json.loads(index_path.read_text())["completed"] == CACHE_IMAGES
+    assert _computed_rows(cache_dir)[1] == CACHE_IMAGES + 8  # train, then val and test appended
 
     config = load_config(SHAPES_YAML, cache_shapes.overrides)
     records = records_of_split(read_shapes(cache_shapes.root), "train")
-    straight = FeatureCache.build_or_open(tmp_path / "straight", build_encoder(config.model.encoder), records,
-                                          progress=False)
-    assert straight.path.name == index_path.parent.name  # the same key
-    resumed_bytes = (index_path.parent / "features.npy").read_bytes()
-    assert resumed_bytes == (straight.path / "features.npy").read_bytes()
+    encoder = build_encoder(config.model.encoder)
+    straight = FeatureCache.build_or_open(tmp_path / "straight", encoder, records, progress=False)
+    resumed = FeatureCache.build_or_open(cache_dir, encoder, records, progress=False)
+    assert straight.path.name == folder.name and resumed.computed == 0  # the same key, nothing left to do
+    assert np.array_equal(np.stack([resumed[i] for i in range(CACHE_IMAGES)]),
+                          np.stack([straight[i] for i in range(CACHE_IMAGES)]))
 
 
 _SAVE_HANGS = """
@@ -111,7 +106,7 @@ import torch
 real_save = torch.save
 
 def save(obj, destination, *args, **kwargs):
-    target = Path(destination)
+    target = Path(getattr(destination, "name", destination))  # a path, or the open temporary file
     if target.name.startswith(".last.pt.") and (target.parent / "last.pt").exists():
         buffer = io.BytesIO()
         real_save(obj, buffer)
@@ -183,7 +178,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp
     fail = _full_disk_after(1, lambda: previous.setdefault("bytes", last.read_bytes()))
 
     def save(obj, destination, *args, **kwargs):
-        fail(destination)
+        fail(getattr(destination, "name", destination))  # torch.save is given the open temporary file
         real_save(obj, destination, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint_module.torch, "save", save)
@@ -225,11 +220,11 @@ def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path
     previous = {}
 
     def remember_index() -> None:
-        path, _ = _train_index(cache_dir)
+        (path,) = cache_dir.glob("*/index.json")
         previous["path"], previous["bytes"] = path, path.read_bytes()
 
-    fail = _full_disk_after(1, remember_index)
-    monkeypatch.setattr(np.memmap, "flush", lambda self: fail())  # the features.npy writer
+    fail = _full_disk_after(2, remember_index)  # the first batch's rows and states, then the second's rows fail
+    monkeypatch.setattr(np.memmap, "flush", lambda self: fail())  # the features.npy and state.bin writers
     args = ["--cache-only", "--no-progress", *as_flags({**cache_shapes.overrides, "data.cache_dir": cache_dir,
                                                         "train.output_dir": tmp_path / "run"})]
     code, stderr = run_in_process("train.py", args, capsys)
@@ -238,5 +233,5 @@ def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path
                                  str(previous["path"].parent / "features.npy"))
     assert "data.cache_dir" in line
     assert previous["path"].read_bytes() == previous["bytes"]
-    assert json.loads(previous["bytes"])["completed"] == 32
+    assert len(json.loads(previous["bytes"])["rows"]) == CACHE_IMAGES and _computed_rows(cache_dir)[1] == 32
     assert not list(cache_dir.glob("*/*.tmp"))

@@ -6,27 +6,34 @@ Torch datasets live in ``captioning.data.datasets``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import replace
 from pathlib import Path
 
 from captioning.config import ConfigError, DataConfig
 from captioning.data.coco import read_coco
 from captioning.data.folder import read_folder
 from captioning.data.karpathy import read_karpathy
+from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
-from captioning.data.shapes import generate_shapes, read_shapes
+from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
 from captioning.data.vocab import Vocabulary
+from captioning.files import atomic_write
+from captioning.text import replace_lone_surrogates
 
 __all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
-           "generate_shapes", "load_records", "read_coco", "read_folder", "read_karpathy", "read_shapes"]
+           "check_data_paths", "divide_official_val", "generate_shapes", "load_records", "read_coco", "read_folder",
+           "read_karpathy", "read_shapes", "write_data_summary"]
 
 logger = logging.getLogger(__name__)
 
 
 def _load_shapes(config: DataConfig) -> list[ImageRecord]:
+    check_data_paths(config)
     generate_shapes(config.root, seed=config.shapes_seed, num_train=config.shapes_train,
                     num_val=config.shapes_val, num_test=config.shapes_test,
                     image_size=config.shapes_image_size, max_objects=config.shapes_max_objects)
@@ -37,16 +44,31 @@ def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
     if config.split_file is None:
         raise ConfigError("data.split_file is required for data.dataset=karpathy "
                           "(e.g. dataset_flickr8k.json)")
+    check_data_paths(config)
     return read_karpathy(config.split_file, config.root, config.restval_to_train)
 
 
 def _load_coco(config: DataConfig) -> list[ImageRecord]:
     if not config.annotations:
         raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
-    return read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    check_data_paths(config)
+    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    return records if config.split_file is not None else divide_official_val(records)
+
+
+def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
+    """The official COCO files' splits: ``captions_train2014.json`` trains, and the images of
+    ``captions_val2014.json`` are divided by image id, even ids validating and odd ids the test
+    split (COCO's test images have no public captions). Records are returned as they are when a
+    file already gives a test split (``captions_test....json``)."""
+    if any(record.split == "test" for record in records):
+        return records
+    return [replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
+            for record in records]
 
 
 def _load_folder(config: DataConfig) -> list[ImageRecord]:
+    check_data_paths(config)
     return read_folder(config.root)
 
 
@@ -58,18 +80,93 @@ READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
 }
 
 
-def load_records(config: DataConfig, output_dir: Path | None = None) -> list[ImageRecord]:
+# Readers of large caption files: their records are kept in a compact per-split index (record_index).
+INDEXED_READERS = frozenset({"karpathy", "coco"})
+
+
+# The data keys that name files or folders, and what each must be.
+_PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
+
+
+def check_data_paths(config: DataConfig) -> None:
+    """Every file and folder the data configuration names must exist (Shapes generates its root);
+    each reader of ``READERS`` checks this first.
+
+    Relative paths are taken from the current folder, so a checkpoint's configuration used from
+    another folder fails here; the message names the key to ``--set``.
+
+    Raises:
+        ConfigError: ``"<path>: data.<key>: no such file (relative paths start from <cwd>); set
+            data.<key>=... to where it is"``.
+    """
+    for key, kind in _PATH_KEYS:
+        if key == "root" and config.dataset == "shapes":
+            continue
+        value = getattr(config, key)
+        for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
+            exists = path.is_dir() if kind == "folder" else path.is_file()
+            if not exists:
+                where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
+                raise ConfigError(f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is")
+
+
+def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True,
+                 splits: Collection[str] | None = None, write_index: bool | None = None) -> list[ImageRecord]:
     """Read the dataset named by ``config.dataset`` (generating Shapes under ``config.root`` if needed).
+
+    Karpathy and COCO datasets are read from their per-split index when it is current
+    (``captioning.data.record_index``); a run with an ``output_dir`` writes it.
 
     Args:
         config: the data configuration.
-        output_dir: when given (training and caching runs), ``data_summary.json`` (images and
-            captions per split, training captions longer than ``max_caption_length``) is written
-            there, and a warning says how many training captions will be cut.
+        output_dir: when given (training and caching runs), ``data_summary.json`` is written there
+            (see ``write_data_summary``).
+        generate: whether Shapes may be generated under ``config.root``; False when that path came
+            from a checkpoint (paths read from a file never choose where the project writes).
+        splits: only the records of these splits (all when None).
+        write_index: whether the dataset index (Karpathy, COCO) may be written when it is not
+            current (default: when ``output_dir`` is given); it lives under the configured cache folder.
     Returns:
         One record per image, in the reader's order.
+    Raises:
+        DatasetError: an image id outside the 64-bit range results and tensors hold; Shapes
+            data missing where it may not be generated.
     """
-    records = READERS[config.dataset](config)
+    if config.dataset == "shapes" and not generate and not shapes_files(config.root).manifest.is_file():
+        raise DatasetError(f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
+                           "never written to); pass --set data.root=DIR to read or generate it in DIR")
+    if config.dataset in INDEXED_READERS:
+        check_data_paths(config)  # also when the index answers without the reader
+        writable = output_dir is not None if write_index is None else write_index
+        records = load_indexed(config, READERS[config.dataset], splits, writable=writable)
+    else:
+        records = READERS[config.dataset](config)
+        records = records if splits is None else [r for r in records if r.split in splits]
+    records = [_clean_text(record) for record in records]
+    for record in records:
+        if not INT64_MIN <= record.image_id <= INT64_MAX:
+            source = config.split_file or ", ".join(config.annotations) or config.root
+            raise DatasetError(f"{source}: image id {record.image_id} does not fit a 64-bit integer")
+    if output_dir is not None:
+        write_data_summary(records, config, Path(output_dir))
+    return records
+
+
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _clean_text(record: ImageRecord) -> ImageRecord:
+    """The record with lone surrogates in its captions replaced (they cannot be written as UTF-8)."""
+    raw = tuple(replace_lone_surrogates(text) for text in record.raw)
+    captions = tuple(tuple(replace_lone_surrogates(word) for word in caption) for caption in record.captions)
+    if raw == record.raw and captions == record.captions:
+        return record
+    return dataclasses.replace(record, raw=raw, captions=captions)
+
+
+def write_data_summary(records: list[ImageRecord], config: DataConfig, output_dir: Path) -> Path:
+    """``output_dir/data_summary.json``: images and captions per split, and training captions longer
+    than ``max_caption_length`` (with a warning saying how many will be cut)."""
     images = Counter(record.split for record in records)
     captions = Counter()
     for record in records:
@@ -78,15 +175,14 @@ def load_records(config: DataConfig, output_dir: Path | None = None) -> list[Ima
                for split in images}
     logger.info("%s: %s", config.dataset, ", ".join(f"{split} {counts['images']} images"
                                                     for split, counts in summary.items()))
-    if output_dir is not None:
-        cut, message = caption_length_summary(records, config.max_caption_length)
-        if cut:  # kept, but cut to data.max_caption_length words when encoded: say so once
-            logger.warning("%s (data.max_caption_length)", message)
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut},
-                          indent=2, sort_keys=True)
-        (Path(output_dir) / "data_summary.json").write_text(text, encoding="utf-8")
-    return records
+    cut, message = caption_length_summary(records, config.max_caption_length)
+    if cut:  # kept, but cut to data.max_caption_length words when encoded: say so once
+        logger.warning("%s (data.max_caption_length)", message)
+    text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut},
+                      indent=2, sort_keys=True)
+    path = output_dir / "data_summary.json"
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    return path
 
 
 def build_vocabulary(records: list[ImageRecord], min_count: int) -> Vocabulary:

@@ -7,7 +7,9 @@ Items are dicts: ``index``, ``image_id``, then ``features`` (P, C) from a featur
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
@@ -23,6 +25,18 @@ from captioning.data.vocab import Vocabulary
 logger = logging.getLogger(__name__)
 
 Transform = Callable[[Image.Image], torch.Tensor]
+
+
+@functools.cache
+def usable_workers(requested: int) -> int:
+    """``data.num_workers`` capped by the CPU cores this process may use (a warning, once per
+    process, says so): more workers than cores only compete, and the DataLoader warns each time."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if requested > cores:
+        logger.warning("data.num_workers is %d but this process may use %d CPU cores: using %d workers",
+                       requested, cores, cores)
+        return cores
+    return requested
 Item = dict[str, Any]
 
 

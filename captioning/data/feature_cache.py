@@ -1,21 +1,26 @@
 """On-disk cache of frozen-encoder grid features: the CNN runs once per image.
 
-Layout of one cache (a sub-directory of the cache folder named by a short hash of its key, so caches
-for several encoders, image sizes or image lists coexist)::
+One cache per encoder key (the encoder's ``fingerprint()``: name, weights identity, image size,
+grid, normalisation), in a sub-folder of the cache folder named by a short hash of the key. Its
+rows are keyed by image id plus the file's content identity (size and a hash of its first and
+last 64 KiB; see ``captioning.data.image_files``), never by path, modification time or list
+order. So moving the data, copying it without its times, another order, a subset, or the same
+images read through another annotation file reuse the rows; new images are appended; an image
+whose content changed gets a new row. Files are in ``captioning.data.cache_store``.
 
-    <directory>/<key hash>/features.npy   float16 (N, P, C), memory-mapped
-    <directory>/<key hash>/images.json    the image list, in order (written once)
-    <directory>/<key hash>/index.json     key, shape, dtype, completed rows, unreadable images
-    <directory>/<key hash>/build.lock     advisory lock held while a process builds the cache
+Each image file is hashed once: the index keeps its path, size, modification and change times,
+and a later open with the same ``stat`` reuses the hash (a moved file is hashed again, 128 KiB).
 
-The key is the encoder's ``fingerprint()`` plus the sha256 of the image list. Rows are flushed to
-disk before ``index.json`` is atomically replaced (temp file, fsync, ``os.replace``) after each
-batch, so a killed build loses at most the batch in flight and resumes from ``completed``.
+A damaged cache is found on open: an index that is not JSON, lacks a field or points outside the
+features file is refused (delete the folder to rebuild); a features file that is truncated or
+shorter than the index says is repaired by recomputing only the rows it lost.
 
-Independent processes (e.g. the runs of a sweep sharing the default cache folder) building the same
-cache take turns on an exclusive ``flock`` of ``build.lock``: the second waits for the first and then
-reuses its cache (or resumes it, if the first died: the OS releases the lock with the process).
-Opening a complete cache takes no lock.
+Independent processes building the same cache take turns on an exclusive ``flock`` of
+``build.lock``. The processes of one ``torchrun`` job build it together: rank 0 plans the new rows
+under the lock (from the content hashes all ranks computed, each for its share of the new files),
+each rank computes its share of the missing rows into the shared memory-mapped file, and rank 0
+writes the index when all shares are done. Opening a complete cache in a single
+process takes no lock.
 """
 
 from __future__ import annotations
@@ -26,51 +31,45 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from captioning.data import cache_store as store
+from captioning.data.cache_store import COMPUTED, DTYPE, NOT_COMPUTED, UNREADABLE, FeatureCacheError
+from captioning.data.image_files import content_identity, stat_images
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import Encoder
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: concurrent builds of one cache are not guarded
-    fcntl = None
+__all__ = ["FeatureCache", "FeatureCacheError"]
 
 logger = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
-_DTYPE = np.float16
-_LOCK_NAME = "build.lock"
-
 
 class _ImageFiles(Dataset):
-    """Records ``start..`` as (row, image (3, S, S), error message or ""); never raises ImageError.
+    """``(row, record)`` pairs as (row, image (3, S, S), error message or ""); never raises ImageError.
 
     Read errors are returned, not raised, so the main process decides (skip or stop) and the message
     stays one line even when the image was read in a worker process.
     """
 
-    def __init__(self, records: list[ImageRecord], start: int, transform: Any, image_size: int) -> None:
-        self.records = records
-        self.start = start
+    def __init__(self, items: list[tuple[int, ImageRecord]], transform: Any, image_size: int) -> None:
+        self.items = items
         self.transform = transform
         self.image_size = image_size
 
     def __len__(self) -> int:
-        return len(self.records) - self.start
+        return len(self.items)
 
     def __getitem__(self, index: int) -> tuple[int, torch.Tensor, str]:
-        row = self.start + index
-        record = self.records[row]
+        row, record = self.items[index]
         try:
             image = self.transform(load_image(record.path, entry=f"image {record.image_id}"))
         except ImageError as error:
@@ -78,119 +77,57 @@ class _ImageFiles(Dataset):
         return row, image, ""
 
 
-def _file_state(path: Path) -> str:
-    """Size and modification time: an image rewritten in place (e.g. Shapes with another seed) changes the key."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return "missing"
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
-
-
-def _image_list(records: list[ImageRecord]) -> list[str]:
-    return [f"{record.image_id}\t{os.path.abspath(record.path)}\t{_file_state(record.path)}" for record in records]
-
-
 def _sha256_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _no_space(error: OSError, what: Path, needed: str = "") -> OSError:
-    return OSError(errno.ENOSPC, f"no space left on device writing the feature cache {what}{needed}; "
-                                 "free space or set data.cache_dir to another disk (the previous "
-                                 "index is intact and the build resumes from it)")
+def _row_keys(records: list[ImageRecord], states: list[os.stat_result | None],
+              files: dict[str, list]) -> tuple[list[str | None], dict[str, list]]:
+    """``"<image id>:<content identity>"`` per record (None for a missing file).
 
-
-def _write_json_atomic(path: Path, value: Any) -> None:
-    """Replace ``path`` with ``value`` as JSON: a crash or a full disk leaves the old file intact."""
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        with temporary.open("w", encoding="utf-8") as handle:
-            json.dump(value, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        if error.errno == errno.ENOSPC:
-            raise _no_space(error, path) from error
-        raise
-    if os.name == "posix":
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # make the rename itself durable
-        finally:
-            os.close(directory)
-
-
-def _read_index(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _allocate(path: Path, shape: tuple[int, int, int]) -> None:
-    """Create the .npy file at full size, reserving the disk space now.
-
-    Writing through a memory map into a sparse file on a full disk kills the process with SIGBUS;
-    reserving the blocks up front turns that into an ENOSPC error here, before any work is done.
+    ``files`` maps an absolute path to ``[image id, size, mtime_ns, ctime_ns, identity]``; a file whose
+    stat matches is not read again. Returns the keys and the entries of the files hashed now.
     """
-    array = np.lib.format.open_memmap(path, mode="w+", dtype=_DTYPE, shape=shape)
-    offset = array.offset
-    del array
-    size = offset + int(np.prod(shape)) * np.dtype(_DTYPE).itemsize
-    if hasattr(os, "posix_fallocate"):
-        descriptor = os.open(path, os.O_RDWR)
-        try:
-            os.posix_fallocate(descriptor, 0, size)
-        except OSError as error:
-            if error.errno == errno.ENOSPC:
-                raise _no_space(error, path, f" (needs {size / 2**30:.1f} GiB)") from error
-            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate on this filesystem
-                raise
-        finally:
-            os.close(descriptor)
+    keys: list[str | None] = []
+    hashed: dict[str, list] = {}
+    for record, state in zip(records, states):
+        if state is None:
+            keys.append(None)
+            continue
+        path = os.path.abspath(record.path)
+        seen = [record.image_id, state.st_size, state.st_mtime_ns, state.st_ctime_ns]
+        entry = files.get(path)
+        if entry is None or entry[:4] != seen:
+            entry = hashed[path] = [*seen, content_identity(path, state.st_size)]
+        keys.append(f"{record.image_id}:{entry[4]}")
+    return keys, hashed
 
 
-@contextmanager
-def _build_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path/build.lock``, waiting (with one INFO line) if it is taken.
+def _message_of(record: ImageRecord) -> str:
+    """The read error of an image recorded as unreadable by a build that left no message."""
+    try:
+        load_image(record.path, entry=f"image {record.image_id}")
+    except ImageError as error:
+        return str(error)
+    return f"{record.path} (image {record.image_id}): unreadable when its features were computed"
 
-    ``flock`` locks die with their process, so a crashed builder never leaves the cache locked.
+
+def _agree(error: BaseException | None, world_size: int) -> None:
+    """Every rank learns whether any failed; each raises (its own error, or one naming the rank that failed).
+
+    A collective, so a failure on one rank never leaves the others waiting in the next one.
     """
-    if fcntl is None:
-        yield
+    if world_size <= 1 or not dist.is_initialized():
+        if error is not None:
+            raise error
         return
-    descriptor = os.open(path / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
-    locked = False
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process building the same feature cache in %s", path)
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        locked = True
-    except OSError as error:
-        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-            os.close(descriptor)
-            raise
-        warnings.warn(f"cannot lock {path / _LOCK_NAME} ({error.strerror}): processes building this "
-                      "feature cache at the same time are not kept apart", stacklevel=3)
-    try:
-        yield
-    finally:
-        if locked:  # unlock explicitly: forked DataLoader workers may still hold a copy of the descriptor
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-        os.close(descriptor)
-
-
-def _matches(index: dict[str, Any] | None, key: dict[str, Any], shape: tuple[int, int, int],
-             path: Path) -> bool:
-    """Whether ``index`` describes an allocated cache of ``key`` and ``shape`` (complete or not)."""
-    return bool(index and index.get("version") == INDEX_VERSION and index.get("key") == key
-                and (index["count"], index["positions"], index["channels"]) == shape
-                and (path / "features.npy").is_file())
+    messages: list[Any] = [None] * world_size
+    dist.all_gather_object(messages, None if error is None else str(error).splitlines()[0])
+    if error is not None:
+        raise error
+    for rank, message in enumerate(messages):
+        if message is not None:
+            raise RuntimeError(f"feature cache: rank {rank} failed: {message}")
 
 
 class FeatureCache:
@@ -200,22 +137,29 @@ class FeatureCache:
 
     Attributes:
         path: the cache's own sub-directory.
-        shape: (N, P, C).
-        bad: row -> error message of images that could not be read (their rows are zeros).
+        shape: (N, P, C), N = the number of records it was opened for.
+        bad: position -> error message of images that could not be read (their grids are zeros).
+        computed: rows this process computed while opening it.
     """
 
-    def __init__(self, path: Path, index: dict[str, Any]) -> None:
+    def __init__(self, path: Path, rows: np.ndarray, grid_shape: tuple[int, int], bad: dict[int, str],
+                 fingerprint: dict[str, Any], computed: int = 0) -> None:
         self.path = path
-        self.shape: tuple[int, int, int] = (index["count"], index["positions"], index["channels"])
-        self.bad: dict[int, str] = {entry["row"]: entry["error"] for entry in index["bad"]}
-        self.fingerprint: dict[str, Any] = index["fingerprint"]
-        self._features: np.ndarray | None = None  # (N, P, C) float16 memory map, opened on first use
+        self.rows = rows  # (N,) int64: the row of each record in features.npy, -1 for none
+        self.shape: tuple[int, int, int] = (len(rows), *grid_shape)
+        self.bad = bad
+        self.fingerprint = fingerprint
+        self.computed = computed
+        self._features: np.ndarray | None = None  # (R, P, C) float16 memory map, opened on first use
 
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __getitem__(self, row: int) -> np.ndarray:
-        """The (P, C) float16 annotation vectors of image ``row`` (a copy, safe across workers)."""
+    def __getitem__(self, position: int) -> np.ndarray:
+        """The (P, C) float16 annotation vectors of record ``position`` (a copy, safe across workers)."""
+        row = int(self.rows[position])
+        if row < 0:
+            return np.zeros(self.shape[1:], dtype=DTYPE)
         if self._features is None:
             self._features = np.load(self.path / "features.npy", mmap_mode="r")
         return np.array(self._features[row])
@@ -227,108 +171,260 @@ class FeatureCache:
     @classmethod
     def build_or_open(cls, directory: str | Path, encoder: Encoder, records: list[ImageRecord],
                       batch_size: int = 32, device: str | torch.device = "cpu", num_workers: int = 0,
-                      progress: bool = True, skip_bad_images: bool = False) -> FeatureCache:
+                      progress: bool = True, skip_bad_images: bool = False, rank: int = 0,
+                      world_size: int = 1, build: bool = True) -> FeatureCache | None:
         """Open the cache of ``encoder`` over ``records``, computing whatever rows are missing.
 
-        A complete cache with the same key is reused without running the encoder (and without a
-        lock); a partial one (an interrupted build) resumes at its first incomplete row; a new key
-        starts a new cache. Building holds an exclusive lock on the cache's ``build.lock``: another
-        process building the same cache at the same time waits for it, then reuses the result.
+        Every image file is checked (one ``stat``) before anything is created. A cache holding all
+        of the records' rows is reused without running the encoder (and, in one process, without a
+        lock); otherwise the missing rows are computed under the cache's ``build.lock`` (another
+        process building the same cache waits, then reuses what it finds). With ``world_size`` > 1
+        every rank of the initialised process group must call this with the same records: they
+        compute the missing rows together.
 
         Args:
-            directory: the cache folder (each key gets its own sub-directory).
+            directory: the cache folder (each encoder key gets its own sub-directory).
             encoder: a frozen encoder; it is moved to ``device`` and run in eval mode.
-            records: the images, in the order of the rows.
-            batch_size: images per forward pass (and per index update).
+            records: the images; ``cache[i]`` is the grid of ``records[i]``.
+            batch_size: images per forward pass (and per flush of computed rows).
             device: where the encoder runs.
             num_workers: DataLoader worker processes reading and transforming images.
             progress: show a tqdm progress bar.
-            skip_bad_images: give unreadable images a zero row and list them in the index (with a
-                warning) instead of raising.
+            skip_bad_images: give missing and unreadable images zero grids (with a warning) instead
+                of raising.
+            rank, world_size: this process's place in a ``torchrun`` job.
+            build: False opens a complete cache only, writing nothing (a folder the user did not
+                choose, e.g. one named in a checkpoint).
         Returns:
-            The complete ``FeatureCache``, rows in the order of ``records``.
+            The complete ``FeatureCache`` over ``records``; None when ``build`` is False and the
+            cache does not hold every row.
         Raises:
-            ImageError: an image cannot be read (without ``skip_bad_images``); rows before its batch
-                are kept. Also when an existing cache lists unreadable images and ``skip_bad_images``
-                is off.
-            OSError: the disk is full (ENOSPC, with a message naming the file); the index is intact.
+            ImageError: an image is missing (before any work) or cannot be read (without
+                ``skip_bad_images``); computed rows are kept. Also when the cache records one of
+                the images as unreadable and ``skip_bad_images`` is off.
+            FeatureCacheError: the index is damaged (the message says how to clear it).
+            OSError: the disk is full (ENOSPC, with a message naming the file).
         """
         if not records:
             raise ValueError("cannot build a feature cache over an empty image list")
-        images = _image_list(records)
-        images_sha256 = _sha256_json(images)
+        stats, missing = stat_images(records, allow_missing=skip_bad_images)
         fingerprint = encoder.fingerprint()
-        key = {"fingerprint": fingerprint, "images_sha256": images_sha256}
-        path = Path(directory) / _sha256_json(key)[:16]
-        index_path = path / "index.json"
-        shape = (len(records), encoder.grid[0] * encoder.grid[1], encoder.channels)
-
-        index = _read_index(index_path)
-        if not (_matches(index, key, shape, path) and index["completed"] == shape[0]):
-            path.mkdir(parents=True, exist_ok=True)
-            with _build_lock(path):
-                index = _read_index(index_path)  # as left by a process that held the lock before us
-                if not _matches(index, key, shape, path):
-                    _write_json_atomic(path / "images.json", images)
-                    _allocate(path / "features.npy", shape)
-                    index = {"version": INDEX_VERSION, "key": key, "fingerprint": fingerprint,
-                             "images_sha256": images_sha256, "count": shape[0], "positions": shape[1],
-                             "channels": shape[2], "dtype": np.dtype(_DTYPE).name, "completed": 0,
-                             "bad": []}
-                    _write_json_atomic(index_path, index)
-
-                if index["completed"] < shape[0]:
-                    _fill(path, index, encoder, records, batch_size, torch.device(device), num_workers,
-                          progress, skip_bad_images)
-        cache = cls(path, index)
-        if cache.bad and not skip_bad_images:  # built by a run that skipped them; this one must not
-            row = min(cache.bad)
-            raise ImageError(f"{cache.bad[row]} (recorded in {index_path}; set data.skip_bad_images "
-                             "to skip such images)")
-        if cache.bad:
-            warnings.warn(f"{len(cache.bad)} of {len(cache)} images could not be read and have zero "
-                          f"features (listed under 'bad' in {index_path})", stacklevel=2)
-        return cache
-
-
-def _fill(path: Path, index: dict[str, Any], encoder: Encoder, records: list[ImageRecord],
-          batch_size: int, device: torch.device, num_workers: int, progress: bool,
-          skip_bad_images: bool) -> None:
-    """Compute rows ``index['completed']..N`` in place, updating ``index`` and index.json per batch."""
-    start = index["completed"]
-    features = np.load(path / "features.npy", mmap_mode="r+")  # (N, P, C) float16
-    loader = DataLoader(_ImageFiles(records, start, encoder.transform, encoder.image_size),
-                        batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                        pin_memory=device.type == "cuda")
-    was_training = encoder.training
-    encoder.to(device).eval()
-    bar = tqdm(total=len(records), initial=start, disable=not progress, unit="img",
-               desc=f"caching {encoder.name} features")
-    try:
-        with torch.inference_mode():
-            for rows, images, errors in loader:
-                first, last = int(rows[0]), int(rows[-1]) + 1
-                assert first == index["completed"], "feature cache rows must arrive in order"
-                failed = [(int(row), error) for row, error in zip(rows, errors) if error]
-                if failed and not skip_bad_images:
-                    raise ImageError(failed[0][1])
-                grid_features = encoder(images.to(device, non_blocking=True))  # (B, P, C)
-                block = grid_features.float().cpu().numpy().astype(_DTYPE)
-                for row, _ in failed:
-                    block[row - first] = 0
-                features[first:last] = block
+        key = {"fingerprint": fingerprint, "dtype": np.dtype(DTYPE).name}
+        builder = _Build(Path(directory) / _sha256_json(key)[:16], key, records, stats, missing,
+                         (encoder.grid[0] * encoder.grid[1], encoder.channels), skip_bad_images)
+        if world_size <= 1 or not build:
+            cache = builder.open_complete()
+            if cache is not None or not build:
+                return cache
+        with ExitStack() as held:
+            builder.hash_together(rank, world_size)
+            error = None
+            if rank == 0:
                 try:
-                    features.flush()  # rows reach the disk before the index claims them
-                except OSError as error:
-                    if error.errno == errno.ENOSPC:
-                        raise _no_space(error, path / "features.npy") from error
-                    raise
-                index["bad"] = index["bad"] + [{"row": row, "path": str(records[row].path), "error": error}
-                                               for row, error in failed]
-                index["completed"] = last
-                _write_json_atomic(path / "index.json", index)
-                bar.update(last - first)
-    finally:
-        bar.close()
-        encoder.train(was_training)
-        del features
+                    builder.folder.mkdir(parents=True, exist_ok=True)
+                    held.enter_context(store.build_lock(builder.folder))
+                    builder.plan()
+                except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
+                    error = caught
+            _agree(error, world_size)
+            try:
+                computed = builder.compute_share(encoder, batch_size, torch.device(device), num_workers,
+                                                 progress, rank, world_size)
+            except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
+                error = caught
+            _agree(error, world_size)
+            if rank == 0:
+                builder.finish()
+            _agree(None, world_size)  # the index is written before any rank reads it
+        if rank != 0:
+            builder.index = store.read_index(builder.folder, builder.key)
+        if world_size > 1:
+            logger.info("feature cache %s: rank %d of %d computed %d rows", builder.folder, rank, world_size, computed)
+        return builder.cache(computed)
+
+
+class _Build:
+    """Opening or extending the cache in ``folder`` for ``records`` (see ``FeatureCache.build_or_open``)."""
+
+    def __init__(self, folder: Path, key: dict[str, Any], records: list[ImageRecord],
+                 stats: list[os.stat_result | None], missing: dict[int, str], grid_shape: tuple[int, int],
+                 skip_bad_images: bool) -> None:
+        self.folder, self.key, self.records, self.stats = folder, key, records, stats
+        self.missing, self.grid_shape, self.skip_bad_images = missing, grid_shape, skip_bad_images
+        self.index: dict[str, Any] | None = None
+        self.keys: list[str | None] = []
+        self.hashed: dict[str, list] = {}  # files hashed by this process, not yet in the index
+        self.messages: dict[int, str] = {}  # row -> read error, for rows this process found unreadable
+
+    def _identify(self, index: dict[str, Any]) -> list[int]:
+        """The row of each record (-1: no row yet, or a missing file)."""
+        self.keys, hashed = _row_keys(self.records, self.stats, {**index["files"], **self.hashed})
+        self.hashed.update(hashed)
+        return [index["rows"].get(key, -1) if key is not None else -1 for key in self.keys]
+
+    def open_complete(self) -> FeatureCache | None:
+        """The cache without taking the lock, if it is intact and holds every record's row; else None."""
+        try:
+            index = store.read_index(self.folder, self.key)
+        except FeatureCacheError:
+            return None  # refused under the lock, after any other builder is done
+        if index is None or store.intact_rows(self.folder, index["capacity"], *self.grid_shape)[1]:
+            return None
+        rows = self._identify(index)
+        states = store.read_states(self.folder, index["capacity"])
+        unfinished = any(states[row] == NOT_COMPUTED  # or unreadable, its message not yet in the index
+                         or (states[row] == UNREADABLE and key not in index["bad"])
+                         for row, key in zip(rows, self.keys) if row >= 0)
+        if self.hashed or unfinished or any(row < 0 and key is not None for row, key in zip(rows, self.keys)):
+            return None
+        self.index = index
+        self._refuse_recorded_bad(states)
+        return self.cache(0)
+
+    def hash_together(self, rank: int, world_size: int) -> None:
+        """Every rank hashes its share of the files the index does not know, then all exchange them.
+
+        Without this rank 0 alone would read every new file under the lock (about 16 GB for a first
+        COCO build) while the others wait in a collective, long enough for NCCL's timeout on a slow disk.
+        """
+        if world_size <= 1 or not dist.is_initialized():
+            return  # plan() hashes what it needs
+        error = None
+        hashed: dict[str, list] = {}
+        try:
+            try:
+                index = store.read_index(self.folder, self.key)
+            except FeatureCacheError:
+                index = None  # refused by rank 0's plan, under the lock
+            known = index["files"] if index is not None else {}
+            _, hashed = _row_keys(self.records[rank::world_size], self.stats[rank::world_size], known)
+        except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
+            error = caught
+        _agree(error, world_size)
+        shares: list[Any] = [None] * world_size
+        dist.all_gather_object(shares, hashed)
+        for share in shares:
+            self.hashed.update(share)
+        logger.info("feature cache %s: rank %d of %d hashed %d new files", self.folder, rank, world_size, len(hashed))
+
+    def plan(self) -> None:
+        """Under the lock: validate and repair the files, give new images rows, write the index."""
+        index = store.read_index(self.folder, self.key) or store.new_index(self.key)
+        capacity = index["capacity"]
+        intact, problem = store.intact_rows(self.folder, capacity, *self.grid_shape)
+        if problem:
+            lost = sum(row >= intact for row in index["rows"].values())
+            logger.warning("%s; recomputing the %d rows it lost", problem, lost)
+        if problem or not (self.folder / "features.npy").exists():
+            store.resize(self.folder, capacity, capacity, *self.grid_shape, intact=intact)
+        rows = self._identify(index)
+        self.index = index
+        self._refuse_recorded_bad(store.read_states(self.folder, capacity))
+        new = [key for key, row in dict.fromkeys(zip(self.keys, rows)) if key is not None and row < 0]
+        if new:
+            store.resize(self.folder, capacity, capacity + len(new), *self.grid_shape)
+            index["rows"].update({key: capacity + number for number, key in enumerate(new)})
+            index["capacity"] = capacity + len(new)
+        if new or self.hashed or problem:
+            moved = {record.image_id: os.path.abspath(record.path) for record in self.records}
+            index["files"] = {path: entry for path, entry in index["files"].items()  # forget moved files
+                              if moved.get(entry[0], path) == path}
+            index["files"].update(self.hashed)
+            store.write_json_atomic(self.folder / "index.json", index)
+            self.hashed = {}
+
+    def _refuse_recorded_bad(self, states: np.ndarray) -> None:
+        if self.skip_bad_images:
+            return
+        for record, key in zip(self.records, self.keys):
+            row = self.index["rows"].get(key, -1) if key is not None else -1
+            if row >= 0 and states[row] == UNREADABLE:
+                message = self.index["bad"].get(key) or _message_of(record)
+                raise ImageError(f"{message} (recorded in {self.folder / 'index.json'}; set "
+                                 "data.skip_bad_images to skip such images)")
+
+    def compute_share(self, encoder: Encoder, batch_size: int, device: torch.device, num_workers: int,
+                      progress: bool, rank: int, world_size: int) -> int:
+        """Compute this rank's share of the records' rows not computed yet; returns how many."""
+        if rank != 0:
+            self.index = store.read_index(self.folder, self.key)  # as rank 0 wrote it
+        rows = self._identify(self.index)
+        states = store.read_states(self.folder, self.index["capacity"])
+        needed = sorted({row: record for row, record in zip(rows, self.records) if row >= 0}.items())
+        pending = [(row, record) for row, record in needed if states[row] == NOT_COMPUTED]
+        share = pending[rank * len(pending) // world_size:(rank + 1) * len(pending) // world_size]
+        done = len(needed) - len(pending) if world_size == 1 else 0
+        bar = tqdm(total=done + len(share), initial=done, disable=not progress or not share, unit="img",
+                   desc=f"caching {encoder.name} features")
+        try:
+            if share:
+                self._fill(share, encoder, batch_size, device, num_workers, bar)
+        finally:
+            bar.close()
+        return len(share)
+
+    def _fill(self, share: list[tuple[int, ImageRecord]], encoder: Encoder, batch_size: int,
+              device: torch.device, num_workers: int, bar: tqdm) -> None:
+        """Compute the rows of ``share`` in place; rows reach the disk before their states say so."""
+        features = np.load(self.folder / "features.npy", mmap_mode="r+")  # (R, P, C) float16
+        states = np.memmap(self.folder / "state.bin", dtype=np.uint8, mode="r+")  # (R,)
+        loader = DataLoader(_ImageFiles(share, encoder.transform, encoder.image_size), batch_size=batch_size,
+                            shuffle=False, num_workers=num_workers, pin_memory=device.type == "cuda")
+        was_training = encoder.training
+        encoder.to(device).eval()
+        try:
+            with torch.inference_mode():
+                for rows, images, errors in loader:
+                    rows = rows.numpy()
+                    failed = [number for number, error in enumerate(errors) if error]
+                    if failed and not self.skip_bad_images:
+                        raise ImageError(errors[failed[0]])
+                    grid_features = encoder(images.to(device, non_blocking=True))  # (B, P, C)
+                    block = grid_features.float().cpu().numpy().astype(DTYPE)
+                    block[failed] = 0
+                    features[rows] = block
+                    _flush(features, self.folder / "features.npy")
+                    row_states = np.full(len(rows), COMPUTED, dtype=np.uint8)
+                    row_states[failed] = UNREADABLE
+                    states[rows] = row_states
+                    _flush(states, self.folder / "state.bin")
+                    self.messages.update({int(rows[number]): errors[number] for number in failed})
+                    bar.update(len(rows))
+        finally:
+            encoder.train(was_training)
+            del features, states
+
+    def finish(self) -> None:
+        """Rank 0, all shares done: record the messages of unreadable images in the index."""
+        states = store.read_states(self.folder, self.index["capacity"])
+        recorded = self.index["bad"]
+        added = False
+        for record, key in zip(self.records, self.keys):
+            row = self.index["rows"].get(key, -1) if key is not None else -1
+            if row >= 0 and states[row] == UNREADABLE and key not in recorded:
+                recorded[key] = self.messages.get(row) or _message_of(record)
+                added = True
+        if added:
+            store.write_json_atomic(self.folder / "index.json", self.index)
+
+    def cache(self, computed: int) -> FeatureCache:
+        """The ``FeatureCache`` over the records, warning about images without features."""
+        index = self.index
+        rows = np.array([index["rows"].get(key, -1) if key is not None else -1 for key in self.keys],
+                        dtype=np.int64)
+        bad = dict(self.missing)
+        bad.update({position: index["bad"][key] for position, key in enumerate(self.keys)
+                    if key is not None and key in index["bad"]})
+        if bad:
+            warnings.warn(f"{len(bad)} of {len(self.records)} images could not be read and have zero "
+                          f"features (listed under 'bad' in {self.folder / 'index.json'})", stacklevel=3)
+        return FeatureCache(self.folder, rows, self.grid_shape, bad, self.key["fingerprint"], computed)
+
+
+def _flush(array: np.memmap, path: Path) -> None:
+    try:
+        array.flush()
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise store.no_space(path) from error
+        raise

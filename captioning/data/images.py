@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -11,6 +13,10 @@ from captioning.data.records import DatasetError
 
 # Keep PIL's decompression-bomb guard on (Image.MAX_IMAGE_PIXELS) and make truncated files errors.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFSOCK: "a socket"}
 
 
 class ImageError(DatasetError):
@@ -30,6 +36,16 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
         A fully decoded ``PIL.Image.Image`` in mode ``RGB``.
     """
     where = f"{path}" + (f" ({entry})" if entry else "")
+    try:  # only regular files: opening a FIFO or a device would wait forever or read without end
+        kind = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ImageError(f"{where}: image file not found") from None
+    except OSError as error:
+        raise ImageError(f"{where}: cannot read ({error.strerror})") from None
+    if stat.S_ISDIR(kind):
+        raise ImageError(f"{where}: is a directory, not an image")
+    if not stat.S_ISREG(kind):
+        raise ImageError(f"{where}: not a regular file ({_FILE_KINDS.get(stat.S_IFMT(kind), 'special file')})")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

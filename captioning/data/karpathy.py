@@ -51,6 +51,8 @@ def read_json(path: Path) -> Any:
         raise DatasetError(f"{path.name}: not UTF-8 text") from None
     except json.JSONDecodeError as error:
         raise DatasetError(f"{path.name}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    except RecursionError:
+        raise DatasetError(f"{path}: JSON nested too deeply to read") from None
 
 
 def require_field(entry: Any, name: str, kind: type, where: str) -> Any:

@@ -92,7 +92,10 @@ class Vocabulary:
         return cls(data["words"])
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False, indent=0), encoding="utf-8")
+        from captioning.files import atomic_write
+
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=0)
+        atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:

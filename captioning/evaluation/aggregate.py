@@ -17,12 +17,14 @@ from typing import Any
 from captioning.config import ConfigError, load_config, to_dict
 from captioning.evaluation.compare import warn_if_signatures_differ
 from captioning.evaluation.metrics import EvaluationInputError, _read_json
-from captioning.training.checkpoint import atomic_write
+from captioning.files import atomic_write
 
-# Keys that may differ between the runs of one configuration.
-SEED_KEYS = frozenset(["train.seed", "train.output_dir"])
+# Keys that may differ between the runs of one configuration: the seed, where the run was written,
+# and how it was started (a run resumed after preemption computes what an uninterrupted one does).
+SEED_KEYS = frozenset(["train.seed", "train.output_dir", "train.resume", "train.overwrite"])
 # Numbers of a scores file that count things rather than measure the captions.
-COUNT_KEYS = frozenset(["images", "grounding-words", "CHAIR-mentions", "CHAIR-hallucinated"])
+COUNT_KEYS = frozenset(["images", "grounding-words", "grounding-images", "CHAIR-mentions", "CHAIR-hallucinated",
+                        "CHAIR-images"])
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -92,6 +94,9 @@ def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
     """
     if len(paths) < 2:
         raise ConfigError("--aggregate needs the scores files of two or more runs")
+    for index, path in enumerate(paths):
+        if any(Path(path) == Path(earlier) for earlier in paths[:index]):
+            raise ConfigError(f"{path}: given twice: each run counts once")
     scores = []
     for path in paths:
         data = _read_json(path)

@@ -1,4 +1,4 @@
-"""What ``evaluate.py`` does for each of its three uses."""
+"""What ``evaluate.py`` does for each of its uses."""
 
 from __future__ import annotations
 
@@ -17,26 +17,50 @@ from captioning.config import (
     parse_overrides,
 )
 from captioning.data.folder import read_folder
-from captioning.evaluation.hallucination import chair_line
 from captioning.evaluation.runner import (
     caption_records,
     decode_config_with,
     default_instances,
+    load_boxes,
     load_captioner,
+    per_image_path,
     score_captioned,
     score_results_file,
     split_records,
+    summary_lines,
     write_results,
     write_scores,
 )
-from captioning.training.checkpoint import atomic_write
+from captioning.files import atomic_write
+from captioning.run_folder import (
+    RunFolderError,
+    check_output_file,
+    evaluation_prefix,
+    run_folder_of,
+    scores_path_for,
+)
 from captioning.training.run import resolve_device
 
 
-def _print_summary(files: dict[str, Path]) -> None:
+def _print_summary(files: dict[str, Path], replaced: set[Path] = frozenset()) -> None:
     print("wrote:")
     for what, path in files.items():
-        print(f"  {what:<22} {path}")
+        print(f"  {what:<22} {path}" + ("  (replaced the earlier file)" if path in replaced else ""))
+
+
+def _existing(*paths: Path) -> set[Path]:
+    """The ``paths`` that exist now: the files a write is about to replace, for the summary."""
+    return {path for path in paths if path.exists()}
+
+
+def _user_chose_paths(args: argparse.Namespace, overrides: dict[str, str], config: Config) -> tuple[bool, bool]:
+    """(may generate data under data.root, may build a feature cache): only where the user's own
+    ``--config``/``--set`` put them, never where the checkpoint's stored paths point."""
+    if args.config is not None:
+        return True, True
+    root_chosen = "data.root" in overrides
+    cache_chosen = "data.cache_dir" in overrides or (root_chosen and not config.data.cache_dir)
+    return root_chosen, cache_chosen or config.data.dataset == "folder"  # folder: under the run folder
 
 
 def _report_skipped(records: list, captioned: list) -> None:
@@ -46,25 +70,28 @@ def _report_skipped(records: list, captioned: list) -> None:
               "(data.skip_bad_images); they are not in the results", flush=True)
 
 
-def scores_text(scores: dict) -> str:
+def scores_text(scores: dict, images: int) -> str:
     """The metrics table, grounding and CHAIR when computed, and the signature last."""
-    lines = [scores["table"]]
-    if scores.get("grounding-mass") is not None:
-        lines.append(f"grounding: mass in box {scores['grounding-mass']}, pointing game "
-                     f"{scores['grounding-pointing']} ({scores['grounding-words']} object words)")
-    if chair_line(scores) is not None:
-        lines.append(chair_line(scores))
-    lines.append(f"signature: {scores['signature']}")
-    return "\n".join(lines)
+    return "\n".join([scores["table"], *summary_lines(scores, images)])
 
 
 def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> dict:
-    """``--compare A B --annotations REFS`` or ``--aggregate SCORES...`` (nothing is decoded)."""
+    """``--compare A B --annotations REFS`` or ``--aggregate SCORES...`` (nothing is decoded).
+
+    Only ``--out``, when given, is written: it is checked before any file is read, and may not be
+    one of the inputs.
+    """
     if args.checkpoint is not None or args.images is not None or args.results is not None:
         raise ConfigError("--compare and --aggregate read existing files: give no --checkpoint/--images/--results")
+    if args.aggregate and args.compare:
+        raise ConfigError("give one of --compare or --aggregate")
+    inputs = [*(args.compare or args.aggregate), *([args.annotations] if args.annotations else [])]
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+        for path in inputs:
+            if _same_file(args.out, path):
+                raise RunFolderError(f"{args.out}: --out: is an input ({path}); give another file name")
     if args.aggregate:
-        if args.compare:
-            raise ConfigError("give one of --compare or --aggregate")
         from captioning.evaluation.aggregate import aggregate_command
 
         return aggregate_command(args.aggregate, args.out)
@@ -73,11 +100,19 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     from captioning.evaluation.compare import compare_command
 
     return compare_command(args.annotations, *args.compare, args.out, use_java, args.spice, args.resamples,
-                           args.seed)
+                           args.seed, args.java_timeout)
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    """Whether two paths name one file (a file that does not exist yet is none of the inputs)."""
+    try:
+        return first.samefile(second)
+    except OSError:
+        return False
 
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
-    return out if out is not None else results.with_name(results.stem + ".scores.json")
+    return out if out is not None else scores_path_for(results)
 
 
 def evaluate(args: argparse.Namespace) -> dict | None:
@@ -90,11 +125,15 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
         if not args.results.is_file():
             raise ConfigError(f"{args.results}: results file not found")
+        scores_path = _scores_paths(args.out, args.results)
+        check_output_file(scores_path, "--out")
+        boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
         scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
-                                    instances=args.instances)
-        print(scores_text(scores))
-        scores_path, per_image = write_scores(_scores_paths(args.out, args.results), scores)
-        _print_summary({"scores": scores_path, "per-image scores": per_image})
+                                    java_timeout=args.java_timeout, boxes=boxes)
+        print(scores_text(scores, len(scores["per_image"])))
+        replaced = _existing(scores_path, per_image_path(scores_path))
+        scores_path, per_image = write_scores(scores_path, scores)
+        _print_summary({"scores": scores_path, "per-image scores": per_image}, replaced)
         return scores
 
     if args.checkpoint is None:
@@ -109,6 +148,19 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     decode_config_with(Config(), **decoding)
     records = read_folder(args.images) if args.images is not None else None
     data_config = load_config(args.config).data if args.config is not None else None
+    # Outputs go to the run folder the checkpoint sits in (<run>/checkpoints/x.pt), else the current one,
+    # under names of evaluate.py's own that never replace the main job's test_results.json & co.
+    run_dir = run_folder_of(args.checkpoint)
+    prefix = evaluation_prefix(args.checkpoint, "images" if records is not None else args.split)
+    results = args.results or run_dir / f"{prefix}_results.json"
+    check_output_file(results, "--results")
+    if records is not None:
+        index = results.with_name(results.stem.removesuffix("_results") + "_files.json")
+        outputs = [results, index]
+    else:
+        scores_target = _scores_paths(args.out, results)
+        check_output_file(scores_target, "--out")
+        outputs = [results, scores_target, per_image_path(scores_target)]
     device = resolve_device(args.device)
     model, config = load_captioner(args.checkpoint, device)
     if data_config is not None:
@@ -117,30 +169,33 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
     decode_config = decode_config_with(config, **decoding)
-    run_dir = args.checkpoint.resolve().parent.parent
     progress = not args.no_progress
+    generate, build_cache = _user_chose_paths(args, overrides, config)
 
     if records is not None:
         captioned = caption_records(model, config, records, device, decode_config, progress)
         _report_skipped(records, captioned)
-        results = write_results(args.results or run_dir / "folder_results.json", captioned)
+        replaced = _existing(*outputs)
+        write_results(results, captioned)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
-        index = results.with_name(results.stem + ".images.json")
-        atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8"))
+        atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8", errors="replace"))
         for item in captioned[:10]:
             print(f"{item.record.path.name}: {' '.join(item.words)}")
-        _print_summary({"captions": results, "image id -> file": index})
+        _print_summary({"captions": results, "image id -> file": index}, replaced)
         return None
 
-    records = split_records(config, args.split)
-    captioned = caption_records(model, config, records, device, decode_config, progress, output_dir=run_dir)
+    records = split_records(config, args.split, generate=generate)
+    # Every input before decoding: the boxes are read now, and ground only the images they cover.
+    boxes = load_boxes(args.instances or default_instances(config))
+    captioned = caption_records(model, config, records, device, decode_config, progress, output_dir=run_dir,
+                                build_cache=build_cache)
     _report_skipped(records, captioned)
-    results = write_results(args.results or run_dir / f"{args.split}_results.json", captioned)
-    instances = args.instances or default_instances(config)
-    scores = score_captioned(captioned, model.grid, instances, use_java=use_java, spice=args.spice,
-                             decode=decode_config, checkpoint=args.checkpoint)
+    replaced = _existing(*outputs)
+    write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
+    scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
+                             java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint)
     scores["checkpoint"] = str(args.checkpoint)
-    print(scores_text(scores))
-    scores_path, per_image = write_scores(_scores_paths(args.out, results), scores)
-    _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image})
+    print(scores_text(scores, len(captioned)))
+    scores_path, per_image = write_scores(scores_target, scores)
+    _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image}, replaced)
     return scores

@@ -66,6 +66,9 @@ class Instances:
     categories: tuple[str, ...] = ()
 
 
+MAX_PIXELS = 10 ** 7  # image sides and box coordinates beyond this are not images
+
+
 def load_instances(instances_file: str | Path) -> Instances:
     """Read a COCO instances file (through pycocotools) into :class:`Instances`.
 
@@ -78,8 +81,9 @@ def load_instances(instances_file: str | Path) -> Instances:
     image_sizes: dict[int, tuple[float, float]] = {}
     for image_id, image in coco.imgs.items():
         size = (image["width"], image["height"])
-        if not all(_is_number(v) and v > 0 for v in size):
-            raise EvaluationInputError(f"{instances_file}: image {image_id}: width and height must be positive")
+        if not all(_is_number(v) and 0 < v <= MAX_PIXELS for v in size):
+            raise EvaluationInputError(f"{instances_file}: image {image_id}: width and height must be positive "
+                                       f"and at most {MAX_PIXELS}, got {size[0]!r:.40} x {size[1]!r:.40}")
         image_sizes[image_id] = (float(size[0]), float(size[1]))
     objects: dict[int, list[ObjectBox]] = {image_id: [] for image_id in image_sizes}
     for index, annotation in enumerate(coco.dataset["annotations"]):
@@ -88,6 +92,9 @@ def load_instances(instances_file: str | Path) -> Instances:
         if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)
                 and bbox[2] >= 0 and bbox[3] >= 0):
             raise EvaluationInputError(f"{where}: bbox must be [x, y, width, height] with width, height >= 0")
+        if not all(abs(v) <= MAX_PIXELS for v in bbox):  # sums of such values overflow to inf, then NaN scores
+            raise EvaluationInputError(f"{where}: bbox values must be within +-{MAX_PIXELS} pixels, "
+                                       f"got {bbox!r:.80}")
         if annotation["image_id"] not in image_sizes:
             raise EvaluationInputError(f"{where}: image_id {annotation['image_id']!r} is not in 'images'")
         if annotation["category_id"] not in coco.cats:

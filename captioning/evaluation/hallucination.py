@@ -113,7 +113,8 @@ def add_per_image(per_image: list[dict[str, Any]], hallucination: Hallucination)
 
 
 def add_chair(scores: dict[str, Any], captions: Mapping[int, Sequence[str]],
-              references: Mapping[int, Sequence[str]], instances: Instances) -> None:
+              references: Mapping[int, Sequence[str]], instances: Instances,
+              table: CategoryWords = COCO_WORDS) -> None:
     """Add CHAIR to a scores dict in place: the overall fields, and each ``per_image`` entry's.
 
     Args:
@@ -121,10 +122,12 @@ def add_chair(scores: dict[str, Any], captions: Mapping[int, Sequence[str]],
         captions: image id -> the generated caption's tokens.
         references: image id -> raw reference captions (tokenised here as the metrics' Python path does).
         instances: the annotated objects.
+        table: the words that name each category (grounding's, so that both read captions alike).
     """
     from captioning.text import tokenize
 
-    result = chair(captions, {i: [tokenize(ref) for ref in refs] for i, refs in references.items()}, instances)
+    result = chair(captions, {i: [tokenize(ref) for ref in refs] for i, refs in references.items()}, instances,
+                   table)
     scores.update(result.to_json())
     if "per_image" in scores:
         scores["per_image"] = add_per_image(scores["per_image"], result)
@@ -134,6 +137,8 @@ def chair_line(scores: Mapping[str, Any]) -> str | None:
     """One console line with CHAIR-i and CHAIR-s, or None when they were not computed."""
     if "CHAIR-s" not in scores:
         return None
+    if scores["CHAIR-s"] is None:  # no scored image is in the instances files
+        return "object hallucination: none of the images has boxes in the instances files"
     chair_i = "n/a" if scores["CHAIR-i"] is None else f"{scores['CHAIR-i']:.4f}"
     return (f"object hallucination: CHAIR-i {chair_i}, CHAIR-s {scores['CHAIR-s']:.4f} "
             f"({scores['CHAIR-hallucinated']} of {scores['CHAIR-mentions']} object mentions not in the image)")

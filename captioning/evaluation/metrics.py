@@ -15,6 +15,7 @@ import io
 import json
 import math
 import shutil
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pycocoevalcap.cider.cider_scorer import CiderScorer
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocotools.coco import COCO
 
+from captioning.evaluation.java import DEFAULT_TIMEOUT_S, JavaTimeout, meteor_score, ptb_tokenize
 from captioning.text import tokenize
 
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
@@ -96,6 +98,7 @@ def score_captions(
     candidates: Mapping[int, str],
     use_java: bool | None = None,
     spice: bool = False,
+    java_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Scores:
     """Score one candidate caption per image against that image's reference captions.
 
@@ -106,6 +109,8 @@ def score_captions(
         use_java: True: PTB tokenizer and METEOR via Java (as the official toolkit); False: the
             pure-Python path; None: Java when ``java`` is on the PATH.
         spice: also compute SPICE (Java, and Stanford CoreNLP models already installed).
+        java_timeout: seconds each Java call (PTB tokenizer, METEOR) may take; past it, one line on
+            stderr and the Java-less path, as without Java.
     Returns:
         :class:`Scores` with BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, SPICE and the NLTK corpus BLEU-4.
     Raises:
@@ -120,7 +125,12 @@ def score_captions(
     elif use_java and not java:
         raise RuntimeError("use_java=True but no 'java' executable is on the PATH")
     image_ids = list(references)
-    gts, res = tokenize_captions(references, candidates, use_java)
+    try:
+        gts, res = tokenize_captions(references, candidates, use_java, java_timeout)
+    except JavaTimeout as error:
+        print(f"warning: {error}; scoring without Java (no METEOR)", file=sys.stderr, flush=True)
+        use_java = False
+        gts, res = tokenize_captions(references, candidates, use_java)
 
     overall: dict[str, float | None] = dict.fromkeys(METRICS)
     unavailable: dict[str, str] = {}
@@ -135,7 +145,11 @@ def score_captions(
     for n in range(4):
         record(f"BLEU-{n + 1}", bleu[n], bleu_per_image[n])
     if use_java:
-        record("METEOR", *_meteor(gts, res))
+        try:
+            record("METEOR", *meteor_score(gts, res, java_timeout))
+        except JavaTimeout as error:
+            print(f"warning: {error}; METEOR is reported unavailable", file=sys.stderr, flush=True)
+            unavailable["METEOR"] = str(error)
     else:
         unavailable["METEOR"] = "needs Java (the METEOR 1.5 jar); no Java runtime was used"
     record("ROUGE-L", *Rouge().compute_score(gts, res))
@@ -150,12 +164,17 @@ def score_captions(
 
 
 def tokenize_captions(references: Mapping[int, Sequence[str]], candidates: Mapping[int, str],
-                      use_java: bool) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+                      use_java: bool, java_timeout: float = DEFAULT_TIMEOUT_S
+                      ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """Tokenize as the metrics do: ``(image id -> references, image id -> [candidate])``, each caption
-    one string of space-separated lower-case tokens (PTB via Java, or :func:`captioning.text.tokenize`)."""
+    one string of space-separated lower-case tokens (PTB via Java, or :func:`captioning.text.tokenize`).
+
+    Raises:
+        JavaTimeout: the PTB tokenizer ran past ``java_timeout`` seconds.
+    """
     image_ids = list(references)
     if use_java:
-        return _ptb_tokenize(references, candidates, image_ids)
+        return _ptb_tokenize(references, candidates, image_ids, java_timeout)
     gts = {i: [" ".join(tokenize(ref)) for ref in references[i]] for i in image_ids}
     res = {i: [" ".join(tokenize(candidates[i]))] for i in image_ids}
     return gts, res
@@ -179,15 +198,12 @@ def _validate(references: Mapping[int, Sequence[str]], candidates: Mapping[int, 
 
 
 def _ptb_tokenize(
-    references: Mapping[int, Sequence[str]], candidates: Mapping[int, str], image_ids: list[int]
+    references: Mapping[int, Sequence[str]], candidates: Mapping[int, str], image_ids: list[int], timeout: float
 ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-    """Tokenize as COCOEvalCap does: one PTBTokenizer (Java) call for references, one for candidates."""
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
+    """Tokenize as COCOEvalCap does: one PTB tokenizer (Java) call for references, one for candidates."""
     def run(captions: dict[int, list[str]]) -> dict[int, list[str]]:
-        tokenized = PTBTokenizer().tokenize(
-            {i: [{"caption": c.translate(_LINE_BREAKS)} for c in caps] for i, caps in captions.items()}
-        )
+        tokenized = ptb_tokenize({i: [c.translate(_LINE_BREAKS) for c in caps] for i, caps in captions.items()},
+                                 timeout)
         if any(len(tokenized.get(i, ())) != len(caps) for i, caps in captions.items()):
             raise RuntimeError("the PTB tokenizer returned a different number of captions than it was given")
         return tokenized
@@ -201,20 +217,6 @@ def _cider_d(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[floa
     if not any(ref.split() for refs in gts.values() for ref in refs):
         return 0.0, [0.0] * len(gts)  # pycocoevalcap fails on references without a single word; all would be 0
     return Cider().compute_score(gts, res)
-
-
-def _meteor(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[float, list[float]]:
-    from pycocoevalcap.meteor.meteor import Meteor
-
-    meteor = Meteor()
-    try:
-        return meteor.compute_score(gts, res)
-    finally:
-        if meteor.lock.locked():  # compute_score failed holding it: Meteor.__del__ would wait forever
-            meteor.lock.release()
-        meteor.meteor_p.stdin.close()  # end the Java process now rather than at garbage collection
-        meteor.meteor_p.kill()
-        meteor.meteor_p.wait()
 
 
 def _spice_models() -> list[Path]:
@@ -308,6 +310,11 @@ def load_coco_references(annotation_file: str | Path) -> dict[int, list[str]]:
         image id -> its captions, for every image that has at least one.
     """
     coco = read_coco_file(annotation_file, {"annotations": ["image_id", "caption"]})
+    for index, annotation in enumerate(coco.dataset["annotations"]):
+        image_id = annotation["image_id"]
+        if isinstance(image_id, bool) or not isinstance(image_id, int):  # would match no result: dropped
+            raise EvaluationInputError(f"{annotation_file}: annotations[{index}]: image_id must be an integer, "
+                                       f"got {image_id!r:.60}")
     references: dict[int, list[str]] = {}
     for image_id, image_annotations in coco.imgToAnns.items():
         captions = [annotation["caption"] for annotation in image_annotations]
@@ -354,6 +361,8 @@ def _read_json(path: str | Path) -> Any:
         raise EvaluationInputError(f"{path}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise EvaluationInputError(f"{path}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise EvaluationInputError(f"{path}: JSON nested too deeply to read") from None
 
 
 class CiderDScorer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,23 +12,25 @@ from torch.utils.data import DataLoader
 
 from captioning.config import Config, DecodeConfig
 from captioning.data import load_records
-from captioning.data.datasets import ImageOnlyDataset, collate_captions
+from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
-from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
-from captioning.evaluation.hallucination import add_chair
-from captioning.evaluation.metrics import score_captions
+from captioning.evaluation.grounding import Instances, WordMatcher, grounding_scores, load_instances
+from captioning.evaluation.hallucination import add_chair, chair_line
+from captioning.evaluation.java import DEFAULT_TIMEOUT_S
+from captioning.evaluation.metrics import EvaluationInputError, score_captions
 from captioning.evaluation.signature import make_signature
+from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
     CheckpointError,
-    atomic_write,
     checkpoint_config,
     load_checkpoint,
     load_state_checked,
 )
 from captioning.training.engine import EpochBatches, generate_captions
+from captioning.training.plan import check_splits
 from captioning.training.run import caption_dataset, uses_cache
 
 
@@ -45,9 +48,10 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
     payload = load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)
     model = Captioner.build(config.model, vocab)
-    if model.encoder.channels != payload["decoder"]["init_h.weight"].shape[1]:
-        raise ValueError(f"{checkpoint}: decoder expects {payload['decoder']['init_h.weight'].shape[1]} channels "
-                         f"but encoder {model.encoder.name} gives {model.encoder.channels}")
+    input_weight = payload["decoder"].get(model.decoder.input_weight)
+    if input_weight is not None and input_weight.dim() == 2 and model.encoder.channels != input_weight.shape[1]:
+        raise CheckpointError(f"{checkpoint}: decoder expects {input_weight.shape[1]} channels "
+                              f"but encoder {model.encoder.name} gives {model.encoder.channels}")
     load_state_checked(model.decoder, payload["decoder"], "decoder", checkpoint)
     if payload.get("encoder") is not None:
         load_state_checked(model.encoder, payload["encoder"], "encoder", checkpoint)
@@ -61,17 +65,21 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
 
 def caption_records(model: Captioner, config: Config, records: list[ImageRecord], device: torch.device,
                     decode_config: DecodeConfig | None = None, progress: bool = True,
-                    output_dir: Path | None = None) -> list[Captioned]:
-    """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions)."""
+                    output_dir: Path | None = None, build_cache: bool = True) -> list[Captioned]:
+    """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions).
+
+    ``build_cache`` False: only an existing complete cache is used; nothing is written.
+    """
     decode_config = decode_config or config.decode
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     if all(r.captions for r in records) and uses_cache(config):
-        dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1)
+        dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1,
+                                  build_cache=build_cache)
     else:
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
-                        num_workers=config.data.num_workers)
+                        num_workers=usable_workers(config.data.num_workers))
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
     return [Captioned(records[i], caption, caption.words(model.vocab)) for i, _, caption in triples]
 
@@ -79,55 +87,129 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
 def write_results(path: str | Path, captioned: list[Captioned]) -> Path:
     """COCO results format ``[{"image_id": ..., "caption": ...}]``, written atomically."""
     results = [{"image_id": item.record.image_id, "caption": " ".join(item.words)} for item in captioned]
-    atomic_write(path, lambda p: p.write_text(json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8"))
+    text = json.dumps(results, indent=1, ensure_ascii=False)
+    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8", errors="replace"))
     return Path(path)
 
 
-def default_instances(config: Config) -> Path | None:
-    """The instances file grounding uses by default: the configured one, or Shapes' own."""
+def default_instances(config: Config) -> tuple[Path, ...]:
+    """The instances files grounding uses by default: the configured ones, or Shapes' own."""
     if config.data.instances:
-        return Path(config.data.instances)
+        return tuple(Path(path) for path in config.data.instances)
     if config.data.dataset == "shapes":
-        return shapes_files(config.data.root).instances
-    return None
+        return (shapes_files(config.data.root).instances,)
+    return ()
 
 
-def score_captioned(captioned: list[Captioned], grid: tuple[int, int], instances: Path | None = None,
-                    use_java: bool | None = None, spice: bool = False, decode: DecodeConfig | None = None,
+def load_boxes(paths: Sequence[str | Path]) -> Instances | None:
+    """The boxes of several COCO instances files (``instances_train2014.json``, ``instances_val2014.json``)
+    as one :class:`Instances` (with every file's categories); None when there are no files.
+
+    Raises:
+        EvaluationInputError: a file is missing or malformed, or an image id is in two files.
+    """
+    if not paths:
+        return None
+    merged = Instances({}, {})
+    source: dict[int, Path] = {}
+    categories: dict[str, None] = {}  # ordered union: the first file's order, then new names
+    for path in map(Path, paths):
+        boxes = load_instances(path)
+        for image_id in boxes.image_sizes:
+            if image_id in source:
+                raise EvaluationInputError(f"{path}: image {image_id}: also in {source[image_id]}")
+            source[image_id] = path
+        merged.image_sizes.update(boxes.image_sizes)
+        merged.objects.update(boxes.objects)
+        categories.update(dict.fromkeys(boxes.categories))
+    merged.categories = tuple(categories)
+    return merged
+
+
+def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequence[str]],
+                     references: Mapping[int, Sequence[str]], attention: Mapping[int, tuple] | None = None) -> None:
+    """Add attention grounding (when ``attention`` is given) and CHAIR to ``result`` in place, over the
+    images ``boxes`` cover; ``grounding-images`` and ``CHAIR-images`` count them (the others are left
+    out of these two only).
+
+    Args:
+        result: the scores being built (with its ``per_image`` list).
+        boxes: the annotated objects (:func:`load_boxes`).
+        words: image id -> the generated caption's tokens.
+        references: image id -> raw reference captions.
+        attention: image id -> (attention maps (T, P), grid) of the generated caption.
+    """
+    covered = [image_id for image_id in words if image_id in boxes.image_sizes]
+    matcher = WordMatcher()  # one table of category words for grounding and CHAIR
+    if attention is not None:
+        items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
+        result.update(grounding_scores(items, boxes, matcher))
+        result["grounding-images"] = len(covered)
+    add_chair(result, {image_id: words[image_id] for image_id in covered}, references, boxes, matcher.table)
+    result["CHAIR-images"] = len(covered)
+
+
+def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: Instances | None = None,
+                    use_java: bool | None = None, spice: bool = False,
+                    java_timeout: float = DEFAULT_TIMEOUT_S, decode: DecodeConfig | None = None,
                     checkpoint: Path | None = None) -> dict:
-    """Caption metrics against each record's references, plus attention grounding and CHAIR when boxes
-    are given, and the signature of the scores (``decode`` and ``checkpoint`` describe the system)."""
+    """Caption metrics against each record's references, plus attention grounding and CHAIR on the
+    images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of them; the others are left out
+    of these only), and the signature of the scores (``decode`` and ``checkpoint`` describe the system)."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice)
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
     result = scores.to_json()
     result["per_image"] = scores.per_image_json()
     result["table"] = scores.table()
-    if instances is not None:
-        boxes = load_instances(instances)
-        items = [(item.record.image_id, item.words, item.caption.attention.numpy(), grid) for item in captioned]
-        result.update(grounding_scores(items, boxes, WordMatcher()))
-        add_chair(result, {item.record.image_id: item.words for item in captioned}, references, boxes)
+    if boxes is not None:
+        add_boxed_scores(result, boxes, {item.record.image_id: item.words for item in captioned}, references,
+                         {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned})
     result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint)
     return result
 
 
-def split_records(config: Config, split: str) -> list[ImageRecord]:
-    """The records of one split of the configured dataset."""
-    records = records_of_split(load_records(config.data), split)
-    if not records:
-        raise DatasetError(f"the {config.data.dataset} dataset has no images in split {split!r}")
-    return records
+def grounding_line(scores: dict, images: int) -> str | None:
+    """The one summary line of attention grounding (None when it was not measured), rounded."""
+    if "grounding-images" not in scores:
+        return None
+    covered = scores["grounding-images"]
+    if not covered:
+        return f"grounding: none of the {images} images has boxes in the instances files"
+    if not scores["grounding-words"]:
+        return f"grounding: no generated word names an annotated object ({covered} of {images} images with boxes)"
+    return (f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
+            f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "
+            f"{images} images with boxes")
+
+
+def summary_lines(scores: dict, images: int) -> list[str]:
+    """The lines printed under the scores table: grounding and CHAIR when measured, the signature last."""
+    lines = [line for line in (grounding_line(scores, images), chair_line(scores)) if line is not None]
+    return [*lines, f"signature: {scores['signature']}"]
+
+
+def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
+    """The records of one split of the configured dataset (``generate``: as for ``load_records``)."""
+    records = load_records(config.data, generate=generate, splits=(split,))
+    check_splits(records, config.data.dataset, [split])
+    return records_of_split(records, split)
 
 
 def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path]:
     """``<name>.json`` with the overall numbers and ``<name>.per_image.json`` beside it."""
     path = Path(path)
-    per_image_path = path.with_name(path.stem + ".per_image.json")
+    per_image = per_image_path(path)
     overall = {k: v for k, v in scores.items() if k not in ("per_image", "table")}
     atomic_write(path, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
-    atomic_write(per_image_path, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
-    return path, per_image_path
+    atomic_write(per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
+    return path, per_image
+
+
+def per_image_path(scores_path: str | Path) -> Path:
+    """``x_scores.json`` -> ``x_scores.per_image.json``: where ``write_scores`` puts per-image scores."""
+    scores_path = Path(scores_path)
+    return scores_path.with_name(scores_path.stem + ".per_image.json")
 
 
 
@@ -141,9 +223,10 @@ def decode_config_with(config: Config, **changes) -> DecodeConfig:
 
 
 def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
-                       spice: bool = False, instances: Path | None = None) -> dict:
-    """Score a COCO results file against COCO-format reference captions, as the official toolkit does
-    (and CHAIR when an instances file is given)."""
+                       spice: bool = False, java_timeout: float = DEFAULT_TIMEOUT_S,
+                       boxes: Instances | None = None) -> dict:
+    """Score a COCO results file against COCO-format reference captions, as the official toolkit does,
+    with CHAIR on the images ``boxes`` cover (:func:`load_boxes`) when given."""
     from captioning.evaluation.metrics import load_coco_references, load_results
     from captioning.text import tokenize
 
@@ -153,10 +236,9 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
     if missing:
         raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")
     references = {image_id: references[image_id] for image_id in candidates}
-    boxes = load_instances(instances) if instances is not None else None
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice)
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
     result = {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
     if boxes is not None:
-        add_chair(result, {i: tokenize(caption) for i, caption in candidates.items()}, references, boxes)
+        add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references)
     result["signature"] = make_signature(references, scores.tokenizer, results=results)
     return result

@@ -33,6 +33,11 @@ class Prepared(NamedTuple):
     values: Tensor  # (B, P, Dv) or (B, nh, P, dv)
     group: int = 1  # query rows per image
 
+    @property
+    def positions(self) -> int:
+        """P, the grid positions attended over."""
+        return self.keys.shape[-2]
+
     def select(self, index: Tensor) -> Prepared:
         """Rows ``index`` of every field, e.g. to give each caption its image's projections."""
         return self._replace(keys=self.keys.index_select(0, index), values=self.values.index_select(0, index))

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
-from captioning.config import ModelConfig
+from captioning.config import DecoderConfig, ModelConfig
 from captioning.data.vocab import Vocabulary
-from captioning.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioning.models.base import CaptionDecoder, DecoderOutput
+from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import Encoder, build_encoder
+from captioning.models.transformer import TransformerDecoder
+
+# model.decoder.kind -> builder(config, vocab_size, annotation_dim C, grid (gh, gw)).
+DECODERS: dict[str, Callable[[DecoderConfig, int, int, tuple[int, int]], CaptionDecoder]] = {
+    "lstm": lambda config, vocab_size, channels, grid: ShowAttendTellDecoder.from_config(config, vocab_size, channels),
+    "transformer": TransformerDecoder.from_config,
+}
+
+
+def build_decoder(config: DecoderConfig, vocab_size: int, annotation_dim: int, grid: tuple[int, int]) -> CaptionDecoder:
+    """The decoder family ``config.kind`` names, for V words and a (gh, gw) grid of C-channel annotations."""
+    return DECODERS[config.kind](config, vocab_size, annotation_dim, grid)
 
 
 class Captioner(nn.Module):
@@ -15,12 +30,12 @@ class Captioner(nn.Module):
 
     Args:
         encoder: the CNN; it reports ``channels`` and ``grid``.
-        decoder: the attention LSTM, built for ``encoder.channels``.
+        decoder: a ``CaptionDecoder`` (attention LSTM or Transformer), built for ``encoder.channels``.
         vocab: the word list the decoder's ids refer to.
         config: the model configuration the parts were built from (saved in checkpoints).
     """
 
-    def __init__(self, encoder: Encoder, decoder: ShowAttendTellDecoder, vocab: Vocabulary, config: ModelConfig):
+    def __init__(self, encoder: Encoder, decoder: CaptionDecoder, vocab: Vocabulary, config: ModelConfig):
         super().__init__()
         if decoder.annotation_dim != encoder.channels:
             raise ValueError(f"decoder expects {decoder.annotation_dim} channels, encoder gives {encoder.channels}")
@@ -35,7 +50,7 @@ class Captioner(nn.Module):
     def build(cls, config: ModelConfig, vocab: Vocabulary) -> Captioner:
         """Build the encoder (with its weights) and a fresh decoder for ``vocab``."""
         encoder = build_encoder(config.encoder)
-        decoder = ShowAttendTellDecoder.from_config(config.decoder, len(vocab), encoder.channels)
+        decoder = build_decoder(config.decoder, len(vocab), encoder.channels, encoder.grid)
         return cls(encoder, decoder, vocab, config)
 
     @property
@@ -48,5 +63,5 @@ class Captioner(nn.Module):
 
     def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor,
                 image_index: Tensor | None = None) -> DecoderOutput:
-        """Teacher-forced decoding from annotation grids (see ``ShowAttendTellDecoder.forward``)."""
+        """Teacher-forced decoding from annotation grids (see the decoder's ``forward``)."""
         return self.decoder(annotations, captions, lengths, image_index)

@@ -15,7 +15,6 @@ their share of the LSTM gates and the output layer are computed for all steps at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -24,6 +23,9 @@ from torch import Tensor, nn
 
 from captioning.config import DecoderConfig
 from captioning.models.attention import Attention, Prepared, build_attention
+from captioning.models.base import CaptionDecoder, DecoderOutput, StepOutput
+
+__all__ = ["DecoderOutput", "DecoderState", "HardAttentionDecoder", "ShowAttendTellDecoder", "StepOutput"]
 
 
 class DecoderState(NamedTuple):
@@ -36,32 +38,7 @@ class DecoderState(NamedTuple):
         return DecoderState(self.h.index_select(0, index), self.c.index_select(0, index))
 
 
-@dataclass
-class DecoderOutput:
-    """Teacher-forced outputs for N captions and T = longest caption length - 1 steps.
-
-    Step t predicts token t+1 of the caption from tokens 0..t; ``mask`` marks real steps.
-    """
-
-    logits: Tensor  # (N, T, V)
-    alphas: Tensor  # (N, T, P), each real step's weights sum to 1 over P (mean over heads)
-    mask: Tensor  # (N, T) bool
-    betas: Tensor | None = None  # (N, T) gate value (mean over channels for the channel gate)
-    location_log_probs: Tensor | None = None  # (N, T) hard attention: log alpha of the sampled location
-    entropies: Tensor | None = None  # (N, T) hard attention: entropy of alpha_t
-
-
-class StepOutput(NamedTuple):
-    """One decoding step for N running hypotheses."""
-
-    log_probs: Tensor  # (N, V)
-    state: DecoderState
-    alpha: Tensor  # (N, P)
-    beta: Tensor | None  # (N,)
-    location_log_prob: Tensor | None = None  # (N,) hard attention in training: log alpha of the sampled location
-
-
-class ShowAttendTellDecoder(nn.Module):
+class ShowAttendTellDecoder(CaptionDecoder):
     """LSTM decoder with soft attention over a grid of annotation vectors.
 
     Args:
@@ -75,6 +52,8 @@ class ShowAttendTellDecoder(nn.Module):
         dropout: dropout before the output layer.
     """
 
+    input_weight = "init_h.weight"
+
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Attention, embed_dim: int = 512,
                  hidden_dim: int = 512, gate: str = "scalar", deep_output: bool = True, dropout: float = 0.5):
         super().__init__()
@@ -82,6 +61,7 @@ class ShowAttendTellDecoder(nn.Module):
         self.annotation_dim = annotation_dim
         self.hidden_dim = hidden_dim
         self.attention = attention
+        self.attention_heads = attention.num_heads
         context_dim = attention.context_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.init_h = nn.Linear(annotation_dim, hidden_dim)
@@ -160,7 +140,8 @@ class ShowAttendTellDecoder(nn.Module):
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
-        alpha = weights.mean(dim=1)  # (N, P)
+        head = self.attention_view.head
+        alpha = weights.mean(dim=1) if head is None else weights[:, head]  # (N, P)
         beta_value = beta.mean(dim=1) if beta is not None else None  # (N,)
         return DecoderState(h, c), context, alpha, beta_value, location_log_prob, entropy
 

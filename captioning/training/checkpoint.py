@@ -8,14 +8,11 @@ previous checkpoint whole.
 
 from __future__ import annotations
 
-import errno
-import os
+import io
 import pickle
 import random
 import re
-import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,45 +21,18 @@ import torch
 
 from captioning.config import Config, ConfigError, from_dict, to_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
+from captioning.files import NoSpaceError, atomic_write
 
 FORMAT = "captioning-checkpoint"
 VERSION = 1
 
 
+__all__ = ["CheckpointError", "atomic_write", "checkpoint_config", "load_checkpoint", "load_state_checked",
+           "rng_state", "save_checkpoint", "set_rng_state"]
+
+
 class CheckpointError(ValueError):
     """A checkpoint cannot be written or used; the message is one line naming the file."""
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary_path)`` then move the result over ``path`` in one rename.
-
-    On any error (ENOSPC included) the temporary file is removed and ``path`` is untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in path.parent.glob(f".{path.name}.*.tmp"):  # from a writer killed mid-write
-        leftover.unlink(missing_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    try:
-        write(Path(temporary))
-        with open(temporary, "rb") as stream:
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException as error:
-        Path(temporary).unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            raise CheckpointError(f"{path}: no space left on device while writing; "
-                                  "the previous file is intact") from error
-        raise
-    try:  # make the rename itself durable
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except OSError:
-        pass
 
 
 def rng_state() -> dict[str, Any]:
@@ -107,7 +77,48 @@ def save_checkpoint(path: str | Path, *, config: Config, vocab: Vocabulary, deco
         "decoder": decoder_state, "encoder": encoder_state, "encoder_fingerprint": encoder_fingerprint,
         "training": training,
     }
-    atomic_write(path, lambda temporary: torch.save(payload, temporary))
+    try:
+        atomic_write(path, lambda temporary: _save(payload, temporary))
+    except NoSpaceError as error:
+        raise CheckpointError(str(error)) from error
+
+
+class _WholeWrites:
+    """A file that writes all it is given or records why not.
+
+    torch's zip writer turns a failed or short write into "[enforce fail ...] unexpected pos"; the
+    OSError recorded here (ENOSPC on a full disk) is what ``_save`` raises instead, for atomic_write
+    to name.
+    """
+
+    def __init__(self, stream: io.FileIO) -> None:
+        self.stream = stream
+        self.name = stream.name  # the file's path, as a file object has it
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            while view:  # a full disk first writes short, then fails with ENOSPC on the next call
+                view = view[self.stream.write(view):]
+        except OSError as error:
+            self.error = error
+            raise
+        return len(data)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _save(payload: dict[str, Any], path: Path) -> None:
+    with open(path, "wb", buffering=0) as stream:
+        writer = _WholeWrites(stream)
+        try:
+            torch.save(payload, writer)
+        except Exception as error:
+            if writer.error is not None:
+                raise writer.error from error
+            raise
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -120,6 +131,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint file not found")
+    _check_crc(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -136,7 +148,36 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for key in ("config", "vocab", "decoder"):
         if not isinstance(payload.get(key), dict):
             raise CheckpointError(f"{path}: checkpoint has no '{key}' section")
+    for key in ("encoder", "encoder_fingerprint", "training"):
+        if not isinstance(payload.get(key), (dict, type(None))):
+            raise CheckpointError(f"{path}: checkpoint entry '{key}' must be a mapping or null, "
+                                  f"got {type(payload[key]).__name__}")
+    for section in ("decoder", "encoder"):
+        _check_weights(payload.get(section) or {}, section, path)
     return payload
+
+
+def _check_crc(path: Path) -> None:
+    """Refuse a checkpoint whose zip members fail their CRC check (torch.load does not look)."""
+    if not zipfile.is_zipfile(path):
+        return  # not a zip at all: torch.load says so
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({_first_sentence(str(error))})") from None
+    if damaged is not None:
+        raise CheckpointError(f"{path}: corrupt checkpoint: {damaged} fails its CRC check")
+
+
+def _check_weights(state: dict, section: str, path: Path) -> None:
+    """Every entry a tensor, every floating-point value finite: else decoding gives empty captions."""
+    for name, value in state.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{path}: {section} weights: entry {name!r} is not a tensor "
+                                  f"({type(value).__name__})")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{path}: {section} weights: {name} holds NaN or infinite values")
 
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -163,7 +204,7 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
     """The configuration and vocabulary stored in a loaded checkpoint."""
     try:
         return from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
-    except (ConfigError, VocabularyError) as error:
+    except (ConfigError, VocabularyError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"{path}: invalid stored configuration or vocabulary ({error})") from None
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,7 +27,11 @@ class ProcessGroup:
 
 
 def init_from_environment(device_type: str) -> ProcessGroup:
-    """Join the process group when launched by ``torchrun`` (WORLD_SIZE > 1), else a single process."""
+    """Join the process group when launched by ``torchrun`` (WORLD_SIZE > 1), else a single process.
+
+    Processes other than rank 0 then keep quiet: warnings, and the package's log records below
+    errors, are dropped, so that a warning about the data prints once, not once per process.
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return ProcessGroup()
@@ -36,7 +42,20 @@ def init_from_environment(device_type: str) -> ProcessGroup:
             dist.init_process_group(backend)
         else:
             dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size)
-    return ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    group = ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    if not group.is_main:  # every process reads the same data: rank 0 alone says what it found
+        logging.getLogger("captioning").setLevel(logging.ERROR)
+        warnings.simplefilter("ignore")
+    return group
+
+
+SINGLE_PROCESS = ProcessGroup()
+
+
+def launched_as_main() -> bool:
+    """Whether this process is rank 0 of its job (or alone), read from torchrun's environment
+    without joining the process group (which needs the device type)."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _store_of_this_attempt(world_size: int) -> dist.Store | None:
@@ -117,6 +136,15 @@ def all_gather_objects(value: object) -> list:
         return [value]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def gather_to_main(value: object, group: ProcessGroup) -> list | None:
+    """``value`` of every process, in rank order, on rank 0; None on the others (``[value]`` alone)."""
+    if group.world_size <= 1:
+        return [value]
+    gathered: list | None = [None] * group.world_size if group.is_main else None
+    dist.gather_object(value, gathered, dst=0)
     return gathered
 
 

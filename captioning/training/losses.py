@@ -15,6 +15,10 @@ the P positions, ``lambda = alpha_c * L / P`` with L the mean target tokens per 
 12 on COCO, so its ``alpha_c = 1`` on a 14x14 grid is lambda = 0.06 here); the authors' Theano
 code sums the log-likelihood and the penalty per caption and averages over captions, so its
 ``alpha_c`` is this lambda.
+
+The penalty reads ``DecoderOutput.alphas`` whatever the decoder: for the Transformer that is the
+mean over heads of the last layer's cross-attention, the map its figures show (its shipped
+configurations set lambda = 0, as published Transformer captioners use no such penalty).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,11 +13,12 @@ import numpy as np
 import torch
 
 from captioning.config import Config, config_json, load_config, save_config, to_dict
-from captioning.data import build_vocabulary, load_records
-from captioning.data.datasets import CaptionDataset
+from captioning.data import build_vocabulary, load_records, write_data_summary
+from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.models.captioner import Captioner
+from captioning.run_folder import CHECKPOINTS, RunLock, remove_project_outputs
 from captioning.training import distributed
 from captioning.training.checkpoint import (
     CheckpointError,
@@ -25,6 +27,7 @@ from captioning.training.checkpoint import (
     load_checkpoint,
 )
 from captioning.training.engine import TrainState
+from captioning.training.plan import check_images_exist, check_splits, describe_plan
 from captioning.training.trainer import Trainer, check_resumable
 
 AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
@@ -38,13 +41,23 @@ class RunOutputs:
     files: dict[str, Path] = field(default_factory=dict)
     test_scores: dict | None = None
     state: TrainState | None = None
+    lock: RunLock | None = None  # held by rank 0 until the process ends
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available; anything else is passed to ``torch.device``."""
+    """``auto`` picks CUDA when available; else ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        ValueError: another device (``meta`` holds no data: a run on it would fail after writing).
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {name!r} asked for, but CUDA is not available")
     return device
@@ -71,38 +84,103 @@ def uses_cache(config: Config) -> bool:
 
 
 def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
-                    output_dir: Path, progress: bool, captions_per_image: int) -> CaptionDataset:
-    """A dataset over ``records``: cached grids for a frozen encoder, images otherwise."""
+                    output_dir: Path, progress: bool, captions_per_image: int,
+                    group: distributed.ProcessGroup | None = None, build_cache: bool = True) -> CaptionDataset:
+    """A dataset over ``records``: cached grids for a frozen encoder, images otherwise.
+
+    With several processes (``group``), every rank must call this: they fill the cache together.
+    ``build_cache`` False: a complete cache is used if there is one, else images are read (nothing
+    is written); for a cache folder named by a checkpoint rather than by the user.
+    """
+    group = group or distributed.ProcessGroup()
     common = {"vocab": model.vocab, "max_length": config.data.max_caption_length,
               "captions_per_image": captions_per_image, "seed": config.train.seed,
               "skip_bad_images": config.data.skip_bad_images}
+    cache = None
     if uses_cache(config):
         cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
-                                           batch_size=32, device=device, num_workers=config.data.num_workers,
-                                           progress=progress, skip_bad_images=config.data.skip_bad_images)
+                                           batch_size=32, device=device,
+                                           num_workers=usable_workers(config.data.num_workers),
+                                           progress=progress, skip_bad_images=config.data.skip_bad_images,
+                                           rank=group.rank, world_size=group.world_size, build=build_cache)
+    if cache is not None:
         return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
     return CaptionDataset(records, transform=model.encoder.transform, **common)
 
 
 def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,
-                group: distributed.ProcessGroup, device: torch.device):
+                group: distributed.ProcessGroup, device: torch.device, test: bool = False):
     """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
-    records = load_records(config.data, output_dir)
+    records, model = build_run_model(config, resume, device, group, test)
+    write_data_summary(records, config.data, output_dir)
+    train_set, val_set = run_datasets(records, model, config, output_dir, progress, device, group)
+    return records, model, train_set, val_set
+
+
+def build_run_model(config: Config, resume: Path | None, device: torch.device, group: distributed.ProcessGroup,
+                    test: bool = False) -> tuple[list[ImageRecord], Captioner]:
+    """The dataset's records and the model (vocabulary from ``resume`` when given), writing nothing
+    in the output folder: an unknown encoder, a missing weights or split file fails here.
+
+    Every input is checked before the first image is read: the data files and folders, the
+    splits the run needs (``test`` too when it is scored after training), every image file, and
+    the checkpoint to resume; then rank 0 prints the plan (``describe_plan``).
+    """
+    records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
+    needed = ("train", "val", "test") if test else ("train", "val")
+    counts = check_splits(records, config.data.dataset, needed)
+    check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
-    val_records = records_of_split(records, "val")
-    if not train_records or not val_records:
-        raise ValueError(f"the dataset has {len(train_records)} training and {len(val_records)} validation "
-                         "images; training needs both")
     if resume is not None:
-        _, vocab = checkpoint_config(load_checkpoint(resume), resume)
+        payload = load_checkpoint(resume)
+        stored, vocab = checkpoint_config(payload, resume)
+        state, epochs = (payload.get("training") or {}).get("state"), stored.train.epochs
     else:
         vocab = build_vocabulary(train_records, config.data.min_word_count)
+        state, epochs = None, None
+    if group.is_main:
+        print(describe_plan(config, counts, state, test, epochs), flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
-    train_set = caption_dataset(train_records, model, config, device, output_dir, progress,
-                                config.train.captions_per_image)
-    val_set = caption_dataset(val_records, model, config, device, output_dir, progress, 1)
-    return records, model, train_set, val_set
+    return records, model
+
+
+def run_datasets(records: list[ImageRecord], model: Captioner, config: Config, output_dir: Path, progress: bool,
+                 device: torch.device, group: distributed.ProcessGroup | None = None,
+                 ) -> tuple[CaptionDataset, CaptionDataset]:
+    """The training and validation datasets (filling the feature cache where needed; every rank of
+    ``group`` calls this, and they fill it together)."""
+    train_set = caption_dataset(records_of_split(records, "train"), model, config, device, output_dir, progress,
+                                config.train.captions_per_image, group)
+    val_set = caption_dataset(records_of_split(records, "val"), model, config, device, output_dir, progress, 1,
+                              group)
+    return train_set, val_set
+
+
+def check_resume(config: Config, output_dir: Path, resume: Path) -> None:
+    """Everything that would refuse ``--resume``, checked before the run writes anything.
+
+    Raises:
+        CheckpointError: the checkpoint is not in this run's ``checkpoints/`` folder (it would mix two
+            runs), is unreadable, has no training state, or was trained under another configuration.
+    """
+    from captioning.training.trainer import check_resumable
+
+    if Path(os.path.abspath(resume)).parent != Path(os.path.abspath(output_dir)) / CHECKPOINTS:
+        raise CheckpointError(f"{resume}: --resume continues a run in its own folder, but this run writes to "
+                              f"{output_dir}; pass --output-dir {Path(os.path.abspath(resume)).parent.parent}")
+    payload = load_checkpoint(resume)
+    training = payload.get("training")
+    if not training:
+        raise CheckpointError(f"{resume}: has no training state to resume from")
+    if "optimizer" not in training:  # best.pt and best_scst.pt keep the weights only
+        raise CheckpointError(f"{resume}: holds weights only, without the optimizer state a resumed run needs; "
+                              "resume from checkpoints/last.pt")
+    for key in ("state", "optimizer"):
+        if not isinstance(training.get(key), dict):
+            raise CheckpointError(f"{resume}: checkpoint entry 'training.{key}' is missing or not a mapping")
+    stored, _ = checkpoint_config(payload, resume)
+    check_resumable(stored, config, training["state"].get("stage", "xe"), resume)
 
 
 def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
@@ -111,6 +189,7 @@ def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
     records = load_records(config.data, Path(config.train.output_dir))
+    check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
     written = {}
@@ -123,64 +202,56 @@ def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
     return written
 
 
-def _claim_output_dir(output_dir: Path, overwrite: bool, group: distributed.ProcessGroup) -> None:
-    """A new run must not mix with an earlier run's checkpoints and logs in the same folder.
+def _claim_output_dir(output_dir: Path, overwrite: bool) -> None:
+    """A new run must not mix with an earlier run's outputs in the same folder (rank 0, holding the lock).
 
-    Without ``train.overwrite`` such a folder is refused (its best checkpoint would otherwise be
-    scored as this run's); with it, the earlier run's checkpoints, step log, history and
-    TensorBoard events are deleted first.
+    Without ``train.overwrite`` a folder holding an earlier run's checkpoints is refused (its best
+    checkpoint would otherwise be scored as this run's); with it, or when there are no checkpoints,
+    every file the project writes in a run folder (``run_folder.RUN_OUTPUTS``) is deleted first:
+    scores, results, figures and the report of the earlier run go too, the user's own files stay.
     """
-    earlier = sorted((output_dir / "checkpoints").glob("*.pt"))
-    if not earlier:
-        return
-    if not overwrite:
+    earlier = sorted((output_dir / CHECKPOINTS).glob("*.pt"))
+    if earlier and not overwrite:
         raise CheckpointError(f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
                               "continue it with --resume, replace it with --set train.overwrite=true, or choose "
                               "another --output-dir")
-    _delete_run_files(output_dir, group, f"overwrite: deleted the earlier run's checkpoints and logs in {output_dir}")
+    _remove_outputs(output_dir, "overwrite: deleted the earlier run's {count} files in " + str(output_dir))
 
 
-def _delete_run_files(output_dir: Path, group: distributed.ProcessGroup, message: str) -> None:
-    """Delete the checkpoints, step log, history and TensorBoard events in ``output_dir`` (rank 0)."""
-    distributed.barrier()  # every rank has looked before rank 0 deletes
-    if group.is_main:
-        for path in [*(output_dir / "checkpoints").glob("*.pt"), output_dir / "steps.jsonl",
-                     output_dir / "history.json", *(output_dir / "tensorboard").glob("events.out.tfevents.*")]:
-            path.unlink(missing_ok=True)
-        print(message, flush=True)
-    distributed.barrier()
+def _remove_outputs(output_dir: Path, message: str) -> None:
+    """Delete every file the project writes in a run folder (rank 0, holding the lock)."""
+    removed = remove_project_outputs(output_dir)
+    if removed:
+        print(message.replace("{count}", str(len(removed))), flush=True)
 
 
-def _auto_resume_point(config: Config, output_dir: Path, group: distributed.ProcessGroup) -> Path | None:
+def _auto_resume_point(config: Config, output_dir: Path,
+                       group: distributed.ProcessGroup) -> tuple[Path | None, bool]:
     """``--resume auto``: the folder's ``last.pt`` when there is one, else None (a new run).
 
     Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
     failure or a preemption: it continues from the last checkpoint, or starts over when the launch
     before wrote none. What such a launch left behind (its config.yaml, step log, TensorBoard events,
-    a best.pt written just before it died) is cleared then, provided its config.yaml holds this
+    a best.pt written just before it died) is to be cleared then, provided its config.yaml holds this
     configuration; a different one is refused as ``--resume`` refuses a changed configuration. Rank 0
-    looks and every rank follows its answer.
+    looks and every rank follows its answer. Nothing is written here.
 
+    Returns:
+        (the checkpoint to resume or None, whether an earlier launch's outputs are to be cleared).
     Raises:
-        CheckpointError: the folder's configuration differs, or it holds checkpoints but no
-            config.yaml (not a launch of this command) and ``train.overwrite`` is off.
+        CheckpointError: the folder's configuration differs.
     """
-    last, stored = output_dir / "checkpoints" / "last.pt", output_dir / "config.yaml"
+    last, stored = output_dir / CHECKPOINTS / "last.pt", output_dir / "config.yaml"
     has_last, has_config = distributed.broadcast_object((last.is_file(), stored.is_file()) if group.is_main else None)
     if has_last:
-        return last
+        return last, False
     if not has_config:
-        _claim_output_dir(output_dir, config.train.overwrite, group)
-        if group.is_main:
-            print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
-        return None
+        return None, False
     check_resumable(load_config(stored), config, "xe", stored)
-    _delete_run_files(output_dir, group, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
-                                         "(cleared the logs an earlier launch left)")
-    return None
+    return None, True
 
 
-def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> RunOutputs:
+def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False) -> RunOutputs:
     """Train as configured; returns what was written where.
 
     Args:
@@ -188,6 +259,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         resume: a checkpoint to continue from (``--resume``); ``"auto"`` for the output folder's
             last.pt when there is one, else a new run (also ``train.resume: auto``); None for a
             new run.
+        test: the test split is scored after training, so it must have images (checked first).
     """
     device = resolve_device(config.train.device)
     group = distributed.init_from_environment(device.type)
@@ -198,26 +270,35 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     output_dir = Path(config.train.output_dir)
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
-    if resume == AUTO:
-        resume = _auto_resume_point(config, output_dir, group)
+    start_over = False  # --resume auto after a launch that wrote no checkpoint
+    auto = resume == AUTO
+    if auto:
+        resume, start_over = _auto_resume_point(config, output_dir, group)
     else:
         resume = Path(resume) if resume is not None else None
-        if resume is None:
-            _claim_output_dir(output_dir, config.train.overwrite, group)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
+        check_resume(config, output_dir, resume)
+    if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
+        distributed.barrier()
+    records, model = build_run_model(config, resume, device, group, test)
     outputs = RunOutputs(output_dir)
-
-    if group.is_main:
+    if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
+        output_dir.mkdir(parents=True, exist_ok=True)
+        outputs.lock = RunLock(output_dir).acquire()
+        if start_over:
+            _remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+                                        "(deleted the {count} files an earlier launch left)")
+        elif resume is None:
+            _claim_output_dir(output_dir, config.train.overwrite)
+            if auto:
+                print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
         print(f"configuration: {config_json(config)}", flush=True)
         # Atomic: a relaunch with --resume auto reads it back.
         atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
         outputs.files["configuration"] = output_dir / "config.yaml"
-    if not group.is_main:  # rank 0 generates data and fills the feature cache; the others then read it
-        distributed.barrier()
-    _, model, train_set, val_set = prepare_run(config, output_dir, resume, progress and group.is_main,
-                                                     group, device)
-    if group.is_main:
-        distributed.barrier()
+        outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
+        distributed.barrier()  # the data are read (generated) and the folder is claimed: the other ranks go on
+    train_set, val_set = run_datasets(records, model, config, output_dir, progress and group.is_main, device, group)
     if group.is_main:
         model.vocab.save(output_dir / "vocab.json")
         outputs.files["vocabulary"] = output_dir / "vocab.json"
@@ -232,7 +313,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     model.decoder = distributed.wrap(model.decoder, group, device)
     trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
     # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
-    # from them a varying number of times (rank 0 alone fills the feature cache, and each
+    # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders, and each
     # DataLoader iterator without a generator draws its base seed from the global RNG), which
     # made rank 0's dropout masks depend on whether the cache existed before the launch.
     seed_everything(config.train.seed + group.rank, config.train.deterministic)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
 from captioning.config import Config, to_dict
-from captioning.data.datasets import CaptionDataset, collate_captions
+from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
 from captioning.evaluation.metrics import CiderDScorer, score_captions
 from captioning.models.captioner import Captioner
 from captioning.training import distributed
@@ -35,28 +35,45 @@ def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.d
     # An own generator: creating the loader's iterator must not draw from the global RNG, or a
     # resumed run (whose iterator starts mid-epoch) would see different dropout masks.
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
-                      num_workers=config.data.num_workers, pin_memory=device.type == "cuda",
+                      num_workers=usable_workers(config.data.num_workers), pin_memory=device.type == "cuda",
                       generator=torch.Generator().manual_seed(config.train.seed))
 
 
 def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
-                   limit: int = 0, progress: bool = True, desc: str = "decoding"):
-    """Caption the first ``limit`` (0 = all) images of ``dataset``: (index, image id, Caption) triples."""
+                   limit: int = 0, progress: bool = True, desc: str = "decoding",
+                   group: distributed.ProcessGroup = distributed.SINGLE_PROCESS):
+    """Caption the first ``limit`` (0 = all) images of ``dataset``: (index, image id, Caption) triples.
+
+    With several processes each decodes its own share (whole batches of ``decode.batch_size``)
+    and returns only those.
+    """
     count = len(dataset) if not limit else min(limit, len(dataset))
-    batches = EpochBatches(count, config.decode.batch_size, seed=0, epoch=0, shuffle=False)
+    batches = EpochBatches(count, config.decode.batch_size * group.world_size, seed=0, epoch=0, shuffle=False,
+                           rank=group.rank, world_size=group.world_size)
     return generate_captions(model, loader_for(dataset, batches, config, device), config.decode, device,
                              progress=progress, desc=desc)
 
 
 def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
-                      progress: bool) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]]]:
-    """Decode the validation images for real and score them (CIDEr-D, BLEU-4 ...; no Java needed)."""
-    triples = decode_records(model, dataset, config, device, config.train.val_images, progress, "validating")
-    candidates = {image_id: " ".join(caption.words(model.vocab)) for _, image_id, caption in triples}
-    references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in triples}
-    scores = score_captions(references, candidates, use_java=False)
-    examples = [(image_id, candidates[image_id], references[image_id][:1]) for _, image_id, _ in triples[:3]]
-    return scores.overall, examples
+                      progress: bool, group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
+                      ) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]]]:
+    """Decode the validation images for real and score them (CIDEr-D, BLEU-4 ...; no Java needed).
+
+    With several processes the images are shared out, the captions gathered and scored on rank 0,
+    and its scores given to every process (they all take the same schedule and stopping decisions).
+    """
+    triples = decode_records(model, dataset, config, device, config.train.val_images, progress, "validating", group)
+    mine = [(index, image_id, " ".join(caption.words(model.vocab))) for index, image_id, caption in triples]
+    gathered = distributed.gather_to_main(mine, group)
+    result = None
+    if gathered is not None:
+        decoded = sorted(item for part in gathered for item in part)  # dataset order, as one process has it
+        candidates = {image_id: caption for _, image_id, caption in decoded}
+        references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in decoded}
+        scores = score_captions(references, candidates, use_java=False)
+        examples = [(image_id, caption, references[image_id][:1]) for _, image_id, caption in decoded[:3]]
+        result = (scores.overall, examples)
+    return distributed.broadcast_object(result) if group.world_size > 1 else result
 
 
 # What may differ between a checkpoint's configuration and the run that resumes it: how long and
@@ -98,17 +115,46 @@ def check_resumable(stored: Config, config: Config, stage: str, path: Path) -> N
                               "apart from its length, logging, paths and decoding")
 
 
+def _logged_step(line: str) -> float:
+    """The step of a steps.jsonl line; infinite (so it is dropped) for a line cut short by a full disk
+    or a kill mid-append."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        return math.inf
+    return step if isinstance(step, int) else math.inf
+
+
 def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config) -> torch.optim.Optimizer:
     """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
     groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
         groups.append({"params": encoder_params, "lr": encoder_lr, "name": "encoder"})
-    return torch.optim.Adam(groups, weight_decay=config.train.weight_decay)
+    return torch.optim.Adam(groups, betas=(0.9, config.train.adam_beta2), weight_decay=config.train.weight_decay)
 
 
-def scheduler_for(optimizer: torch.optim.Optimizer, config: Config):
+def noam_factor(step: int, warmup_steps: int) -> float:
+    """The learning rate of optimisation step ``step + 1`` as a fraction of its peak (Vaswani et al. 2017).
+
+    Linear warm-up to 1 over ``warmup_steps`` steps, then ``sqrt(warmup_steps / step)``: the paper's
+    ``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` with its peak ``d_model^-0.5 * warmup^-0.5``
+    given as ``train.lr``.
+    """
+    step += 1  # LambdaLR counts from 0; the paper's first step is 1
+    return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+
+def scheduler_for(optimizer: torch.optim.Optimizer, config: Config, stage: str = "xe"):
+    """The learning-rate schedule ``train.schedule`` names (None for ``none``).
+
+    ``noam`` steps per batch and shapes the cross-entropy stage only: the self-critical stage
+    fine-tunes at a constant ``train.scst_lr``, as the Transformer captioners do.
+    """
+    warmup = config.train.warmup_steps
     builders = {
+        "noam": lambda: (torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup))
+                         if stage == "xe" else None),
         "none": lambda: None,
         "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
         "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -141,7 +187,7 @@ class Trainer:
         # The self-critical stage scales a fine-tuned encoder's rate as it scales the decoder's.
         scale = train.scst_lr / train.lr if stage == "scst" else 1.0
         self.optimizer = optimizer_for(self.model, train.lr * scale, train.encoder_lr * scale, self.config)
-        self.scheduler = scheduler_for(self.optimizer, self.config)
+        self.scheduler = scheduler_for(self.optimizer, self.config, stage)
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
             scorer = CiderDScorer(references)  # document frequencies once, from the training references
@@ -228,11 +274,15 @@ class Trainer:
         """Forget logged steps after the checkpoint (a killed run may have logged a few more)."""
         if not self.steps_log.exists() or not self.group.is_main:
             return
-        kept = [line for line in self.steps_log.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= self.state.global_step]
+        kept = [line for line in self.steps_log.read_text(encoding="utf-8", errors="replace").splitlines()
+                if _logged_step(line) <= self.state.global_step]
         atomic_write(self.steps_log, lambda p: p.write_text("".join(line + "\n" for line in kept)))
 
     # ------------------------------------------------------------------ loop
+    @property
+    def _per_step_schedule(self) -> bool:
+        return self.config.train.schedule == "noam" and self.scheduler is not None
+
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
         if self.group.is_main:
             with self.steps_log.open("a") as log:
@@ -242,6 +292,8 @@ class Trainer:
                 for key, value in numbers.items():
                     self.writer.add_scalar(f"train/{key}", value, state.global_step)
                 self.writer.add_scalar("train/lr", self.optimizer.param_groups[0]["lr"], state.global_step)
+        if self._per_step_schedule:  # after logging the rate this step used, before a checkpoint keeps it
+            self.scheduler.step()
         every = self.config.train.checkpoint_every
         if every and state.global_step % every == 0:
             self.checkpoint("last")
@@ -293,6 +345,23 @@ class Trainer:
         patience = self.config.train.early_stop_patience
         return self._out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
 
+    def _loss_text(self, numbers: dict[str, float]) -> str:
+        """The epoch's loss with its parts: a caption's doubly stochastic penalty cannot go below
+        P (1 - T/P)^2 for P grid cells and T steps (171 at 14x14 for 13 steps), so the total
+        alone hides the cross-entropy."""
+        loss = numbers.get("loss", float("nan"))
+        text = f"loss {loss:.3f}"
+        if "cross_entropy" in numbers:
+            weight = self.config.model.decoder.doubly_stochastic
+            text += (f" = cross-entropy {numbers['cross_entropy']:.3f} + {weight:g} x attention penalty "
+                     f"{numbers['attention_penalty']:.3f}")
+            if not math.isclose(loss, numbers["cross_entropy"] + weight * numbers["attention_penalty"],
+                                rel_tol=1e-4, abs_tol=1e-4):
+                text += " + hard-attention terms"
+        if "reward" in numbers:
+            text += f" (reward {numbers['reward']:.3f}, baseline {numbers['baseline']:.3f})"
+        return text
+
     def _run_epoch(self) -> None:
         config, state = self.config, self.state
         self.train_set.set_epoch(state.epoch)
@@ -309,12 +378,12 @@ class Trainer:
         if state.batch_in_epoch < math.ceil(len(self.train_set) / config.train.batch_size):
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
-        scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress)
+        scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress, self.group)
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this epoch used, before the schedule moves it
-        if self.scheduler is not None:
+        if self.scheduler is not None and not self._per_step_schedule:
             if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 self.scheduler.step(metric)
             else:
@@ -338,7 +407,9 @@ class Trainer:
                 f"{image_id}: **{caption}** (reference: {refs[0] if refs else ''})"
                 for image_id, caption, refs in examples), state.global_step)
             self.writer.flush()
-            print(f"[{state.stage}] epoch {state.epoch}: loss {numbers.get('loss', float('nan')):.3f}  "
+            for key, value in numbers.items():
+                self.writer.add_scalar(f"epoch/train_{key}", value, state.global_step)
+            print(f"[{state.stage}] epoch {state.epoch}: {self._loss_text(numbers)}  "
                   f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
                   f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else ""), flush=True)
         # Best first, then last: a crash between the two leaves a resumable 'last' of the previous epoch.

@@ -18,6 +18,8 @@ from captioning.config import (
 )
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
+from captioning.models.base import AttentionView
+from captioning.run_folder import check_output_file, check_output_folder
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
@@ -72,6 +74,28 @@ def visualization_config(config: Config, data_config: str | Path | None = None, 
     return apply_overrides(config, values, sections=CHECKPOINT_SECTIONS)
 
 
+def attention_view(layer: str | int | None = None, head: str | int | None = None) -> AttentionView:
+    """The map ``--layer N|mean`` and ``--head H|mean`` name (1-based numbers; default: last layer, mean of heads).
+
+    Raises:
+        ValueError: a value that is neither ``mean`` nor a positive whole number.
+    """
+    def index(name: str, value: str | int | None, default: int | None) -> int | None:
+        if value is None:
+            return default
+        if str(value).strip().lower() == "mean":
+            return None
+        try:
+            number = int(str(value))
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise ValueError(f"--{name} must be a {name} number (1, 2, ...) or mean, got {value!r}")
+        return number - 1
+
+    return AttentionView(index("layer", layer, -1), index("head", head, None))
+
+
 def _unique_stems(paths: Sequence[Path]) -> list[str]:
     """File stems, with ``-1``, ``-2`` ... added where inputs share one (ignoring letter case), and
     never a name another input already has: ``a/cat.jpg``, ``b/Cat.jpg``, ``cat-2.png`` -> ``cat-1``,
@@ -93,6 +117,7 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
                      num: int = 20, data_config: str | Path | None = None, overrides: Sequence[str] = (),
                      out_dir: str | Path = "visualizations", mode: str = "bilinear", file_format: str = "png",
                      html: str | Path | None = None, beam_size: int | None = None, device: str = "auto",
+                     layer: str | int | None = None, head: str | int | None = None,
                      progress: bool = True) -> VisualizationResult:
     """Caption images with a checkpoint and draw one attention figure per image.
 
@@ -108,6 +133,9 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         file_format: ``png``, ``pdf`` or ``svg``.
         html: also write the interactive HTML report there.
         beam_size: overrides the checkpoint's beam size.
+        layer, head: the attention map drawn (see ``attention_view``): a decoder layer and head
+            (1-based) or ``mean``; by default the mean over the heads of the last layer. The
+            figures and the report say which map they show.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     Raises:
         ImageError: an image is missing or unreadable (one line naming it).
@@ -123,6 +151,10 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     if file_format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
+    view = attention_view(layer, head)
+    check_output_folder(out_dir, "--out-dir")
+    if html is not None:
+        check_output_file(html, "--html")
     paths = [Path(p) for p in images]
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
@@ -133,9 +165,16 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
 
     torch_device = resolve_device(device)
     model, config = load_captioner(checkpoint, torch_device)
+    try:
+        model.decoder.set_attention_view(view)  # before decoding: the captions' maps are this view's
+    except ValueError as error:
+        raise ValueError(f"{checkpoint}: {error}") from None
+    label = model.decoder.describe_attention()
     config = visualization_config(config, data_config, overrides, beam_size)
     if split is not None:
-        records = split_records(config, split)[:num]
+        # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
+        generate = data_config is not None or "data.root" in parse_overrides(overrides)
+        records = split_records(config, split, generate=generate)[:num]
         names = None
     else:
         records = [ImageRecord(image_id=k, path=path, split="") for k, path in enumerate(paths, start=1)]
@@ -146,6 +185,6 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     if names is not None:
         position = {record.image_id: k for k, record in enumerate(records)}
         names = [names[position[item.record.image_id]] for item in captioned]
-    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress)
-    report = write_report(captioned, html, model.grid, mode) if html is not None else None
+    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress, label)
+    report = write_report(captioned, html, model.grid, mode, attention_label=label) if html is not None else None
     return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report)

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 from torch import Tensor
 
+from captioning.files import atomic_write
 from captioning.visualization.overlay import blend, display_size, upsample_attention
 
 FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
@@ -69,7 +70,8 @@ def _wrap(text: str, width_inches: float, font_size: float) -> list[str]:
 def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor | np.ndarray,
                      grid: tuple[int, int], betas: Tensor | np.ndarray | Sequence[float] | None = None,
                      references: Sequence[str] | None = None, mode: str = "bilinear", columns: int = 5,
-                     cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 512) -> FigureResult:
+                     cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 512,
+                     attention_label: str = "") -> FigureResult:
     """Draw the image titled by its caption, then one attention overlay per word.
 
     Args:
@@ -85,6 +87,8 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
         alpha: opacity of the overlays.
         max_side: the image is drawn scaled down to this longer side (bounds memory and file size);
             None draws it at full size.
+        attention_label: which map the overlays show (``CaptionDecoder.describe_attention``, e.g.
+            ``layer 3 of 3, mean of 8 heads``), printed under the caption; empty prints nothing.
     Returns:
         A ``FigureResult`` with the figure, the (T, H, W) maps and the panel layout.
     Raises:
@@ -112,7 +116,8 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
     aspect = min(max(height / width, 0.25), 4.0)
     panel_height = _PANEL_WIDTH * aspect
     caption = " ".join(words) if words else "(empty caption)"
-    titles = [_wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)]
+    titles = [_wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
+              + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])]
     for t, word in enumerate(words):
         title = word if beta_values is None else f"{word} (beta={beta_values[t]:.2f})"
         titles.append(_wrap(title, _PANEL_WIDTH, _TITLE_SIZE))
@@ -167,6 +172,5 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 100) -> Path:
     file_format = FORMATS.get(path.suffix.lower())
     if file_format is None:
         raise ValueError(f"{path}: figure format must be one of {', '.join(FORMATS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format=file_format, dpi=dpi)
+    atomic_write(path, lambda temporary: figure.savefig(temporary, format=file_format, dpi=dpi))
     return path

@@ -21,6 +21,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from captioning.data.images import load_image
+from captioning.files import atomic_write
 from captioning.visualization.figures import attention_figure, save_figure
 from captioning.visualization.overlay import colorize, display_size, upsample_attention
 
@@ -123,7 +124,7 @@ def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cm
 
 def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, int], mode: str = "bilinear",
                  cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 384,
-                 title: str = "Where the model looked") -> Path:
+                 title: str = "Where the model looked", attention_label: str = "") -> Path:
     """Write one self-contained HTML page: each image, its caption word by word, its references.
 
     Args:
@@ -135,6 +136,7 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
         cmap: matplotlib colour map of the overlays.
         alpha: opacity of the overlays.
         max_side: images are embedded scaled down to this longer side (None: full size).
+        attention_label: which map is shown (e.g. ``layer 3 of 3, mean of 8 heads``); empty says nothing.
     Returns:
         ``path``. Word ``t`` of item ``i`` can be selected with the fragment ``#img{i}-w{t}``.
     """
@@ -142,22 +144,24 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
     sections = [_item_html(i, item, grid, mode, cmap, alpha, max_side) for i, item in enumerate(items)]
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
             f"<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
-            '<p class="note">Hover over or click a word to see the attention map that produced it.</p>\n'
+            '<p class="note">Hover over or click a word to see the attention map that produced it'
+            + (f" ({html.escape(attention_label)})" if attention_label else "") + '.</p>\n'
             + "\n".join(sections) + f"\n<script>\n{_SCRIPT}\n</script>\n</body>\n</html>\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
+    atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))
     return path
 
 
 def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tuple[int, int],
                   mode: str = "bilinear", suffix: str = ".png", names: Sequence[str] | None = None,
-                  progress: bool = False) -> list[tuple[Path, int]]:
+                  progress: bool = False, attention_label: str = "") -> list[tuple[Path, int]]:
     """One attention figure per item, references under it; ``figures_dir/<name><suffix>``.
 
     Args:
         suffix: ``.png``, ``.pdf`` or ``.svg``.
         names: file names without suffix, one per item (default: the image ids).
         progress: show a progress bar.
+        attention_label: which map the figures show, printed under each caption (see ``attention_figure``).
     Returns:
         (file, panels) of each figure, in the order of ``items``.
     """
@@ -166,19 +170,20 @@ def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tup
     for k, item in enumerate(tqdm(items, desc="figures", disable=not progress, leave=False, unit="image")):
         image = load_image(item.record.path)
         result = attention_figure(image, item.words, item.caption.attention, grid, betas=item.caption.betas,
-                                  references=list(item.record.raw), mode=mode)
+                                  references=list(item.record.raw), mode=mode, attention_label=attention_label)
         name = (names[k] if names is not None else str(item.record.image_id)) + suffix
         written.append((save_figure(result.figure, figures_dir / name), result.panels))
     return written
 
 
 def write_figures_and_report(model: Captioner, captioned: Sequence[Captioned], figures_dir: str | Path,
-                             report_path: str | Path, mode: str = "bilinear") -> dict[str, Path]:
+                             report_path: str | Path, mode: str = "bilinear",
+                             attention_label: str = "") -> dict[str, Path]:
     """The training run's closing pictures: ``figures_dir/<image_id>.png`` per image and the HTML report.
 
     Returns:
         ``{"attention figures": figures_dir, "HTML report": report_path}``.
     """
-    write_figures(captioned, figures_dir, model.grid, mode)
-    report = write_report(captioned, report_path, model.grid, mode)
+    write_figures(captioned, figures_dir, model.grid, mode, attention_label=attention_label)
+    report = write_report(captioned, report_path, model.grid, mode, attention_label=attention_label)
     return {"attention figures": Path(figures_dir), "HTML report": report}

@@ -1,0 +1,116 @@
+"""The contract every caption decoder keeps, so decoding, training and figures work with any of them.
+
+A decoder (the attention LSTM of ``decoder.py``, the Transformer of ``transformer.py``) offers:
+
+* ``prepare(annotations)``: the per-image work (projections, a grid encoder), once per image. The
+  result has the images on dim 0, a ``group`` field (decoder rows per image, image-major) that
+  ``NamedTuple._replace`` sets, ``select(index)``, ``head(n)`` and ``positions`` (P);
+* ``init_state(annotations)``: the state of one row per image; its ``select(index)`` reorders or
+  repeats rows (beam search reorders the state with it without knowing what it holds);
+* ``step(prepared, tokens, state)`` -> ``StepOutput``: one word for N rows;
+* ``forward(annotations, captions, lengths, image_index)`` -> ``DecoderOutput``: teacher forcing;
+* ``set_attention_view(view)``: which attention map ``alpha`` reports (a layer and a head, or the
+  mean over them) in ``step`` and ``forward``, for figures and grounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+
+@dataclass
+class DecoderOutput:
+    """Teacher-forced outputs for N captions and T = longest caption length - 1 steps.
+
+    Step t predicts token t+1 of the caption from tokens 0..t; ``mask`` marks real steps.
+    """
+
+    logits: Tensor  # (N, T, V)
+    alphas: Tensor  # (N, T, P), each real step's weights sum to 1 over P (the attention view's map)
+    mask: Tensor  # (N, T) bool
+    betas: Tensor | None = None  # (N, T) gate value (mean over channels for the channel gate)
+    location_log_probs: Tensor | None = None  # (N, T) hard attention: log alpha of the sampled location
+    entropies: Tensor | None = None  # (N, T) hard attention: entropy of alpha_t
+
+
+class StepOutput(NamedTuple):
+    """One decoding step for N running hypotheses."""
+
+    log_probs: Tensor  # (N, V)
+    state: NamedTuple  # the decoder's state, with ``select(index)``
+    alpha: Tensor  # (N, P)
+    beta: Tensor | None  # (N,)
+    location_log_prob: Tensor | None = None  # (N,) hard attention in training: log alpha of the sampled location
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """Which attention map a decoder reports: a layer and a head (0-based), None meaning the mean over them.
+
+    The default, the mean over the heads of the last layer, is the map the losses and the
+    figures use unless told otherwise.
+    """
+
+    layer: int | None = -1
+    head: int | None = None
+
+    def describe(self, layers: int, heads: int) -> str:
+        """Words for a figure, e.g. ``layer 3 of 3, mean of 8 heads``; empty with one layer of one head."""
+        layer = f"mean of {layers} layers" if self.layer is None else f"layer {self.layer % layers + 1} of {layers}"
+        head = f"mean of {heads} heads" if self.head is None else f"head {self.head + 1} of {heads}"
+        return ", ".join(([layer] if layers > 1 else []) + ([head] if heads > 1 else []))
+
+
+class CaptionDecoder(nn.Module):
+    """Base class of the decoders: sizes, the attention view and the methods decoding calls.
+
+    Subclasses set ``vocab_size``, ``annotation_dim``, ``attention_layers`` and ``attention_heads``
+    and name in ``input_weight`` the parameter whose second dimension is the annotation size C
+    (a checkpoint is checked against the encoder with it).
+    """
+
+    vocab_size: int
+    annotation_dim: int
+    attention_layers: int = 1
+    attention_heads: int = 1
+    input_weight: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_view = AttentionView()
+
+    def set_attention_view(self, view: AttentionView) -> None:
+        """Report ``view``'s map as ``alpha`` from now on.
+
+        Raises:
+            ValueError: a layer or head this decoder does not have.
+        """
+        for name, index, count in (("layer", view.layer, self.attention_layers),
+                                   ("head", view.head, self.attention_heads)):
+            if index is not None and not -count <= index < count:
+                raise ValueError(f"attention {name} {index + 1 if index >= 0 else index} does not exist: "
+                                 f"the decoder has {count} {name}{'s' if count > 1 else ''}")
+        self.attention_view = view
+
+    def describe_attention(self) -> str:
+        """What the reported ``alpha`` is, in words (figure titles)."""
+        return self.attention_view.describe(self.attention_layers, self.attention_heads)
+
+    def compile_step(self, backend: str = "inductor") -> None:
+        """``torch.compile`` the per-step work; subclasses say what that is."""
+        raise NotImplementedError
+
+    def prepare(self, annotations: Tensor):
+        """Per-image work on the annotations (B, P, C), once per image."""
+        raise NotImplementedError
+
+    def init_state(self, annotations: Tensor):
+        """The state before the first word, one row per image of (B, P, C)."""
+        raise NotImplementedError
+
+    def step(self, prepared, tokens: Tensor, state) -> StepOutput:
+        """Advance N rows (tokens (N,), the previous words) by one word."""
+        raise NotImplementedError
