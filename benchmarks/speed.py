@@ -3,7 +3,7 @@
     python benchmarks/speed.py                      # CPU, reference sizes, a table
     python benchmarks/speed.py --json               # one JSON object on stdout
     python benchmarks/speed.py --device cuda --amp  # GPU, bf16 autocast, plus the COCO epoch estimate
-    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco)
+    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco, transformer)
     python benchmarks/speed.py --quick --json       # tiny sizes, a few seconds (the test suite's run)
 
 Every number is the median of ``--repeats`` timed runs after a warm-up run, in one process. See
@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
+import transformer_speed
 from harness import OtherLoad, PeakMemory, autocast, median_seconds, synchronize
 from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
 
@@ -353,13 +354,14 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per number (median)")
-    parser.add_argument("--tutorial-repeats", type=int, default=3, help="timed runs of the (slow) tutorial")
+    parser.add_argument("--tutorial-repeats", type=int, default=3,
+                        help="timed runs of the (slow) tutorial and of the Transformer's recomputing beam search")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads (default: the usable cores; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, in seconds")
     parser.add_argument("--parts", default="train,beam,cache",
-                        help="comma-separated parts to run: train, beam, cache, coco (default train,beam,cache; "
-                             "coco is added on CUDA); the matmul peak always runs")
+                        help="comma-separated parts to run: train, beam, cache, coco, transformer (default "
+                             "train,beam,cache; coco is added on CUDA); the matmul peak always runs")
     parser.add_argument("--coco", action="store_true", help="add the COCO epoch estimate to the parts")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return parser
@@ -407,7 +409,7 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         peak = results["matmul_peak_bf16_gflops"]
 
     parts = set(args.parts.split(",")) | ({"coco"} if device.type == "cuda" or args.coco else set())
-    unknown = parts - {"train", "beam", "cache", "coco"}
+    unknown = parts - {"train", "beam", "cache", "coco", "transformer"}
     if unknown:
         raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}")
     decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), sizes.vocab_size, sizes.channels)
@@ -422,6 +424,11 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         results.update(feature_cache(sizes, device, min(repeats, 3), results["amp"]))
     if "coco" in parts:
         results.update(coco_epoch(sizes, decoder, device, results["amp"]))
+    if "transformer" in parts:
+        transformer_sizes = transformer_speed.QUICK if args.quick else transformer_speed.TransformerSizes()
+        results["transformer_sizes"] = asdict(transformer_sizes)
+        results.update(transformer_speed.measure(transformer_sizes, device, repeats, tutorial_repeats,
+                                                 results["amp"], peak))
     return results
 
 
@@ -430,7 +437,8 @@ def print_table(results: dict[str, Any]) -> None:
           f"amp {results['amp']} | load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}"
           f" | other processes {results['other_processes_cores'] or 0:.2f} cores")
     for key, value in results.items():
-        if key in ("sizes", "device", "device_name", "cpu", "threads", "amp", "torch", "captioning"):
+        if key in ("sizes", "transformer_sizes", "device", "device_name", "cpu", "threads", "amp", "torch",
+                   "captioning"):
             continue
         if isinstance(value, dict):
             value = ", ".join(f"k={k}: {v:.3g}" for k, v in value.items())

@@ -28,13 +28,21 @@ POSITIVE_NUMBERS = (
     "cache_build_s", "cache_epoch_s", "stream_epoch_s", "cache_speedup", "cache_grids_s", "stream_grids_s",
     "cache_grids_speedup",
     "coco_step_ms", "coco_epoch_s", "coco_mean_words",
+    *(f"{prefix}_{key}" for prefix in ("transformer", "transformer6")
+      for key in ("train_step_ms", "train_step_gflop", "train_gflops", "train_mfu",
+                  "speedup_beam_1", "speedup_beam_3", "speedup_beam_5")),
 )
+BEAM_RATES = ("beam_captions_per_s", "tutorial_beam_captions_per_s",
+              *(f"{prefix}_{key}" for prefix in ("transformer", "transformer6")
+                for key in ("beam_captions_per_s", "recompute_beam_captions_per_s")))
 MEMORY = ("matmul_peak_mem_mb", "train_peak_mem_mb", "tutorial_train_peak_mem_mb", "beam_peak_mem_mb",
-          "tutorial_beam_peak_mem_mb", "cache_peak_mem_mb", "stream_peak_mem_mb")
+          "tutorial_beam_peak_mem_mb", "cache_peak_mem_mb", "stream_peak_mem_mb",
+          *(f"{prefix}_{key}" for prefix in ("transformer", "transformer6")
+            for key in ("train_peak_mem_mb", "beam_peak_mem_mb", "recompute_beam_peak_mem_mb")))
 
 
-def _load_baseline():
-    spec = importlib.util.spec_from_file_location("tutorial_baseline", ROOT / "benchmarks" / "tutorial_baseline.py")
+def _load_baseline(name: str = "tutorial_baseline"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -42,7 +50,8 @@ def _load_baseline():
 
 @pytest.fixture(scope="module")
 def quick_results() -> dict:
-    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--coco"], check=False,
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--coco",
+                                "--parts", "train,beam,cache,transformer"], check=False,
                                cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout)
@@ -52,7 +61,7 @@ def test_quick_run_reports_finite_positive_numbers(quick_results):
     for key in POSITIVE_NUMBERS:
         value = quick_results[key]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
-    for key in ("beam_captions_per_s", "tutorial_beam_captions_per_s"):
+    for key in BEAM_RATES:
         assert set(quick_results[key]) == {"1", "3", "5"}
         assert all(math.isfinite(v) and v > 0 for v in quick_results[key].values()), key
     for key in MEMORY:  # a part may fit in memory freed by an earlier one
@@ -121,3 +130,54 @@ def test_tutorial_beam_search_with_one_beam_is_our_greedy_caption():
         words = len(caption.tokens)
         assert found == caption.tokens if caption.finished else found[:words] == caption.tokens
         torch.testing.assert_close(maps[:words], caption.attention, rtol=1e-4, atol=1e-5)
+
+
+def _import_benchmark(name: str):
+    sys.path.insert(0, str(SPEED.parent))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(SPEED.parent))
+
+
+def test_transformer_flop_count_of_the_reference_configuration():
+    """By hand for 10 images x 5 captions x 21 steps, 14x14x2048, d 512, d_ff 2048, V 9490, 3+3 and 6+6 layers."""
+    transformer_speed = _import_benchmark("transformer_speed")
+    sizes = transformer_speed.TransformerSizes()
+    p, d = 196, 512
+    encoder_block = 8 * p * d * d + 4 * p * p * d + 4 * p * d * 2048
+    decoder_block = 8 * 21 * d * d + 4 * 21 * 21 * d + 4 * 21 * d * d + 4 * 21 * p * d + 4 * 21 * d * 2048
+    for layers in (3, 6):
+        per_image = 2 * p * 2048 * d + layers * (encoder_block + 4 * p * d * d)
+        per_caption = layers * decoder_block + 2 * 21 * d * 9490
+        expected = 3 * (10 * per_image + 50 * per_caption)
+        assert transformer_speed.transformer_train_step_flop(sizes, layers, 10, 50, 21) == expected
+    # The grid's work is counted per image, not per caption: 5 captions of one image add only caption work.
+    one = transformer_speed.transformer_train_step_flop(sizes, 3, 1, 1, 21)
+    five = transformer_speed.transformer_train_step_flop(sizes, 3, 1, 5, 21)
+    assert five - one == 4 * 3 * (3 * decoder_block + 2 * 21 * d * 9490)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_size):
+    """The recomputing baseline computes the cached decoder's function: the same captions and maps."""
+    from captioning.decoding import beam_search
+    from captioning.models.transformer import TransformerDecoder
+
+    torch.manual_seed(0)
+    decoder = TransformerDecoder(17, 6, (2, 3), d_model=16, num_heads=4, d_ff=32, encoder_layers=2,
+                                 decoder_layers=2, dropout=0.1).eval()
+    with torch.no_grad():  # <end> likely enough that some captions end and others run to the limit
+        decoder.out.bias[2] += 0.5
+    recomputing = _load_baseline("recompute_baseline").RecomputingDecoder(decoder)
+    grids = torch.randn(8, 6, 6, generator=torch.Generator().manual_seed(5))  # (B, P, C)
+    cached = beam_search(decoder, grids, beam_size, max_length=12)
+    recomputed = beam_search(recomputing, grids, beam_size, max_length=12)
+    # A case that can tell them apart: captions that differ, end at varied lengths or run to the limit.
+    assert len({len(caption.tokens) for caption in cached}) >= 2
+    assert len({tuple(caption.tokens) for caption in cached}) >= 3
+    assert {caption.finished for caption in cached} == {True, False}
+    for ours, baseline in zip(cached, recomputed):
+        assert baseline.tokens == ours.tokens and baseline.finished == ours.finished
+        assert math.isclose(baseline.log_prob, ours.log_prob, rel_tol=1e-5, abs_tol=1e-5)
+        torch.testing.assert_close(baseline.attention, ours.attention, rtol=1e-4, atol=1e-5)

@@ -451,6 +451,18 @@ def test_visualize_names_a_fifo_instead_of_waiting_on_it(shapes, tmp_path):
     assert_one_line_error(result.returncode, result.stderr, f"{fifo}: not a regular file (a FIFO)")
 
 
+def test_a_fifo_or_a_folder_as_a_data_file_is_named_for_what_it_is(shapes, tmp_path):
+    fifo = tmp_path / "split.json"
+    os.mkfifo(fifo)
+    flags = karpathy_flags(fifo, shapes.root, tmp_path / "run", **{"train.epochs": 1, "train.max_steps": 1})
+    result = run_in(REPO, "train.py", "--no-test", "--no-progress", *flags, timeout=120)
+    assert_one_line_error(result.returncode, result.stderr, f"{fifo}: data.split_file: a FIFO, not a file")
+    assert not (tmp_path / "run").exists()
+    flags = karpathy_flags(tmp_path, shapes.root, tmp_path / "run", **{"train.epochs": 1, "train.max_steps": 1})
+    result = run_in(REPO, "train.py", "--no-test", "--no-progress", *flags, timeout=120)
+    assert_one_line_error(result.returncode, result.stderr, f"{tmp_path}: data.split_file: a folder, not a file")
+
+
 def test_a_fifo_in_a_dataset_is_skipped_when_asked(shapes, tmp_path):
     root = tmp_path / "root"
     shutil.copytree(shapes.root, root, ignore=shutil.ignore_patterns("features"))

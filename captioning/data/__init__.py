@@ -106,8 +106,21 @@ def check_data_paths(config: DataConfig) -> None:
         for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
             exists = path.is_dir() if kind == "folder" else path.is_file()
             if not exists:
+                if path.exists():  # a folder for a file, a FIFO (reading one would wait forever), ...
+                    raise ConfigError(f"{path}: data.{key}: {_kind_of(path)}, not a {kind}; "
+                                      f"set data.{key}=... to a {kind}")
                 where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
                 raise ConfigError(f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is")
+
+
+def _kind_of(path: Path) -> str:
+    """What an existing path is, in words: "a folder", "a FIFO", ..."""
+    for test, name in ((path.is_dir, "a folder"), (path.is_fifo, "a FIFO"), (path.is_socket, "a socket"),
+                       (path.is_char_device, "a character device"), (path.is_block_device, "a block device"),
+                       (path.is_file, "a file")):
+        if test():
+            return name
+    return "not a regular file"
 
 
 def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True,
