@@ -15,8 +15,9 @@ def read_folder(folder: str | Path) -> list[ImageRecord]:
     Files are those with an image suffix (``IMAGE_SUFFIXES``, any case), hidden files and
     sub-folders excluded, sorted by file name. Anything else with such a name (a FIFO, a socket, a
     broken link) is kept, so that reading it fails naming it, or it is skipped and counted with
-    ``data.skip_bad_images``, like an image that cannot be decoded: never silently dropped. ``image_id`` is the 1-based position in that order, so ids are stable as
-    long as the folder's file names are; ``split`` is ``""`` and there are no captions.
+    ``data.skip_bad_images``, like an image that cannot be decoded: never silently dropped.
+    ``image_id`` is the 1-based position in that order, so ids are stable as long as the folder's
+    file names are; ``split`` is ``""`` and there are no captions.
 
     Raises:
         DatasetError: the folder does not exist, is not a folder, or holds no image file.
