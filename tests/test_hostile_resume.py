@@ -134,19 +134,21 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
 # ------------------------------------------------------------------ --set values as YAML reads them
 
 @pytest.mark.parametrize("value", ["null", "~", "NULL", ""])
-def test_a_null_output_dir_from_set_is_refused_as_in_a_yaml_file(tmp_path, capsys, monkeypatch, value):
+def test_a_null_output_dir_from_set_is_refused_as_in_a_yaml_file(shapes, tmp_path, capsys, monkeypatch, value):
     monkeypatch.chdir(tmp_path)
-    code, stderr = run_in_process("train.py", ["--set", f"train.output_dir={value}", "--no-progress"], capsys)
+    flags = [*short_run(shapes, tmp_path), "--no-test", "--set", f"train.output_dir={value}"]  # the last one wins
+    code, stderr = run_in_process("train.py", flags, capsys)
     assert_one_line_error(code, stderr, "train.output_dir must be a string, got null")
     assert not list(tmp_path.iterdir())  # no folder named null, ~ or None
 
 
-def test_set_null_through_the_tool_and_integer_keys_take_integers_only(tmp_path, capsys):
-    result = run_in(tmp_path, "train.py", "--set", "train.output_dir=~", "--no-progress")
+def test_set_null_through_the_tool_and_integer_keys_take_integers_only(shapes, tmp_path, capsys):
+    tiny = [*short_run(shapes, tmp_path / "run"), "--no-test"]
+    result = run_in(tmp_path, "train.py", *tiny, "--set", "train.output_dir=~")
     assert_one_line_error(result.returncode, result.stderr, "train.output_dir must be a string, got null")
     assert not list(tmp_path.iterdir())
     for value in ("1e3", "2.0", "true"):
-        code, stderr = run_in_process("train.py", ["--set", f"train.seed={value}"], capsys)
+        code, stderr = run_in_process("train.py", [*tiny, "--set", f"train.seed={value}"], capsys)
         assert_one_line_error(code, stderr, f"train.seed must be an integer, got '{value}'")
 
 
