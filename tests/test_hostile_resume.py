@@ -99,12 +99,14 @@ def test_decoder_weights_of_another_shape_are_refused_before_any_write(trained_r
 # ------------------------------------------------------------------ one run per folder, before any work
 
 def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(shapes, tmp_path):
-    run = tmp_path / "run"
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    # Random encoder weights key their own cache folder: --cache-only must draw the run's.
+    random_encoder = {"model.encoder.weights": "none", "data.cache_dir": cache}
     first = start_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{
-        "train.epochs": 50, "train.max_steps": 0}))
+        "train.epochs": 50, "train.max_steps": 0, **random_encoder}))
     try:
         for _ in range(1200):  # the first run holds the lock once it has written its configuration
-            if (run / "config.yaml").exists() or first.poll() is not None:
+            if ((run / "config.yaml").exists() and cache.is_dir() and any(cache.iterdir())) or first.poll() is not None:
                 break
             time.sleep(0.1)
         assert first.poll() is None, first.communicate()[1]
@@ -124,11 +126,13 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
     summary = json.loads((run / "data_summary.json").read_text())
     assert summary["train_captions_cut"] == 0  # the refused cache-only run did not rewrite it
 
-    caching = run_in(REPO, "train.py", "--cache-only", *short_run(shapes, run, **{"data.max_caption_length": 5}))
+    caching = run_in(REPO, "train.py", "--cache-only", *short_run(shapes, run, **{
+        "data.max_caption_length": 5, **random_encoder}))
     assert caching.returncode == 0, caching.stderr
     listed = caching.stdout.split("files written:")[1]
     assert str(run / "data_summary.json") in listed and "train features" in listed
     assert json.loads((run / "data_summary.json").read_text())["train_captions_cut"] > 0
+    assert len(list(cache.iterdir())) == 1, list(cache.iterdir())  # the run's cache folder, not a new one
 
 
 # ------------------------------------------------------------------ --set values as YAML reads them
