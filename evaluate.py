@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Generate captions with a trained checkpoint and score them with the COCO caption metrics.
 
-Three uses:
+Uses:
   python evaluate.py --checkpoint ckpt.pt --split test        decode a split, write results, score them
   python evaluate.py --annotations captions_val2014.json --results results.json   score any results file
   python evaluate.py --checkpoint ckpt.pt --images some/folder  caption plain images (no scores)
+  python evaluate.py --compare A.json B.json --annotations captions.json   paired bootstrap of two systems
+  python evaluate.py --aggregate runs/*/test_scores.json      mean, std, min, max over seeds
 
 Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D, SPICE, grounding) go to --out, by default <name>_scores.json beside
+ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, a signature) go to --out, by default <name>_scores.json beside
 <name>_results.json, with per-image scores in <name>_scores.per_image.json. Without --results,
 <name> is eval_<checkpoint stem>_<split> (or _images), in the checkpoint's run folder when it sits
 in one (<run>/checkpoints/x.pt), else in the current folder: never the main job's test_*.json.
@@ -33,6 +35,14 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="results file to score (with --annotations) or to write (default: "
                              "eval_<checkpoint stem>_<split>_results.json in the checkpoint's run folder)")
     source.add_argument("--config", type=Path, help="take the dataset from this YAML instead of the checkpoint")
+    tools = parser.add_argument_group("comparing systems and runs")
+    tools.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
+                       help="two COCO results files of the same images: per-metric B - A with a 95%% paired "
+                            "bootstrap interval and p-value (needs --annotations)")
+    tools.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for --compare")
+    tools.add_argument("--seed", type=int, default=0, help="seed of the --compare resampling")
+    tools.add_argument("--aggregate", type=Path, nargs="+", metavar="SCORES.json",
+                       help="test_scores.json of runs that differ only in train.seed: mean, std, min, max")
     decoding = parser.add_argument_group("decoding (defaults: the checkpoint's configuration)")
     decoding.add_argument("--strategy", choices=("greedy", "beam", "sample"))
     decoding.add_argument("--beam-size", type=int)
@@ -43,10 +53,13 @@ def get_args_parser() -> argparse.ArgumentParser:
                           help="change a data.* or decode.* key of the checkpoint's configuration, e.g. "
                                "--set decode.min_length=5 (repeatable; the flags above win)")
     scoring = parser.add_argument_group("scoring")
-    scoring.add_argument("--out", type=Path, help="scores JSON (default: <name>_scores.json for <name>_results.json)")
+    scoring.add_argument("--out", type=Path,
+                         help="scores JSON (default: <name>_scores.json for <name>_results.json); with --compare "
+                              "or --aggregate, their JSON (default: printed only)")
     scoring.add_argument("--instances", type=Path, nargs="+",
-                         help="COCO instances JSON files with boxes: attention grounding on the images they cover "
-                              "(default: the checkpoint's data.instances; Shapes: automatic)")
+                         help="COCO instances JSON files with boxes: attention grounding and object hallucination "
+                              "(CHAIR-i, CHAIR-s) on the images they cover (default: the checkpoint's "
+                              "data.instances; Shapes: automatic)")
     scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
     scoring.add_argument("--java-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "

@@ -12,11 +12,11 @@ from captioning.evaluation.grounding import Instances
 from captioning.evaluation.runner import (
     caption_records,
     default_instances,
-    grounding_line,
     load_boxes,
     load_captioner,
     score_captioned,
     split_records,
+    summary_lines,
     write_results,
     write_scores,
 )
@@ -38,15 +38,14 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
     if boxes is None:
         boxes = load_boxes(default_instances(config))
-    scores = score_captioned(captioned, model.grid, boxes)
+    scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint)
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path
     outputs.files["test scores per image"] = per_image_path
     outputs.test_scores = scores
     print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")
-    line = grounding_line(scores, len(captioned))
-    if line is not None:
+    for line in summary_lines(scores, len(captioned)):
         print(line)
     if figures:
         from captioning.visualization.report import write_figures_and_report

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from captioning.config import load_config
 from captioning.evaluation.metrics import METRICS
+from captioning.evaluation.signature import decode_description, file_hash, parse_signature
 from captioning.training.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +84,22 @@ def test_demo_writes_every_promised_file(demo):
     assert report.count("data:image/") >= 2 and "http://" not in report
 
 
+def test_demo_scores_carry_chair_and_signature(demo):
+    run_dir = demo / "run"
+    scores = json.loads((run_dir / "test_scores.json").read_text())
+    per_image = json.loads((run_dir / "test_scores.per_image.json").read_text())
+    assert len(per_image) == 8 and all({"CHAIR-i", "CHAIR-s", "hallucinated"} <= set(p) for p in per_image)
+    assert scores["CHAIR-hallucinated"] == sum(len(p["hallucinated"]) for p in per_image)
+    assert scores["CHAIR-s"] == pytest.approx(sum(p["CHAIR-s"] for p in per_image) / 8)
+    if scores["CHAIR-mentions"]:
+        assert scores["CHAIR-i"] == pytest.approx(scores["CHAIR-hallucinated"] / scores["CHAIR-mentions"])
+    signature = parse_signature(scores["signature"])
+    assert signature["ckpt"] == file_hash(scores["checkpoint"]) and signature["n"] == "8"
+    assert signature["decode"] == decode_description(load_config(run_dir / "config.yaml").decode)
+    stdout = (demo / "stdout.txt").read_text()
+    assert "object hallucination: CHAIR-i" in stdout and f"signature: {scores['signature']}" in stdout
+
+
 def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     checkpoint = demo / "run" / "checkpoints" / "best.pt"
     out = tmp_path / "val_results.json"
@@ -96,6 +114,9 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     assert scores["CIDEr-D"] is not None
     assert "grounding-mass" in scores
     assert "CIDEr-D" in result.stdout and str(out) in result.stdout
+    assert 0 <= scores["CHAIR-s"] <= 1  # Shapes' instances are found without --instances, as for grounding
+    signature = parse_signature(scores["signature"])
+    assert signature["ckpt"] == file_hash(checkpoint) and signature["n"] == "8" and signature["tok"] == "python"
 
 
 def test_evaluate_set_changes_decoding_but_never_the_model(demo, tmp_path):

@@ -1,4 +1,4 @@
-"""What ``evaluate.py`` does for each of its three uses."""
+"""What ``evaluate.py`` does for each of its uses."""
 
 from __future__ import annotations
 
@@ -21,18 +21,24 @@ from captioning.evaluation.runner import (
     caption_records,
     decode_config_with,
     default_instances,
-    grounding_line,
     load_boxes,
     load_captioner,
     per_image_path,
     score_captioned,
     score_results_file,
     split_records,
+    summary_lines,
     write_results,
     write_scores,
 )
 from captioning.files import atomic_write
-from captioning.run_folder import check_output_file, evaluation_prefix, run_folder_of, scores_path_for
+from captioning.run_folder import (
+    RunFolderError,
+    check_output_file,
+    evaluation_prefix,
+    run_folder_of,
+    scores_path_for,
+)
 from captioning.training.run import resolve_device
 
 
@@ -64,6 +70,47 @@ def _report_skipped(records: list, captioned: list) -> None:
               "(data.skip_bad_images); they are not in the results", flush=True)
 
 
+def scores_text(scores: dict, images: int) -> str:
+    """The metrics table, grounding and CHAIR when computed, and the signature last."""
+    return "\n".join([scores["table"], *summary_lines(scores, images)])
+
+
+def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> dict:
+    """``--compare A B --annotations REFS`` or ``--aggregate SCORES...`` (nothing is decoded).
+
+    Only ``--out``, when given, is written: it is checked before any file is read, and may not be
+    one of the inputs.
+    """
+    if args.checkpoint is not None or args.images is not None or args.results is not None:
+        raise ConfigError("--compare and --aggregate read existing files: give no --checkpoint/--images/--results")
+    if args.aggregate and args.compare:
+        raise ConfigError("give one of --compare or --aggregate")
+    inputs = [*(args.compare or args.aggregate), *([args.annotations] if args.annotations else [])]
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+        for path in inputs:
+            if _same_file(args.out, path):
+                raise RunFolderError(f"{args.out}: --out: is an input ({path}); give another file name")
+    if args.aggregate:
+        from captioning.evaluation.aggregate import aggregate_command
+
+        return aggregate_command(args.aggregate, args.out)
+    if args.annotations is None:
+        raise ConfigError("--compare needs --annotations (the reference captions of both systems' images)")
+    from captioning.evaluation.compare import compare_command
+
+    return compare_command(args.annotations, *args.compare, args.out, use_java, args.spice, args.resamples,
+                           args.seed, args.java_timeout)
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    """Whether two paths name one file (a file that does not exist yet is none of the inputs)."""
+    try:
+        return first.samefile(second)
+    except OSError:
+        return False
+
+
 def _scores_paths(out: Path | None, results: Path) -> Path:
     return out if out is not None else scores_path_for(results)
 
@@ -71,6 +118,8 @@ def _scores_paths(out: Path | None, results: Path) -> Path:
 def evaluate(args: argparse.Namespace) -> dict | None:
     """Dispatch on the arguments of ``evaluate.py``; returns the scores when some were computed."""
     use_java = False if args.no_java else None
+    if getattr(args, "aggregate", None) or getattr(args, "compare", None):
+        return _compare_or_aggregate(args, use_java)
     if args.annotations is not None:
         if args.results is None or args.checkpoint is not None or args.images is not None:
             raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
@@ -78,9 +127,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             raise ConfigError(f"{args.results}: results file not found")
         scores_path = _scores_paths(args.out, args.results)
         check_output_file(scores_path, "--out")
+        boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
         scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
-                                    java_timeout=args.java_timeout)
-        print(scores["table"])
+                                    java_timeout=args.java_timeout, boxes=boxes)
+        print(scores_text(scores, len(scores["per_image"])))
         replaced = _existing(scores_path, per_image_path(scores_path))
         scores_path, per_image = write_scores(scores_path, scores)
         _print_summary({"scores": scores_path, "per-image scores": per_image}, replaced)
@@ -143,12 +193,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     replaced = _existing(*outputs)
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
-                             java_timeout=args.java_timeout)
+                             java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint)
     scores["checkpoint"] = str(args.checkpoint)
-    print(scores["table"])
-    line = grounding_line(scores, len(captioned))
-    if line is not None:
-        print(line)
+    print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)
     _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image}, replaced)
     return scores

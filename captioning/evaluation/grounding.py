@@ -58,10 +58,12 @@ class Instances:
     Attributes:
         image_sizes: image id -> (width, height) in pixels.
         objects: image id -> its annotated objects (empty list for images without any).
+        categories: the file's category names, lower case (the objects that could be annotated).
     """
 
     image_sizes: dict[int, tuple[float, float]]
     objects: dict[int, list[ObjectBox]]
+    categories: tuple[str, ...] = ()
 
 
 MAX_PIXELS = 10 ** 7  # image sides and box coordinates beyond this are not images
@@ -100,7 +102,8 @@ def load_instances(instances_file: str | Path) -> Instances:
         attributes = {k: v for k, v in annotation.items() if k not in _COCO_FIELDS}
         objects[annotation["image_id"]].append(ObjectBox(str(coco.cats[annotation["category_id"]]["name"]).lower(),
                                                          tuple(float(v) for v in bbox), attributes))
-    return Instances(image_sizes, objects)
+    categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
+    return Instances(image_sizes, objects, categories)
 
 
 def _is_number(value: Any) -> bool:

@@ -125,16 +125,12 @@ def score_captions(
     elif use_java and not java:
         raise RuntimeError("use_java=True but no 'java' executable is on the PATH")
     image_ids = list(references)
-    gts = res = None
-    if use_java:
-        try:
-            gts, res = _ptb_tokenize(references, candidates, image_ids, java_timeout)
-        except JavaTimeout as error:
-            print(f"warning: {error}; scoring without Java (no METEOR)", file=sys.stderr, flush=True)
-            use_java = False
-    if not use_java:
-        gts = {i: [" ".join(tokenize(ref)) for ref in references[i]] for i in image_ids}
-        res = {i: [" ".join(tokenize(candidates[i]))] for i in image_ids}
+    try:
+        gts, res = tokenize_captions(references, candidates, use_java, java_timeout)
+    except JavaTimeout as error:
+        print(f"warning: {error}; scoring without Java (no METEOR)", file=sys.stderr, flush=True)
+        use_java = False
+        gts, res = tokenize_captions(references, candidates, use_java)
 
     overall: dict[str, float | None] = dict.fromkeys(METRICS)
     unavailable: dict[str, str] = {}
@@ -165,6 +161,23 @@ def score_captions(
         unavailable["SPICE"] = spice_missing
     overall[NLTK_BLEU] = _nltk_corpus_bleu(gts, res, image_ids)
     return Scores(overall, unavailable, per_image, "ptb" if use_java else "python")
+
+
+def tokenize_captions(references: Mapping[int, Sequence[str]], candidates: Mapping[int, str],
+                      use_java: bool, java_timeout: float = DEFAULT_TIMEOUT_S
+                      ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """Tokenize as the metrics do: ``(image id -> references, image id -> [candidate])``, each caption
+    one string of space-separated lower-case tokens (PTB via Java, or :func:`captioning.text.tokenize`).
+
+    Raises:
+        JavaTimeout: the PTB tokenizer ran past ``java_timeout`` seconds.
+    """
+    image_ids = list(references)
+    if use_java:
+        return _ptb_tokenize(references, candidates, image_ids, java_timeout)
+    gts = {i: [" ".join(tokenize(ref)) for ref in references[i]] for i in image_ids}
+    res = {i: [" ".join(tokenize(candidates[i]))] for i in image_ids}
+    return gts, res
 
 
 def _validate(references: Mapping[int, Sequence[str]], candidates: Mapping[int, str]) -> None:
@@ -438,5 +451,5 @@ class CiderDScorer:
 
 __all__ = [
     "METRICS", "NLTK_BLEU", "CiderDScorer", "EvaluationInputError", "Scores", "load_coco_references",
-    "load_results", "read_coco_file", "score_captions",
+    "load_results", "read_coco_file", "score_captions", "tokenize_captions",
 ]

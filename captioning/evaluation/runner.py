@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,8 +17,10 @@ from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
 from captioning.evaluation.grounding import Instances, WordMatcher, grounding_scores, load_instances
+from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
+from captioning.evaluation.signature import make_signature
 from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
@@ -101,7 +103,7 @@ def default_instances(config: Config) -> tuple[Path, ...]:
 
 def load_boxes(paths: Sequence[str | Path]) -> Instances | None:
     """The boxes of several COCO instances files (``instances_train2014.json``, ``instances_val2014.json``)
-    as one :class:`Instances`; None when there are no files.
+    as one :class:`Instances` (with every file's categories); None when there are no files.
 
     Raises:
         EvaluationInputError: a file is missing or malformed, or an image id is in two files.
@@ -110,6 +112,7 @@ def load_boxes(paths: Sequence[str | Path]) -> Instances | None:
         return None
     merged = Instances({}, {})
     source: dict[int, Path] = {}
+    categories: dict[str, None] = {}  # ordered union: the first file's order, then new names
     for path in map(Path, paths):
         boxes = load_instances(path)
         for image_id in boxes.image_sizes:
@@ -118,14 +121,41 @@ def load_boxes(paths: Sequence[str | Path]) -> Instances | None:
             source[image_id] = path
         merged.image_sizes.update(boxes.image_sizes)
         merged.objects.update(boxes.objects)
+        categories.update(dict.fromkeys(boxes.categories))
+    merged.categories = tuple(categories)
     return merged
+
+
+def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequence[str]],
+                     references: Mapping[int, Sequence[str]], attention: Mapping[int, tuple] | None = None) -> None:
+    """Add attention grounding (when ``attention`` is given) and CHAIR to ``result`` in place, over the
+    images ``boxes`` cover; ``grounding-images`` and ``CHAIR-images`` count them (the others are left
+    out of these two only).
+
+    Args:
+        result: the scores being built (with its ``per_image`` list).
+        boxes: the annotated objects (:func:`load_boxes`).
+        words: image id -> the generated caption's tokens.
+        references: image id -> raw reference captions.
+        attention: image id -> (attention maps (T, P), grid) of the generated caption.
+    """
+    covered = [image_id for image_id in words if image_id in boxes.image_sizes]
+    matcher = WordMatcher()  # one table of category words for grounding and CHAIR
+    if attention is not None:
+        items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
+        result.update(grounding_scores(items, boxes, matcher))
+        result["grounding-images"] = len(covered)
+    add_chair(result, {image_id: words[image_id] for image_id in covered}, references, boxes, matcher.table)
+    result["CHAIR-images"] = len(covered)
 
 
 def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: Instances | None = None,
                     use_java: bool | None = None, spice: bool = False,
-                    java_timeout: float = DEFAULT_TIMEOUT_S) -> dict:
-    """Caption metrics against each record's references, plus attention grounding on the images
-    ``boxes`` cover (``grounding-images`` of them; the others are left out of grounding only)."""
+                    java_timeout: float = DEFAULT_TIMEOUT_S, decode: DecodeConfig | None = None,
+                    checkpoint: Path | None = None) -> dict:
+    """Caption metrics against each record's references, plus attention grounding and CHAIR on the
+    images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of them; the others are left out
+    of these only), and the signature of the scores (``decode`` and ``checkpoint`` describe the system)."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
     scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
@@ -133,10 +163,9 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: In
     result["per_image"] = scores.per_image_json()
     result["table"] = scores.table()
     if boxes is not None:
-        items = [(item.record.image_id, item.words, item.caption.attention.numpy(), grid) for item in captioned
-                 if item.record.image_id in boxes.image_sizes]
-        result.update(grounding_scores(items, boxes, WordMatcher()))
-        result["grounding-images"] = len(items)
+        add_boxed_scores(result, boxes, {item.record.image_id: item.words for item in captioned}, references,
+                         {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned})
+    result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint)
     return result
 
 
@@ -152,6 +181,12 @@ def grounding_line(scores: dict, images: int) -> str | None:
     return (f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
             f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "
             f"{images} images with boxes")
+
+
+def summary_lines(scores: dict, images: int) -> list[str]:
+    """The lines printed under the scores table: grounding and CHAIR when measured, the signature last."""
+    lines = [line for line in (grounding_line(scores, images), chair_line(scores)) if line is not None]
+    return [*lines, f"signature: {scores['signature']}"]
 
 
 def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
@@ -188,9 +223,12 @@ def decode_config_with(config: Config, **changes) -> DecodeConfig:
 
 
 def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
-                       spice: bool = False, java_timeout: float = DEFAULT_TIMEOUT_S) -> dict:
-    """Score a COCO results file against COCO-format reference captions, as the official toolkit does."""
+                       spice: bool = False, java_timeout: float = DEFAULT_TIMEOUT_S,
+                       boxes: Instances | None = None) -> dict:
+    """Score a COCO results file against COCO-format reference captions, as the official toolkit does,
+    with CHAIR on the images ``boxes`` cover (:func:`load_boxes`) when given."""
     from captioning.evaluation.metrics import load_coco_references, load_results
+    from captioning.text import tokenize
 
     references = load_coco_references(annotations)
     candidates = load_results(results)
@@ -199,4 +237,8 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
         raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")
     references = {image_id: references[image_id] for image_id in candidates}
     scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
-    return {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
+    result = {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
+    if boxes is not None:
+        add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references)
+    result["signature"] = make_signature(references, scores.tokenizer, results=results)
+    return result

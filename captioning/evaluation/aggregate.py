@@ -1,0 +1,136 @@
+"""``evaluate.py --aggregate runs/*/test_scores.json``: one configuration trained with several seeds.
+
+Each scores file must sit in its run folder next to the ``config.yaml`` that ``python train.py``
+writes there. Runs are aggregated only when their configurations differ in nothing but
+``train.seed`` and ``train.output_dir``; every metric is then summarised by its mean, sample
+standard deviation (n - 1), minimum and maximum over the runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from captioning.config import ConfigError, load_config, to_dict
+from captioning.evaluation.compare import warn_if_signatures_differ
+from captioning.evaluation.metrics import EvaluationInputError, _read_json
+from captioning.files import atomic_write
+
+# Keys that may differ between the runs of one configuration: the seed, where the run was written,
+# and how it was started (a run resumed after preemption computes what an uninterrupted one does).
+SEED_KEYS = frozenset(["train.seed", "train.output_dir", "train.resume", "train.overwrite"])
+# Numbers of a scores file that count things rather than measure the captions.
+COUNT_KEYS = frozenset(["images", "grounding-words", "grounding-images", "CHAIR-mentions", "CHAIR-hallucinated",
+                        "CHAIR-images"])
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections -> ``{"section.key": value}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def run_configuration(scores_path: Path) -> dict[str, Any]:
+    """The flattened configuration of the run whose scores file this is (``config.yaml`` beside it)."""
+    config_path = scores_path.parent / "config.yaml"
+    if not config_path.is_file():
+        raise ConfigError(f"{scores_path}: no config.yaml beside it (aggregate the test_scores.json of run folders)")
+    return flatten(to_dict(load_config(config_path)))
+
+
+def check_same_configuration(paths: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse runs whose configurations differ in anything but the seed and the output folder.
+
+    Raises:
+        ConfigError: naming the second file and the first key where it differs from the first run.
+    """
+    first = configs[0]
+    for path, config in zip(paths[1:], configs[1:]):
+        for key in sorted(set(first) | set(config)):
+            if key not in SEED_KEYS and first.get(key) != config.get(key):
+                raise ConfigError(f"{path}: {key}: {config.get(key)!r} here but {first.get(key)!r} in {paths[0]}; "
+                                  "runs aggregate only when they differ in train.seed alone")
+
+
+def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, sample standard deviation, min and max of every metric that every run reports.
+
+    Args:
+        runs: the scores dicts (two or more).
+    Returns:
+        metric -> ``{"mean", "std", "min", "max"}``, in the first run's key order.
+    """
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    summary: dict[str, dict[str, float]] = {}
+    for key in runs[0]:
+        values = [run.get(key) for run in runs]
+        if key in COUNT_KEYS or not all(number(v) for v in values):
+            continue
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        summary[key] = {"mean": mean, "std": std, "min": min(values), "max": max(values)}
+    return summary
+
+
+def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
+    """Check and summarise the scores files of several runs (see the module docstring).
+
+    Returns:
+        ``{"metrics": {metric: {"mean", "std", "min", "max"}}, "runs": [...], "seeds": [...],
+        "signatures": [...]}``.
+    Raises:
+        ConfigError: fewer than two runs, a run without config.yaml, configurations that differ.
+        EvaluationInputError: a scores file that is missing or not a JSON object.
+    """
+    if len(paths) < 2:
+        raise ConfigError("--aggregate needs the scores files of two or more runs")
+    for index, path in enumerate(paths):
+        if any(Path(path) == Path(earlier) for earlier in paths[:index]):
+            raise ConfigError(f"{path}: given twice: each run counts once")
+    scores = []
+    for path in paths:
+        data = _read_json(path)
+        if not isinstance(data, dict):
+            raise EvaluationInputError(f"{path}: expected a scores JSON object, got {type(data).__name__}")
+        scores.append(data)
+    configs = [run_configuration(Path(path)) for path in paths]
+    check_same_configuration(list(paths), configs)
+    return {"metrics": summarise(scores), "runs": [str(p) for p in paths],
+            "seeds": [config["train.seed"] for config in configs],
+            "signatures": [run.get("signature", "") for run in scores]}
+
+
+def aggregate_table(aggregate: Mapping[str, Any]) -> str:
+    """A console table of the aggregate (x100, as papers report)."""
+    metrics = aggregate["metrics"]
+    width = max([len("metric"), *map(len, metrics)])
+    header = f"{'metric':<{width}}  {'mean':>7}  {'std':>6}  {'min':>7}  {'max':>7}"
+    lines = [header, "-" * len(header)]
+    for name, s in metrics.items():
+        lines.append(f"{name:<{width}}  {100 * s['mean']:7.2f}  {100 * s['std']:6.2f}  {100 * s['min']:7.2f}  "
+                     f"{100 * s['max']:7.2f}")
+    lines.append(f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; std over runs (n - 1)")
+    return "\n".join(lines)
+
+
+def aggregate_command(paths: Sequence[Path], out: Path | None) -> dict[str, Any]:
+    """Print the aggregate, warn when the runs' signatures differ, write ``out`` if given."""
+    aggregate = aggregate_runs(paths)
+    print(aggregate_table(aggregate))
+    first = aggregate["signatures"][0]
+    for path, signature in zip(paths[1:], aggregate["signatures"][1:]):
+        warn_if_signatures_differ(first, signature, f"{paths[0]} and {path}")
+    if out is not None:
+        atomic_write(out, lambda p: p.write_text(json.dumps(aggregate, indent=2), encoding="utf-8"))
+        print(f"wrote:\n  aggregate              {out}")
+    return aggregate
