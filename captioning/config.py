@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 import typing
 from collections.abc import Iterable
@@ -293,22 +294,22 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
             return value.lower() in ("true", "yes", "1", "on")
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
+        raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
     if type_hint is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        # Integers only, as written: 1e3 or 2.0 is a float in YAML and is not silently truncated.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
         try:
-            as_float = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key} must be an integer, got {value!r}") from None
-        if not as_float.is_integer():
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return int(as_float)
+            if isinstance(value, str):
+                return int(value.strip())
+        except ValueError:
+            pass
+        raise ConfigError(f"{key} must be an integer, got {_shown(value)}")
     if type_hint is float:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{key} must be a number, got {value!r}") from None
+            raise ConfigError(f"{key} must be a number, got {_shown(value)}") from None
         if not math.isfinite(number):
             raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return number
@@ -319,8 +320,30 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a string, got {value!r}")
         if "\x00" in str(value):
             raise ConfigError(f"{key} must not contain a NUL character")
-        return str(value)
+        return _expand_home(str(value), key) if key in PATH_KEYS else str(value)
     return value
+
+
+# Keys that name files or folders: a leading ~ or ~user is expanded as a shell does (a quoted path or
+# KEY=~/x after --set reaches the program unexpanded), never taken as a folder named "~".
+PATH_KEYS = frozenset(["data.root", "data.split_file", "data.annotations", "data.instances", "data.cache_dir",
+                       "model.encoder.weights", "train.output_dir"])
+
+# The spellings YAML reads as null; --set KEY=VALUE reads them the same way.
+YAML_NULLS = frozenset(["", "~", "null", "Null", "NULL"])
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else repr(value)
+
+
+def _expand_home(path: str, key: str) -> str:
+    if not path.startswith("~"):
+        return path
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        raise ConfigError(f"{key}: cannot expand {path!r}: no such user or no home folder; give the full path")
+    return expanded
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
@@ -364,18 +387,21 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
 CHECKPOINT_SECTIONS = ("data", "decode")
 
 
-def parse_overrides(items: Iterable[str]) -> dict[str, str]:
+def parse_overrides(items: Iterable[str]) -> dict[str, str | None]:
     """``["train.lr=2e-4", ...]`` as typed after ``--set`` -> ``{"train.lr": "2e-4", ...}`` (later wins).
+
+    A value YAML reads as null (``null``, ``~``, nothing) is None, as in a configuration file: an
+    optional key is unset by it, and a key that must hold a string refuses it.
 
     Raises:
         ConfigError: an item without ``=`` or with an empty key.
     """
-    overrides: dict[str, str] = {}
+    overrides: dict[str, str | None] = {}
     for item in items:
         key, equals, value = item.partition("=")
         if not equals or not key.strip():
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = value.strip()
+        overrides[key.strip()] = None if value.strip() in YAML_NULLS else value.strip()
     return overrides
 
 

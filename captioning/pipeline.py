@@ -84,6 +84,7 @@ def main_job(config: Config, resume: str | Path | None = None, progress: bool = 
 
 def cache_only(config: Config, progress: bool = True) -> RunOutputs:
     """Generate/read the data and fill the feature cache of every split; nothing is trained."""
-    outputs = RunOutputs(Path(config.train.output_dir), files=cache_features(config, progress))
+    files, lock = cache_features(config, progress)
+    outputs = RunOutputs(Path(config.train.output_dir), files=files, lock=lock)
     print(summary(outputs), flush=True)
     return outputs

@@ -98,22 +98,58 @@ class RunLock:
             return self
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
+            locked = self._locked(descriptor, fcntl.LOCK_EX)
+        except BaseException:
             os.close(descriptor)
-            raise RunFolderError(f"{self.path.parent}: another train.py run is using this folder"
-                                 + (f" (pid {holder})" if holder else "")
-                                 + "; wait for it to end or choose another --output-dir") from None
-        except OSError as error:
-            os.close(descriptor)
-            if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                return self  # no locks on this filesystem: runs are not kept apart, as without fcntl
             raise
+        if not locked:
+            os.close(descriptor)
+            return self  # no locks on this filesystem: runs are not kept apart, as without fcntl
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
         self._descriptor = descriptor
         return self
+
+    def check_free(self) -> None:
+        """Refuse at once when a live process holds the lock, writing nothing (not even the lock file):
+        a second run stops before it reads any data, and a refused one leaves the folder as it was.
+
+        The shared lock taken for the test conflicts only with a run's exclusive one, so ranks
+        testing at the same time do not refuse each other.
+
+        Raises:
+            RunFolderError: as ``acquire``.
+        """
+        if fcntl is None:
+            return
+        try:
+            descriptor = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return  # no lock file (or no folder): no run has used it yet
+        try:
+            if self._locked(descriptor, fcntl.LOCK_SH):
+                fcntl.flock(descriptor, fcntl.LOCK_UN)
+        finally:
+            os.close(descriptor)
+
+    def _locked(self, descriptor: int, kind: int) -> bool:
+        """Take a ``flock`` of ``kind`` without waiting; False on a filesystem without locks.
+
+        Raises:
+            RunFolderError: another live process holds the lock.
+        """
+        try:
+            fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
+            raise RunFolderError(f"{self.path.parent}: another train.py run is using this folder"
+                                 + (f" (pid {holder})" if holder else "")
+                                 + "; wait for it to end or choose another --output-dir") from None
+        except OSError as error:
+            if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                return False
+            raise
+        return True
 
     def release(self) -> None:
         """Drop the lock (the file stays: deleting it would race with a run taking it)."""

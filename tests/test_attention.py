@@ -150,3 +150,23 @@ def test_prepare_runs_once_per_image_in_decoding(scoring, activation, heads, str
     assert counter.batch_sizes == [3]  # before the beams are expanded, never once per step
     if scoring != "dot":
         assert hooked == [3]
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_scaled_dot_keys_carry_no_bias_so_adam_has_no_rounding_noise_to_amplify(heads):
+    # A key bias adds b_k . q to every cell's score and cancels in the softmax: its gradient would be
+    # rounding noise, which Adam scales to full-size steps. It is left out: weights do not depend on
+    # it, and its gradient is exactly zero (the values' half of the bias is used and learns).
+    torch.manual_seed(0)
+    attention = ScaledDotAttention(12, 10, 8, heads)
+    annotations, query = torch.randn(3, 5, 12), torch.randn(3, 10)
+    prepared = attention.prepare(annotations)
+    weights = torch.softmax(attention.scores(prepared, query), dim=-1)
+    context = attention.combine(weights, prepared)
+    context.square().sum().backward()
+    grad = attention.key_value_proj.bias.grad
+    assert torch.equal(grad[:8], torch.zeros(8)) and grad[8:].abs().sum() > 0
+    with torch.no_grad():
+        attention.key_value_proj.bias[:8] += 3.0
+    moved = torch.softmax(attention.scores(attention.prepare(annotations), query), dim=-1)
+    torch.testing.assert_close(moved, weights, rtol=0, atol=0)

@@ -76,7 +76,9 @@ def test_the_official_caption_files_train_and_score_a_held_out_test_split(offici
     assert result.returncode == 0, result.stderr
     # val2014 is divided by image id: the even ones validate, the odd ones are the test split.
     odd = sorted(i for i in VAL_IDS if i % 2)
-    assert "images: train 12, val 7 (validating on 7), test 5 (scored at the end)" in plan_line(result.stdout)
+    rule = "val and test both from captions_val2014.json: even image ids -> val, odd -> test"
+    assert f"images: train 12, val 7 (validating on 7), test 5 (scored at the end); {rule};" in plan_line(result.stdout)
+    assert json.loads((work / "official" / "data_summary.json").read_text())["split_rule"] == rule
     tested = sorted(r["image_id"] for r in json.loads((work / "official" / "test_results.json").read_text()))
     assert tested == odd
     scores = json.loads((work / "official" / "test_scores.json").read_text())

@@ -178,6 +178,7 @@ def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_pa
     overrides = tiny_overrides(data_root, run_dir, **{"train.epochs": 1, "train.scst_epochs": 1,
                                                       "train.scst_samples": 2})
     outputs = train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
+    outputs.lock.release()  # the run is over; a run holds its folder until its process ends, and this one is pytest
     assert [h["stage"] for h in outputs.state.history] == ["xe", "scst"]  # self-critical from best.pt's weights
     checkpoints = run_dir / "checkpoints"
     last = load_checkpoint(checkpoints / "last.pt")["training"]

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from captioning.config import ConfigError, DataConfig
-from captioning.data.coco import read_coco
+from captioning.data.coco import read_coco, split_of_file
 from captioning.data.folder import read_folder
 from captioning.data.karpathy import read_karpathy
 from captioning.data.record_index import load_indexed
@@ -27,7 +27,7 @@ from captioning.text import replace_lone_surrogates
 
 __all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
            "check_data_paths", "divide_official_val", "generate_shapes", "load_records", "read_coco", "read_folder",
-           "read_karpathy", "read_shapes", "write_data_summary"]
+           "read_karpathy", "read_shapes", "split_rule", "write_data_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,18 @@ def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
         return records
     return [replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
             for record in records]
+
+
+def split_rule(config: DataConfig) -> str | None:
+    """How the val and test splits are made when no file gives them (``divide_official_val``), for
+    the plan line and ``data_summary.json``; None when the files give every split."""
+    if config.dataset != "coco" or config.split_file is not None:
+        return None
+    splits = {path: split_of_file(path) for path in config.annotations}
+    if "test" in splits.values():
+        return None
+    val_files = ", ".join(Path(path).name for path, split in splits.items() if split == "val") or "the val files"
+    return f"val and test both from {val_files}: even image ids -> val, odd -> test"
 
 
 def _load_folder(config: DataConfig) -> list[ImageRecord]:
@@ -184,8 +196,9 @@ def write_data_summary(records: list[ImageRecord], config: DataConfig, output_di
     cut, message = caption_length_summary(records, config.max_caption_length)
     if cut:  # kept, but cut to data.max_caption_length words when encoded: say so once
         logger.warning("%s (data.max_caption_length)", message)
-    text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut},
-                      indent=2, sort_keys=True)
+    rule = split_rule(config)
+    text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut,
+                       **({"split_rule": rule} if rule else {})}, indent=2, sort_keys=True)
     path = output_dir / "data_summary.json"
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return path

@@ -71,16 +71,21 @@ def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
     return records
 
 
+def split_of_file(annotation_file: str | Path) -> str | None:
+    """The split an official annotation file holds, from its name (``captions_val2014.json`` -> val)."""
+    match = _SPLIT_IN_NAME.search(Path(annotation_file).stem)
+    return match.group(1) if match else None
+
+
 def _read_annotation_file(annotation_file: Path, image_root: Path, karpathy_split: dict[int, str] | None,
                           skipped: SkipLog) -> list[ImageRecord]:
     source = annotation_file.name
     file_split = None
     if karpathy_split is None:
-        match = _SPLIT_IN_NAME.search(annotation_file.stem)
-        if match is None:
+        file_split = split_of_file(annotation_file)
+        if file_split is None:
             raise DatasetError(f"{source}: cannot tell the split from the file name (expected train, val or "
                                "test in it); pass a Karpathy split file instead")
-        file_split = match.group(1)
     coco = _index(annotation_file, source)
     folder_match = _FOLDER_IN_NAME.search(annotation_file.stem)
     file_folder = folder_match.group(1) if folder_match else ""

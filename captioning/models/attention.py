@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 
 class Prepared(NamedTuple):
@@ -120,6 +121,20 @@ class DotAttention(Attention):
         return torch.bmm(keys, query).transpose(1, 2).reshape(-1, 1, keys.size(1))  # (N, 1, P)
 
 
+class KeyValueProjection(nn.Linear):
+    """Keys and values of the annotations in one product, the keys' half of the bias left out.
+
+    A key bias adds b_k . q to every cell's score, which the softmax cancels: its gradient is zero up
+    to rounding, and Adam turns that rounding into full-size updates (several processes then drift
+    apart on it). Leaving it out changes no attention weight, so older checkpoints (which hold the
+    full bias) keep their function.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        half = self.out_features // 2
+        return F.linear(x, self.weight, torch.cat([self.bias.new_zeros(half), self.bias[half:]]))
+
+
 class ScaledDotAttention(Attention):
     """Scaled dot-product attention with query/key/value projections and ``num_heads`` heads.
 
@@ -134,7 +149,7 @@ class ScaledDotAttention(Attention):
             raise ValueError(f"attention_dim {attention_dim} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.head_dim = attention_dim // num_heads
-        self.key_value_proj = nn.Linear(annotation_dim, 2 * attention_dim)
+        self.key_value_proj = KeyValueProjection(annotation_dim, 2 * attention_dim)
         self.query_proj = nn.Linear(hidden_dim, attention_dim)
         self.output_proj = nn.Linear(attention_dim, attention_dim) if num_heads > 1 else nn.Identity()
         self.context_dim = attention_dim

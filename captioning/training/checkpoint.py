@@ -27,8 +27,8 @@ FORMAT = "captioning-checkpoint"
 VERSION = 1
 
 
-__all__ = ["CheckpointError", "atomic_write", "checkpoint_config", "load_checkpoint", "load_state_checked",
-           "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = ["CheckpointError", "atomic_write", "check_state_fits", "checkpoint_config", "load_checkpoint",
+           "load_state_checked", "rng_state", "save_checkpoint", "set_rng_state"]
 
 
 class CheckpointError(ValueError):
@@ -210,6 +210,16 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
 
 def load_state_checked(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path) -> None:
     """``load_state_dict(strict=True)`` with a one-line message saying what differs."""
+    check_state_fits(module, state, what, path)
+    module.load_state_dict(state, strict=True)
+
+
+def check_state_fits(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path) -> None:
+    """Refuse, without loading them, weights whose names or shapes differ from ``module``'s.
+
+    Raises:
+        CheckpointError: one line saying what differs.
+    """
     own = module.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -224,4 +234,3 @@ def load_state_checked(module: torch.nn.Module, state: dict[str, torch.Tensor], 
         problems.append(f"shape {', '.join(mismatched[:3])}" + (" ..." if len(mismatched) > 3 else ""))
     if problems:
         raise CheckpointError(f"{path}: {what} weights do not fit the model configuration: {'; '.join(problems)}")
-    module.load_state_dict(state, strict=True)

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from captioning.config import Config
+from captioning.data import split_rule
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.files import not_a_regular_file
 
@@ -80,6 +81,9 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
              f"{steps} steps per epoch ({counts['train']} training images, batch {train.batch_size})",
              f"images: train {counts['train']}, val {counts['val']} (validating on {validated})"
              + (f", test {counts['test']} (scored at the end)" if test else "")]
+    rule = split_rule(config.data)
+    if rule:
+        parts.append(rule)
     if train.max_steps:
         parts.append(f"stopping at step {train.max_steps} (train.max_steps)")
     if not state:

@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from captioning.config import Config, config_json, load_config, save_config, to_dict
-from captioning.data import build_vocabulary, load_records, write_data_summary
+from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
+from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.models.captioner import Captioner
 from captioning.run_folder import CHECKPOINTS, RunLock, remove_project_outputs
@@ -28,6 +29,7 @@ from captioning.training.checkpoint import (
 )
 from captioning.training.engine import TrainState
 from captioning.training.plan import check_images_exist, check_splits, describe_plan
+from captioning.training.resume_state import check_training_entries, check_training_fits
 from captioning.training.trainer import Trainer, check_resumable
 
 AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
@@ -157,12 +159,14 @@ def run_datasets(records: list[ImageRecord], model: Captioner, config: Config, o
     return train_set, val_set
 
 
-def check_resume(config: Config, output_dir: Path, resume: Path) -> None:
-    """Everything that would refuse ``--resume``, checked before the run writes anything.
+def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
+    """Everything that would refuse ``--resume`` before the model is built, checked before the run
+    writes anything; returns the loaded checkpoint (``check_training_fits`` takes it once the model is built).
 
     Raises:
         CheckpointError: the checkpoint is not in this run's ``checkpoints/`` folder (it would mix two
-            runs), is unreadable, has no training state, or was trained under another configuration.
+            runs), is unreadable, has no training state or a damaged one, or was trained under another
+            configuration.
     """
     from captioning.training.trainer import check_resumable
 
@@ -176,30 +180,47 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> None:
     if "optimizer" not in training:  # best.pt and best_scst.pt keep the weights only
         raise CheckpointError(f"{resume}: holds weights only, without the optimizer state a resumed run needs; "
                               "resume from checkpoints/last.pt")
-    for key in ("state", "optimizer"):
-        if not isinstance(training.get(key), dict):
-            raise CheckpointError(f"{resume}: checkpoint entry 'training.{key}' is missing or not a mapping")
+    check_training_entries(training, resume)
     stored, _ = checkpoint_config(payload, resume)
     check_resumable(stored, config, training["state"].get("stage", "xe"), resume)
+    return payload
 
 
-def cache_features(config: Config, progress: bool = True) -> dict[str, Path]:
-    """Run the frozen encoder once over every split and store the grids (``train.py --cache-only``)."""
+def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Path], RunLock]:
+    """Run the frozen encoder once over every split and store the grids (``train.py --cache-only``).
+
+    It writes ``data_summary.json`` in ``train.output_dir`` and may build the feature cache there
+    (``folder`` datasets), so it holds the run folder's lock as a training run does: it is refused
+    while a run uses the folder, and a run is refused while it caches.
+
+    Returns:
+        Every file or folder written, by what it is, and the held lock (dropped when the process ends).
+    """
     if not uses_cache(config):
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
-    records = load_records(config.data, Path(config.train.output_dir))
+    output_dir = Path(config.train.output_dir)
+    RunLock(output_dir).check_free()
+    # As a training run's rank 0 is seeded before it builds the model: random encoder weights
+    # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
+    seed_everything(config.train.seed, config.train.deterministic)
+    records = load_records(config.data, write_index=True)
     check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
-    written = {}
+    output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
+    lock = RunLock(output_dir).acquire()
+    written = {"data summary": write_data_summary(records, config.data, output_dir)}
+    index = records_dir(config.data)
+    if config.data.dataset in INDEXED_READERS and index.is_dir():
+        written["dataset index"] = index
     for split in ("train", "val", "test"):
         split_records = [r for r in records_of_split(records, split) if r.captions]
         if split_records:
             dataset = caption_dataset(split_records, model, config, device, Path(config.train.output_dir),
                                       progress, 1)
             written[f"{split} features"] = Path(dataset.features.path)
-    return written
+    return written, lock
 
 
 def _claim_output_dir(output_dir: Path, overwrite: bool) -> None:
@@ -268,6 +289,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         torch.cuda.set_device(device)
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
     output_dir = Path(config.train.output_dir)
+    if group.is_main:  # a run already using the folder refuses this one before any data are read
+        RunLock(output_dir).check_free()
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
     start_over = False  # --resume auto after a launch that wrote no checkpoint
@@ -276,11 +299,15 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         resume, start_over = _auto_resume_point(config, output_dir, group)
     else:
         resume = Path(resume) if resume is not None else None
+    stored = None
     if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
-        check_resume(config, output_dir, resume)
+        stored = check_resume(config, output_dir, resume)
     if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
         distributed.barrier()
     records, model = build_run_model(config, resume, device, group, test)
+    if stored is not None:
+        check_training_fits(stored, stored["training"], model, config, resume)
+        del stored  # the weights and moments are loaded again, by the trainer
     outputs = RunOutputs(output_dir)
     if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
         output_dir.mkdir(parents=True, exist_ok=True)
