@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_training import as_flags, data_root, run_train, tiny_overrides  # noqa: F401 (data_root: a fixture)
+from test_training import as_flags, data_root, run_train, run_train_two_processes, tiny_overrides  # noqa: F401 (data_root: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCH_LINE = re.compile(r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\d.]+) \+ 0\.5 x attention penalty "
@@ -117,12 +117,7 @@ def test_two_processes_validate_as_one_and_warn_once(data_root, tmp_path):  # no
     result = run_train(as_flags(tiny_overrides(data_root, single, **common)))
     assert result.returncode == 0, result.stderr
     double = tmp_path / "ddp"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(REPO / "train.py"), "--no-test", "--no-progress", "--device", "cpu",
-         *as_flags(tiny_overrides(data_root, double, **common))],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False)
+    result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))
     assert result.returncode == 0, result.stderr[-3000:]
     one = json.loads((single / "history.json").read_text())["epochs"]
     two = json.loads((double / "history.json").read_text())["epochs"]

@@ -67,6 +67,15 @@ def run_train(args: list[str], **kwargs) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, cwd=REPO, check=False, **kwargs)
 
 
+def run_train_two_processes(args: list[str]) -> subprocess.CompletedProcess:
+    """train.py under ``torchrun`` with 2 CPU processes (gloo), one thread each."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(REPO / "train.py"), "--no-test", "--no-progress", "--device", "cpu", *args],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False)
+
+
 def test_train_writes_checkpoints_logs_and_history(data_root, tmp_path):
     config = load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, tmp_path / "run"))
     outputs = train(config, progress=False)
@@ -205,12 +214,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_roo
     result = run_train(as_flags(tiny_overrides(data_root, single, **common)))
     assert result.returncode == 0, result.stderr
     double = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(REPO / "train.py"), "--no-test", "--no-progress", "--device", "cpu",
-         *as_flags(tiny_overrides(data_root, double, **common))],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env=env, check=False)
+    result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))
     assert result.returncode == 0, result.stderr[-3000:]
     one = load_checkpoint(single / "checkpoints" / "last.pt")
     two = load_checkpoint(double / "checkpoints" / "last.pt")

@@ -4,7 +4,6 @@ self-critical steps, checkpoints, the attention view in figures and grounding.""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_training import as_flags, data_root, read_steps, run_train, tiny_overrides  # noqa: F401
+from test_training import as_flags, data_root, read_steps, run_train, run_train_two_processes, tiny_overrides  # noqa: F401
 
 from captioning.config import ConfigError, DecodeConfig, DecoderConfig, from_dict, load_config, to_dict
 from captioning.data.images import load_image
@@ -287,12 +286,7 @@ def test_two_process_transformer_training_matches_one_process(data_root, tmp_pat
     result = run_train(as_flags(tiny_overrides(data_root, single, **common)))
     assert result.returncode == 0, result.stderr[-3000:]
     double = tmp_path / "ddp"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(REPO / "train.py"), "--no-test", "--no-progress", "--device", "cpu",
-         *as_flags(tiny_overrides(data_root, double, **common))],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False)
+    result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))
     assert result.returncode == 0, result.stderr[-3000:]
     one = load_checkpoint(single / "checkpoints" / "last.pt")
     two = load_checkpoint(double / "checkpoints" / "last.pt")
