@@ -7,14 +7,13 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from test_faults import REPO, assert_one_line_error, karpathy_flags, run_tool
+from test_faults import assert_one_line_error, karpathy_flags, run_tool
+from test_training import run_two_processes
 
 from captioning.config import EncoderConfig
 from captioning.data import image_files
@@ -283,11 +282,7 @@ def test_two_torchrun_processes_fill_one_cache_together(tmp_path, encoder) -> No
     _build(tmp_path / "cache", encoder, records[:2])  # two rows exist: five are left to share
     script = tmp_path / "rank.py"
     script.write_text(_RANK_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-         str(tmp_path / "images"), str(tmp_path / "cache"), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env=env, check=False)
+    result = run_two_processes(script, tmp_path / "images", tmp_path / "cache", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [report["computed"] for report in reports] == [2, 3]  # each rank its share of the five missing rows

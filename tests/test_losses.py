@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from test_decoder import C, P, V, make_batch  # the decoder tests' sizes and batch
+from test_training import run_two_processes
 
 from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
@@ -178,10 +176,7 @@ def test_hard_attention_baseline_is_the_mean_reward_of_the_global_batch(tmp_path
     # on the whole batch (expected contexts only, so the rewards are deterministic).
     script = tmp_path / "worker.py"
     script.write_text(BASELINE_WORKER)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-         str(tmp_path), str(REPO / "tests")], capture_output=True, text=True, timeout=300, cwd=REPO, check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_two_processes(script, tmp_path, REPO / "tests")
     assert result.returncode == 0, result.stderr[-3000:]
     torch.manual_seed(0)
     decoder = ShowAttendTellDecoder.from_config(DecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,

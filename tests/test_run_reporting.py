@@ -6,13 +6,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_training import as_flags, data_root, run_train, run_train_two_processes, tiny_overrides  # noqa: F401 (data_root: a fixture)
+from test_training import (  # noqa: F401 (data_root: a fixture)
+    as_flags,
+    data_root,
+    run_train,
+    run_train_two_processes,
+    run_two_processes,
+    tiny_overrides,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCH_LINE = re.compile(r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\d.]+) \+ 0\.5 x attention penalty "
@@ -94,10 +99,7 @@ distributed.shutdown()
 def test_validation_is_shared_out_over_processes_and_scores_as_one_process(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(VALIDATION_WORKER)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-         str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    result = run_two_processes(script, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     # Global batches of 2 x 2 images, each process taking every other one: each read its half only.

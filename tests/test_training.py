@@ -67,13 +67,17 @@ def run_train(args: list[str], **kwargs) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, cwd=REPO, check=False, **kwargs)
 
 
+def run_two_processes(script: Path, *args: str | Path) -> subprocess.CompletedProcess:
+    """``script`` under ``torchrun`` with 2 CPU processes (gloo), one thread each, the package importable."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+         *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+
+
 def run_train_two_processes(args: list[str]) -> subprocess.CompletedProcess:
     """train.py under ``torchrun`` with 2 CPU processes (gloo), one thread each."""
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(REPO / "train.py"), "--no-test", "--no-progress", "--device", "cpu", *args],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False)
+    return run_two_processes(REPO / "train.py", "--no-test", "--no-progress", "--device", "cpu", *args)
 
 
 def test_train_writes_checkpoints_logs_and_history(data_root, tmp_path):
@@ -283,10 +287,7 @@ def test_two_processes_keep_one_model_through_fine_tuning_and_self_critical_step
     # processes drift apart and only rank 0's copy is saved.
     script = tmp_path / "worker.py"
     script.write_text(SYNC_WORKER)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-         str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_two_processes(script, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     snaps = {(name, rank): torch.load(tmp_path / f"{name}_rank{rank}.pt", weights_only=True)
              for name in ("start", "xe", "scst") for rank in (0, 1)}
