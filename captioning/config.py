@@ -34,6 +34,8 @@ def _check(condition: bool, message: str) -> None:
 
 
 # The metrics validation computes (without Java): train.metric must name one of them.
+SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
+PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
 VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D")
 
 
@@ -197,8 +199,8 @@ class TrainConfig:
     adam_beta2: float = 0.999  # Adam's second-moment decay (Transformer recipes use 0.98)
     grad_clip: float = 5.0  # max gradient norm; 0 disables
     label_smoothing: float = 0.0  # cross-entropy label smoothing
-    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam (per step: warm-up, then 1/sqrt(step); cross-entropy stage only)
-    warmup_steps: int = 4000  # noam: steps of linear warm-up to train.lr, which then decays as 1/sqrt(step)
+    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam | cosine (per step, cross-entropy stage only: warm-up, then 1/sqrt(step) or half a cosine to 0 at the last epoch's end)
+    warmup_steps: int = 4000  # noam, cosine: steps of linear warm-up to train.lr
     step_size: int = 3  # epochs between decays (step)
     gamma: float = 0.8  # decay factor (step and plateau)
     plateau_patience: int = 2  # epochs without improvement before a plateau decay
@@ -230,7 +232,7 @@ class TrainConfig:
         _check(0.0 <= self.adam_beta2 < 1.0, f"train.adam_beta2 must be in [0, 1), got {self.adam_beta2}")
         _check(self.grad_clip >= 0, "train.grad_clip must be >= 0")
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
-        _one_of("train.schedule", self.schedule, ("none", "step", "plateau", "noam"))
+        _one_of("train.schedule", self.schedule, SCHEDULES)
         _check(self.warmup_steps >= 1, f"train.warmup_steps must be >= 1, got {self.warmup_steps}")
         _check(self.step_size >= 1, "train.step_size must be >= 1")
         _check(0 < self.gamma <= 1, "train.gamma must be in (0, 1]")

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from captioning.config import Config
+from captioning.config import Config, ConfigError
 from captioning.data import split_rule
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.files import not_a_regular_file
@@ -46,6 +46,21 @@ def check_images_exist(records: Sequence[ImageRecord], skip_bad_images: bool) ->
         raise DatasetError(f"{first.path} (image {first.image_id}): {what} ({len(missing)} of "
                            f"{len(records)} images are missing or not files; set data.root=... to the image "
                            "folder, or data.skip_bad_images=true to leave them out)")
+
+
+def check_schedule(config: Config, train_images: int) -> None:
+    """A warm-up that fits in the cross-entropy stage for ``cosine``, whose decay needs the steps after it.
+
+    Raises:
+        ConfigError: naming both numbers and the keys that change them.
+    """
+    train = config.train
+    steps = train.epochs * math.ceil(train_images / train.batch_size)
+    if train.schedule == "cosine" and train.epochs and train.warmup_steps >= steps:
+        raise ConfigError(f"train.warmup_steps={train.warmup_steps} leaves no steps for the cosine decay: the "
+                          f"cross-entropy stage has {steps} ({train.epochs} epochs x "
+                          f"{math.ceil(train_images / train.batch_size)} steps of {train.batch_size} of "
+                          f"{train_images} training images); set train.warmup_steps below {steps}")
 
 
 def _epochs(first: int, last: int) -> str:

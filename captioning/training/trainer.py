@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
-from captioning.config import Config, to_dict
+from captioning.config import PER_STEP_SCHEDULES, Config, to_dict
 from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
 from captioning.evaluation.metrics import CiderDScorer, score_captions
 from captioning.models.captioner import Captioner
@@ -145,16 +145,33 @@ def noam_factor(step: int, warmup_steps: int) -> float:
     return min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
-def scheduler_for(optimizer: torch.optim.Optimizer, config: Config, stage: str = "xe"):
+def cosine_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """The learning rate of optimisation step ``step + 1`` of ``total_steps`` as a fraction of its peak.
+
+    Linear warm-up to 1 over ``warmup_steps`` steps, then half a cosine down towards 0, which the
+    last step approaches but does not reach (Loshchilov and Hutter 2017, without restarts).
+    """
+    step += 1
+    if step <= warmup_steps:
+        return step / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps + 1))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def scheduler_for(optimizer: torch.optim.Optimizer, config: Config, stage: str = "xe", total_steps: int = 0):
     """The learning-rate schedule ``train.schedule`` names (None for ``none``).
 
-    ``noam`` steps per batch and shapes the cross-entropy stage only: the self-critical stage
-    fine-tunes at a constant ``train.scst_lr``, as the Transformer captioners do.
+    ``noam`` and ``cosine`` step per batch and shape the cross-entropy stage only: the
+    self-critical stage fine-tunes at a constant ``train.scst_lr``, as the Transformer captioners
+    do. ``cosine`` spreads its decay over ``total_steps``, the cross-entropy stage's steps.
     """
     warmup = config.train.warmup_steps
     builders = {
         "noam": lambda: (torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup))
                          if stage == "xe" else None),
+        "cosine": lambda: (torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: cosine_factor(step, warmup, max(total_steps, warmup + 1)))
+            if stage == "xe" else None),
         "none": lambda: None,
         "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
         "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -187,7 +204,7 @@ class Trainer:
         # The self-critical stage scales a fine-tuned encoder's rate as it scales the decoder's.
         scale = train.scst_lr / train.lr if stage == "scst" else 1.0
         self.optimizer = optimizer_for(self.model, train.lr * scale, train.encoder_lr * scale, self.config)
-        self.scheduler = scheduler_for(self.optimizer, self.config, stage)
+        self.scheduler = scheduler_for(self.optimizer, self.config, stage, self._xe_steps)
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
             scorer = CiderDScorer(references)  # document frequencies once, from the training references
@@ -281,7 +298,12 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     @property
     def _per_step_schedule(self) -> bool:
-        return self.config.train.schedule == "noam" and self.scheduler is not None
+        return self.config.train.schedule in PER_STEP_SCHEDULES and self.scheduler is not None
+
+    @property
+    def _xe_steps(self) -> int:
+        """The cross-entropy stage's optimisation steps, over which ``cosine`` decays."""
+        return self.config.train.epochs * math.ceil(len(self.train_set) / self.config.train.batch_size)
 
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
         if self.group.is_main:

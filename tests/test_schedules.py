@@ -1,0 +1,54 @@
+"""The per-step cosine learning-rate schedule: its shape, train.py following it, exact resume, and the
+refusal of a warm-up that leaves nothing to decay."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_training import as_flags, data_root, read_steps, run_train, tiny_overrides  # noqa: F401
+
+from captioning.training.checkpoint import load_checkpoint
+from captioning.training.trainer import cosine_factor
+
+COSINE = {"train.schedule": "cosine", "train.warmup_steps": 4, "train.lr": 2e-3}
+STEPS = 16  # 32 training images in batches of 4, 2 epochs
+
+
+def test_cosine_warms_up_linearly_then_decays_to_near_zero():
+    factors = [cosine_factor(step, 4, 100) for step in range(100)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(later < earlier for earlier, later in zip(factors[3:], factors[4:]))
+    assert math.isclose(factors[3 + 48], 0.5, abs_tol=0.02)  # half-way through the decay
+    assert 0 < factors[-1] < 1e-3  # the last step still moves the weights, a little
+
+
+def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, tmp_path):  # noqa: F811
+    flags = as_flags(tiny_overrides(data_root, tmp_path / "whole", **COSINE))
+    result = run_train(flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    whole = read_steps(tmp_path / "whole")
+    assert [step["step"] for step in whole] == list(range(1, STEPS + 1))
+    stopped = as_flags(tiny_overrides(data_root, tmp_path / "resumed", **COSINE))
+    result = run_train([*stopped, "--set", "train.max_steps=6"])  # mid-epoch, after the warm-up
+    assert result.returncode == 0, result.stderr[-3000:]
+    lr = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["training"]["optimizer"]["param_groups"][0]["lr"]
+    assert math.isclose(lr, 2e-3 * cosine_factor(6, 4, STEPS))  # stepped once per batch, ready for step 7
+    result = run_train([*stopped, "--resume"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = read_steps(tmp_path / "resumed")
+    assert [step["step"] for step in resumed] == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([s["loss"] for s in resumed], [s["loss"] for s in whole], rtol=1e-6)
+    final = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["training"]
+    assert final["optimizer"]["param_groups"][0]["lr"] < 2e-3 * 1e-2  # decayed over exactly these 16 steps
+
+
+@pytest.mark.parametrize("warmup", [STEPS, STEPS + 100])
+def test_a_warm_up_as_long_as_the_run_is_refused_before_any_work(data_root, tmp_path, warmup):  # noqa: F811
+    output = tmp_path / "run"
+    result = run_train(as_flags(tiny_overrides(data_root, output, **{**COSINE, "train.warmup_steps": warmup})))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"train.warmup_steps={warmup}" in result.stderr and f"has {STEPS}" in result.stderr
+    assert not output.exists()
