@@ -35,6 +35,9 @@ def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
         "model.decoder.dropout": 0.2, "train.output_dir": str(output_dir), "train.epochs": 2,
         "train.batch_size": 4, "train.deterministic": True, "train.log_every": 1, "decode.beam_size": 2,
         "decode.max_length": 12,
+        # The demo's cosine schedule warms up over one of its epochs, longer than a tiny run: these runs
+        # keep a per-epoch schedule (tests/test_schedules.py runs the cosine one).
+        "train.schedule": "plateau",
     }
     values.update(extra)
     return values
