@@ -188,12 +188,20 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     captions, lengths = random_captions(sizes, sizes.batch, None, device, generator)
     results = {}
     decoder.train()
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
-    with PeakMemory(device) as memory:
-        seconds = median_seconds(functools.partial(our_train_step, decoder, optimizer, annotations, captions,
-                                                   lengths, None, device, amp), repeats, device)
-    results["train_step_ms"], results["train_peak_mem_mb"] = seconds * 1e3, memory.mib
-    del optimizer
+
+    def our_step_seconds(precision_amp: bool) -> tuple[float, float]:
+        optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+        with PeakMemory(device) as memory:
+            seconds = median_seconds(functools.partial(our_train_step, decoder, optimizer, annotations, captions,
+                                                       lengths, None, device, precision_amp), repeats, device)
+        return seconds, memory.mib
+
+    seconds, results["train_peak_mem_mb"] = our_step_seconds(amp)
+    results["train_step_ms"] = seconds * 1e3
+    if amp:  # the float32 step beside it, in the same process and conditions
+        seconds, results["train_peak_mem_mb_fp32"] = our_step_seconds(False)
+        results["train_step_ms_fp32"] = seconds * 1e3
+        results["amp_train_speedup"] = results["train_step_ms_fp32"] / results["train_step_ms"]
     tutorial.train()
     tutorial_optimizer = torch.optim.Adam(tutorial.parameters(), lr=4e-4)
     with PeakMemory(device) as memory:
@@ -205,6 +213,8 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     results["train_step_gflop"] = train_step_flop(sizes, sizes.batch, tokens) / 1e9
     results["tutorial_train_step_gflop"] = train_step_flop(sizes, sizes.batch, tokens, True) / 1e9
     results["train_gflops"] = results["train_step_gflop"] / (results["train_step_ms"] / 1e3)
+    if amp:
+        results["train_gflops_fp32"] = results["train_step_gflop"] / (results["train_step_ms_fp32"] / 1e3)
     results["speedup_train"] = results["tutorial_train_step_ms"] / results["train_step_ms"]
     return results
 
@@ -352,7 +362,8 @@ def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.devic
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
+    parser.add_argument("--amp", action="store_true",
+                        help="bf16 autocast (CUDA or CPU); the float32 training step is timed beside it")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per number (median)")
     parser.add_argument("--tutorial-repeats", type=int, default=3,
                         help="timed runs of the (slow) tutorial and of the Transformer's recomputing beam search")
@@ -373,7 +384,7 @@ def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]
         match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
         cpu = match.group(1).strip() if match else cpu
     return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-            else cpu, "cpu": cpu, "threads": threads, "amp": amp and device.type == "cuda",
+            else cpu, "cpu": cpu, "threads": threads, "amp": amp,
             "torch": torch.__version__, "captioning": str(Path(captioning.__file__).parent),
             "load_average_start": os.getloadavg()[0]}
 
@@ -418,6 +429,8 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         tutorial = TutorialDecoder.from_ours(decoder)
         results.update(training(sizes, decoder, tutorial, device, repeats, tutorial_repeats, results["amp"]))
         results["train_mfu"] = results["train_gflops"] / peak
+        if results["amp"]:
+            results["train_mfu_fp32"] = results["train_gflops_fp32"] / results["matmul_peak_gflops"]
     if "beam" in parts:
         results.update(beam_decoding(sizes, decoder, device, repeats, tutorial_repeats, results["amp"]))
     if "cache" in parts:

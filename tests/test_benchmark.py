@@ -69,6 +69,22 @@ def test_quick_run_reports_finite_positive_numbers(quick_results):
     assert quick_results["quick"] is True and quick_results["device"] == "cpu"
 
 
+def test_quick_run_with_amp_on_cpu_times_the_bf16_step_beside_the_float32_one():
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--amp", "--parts", "train,beam"],
+                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout)
+    assert results["amp"] is True and results["device"] == "cpu"
+    for key in ("matmul_peak_bf16_gflops", "train_step_ms", "train_step_ms_fp32", "amp_train_speedup",
+                "train_mfu", "train_mfu_fp32"):
+        assert isinstance(results[key], float) and math.isfinite(results[key]) and results[key] > 0, key
+    # Each MFU is against its own precision's measured peak.
+    assert math.isclose(results["train_mfu"], results["train_gflops"] / results["matmul_peak_bf16_gflops"])
+    assert math.isclose(results["train_mfu_fp32"], results["train_gflops_fp32"] / results["matmul_peak_gflops"])
+    assert math.isclose(results["amp_train_speedup"], results["train_step_ms_fp32"] / results["train_step_ms"])
+    assert set(results["beam_captions_per_s"]) == {"1", "3", "5"}
+
+
 def test_flop_count_of_the_reference_configuration():
     """The formula by hand for the reference sizes (32 captions x 21 steps, 14x14x2048, 512, V 9490)."""
     sys.path.insert(0, str(SPEED.parent))

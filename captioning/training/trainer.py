@@ -51,7 +51,7 @@ def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, de
     batches = EpochBatches(count, config.decode.batch_size * group.world_size, seed=0, epoch=0, shuffle=False,
                            rank=group.rank, world_size=group.world_size)
     return generate_captions(model, loader_for(dataset, batches, config, device), config.decode, device,
-                             progress=progress, desc=desc)
+                             progress=progress, desc=desc, amp=config.train.amp)
 
 
 def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
