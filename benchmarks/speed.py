@@ -3,7 +3,7 @@
     python benchmarks/speed.py                      # CPU, reference sizes, a table
     python benchmarks/speed.py --json               # one JSON object on stdout
     python benchmarks/speed.py --device cuda --amp  # GPU, bf16 autocast, plus the COCO epoch estimate
-    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco, transformer)
+    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco, transformer, loader)
     python benchmarks/speed.py --quick --json       # tiny sizes, a few seconds (the test suite's run)
 
 Every number is the median of ``--repeats`` timed runs after a warm-up run, in one process. See
@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
+import loader_speed
 import transformer_speed
 from harness import OtherLoad, PeakMemory, autocast, median_seconds, synchronize
 from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
@@ -295,7 +296,7 @@ def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -
                 if batch is None:
                     break
                 if "features" in batch:
-                    annotations = batch["features"].to(device)  # (B, P, C)
+                    annotations = batch["features"].to(device).float()  # (B, P, C)
                 else:
                     with torch.no_grad(), autocast(device, amp):
                         annotations = encoder(batch["images"].to(device)).float()  # (B, P, C)
@@ -371,9 +372,17 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="CPU threads (default: the usable cores; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, in seconds")
     parser.add_argument("--parts", default="train,beam,cache",
-                        help="comma-separated parts to run: train, beam, cache, coco, transformer (default "
+                        help="comma-separated parts to run: train, beam, cache, coco, transformer, loader (default "
                              "train,beam,cache; coco is added on CUDA); the matmul peak always runs")
     parser.add_argument("--coco", action="store_true", help="add the COCO epoch estimate to the parts")
+    parser.add_argument("--loader-dir", type=Path, default=None,
+                        help="loader part: the folder (disk) for its synthetic feature cache (default: the "
+                             "temporary folder); it is deleted afterwards")
+    parser.add_argument("--loader-images", type=int, default=None,
+                        help=f"loader part: rows of the synthetic cache (default {loader_speed.COCO_IMAGES:,}, "
+                             "COCO's Karpathy train + restval)")
+    parser.add_argument("--loader-grid", default=None,
+                        help="loader part: HxWxC of a row (default 7x7x1280, 14 GB for COCO; 14x14x2048 is 91 GB)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return parser
 
@@ -409,6 +418,13 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
     if device.type == "cuda" and not args.quick:
         sizes = replace(sizes, matmul_size=8192)
     repeats, tutorial_repeats = (1, 1) if args.quick else (args.repeats, args.tutorial_repeats)
+    parts = set(args.parts.split(",")) | ({"coco"} if device.type == "cuda" or args.coco else set())
+    unknown = parts - {"train", "beam", "cache", "coco", "transformer", "loader"}
+    if unknown:
+        raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}")
+    loader = loader_sizes(args) if "loader" in parts else None
+    if loader is not None:  # a disk too small is refused before anything is measured
+        loader_speed.cache_parent(args.loader_dir, loader)
     torch.manual_seed(0)
     results: dict[str, Any] = {**environment(device, threads, args.amp), "quick": args.quick,
                                "repeats": repeats, "tutorial_repeats": tutorial_repeats, "sizes": asdict(sizes)}
@@ -419,10 +435,6 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         results["matmul_peak_bf16_gflops"], _ = matmul_peak(sizes, device, repeats, torch.bfloat16)
         peak = results["matmul_peak_bf16_gflops"]
 
-    parts = set(args.parts.split(",")) | ({"coco"} if device.type == "cuda" or args.coco else set())
-    unknown = parts - {"train", "beam", "cache", "coco", "transformer"}
-    if unknown:
-        raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}")
     decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), sizes.vocab_size, sizes.channels)
     decoder.to(device)
     if "train" in parts:
@@ -442,7 +454,22 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         results["transformer_sizes"] = asdict(transformer_sizes)
         results.update(transformer_speed.measure(transformer_sizes, device, repeats, tutorial_repeats,
                                                  results["amp"], peak))
+    if loader is not None:
+        results.update(loader_speed.measure(loader, args.loader_dir, device, COCO_WORDS))
     return results
+
+
+def loader_sizes(args: argparse.Namespace) -> loader_speed.LoaderSizes:
+    """The loader part's cache: COCO's size (tiny with --quick), as --loader-images and --loader-grid say."""
+    sizes = loader_speed.QUICK if args.quick else loader_speed.LoaderSizes()
+    if args.loader_images is not None:
+        if args.loader_images < 1:
+            raise SystemExit(f"--loader-images: must be at least 1, got {args.loader_images}")
+        sizes = replace(sizes, images=args.loader_images)
+    if args.loader_grid is not None:
+        side, channels = loader_speed.parse_grid(args.loader_grid)
+        sizes = replace(sizes, side=side, channels=channels)
+    return sizes
 
 
 def print_table(results: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_hostile import small_disk  # noqa: F401 - a fixture: a real 4 MiB tmpfs
 
 from captioning.config import DecoderConfig
 from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
@@ -83,6 +84,32 @@ def test_quick_run_with_amp_on_cpu_times_the_bf16_step_beside_the_float32_one():
     assert math.isclose(results["train_mfu_fp32"], results["train_gflops_fp32"] / results["matmul_peak_gflops"])
     assert math.isclose(results["amp_train_speedup"], results["train_step_ms_fp32"] / results["train_step_ms"])
     assert set(results["beam_captions_per_s"]) == {"1", "3", "5"}
+
+
+def test_loader_part_reads_a_synthetic_cache_with_0_1_and_2_workers(tmp_path):
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
+                                "--loader-dir", str(tmp_path), "--loader-images", "70", "--loader-grid", "3x3x16"],
+                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout)
+    assert (results["loader_images"], results["loader_grid"]) == (70, "3x3x16")
+    for key in ("loader_captions_per_s", "loader_mb_per_s", "loader_first_pass_captions_per_s",
+                "loader_first_pass_mb_per_s"):
+        assert set(results[key]) == {"0", "1", "2"}, key
+        assert all(math.isfinite(v) and v > 0 for v in results[key].values()), key
+    assert list(tmp_path.iterdir()) == []  # the synthetic cache is deleted afterwards
+
+
+def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # noqa: F811
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
+                                "--loader-dir", str(small_disk), "--loader-images", "1000",
+                                "--loader-grid", "7x7x1280"],
+                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 1 and "Traceback" not in completed.stderr and completed.stdout == ""
+    assert completed.stderr.strip().splitlines() == [
+        (f"--loader-dir {small_disk}: 0.0 GB free, the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
+         "choose a larger disk with --loader-dir or fewer rows with --loader-images")]
+    assert list(small_disk.iterdir()) == []
 
 
 def test_flop_count_of_the_reference_configuration():

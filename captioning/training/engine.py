@@ -74,7 +74,8 @@ def move(batch: dict, device: torch.device) -> dict:
 
 
 def annotations_of(model: Captioner, batch: dict) -> Tensor:
-    """(B, P, C) grids: cached features as they are, or images through the encoder."""
+    """(B, P, C) float32 grids: cached features (float16 as stored) converted on the device, or images
+    through the encoder."""
     if "features" in batch:
         return batch["features"].float()
     return model.encode(batch["images"])
