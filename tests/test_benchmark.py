@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,15 @@ def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # n
         (f"--loader-dir {small_disk}: 0.0 GB free, the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
          "choose a larger disk with --loader-dir or fewer rows with --loader-images")]
     assert list(small_disk.iterdir()) == []
+
+
+def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
+    completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], check=False, cwd=ROOT,
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # no GPU, even on a machine with one
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == ["gpu_check: CUDA is not available on this machine; nothing was run"]
+    assert completed.stderr == ""
 
 
 def test_flop_count_of_the_reference_configuration():

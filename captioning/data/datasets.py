@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from captioning.data.cache_store import DTYPE as CACHE_DTYPE
 from captioning.data.images import ImageError, load_image
@@ -167,9 +167,10 @@ class CaptionDataset(_ImageItems):
             return [self[index] for index in indices]
         readable = [index for index in indices if index not in self.unreadable]
         self.skipped += len(indices) - len(readable)
-        buffer = np.empty((len(readable), *self.features.shape[1:]), dtype=CACHE_DTYPE)  # (B, P, C)
-        read_into(readable, buffer)
-        grids = torch.from_numpy(buffer)
+        grids = torch.from_numpy(np.empty((len(readable), *self.features.shape[1:]), dtype=CACHE_DTYPE))
+        if get_worker_info() is not None:
+            grids.share_memory_()  # (B, P, C): sent to the main process without another copy
+        read_into(readable, grids.numpy())
         return [self._item(index, "features", grid) for index, grid in zip(readable, grids)]
 
     def _item(self, index: int, key: str, value: torch.Tensor) -> Item:
