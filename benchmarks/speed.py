@@ -55,6 +55,7 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
 from captioning.training.engine import flatten_captions
 from captioning.training.losses import caption_loss
+from captioning.training.trainer import adam
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
 COCO_CAPTIONS = 566_747
@@ -191,7 +192,7 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     decoder.train()
 
     def our_step_seconds(precision_amp: bool) -> tuple[float, float]:
-        optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+        optimizer = adam(decoder.parameters(), lr=4e-4)
         with PeakMemory(device) as memory:
             seconds = median_seconds(functools.partial(our_train_step, decoder, optimizer, annotations, captions,
                                                        lengths, None, device, precision_amp), repeats, device)
@@ -204,7 +205,7 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
         results["train_step_ms_fp32"] = seconds * 1e3
         results["amp_train_speedup"] = results["train_step_ms_fp32"] / results["train_step_ms"]
     tutorial.train()
-    tutorial_optimizer = torch.optim.Adam(tutorial.parameters(), lr=4e-4)
+    tutorial_optimizer = adam(tutorial.parameters(), lr=4e-4)
     with PeakMemory(device) as memory:
         seconds = median_seconds(functools.partial(tutorial_train_step, tutorial, tutorial_optimizer, annotations,
                                                    captions, lengths, device, amp), tutorial_repeats, device)
@@ -282,7 +283,7 @@ def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -
                                            progress=False)
         build_seconds = time.perf_counter() - start
         decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), len(vocab), encoder.channels).to(device)
-        optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+        optimizer = adam(decoder.parameters(), lr=4e-4)
 
         def epoch(dataset: CaptionDataset) -> tuple[float, float]:
             """Seconds of the whole epoch and of producing its grids."""
@@ -345,7 +346,7 @@ def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.devic
     batches = [random_captions(sizes, images * CAPTIONS_PER_IMAGE, words, device, generator)
                for _ in range(sizes.coco_steps + 2)]
     decoder.train()
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+    optimizer = adam(decoder.parameters(), lr=4e-4)
     times = []
     for number, (captions, lengths) in enumerate(batches):
         synchronize(device)
