@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 import unicodedata
@@ -65,6 +66,7 @@ def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.Argument
     that status and no error line.
     """
     args = parser.parse_args(argv)
+    _print_warnings()
     try:
         _refuse_nul_bytes(args)
         main(args)
@@ -93,6 +95,27 @@ def printable(text: str) -> str:
 
 
 _UNPRINTABLE = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
+class _PrintableWarnings(logging.Handler):
+    """Prints each warning on one line of the current ``sys.stderr``, as logging's last resort would,
+    escaped by ``printable``: a warning may quote a path or a caption from a data file."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(printable(self.format(record)), file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - logging's own policy for a handler that fails
+            self.handleError(record)
+
+
+def _print_warnings() -> None:
+    """Route the package's warnings through ``_PrintableWarnings`` (once per process)."""
+    logger = logging.getLogger("captioning")
+    if not any(isinstance(handler, _PrintableWarnings) for handler in logger.handlers):
+        logger.addHandler(_PrintableWarnings())
 
 
 def _refuse_nul_bytes(args: argparse.Namespace) -> None:

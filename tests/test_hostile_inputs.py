@@ -117,3 +117,18 @@ def test_a_feature_cache_index_with_an_absurd_capacity_is_refused_naming_the_fol
     assert_one_line_error(result.returncode, result.stderr, f"{index_path}: damaged feature cache index: capacity "
                           f"{10 ** 13} does not match its rows", f"delete the folder {index_path.parent}")
     assert index_path.with_name("features.npy").read_bytes() == features
+
+
+def test_control_characters_in_warnings_are_escaped_too(shapes, tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for image in sorted((shapes.root / "test").iterdir())[:2]:
+        shutil.copy(image, folder / image.name)
+    (folder / "bad\x1b[2J.png").write_bytes(b"")  # an empty file: unreadable, skipped with a warning
+    result = run_in(tmp_path, "evaluate.py", "--no-progress", "--checkpoint", shapes.checkpoint, "--images", folder,
+                    "--results", tmp_path / "r.json", "--skip-bad-images", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "skipped 1 of 3 images that could not be read" in result.stdout
+    warnings = [line for line in result.stderr.splitlines() if "bad" in line]
+    assert len(warnings) == 1 and "bad\\x1b[2J.png" in warnings[0], result.stderr
+    assert "\x1b" not in result.stderr

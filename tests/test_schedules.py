@@ -3,6 +3,8 @@ refusal of a warm-up that leaves nothing to decay."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 
 import numpy as np
@@ -19,7 +21,7 @@ STEPS = 16  # 32 training images in batches of 4, 2 epochs
 def test_cosine_warms_up_linearly_then_decays_to_near_zero():
     factors = [cosine_factor(step, 4, 100) for step in range(100)]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert all(later < earlier for earlier, later in zip(factors[3:], factors[4:]))
+    assert all(later < earlier for earlier, later in itertools.pairwise(factors[3:]))
     assert math.isclose(factors[3 + 48], 0.5, abs_tol=0.02)  # half-way through the decay
     assert 0 < factors[-1] < 1e-3  # the last step still moves the weights, a little
 
@@ -30,6 +32,9 @@ def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, 
     assert result.returncode == 0, result.stderr[-3000:]
     whole = read_steps(tmp_path / "whole")
     assert [step["step"] for step in whole] == list(range(1, STEPS + 1))
+    history = json.loads((tmp_path / "whole" / "history.json").read_text())["epochs"]
+    # Each epoch reports the rate of its last step (steps 8 and 16), not the one after it.
+    assert [epoch["lr"] for epoch in history] == pytest.approx([2e-3 * cosine_factor(s, 4, STEPS) for s in (7, 15)])
     stopped = as_flags(tiny_overrides(data_root, tmp_path / "resumed", **COSINE))
     result = run_train([*stopped, "--set", "train.max_steps=6"])  # mid-epoch, after the warm-up
     assert result.returncode == 0, result.stderr[-3000:]

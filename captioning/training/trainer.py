@@ -214,6 +214,7 @@ class Trainer:
         self.rewarder = None
         self.stop = StopRequest(group.world_size, device)
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
+        self._step_lr: float | None = None  # the rate the latest step of this process used
         self._new_stage("xe")
         self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
 
@@ -334,6 +335,7 @@ class Trainer:
                     self.writer.add_scalar(f"train/{key}", value, state.global_step)
                 self.writer.add_scalar("train/lr", self.optimizer.param_groups[0]["lr"], state.global_step)
         if self._per_step_schedule:  # after logging the rate this step used, before a checkpoint keeps it
+            self._step_lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
         every = self.config.train.checkpoint_every
         if every and state.global_step % every == 0:
@@ -423,7 +425,10 @@ class Trainer:
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
-        lr = self.optimizer.param_groups[0]["lr"]  # the rate this epoch used, before the schedule moves it
+        # The rate this epoch used: a per-step schedule's last step's, else the epoch's, before it moves.
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self._per_step_schedule and self._step_lr is not None:
+            lr = self._step_lr
         if self.scheduler is not None and not self._per_step_schedule:
             if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 self.scheduler.step(metric)
