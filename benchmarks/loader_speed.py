@@ -183,6 +183,7 @@ def measure(sizes: LoaderSizes, folder: Path | None, device: torch.device, words
                 evict(features_file)
                 first[str(workers)] = read_pass(dataset, workers, device)
                 second[str(workers)] = read_pass(dataset, workers, device)
+                dataset.features = cache  # the copy, and its memory map, go on leaving the block
     row_bytes = sizes.cache_bytes / sizes.images
     for name, passes in (("loader_first_pass", first), ("loader", second)):
         results[f"{name}_captions_per_s"] = {w: captions / seconds for w, (seconds, captions, _) in passes.items()}
