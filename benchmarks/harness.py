@@ -90,10 +90,8 @@ class PeakMemory:
 
 
 def autocast(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA when ``amp``; nothing otherwise."""
-    if amp and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """bf16 autocast on ``device`` (CUDA or CPU) when ``amp``; nothing otherwise."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
 
 
 class OtherLoad:

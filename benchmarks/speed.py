@@ -3,7 +3,7 @@
     python benchmarks/speed.py                      # CPU, reference sizes, a table
     python benchmarks/speed.py --json               # one JSON object on stdout
     python benchmarks/speed.py --device cuda --amp  # GPU, bf16 autocast, plus the COCO epoch estimate
-    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco, transformer)
+    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco, transformer, loader)
     python benchmarks/speed.py --quick --json       # tiny sizes, a few seconds (the test suite's run)
 
 Every number is the median of ``--repeats`` timed runs after a warm-up run, in one process. See
@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
+import loader_speed
 import transformer_speed
 from harness import OtherLoad, PeakMemory, autocast, median_seconds, synchronize
 from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
@@ -54,6 +55,7 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
 from captioning.training.engine import flatten_captions
 from captioning.training.losses import caption_loss
+from captioning.training.trainer import adam
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
 COCO_CAPTIONS = 566_747
@@ -188,14 +190,22 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     captions, lengths = random_captions(sizes, sizes.batch, None, device, generator)
     results = {}
     decoder.train()
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
-    with PeakMemory(device) as memory:
-        seconds = median_seconds(functools.partial(our_train_step, decoder, optimizer, annotations, captions,
-                                                   lengths, None, device, amp), repeats, device)
-    results["train_step_ms"], results["train_peak_mem_mb"] = seconds * 1e3, memory.mib
-    del optimizer
+
+    def our_step_seconds(precision_amp: bool) -> tuple[float, float]:
+        optimizer = adam(decoder.parameters(), lr=4e-4)
+        with PeakMemory(device) as memory:
+            seconds = median_seconds(functools.partial(our_train_step, decoder, optimizer, annotations, captions,
+                                                       lengths, None, device, precision_amp), repeats, device)
+        return seconds, memory.mib
+
+    seconds, results["train_peak_mem_mb"] = our_step_seconds(amp)
+    results["train_step_ms"] = seconds * 1e3
+    if amp:  # the float32 step beside it, in the same process and conditions
+        seconds, results["train_peak_mem_mb_fp32"] = our_step_seconds(False)
+        results["train_step_ms_fp32"] = seconds * 1e3
+        results["amp_train_speedup"] = results["train_step_ms_fp32"] / results["train_step_ms"]
     tutorial.train()
-    tutorial_optimizer = torch.optim.Adam(tutorial.parameters(), lr=4e-4)
+    tutorial_optimizer = adam(tutorial.parameters(), lr=4e-4)
     with PeakMemory(device) as memory:
         seconds = median_seconds(functools.partial(tutorial_train_step, tutorial, tutorial_optimizer, annotations,
                                                    captions, lengths, device, amp), tutorial_repeats, device)
@@ -205,6 +215,8 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     results["train_step_gflop"] = train_step_flop(sizes, sizes.batch, tokens) / 1e9
     results["tutorial_train_step_gflop"] = train_step_flop(sizes, sizes.batch, tokens, True) / 1e9
     results["train_gflops"] = results["train_step_gflop"] / (results["train_step_ms"] / 1e3)
+    if amp:
+        results["train_gflops_fp32"] = results["train_step_gflop"] / (results["train_step_ms_fp32"] / 1e3)
     results["speedup_train"] = results["tutorial_train_step_ms"] / results["train_step_ms"]
     return results
 
@@ -271,7 +283,7 @@ def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -
                                            progress=False)
         build_seconds = time.perf_counter() - start
         decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), len(vocab), encoder.channels).to(device)
-        optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+        optimizer = adam(decoder.parameters(), lr=4e-4)
 
         def epoch(dataset: CaptionDataset) -> tuple[float, float]:
             """Seconds of the whole epoch and of producing its grids."""
@@ -285,7 +297,7 @@ def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -
                 if batch is None:
                     break
                 if "features" in batch:
-                    annotations = batch["features"].to(device)  # (B, P, C)
+                    annotations = batch["features"].to(device).float()  # (B, P, C)
                 else:
                     with torch.no_grad(), autocast(device, amp):
                         annotations = encoder(batch["images"].to(device)).float()  # (B, P, C)
@@ -334,7 +346,7 @@ def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.devic
     batches = [random_captions(sizes, images * CAPTIONS_PER_IMAGE, words, device, generator)
                for _ in range(sizes.coco_steps + 2)]
     decoder.train()
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=4e-4)
+    optimizer = adam(decoder.parameters(), lr=4e-4)
     times = []
     for number, (captions, lengths) in enumerate(batches):
         synchronize(device)
@@ -352,7 +364,8 @@ def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.devic
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
+    parser.add_argument("--amp", action="store_true",
+                        help="bf16 autocast (CUDA or CPU); the float32 training step is timed beside it")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per number (median)")
     parser.add_argument("--tutorial-repeats", type=int, default=3,
                         help="timed runs of the (slow) tutorial and of the Transformer's recomputing beam search")
@@ -360,9 +373,17 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="CPU threads (default: the usable cores; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, in seconds")
     parser.add_argument("--parts", default="train,beam,cache",
-                        help="comma-separated parts to run: train, beam, cache, coco, transformer (default "
+                        help="comma-separated parts to run: train, beam, cache, coco, transformer, loader (default "
                              "train,beam,cache; coco is added on CUDA); the matmul peak always runs")
     parser.add_argument("--coco", action="store_true", help="add the COCO epoch estimate to the parts")
+    parser.add_argument("--loader-dir", type=Path, default=None,
+                        help="loader part: the folder (disk) for its synthetic feature cache (default: the "
+                             "temporary folder); it is deleted afterwards")
+    parser.add_argument("--loader-images", type=int, default=None,
+                        help=f"loader part: rows of the synthetic cache (default {loader_speed.COCO_IMAGES:,}, "
+                             "COCO's Karpathy train + restval)")
+    parser.add_argument("--loader-grid", default=None,
+                        help="loader part: HxWxC of a row (default 7x7x1280, 14 GB for COCO; 14x14x2048 is 91 GB)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return parser
 
@@ -373,7 +394,7 @@ def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]
         match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
         cpu = match.group(1).strip() if match else cpu
     return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-            else cpu, "cpu": cpu, "threads": threads, "amp": amp and device.type == "cuda",
+            else cpu, "cpu": cpu, "threads": threads, "amp": amp,
             "torch": torch.__version__, "captioning": str(Path(captioning.__file__).parent),
             "load_average_start": os.getloadavg()[0]}
 
@@ -398,6 +419,13 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
     if device.type == "cuda" and not args.quick:
         sizes = replace(sizes, matmul_size=8192)
     repeats, tutorial_repeats = (1, 1) if args.quick else (args.repeats, args.tutorial_repeats)
+    parts = set(args.parts.split(",")) | ({"coco"} if device.type == "cuda" or args.coco else set())
+    unknown = parts - {"train", "beam", "cache", "coco", "transformer", "loader"}
+    if unknown:
+        raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}")
+    loader = loader_sizes(args) if "loader" in parts else None
+    if loader is not None:  # a disk too small is refused before anything is measured
+        loader_speed.cache_parent(args.loader_dir, loader)
     torch.manual_seed(0)
     results: dict[str, Any] = {**environment(device, threads, args.amp), "quick": args.quick,
                                "repeats": repeats, "tutorial_repeats": tutorial_repeats, "sizes": asdict(sizes)}
@@ -408,16 +436,14 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         results["matmul_peak_bf16_gflops"], _ = matmul_peak(sizes, device, repeats, torch.bfloat16)
         peak = results["matmul_peak_bf16_gflops"]
 
-    parts = set(args.parts.split(",")) | ({"coco"} if device.type == "cuda" or args.coco else set())
-    unknown = parts - {"train", "beam", "cache", "coco", "transformer"}
-    if unknown:
-        raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}")
     decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), sizes.vocab_size, sizes.channels)
     decoder.to(device)
     if "train" in parts:
         tutorial = TutorialDecoder.from_ours(decoder)
         results.update(training(sizes, decoder, tutorial, device, repeats, tutorial_repeats, results["amp"]))
         results["train_mfu"] = results["train_gflops"] / peak
+        if results["amp"]:
+            results["train_mfu_fp32"] = results["train_gflops_fp32"] / results["matmul_peak_gflops"]
     if "beam" in parts:
         results.update(beam_decoding(sizes, decoder, device, repeats, tutorial_repeats, results["amp"]))
     if "cache" in parts:
@@ -429,7 +455,22 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         results["transformer_sizes"] = asdict(transformer_sizes)
         results.update(transformer_speed.measure(transformer_sizes, device, repeats, tutorial_repeats,
                                                  results["amp"], peak))
+    if loader is not None:
+        results.update(loader_speed.measure(loader, args.loader_dir, device, COCO_WORDS))
     return results
+
+
+def loader_sizes(args: argparse.Namespace) -> loader_speed.LoaderSizes:
+    """The loader part's cache: COCO's size (tiny with --quick), as --loader-images and --loader-grid say."""
+    sizes = loader_speed.QUICK if args.quick else loader_speed.LoaderSizes()
+    if args.loader_images is not None:
+        if args.loader_images < 1:
+            raise SystemExit(f"--loader-images: must be at least 1, got {args.loader_images}")
+        sizes = replace(sizes, images=args.loader_images)
+    if args.loader_grid is not None:
+        side, channels = loader_speed.parse_grid(args.loader_grid)
+        sizes = replace(sizes, side=side, channels=channels)
+    return sizes
 
 
 def print_table(results: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search
 from captioning.models.transformer import TransformerDecoder
 from captioning.training.losses import caption_loss
+from captioning.training.trainer import adam
 
 LAYERS = {"transformer": 3, "transformer6": 6}  # key prefix: encoder and decoder blocks
 
@@ -121,7 +122,7 @@ def training(sizes: TransformerSizes, decoder: TransformerDecoder, layers: int, 
     lengths = torch.full((num_captions,), sizes.caption_tokens, device=device)
     image_index = torch.arange(sizes.images, device=device).repeat_interleave(sizes.captions_per_image)
     decoder.train()
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, betas=(0.9, sizes.adam_beta2))
+    optimizer = adam(decoder.parameters(), lr=1e-4, betas=(0.9, sizes.adam_beta2))
     with PeakMemory(device) as memory:
         seconds = median_seconds(functools.partial(train_step, decoder, optimizer, annotations, captions, lengths,
                                                    image_index, sizes.label_smoothing, device, amp), repeats, device)

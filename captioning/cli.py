@@ -24,7 +24,7 @@ FLAG_KEYS: dict[str, tuple[str, type, str]] = {
     "lr": ("train.lr", float, "decoder learning rate"),
     "seed": ("train.seed", int, "random seed"),
     "device": ("train.device", str, "auto, cpu, cuda or cuda:N"),
-    "amp": ("train.amp", str, "mixed precision on GPU: none, bf16 or fp16"),
+    "amp": ("train.amp", str, "mixed precision: none, bf16 (GPU or CPU) or fp16 (GPU)"),
     "max_steps": ("train.max_steps", int, "stop after this many optimisation steps (0 = no limit)"),
     "workers": ("data.num_workers", int, "data loading worker processes"),
     "encoder": ("model.encoder.name", str, "CNN backbone, e.g. resnet101 or efficientnet_lite0"),

@@ -210,7 +210,7 @@ class TrainConfig:
     seed: int = 0  # seeds Python, NumPy, torch and the batch order
     deterministic: bool = False  # deterministic algorithms (exact resume on CPU)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: str = "none"  # none | bf16 | fp16 (autocast on GPU)
+    amp: str = "none"  # none | bf16 (GPU or CPU) | fp16 (GPU): autocast in training and validation
     compile: bool = False  # torch.compile the decoder step (helps on GPU; slow to compile on CPU)
     checkpoint_every: int = 0  # also checkpoint every N steps; 0 = once per epoch
     nonfinite: str = "stop"  # stop | skip: what a non-finite loss does

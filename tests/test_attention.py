@@ -170,3 +170,17 @@ def test_scaled_dot_keys_carry_no_bias_so_adam_has_no_rounding_noise_to_amplify(
         attention.key_value_proj.bias[:8] += 3.0
     moved = torch.softmax(attention.scores(attention.prepare(annotations), query), dim=-1)
     torch.testing.assert_close(moved, weights, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_the_context_is_made_in_the_grids_dtype_under_bf16_autocast(group):
+    # Under CPU bf16 autocast the product would otherwise cast the whole (B, P, C) grid at every step.
+    torch.manual_seed(0)
+    attention = build_attention("additive", C, H, A)
+    prepared = attention.prepare(torch.rand(2, P, C))._replace(group=group)
+    weights = torch.softmax(torch.rand(2 * group, 1, P), dim=-1)  # (N, 1, P)
+    expected = attention.combine(weights, prepared)  # (N, C)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        context = attention.combine(weights.bfloat16(), prepared)
+    assert context.dtype == torch.float32
+    torch.testing.assert_close(context, expected, rtol=1e-2, atol=1e-3)  # only the weights were rounded

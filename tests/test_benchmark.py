@@ -8,12 +8,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_hostile import small_disk  # noqa: F401 - a fixture: a real 4 MiB tmpfs
 
 from captioning.config import DecoderConfig
 from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
@@ -67,6 +69,57 @@ def test_quick_run_reports_finite_positive_numbers(quick_results):
     for key in MEMORY:  # a part may fit in memory freed by an earlier one
         assert math.isfinite(quick_results[key]) and quick_results[key] >= 0, key
     assert quick_results["quick"] is True and quick_results["device"] == "cpu"
+
+
+def test_quick_run_with_amp_on_cpu_times_the_bf16_step_beside_the_float32_one():
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--amp", "--parts", "train,beam"],
+                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout)
+    assert results["amp"] is True and results["device"] == "cpu"
+    for key in ("matmul_peak_bf16_gflops", "train_step_ms", "train_step_ms_fp32", "amp_train_speedup",
+                "train_mfu", "train_mfu_fp32"):
+        assert isinstance(results[key], float) and math.isfinite(results[key]) and results[key] > 0, key
+    # Each MFU is against its own precision's measured peak.
+    assert math.isclose(results["train_mfu"], results["train_gflops"] / results["matmul_peak_bf16_gflops"])
+    assert math.isclose(results["train_mfu_fp32"], results["train_gflops_fp32"] / results["matmul_peak_gflops"])
+    assert math.isclose(results["amp_train_speedup"], results["train_step_ms_fp32"] / results["train_step_ms"])
+    assert set(results["beam_captions_per_s"]) == {"1", "3", "5"}
+
+
+def test_loader_part_reads_a_synthetic_cache_with_0_1_and_2_workers(tmp_path):
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
+                                "--loader-dir", str(tmp_path), "--loader-images", "70", "--loader-grid", "3x3x16"],
+                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout)
+    assert (results["loader_images"], results["loader_grid"]) == (70, "3x3x16")
+    for key in ("loader_captions_per_s", "loader_mb_per_s", "loader_first_pass_captions_per_s",
+                "loader_first_pass_mb_per_s"):
+        assert set(results[key]) == {"0", "1", "2"}, key
+        assert all(math.isfinite(v) and v > 0 for v in results[key].values()), key
+    assert list(tmp_path.iterdir()) == []  # the synthetic cache is deleted afterwards
+
+
+def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # noqa: F811
+    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
+                                "--loader-dir", str(small_disk), "--loader-images", "1000",
+                                "--loader-grid", "7x7x1280"],
+                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 1 and "Traceback" not in completed.stderr and completed.stdout == ""
+    assert completed.stderr.strip().splitlines() == [
+        (f"--loader-dir {small_disk}: 0.0 GB free, the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
+         "choose a larger disk with --loader-dir or fewer rows with --loader-images")]
+    assert list(small_disk.iterdir()) == []
+
+
+def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
+    completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], check=False, cwd=ROOT,
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # no GPU, even on a machine with one
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == ["gpu_check: CUDA is not available on this machine; nothing was run"]
+    assert completed.stderr == ""
 
 
 def test_flop_count_of_the_reference_configuration():

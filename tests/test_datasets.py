@@ -78,7 +78,7 @@ def test_features_path_and_collate(records, vocab):
     grids = [np.full((6, 4), i, dtype=np.float16) for i in range(len(records))]
     dataset = CaptionDataset(records, vocab, max_length=20, captions_per_image=3, features=grids)
     batch = collate_captions([dataset[0], dataset[1], dataset[3]])
-    assert batch["features"].shape == (3, 6, 4) and batch["features"].dtype == torch.float32
+    assert batch["features"].shape == (3, 6, 4) and batch["features"].dtype == torch.float16  # as stored
     assert batch["features"][2, 0, 0] == 3
     assert batch["indices"].tolist() == [0, 1, 3]
     assert batch["image_ids"].tolist() == [9, 25, 42]

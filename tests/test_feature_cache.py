@@ -4,6 +4,7 @@ in test_feature_cache_keys.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -17,13 +18,17 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
 
 from captioning.config import EncoderConfig
 from captioning.data import feature_cache
+from captioning.data.datasets import CaptionDataset, collate_captions
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import Vocabulary
 from captioning.models.encoders import Encoder, build_encoder
+from captioning.training.engine import annotations_of
 
 NUM_IMAGES = 10
 BATCH = 4  # batches of rows 0-3, 4-7, 8-9
@@ -299,3 +304,23 @@ def test_concurrent_builds_take_turns(tmp_path: Path, encoder: Encoder, records,
         np.testing.assert_array_equal(features, expected)
         assert all(row.any() for row in features)
     np.testing.assert_allclose(expected, reference, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_loader_reads_a_batch_of_cached_grids_into_one_float16_buffer(tmp_path: Path, encoder: Encoder,
+                                                                          records, workers: int) -> None:
+    cache = _build(tmp_path, encoder, records)
+    captioned = [dataclasses.replace(r, captions=(("a", "red", "shape"), ("a", "shape"))) for r in records]
+    vocab = Vocabulary.build([c for r in captioned for c in r.captions], min_count=1)
+    dataset = CaptionDataset(captioned, vocab, max_length=5, captions_per_image=2, features=cache, unreadable={3})
+    loader = DataLoader(dataset, batch_sampler=[[5, 0, 3, 7]], collate_fn=collate_captions, num_workers=workers)
+    batch = next(iter(loader))
+    assert batch["indices"].tolist() == [5, 0, 7]  # the unreadable image is left out
+    # float16 as stored: the float32 copy is made once per batch, on the device (annotations_of)
+    assert batch["features"].dtype == torch.float16
+    expected = torch.from_numpy(np.stack([cache[5], cache[0], cache[7]]))  # (B, P, C)
+    assert torch.equal(batch["features"], expected)
+    one_by_one = collate_captions([dataset[i] for i in (5, 0, 7)])
+    assert set(one_by_one) == set(batch)
+    assert all(torch.equal(one_by_one[key], batch[key]) for key in batch)
+    assert torch.equal(annotations_of(None, batch), expected.float())

@@ -16,8 +16,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
+from captioning.data.cache_store import DTYPE as CACHE_DTYPE
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
@@ -83,7 +84,7 @@ class CaptionDataset(_ImageItems):
             gives a different K each epoch (see ``set_epoch``), so that over ``ceil(n / K)``
             epochs every caption is used; an image with fewer repeats them in order.
         features: when given, ``features[i]`` is the (P, C) float16/float32 array of record i
-            and no image is read.
+            (a writable array the item may own, e.g. ``FeatureCache``'s copy) and no image is read.
         transform: PIL image -> (3, H, W) tensor; required without ``features``.
         seed: with the epoch and the index, fixes which captions are chosen.
         skip_bad_images: return None (collated away, counted in ``skipped``) for an unreadable
@@ -92,7 +93,8 @@ class CaptionDataset(_ImageItems):
             features were computed (``FeatureCache.bad``); their items are None, counted in
             ``skipped``, instead of training on placeholder features.
     Item ``i``:
-        ``index``, ``image_id`` (ints); ``features`` float32 (P, C) or ``image`` (3, H, W);
+        ``index``, ``image_id`` (ints); ``features`` (P, C) in the source's dtype (float16 from a
+        ``FeatureCache``) or ``image`` (3, H, W);
         ``captions`` int64 (K, max_length + 2) = ``<start> w1 .. wn <end> <pad>..``;
         ``lengths`` int64 (K,) = n + 2. None for a skipped image.
     """
@@ -139,7 +141,6 @@ class CaptionDataset(_ImageItems):
         return order[(self.epoch * self.captions_per_image + wanted) % count]
 
     def __getitem__(self, index: int) -> Item | None:
-        item: Item = {"index": index, "image_id": self.records[index].image_id}
         if self.features is not None:
             if index in self.unreadable:
                 self.skipped += 1
@@ -147,16 +148,37 @@ class CaptionDataset(_ImageItems):
             grid = np.asarray(self.features[index])
             if grid.ndim != 2:
                 raise ValueError(f"features[{index}] must be a (P, C) array, got shape {grid.shape}")
-            item["features"] = torch.from_numpy(grid.astype(np.float32))  # (P, C)
-        else:
-            image = self._image(index)
-            if image is None:
-                return None
-            item["image"] = image  # (3, H, W)
+            # Kept in the cache's float16: half the bytes through workers, pinning and the copy to
+            # the device, and numpy's float16 -> float32 conversion (scalar, about 4 ns a value) was
+            # half of the loader's time; the batch is made float32 on the device (``annotations_of``).
+            return self._item(index, "features", torch.from_numpy(grid))  # (P, C), float16 or float32 as stored
+        image = self._image(index)
+        return None if image is None else self._item(index, "image", image)  # (3, H, W)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Item | None]:
+        """The items of one batch (the DataLoader fetches a batch through this when it exists).
+
+        From a ``FeatureCache`` the batch's grids are copied straight from the file's pages into one
+        (B, P, C) buffer, and the items hold its rows, which ``collate_captions`` takes as the batch
+        without stacking: one copy of the grids instead of two. Otherwise item by item.
+        """
+        read_into = getattr(self.features, "read_into", None)
+        if read_into is None:
+            return [self[index] for index in indices]
+        readable = [index for index in indices if index not in self.unreadable]
+        self.skipped += len(indices) - len(readable)
+        grids = torch.from_numpy(np.empty((len(readable), *self.features.shape[1:]), dtype=CACHE_DTYPE))
+        if get_worker_info() is not None:
+            grids.share_memory_()  # (B, P, C): sent to the main process without another copy
+        read_into(readable, grids.numpy())
+        return [self._item(index, "features", grid) for index, grid in zip(readable, grids)]
+
+    def _item(self, index: int, key: str, value: torch.Tensor) -> Item:
+        """Item ``index`` holding ``value`` under ``key`` (``features`` or ``image``), with its captions."""
         rows = self.caption_offsets[index] + self.caption_choice(index)
-        item["captions"] = torch.from_numpy(self.caption_ids[rows])  # (K, max_length + 2)
-        item["lengths"] = torch.from_numpy(self.caption_lengths[rows])  # (K,)
-        return item
+        return {"index": index, "image_id": self.records[index].image_id, key: value,
+                "captions": torch.from_numpy(self.caption_ids[rows]),  # (K, max_length + 2)
+                "lengths": torch.from_numpy(self.caption_lengths[rows])}  # (K,)
 
 
 class ImageOnlyDataset(_ImageItems):
@@ -192,10 +214,26 @@ def collate_captions(items: list[Item | None]) -> dict[str, torch.Tensor] | None
              "image_ids": torch.tensor([item["image_id"] for item in kept], dtype=torch.long)}
     for item_key, batch_key in (("features", "features"), ("image", "images")):
         if item_key in kept[0]:
-            batch[batch_key] = torch.stack([item[item_key] for item in kept])
+            batch[batch_key] = _stacked([item[item_key] for item in kept])
     if "captions" in kept[0]:
         lengths = torch.stack([item["lengths"] for item in kept])  # (B, K)
         longest = int(lengths.max())
         batch["captions"] = torch.stack([item["captions"][:, :longest] for item in kept])  # (B, K, T)
         batch["lengths"] = lengths
     return batch
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(tensors)``, or without a copy the buffer whose consecutive rows they are, whole
+    (the grids ``CaptionDataset.__getitems__`` read into one buffer): the batch then shares the
+    items' memory, which nothing writes to."""
+    first = tensors[0]
+    storage = first.untyped_storage()
+    size = first.numel()
+    whole = (storage.nbytes() == len(tensors) * size * first.element_size()
+             and all(tensor.is_contiguous() and tensor.dtype == first.dtype and tensor.shape == first.shape
+                     and tensor.untyped_storage().data_ptr() == storage.data_ptr()
+                     and tensor.storage_offset() == number * size for number, tensor in enumerate(tensors)))
+    if whole:
+        return first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
+    return torch.stack(tensors)

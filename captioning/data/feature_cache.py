@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -156,12 +157,24 @@ class FeatureCache:
 
     def __getitem__(self, position: int) -> np.ndarray:
         """The (P, C) float16 annotation vectors of record ``position`` (a copy, safe across workers)."""
-        row = int(self.rows[position])
-        if row < 0:
-            return np.zeros(self.shape[1:], dtype=DTYPE)
+        grid = np.empty(self.shape[1:], dtype=DTYPE)
+        self.read_into([position], grid[None])
+        return grid
+
+    def read_into(self, positions: Sequence[int], out: np.ndarray) -> None:
+        """Copy the grids of records ``positions`` into ``out``, (len(positions), P, C) float16.
+
+        One copy from the file's pages into ``out`` (a batch's buffer), with no array in between;
+        a record without a row (a missing image) gets zeros.
+        """
         if self._features is None:
             self._features = np.load(self.path / "features.npy", mmap_mode="r")
-        return np.array(self._features[row])
+        for slot, position in enumerate(positions):
+            row = int(self.rows[position])
+            if row < 0:
+                out[slot] = 0
+            else:
+                out[slot] = self._features[row]
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers started by spawn/forkserver get the path, not a pickled copy of the array.

@@ -69,7 +69,11 @@ class Attention(nn.Module):
         """Context (N, context_dim) from weights (N, nh, P) over the values."""
         values, group = prepared.values, prepared.group
         if values.dim() == 3:  # single head: values (B, P, D); a group's weights are the rows of one product
-            return torch.bmm(weights.view(-1, group, weights.size(-1)), values).flatten(0, 1)  # (N, D)
+            # In the values' dtype, outside autocast: under bf16 autocast the product would cast the
+            # whole (B, P, D) grid at every step, and on CPU a bf16 product with a few rows per image
+            # runs slower than the float32 one.
+            with torch.autocast(values.device.type, enabled=False):
+                return torch.bmm(weights.view(-1, group, weights.size(-1)).to(values.dtype), values).flatten(0, 1)
         heads = weights.view(-1, group, *weights.shape[1:]).transpose(1, 2)  # (B, nh, G, P)
         context = torch.matmul(heads, values).transpose(1, 2)  # (B, G, nh, dv)
         return context.flatten(2).flatten(0, 1)  # (N, nh*dv)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
+from captioning.config import ConfigError, DecodeConfig, DecoderConfig, TrainConfig
 from captioning.decoding import Caption, decode, rollout, sampler
 from captioning.models.captioner import Captioner
 from captioning.models.decoder import HardAttentionDecoder
@@ -74,17 +74,33 @@ def move(batch: dict, device: torch.device) -> dict:
 
 
 def annotations_of(model: Captioner, batch: dict) -> Tensor:
-    """(B, P, C) grids: cached features as they are, or images through the encoder."""
+    """(B, P, C) float32 grids: cached features (float16 as stored) converted on the device, or images
+    through the encoder."""
     if "features" in batch:
         return batch["features"].float()
     return model.encode(batch["images"])
 
 
-def autocast(device: torch.device, amp: str):
-    """Mixed precision on GPU (bf16 or fp16); a no-op on CPU or with amp 'none'."""
-    if amp == "none" or device.type != "cuda":
+def amp_dtype(device: torch.device, amp: str) -> torch.dtype | None:
+    """The autocast dtype of ``train.amp`` on ``device``: None for 'none'.
+
+    Raises:
+        ConfigError: fp16 on CPU. CPU matrix products are not faster in float16 (bf16 is, where
+            the CPU has bf16 instructions), and float16's narrow range needs a gradient scaler.
+    """
+    if amp == "none":
+        return None
+    if amp == "fp16" and device.type != "cuda":
+        raise ConfigError(f"train.amp: fp16 needs a CUDA device, the device is {device}; use bf16 on CPU")
+    return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
+    """Mixed precision (``train.amp``): bf16 on GPU or CPU, fp16 on GPU; a no-op with 'none'."""
+    dtype = amp_dtype(device, amp)
+    if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def flatten_captions(batch: dict) -> tuple[Tensor, Tensor, Tensor]:
@@ -255,8 +271,13 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
 
 @torch.inference_mode()
 def generate_captions(model: Captioner, loader: Iterable[dict], decode_config: DecodeConfig, device: torch.device,
-                      progress: bool = True, desc: str = "decoding") -> list[tuple[int, int, Caption]]:
-    """Caption every image of ``loader``: a list of (dataset index, image id, Caption)."""
+                      progress: bool = True, desc: str = "decoding", amp: str = "none",
+                      ) -> list[tuple[int, int, Caption]]:
+    """Caption every image of ``loader``: a list of (dataset index, image id, Caption).
+
+    ``amp`` (``train.amp``) decodes under autocast, as training ran; scores and log-probabilities
+    are float32 whatever it is (the decoders return float32 log-probabilities).
+    """
     model.eval()
     decoder = distributed.unwrap(model.decoder)
     results = []
@@ -264,6 +285,7 @@ def generate_captions(model: Captioner, loader: Iterable[dict], decode_config: D
         if batch is None:
             continue
         batch = move(batch, device)
-        captions = decode(decoder, annotations_of(model, batch), decode_config)
+        with autocast(device, amp):
+            captions = decode(decoder, annotations_of(model, batch), decode_config)
         results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions))
     return results

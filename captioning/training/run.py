@@ -27,7 +27,7 @@ from captioning.training.checkpoint import (
     checkpoint_config,
     load_checkpoint,
 )
-from captioning.training.engine import TrainState
+from captioning.training.engine import TrainState, amp_dtype
 from captioning.training.plan import check_images_exist, check_schedule, check_splits, describe_plan
 from captioning.training.resume_state import check_training_entries, check_training_fits
 from captioning.training.trainer import Trainer, check_resumable
@@ -284,6 +284,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         test: the test split is scored after training, so it must have images (checked first).
     """
     device = resolve_device(config.train.device)
+    amp_dtype(device, config.train.amp)  # fp16 on CPU is refused before anything is read or written
     group = distributed.init_from_environment(device.type)
     if device.type == "cuda" and group.world_size > 1:
         device = torch.device("cuda", group.local_rank)
