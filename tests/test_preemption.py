@@ -23,6 +23,7 @@ from captioning.training.checkpoint import load_checkpoint
 from captioning.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
+DEMO_LR = load_config(REPO / "configs" / "shapes.yaml").train.lr  # what a run without --lr trains at
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 __all__ = ["data_root"]  # the module-scoped Shapes fixture of test_training
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -215,7 +216,7 @@ def test_resume_auto_starts_a_new_run_then_continues_it(data_root, tmp_path):
     changed = run(single(run_dir, data_root, "--resume", "auto", "--lr", "0.5", **{"train.max_steps": 4}))
     assert changed.returncode == 2
     assert changed.stderr.strip().splitlines() == [
-        (f"error: {run_dir / 'checkpoints' / 'last.pt'}: train.lr is 0.001 in the checkpoint but 0.5 now; a resumed "
+        (f"error: {run_dir / 'checkpoints' / 'last.pt'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now; a resumed "
         "run keeps its configuration (pass the same --config and flags), apart from its length, logging, paths "
         "and decoding")]
 
@@ -238,7 +239,7 @@ def test_resume_auto_starts_over_in_a_folder_left_without_a_checkpoint(data_root
     changed = run([*command, "--lr", "0.5"])
     assert changed.returncode == 2
     assert changed.stderr.strip().splitlines()[0].startswith(
-        f"error: {run_dir / 'config.yaml'}: train.lr is 0.001 in the checkpoint but 0.5 now")
+        f"error: {run_dir / 'config.yaml'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now")
     result = run(command)
     assert result.returncode == 0, result.stderr
     assert f"resume auto: no checkpoint in {run_dir} yet; starting the run over" in result.stdout

@@ -366,7 +366,8 @@ def test_resume_refuses_a_changed_configuration(data_root, tmp_path):
     changed = run_train([*flags, "--lr", "0.5", "--resume"])
     assert changed.returncode == 2
     message = changed.stderr.strip().splitlines()
-    assert len(message) == 1 and "last.pt: train.lr is 0.001 in the checkpoint but 0.5 now" in message[0]
+    demo_lr = load_config(REPO / "configs" / "shapes.yaml").train.lr
+    assert len(message) == 1 and f"last.pt: train.lr is {demo_lr} in the checkpoint but 0.5 now" in message[0]
     longer = run_train([*flags, "--set", "train.max_steps=3", "--set", "decode.beam_size=1", "--resume"])
     assert longer.returncode == 0, longer.stderr  # length and decoding may change
     assert [s["step"] for s in read_steps(run)] == [1, 2, 3]
