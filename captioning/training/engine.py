@@ -46,6 +46,11 @@ class TrainState:
         return cls(**data)
 
 
+def steps_per_epoch(num_images: int, batch_size: int) -> int:
+    """Optimisation steps in one epoch of ``num_images`` in global batches of ``batch_size`` (the last may be short)."""
+    return math.ceil(num_images / batch_size)
+
+
 class EpochBatches:
     """Image indices of each batch of one epoch, shuffled from (seed, epoch) alone.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -10,6 +9,7 @@ from captioning.config import Config, ConfigError
 from captioning.data import split_rule
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.files import not_a_regular_file
+from captioning.training.engine import steps_per_epoch
 
 STAGE_NAMES = {"xe": "cross-entropy", "scst": "self-critical"}
 
@@ -55,12 +55,13 @@ def check_schedule(config: Config, train_images: int) -> None:
         ConfigError: naming both numbers and the keys that change them.
     """
     train = config.train
-    steps = train.epochs * math.ceil(train_images / train.batch_size)
+    per_epoch = steps_per_epoch(train_images, train.batch_size)
+    steps = train.epochs * per_epoch
     if train.schedule == "cosine" and train.epochs and train.warmup_steps >= steps:
         raise ConfigError(f"train.warmup_steps={train.warmup_steps} leaves no steps for the cosine decay: the "
-                          f"cross-entropy stage has {steps} ({train.epochs} epochs x "
-                          f"{math.ceil(train_images / train.batch_size)} steps of {train.batch_size} of "
-                          f"{train_images} training images); set train.warmup_steps below {steps}")
+                          f"cross-entropy stage has {steps} ({train.epochs} epochs x {per_epoch} steps of "
+                          f"{train.batch_size} of {train_images} training images); set train.warmup_steps "
+                          f"below {steps}")
 
 
 def _epochs(first: int, last: int) -> str:
@@ -90,7 +91,7 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
     if state and (stage == "scst" or epoch >= train.epochs or stopped_early):
         xe = f"done (stopped early after {epoch} epochs)" if stopped_early and epoch < train.epochs else "done"
     scst = _epochs(epoch + 1 if stage == "scst" else 1, train.scst_epochs)
-    steps = math.ceil(counts["train"] / train.batch_size)
+    steps = steps_per_epoch(counts["train"], train.batch_size)
     validated = min(train.val_images, counts["val"]) if train.val_images else counts["val"]
     parts = [f"plan: cross-entropy {xe}, then self-critical {scst}",
              f"{steps} steps per epoch ({counts['train']} training images, batch {train.batch_size})",

@@ -29,7 +29,13 @@ from captioning.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from captioning.training.engine import EpochBatches, TrainState, generate_captions, train_one_epoch
+from captioning.training.engine import (
+    EpochBatches,
+    TrainState,
+    generate_captions,
+    steps_per_epoch,
+    train_one_epoch,
+)
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
 
 
@@ -323,7 +329,7 @@ class Trainer:
     @property
     def _xe_steps(self) -> int:
         """The cross-entropy stage's optimisation steps, over which ``cosine`` decays."""
-        return self.config.train.epochs * math.ceil(len(self.train_set) / self.config.train.batch_size)
+        return self.config.train.epochs * steps_per_epoch(len(self.train_set), self.config.train.batch_size)
 
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
         if self.group.is_main:
@@ -418,7 +424,7 @@ class Trainer:
             world_size=self.group.world_size, progress=self.progress, stop=self.stop.agreed)
         if self.stop.stopping:  # even after the epoch's last batch: validation waits for the resumed run
             self._stop_here()
-        if state.batch_in_epoch < math.ceil(len(self.train_set) / config.train.batch_size):
+        if state.batch_in_epoch < steps_per_epoch(len(self.train_set), config.train.batch_size):
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
         scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress, self.group)
