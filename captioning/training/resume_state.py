@@ -25,8 +25,8 @@ from captioning.config import Config
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import CheckpointError, check_state_fits
 from captioning.training.engine import TrainState
+from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.plan import STAGE_NAMES
-from captioning.training.trainer import optimizer_for, scheduler_for
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's two moment estimates, one per parameter
 COUNTERS = ("epoch", "batch_in_epoch", "global_step", "epochs_without_improvement", "skipped_batches")
