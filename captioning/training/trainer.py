@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -17,6 +18,7 @@ from captioning.data.datasets import CaptionDataset, collate_captions, usable_wo
 from captioning.evaluation.metrics import CiderDScorer, score_captions
 from captioning.models.captioner import Captioner
 from captioning.training import distributed
+from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.checkpoint import (
     CheckpointError,
     atomic_write,
@@ -148,6 +150,8 @@ class Trainer:
         self.stop = StopRequest(group.world_size, device)
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
         self._step_lr: float | None = None  # the rate the latest step of this process used
+        self.average = (WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay
+                        else None)
         self._new_stage("xe")
         self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
 
@@ -165,12 +169,20 @@ class Trainer:
             self.rewarder = lambda ids, token_ids: scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id]
                                                                       for row in token_ids])
 
+    def _trainable(self) -> dict[str, torch.nn.Parameter]:
+        return trainable_parameters({"decoder": distributed.unwrap(self.model.decoder), "encoder": self.model.encoder})
+
+    def _averaged(self) -> contextlib.AbstractContextManager:
+        """The weights validation scores and checkpoints hold: the average with ``train.ema_decay``."""
+        return self.average.applied() if self.average is not None else contextlib.nullcontext()
+
     def checkpoint(self, name: str) -> Path:
         """Write ``checkpoints/<name>.pt`` (rank 0 only).
 
         ``last`` holds everything ``--resume`` needs; the best checkpoints hold the weights and the
         run's position only: Adam's two moments would double or triple their size, and nothing
-        resumes from them (the self-critical stage and evaluation take their weights alone).
+        resumes from them (the self-critical stage and evaluation take their weights alone). With
+        ``train.ema_decay`` the weights are the average, and ``last`` keeps the optimiser's beside it.
         """
         path = self.checkpoint_dir / f"{name}.pt"
         resumable = name == "last"
@@ -180,18 +192,22 @@ class Trainer:
         if not self.group.is_main:
             return path
         encoder = self.config.model.encoder
-        # Trained or random encoder weights cannot be rebuilt from their name: save them.
-        encoder_state = self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none" else None
         training = {"state": self.state.to_dict()}
         if resumable:
             training.update({"optimizer": self.optimizer.state_dict(),
                              "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                              "scaler": self.scaler.state_dict() if self.scaler else None,
                              "rng": rng[0], "rng_per_rank": rng})
-        save_checkpoint(path, config=self.config, vocab=self.model.vocab,
-                        decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
-                        encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
-                        training=training)
+            if self.average is not None:
+                training["average"] = self.average.state_dict()
+        with self._averaged():
+            # Trained or random encoder weights cannot be rebuilt from their name: save them.
+            encoder_state = (self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none"
+                             else None)
+            save_checkpoint(path, config=self.config, vocab=self.model.vocab,
+                            decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
+                            encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
+                            training=training)
         return path
 
     def _stop_here(self) -> None:
@@ -228,6 +244,8 @@ class Trainer:
         load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", path)
         if payload.get("encoder") is not None:
             load_state_checked(self.model.encoder, payload["encoder"], "encoder", path)
+        if self.average is not None:  # the weights just loaded are the average; the optimiser's come back
+            self.average.load_state_dict(training.get("average"), path)
         self.state = TrainState.from_dict(training["state"])
         self._new_stage(self.state.stage)
         self.optimizer.load_state_dict(training["optimizer"])
@@ -259,6 +277,8 @@ class Trainer:
         return self.config.train.epochs * steps_per_epoch(len(self.train_set), self.config.train.batch_size)
 
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
+        if self.average is not None:
+            self.average.update()
         if self.group.is_main:
             with self.steps_log.open("a") as log:
                 log.write(json.dumps({"step": state.global_step, "epoch": state.epoch + 1, "stage": state.stage,
@@ -304,6 +324,8 @@ class Trainer:
                         load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
                     if self.group.is_main:
                         print(f"self-critical training starts from {best}", flush=True)
+                if self.average is not None:  # the stage averages its own steps, from the weights it starts at
+                    self.average.reset()
                 self._new_stage("scst")
             if self.state.stage != stage:
                 continue
@@ -354,7 +376,9 @@ class Trainer:
         if state.batch_in_epoch < steps_per_epoch(len(self.train_set), config.train.batch_size):
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
-        scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress, self.group)
+        with self._averaged():
+            scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress,
+                                                 self.group)
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
