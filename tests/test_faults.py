@@ -9,15 +9,11 @@ module within its time budget; so do the full-disk cases, which monkeypatch a wr
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import logging
-import os
 import shutil
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,8 +23,8 @@ import pytest
 import torch
 from PIL import Image
 from test_training import as_flags, tiny_overrides
+from tool_runs import REPO, run_in_process, run_tool
 
-from captioning.cli import run_cli
 from captioning.config import DecoderConfig, load_config
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.karpathy import read_karpathy
@@ -40,40 +36,12 @@ from captioning.training.checkpoint import load_checkpoint, save_checkpoint
 from captioning.training.distributed import ProcessGroup
 from captioning.training.run import prepare_run
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPES_YAML = REPO / "configs" / "shapes.yaml"
 
 
 # ------------------------------------------------------------------ helpers
 
-# Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower). The
-# same single thread in the tools and in this process also makes their features bit-identical.
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def run_tool(script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real command-line tool in a subprocess."""
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], check=False, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env=ONE_THREAD)
-
-
-_SCRIPTS: dict[str, object] = {}
-
-
-def run_in_process(script: str, args: list, capsys) -> tuple[int, str]:
-    """What ``python <script> args`` does, in this process: ``run_cli(main, get_args_parser(), argv)``."""
-    if script not in _SCRIPTS:
-        spec = importlib.util.spec_from_file_location(f"{Path(script).stem}_script", REPO / script)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _SCRIPTS[script] = module
-    module = _SCRIPTS[script]
-    capsys.readouterr()
-    code = run_cli(module.main, module.get_args_parser(), [str(a) for a in args])
-    return code, capsys.readouterr().err
 
 
 def assert_one_line_error(returncode: int, stderr: str, *needles: str, alone: bool = True) -> str:

@@ -17,17 +17,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_faults import (
-    ONE_THREAD,
-    REPO,
-    SHAPES_YAML,
-    assert_one_line_error,
-    run_in_process,
-    run_tool,
-    shapes,
-    write_odd_images,
-)
+from test_faults import SHAPES_YAML, assert_one_line_error, shapes, write_odd_images
 from test_training import as_flags, tiny_overrides
+from tool_runs import ONE_THREAD, REPO, run_in_process, run_tool
 
 from captioning.config import load_config
 from captioning.data.feature_cache import FeatureCache
