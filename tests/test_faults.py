@@ -171,14 +171,14 @@ def _pop_split(data):
     (lambda d: d["images"][4].update(cocoid=1), ["bad.json: image 4 (cocoid 1): duplicate image id 1"]),
     (lambda d: d["images"][2].update(filepath="/etc"), ["bad.json: image 2 (cocoid 3)", "must be relative"]),
 ], ids=["not-json", "wrong-schema", "missing-field", "duplicate-id", "absolute-path"])
-def test_train_refuses_malformed_annotations(shapes, tmp_path, capsys, edit, needles):
+def test_train_refuses_malformed_annotations(shapes, tmp_path, edit, needles):
     split_file = tmp_path / "bad.json"
     if callable(edit):
         edited_split(shapes.split_file, split_file, edit)
     else:
         split_file.write_text(edit if isinstance(edit, str) else json.dumps(edit), encoding="utf-8")
     code, stderr = run_in_process("train.py", ["--no-progress", *karpathy_flags(split_file, shapes.root,
-                                                                                tmp_path / "run")], capsys)
+                                                                                tmp_path / "run")])
     assert_one_line_error(code, stderr, *needles)
 
 
@@ -272,7 +272,7 @@ def _repeat_annotation_id(data):
     ("annotations", _repeat_annotation_id, ["captions.json: annotations[3]: duplicate id", "(also annotations[2])"]),
 ], ids=["results-not-json", "results-not-list", "results-missing-key", "results-id-without-references",
         "annotations-not-json", "annotations-wrong-schema", "annotations-missing-field", "annotations-duplicate-id"])
-def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, capsys, which, content, needles):
+def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, which, content, needles):
     annotations, results = tmp_path / "captions.json", tmp_path / "results.json"
     shutil.copy(results_files.annotations, annotations)
     results.write_text(json.dumps(results_files.good))
@@ -283,8 +283,7 @@ def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, capsy
         edited_split(target, target, content)
     else:
         target.write_text(content if isinstance(content, str) else json.dumps(content))
-    code, stderr = run_in_process("evaluate.py", ["--annotations", annotations, "--results", results, "--no-java"],
-                                  capsys)
+    code, stderr = run_in_process("evaluate.py", ["--annotations", annotations, "--results", results, "--no-java"])
     assert_one_line_error(code, stderr, *needles)
 
 
@@ -322,21 +321,21 @@ def test_evaluate_folder_captions_odd_modes_and_skips_bad_images_when_asked(shap
 
 
 @pytest.mark.parametrize("name", [n for n, (content, _) in BAD_IMAGES.items() if content is not None])
-def test_evaluate_folder_names_an_unreadable_image(shapes, tmp_path, capsys, name):
+def test_evaluate_folder_names_an_unreadable_image(shapes, tmp_path, name):
     content, reason = BAD_IMAGES[name]
     folder = tmp_path / "images"
     write_odd_images(folder)
     (folder / name).write_bytes(content)
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, "--images", folder,
-                                                  "--results", tmp_path / "r.json", "--no-progress"], capsys)
+                                                  "--results", tmp_path / "r.json", "--no-progress"])
     assert_one_line_error(code, stderr, str(folder / name), reason)
     assert not (tmp_path / "r.json").exists()
 
 
-def test_visualize_draws_odd_image_modes(shapes, tmp_path, capsys):
+def test_visualize_draws_odd_image_modes(shapes, tmp_path):
     images = write_odd_images(tmp_path / "images")
     code, stderr = run_in_process("visualize.py", [*images, "--checkpoint", shapes.checkpoint,
-                                                   "--out-dir", tmp_path / "out", "--no-progress"], capsys)
+                                                   "--out-dir", tmp_path / "out", "--no-progress"])
     assert code == 0, stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem + ".png" for p in images)
 
@@ -390,11 +389,11 @@ def _truncated(shapes, path: Path) -> None:
     (_other_vocabulary, ["decoder weights do not fit", "embedding.weight ({V2}, 16) vs ({V}, 16)"]),
     (None, ["checkpoint file not found"]),
 ], ids=["truncated", "other-sizes", "other-vocabulary", "missing"])
-def test_evaluate_refuses_unusable_checkpoints(shapes, tmp_path, capsys, make, needles):
+def test_evaluate_refuses_unusable_checkpoints(shapes, tmp_path, make, needles):
     path = tmp_path / "model.pt"
     if make is not None:
         make(shapes, path)
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test", "--no-progress"], capsys)
+    code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test", "--no-progress"])
     sizes = {"V": len(shapes.vocab), "V2": len(shapes.vocab) + 2}
     assert_one_line_error(code, stderr, str(path), *(needle.format(**sizes) for needle in needles))
 
@@ -432,12 +431,12 @@ def test_unknown_options_are_argparse_errors(script):
     (["--split", "test", "--set", "decode.beams=3"], ["unknown configuration key 'decode.beams'"]),
     (["--split", "test", "--set", "model.decoder.gate=none"], ["model.decoder.gate: only data.* and decode.*"]),
 ], ids=["missing-folder", "beam-size-0", "max-length-0", "missing-config", "set-unknown-key", "set-model-key"])
-def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, capsys, monkeypatch, args, needles):
+def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, monkeypatch, args, needles):
     from captioning.evaluation import commands
 
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the options were checked")
 
     monkeypatch.setattr(commands, "load_captioner", never)
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, *args], capsys)
+    code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, *args])
     assert_one_line_error(code, stderr, *needles)

@@ -3,17 +3,18 @@
 - ``run_tool(script, *args)``: ``python <script> args`` in a subprocess started in the repository, one
   intra-op thread. For what only a process shows: signals, locks held by another process, exit after
   a kill, ``ulimit``, a hanging ``java`` on ``PATH``, and each tool's end-to-end run from a shell.
-- ``in_process(capsys, script, *args, cwd=None)``: what ``python <script> args`` does, in this process,
+- ``in_process(script, *args, cwd=None, timeout=None)``: what ``python <script> args`` does, in this process,
   through the same ``run_cli(main, get_args_parser(), argv)`` call the script makes: same exit status,
   same stdout and stderr, without the 3-4 s of imports and model build a new process pays. The
   run puts back what it changed for the whole process (``kept_process_state``), and so does the
   ``process_state`` fixture of conftest.py after every test.
-- ``run_in_process(script, args, capsys)``: the same, as ``(exit status, stderr)``.
+- ``run_in_process(script, args)``: the same, as ``(exit status, stderr)``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import logging
 import os
 import random
@@ -21,12 +22,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
-import pytest
 import torch
 
 from captioning.cli import run_cli
@@ -93,21 +93,18 @@ def _out_of_time(signum: int, frame: object) -> None:
     raise TimeoutError("the tool did not finish in time (SIGALRM)")
 
 
-def in_process(capsys: pytest.CaptureFixture | None, script: str, *args, cwd: Path | None = None,
+def in_process(script: str, *args, cwd: Path | None = None,
                timeout: float | None = None) -> subprocess.CompletedProcess:
     """What ``python <script> args`` started in ``cwd`` does, run in this process: its exit status and
-    what it printed, as ``subprocess.run`` would give them.
+    what it printed on ``sys.stdout`` and ``sys.stderr``, as ``subprocess.run`` would give them.
 
     ``timeout``: a SIGALRM after that many seconds interrupts the run (even a blocking ``open`` of a
     FIFO); the tool then reports the ``TimeoutError`` as any failure, so a test that waits forever fails.
-    ``capsys``: None in a fixture of wider scope, where what the tool prints is left to pytest and the
-    result holds only the exit status.
     """
     module = _script(script)
     argv = [str(a) for a in args]
-    if capsys is not None:
-        capsys.readouterr()
-    with kept_process_state():
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with kept_process_state(), redirect_stdout(stdout), redirect_stderr(stderr):
         if cwd is not None:
             os.chdir(cwd)
         if timeout is not None:
@@ -117,12 +114,10 @@ def in_process(capsys: pytest.CaptureFixture | None, script: str, *args, cwd: Pa
             code = run_cli(module.main, module.get_args_parser(), argv)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-    captured = capsys.readouterr() if capsys is not None else None
-    return subprocess.CompletedProcess([script, *argv], code, captured.out if captured else "",
-                                       captured.err if captured else "")
+    return subprocess.CompletedProcess([script, *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
-def run_in_process(script: str, args: list, capsys) -> tuple[int, str]:
+def run_in_process(script: str, args: list) -> tuple[int, str]:
     """What ``python <script> args`` does, in this process: its exit status and stderr."""
-    result = in_process(capsys, script, *args)
+    result = in_process(script, *args)
     return result.returncode, result.stderr
