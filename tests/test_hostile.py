@@ -27,6 +27,7 @@ from test_faults import assert_one_line_error, edited_split, karpathy_flags, sha
 from test_training import as_flags, tiny_overrides
 from tool_runs import ONE_THREAD, REPO, in_process, run_in_process, run_tool
 
+from captioning.run_folder import RunLock
 from captioning.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -141,6 +142,29 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_lock(shapes, tmp_path):
         first.wait()
     third = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO)
     assert third.returncode == 0, third.stderr  # the kernel dropped the killed run's lock
+
+
+def test_a_run_that_ends_in_this_process_leaves_its_folder_free(trained_run, shapes, tmp_path, monkeypatch):
+    from captioning.training.trainer import Trainer
+
+    run = copy_run(trained_run, tmp_path)
+    resumed = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 3}), "--resume",
+                         cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr
+    RunLock(run).acquire().release()  # a notebook's second run is not refused by its own finished one
+
+    def full_disk(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "fit", full_disk)
+    failed = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume",
+                        cwd=REPO)
+    assert_one_line_error(failed.returncode, failed.stderr, "No space left on device")
+    RunLock(run).acquire().release()  # nor by one that failed after taking the lock
+
+    caching = in_process("train.py", "--cache-only", *short_run(shapes, run), cwd=REPO)
+    assert caching.returncode == 0, caching.stderr
+    RunLock(run).acquire().release()
 
 
 def test_a_refused_resume_changes_nothing(trained_run, shapes, tmp_path):
