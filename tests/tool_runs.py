@@ -79,7 +79,7 @@ def kept_process_state() -> Iterator[None]:
 _SCRIPTS: dict[str, ModuleType] = {}
 
 
-def _script(script: str) -> ModuleType:
+def script_module(script: str) -> ModuleType:
     """``script`` imported once under its own module name (it runs nothing on import)."""
     if script not in _SCRIPTS:
         spec = importlib.util.spec_from_file_location(f"{Path(script).stem}_script", REPO / script)
@@ -101,7 +101,7 @@ def in_process(script: str, *args, cwd: Path | None = None,
     ``timeout``: a SIGALRM after that many seconds interrupts the run (even a blocking ``open`` of a
     FIFO); the tool then reports the ``TimeoutError`` as any failure, so a test that waits forever fails.
     """
-    module = _script(script)
+    module = script_module(script)
     argv = [str(a) for a in args]
     stdout, stderr = io.StringIO(), io.StringIO()
     with kept_process_state(), redirect_stdout(stdout), redirect_stderr(stderr):
