@@ -1,10 +1,11 @@
 """Bad input gets a one-line error and untrusted files run no code: through the real tools (faults: test_recovery.py).
 
-Each promise is shown on the command-line tools: ``sys.executable train.py/evaluate.py/visualize.py``
-in a subprocess (exit status 2, one ``error: ...`` line on stderr naming the file and the entry, no
-traceback). Further variants of an error path already shown in a subprocess go through the same
-``run_cli(main, get_args_parser(), argv)`` call the scripts make, in this process, to keep the
-module within its time budget; so do the full-disk cases, which monkeypatch a writer.
+Each promise is shown on the command-line tools (exit status 2, one ``error: ...`` line on stderr
+naming the file and the entry, no traceback). A real ``python train.py/evaluate.py`` subprocess shows
+the error path of each tool (a path climbing out of the root, a checkpoint holding pickled code, bad
+options; visualize.py's in test_visualize_cli); the other cases go through the same
+``run_cli(main, get_args_parser(), argv)`` call the scripts make, in this process (tests/tool_runs.py),
+to keep the module within its time budget; so do the full-disk cases, which monkeypatch a writer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import shutil
 import struct
+import subprocess
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +25,7 @@ import pytest
 import torch
 from PIL import Image
 from test_training import as_flags, tiny_overrides
-from tool_runs import REPO, run_in_process, run_tool
+from tool_runs import REPO, in_process, run_in_process, run_tool
 
 from captioning.config import DecoderConfig, load_config
 from captioning.data.feature_cache import FeatureCache
@@ -42,6 +44,11 @@ SHAPES_YAML = REPO / "configs" / "shapes.yaml"
 # ------------------------------------------------------------------ helpers
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def tool_in_repo(script: str, *args) -> subprocess.CompletedProcess:
+    """``run_tool(script, *args)`` in this process (tests/tool_runs.py): same exit status and output."""
+    return in_process(script, *args, cwd=REPO)
 
 
 def assert_one_line_error(returncode: int, stderr: str, *needles: str, alone: bool = True) -> str:
@@ -189,7 +196,7 @@ def test_train_keeps_odd_captions_and_skips_unreadable_images(odd_dataset, tmp_p
     flags = karpathy_flags(odd_dataset.split_file, odd_dataset.root, run, **{
         "data.skip_bad_images": True, "data.max_caption_length": 30, "data.cache_dir": tmp_path / "cache",
         "train.epochs": 1, "train.max_steps": 2})
-    result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+    result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert "dataset_odd.json: skipped 7 empty captions (first: dataset_odd.json: image 0 (cocoid 1) sentence 0)" \
@@ -209,14 +216,14 @@ def test_train_keeps_odd_captions_and_skips_unreadable_images(odd_dataset, tmp_p
 def test_train_without_skipping_stops_at_the_first_unreadable_image(odd_dataset, tmp_path):
     flags = karpathy_flags(odd_dataset.split_file, odd_dataset.root, tmp_path / "run",
                            **{"data.cache_dir": tmp_path / "cache"})
-    result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+    result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     # A missing file is found before any image is read; an unreadable one when the cache reaches it.
     assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000007.png"),
                           "(image 7)", "image file not found", alone=False)  # after the caption warnings
     assert not list((tmp_path / "cache").glob("*/features.npy"))
     (odd_dataset.root / "train" / "000007.png").write_bytes((odd_dataset.root / "train" / "000001.png").read_bytes())
     try:
-        result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+        result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     finally:
         (odd_dataset.root / "train" / "000007.png").unlink()
     assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000003.png"),
@@ -247,7 +254,7 @@ def results_files(shapes, tmp_path_factory) -> SimpleNamespace:
 def test_evaluate_refuses_a_results_file_with_repeated_ids(results_files, tmp_path):
     results = tmp_path / "results.json"
     results.write_text(json.dumps(results_files.good + [results_files.good[2]]))
-    result = run_tool("evaluate.py", "--annotations", results_files.annotations, "--results", results, "--no-java")
+    result = tool_in_repo("evaluate.py", "--annotations", results_files.annotations, "--results", results, "--no-java")
     assert_one_line_error(result.returncode, result.stderr,
                           f"{results}: entry 8: image_id {results_files.ids[2]} appears twice")
     assert not list(tmp_path.glob("*.scores*"))
@@ -295,7 +302,7 @@ def test_visualize_names_an_unreadable_image(shapes, tmp_path, name):
     image = tmp_path / name
     if content is not None:
         image.write_bytes(content)
-    result = run_tool("visualize.py", image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "out",
+    result = tool_in_repo("visualize.py", image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "out",
                       "--no-progress")
     assert_one_line_error(result.returncode, result.stderr, str(image), reason)
     assert not (tmp_path / "out").exists()
@@ -308,7 +315,7 @@ def test_evaluate_folder_captions_odd_modes_and_skips_bad_images_when_asked(shap
         if content is not None:
             (folder / name).write_bytes(content)
     results = tmp_path / "captions.json"
-    result = run_tool("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder, "--results", results,
+    result = tool_in_repo("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder, "--results", results,
                       "--skip-bad-images", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "skipped 4 of 8 images that could not be read" in result.stdout

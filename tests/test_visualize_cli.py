@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from tool_runs import in_process, script_module
+from tool_runs import in_process, run_tool, script_module
 
 from captioning.config import (
     Config,
@@ -81,7 +81,8 @@ def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Pa
 
 def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     missing = tmp_path / "no_such_image.jpg"
-    result = run_script(odd_images[0], missing, "--checkpoint", checkpoint, "--out-dir", tmp_path / "out")
+    result = run_tool("visualize.py", odd_images[0], missing, "--checkpoint", checkpoint, "--out-dir", tmp_path / "out",
+                      "--no-progress")  # a real process: the tool's error path, from a shell
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and str(missing) in lines[0]
