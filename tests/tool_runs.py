@@ -3,8 +3,8 @@
 - ``run_tool(script, *args)``: ``python <script> args`` in a subprocess started in the repository, one
   intra-op thread. For what only a process shows: signals, locks held by another process, exit after
   a kill, ``ulimit``, a hanging ``java`` on ``PATH``, and each tool's end-to-end run from a shell.
-- ``in_process(script, *args, cwd=None, timeout=None)``: what ``python <script> args`` does, in this process,
-  through the same ``run_cli(main, get_args_parser(), argv)`` call the script makes: same exit status,
+- ``in_process(script, *args, cwd=None, timeout=None)``: what ``python <script> args`` does, in this
+  process, through the same ``run_cli(main, get_args_parser(), argv)`` call the script makes: same exit status,
   same stdout and stderr, without the 3-4 s of imports and model build a new process pays. The
   run puts back what it changed for the whole process (``kept_process_state``), and so does the
   ``process_state`` fixture of conftest.py after every test.
@@ -104,6 +104,8 @@ def in_process(script: str, *args, cwd: Path | None = None,
     module = script_module(script)
     argv = [str(a) for a in args]
     stdout, stderr = io.StringIO(), io.StringIO()
+    command_line = sys.argv
+    sys.argv = [str(REPO / script), *argv]  # argparse names the program after it, as from a shell
     with kept_process_state(), redirect_stdout(stdout), redirect_stderr(stderr):
         if cwd is not None:
             os.chdir(cwd)
@@ -112,8 +114,11 @@ def in_process(script: str, *args, cwd: Path | None = None,
             signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             code = run_cli(module.main, module.get_args_parser(), argv)
+        except SystemExit as stop:  # argparse refuses its own errors (exit status 2, usage on stderr)
+            code = stop.code if isinstance(stop.code, int) else 1
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.argv = command_line
     return subprocess.CompletedProcess([script, *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
