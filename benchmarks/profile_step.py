@@ -26,7 +26,7 @@ from speed import Sizes, decoder_config, random_captions
 
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.training.losses import caption_loss
-from captioning.training.trainer import adam
+from captioning.training.optim import adam
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 

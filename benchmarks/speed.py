@@ -55,7 +55,7 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
 from captioning.training.engine import flatten_captions
 from captioning.training.losses import caption_loss
-from captioning.training.trainer import adam
+from captioning.training.optim import adam
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
 COCO_CAPTIONS = 566_747

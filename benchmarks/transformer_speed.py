@@ -29,7 +29,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search
 from captioning.models.transformer import TransformerDecoder
 from captioning.training.losses import caption_loss
-from captioning.training.trainer import adam
+from captioning.training.optim import adam
 
 LAYERS = {"transformer": 3, "transformer6": 6}  # key prefix: encoder and decoder blocks
 

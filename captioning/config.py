@@ -199,6 +199,7 @@ class TrainConfig:
     adam_beta2: float = 0.999  # Adam's second-moment decay (Transformer recipes use 0.98)
     grad_clip: float = 5.0  # max gradient norm; 0 disables
     label_smoothing: float = 0.0  # cross-entropy label smoothing
+    ema_decay: float = 0.0  # validate and keep an exponential moving average of the weights (e.g. 0.998); 0 = off
     schedule: str = "plateau"  # none | step | plateau (per epoch) | noam | cosine (per step, cross-entropy stage only: warm-up, then 1/sqrt(step) or half a cosine to 0 at the last epoch's end)
     warmup_steps: int = 4000  # noam, cosine: steps of linear warm-up to train.lr
     step_size: int = 3  # epochs between decays (step)
@@ -232,6 +233,7 @@ class TrainConfig:
         _check(0.0 <= self.adam_beta2 < 1.0, f"train.adam_beta2 must be in [0, 1), got {self.adam_beta2}")
         _check(self.grad_clip >= 0, "train.grad_clip must be >= 0")
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
+        _check(0.0 <= self.ema_decay < 1.0, f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         _one_of("train.schedule", self.schedule, SCHEDULES)
         _check(self.warmup_steps >= 1, f"train.warmup_steps must be >= 1, got {self.warmup_steps}")
         _check(self.step_size >= 1, "train.step_size must be >= 1")

@@ -8,7 +8,7 @@ import torch
 
 from captioning.config import Config, DecoderConfig
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.training.trainer import adam, optimizer_for
+from captioning.training.optim import adam, optimizer_for
 
 
 class _Model(torch.nn.Module):

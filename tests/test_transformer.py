@@ -38,7 +38,7 @@ from captioning.models.base import AttentionView
 from captioning.models.transformer import TransformerDecoder
 from captioning.training.checkpoint import load_checkpoint
 from captioning.training.engine import scst_loss
-from captioning.training.trainer import noam_factor
+from captioning.training.optim import noam_factor
 
 REPO = Path(__file__).resolve().parents[1]
 V, C, GRID = 13, 6, (2, 3)

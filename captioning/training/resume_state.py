@@ -23,10 +23,11 @@ import torch
 
 from captioning.config import Config
 from captioning.models.captioner import Captioner
+from captioning.training.averaging import check_average_state, trainable_parameters
 from captioning.training.checkpoint import CheckpointError, check_state_fits
 from captioning.training.engine import TrainState
+from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.plan import STAGE_NAMES
-from captioning.training.trainer import optimizer_for, scheduler_for
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's two moment estimates, one per parameter
 COUNTERS = ("epoch", "batch_in_epoch", "global_step", "epochs_without_improvement", "skipped_batches")
@@ -178,6 +179,9 @@ def check_training_fits(payload: dict, training: dict, model: Captioner, config:
     check_state_fits(model.decoder, payload["decoder"], "decoder", path)
     if payload.get("encoder") is not None:
         check_state_fits(model.encoder, payload["encoder"], "encoder", path)
+    if config.train.ema_decay:
+        check_average_state(training.get("average"), trainable_parameters({"decoder": model.decoder,
+                                                                          "encoder": model.encoder}), path)
     reference = optimizer_for(model, config.train.lr, config.train.encoder_lr, config)
     stored = training["optimizer"]
     groups = [group["params"] for group in reference.param_groups]

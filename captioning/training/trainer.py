@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.torch_version import TorchVersion
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 
@@ -19,6 +18,7 @@ from captioning.data.datasets import CaptionDataset, collate_captions, usable_wo
 from captioning.evaluation.metrics import CiderDScorer, score_captions
 from captioning.models.captioner import Captioner
 from captioning.training import distributed
+from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.checkpoint import (
     CheckpointError,
     atomic_write,
@@ -36,6 +36,7 @@ from captioning.training.engine import (
     steps_per_epoch,
     train_one_epoch,
 )
+from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
 
 
@@ -133,78 +134,6 @@ def _logged_step(line: str) -> float:
     return step if isinstance(step, int) else math.inf
 
 
-def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config) -> torch.optim.Optimizer:
-    """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
-    groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}]
-    encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
-    if encoder_params:
-        groups.append({"params": encoder_params, "lr": encoder_lr, "name": "encoder"})
-    return adam(groups, betas=(0.9, config.train.adam_beta2), weight_decay=config.train.weight_decay)
-
-
-# Adam's fused kernel makes one pass over each parameter instead of about ten element-wise ones:
-# 46 ms against 231 ms per step for the 31.8 M parameters of the COCO decoder on one CPU thread.
-_FUSED_ADAM_DEVICES = ("cpu", "cuda") if TorchVersion(torch.__version__) >= (2, 4) else ("cuda",)
-
-
-def adam(parameters: Iterable[torch.nn.Parameter] | list[dict], **options) -> torch.optim.Adam:
-    """``torch.optim.Adam`` over parameters (or parameter groups), fused where torch has a fused
-    kernel for every parameter's device (CUDA; CPU from torch 2.4). It computes the same update,
-    to float rounding (about 1e-7 apart after 20 steps)."""
-    groups = list(parameters)
-    if groups and not isinstance(groups[0], dict):
-        groups = [{"params": groups}]
-    fused = all(p.is_floating_point() and p.device.type in _FUSED_ADAM_DEVICES
-                for group in groups for p in group["params"])
-    return torch.optim.Adam(groups, fused=fused or None, **options)
-
-
-def noam_factor(step: int, warmup_steps: int) -> float:
-    """The learning rate of optimisation step ``step + 1`` as a fraction of its peak (Vaswani et al. 2017).
-
-    Linear warm-up to 1 over ``warmup_steps`` steps, then ``sqrt(warmup_steps / step)``: the paper's
-    ``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` with its peak ``d_model^-0.5 * warmup^-0.5``
-    given as ``train.lr``.
-    """
-    step += 1  # LambdaLR counts from 0; the paper's first step is 1
-    return min(step / warmup_steps, math.sqrt(warmup_steps / step))
-
-
-def cosine_factor(step: int, warmup_steps: int, total_steps: int) -> float:
-    """The learning rate of optimisation step ``step + 1`` of ``total_steps`` as a fraction of its peak.
-
-    Linear warm-up to 1 over ``warmup_steps`` steps, then half a cosine down towards 0, which the
-    last step approaches but does not reach (Loshchilov and Hutter 2017, without restarts).
-    """
-    step += 1
-    if step <= warmup_steps:
-        return step / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps + 1))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def scheduler_for(optimizer: torch.optim.Optimizer, config: Config, stage: str = "xe", total_steps: int = 0):
-    """The learning-rate schedule ``train.schedule`` names (None for ``none``).
-
-    ``noam`` and ``cosine`` step per batch and shape the cross-entropy stage only: the
-    self-critical stage fine-tunes at a constant ``train.scst_lr``, as the Transformer captioners
-    do. ``cosine`` spreads its decay over ``total_steps``, the cross-entropy stage's steps.
-    """
-    warmup = config.train.warmup_steps
-    builders = {
-        "noam": lambda: (torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup))
-                         if stage == "xe" else None),
-        "cosine": lambda: (torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: cosine_factor(step, warmup, max(total_steps, warmup + 1)))
-            if stage == "xe" else None),
-        "none": lambda: None,
-        "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
-        "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="max", factor=config.train.gamma, patience=config.train.plateau_patience),
-    }
-    return builders[config.train.schedule]()
-
-
 class Trainer:
     """Holds a run's parts; ``fit`` runs the cross-entropy then the self-critical stage."""
 
@@ -221,6 +150,8 @@ class Trainer:
         self.stop = StopRequest(group.world_size, device)
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
         self._step_lr: float | None = None  # the rate the latest step of this process used
+        self.average = (WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay
+                        else None)
         self._new_stage("xe")
         self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
 
@@ -238,12 +169,20 @@ class Trainer:
             self.rewarder = lambda ids, token_ids: scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id]
                                                                       for row in token_ids])
 
+    def _trainable(self) -> dict[str, torch.nn.Parameter]:
+        return trainable_parameters({"decoder": distributed.unwrap(self.model.decoder), "encoder": self.model.encoder})
+
+    def _averaged(self) -> contextlib.AbstractContextManager:
+        """The weights validation scores and checkpoints hold: the average with ``train.ema_decay``."""
+        return self.average.applied() if self.average is not None else contextlib.nullcontext()
+
     def checkpoint(self, name: str) -> Path:
         """Write ``checkpoints/<name>.pt`` (rank 0 only).
 
         ``last`` holds everything ``--resume`` needs; the best checkpoints hold the weights and the
         run's position only: Adam's two moments would double or triple their size, and nothing
-        resumes from them (the self-critical stage and evaluation take their weights alone).
+        resumes from them (the self-critical stage and evaluation take their weights alone). With
+        ``train.ema_decay`` the weights are the average, and ``last`` keeps the optimiser's beside it.
         """
         path = self.checkpoint_dir / f"{name}.pt"
         resumable = name == "last"
@@ -253,18 +192,22 @@ class Trainer:
         if not self.group.is_main:
             return path
         encoder = self.config.model.encoder
-        # Trained or random encoder weights cannot be rebuilt from their name: save them.
-        encoder_state = self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none" else None
         training = {"state": self.state.to_dict()}
         if resumable:
             training.update({"optimizer": self.optimizer.state_dict(),
                              "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                              "scaler": self.scaler.state_dict() if self.scaler else None,
                              "rng": rng[0], "rng_per_rank": rng})
-        save_checkpoint(path, config=self.config, vocab=self.model.vocab,
-                        decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
-                        encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
-                        training=training)
+            if self.average is not None:
+                training["average"] = self.average.state_dict()
+        with self._averaged():
+            # Trained or random encoder weights cannot be rebuilt from their name: save them.
+            encoder_state = (self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none"
+                             else None)
+            save_checkpoint(path, config=self.config, vocab=self.model.vocab,
+                            decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
+                            encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
+                            training=training)
         return path
 
     def _stop_here(self) -> None:
@@ -301,6 +244,8 @@ class Trainer:
         load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", path)
         if payload.get("encoder") is not None:
             load_state_checked(self.model.encoder, payload["encoder"], "encoder", path)
+        if self.average is not None:  # the weights just loaded are the average; the optimiser's come back
+            self.average.load_state_dict(training.get("average"), path)
         self.state = TrainState.from_dict(training["state"])
         self._new_stage(self.state.stage)
         self.optimizer.load_state_dict(training["optimizer"])
@@ -332,6 +277,8 @@ class Trainer:
         return self.config.train.epochs * steps_per_epoch(len(self.train_set), self.config.train.batch_size)
 
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
+        if self.average is not None:
+            self.average.update()
         if self.group.is_main:
             with self.steps_log.open("a") as log:
                 log.write(json.dumps({"step": state.global_step, "epoch": state.epoch + 1, "stage": state.stage,
@@ -377,6 +324,8 @@ class Trainer:
                         load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
                     if self.group.is_main:
                         print(f"self-critical training starts from {best}", flush=True)
+                if self.average is not None:  # the stage averages its own steps, from the weights it starts at
+                    self.average.reset()
                 self._new_stage("scst")
             if self.state.stage != stage:
                 continue
@@ -427,7 +376,9 @@ class Trainer:
         if state.batch_in_epoch < steps_per_epoch(len(self.train_set), config.train.batch_size):
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
-        scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress, self.group)
+        with self._averaged():
+            scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress,
+                                                 self.group)
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
