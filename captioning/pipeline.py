@@ -73,11 +73,15 @@ def main_job(config: Config, resume: str | Path | None = None, progress: bool = 
     check_data_paths(config.data)  # a mistyped path names its key before the instances are read
     boxes = load_boxes(config.data.instances) if test and is_main else None
     outputs = train(config, resume=resume, progress=progress, test=test)
-    if test and is_main:
-        evaluate_test_split(Path(config.train.output_dir), resolve_device(config.train.device), progress, outputs,
-                            boxes=boxes)
-    if distributed.init_from_environment("cpu").is_main:
-        print(summary(outputs), flush=True)
+    try:
+        if test and is_main:
+            evaluate_test_split(Path(config.train.output_dir), resolve_device(config.train.device), progress,
+                                outputs, boxes=boxes)
+        if distributed.init_from_environment("cpu").is_main:
+            print(summary(outputs), flush=True)
+    finally:  # the folder is free once the job ends: a later run in this process (a notebook's) may use it
+        if outputs.lock is not None:
+            outputs.lock.release()
     distributed.shutdown()
     return outputs
 
@@ -86,5 +90,6 @@ def cache_only(config: Config, progress: bool = True) -> RunOutputs:
     """Generate/read the data and fill the feature cache of every split; nothing is trained."""
     files, lock = cache_features(config, progress)
     outputs = RunOutputs(Path(config.train.output_dir), files=files, lock=lock)
+    lock.release()
     print(summary(outputs), flush=True)
     return outputs

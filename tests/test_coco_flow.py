@@ -3,27 +3,26 @@
 The tree (``coco_fixture.write_coco_tree``) holds train2014/ and val2014/ JPEGs, Karpathy's
 ``dataset_coco.json`` and the official ``captions_*2014.json`` / ``instances_*2014.json``. The tools
 run from the folder above it with relative paths, as the README's commands do, under
-``configs/coco_resnet101.yaml`` shrunk to a random-weights encoder at 64 px.
+``configs/coco_resnet101.yaml`` shrunk to a random-weights encoder at 64 px. They run in this process
+(tests/tool_runs.py), on one intra-op thread as the subprocesses did.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from coco_fixture import VAL_IDS, write_coco_tree
+from tool_runs import REPO, in_process
 
 from captioning.config import from_dict, load_config
 from captioning.training.plan import describe_plan
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("single_thread")
 COCO_YAML = REPO / "configs" / "coco_resnet101.yaml"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 TINY = {"model.encoder.name": "efficientnet_lite0", "model.encoder.weights": "none", "model.encoder.image_size": 64,
         "model.encoder.grid_size": 0, "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 32,
         "model.decoder.attention_dim": 16, "data.min_word_count": 1, "data.num_workers": 0, "train.batch_size": 4,
@@ -39,9 +38,8 @@ def flags(values: dict) -> list[str]:
 
 
 def tool(cwd: Path, script: str, *args: str) -> subprocess.CompletedProcess:
-    """A command-line tool run from ``cwd``, as a user types it."""
-    return subprocess.run([sys.executable, str(REPO / script), "--no-progress", *map(str, args)], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=600, check=False)
+    """A command-line tool run from ``cwd``, as a user types it (in this process: tests/tool_runs.py)."""
+    return in_process(script, "--no-progress", *args, cwd=cwd)
 
 
 def train(cwd: Path, run: str, *args: str, **values) -> subprocess.CompletedProcess:

@@ -1,4 +1,8 @@
-"""The command-line tools end to end: a shortened demo, then evaluate.py's three uses and visualize.py."""
+"""The command-line tools end to end: a shortened demo, then evaluate.py's three uses and visualize.py.
+
+Each tool runs once as a user starts it, in a subprocess (the demo, evaluate.py on a split, visualize.py);
+the other uses of evaluate.py run it in this process (tests/tool_runs.py), as a subprocess would.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from tool_runs import in_process
 
 from captioning.config import load_config
 from captioning.evaluation.metrics import METRICS
@@ -126,12 +131,12 @@ def test_evaluate_set_changes_decoding_but_never_the_model(demo, tmp_path):
     lengths = {}
     for name, extra in (("default", []), ("short", ["--set", "decode.max_length=2"])):
         out = tmp_path / f"{name}.json"
-        result = run("evaluate.py", *common, "--results", str(out), *extra)
+        result = in_process("evaluate.py", *common, "--results", str(out), *extra)
         assert result.returncode == 0, result.stderr[-2000:]
         lengths[name] = [len(c["caption"].split()) for c in json.loads(out.read_text())]
     assert max(lengths["default"]) > 2  # so that the limit below is the override's doing
     assert max(lengths["short"]) <= 2
-    refused = run("evaluate.py", *common, "--results", str(tmp_path / "x.json"),
+    refused = in_process("evaluate.py", *common, "--results", str(tmp_path / "x.json"),
                   "--set", "model.decoder.hidden_dim=8")
     assert refused.returncode == 2
     message = ("error: model.decoder.hidden_dim: only data.* and decode.* keys can be overridden here "
@@ -149,7 +154,7 @@ def test_evaluate_scores_a_results_file_against_coco_references(demo, tmp_path):
         first.setdefault(annotation["image_id"], annotation["caption"])
     results.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in first.items()]))
     out = tmp_path / "scores.json"
-    result = run("evaluate.py", "--annotations", str(references), "--results", str(results), "--out", str(out),
+    result = in_process("evaluate.py", "--annotations", str(references), "--results", str(results), "--out", str(out),
                  "--no-java")
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads(out.read_text())
@@ -163,7 +168,7 @@ def test_evaluate_captions_a_folder_of_images(demo, tmp_path):
     Image.new("RGB", (120, 80), (200, 30, 30)).save(folder / "red.jpg")
     Image.new("L", (64, 64), 128).save(folder / "gray.png")
     out = tmp_path / "captions.json"
-    result = run("evaluate.py", "--checkpoint", str(demo / "run" / "checkpoints" / "best.pt"),
+    result = in_process("evaluate.py", "--checkpoint", str(demo / "run" / "checkpoints" / "best.pt"),
                  "--images", str(folder), "--results", str(out), "--no-progress")
     assert result.returncode == 0, result.stderr[-2000:]
     captions = json.loads(out.read_text())

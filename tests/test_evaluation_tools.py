@@ -1,45 +1,36 @@
 """evaluate.py's --compare, --aggregate and CHAIR with --instances, through the command line.
 
---compare and CHAIR run ``python evaluate.py`` in a subprocess; --aggregate (which decodes and
-scores nothing) goes through the same ``run_cli(main, get_args_parser(), argv)`` call in this
-process, to keep the module fast.
+Each runs ``python evaluate.py`` through the same ``run_cli(main, get_args_parser(), argv)`` call the
+script makes, in this process (tests/tool_runs.py); test_end_to_end runs evaluate.py from a shell.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from test_faults import assert_one_line_error
+from tool_runs import REPO, in_process
 
-from captioning.cli import run_cli
 from captioning.config import Config, save_config
 from captioning.evaluation.signature import parse_signature
 
-REPO = Path(__file__).resolve().parent.parent
 COLOURS = ("red", "green", "blue", "yellow", "purple")
 SHAPES = ("circle", "square", "triangle", "diamond")
 
 
 def evaluate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "evaluate.py"), *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, check=False)
+    """``python evaluate.py args`` started in the repository, run in this process (tests/tool_runs.py)."""
+    return in_process("evaluate.py", *args, cwd=REPO)
 
 
-def evaluate_in_process(capsys, *args: str) -> tuple[int, str, str]:
+def evaluate_in_process(*args: str) -> tuple[int, str, str]:
     """``python evaluate.py args`` in this process: (exit status, stdout, stderr)."""
-    spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    capsys.readouterr()
-    code = run_cli(module.main, module.get_args_parser(), list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    result = evaluate(*args)
+    return result.returncode, result.stdout, result.stderr
 
 
 def shape_of(image_id: int) -> tuple[str, str]:
@@ -130,7 +121,7 @@ def _given_twice(files, tmp_path):
 
 @pytest.mark.parametrize("case", [_not_json, _string_id, _scores_not_json, _configs_differ, _given_twice],
                          ids=["not-json", "string-image-id", "scores-not-json", "configs-differ", "given-twice"])
-def test_compare_and_aggregate_refuse_bad_input_before_any_work(files, tmp_path, capsys, monkeypatch, case):
+def test_compare_and_aggregate_refuse_bad_input_before_any_work(files, tmp_path, monkeypatch, case):
     from captioning.evaluation import aggregate, compare
 
     def never(*args, **kwargs):
@@ -140,20 +131,20 @@ def test_compare_and_aggregate_refuse_bad_input_before_any_work(files, tmp_path,
     monkeypatch.setattr(aggregate, "summarise", never)
     args, needles = case(files, tmp_path)
     out = tmp_path / "out.json"
-    code, stdout, stderr = evaluate_in_process(capsys, *map(str, args), "--out", str(out), "--no-java")
+    code, stdout, stderr = evaluate_in_process(*map(str, args), "--out", str(out), "--no-java")
     assert_one_line_error(code, stderr, *needles)
     assert stdout == "" and not out.exists()
 
 
-def test_compare_and_aggregate_check_out_before_reading_anything(files, tmp_path, capsys):
+def test_compare_and_aggregate_check_out_before_reading_anything(files, tmp_path):
     folder = tmp_path / "a-folder"
     folder.mkdir()
     missing = tmp_path / "missing.json"  # never read: --out is refused first
     for tool in (["--compare", missing, files["b"], "--annotations", files["refs"]], ["--aggregate", missing, missing]):
-        code, _, stderr = evaluate_in_process(capsys, *map(str, tool), "--out", str(folder))
+        code, _, stderr = evaluate_in_process(*map(str, tool), "--out", str(folder))
         assert_one_line_error(code, stderr, f"{folder}: --out: is a folder")
     before = files["a"].read_bytes()
-    code, _, stderr = evaluate_in_process(capsys, "--compare", str(files["a"]), str(files["b"]), "--annotations",
+    code, _, stderr = evaluate_in_process("--compare", str(files["a"]), str(files["b"]), "--annotations",
                                           str(files["refs"]), "--out", str(files["a"]), "--no-java")
     assert_one_line_error(code, stderr, f"{files['a']}: --out: is an input")
     assert files["a"].read_bytes() == before
@@ -174,13 +165,13 @@ def test_results_file_with_instances_reports_chair(files: dict[str, Path], tmp_p
     assert f"signature: {scores['signature']}" in result.stdout and parse_signature(scores["signature"])["tok"] == "python"
 
 
-def test_chair_leaves_out_images_the_instances_files_do_not_cover(files, tmp_path, capsys):
+def test_chair_leaves_out_images_the_instances_files_do_not_cover(files, tmp_path):
     instances = json.loads(files["instances"].read_text())
     first, second = tmp_path / "first.json", tmp_path / "second.json"
     for path, images in ((first, range(1, 11)), (second, range(11, 21))):  # images 21..40 have no boxes
         path.write_text(json.dumps({**instances, "images": [i for i in instances["images"] if i["id"] in images],
                                     "annotations": [a for a in instances["annotations"] if a["image_id"] in images]}))
-    code, stdout, stderr = evaluate_in_process(capsys, "--annotations", str(files["refs"]), "--results",
+    code, stdout, stderr = evaluate_in_process("--annotations", str(files["refs"]), "--results",
                                                str(files["b"]), "--instances", str(first), str(second), "--no-java")
     assert code == 0, stderr
     scores = json.loads((tmp_path / "b_scores.json").read_text())
@@ -199,13 +190,13 @@ def write_run(folder: Path, seed: int, scores: dict, **train_changes) -> Path:
     return folder / "test_scores.json"
 
 
-def test_aggregate_over_seeds(tmp_path: Path, capsys):
+def test_aggregate_over_seeds(tmp_path: Path):
     signature = "refs:abc|n:8|tok:python|impl:x|ckpt:1"
     paths = [write_run(tmp_path / f"seed{seed}", seed, {"CIDEr-D": cider, "BLEU-4": bleu, "METEOR": None,
                                                         "images": 8, "signature": signature.replace("1", str(seed))})
              for seed, cider, bleu in ((1, 0.5, 0.2), (2, 0.7, 0.3), (3, 0.9, 0.1))]
     out = tmp_path / "aggregate.json"
-    code, stdout, stderr = evaluate_in_process(capsys, "--aggregate", *map(str, paths), "--out", str(out))
+    code, stdout, stderr = evaluate_in_process("--aggregate", *map(str, paths), "--out", str(out))
     assert code == 0, stderr
     aggregate = json.loads(out.read_text())
     assert aggregate["metrics"]["CIDEr-D"] == pytest.approx({"mean": 0.7, "std": 0.2, "min": 0.5, "max": 0.9})
@@ -215,24 +206,24 @@ def test_aggregate_over_seeds(tmp_path: Path, capsys):
     assert "warning" not in stdout  # the checkpoints differ: that is the system, not the evaluation
 
 
-def test_aggregate_warns_when_signatures_differ(tmp_path: Path, capsys):
+def test_aggregate_warns_when_signatures_differ(tmp_path: Path):
     paths = [write_run(tmp_path / "one", 1, {"CIDEr-D": 0.5, "signature": "refs:abc|n:8|tok:ptb"}),
              write_run(tmp_path / "two", 2, {"CIDEr-D": 0.6, "signature": "refs:abc|n:8|tok:python"})]
-    code, stdout, stderr = evaluate_in_process(capsys, "--aggregate", *map(str, paths))
+    code, stdout, stderr = evaluate_in_process("--aggregate", *map(str, paths))
     assert code == 0, stderr
     assert "warning:" in stdout and "tok: ptb vs python" in stdout
 
 
-def test_aggregate_refuses_runs_of_different_configurations(tmp_path: Path, capsys):
+def test_aggregate_refuses_runs_of_different_configurations(tmp_path: Path):
     paths = [write_run(tmp_path / "one", 1, {"CIDEr-D": 0.5}),
              write_run(tmp_path / "two", 2, {"CIDEr-D": 0.6}, lr=1e-3)]
     out = tmp_path / "aggregate.json"
-    code, _, stderr = evaluate_in_process(capsys, "--aggregate", *map(str, paths), "--out", str(out))
+    code, _, stderr = evaluate_in_process("--aggregate", *map(str, paths), "--out", str(out))
     assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {paths[1]}: train.lr: 0.001 here but ")
     assert not out.exists()
     (tmp_path / "one" / "config.yaml").unlink()
-    code, _, stderr = evaluate_in_process(capsys, "--aggregate", *map(str, paths))
+    code, _, stderr = evaluate_in_process("--aggregate", *map(str, paths))
     message = f"error: {paths[0]}: no config.yaml beside it (aggregate the test_scores.json of run folders)"
     assert code == 2 and stderr.strip() == message

@@ -1,23 +1,21 @@
 """Bad input gets a one-line error and untrusted files run no code: through the real tools (faults: test_recovery.py).
 
-Each promise is shown on the command-line tools: ``sys.executable train.py/evaluate.py/visualize.py``
-in a subprocess (exit status 2, one ``error: ...`` line on stderr naming the file and the entry, no
-traceback). Further variants of an error path already shown in a subprocess go through the same
-``run_cli(main, get_args_parser(), argv)`` call the scripts make, in this process, to keep the
-module within its time budget; so do the full-disk cases, which monkeypatch a writer.
+Each promise is shown on the command-line tools (exit status 2, one ``error: ...`` line on stderr
+naming the file and the entry, no traceback). A real ``python train.py/evaluate.py`` subprocess shows
+the error path of each tool (a path climbing out of the root, a checkpoint holding pickled code, bad
+options; visualize.py's in test_visualize_cli); the other cases go through the same
+``run_cli(main, get_args_parser(), argv)`` call the scripts make, in this process (tests/tool_runs.py),
+to keep the module within its time budget; so do the full-disk cases, which monkeypatch a writer.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import logging
-import os
 import shutil
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,8 +25,8 @@ import pytest
 import torch
 from PIL import Image
 from test_training import as_flags, tiny_overrides
+from tool_runs import REPO, in_process, run_in_process, run_tool
 
-from captioning.cli import run_cli
 from captioning.config import DecoderConfig, load_config
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.karpathy import read_karpathy
@@ -40,40 +38,17 @@ from captioning.training.checkpoint import load_checkpoint, save_checkpoint
 from captioning.training.distributed import ProcessGroup
 from captioning.training.run import prepare_run
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPES_YAML = REPO / "configs" / "shapes.yaml"
 
 
 # ------------------------------------------------------------------ helpers
 
-# Tiny models gain nothing from intra-op threads, and on a busy machine they spin (10-30x slower). The
-# same single thread in the tools and in this process also makes their features bit-identical.
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def run_tool(script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real command-line tool in a subprocess."""
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], check=False, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env=ONE_THREAD)
-
-
-_SCRIPTS: dict[str, object] = {}
-
-
-def run_in_process(script: str, args: list, capsys) -> tuple[int, str]:
-    """What ``python <script> args`` does, in this process: ``run_cli(main, get_args_parser(), argv)``."""
-    if script not in _SCRIPTS:
-        spec = importlib.util.spec_from_file_location(f"{Path(script).stem}_script", REPO / script)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _SCRIPTS[script] = module
-    module = _SCRIPTS[script]
-    capsys.readouterr()
-    code = run_cli(module.main, module.get_args_parser(), [str(a) for a in args])
-    return code, capsys.readouterr().err
+def tool_in_repo(script: str, *args) -> subprocess.CompletedProcess:
+    """``run_tool(script, *args)`` in this process (tests/tool_runs.py): same exit status and output."""
+    return in_process(script, *args, cwd=REPO)
 
 
 def assert_one_line_error(returncode: int, stderr: str, *needles: str, alone: bool = True) -> str:
@@ -203,14 +178,14 @@ def _pop_split(data):
     (lambda d: d["images"][4].update(cocoid=1), ["bad.json: image 4 (cocoid 1): duplicate image id 1"]),
     (lambda d: d["images"][2].update(filepath="/etc"), ["bad.json: image 2 (cocoid 3)", "must be relative"]),
 ], ids=["not-json", "wrong-schema", "missing-field", "duplicate-id", "absolute-path"])
-def test_train_refuses_malformed_annotations(shapes, tmp_path, capsys, edit, needles):
+def test_train_refuses_malformed_annotations(shapes, tmp_path, edit, needles):
     split_file = tmp_path / "bad.json"
     if callable(edit):
         edited_split(shapes.split_file, split_file, edit)
     else:
         split_file.write_text(edit if isinstance(edit, str) else json.dumps(edit), encoding="utf-8")
     code, stderr = run_in_process("train.py", ["--no-progress", *karpathy_flags(split_file, shapes.root,
-                                                                                tmp_path / "run")], capsys)
+                                                                                tmp_path / "run")])
     assert_one_line_error(code, stderr, *needles)
 
 
@@ -221,7 +196,7 @@ def test_train_keeps_odd_captions_and_skips_unreadable_images(odd_dataset, tmp_p
     flags = karpathy_flags(odd_dataset.split_file, odd_dataset.root, run, **{
         "data.skip_bad_images": True, "data.max_caption_length": 30, "data.cache_dir": tmp_path / "cache",
         "train.epochs": 1, "train.max_steps": 2})
-    result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+    result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert "dataset_odd.json: skipped 7 empty captions (first: dataset_odd.json: image 0 (cocoid 1) sentence 0)" \
@@ -241,14 +216,14 @@ def test_train_keeps_odd_captions_and_skips_unreadable_images(odd_dataset, tmp_p
 def test_train_without_skipping_stops_at_the_first_unreadable_image(odd_dataset, tmp_path):
     flags = karpathy_flags(odd_dataset.split_file, odd_dataset.root, tmp_path / "run",
                            **{"data.cache_dir": tmp_path / "cache"})
-    result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+    result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     # A missing file is found before any image is read; an unreadable one when the cache reaches it.
     assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000007.png"),
                           "(image 7)", "image file not found", alone=False)  # after the caption warnings
     assert not list((tmp_path / "cache").glob("*/features.npy"))
     (odd_dataset.root / "train" / "000007.png").write_bytes((odd_dataset.root / "train" / "000001.png").read_bytes())
     try:
-        result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+        result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     finally:
         (odd_dataset.root / "train" / "000007.png").unlink()
     assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000003.png"),
@@ -279,7 +254,7 @@ def results_files(shapes, tmp_path_factory) -> SimpleNamespace:
 def test_evaluate_refuses_a_results_file_with_repeated_ids(results_files, tmp_path):
     results = tmp_path / "results.json"
     results.write_text(json.dumps(results_files.good + [results_files.good[2]]))
-    result = run_tool("evaluate.py", "--annotations", results_files.annotations, "--results", results, "--no-java")
+    result = tool_in_repo("evaluate.py", "--annotations", results_files.annotations, "--results", results, "--no-java")
     assert_one_line_error(result.returncode, result.stderr,
                           f"{results}: entry 8: image_id {results_files.ids[2]} appears twice")
     assert not list(tmp_path.glob("*.scores*"))
@@ -304,7 +279,7 @@ def _repeat_annotation_id(data):
     ("annotations", _repeat_annotation_id, ["captions.json: annotations[3]: duplicate id", "(also annotations[2])"]),
 ], ids=["results-not-json", "results-not-list", "results-missing-key", "results-id-without-references",
         "annotations-not-json", "annotations-wrong-schema", "annotations-missing-field", "annotations-duplicate-id"])
-def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, capsys, which, content, needles):
+def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, which, content, needles):
     annotations, results = tmp_path / "captions.json", tmp_path / "results.json"
     shutil.copy(results_files.annotations, annotations)
     results.write_text(json.dumps(results_files.good))
@@ -315,8 +290,7 @@ def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, capsy
         edited_split(target, target, content)
     else:
         target.write_text(content if isinstance(content, str) else json.dumps(content))
-    code, stderr = run_in_process("evaluate.py", ["--annotations", annotations, "--results", results, "--no-java"],
-                                  capsys)
+    code, stderr = run_in_process("evaluate.py", ["--annotations", annotations, "--results", results, "--no-java"])
     assert_one_line_error(code, stderr, *needles)
 
 
@@ -328,7 +302,7 @@ def test_visualize_names_an_unreadable_image(shapes, tmp_path, name):
     image = tmp_path / name
     if content is not None:
         image.write_bytes(content)
-    result = run_tool("visualize.py", image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "out",
+    result = tool_in_repo("visualize.py", image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "out",
                       "--no-progress")
     assert_one_line_error(result.returncode, result.stderr, str(image), reason)
     assert not (tmp_path / "out").exists()
@@ -341,7 +315,7 @@ def test_evaluate_folder_captions_odd_modes_and_skips_bad_images_when_asked(shap
         if content is not None:
             (folder / name).write_bytes(content)
     results = tmp_path / "captions.json"
-    result = run_tool("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder, "--results", results,
+    result = tool_in_repo("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder, "--results", results,
                       "--skip-bad-images", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "skipped 4 of 8 images that could not be read" in result.stdout
@@ -354,21 +328,21 @@ def test_evaluate_folder_captions_odd_modes_and_skips_bad_images_when_asked(shap
 
 
 @pytest.mark.parametrize("name", [n for n, (content, _) in BAD_IMAGES.items() if content is not None])
-def test_evaluate_folder_names_an_unreadable_image(shapes, tmp_path, capsys, name):
+def test_evaluate_folder_names_an_unreadable_image(shapes, tmp_path, name):
     content, reason = BAD_IMAGES[name]
     folder = tmp_path / "images"
     write_odd_images(folder)
     (folder / name).write_bytes(content)
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, "--images", folder,
-                                                  "--results", tmp_path / "r.json", "--no-progress"], capsys)
+                                                  "--results", tmp_path / "r.json", "--no-progress"])
     assert_one_line_error(code, stderr, str(folder / name), reason)
     assert not (tmp_path / "r.json").exists()
 
 
-def test_visualize_draws_odd_image_modes(shapes, tmp_path, capsys):
+def test_visualize_draws_odd_image_modes(shapes, tmp_path):
     images = write_odd_images(tmp_path / "images")
     code, stderr = run_in_process("visualize.py", [*images, "--checkpoint", shapes.checkpoint,
-                                                   "--out-dir", tmp_path / "out", "--no-progress"], capsys)
+                                                   "--out-dir", tmp_path / "out", "--no-progress"])
     assert code == 0, stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem + ".png" for p in images)
 
@@ -422,11 +396,11 @@ def _truncated(shapes, path: Path) -> None:
     (_other_vocabulary, ["decoder weights do not fit", "embedding.weight ({V2}, 16) vs ({V}, 16)"]),
     (None, ["checkpoint file not found"]),
 ], ids=["truncated", "other-sizes", "other-vocabulary", "missing"])
-def test_evaluate_refuses_unusable_checkpoints(shapes, tmp_path, capsys, make, needles):
+def test_evaluate_refuses_unusable_checkpoints(shapes, tmp_path, make, needles):
     path = tmp_path / "model.pt"
     if make is not None:
         make(shapes, path)
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test", "--no-progress"], capsys)
+    code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test", "--no-progress"])
     sizes = {"V": len(shapes.vocab), "V2": len(shapes.vocab) + 2}
     assert_one_line_error(code, stderr, str(path), *(needle.format(**sizes) for needle in needles))
 
@@ -464,12 +438,12 @@ def test_unknown_options_are_argparse_errors(script):
     (["--split", "test", "--set", "decode.beams=3"], ["unknown configuration key 'decode.beams'"]),
     (["--split", "test", "--set", "model.decoder.gate=none"], ["model.decoder.gate: only data.* and decode.*"]),
 ], ids=["missing-folder", "beam-size-0", "max-length-0", "missing-config", "set-unknown-key", "set-model-key"])
-def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, capsys, monkeypatch, args, needles):
+def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, monkeypatch, args, needles):
     from captioning.evaluation import commands
 
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the options were checked")
 
     monkeypatch.setattr(commands, "load_captioner", never)
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, *args], capsys)
+    code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, *args])
     assert_one_line_error(code, stderr, *needles)

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from test_faults import assert_one_line_error, karpathy_flags, run_tool
+from test_faults import assert_one_line_error, karpathy_flags
 from test_training import run_two_processes
+from tool_runs import in_process
 
 from captioning.config import EncoderConfig
 from captioning.data import image_files
@@ -93,10 +94,10 @@ def test_train_with_a_mistyped_root_names_the_first_missing_image(karpathy_datas
     split_file, root = karpathy_dataset
     wrong_root = root.parent / "cocoo"
     flags = karpathy_flags(split_file, wrong_root, tmp_path / "run", **{"data.cache_dir": tmp_path / "cache"})
-    result = run_tool("train.py", "--no-progress", "--no-test", *flags)  # no such folder
+    result = in_process("train.py", "--no-progress", "--no-test", *flags)  # no such folder
     assert_one_line_error(result.returncode, result.stderr, f"error: {wrong_root}: data.root: no such folder")
     wrong_root.mkdir()  # a folder without the images
-    result = run_tool("train.py", "--no-progress", "--no-test", *flags)
+    result = in_process("train.py", "--no-progress", "--no-test", *flags)
     assert_one_line_error(result.returncode, result.stderr,
                           f"error: {wrong_root / 'train2014' / 'COCO_train2014_000000000009.jpg'} (image 9): "
                           "image file not found (", "data.root", alone=False)

@@ -1,9 +1,12 @@
 """A hostile or careless user of the command-line tools: where files are written, runs that must not
 mix, inputs checked before any work, temporary files, messages, and inputs that must not hang.
 
-Every test runs the real tools (train.py, evaluate.py, visualize.py) in a subprocess, as test_faults
-does, except variants of a path already shown in a subprocess, which go through the same
-``run_cli(main, get_args_parser(), argv)`` call in this process to keep the module fast.
+Every test runs the real tools (train.py, evaluate.py, visualize.py) through the same
+``run_cli(main, get_args_parser(), argv)`` call the scripts make, in this process and in the folder
+the script would be started from (tests/tool_runs.py; test_faults shows each tool's error path in a
+subprocess). A real subprocess stays where a process is what is tested: a second run refused while
+another process holds the folder's lock, the lock a killed process leaves, and a ``java`` on ``PATH``
+that never answers. A run that could wait forever on a FIFO gets a SIGALRM, and then fails.
 """
 
 from __future__ import annotations
@@ -20,28 +23,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_faults import (
-    ONE_THREAD,
-    REPO,
-    assert_one_line_error,
-    edited_split,
-    karpathy_flags,
-    run_in_process,
-    shapes,
-    write_odd_images,
-)
+from test_faults import assert_one_line_error, edited_split, karpathy_flags, shapes, write_odd_images
 from test_training import as_flags, tiny_overrides
+from tool_runs import ONE_THREAD, REPO, in_process, run_in_process, run_tool
 
+from captioning.run_folder import RunLock
 from captioning.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes"]  # the module-scoped fixture of test_faults
-
-
-def run_in(cwd: Path, script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real command-line tool in a subprocess started in ``cwd``."""
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], check=False, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=ONE_THREAD)
 
 
 def start_in(cwd: Path, script: str, *args) -> subprocess.Popen:
@@ -73,7 +63,7 @@ def tree(folder: Path) -> dict[str, bytes]:
 def trained_run(shapes, tmp_path_factory) -> Path:
     """A finished short training run (its checkpoints, logs and configuration), copied by each test."""
     run = tmp_path_factory.mktemp("trained") / "run"
-    result = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run))
+    result = in_process("train.py", "--no-test", *short_run(shapes, run), cwd=REPO)
     assert result.returncode == 0, result.stderr
     return run
 
@@ -91,7 +81,7 @@ def test_evaluate_never_writes_where_a_checkpoints_paths_point(shapes, tmp_path)
     elsewhere = tmp_path / "elsewhere"
     checkpoint = with_stored(shapes.checkpoint, tmp_path / "run" / "checkpoints" / "best.pt", lambda p: p["config"]["data"].update(
         root=str(elsewhere / "data"), cache_dir=str(elsewhere / "cache")))
-    result = run_in(tmp_path, "evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-progress", "--no-java")
+    result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-progress", "--no-java", cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, str(elsewhere / "data"), "only read",
                           "--set data.root=")
     assert not elsewhere.exists()  # no Shapes generated there
@@ -100,7 +90,7 @@ def test_evaluate_never_writes_where_a_checkpoints_paths_point(shapes, tmp_path)
     checkpoint = with_stored(shapes.checkpoint, checkpoint, lambda p: p["config"]["data"].update(
         root=str(shapes.root), cache_dir=str(elsewhere / "cache")))
     before = tree(shapes.root)
-    result = run_in(tmp_path, "evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-progress", "--no-java")
+    result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-progress", "--no-java", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert not elsewhere.exists()
     assert tree(shapes.root) == before
@@ -114,7 +104,7 @@ def test_default_outputs_go_to_the_run_folder_else_the_current_one(shapes, tmp_p
     images, work = tmp_path / "images", tmp_path / "work"
     write_odd_images(images)
     work.mkdir()
-    result = run_in(work, "evaluate.py", "--checkpoint", loose, "--images", images, "--no-progress")
+    result = in_process("evaluate.py", "--checkpoint", loose, "--images", images, "--no-progress", cwd=work)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in work.iterdir()) == ["eval_model_images_files.json", "eval_model_images_results.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["downloads", "images", "work"]  # nothing beside them
@@ -125,8 +115,8 @@ def test_symlinked_images_are_followed(shapes, tmp_path):
     write_odd_images(outside)
     folder.mkdir()
     (folder / "linked.png").symlink_to(outside / "rgba.png")  # points outside the image folder
-    result = run_in(tmp_path, "evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder,
-                    "--results", tmp_path / "captions.json", "--no-progress")
+    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder,
+                    "--results", tmp_path / "captions.json", "--no-progress", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     files = json.loads((tmp_path / "captions_files.json").read_text())
     assert list(files.values()) == [str(folder / "linked.png")]
@@ -144,26 +134,49 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_lock(shapes, tmp_path):
                 break
             time.sleep(0.1)
         assert first.poll() is None, first.communicate()[1]
-        second = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
+        second = run_tool("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
         assert_one_line_error(second.returncode, second.stderr, str(run), "another train.py run is using this folder",
                               f"pid {first.pid}", alone=False)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    third = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
+    third = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO)
     assert third.returncode == 0, third.stderr  # the kernel dropped the killed run's lock
+
+
+def test_a_run_that_ends_in_this_process_leaves_its_folder_free(trained_run, shapes, tmp_path, monkeypatch):
+    from captioning.training.trainer import Trainer
+
+    run = copy_run(trained_run, tmp_path)
+    resumed = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 3}), "--resume",
+                         cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr
+    RunLock(run).acquire().release()  # a notebook's second run is not refused by its own finished one
+
+    def full_disk(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "fit", full_disk)
+    failed = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume",
+                        cwd=REPO)
+    assert_one_line_error(failed.returncode, failed.stderr, "No space left on device")
+    RunLock(run).acquire().release()  # nor by one that failed after taking the lock
+
+    caching = in_process("train.py", "--cache-only", *short_run(shapes, run), cwd=REPO)
+    assert caching.returncode == 0, caching.stderr
+    RunLock(run).acquire().release()
 
 
 def test_a_refused_resume_changes_nothing(trained_run, shapes, tmp_path):
     run = copy_run(trained_run, tmp_path)
     before = tree(run)
-    result = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run), "--lr", "0.1", "--resume")
+    result = in_process("train.py", "--no-test", *short_run(shapes, run), "--lr", "0.1", "--resume", cwd=REPO)
     assert_one_line_error(result.returncode, result.stderr, "train.lr is", "in the checkpoint but 0.1 now")
     assert tree(run) == before  # config.yaml and data_summary.json were not rewritten
 
     other = tmp_path / "other"
-    result = run_in(REPO, "train.py", "--no-test", *short_run(shapes, other),
-                    "--resume", run / "checkpoints" / "last.pt")
+    result = in_process("train.py", "--no-test", *short_run(shapes, other),
+                    "--resume", run / "checkpoints" / "last.pt", cwd=REPO)
     assert_one_line_error(result.returncode, result.stderr, "last.pt: --resume continues a run in its own folder",
                           f"--output-dir {run}")
     assert not other.exists() and tree(run) == before
@@ -177,7 +190,7 @@ def test_overwrite_removes_every_output_of_the_earlier_run_and_only_those(traine
         (run / name).parent.mkdir(exist_ok=True)
         (run / name).write_text("from the earlier run")
     (run / "notes.txt").write_text("the user's own")
-    result = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
+    result = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert not [name for name in earlier if (run / name).exists()]
     assert (run / "notes.txt").read_text() == "the user's own"
@@ -188,13 +201,13 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
     run = copy_run(trained_run, tmp_path)
     (run / "test_results.json").write_text("[] ")  # the main job's
     args = ["--checkpoint", run / "checkpoints" / "last.pt", "--split", "test", "--no-progress", "--no-java"]
-    first = run_in(tmp_path, "evaluate.py", *args)
+    first = in_process("evaluate.py", *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert (run / "test_results.json").read_text() == "[] "
     written = ["eval_last_test_results.json", "eval_last_test_scores.json", "eval_last_test_scores.per_image.json"]
     assert all((run / name).is_file() for name in written)
     assert "replaced" not in first.stdout
-    second = run_in(tmp_path, "evaluate.py", *args)
+    second = in_process("evaluate.py", *args, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert second.stdout.count("(replaced the earlier file)") == 3
 
@@ -212,9 +225,9 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
     (["--set", "model.encoder.weights=missing.pt"], ["missing.pt"]),
     (["--set", "data.dataset=karpathy", "--set", "data.split_file=missing.json"], ["missing.json: data.split_file: no such file"]),
 ], ids=["metric", "alpha-inf", "temperature-tiny", "lr-nan", "seed", "encoder", "device-meta", "weights", "split-file"])
-def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, capsys, flags, needles):
+def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, flags, needles):
     run = tmp_path / "run"
-    code, stderr = run_in_process("train.py", [*short_run(shapes, run), *flags], capsys)
+    code, stderr = run_in_process("train.py", [*short_run(shapes, run), *flags])
     assert_one_line_error(code, stderr, *needles)
     assert not run.exists()
 
@@ -222,33 +235,33 @@ def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, capsy
 def test_train_refuses_unusable_paths_and_files_through_the_tool(shapes, tmp_path):
     null_dir = tmp_path / "null.yaml"
     null_dir.write_text("train:\n  output_dir: null\n")
-    result = run_in(tmp_path, "train.py", "--config", null_dir, "--no-progress")
+    result = in_process("train.py", "--config", null_dir, "--no-progress", cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, "train.output_dir must be a string, got null")
     assert not (tmp_path / "None").exists()
 
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("train:\n  lr: 0.001 # d\xe9j\xe0\n".encode("latin-1"))
-    result = run_in(tmp_path, "train.py", "--config", latin1)
+    result = in_process("train.py", "--config", latin1, cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, f"{latin1}: not UTF-8 text")
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    result = run_in(tmp_path, "train.py", "--no-progress", *karpathy_flags(deep, shapes.root, tmp_path / "run"))
+    result = in_process("train.py", "--no-progress", *karpathy_flags(deep, shapes.root, tmp_path / "run"), cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, f"{deep}: JSON nested too deeply")
     assert not (tmp_path / "run").exists()
 
 
-def test_a_nul_byte_in_a_path_is_named(shapes, capsys):
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", "best\x00.pt", "--split", "test"], capsys)
+def test_a_nul_byte_in_a_path_is_named(shapes):
+    code, stderr = run_in_process("evaluate.py", ["--checkpoint", "best\x00.pt", "--split", "test"])
     assert_one_line_error(code, stderr, "--checkpoint", "contains a NUL character")
-    code, stderr = run_in_process("train.py", ["--set", "train.output_dir=runs/a\x00b"], capsys)
+    code, stderr = run_in_process("train.py", ["--set", "train.output_dir=runs/a\x00b"])
     assert_one_line_error(code, stderr, "contains a NUL character")
 
 
 def test_train_refuses_an_image_id_beyond_64_bits(shapes, tmp_path):
     split_file = edited_split(shapes.split_file, tmp_path / "huge_id.json",
                               lambda d: d["images"][4].update(cocoid=2 ** 63))
-    result = run_in(REPO, "train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run"))
+    result = in_process("train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run"), cwd=REPO)
     assert_one_line_error(result.returncode, result.stderr, "huge_id.json", f"image id {2 ** 63} does not fit")
     assert not (tmp_path / "run").exists()
 
@@ -260,18 +273,18 @@ def test_evaluate_refuses_a_reference_whose_image_id_is_not_an_integer(tmp_path,
         {"image_id": 1, "caption": "a red circle"}, {"image_id": image_id, "caption": "a blue square"}]}))
     results = tmp_path / "results.json"
     results.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
-    result = run_in(tmp_path, "evaluate.py", "--annotations", annotations, "--results", results, "--no-java")
+    result = in_process("evaluate.py", "--annotations", annotations, "--results", results, "--no-java", cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, f"{annotations}: annotations[1]: image_id must be an integer")
 
 
-def test_grounding_refuses_huge_boxes(shapes, tmp_path, capsys):
+def test_grounding_refuses_huge_boxes(shapes, tmp_path):
     instances = json.loads((shapes.root / "instances_shapes.json").read_text())
     instances["annotations"][0]["bbox"] = [0, 0, 1e308, 1e308]
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(instances))
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, "--split", "test", "--instances",
                                                   path, "--results", tmp_path / "r.json", "--no-java",
-                                                  "--no-progress"], capsys)
+                                                  "--no-progress"])
     assert_one_line_error(code, stderr, f"{path}: annotations[0]: bbox values must be within")
 
 
@@ -296,7 +309,7 @@ def _crc_damage(path: Path) -> None:
     (lambda p: p.update(encoder_fingerprint=[1]), ["'encoder_fingerprint' must be a mapping or null, got list"]),
     (lambda p: p["decoder"].update({"init_h.weight": "text"}), ["decoder weights: entry 'init_h.weight' is not a tensor"]),
 ], ids=["nan", "crc", "missing-weight", "fingerprint-list", "weight-not-a-tensor"])
-def test_evaluate_refuses_a_damaged_checkpoint_in_one_line(shapes, tmp_path, capsys, edit, needles):
+def test_evaluate_refuses_a_damaged_checkpoint_in_one_line(shapes, tmp_path, edit, needles):
     path = tmp_path / "damaged.pt"
     if edit == "crc":
         shutil.copy(shapes.checkpoint, path)
@@ -304,21 +317,21 @@ def test_evaluate_refuses_a_damaged_checkpoint_in_one_line(shapes, tmp_path, cap
     else:
         with_stored(shapes.checkpoint, path, edit)
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test", "--no-progress",
-                                                  "--results", tmp_path / "r.json"], capsys)
+                                                  "--results", tmp_path / "r.json"])
     line = assert_one_line_error(code, stderr, str(path), *needles)
     assert "KeyError" not in line and "TypeError" not in line and "AttributeError" not in line
 
 
 def test_a_damaged_checkpoint_through_the_tool(shapes, tmp_path):
     path = with_stored(shapes.checkpoint, tmp_path / "nan.pt", _nan_weight)
-    result = run_in(tmp_path, "evaluate.py", "--checkpoint", path, "--split", "test", "--no-progress")
+    result = in_process("evaluate.py", "--checkpoint", path, "--split", "test", "--no-progress", cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, str(path), "holds NaN or infinite values")
 
 
 @pytest.mark.parametrize(("script", "option"), [
     ("evaluate.py", "--results"), ("evaluate.py", "--out"), ("visualize.py", "--html"), ("visualize.py", "--out-dir"),
 ])
-def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, capsys, monkeypatch, script, option):
+def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, monkeypatch, script, option):
     from captioning.evaluation import commands, runner
 
     def never(*args, **kwargs):
@@ -331,12 +344,12 @@ def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, capsys
     target = tmp_path / "a-file" if option == "--out-dir" else folder
     (tmp_path / "a-file").write_text("not a folder")
     args = ["--checkpoint", shapes.checkpoint, "--split", "test", option, target]
-    code, stderr = run_in_process(script, args, capsys)
+    code, stderr = run_in_process(script, args)
     assert_one_line_error(code, stderr, f"{target}: {option}:")
 
 
 def test_the_output_checks_hold_through_the_tool(shapes, tmp_path):
-    result = run_in(tmp_path, "evaluate.py", "--checkpoint", shapes.checkpoint, "--split", "test", "--results", tmp_path)
+    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--split", "test", "--results", tmp_path, cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, f"{tmp_path}: --results: is a folder")
 
 
@@ -361,8 +374,8 @@ def test_a_lone_surrogate_neither_crashes_nor_writes_inside_installed_packages(s
     assert "\\ud800" in split_file.read_text()  # JSON escapes: valid JSON, not valid text
     run = tmp_path / "run"
     before = _package_files()
-    result = run_in(REPO, "train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, run, **{
-        "train.epochs": 1, "train.max_steps": 2}))
+    result = in_process("train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, run, **{
+        "train.epochs": 1, "train.max_steps": 2}), cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert "cannot write the dataset index" not in result.stderr  # its captions are cleaned as the vocabulary's
     assert "\ufffd" in json.loads((run / "vocab.json").read_text(encoding="utf-8"))["words"]
@@ -396,8 +409,8 @@ def test_a_write_removes_only_its_own_temporary_file(tmp_path):
     folder = tmp_path / "g"
     folder.mkdir()
     (folder / ".notes.backup.tmp").write_text("the user's")
-    result = run_in(tmp_path, "evaluate.py", "--annotations", annotations, "--results", results, "--out", "g/*",
-                    "--no-java")
+    result = in_process("evaluate.py", "--annotations", annotations, "--results", results, "--out", "g/*",
+                    "--no-java", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in folder.iterdir()) == sorted([".notes.backup.tmp", "*", "*.per_image.json"])
 
@@ -408,7 +421,7 @@ def test_resume_trims_a_half_written_last_line_of_the_step_log(trained_run, shap
     run = copy_run(trained_run, tmp_path)
     with (run / "steps.jsonl").open("a") as log:
         log.write('{"step": 3, "epoch": 1, "stage": "xe", "lo')  # the disk filled up mid-append
-    result = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume")
+    result = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume", cwd=REPO)
     assert result.returncode == 0, result.stderr
     steps = [json.loads(line)["step"] for line in (run / "steps.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
@@ -436,7 +449,7 @@ def test_a_real_full_disk_while_checkpointing_says_so_and_keeps_the_previous_che
     room = len(previous) // 2  # the small files a resumed run rewrites fit; a checkpoint does not
     with (small_disk / "filler").open("wb") as filler:
         filler.write(b"\0" * (free - room))
-    result = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume")
+    result = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume", cwd=REPO)
     assert_one_line_error(result.returncode, result.stderr, f"{last}: no space left on device", alone=False)
     assert "enforce fail" not in result.stderr
     assert last.read_bytes() == previous
@@ -448,7 +461,7 @@ def test_a_real_full_disk_while_checkpointing_says_so_and_keeps_the_previous_che
 def test_visualize_names_a_fifo_instead_of_waiting_on_it(shapes, tmp_path):
     fifo = tmp_path / "pipe.png"
     os.mkfifo(fifo)
-    result = run_in(tmp_path, "visualize.py", fifo, "--checkpoint", shapes.checkpoint, timeout=120)
+    result = in_process("visualize.py", fifo, "--checkpoint", shapes.checkpoint, cwd=tmp_path, timeout=120)
     assert_one_line_error(result.returncode, result.stderr, f"{fifo}: not a regular file (a FIFO)")
 
 
@@ -456,11 +469,11 @@ def test_a_fifo_or_a_folder_as_a_data_file_is_named_for_what_it_is(shapes, tmp_p
     fifo = tmp_path / "split.json"
     os.mkfifo(fifo)
     flags = karpathy_flags(fifo, shapes.root, tmp_path / "run", **{"train.epochs": 1, "train.max_steps": 1})
-    result = run_in(REPO, "train.py", "--no-test", "--no-progress", *flags, timeout=120)
+    result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=120)
     assert_one_line_error(result.returncode, result.stderr, f"{fifo}: data.split_file: a FIFO, not a file")
     assert not (tmp_path / "run").exists()
     flags = karpathy_flags(tmp_path, shapes.root, tmp_path / "run", **{"train.epochs": 1, "train.max_steps": 1})
-    result = run_in(REPO, "train.py", "--no-test", "--no-progress", *flags, timeout=120)
+    result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=120)
     assert_one_line_error(result.returncode, result.stderr, f"{tmp_path}: data.split_file: a folder, not a file")
 
 
@@ -471,7 +484,7 @@ def test_a_fifo_in_a_dataset_is_skipped_when_asked(shapes, tmp_path):
     os.mkfifo(root / "train" / "000002.png")
     flags = karpathy_flags(root / "dataset_shapes.json", root, tmp_path / "run", **{
         "train.epochs": 1, "train.max_steps": 1, "data.skip_bad_images": True})
-    result = run_in(REPO, "train.py", "--no-test", "--no-progress", *flags, timeout=240)
+    result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=240)
     assert result.returncode == 0, result.stderr
     # One line like the project's other warnings, not Python's UserWarning with a source line.
     assert any(line.startswith("1 of 32 images could not be read") for line in result.stderr.splitlines())

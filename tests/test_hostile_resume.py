@@ -1,8 +1,8 @@
 """A hostile or careless user of train.py, continued: damaged training state given to ``--resume``,
 ``--cache-only`` beside a running run, ``--set`` values read as YAML reads them.
 
-Each behaviour is shown once through the real tool in a subprocess; variants of a path already shown
-go through ``run_cli(main, get_args_parser(), argv)`` in this process, as in test_hostile.
+The tool runs in this process, as in test_hostile (tests/tool_runs.py), except the runs refused
+while another process holds the folder's lock.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_faults import REPO, assert_one_line_error, run_in_process, shapes
-from test_hostile import copy_run, run_in, short_run, start_in, trained_run, with_stored
+from test_faults import assert_one_line_error, shapes
+from test_hostile import copy_run, short_run, start_in, trained_run, with_stored
+from tool_runs import REPO, in_process, run_in_process, run_tool
 
 from captioning.cli import add_config_arguments, config_from_args
 from captioning.config import ConfigError
@@ -67,31 +68,30 @@ def test_a_damaged_optimizer_moment_is_refused_naming_it_and_the_folder_stays_by
     shape = tuple(_first_moment(torch.load(last, weights_only=True))["exp_avg"].shape)
     with_stored(last, last, lambda p: _first_moment(p).update(exp_avg=torch.zeros(3)))
     before = digests(run)
-    result = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run), "--resume")
+    result = in_process("train.py", "--no-test", *short_run(shapes, run), "--resume", cwd=REPO)
     assert_one_line_error(result.returncode, result.stderr, f"{last}: training.optimizer.state[0].exp_avg: "
                           f"shape (3,) does not match the parameter's {shape}")
     assert digests(run) == before  # config.yaml, data_summary.json, the step log: all as they were
 
 
 @pytest.mark.parametrize(("edit", "needle"), DAMAGE.values(), ids=DAMAGE.keys())
-def test_damaged_training_state_is_refused_in_one_line_before_any_write(trained_run, shapes, tmp_path, capsys,
-                                                                        edit, needle):
+def test_damaged_training_state_is_refused_in_one_line_before_any_write(trained_run, shapes, tmp_path, edit, needle):
     run = copy_run(trained_run, tmp_path)
     last = run / "checkpoints" / "last.pt"
     with_stored(last, last, edit)
     before = digests(run)
-    code, stderr = run_in_process("train.py", ["--no-test", *short_run(shapes, run), "--resume"], capsys)
+    code, stderr = run_in_process("train.py", ["--no-test", *short_run(shapes, run), "--resume"])
     assert_one_line_error(code, stderr, f"{last}: {needle}")
     assert digests(run) == before
 
 
-def test_decoder_weights_of_another_shape_are_refused_before_any_write(trained_run, shapes, tmp_path, capsys):
+def test_decoder_weights_of_another_shape_are_refused_before_any_write(trained_run, shapes, tmp_path):
     run = copy_run(trained_run, tmp_path)
     last = run / "checkpoints" / "last.pt"
     name = next(iter(torch.load(last, weights_only=True)["decoder"]))
     with_stored(last, last, lambda p: p["decoder"].update({name: torch.zeros(5, 5)}))
     before = digests(run)
-    code, stderr = run_in_process("train.py", ["--no-test", *short_run(shapes, run), "--resume"], capsys)
+    code, stderr = run_in_process("train.py", ["--no-test", *short_run(shapes, run), "--resume"])
     assert_one_line_error(code, stderr, f"{last}: decoder weights do not fit", f"{name} (5, 5)")
     assert digests(run) == before
 
@@ -111,10 +111,10 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
             time.sleep(0.1)
         assert first.poll() is None, first.communicate()[1]
         before = digests(run)
-        caching = run_in(REPO, "train.py", "--cache-only", *short_run(shapes, run, **{"data.max_caption_length": 5}))
+        caching = run_tool("train.py", "--cache-only", *short_run(shapes, run, **{"data.max_caption_length": 5}))
         assert_one_line_error(caching.returncode, caching.stderr, str(run), "another train.py run is using this folder",
                               f"pid {first.pid}")
-        second = run_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
+        second = run_tool("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
         assert_one_line_error(second.returncode, second.stderr, "another train.py run is using this folder")
         assert "plan:" not in second.stdout  # refused before the data were read
         after = digests(run)
@@ -126,8 +126,8 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
     summary = json.loads((run / "data_summary.json").read_text())
     assert summary["train_captions_cut"] == 0  # the refused cache-only run did not rewrite it
 
-    caching = run_in(REPO, "train.py", "--cache-only", *short_run(shapes, run, **{
-        "data.max_caption_length": 5, **random_encoder}))
+    caching = in_process("train.py", "--cache-only", *short_run(shapes, run, **{
+        "data.max_caption_length": 5, **random_encoder}), cwd=REPO)
     assert caching.returncode == 0, caching.stderr
     listed = caching.stdout.split("files written:")[1]
     assert str(run / "data_summary.json") in listed and "train features" in listed
@@ -138,21 +138,21 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
 # ------------------------------------------------------------------ --set values as YAML reads them
 
 @pytest.mark.parametrize("value", ["null", "~", "NULL", ""])
-def test_a_null_output_dir_from_set_is_refused_as_in_a_yaml_file(shapes, tmp_path, capsys, monkeypatch, value):
+def test_a_null_output_dir_from_set_is_refused_as_in_a_yaml_file(shapes, tmp_path, monkeypatch, value):
     monkeypatch.chdir(tmp_path)
     flags = [*short_run(shapes, tmp_path), "--no-test", "--set", f"train.output_dir={value}"]  # the last one wins
-    code, stderr = run_in_process("train.py", flags, capsys)
+    code, stderr = run_in_process("train.py", flags)
     assert_one_line_error(code, stderr, "train.output_dir must be a string, got null")
     assert not list(tmp_path.iterdir())  # no folder named null, ~ or None
 
 
-def test_set_null_through_the_tool_and_integer_keys_take_integers_only(shapes, tmp_path, capsys):
+def test_set_null_through_the_tool_and_integer_keys_take_integers_only(shapes, tmp_path):
     tiny = [*short_run(shapes, tmp_path / "run"), "--no-test"]
-    result = run_in(tmp_path, "train.py", *tiny, "--set", "train.output_dir=~")
+    result = in_process("train.py", *tiny, "--set", "train.output_dir=~", cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, "train.output_dir must be a string, got null")
     assert not list(tmp_path.iterdir())
     for value in ("1e3", "2.0", "true"):
-        code, stderr = run_in_process("train.py", [*tiny, "--set", f"train.seed={value}"], capsys)
+        code, stderr = run_in_process("train.py", [*tiny, "--set", f"train.seed={value}"])
         assert_one_line_error(code, stderr, f"train.seed must be an integer, got '{value}'")
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 from test_faults import assert_one_line_error
-from test_training import REPO, as_flags, read_steps, run_train, tiny_overrides
+from test_training import REPO, as_flags, read_steps, run_train, tiny_overrides, train_in_process
 
 from captioning.config import ConfigError, DecoderConfig
 from captioning.data.vocab import Vocabulary
@@ -47,7 +47,7 @@ def test_bf16_training_on_cpu_lowers_the_loss_and_follows_float32(shapes_root, t
 def test_fp16_on_cpu_is_refused_in_one_line_before_any_work(shapes_root, tmp_path):
     output_dir = tmp_path / "run"
     overrides = tiny_overrides(shapes_root, output_dir, **{"train.amp": "fp16", "train.device": "cpu"})
-    completed = run_train(as_flags(overrides))
+    completed = train_in_process(as_flags(overrides))
     assert_one_line_error(completed.returncode, completed.stderr, "train.amp: fp16 needs a CUDA device")
     assert not output_dir.exists()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_training import as_flags, data_root, read_steps, tiny_overrides
+from tool_runs import in_process
 
 from captioning.config import load_config
 from captioning.training.checkpoint import load_checkpoint
@@ -45,6 +46,13 @@ def train_command(output_dir: Path, data_root: Path, cache_dir: Path, **extra) -
 def run(command: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=ONE_THREAD,
                           check=False)
+
+
+def run_here(command: list[str]) -> subprocess.CompletedProcess:
+    """``run(command)`` for a one-process ``[python, train.py, *args]``, in this process (tests/tool_runs.py):
+    for runs whose exit status, messages and files are checked."""
+    assert command[:2] == [sys.executable, str(REPO / "train.py")], command
+    return in_process("train.py", *command[2:], cwd=REPO)
 
 
 def weights(output_dir: Path) -> dict[str, torch.Tensor]:
@@ -189,8 +197,8 @@ def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_pa
         assert set(payload["training"]) == {"state"}, name
         assert payload["decoder"].keys() == weights(run_dir).keys()
         assert (checkpoints / f"{name}.pt").stat().st_size < (checkpoints / "last.pt").stat().st_size / 2
-    result = run([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress",
-                  *as_flags(overrides), "--resume", str(checkpoints / "best.pt")])
+    result = run_here([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress",
+                       *as_flags(overrides), "--resume", str(checkpoints / "best.pt")])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         (f"error: {checkpoints / 'best.pt'}: holds weights only, without the optimizer state a resumed run needs; "
@@ -206,14 +214,14 @@ def single(output_dir: Path, data_root: Path, *args: str, **extra) -> list[str]:
 
 def test_resume_auto_starts_a_new_run_then_continues_it(data_root, tmp_path):
     run_dir = tmp_path / "run"
-    first = run(single(run_dir, data_root, "--resume", "auto", **{"train.max_steps": 2}))
+    first = run_here(single(run_dir, data_root, "--resume", "auto", **{"train.max_steps": 2}))
     assert first.returncode == 0, first.stderr
     assert f"resume auto: no checkpoint in {run_dir}; starting a new run" in first.stdout
-    again = run(single(run_dir, data_root, "--resume", "auto", **{"train.max_steps": 3}))
+    again = run_here(single(run_dir, data_root, "--resume", "auto", **{"train.max_steps": 3}))
     assert again.returncode == 0, again.stderr
     assert f"resumed from {run_dir / 'checkpoints' / 'last.pt'}: stage xe, epoch 1, step 2" in again.stdout
     assert [s["step"] for s in read_steps(run_dir)] == [1, 2, 3]
-    changed = run(single(run_dir, data_root, "--resume", "auto", "--lr", "0.5", **{"train.max_steps": 4}))
+    changed = run_here(single(run_dir, data_root, "--resume", "auto", "--lr", "0.5", **{"train.max_steps": 4}))
     assert changed.returncode == 2
     assert changed.stderr.strip().splitlines() == [
         (f"error: {run_dir / 'checkpoints' / 'last.pt'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now; a resumed "
@@ -236,11 +244,11 @@ def test_resume_auto_starts_over_in_a_folder_left_without_a_checkpoint(data_root
     assert process.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
     assert (run_dir / "config.yaml").is_file() and not (run_dir / "checkpoints" / "last.pt").exists()
 
-    changed = run([*command, "--lr", "0.5"])
+    changed = run_here([*command, "--lr", "0.5"])
     assert changed.returncode == 2
     assert changed.stderr.strip().splitlines()[0].startswith(
         f"error: {run_dir / 'config.yaml'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now")
-    result = run(command)
+    result = run_here(command)
     assert result.returncode == 0, result.stderr
     assert f"resume auto: no checkpoint in {run_dir} yet; starting the run over" in result.stdout
     assert [s["step"] for s in read_steps(run_dir)] == list(range(1, 9))  # the killed launch's steps are gone

@@ -17,17 +17,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_faults import (
-    ONE_THREAD,
-    REPO,
-    SHAPES_YAML,
-    assert_one_line_error,
-    run_in_process,
-    run_tool,
-    shapes,
-    write_odd_images,
-)
+from test_faults import SHAPES_YAML, assert_one_line_error, shapes, write_odd_images
 from test_training import as_flags, tiny_overrides
+from tool_runs import ONE_THREAD, REPO, run_in_process, run_tool
 
 from captioning.config import load_config
 from captioning.data.feature_cache import FeatureCache
@@ -170,7 +162,7 @@ def _full_disk_after(calls: int, before_failing=lambda: None):
     return fail
 
 
-def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp_path, capsys, monkeypatch):
+def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp_path, monkeypatch):
     run = tmp_path / "run"
     last = run / "checkpoints" / "last.pt"
     previous = {}
@@ -184,7 +176,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp
     monkeypatch.setattr(checkpoint_module.torch, "save", save)
     args = ["--no-test", "--no-progress", *as_flags(tiny_overrides(shapes.root, run, **{
         "train.epochs": 1, "train.checkpoint_every": 2, "train.max_steps": 4, "train.deterministic": False}))]
-    code, stderr = run_in_process("train.py", args, capsys)
+    code, stderr = run_in_process("train.py", args)
     monkeypatch.undo()
     assert_one_line_error(code, stderr, f"{last}: no space left on device")
     assert last.read_bytes() == previous["bytes"]
@@ -192,7 +184,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp
     assert [p.name for p in last.parent.iterdir()] == ["last.pt"]  # no temporary file left behind
 
 
-def test_full_disk_while_writing_results_keeps_the_previous_file(shapes, tmp_path, capsys, monkeypatch):
+def test_full_disk_while_writing_results_keeps_the_previous_file(shapes, tmp_path, monkeypatch):
     folder = tmp_path / "images"
     write_odd_images(folder)
     results = tmp_path / "results.json"
@@ -208,14 +200,14 @@ def test_full_disk_while_writing_results_keeps_the_previous_file(shapes, tmp_pat
 
     monkeypatch.setattr(Path, "write_text", write_text)
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, "--images", folder,
-                                                  "--results", results, "--no-progress"], capsys)
+                                                  "--results", results, "--no-progress"])
     monkeypatch.undo()
     assert_one_line_error(code, stderr, f"{results}: no space left on device")
     assert results.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "results.json"]
 
 
-def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path, capsys, monkeypatch):
+def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path, monkeypatch):
     cache_dir = tmp_path / "cache"
     previous = {}
 
@@ -227,7 +219,7 @@ def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path
     monkeypatch.setattr(np.memmap, "flush", lambda self: fail())  # the features.npy and state.bin writers
     args = ["--cache-only", "--no-progress", *as_flags({**cache_shapes.overrides, "data.cache_dir": cache_dir,
                                                         "train.output_dir": tmp_path / "run"})]
-    code, stderr = run_in_process("train.py", args, capsys)
+    code, stderr = run_in_process("train.py", args)
     monkeypatch.undo()
     line = assert_one_line_error(code, stderr, "no space left on device writing the feature cache",
                                  str(previous["path"].parent / "features.npy"))

@@ -17,6 +17,7 @@ from test_training import (  # noqa: F401 (data_root: a fixture)
     run_train_two_processes,
     run_two_processes,
     tiny_overrides,
+    train_in_process,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ EPOCH_LINE = re.compile(r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\
 
 def test_cross_entropy_and_attention_penalty_are_logged_apart(data_root, tmp_path):  # noqa: F811
     run = tmp_path / "run"
-    result = run_train(as_flags(tiny_overrides(data_root, run, **{"model.decoder.doubly_stochastic": 0.5})))
+    result = train_in_process(as_flags(tiny_overrides(data_root, run, **{"model.decoder.doubly_stochastic": 0.5})))
     assert result.returncode == 0, result.stderr
     lines = EPOCH_LINE.findall(result.stdout)
     assert [int(epoch) for epoch, *_ in lines] == [1, 2], result.stdout

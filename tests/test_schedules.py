@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from test_training import as_flags, data_root, read_steps, run_train, tiny_overrides  # noqa: F401
+from test_training import as_flags, data_root, read_steps, run_train, tiny_overrides, train_in_process  # noqa: F401
 
 from captioning.training.checkpoint import load_checkpoint
 from captioning.training.optim import cosine_factor
@@ -28,7 +28,7 @@ def test_cosine_warms_up_linearly_then_decays_to_near_zero():
 
 def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, tmp_path):  # noqa: F811
     flags = as_flags(tiny_overrides(data_root, tmp_path / "whole", **COSINE))
-    result = run_train(flags)
+    result = train_in_process(flags)
     assert result.returncode == 0, result.stderr[-3000:]
     whole = read_steps(tmp_path / "whole")
     assert [step["step"] for step in whole] == list(range(1, STEPS + 1))
@@ -36,11 +36,11 @@ def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, 
     # Each epoch reports the rate of its last step (steps 8 and 16), not the one after it.
     assert [epoch["lr"] for epoch in history] == pytest.approx([2e-3 * cosine_factor(s, 4, STEPS) for s in (7, 15)])
     stopped = as_flags(tiny_overrides(data_root, tmp_path / "resumed", **COSINE))
-    result = run_train([*stopped, "--set", "train.max_steps=6"])  # mid-epoch, after the warm-up
+    result = train_in_process([*stopped, "--set", "train.max_steps=6"])  # mid-epoch, after the warm-up
     assert result.returncode == 0, result.stderr[-3000:]
     lr = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["training"]["optimizer"]["param_groups"][0]["lr"]
     assert math.isclose(lr, 2e-3 * cosine_factor(6, 4, STEPS))  # stepped once per batch, ready for step 7
-    result = run_train([*stopped, "--resume"])
+    result = run_train([*stopped, "--resume"])  # a new process: nothing carries over in memory
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = read_steps(tmp_path / "resumed")
     assert [step["step"] for step in resumed] == list(range(1, STEPS + 1))
@@ -52,7 +52,7 @@ def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, 
 @pytest.mark.parametrize("warmup", [STEPS, STEPS + 100])
 def test_a_warm_up_as_long_as_the_run_is_refused_before_any_work(data_root, tmp_path, warmup):  # noqa: F811
     output = tmp_path / "run"
-    result = run_train(as_flags(tiny_overrides(data_root, output, **{**COSINE, "train.warmup_steps": warmup})))
+    result = train_in_process(as_flags(tiny_overrides(data_root, output, **{**COSINE, "train.warmup_steps": warmup})))
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.count("\n") == 1, result.stderr
     assert f"train.warmup_steps={warmup}" in result.stderr and f"has {STEPS}" in result.stderr

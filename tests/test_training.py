@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tool_runs import in_process
 
 from captioning.config import DecodeConfig, DecoderConfig, load_config
 from captioning.data.vocab import Vocabulary
@@ -68,6 +69,12 @@ def read_steps(output_dir: Path) -> list[dict]:
 def run_train(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *args],
                           capture_output=True, text=True, timeout=600, cwd=REPO, check=False, **kwargs)
+
+
+def train_in_process(args: list[str]) -> subprocess.CompletedProcess:
+    """What ``run_train(args)`` does, in this process (tests/tool_runs.py): for runs whose exit status,
+    messages and files are checked."""
+    return in_process("train.py", "--no-test", "--no-progress", *args, cwd=REPO)
 
 
 def run_two_processes(script: Path, *args: str | Path) -> subprocess.CompletedProcess:
@@ -218,7 +225,7 @@ def test_self_critical_training_raises_the_reward():
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_root, tmp_path):
     common = {"train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8}
     single = tmp_path / "single"
-    result = run_train(as_flags(tiny_overrides(data_root, single, **common)))
+    result = train_in_process(as_flags(tiny_overrides(data_root, single, **common)))
     assert result.returncode == 0, result.stderr
     double = tmp_path / "ddp"
     result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))
@@ -347,13 +354,13 @@ def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_r
 def test_a_new_run_refuses_a_folder_holding_another_runs_checkpoints(data_root, tmp_path):
     run = tmp_path / "run"
     flags = as_flags(tiny_overrides(data_root, run, **{"train.max_steps": 2}))
-    assert run_train(flags).returncode == 0
-    second = run_train(flags)
+    assert train_in_process(flags).returncode == 0
+    second = train_in_process(flags)
     assert second.returncode == 2
     message = (f"error: {run}: holds an earlier run's checkpoints (last.pt); continue it with --resume, replace it "
                "with --set train.overwrite=true, or choose another --output-dir")
     assert second.stderr.strip().splitlines() == [message]
-    replaced = run_train([*flags, "--set", "train.max_steps=1", "--set", "train.overwrite=true"])
+    replaced = train_in_process([*flags, "--set", "train.max_steps=1", "--set", "train.overwrite=true"])
     assert replaced.returncode == 0, replaced.stderr
     assert [s["step"] for s in read_steps(run)] == [1]  # the earlier run's steps are gone
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
@@ -362,13 +369,13 @@ def test_a_new_run_refuses_a_folder_holding_another_runs_checkpoints(data_root, 
 def test_resume_refuses_a_changed_configuration(data_root, tmp_path):
     run = tmp_path / "run"
     flags = as_flags(tiny_overrides(data_root, run, **{"train.max_steps": 2}))
-    assert run_train(flags).returncode == 0
-    changed = run_train([*flags, "--lr", "0.5", "--resume"])
+    assert train_in_process(flags).returncode == 0
+    changed = train_in_process([*flags, "--lr", "0.5", "--resume"])
     assert changed.returncode == 2
     message = changed.stderr.strip().splitlines()
     demo_lr = load_config(REPO / "configs" / "shapes.yaml").train.lr
     assert len(message) == 1 and f"last.pt: train.lr is {demo_lr} in the checkpoint but 0.5 now" in message[0]
-    longer = run_train([*flags, "--set", "train.max_steps=3", "--set", "decode.beam_size=1", "--resume"])
+    longer = train_in_process([*flags, "--set", "train.max_steps=3", "--set", "decode.beam_size=1", "--resume"])
     assert longer.returncode == 0, longer.stderr  # length and decoding may change
     assert [s["step"] for s in read_steps(run)] == [1, 2, 3]
 

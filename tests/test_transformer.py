@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from test_training import as_flags, data_root, read_steps, run_train, run_train_two_processes, tiny_overrides  # noqa: F401
+from test_training import (  # noqa: F401
+    as_flags,
+    data_root,
+    read_steps,
+    run_train,
+    run_train_two_processes,
+    tiny_overrides,
+    train_in_process,
+)
+from tool_runs import in_process
 
 from captioning.config import ConfigError, DecodeConfig, DecoderConfig, from_dict, load_config, to_dict
 from captioning.data.images import load_image
@@ -164,7 +172,7 @@ def test_config_validation_and_old_checkpoints_load_as_lstm():
     stored = to_dict(load_config(None))
     del stored["model"]["decoder"]["kind"]  # a configuration saved before the key existed
     assert from_dict(stored).model.decoder.kind == "lstm"
-    result = run_train(["--set", "model.decoder.kind=transformer", "--set", "model.decoder.d_model=30"])
+    result = train_in_process(["--set", "model.decoder.kind=transformer", "--set", "model.decoder.d_model=30"])
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "d_model" in result.stderr
 
 
@@ -172,7 +180,7 @@ def test_config_validation_and_old_checkpoints_load_as_lstm():
 def trained(data_root, tmp_path_factory) -> Path:  # noqa: F811
     """A tiny Transformer trained with train.py on the Shapes features the LSTM tests cached."""
     output = tmp_path_factory.mktemp("transformer") / "run"
-    result = run_train(as_flags(tiny_overrides(data_root, output, **TRANSFORMER, **{"train.epochs": 3})))
+    result = train_in_process(as_flags(tiny_overrides(data_root, output, **TRANSFORMER, **{"train.epochs": 3})))
     assert result.returncode == 0, result.stderr[-3000:]
     return output
 
@@ -238,9 +246,8 @@ def test_visualize_draws_the_chosen_layer_and_head(trained, tmp_path):
     checkpoint = trained / "checkpoints" / "best.pt"
 
     def visualize(*options: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(REPO / "visualize.py"), "--checkpoint", str(checkpoint),
-                               "--split", "val", "--num", "2", "--no-progress", *options],
-                              capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+        return in_process("visualize.py", "--checkpoint", checkpoint, "--split", "val", "--num", "2", "--no-progress",
+                          *options, cwd=REPO)
 
     from captioning.visualization.api import visualize_images
 
@@ -265,10 +272,10 @@ def test_visualize_draws_the_chosen_layer_and_head(trained, tmp_path):
 def test_resume_mid_epoch_continues_the_noam_schedule_exactly(trained, data_root, tmp_path):  # noqa: F811
     """Stopped at step 10 (mid-epoch, after the warm-up) and resumed: the same 24 losses and weights."""
     flags = as_flags(tiny_overrides(data_root, tmp_path / "run", **TRANSFORMER, **{"train.epochs": 3}))
-    result = run_train([*flags, "--set", "train.max_steps=10"])
+    result = train_in_process([*flags, "--set", "train.max_steps=10"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["state"]["global_step"] == 10
-    result = run_train([*flags, "--resume"])
+    result = run_train([*flags, "--resume"])  # a new process: nothing carries over in memory
     assert result.returncode == 0, result.stderr[-3000:]
     expected, resumed = read_steps(trained), read_steps(tmp_path / "run")
     assert [s["step"] for s in resumed] == [s["step"] for s in expected] == list(range(1, 25))
@@ -283,7 +290,7 @@ def test_resume_mid_epoch_continues_the_noam_schedule_exactly(trained, data_root
 def test_two_process_transformer_training_matches_one_process(data_root, tmp_path):  # noqa: F811
     common = {**TRANSFORMER, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8}
     single = tmp_path / "single"
-    result = run_train(as_flags(tiny_overrides(data_root, single, **common)))
+    result = train_in_process(as_flags(tiny_overrides(data_root, single, **common)))
     assert result.returncode == 0, result.stderr[-3000:]
     double = tmp_path / "ddp"
     result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
+from tool_runs import in_process, run_tool, script_module
 
-from captioning.cli import run_cli
 from captioning.config import (
     Config,
     ConfigError,
@@ -61,15 +59,9 @@ def odd_images(tmp_path: Path) -> list[Path]:
 
 
 def run_script(*arguments: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "visualize.py"), *map(str, arguments), "--no-progress"],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=240)
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("visualize_script", ROOT / "visualize.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``python visualize.py arguments --no-progress`` started in the repository, run in this process
+    (tests/tool_runs.py; test_end_to_end runs visualize.py from a shell)."""
+    return in_process("visualize.py", *arguments, "--no-progress", cwd=ROOT)
 
 
 def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
@@ -89,7 +81,8 @@ def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Pa
 
 def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     missing = tmp_path / "no_such_image.jpg"
-    result = run_script(odd_images[0], missing, "--checkpoint", checkpoint, "--out-dir", tmp_path / "out")
+    result = run_tool("visualize.py", odd_images[0], missing, "--checkpoint", checkpoint, "--out-dir", tmp_path / "out",
+                      "--no-progress")  # a real process: the tool's error path, from a shell
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and str(missing) in lines[0]
@@ -98,7 +91,7 @@ def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_i
 
 @pytest.mark.parametrize("problem", ["not an image", "missing checkpoint", "images and split", "nothing",
                                      "model key set"])
-def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Path], capsys, problem):
+def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Path], problem):
     text_file = tmp_path / "notes.png"
     text_file.write_text("not a picture")
     argv = {
@@ -110,9 +103,9 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         "model key set": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt"),
                           "--set", "model.decoder.gate=none"],
     }[problem]
-    script = load_script()
-    assert run_cli(script.main, script.get_args_parser(), argv + ["--out-dir", str(tmp_path / "out")]) == 2
-    error = capsys.readouterr().err.strip().splitlines()
+    result = in_process("visualize.py", *argv, "--out-dir", tmp_path / "out")
+    assert result.returncode == 2
+    error = result.stderr.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("error:")
     if problem == "not an image":
         assert str(text_file) in error[0]
@@ -151,7 +144,7 @@ def test_image_figures_panel_count(tmp_path: Path, checkpoint: Path, odd_images:
 def test_choices_agree():
     from captioning.visualization import api, figures, overlay
 
-    actions = {action.dest: action for action in load_script().get_args_parser()._actions}
+    actions = {action.dest: action for action in script_module("visualize.py").get_args_parser()._actions}
     assert tuple(actions["mode"].choices) == api.MODES == overlay.MODES
     assert tuple(actions["file_format"].choices) == api.FORMATS == tuple(s[1:] for s in figures.FORMATS)
 

@@ -43,7 +43,7 @@ class RunOutputs:
     files: dict[str, Path] = field(default_factory=dict)
     test_scores: dict | None = None
     state: TrainState | None = None
-    lock: RunLock | None = None  # held by rank 0 until the process ends
+    lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -195,7 +195,7 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     while a run uses the folder, and a run is refused while it caches.
 
     Returns:
-        Every file or folder written, by what it is, and the held lock (dropped when the process ends).
+        Every file or folder written, by what it is, and the held lock (``cache_only`` drops it).
     """
     if not uses_cache(config):
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
@@ -211,16 +211,20 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     model = Captioner.build(config.model, vocab).to(device)
     output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
     lock = RunLock(output_dir).acquire()
-    written = {"data summary": write_data_summary(records, config.data, output_dir)}
-    index = records_dir(config.data)
-    if config.data.dataset in INDEXED_READERS and index.is_dir():
-        written["dataset index"] = index
-    for split in ("train", "val", "test"):
-        split_records = [r for r in records_of_split(records, split) if r.captions]
-        if split_records:
-            dataset = caption_dataset(split_records, model, config, device, Path(config.train.output_dir),
-                                      progress, 1)
-            written[f"{split} features"] = Path(dataset.features.path)
+    try:  # caching that fails lets go of the folder, as a failed run does
+        written = {"data summary": write_data_summary(records, config.data, output_dir)}
+        index = records_dir(config.data)
+        if config.data.dataset in INDEXED_READERS and index.is_dir():
+            written["dataset index"] = index
+        for split in ("train", "val", "test"):
+            split_records = [r for r in records_of_split(records, split) if r.captions]
+            if split_records:
+                dataset = caption_dataset(split_records, model, config, device, Path(config.train.output_dir),
+                                          progress, 1)
+                written[f"{split} features"] = Path(dataset.features.path)
+    except BaseException:
+        lock.release()
+        raise
     return written, lock
 
 
@@ -311,63 +315,68 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         check_training_fits(stored, stored["training"], model, config, resume)
         del stored  # the weights and moments are loaded again, by the trainer
     outputs = RunOutputs(output_dir)
-    if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
-        output_dir.mkdir(parents=True, exist_ok=True)
-        outputs.lock = RunLock(output_dir).acquire()
-        if start_over:
-            _remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
-                                        "(deleted the {count} files an earlier launch left)")
-        elif resume is None:
-            _claim_output_dir(output_dir, config.train.overwrite)
-            if auto:
-                print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
-        print(f"configuration: {config_json(config)}", flush=True)
-        # Atomic: a relaunch with --resume auto reads it back.
-        atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
-        outputs.files["configuration"] = output_dir / "config.yaml"
-        outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
-        distributed.barrier()  # the data are read (generated) and the folder is claimed: the other ranks go on
-    train_set, val_set = run_datasets(records, model, config, output_dir, progress and group.is_main, device, group)
-    if group.is_main:
-        model.vocab.save(output_dir / "vocab.json")
-        outputs.files["vocabulary"] = output_dir / "vocab.json"
-        print(f"data: {len(train_set)} training and {len(val_set)} validation images, "
-              f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
-              f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
-              f"device {device}", flush=True)
-    if config.train.compile:
-        model.decoder.compile_step()
-    if group.world_size > 1 and config.model.encoder.fine_tune_stages:
-        distributed.broadcast_parameters(model.encoder)  # one starting point, as the wrap gives the decoder
-    model.decoder = distributed.wrap(model.decoder, group, device)
-    trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
-    # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
-    # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders, and each
-    # DataLoader iterator without a generator draws its base seed from the global RNG), which
-    # made rank 0's dropout masks depend on whether the cache existed before the launch.
-    seed_everything(config.train.seed + group.rank, config.train.deterministic)
-    if resume is not None:
-        trainer.resume(resume)
+    try:  # a run that fails lets go of the folder: a later run in this process may use it
+        if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
+            output_dir.mkdir(parents=True, exist_ok=True)
+            outputs.lock = RunLock(output_dir).acquire()
+            if start_over:
+                _remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+                                            "(deleted the {count} files an earlier launch left)")
+            elif resume is None:
+                _claim_output_dir(output_dir, config.train.overwrite)
+                if auto:
+                    print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
+            print(f"configuration: {config_json(config)}", flush=True)
+            # Atomic: a relaunch with --resume auto reads it back.
+            atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
+            outputs.files["configuration"] = output_dir / "config.yaml"
+            outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
+            distributed.barrier()  # the data are read (generated) and the folder is claimed: the other ranks go on
+        train_set, val_set = run_datasets(records, model, config, output_dir, progress and group.is_main, device, group)
         if group.is_main:
-            print(f"resumed from {resume}: stage {trainer.state.stage}, epoch {trainer.state.epoch + 1}, "
-                  f"step {trainer.state.global_step}", flush=True)
-    try:
-        outputs.state = trainer.fit()
-    finally:
-        if trainer.writer is not None:
-            trainer.writer.close()
-    if group.is_main:
-        for name in ("last", "best", "best_scst"):
-            path = trainer.checkpoint_dir / f"{name}.pt"
-            if path.exists():
-                outputs.files[f"checkpoint ({name})"] = path
-        outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
-        if trainer.steps_log.exists():  # no step was taken in a run of 0 epochs
-            outputs.files["step log"] = trainer.steps_log
-        history = output_dir / "history.json"
-        text = json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1)
-        atomic_write(history, lambda p: p.write_text(text))
-        outputs.files["epoch history"] = history
+            model.vocab.save(output_dir / "vocab.json")
+            outputs.files["vocabulary"] = output_dir / "vocab.json"
+            print(f"data: {len(train_set)} training and {len(val_set)} validation images, "
+                  f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
+                  f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
+                  f"device {device}", flush=True)
+        if config.train.compile:
+            model.decoder.compile_step()
+        if group.world_size > 1 and config.model.encoder.fine_tune_stages:
+            distributed.broadcast_parameters(model.encoder)  # one starting point, as the wrap gives the decoder
+        model.decoder = distributed.wrap(model.decoder, group, device)
+        trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
+        # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
+        # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders, and each
+        # DataLoader iterator without a generator draws its base seed from the global RNG), which
+        # made rank 0's dropout masks depend on whether the cache existed before the launch.
+        seed_everything(config.train.seed + group.rank, config.train.deterministic)
+        if resume is not None:
+            trainer.resume(resume)
+            if group.is_main:
+                print(f"resumed from {resume}: stage {trainer.state.stage}, epoch {trainer.state.epoch + 1}, "
+                      f"step {trainer.state.global_step}", flush=True)
+        try:
+            outputs.state = trainer.fit()
+        finally:
+            if trainer.writer is not None:
+                trainer.writer.close()
+        if group.is_main:
+            for name in ("last", "best", "best_scst"):
+                path = trainer.checkpoint_dir / f"{name}.pt"
+                if path.exists():
+                    outputs.files[f"checkpoint ({name})"] = path
+            outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
+            if trainer.steps_log.exists():  # no step was taken in a run of 0 epochs
+                outputs.files["step log"] = trainer.steps_log
+            history = output_dir / "history.json"
+            text = json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1)
+            atomic_write(history, lambda p: p.write_text(text))
+            outputs.files["epoch history"] = history
+    except BaseException:
+        if outputs.lock is not None:
+            outputs.lock.release()
+        raise
     distributed.barrier()
     return outputs
 
