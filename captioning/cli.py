@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from captioning.config import Config, ConfigError, load_config, parse_overrides
+from captioning.config import Config, ConfigError
+from captioning.config_files import load_config, parse_overrides
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes.yaml"
 

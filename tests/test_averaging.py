@@ -6,7 +6,8 @@ import pytest
 import torch
 from test_training import as_flags, data_root, run_train_two_processes, tiny_overrides
 
-from captioning.config import ConfigError, load_config
+from captioning.config import ConfigError
+from captioning.config_files import load_config
 from captioning.training.averaging import WeightAverage, check_average_state, trainable_parameters
 from captioning.training.checkpoint import CheckpointError, load_checkpoint
 from captioning.training.run import train

@@ -10,17 +10,15 @@ from pathlib import Path
 import pytest
 
 from captioning.cli import add_config_arguments, config_from_args
-from captioning.config import (
+from captioning.config import Config, ConfigError, to_dict
+from captioning.config_files import (
     CHECKPOINT_SECTIONS,
-    Config,
-    ConfigError,
     apply_overrides,
     check_overrides,
     from_dict,
     load_config,
     parse_overrides,
     save_config,
-    to_dict,
 )
 from captioning.config_reference import reference_markdown
 

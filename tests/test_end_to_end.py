@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 from tool_runs import in_process
 
-from captioning.config import load_config
+from captioning.config_files import load_config
 from captioning.evaluation.metrics import METRICS
 from captioning.evaluation.signature import decode_description, file_hash, parse_signature
 from captioning.training.checkpoint import load_checkpoint

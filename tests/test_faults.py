@@ -27,7 +27,8 @@ from PIL import Image
 from test_training import as_flags, tiny_overrides
 from tool_runs import REPO, in_process, run_in_process, run_tool
 
-from captioning.config import DecoderConfig, load_config
+from captioning.config import DecoderConfig
+from captioning.config_files import load_config
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.karpathy import read_karpathy
 from captioning.data.records import records_of_split

@@ -19,7 +19,7 @@ import torch
 from test_training import as_flags, data_root, read_steps, tiny_overrides
 from tool_runs import in_process
 
-from captioning.config import load_config
+from captioning.config_files import load_config
 from captioning.training.checkpoint import load_checkpoint
 from captioning.training.run import train
 

@@ -21,7 +21,7 @@ from test_faults import SHAPES_YAML, assert_one_line_error, shapes, write_odd_im
 from test_training import as_flags, tiny_overrides
 from tool_runs import ONE_THREAD, REPO, run_in_process, run_tool
 
-from captioning.config import load_config
+from captioning.config_files import load_config
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes

@@ -15,7 +15,8 @@ import pytest
 import torch
 from tool_runs import in_process
 
-from captioning.config import DecodeConfig, DecoderConfig, load_config
+from captioning.config import DecodeConfig, DecoderConfig
+from captioning.config_files import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.metrics import CiderDScorer
 from captioning.models.decoder import ShowAttendTellDecoder

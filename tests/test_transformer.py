@@ -22,7 +22,8 @@ from test_training import (  # noqa: F401
 )
 from tool_runs import in_process
 
-from captioning.config import ConfigError, DecodeConfig, DecoderConfig, from_dict, load_config, to_dict
+from captioning.config import ConfigError, DecodeConfig, DecoderConfig, to_dict
+from captioning.config_files import from_dict, load_config
 from captioning.data.images import load_image
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search, greedy_search, rollout, sampler

@@ -150,7 +150,7 @@ def test_choices_agree():
 
 
 def test_visualization_config(checkpoint: Path):
-    from captioning.config import from_dict
+    from captioning.config_files import from_dict
 
     config = from_dict(load_checkpoint(checkpoint)["config"])
     adjusted = visualization_config(config, overrides=["decode.max_length=7"], beam_size=5)

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from captioning.config import ConfigError, load_config, to_dict
+from captioning.config import ConfigError, to_dict
+from captioning.config_files import load_config
 from captioning.evaluation.compare import warn_if_signatures_differ
 from captioning.evaluation.metrics import EvaluationInputError, _read_json
 from captioning.files import atomic_write

@@ -7,10 +7,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from captioning.config import (
+from captioning.config import Config, ConfigError
+from captioning.config_files import (
     CHECKPOINT_SECTIONS,
-    Config,
-    ConfigError,
     apply_overrides,
     check_overrides,
     load_config,

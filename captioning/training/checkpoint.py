@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from captioning.config import Config, ConfigError, from_dict, to_dict
+from captioning.config import Config, ConfigError, to_dict
+from captioning.config_files import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
 from captioning.files import NoSpaceError, atomic_write, not_a_regular_file
 

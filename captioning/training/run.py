@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from captioning.config import Config, config_json, load_config, save_config, to_dict
+from captioning.config import Config, to_dict
+from captioning.config_files import config_json, load_config, save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache

@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioning.config import (
+from captioning.config import Config
+from captioning.config_files import (
     CHECKPOINT_SECTIONS,
-    Config,
     apply_overrides,
     check_overrides,
     load_config,

@@ -1,0 +1,262 @@
+"""Reading and writing configurations: YAML files, ``--set key=value`` overrides, and the plain
+dicts checkpoints store (``load_config``, ``apply_overrides``, ``from_dict``, ``save_config``).
+
+Every value is coerced to its field's declared type and checked before a ``Config`` exists, so a
+bad file or override is one ``ConfigError`` naming its key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from captioning.config import Config, ConfigError, to_dict
+from captioning.files import not_a_regular_file
+
+
+def _coerce(type_hint: Any, value: Any, key: str) -> Any:
+    """Turn a YAML/CLI value into the field's declared type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(type_hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(type_hint)
+        is_null = value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))
+        if is_null and type(None) in options:
+            return None
+        inner = [t for t in options if t is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is tuple:
+        if value is None:  # older configurations wrote null for an empty optional file
+            return ()
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(_coerce(str, v, key) for v in value)
+    if type_hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
+    if type_hint is int:
+        # Integers only, as written: 1e3 or 2.0 is a float in YAML and is not silently truncated.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            if isinstance(value, str):
+                return int(value.strip())
+        except ValueError:
+            pass
+        raise ConfigError(f"{key} must be an integer, got {_shown(value)}")
+    if type_hint is float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be a number, got {_shown(value)}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+        return number
+    if type_hint is str:
+        if value is None:  # str(None) would be the folder name "None"
+            raise ConfigError(f"{key} must be a string, got null")
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        if "\x00" in str(value):
+            raise ConfigError(f"{key} must not contain a NUL character")
+        return _expand_home(str(value), key) if key in PATH_KEYS else str(value)
+    return value
+
+
+# Keys that name files or folders: a leading ~ or ~user is expanded as a shell does (a quoted path or
+# KEY=~/x after --set reaches the program unexpanded), never taken as a folder named "~".
+PATH_KEYS = frozenset(["data.root", "data.split_file", "data.annotations", "data.instances", "data.cache_dir",
+                       "model.encoder.weights", "train.output_dir"])
+
+# The spellings YAML reads as null; --set KEY=VALUE reads them the same way.
+YAML_NULLS = frozenset(["", "~", "null", "Null", "NULL"])
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else repr(value)
+
+
+def _expand_home(path: str, key: str) -> str:
+    if not path.startswith("~"):
+        return path
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        raise ConfigError(f"{key}: cannot expand {path!r}: no such user or no home folder; give the full path")
+    return expanded
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix or 'configuration'} must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        where = prefix or "the top level"
+        raise ConfigError(f"unknown configuration key {prefix + unknown[0]!r} in {where}; "
+                          f"known: {', '.join(sorted(names))}")
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        key = prefix + name
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, key + ".")
+        else:
+            kwargs[name] = _coerce(hint, value, key)
+    return cls(**kwargs)
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    """Build a validated Config from nested dicts; missing keys take their defaults."""
+    return _build(Config, values, "")
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {key!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+# The sections of a checkpoint's configuration that evaluating or visualizing may change: the model is fixed.
+CHECKPOINT_SECTIONS = ("data", "decode")
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, str | None]:
+    """``["train.lr=2e-4", ...]`` as typed after ``--set`` -> ``{"train.lr": "2e-4", ...}`` (later wins).
+
+    A value YAML reads as null (``null``, ``~``, nothing) is None, as in a configuration file: an
+    optional key is unset by it, and a key that must hold a string refuses it.
+
+    Raises:
+        ConfigError: an item without ``=`` or with an empty key.
+    """
+    overrides: dict[str, str | None] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = None if value.strip() in YAML_NULLS else value.strip()
+    return overrides
+
+
+def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None = None) -> None:
+    """Fail fast on overrides that no configuration can take: each key must name a field (inside
+    ``sections`` when given) and each value must have the field's type. Range and cross-field rules
+    (``decode.min_length <= decode.max_length``) are checked when the overrides are applied.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    for key, value in overrides.items():
+        if sections is not None and key.split(".", 1)[0] not in sections:
+            allowed = " and ".join(f"{section}.*" for section in sections)
+            raise ConfigError(f"{key}: only {allowed} keys can be overridden here (the rest is fixed, "
+                              "e.g. by the checkpoint)")
+        cls: type = Config
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            names = {f.name for f in dataclasses.fields(cls)}
+            prefix = ".".join(parts[:depth]) + "." if depth else ""
+            if part not in names:
+                raise ConfigError(f"unknown configuration key {prefix + part!r} in {prefix or 'the top level'}; "
+                                  f"known: {', '.join(sorted(names))}")
+            hint = typing.get_type_hints(cls)[part]
+            is_section = dataclasses.is_dataclass(hint)
+            if depth == len(parts) - 1:
+                if is_section:
+                    raise ConfigError(f"{key} is a section: set one of its keys, e.g. {key}.{dataclasses.fields(hint)[0].name}")
+                _coerce(hint, value, key)
+            elif not is_section:
+                raise ConfigError(f"cannot set {key!r}: {prefix + part!r} is not a section")
+            else:
+                cls = hint
+
+
+def apply_overrides(config: Config, overrides: dict[str, Any],
+                    sections: tuple[str, ...] | None = None) -> Config:
+    """``config`` with dotted-key ``overrides`` applied and the result validated again.
+
+    Args:
+        config: a validated configuration, e.g. a checkpoint's.
+        overrides: ``{"decode.beam_size": "5", ...}``; values may be strings as typed on a command line.
+        sections: when given, the only top-level sections whose keys may change (a checkpoint's
+            ``model`` must stay as it was trained).
+    Raises:
+        ConfigError: a key outside ``sections``, an unknown key or an invalid value.
+    """
+    check_overrides(overrides, sections)
+    tree = to_dict(config)
+    for key, value in overrides.items():
+        _set_dotted(tree, key, value)
+    return from_dict(tree)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML configuration (or start from the defaults) and apply dotted-key overrides.
+
+    Args:
+        path: YAML file whose nested sections mirror ``Config``; None starts from the defaults.
+        overrides: ``{"train.lr": 2e-4, ...}``; values may be strings as typed on a command line.
+    Returns:
+        The validated, frozen ``Config``.
+    Raises:
+        ConfigError: the file is unreadable or not YAML, a key is unknown, or a value is invalid.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        try:
+            kind = not_a_regular_file(path)
+            if kind is not None:
+                raise ConfigError(f"{path}: {kind}")
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"{path}: cannot read configuration ({error.strerror})") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
+        try:
+            tree = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: YAML nested too deeply to read") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: a configuration must be a mapping of sections")
+    for key, value in (overrides or {}).items():
+        _set_dotted(tree, key, value)
+    try:
+        return from_dict(tree)
+    except ConfigError as error:
+        # Name the file only when the bad value came from it, not from an override (a flag or --set).
+        from_override = any(str(error).startswith(key) or repr(key) in str(error) for key in overrides or {})
+        raise ConfigError(f"{path}: {error}" if path and not from_override else str(error)) from None
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved configuration as YAML (readable by ``load_config``)."""
+    from captioning.files import atomic_write
+
+    text = yaml.safe_dump(to_dict(config), sort_keys=False)
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def config_json(config: Any) -> str:
+    """The configuration as one JSON line, for logs."""
+    return json.dumps(to_dict(config), sort_keys=True)
