@@ -171,3 +171,21 @@ def test_two_processes_keep_the_average_one_process_keeps_with_the_same_global_b
         torch.testing.assert_close(two["training"]["average"]["optimised"][key], value, rtol=1e-4, atol=1e-5)
     assert any(not value.equal(one["decoder"][key.removeprefix("decoder.")])  # the average lags the weights
                for key, value in one["training"]["average"]["optimised"].items())
+
+
+def test_a_fine_tuned_encoders_trainable_stages_are_averaged_stored_and_resumed(data_root, tmp_path):
+    overrides = tiny_overrides(data_root, tmp_path / "run", **{
+        "train.ema_decay": 0.5, "model.encoder.fine_tune_stages": 1, "train.encoder_lr": 1e-2,
+        "train.max_steps": 3})
+    train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False).lock.release()
+    payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    optimised = payload["training"]["average"]["optimised"]
+    encoder_keys = {key.removeprefix("encoder.") for key in optimised if key.startswith("encoder.")}
+    assert encoder_keys and encoder_keys <= set(payload["encoder"])  # only the trainable stage's weights
+    assert len(encoder_keys) < sum(1 for key, value in payload["encoder"].items() if value.is_floating_point())
+    # The stored encoder is the average: it lags the weights the optimiser moved.
+    assert any(not payload["encoder"][key].equal(optimised[f"encoder.{key}"]) for key in encoder_keys)
+    resumed = train(load_config(REPO / "configs" / "shapes.yaml", {**overrides, "train.max_steps": 4}),
+                    resume=tmp_path / "run" / "checkpoints" / "last.pt", progress=False)
+    resumed.lock.release()
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["average"]["updates"] == 4
