@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from test_training import as_flags, data_root, run_train_two_processes, tiny_overrides
+from tool_runs import in_process
 
 from captioning.config import ConfigError
 from captioning.config_files import load_config
-from captioning.training.averaging import WeightAverage, check_average_state, trainable_parameters
+from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.checkpoint import CheckpointError, load_checkpoint
+from captioning.training.resume_state import check_average_state
 from captioning.training.run import train
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -72,7 +74,7 @@ def test_a_stored_average_restores_both_the_average_and_the_optimised_weights():
     other = _model()
     other.load_state_dict(averaged)
     restored = WeightAverage(trainable_parameters({"net": other}), decay=0.8)
-    restored.load_state_dict(state, "last.pt")
+    restored.load_state_dict(state)
     assert restored.updates == 3
     torch.testing.assert_close(other[0].weight, model[0].weight)
     torch.testing.assert_close(restored.average["net.0.weight"], average.average["net.0.weight"])
@@ -148,9 +150,13 @@ def test_a_resume_with_a_damaged_average_is_refused_before_any_work(data_root, t
     payload["training"]["average"]["optimised"][first] = torch.zeros(1, 1, 1)
     torch.save(payload, path)
     before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
-    with pytest.raises(CheckpointError, match=rf"training\.average\.optimised\.{first}: shape \(1, 1, 1\)"):
-        train(load_config(REPO / "configs" / "shapes.yaml", {**overrides, "train.max_steps": 4}), resume=path,
-              progress=False)
+    result = in_process("train.py", "--no-progress", "--no-test",
+                        *as_flags({**overrides, "train.max_steps": 4}), "--resume", path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == (f"error: {path}: training.average.optimised.{first}: shape (1, 1, 1) does not match "
+                         f"the parameter's {tuple(payload['decoder'][first.removeprefix('decoder.')].shape)}")
+    assert "Traceback" not in result.stderr
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
 
 

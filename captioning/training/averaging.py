@@ -15,8 +15,6 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from captioning.training.checkpoint import CheckpointError
-
 
 def trainable_parameters(modules: dict[str, nn.Module]) -> dict[str, nn.Parameter]:
     """The trainable parameters of ``modules`` by ``<module name>.<parameter name>``."""
@@ -36,22 +34,25 @@ class WeightAverage:
         self.parameters = parameters
         self.decay = decay
         self.updates = 0
-        self.average = {name: p.detach().clone() for name, p in parameters.items()}
+        self._weights = [p.detach() for p in parameters.values()]  # aligned with _averages, for every step
+        self._set_average({name: p.detach().clone() for name, p in parameters.items()})
         self._optimised: dict[str, torch.Tensor] | None = None  # the optimiser's weights while applied
+
+    def _set_average(self, average: dict[str, torch.Tensor]) -> None:
+        self.average = average
+        self._averages = [average[name] for name in self.parameters]
 
     def reset(self) -> None:
         """Start again from the weights as they are (a new training stage)."""
         self.updates = 0
-        self.average = {name: p.detach().clone() for name, p in self.parameters.items()}
+        self._set_average({name: p.detach().clone() for name, p in self.parameters.items()})
 
     @torch.no_grad()
     def update(self) -> None:
         """Move the average towards the weights after an optimisation step."""
         self.updates += 1
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        names = list(self.parameters)
-        torch._foreach_lerp_([self.average[n] for n in names], [self.parameters[n].detach() for n in names],
-                             1.0 - decay)
+        torch._foreach_lerp_(self._averages, self._weights, 1.0 - decay)
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
@@ -78,44 +79,11 @@ class WeightAverage:
         return {"updates": self.updates, "optimised": {name: t.clone() for name, t in optimised.items()}}
 
     @torch.no_grad()
-    def load_state_dict(self, state: object, path: object) -> None:
+    def load_state_dict(self, state: dict) -> None:
         """Resume: the model holds the checkpoint's (averaged) weights; take them as the average and
-        put the optimiser's weights from ``state`` back into the model.
-
-        Raises:
-            CheckpointError: ``state`` is not what :meth:`state_dict` writes for these parameters.
-        """
-        check_average_state(state, self.parameters, path)
+        put the optimiser's weights from ``state`` back into the model. ``state`` was checked before
+        any work (``resume_state.check_average_state``)."""
         self.updates = state["updates"]
-        self.average = {name: p.detach().clone() for name, p in self.parameters.items()}
+        self._set_average({name: p.detach().clone() for name, p in self.parameters.items()})
         for name, parameter in self.parameters.items():
             parameter.copy_(state["optimised"][name])
-
-
-def check_average_state(state: object, parameters: dict[str, nn.Parameter], path: object) -> None:
-    """``training.average`` of a checkpoint against the parameters it must fill (nothing is changed).
-
-    Raises:
-        CheckpointError: ``<path>: training.average...: <what is wrong>`` for the first bad entry.
-    """
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: training.average: missing; a run with train.ema_decay > 0 resumes "
-                              "from a last.pt that such a run wrote")
-    updates = state.get("updates")
-    if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
-        raise CheckpointError(f"{path}: training.average.updates: must be an integer >= 0, got {updates!r}")
-    optimised = state.get("optimised")
-    if not isinstance(optimised, dict):
-        raise CheckpointError(f"{path}: training.average.optimised: must be a table of weights by name")
-    for name in sorted(set(optimised) - set(parameters), key=str):
-        raise CheckpointError(f"{path}: training.average.optimised: {name!r} is not a trainable parameter of "
-                              "this model")
-    for name, parameter in parameters.items():
-        tensor = optimised.get(name)
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-            raise CheckpointError(f"{path}: training.average.optimised.{name}: missing or not a floating-point tensor")
-        if tensor.shape != parameter.shape:
-            raise CheckpointError(f"{path}: training.average.optimised.{name}: shape {tuple(tensor.shape)} does "
-                                  f"not match the parameter's {tuple(parameter.shape)}")
-        if not bool(torch.isfinite(tensor).all()):
-            raise CheckpointError(f"{path}: training.average.optimised.{name}: holds NaN or infinite values")

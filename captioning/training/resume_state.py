@@ -23,7 +23,7 @@ import torch
 
 from captioning.config import Config
 from captioning.models.captioner import Captioner
-from captioning.training.averaging import check_average_state, trainable_parameters
+from captioning.training.averaging import trainable_parameters
 from captioning.training.checkpoint import CheckpointError, check_state_fits
 from captioning.training.engine import TrainState
 from captioning.training.optim import optimizer_for, scheduler_for
@@ -228,3 +228,31 @@ def _check_moments(moments: dict, parameter: torch.Tensor, path: str | Path, ent
 
 def _shape(shape: Sequence[int]) -> str:
     return str(tuple(shape))
+
+
+def check_average_state(state: Any, parameters: dict[str, torch.nn.Parameter], path: str | Path) -> None:
+    """``training.average`` (``train.ema_decay``) against the parameters it must fill (nothing is changed).
+
+    Raises:
+        CheckpointError: ``<path>: training.average...: <what is wrong>`` for the first bad entry.
+    """
+    if state is None:
+        raise _refuse(path, "training.average", "missing; a run with train.ema_decay > 0 resumes from a "
+                                                "last.pt that such a run wrote")
+    state = _mapping(state, path, "training.average")
+    updates = state.get("updates")
+    if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
+        raise _refuse(path, "training.average.updates", f"must be an integer >= 0, got {updates!r}")
+    optimised = _mapping(state.get("optimised"), path, "training.average.optimised")
+    for name in sorted(set(optimised) - set(parameters), key=str):
+        raise _refuse(path, "training.average.optimised", f"{name!r} is not a trainable parameter of this model")
+    for name, parameter in parameters.items():
+        entry = f"training.average.optimised.{name}"
+        tensor = optimised.get(name)
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            raise _refuse(path, entry, f"missing or not a floating-point tensor, got {_kind(tensor)}")
+        if tensor.shape != parameter.shape:
+            raise _refuse(path, entry, f"shape {_shape(tensor.shape)} does not match the parameter's "
+                                       f"{_shape(parameter.shape)}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise _refuse(path, entry, "holds NaN or infinite values")

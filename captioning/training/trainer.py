@@ -245,7 +245,7 @@ class Trainer:
         if payload.get("encoder") is not None:
             load_state_checked(self.model.encoder, payload["encoder"], "encoder", path)
         if self.average is not None:  # the weights just loaded are the average; the optimiser's come back
-            self.average.load_state_dict(training.get("average"), path)
+            self.average.load_state_dict(training["average"])
         self.state = TrainState.from_dict(training["state"])
         self._new_stage(self.state.stage)
         self.optimizer.load_state_dict(training["optimizer"])
