@@ -263,3 +263,45 @@ def test_random_weights_are_told_apart_by_the_cache_key():
 def test_a_grid_finer_than_the_native_one_is_refused():
     with pytest.raises(ConfigError, match=r"model.encoder.grid_size 14 is finer than efficientnet_lite0's native 7x7"):
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=224, grid_size=14))
+
+
+@pytest.mark.parametrize("name", ["efficientnet_lite0", "resnet50", "efficientnet_b0"])
+def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_features(name: str) -> None:
+    torch.manual_seed(0)
+    encoder = build_encoder(EncoderConfig(name=name, weights="none", image_size=64, grid_size=0))
+    norms = [m for m in encoder.modules() if isinstance(m, nn.BatchNorm2d)]
+    for norm in norms:  # statistics and affine terms far from the identity, so that a wrong fold shows
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.25, 4)
+        norm.weight.data.uniform_(0.5, 1.5)
+        norm.bias.data.uniform_(-0.5, 0.5)
+    before = {key: value.clone() for key, value in encoder.state_dict().items()}
+    images = torch.randn(2, 3, 64, 64)
+    with torch.inference_mode():
+        expected = encoder.eval()(images)
+        encoder.train()
+        frozen = encoder.inference_copy()
+        features = frozen(images)
+    assert norms and not any(isinstance(m, nn.BatchNorm2d) for m in frozen.modules())
+    assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
+    torch.testing.assert_close(features, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    assert encoder.training and sum(isinstance(m, nn.BatchNorm2d) for m in encoder.modules()) == len(norms)
+    assert all(torch.equal(value, before[key]) for key, value in encoder.state_dict().items())
+
+
+def test_the_folded_lite0_still_recognises_real_photos(lite0: Encoder) -> None:
+    skimage_data = pytest.importorskip("skimage.data")
+    images = torch.stack([lite0.transform(Image.fromarray(skimage_data.chelsea())),
+                          lite0.transform(Image.fromarray(skimage_data.coffee()))])
+    frozen = lite0.inference_copy()
+    with torch.inference_mode():
+        expected, features = lite0(images), frozen(images)
+        classes = frozen.backbone.classify(images).argmax(-1).tolist()
+    torch.testing.assert_close(features, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    assert 281 <= classes[0] <= 285 and classes[1] in (967, 968)  # a cat; espresso or cup
+
+
+def test_folding_needs_eval_mode() -> None:
+    from captioning.models import efficientnet_lite
+    with pytest.raises(ValueError, match="eval mode"):
+        efficientnet_lite.fold_batch_norms(efficientnet_lite.efficientnet_lite0().train())

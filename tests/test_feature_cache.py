@@ -73,6 +73,9 @@ class _ForwardCounter:
     def __call__(self, *args) -> None:
         self.calls += 1
 
+    def __deepcopy__(self, memo: dict) -> _ForwardCounter:
+        return self  # the cache runs a copy of the encoder (Encoder.inference_copy): count its passes too
+
 
 def _build(directory: Path, encoder: Encoder, records: list[ImageRecord], **kwargs) -> FeatureCache:
     return FeatureCache.build_or_open(directory, encoder, records, batch_size=BATCH, progress=False, **kwargs)

@@ -69,6 +69,9 @@ class _Counter:
     def __call__(self, module, inputs, output) -> None:
         self.images += inputs[0].shape[0]
 
+    def __deepcopy__(self, memo: dict) -> _Counter:
+        return self  # the cache runs a copy of the encoder (Encoder.inference_copy): count its images too
+
 
 # ------------------------------------------------------------------ images checked first
 

@@ -382,8 +382,7 @@ class _Build:
         states = np.memmap(self.folder / "state.bin", dtype=np.uint8, mode="r+")  # (R,)
         loader = DataLoader(_ImageFiles(share, encoder.transform, encoder.image_size), batch_size=batch_size,
                             shuffle=False, num_workers=num_workers, pin_memory=device.type == "cuda")
-        was_training = encoder.training
-        encoder.to(device).eval()
+        network = encoder.inference_copy().to(device)  # batch norms folded: the same features, faster
         try:
             with torch.inference_mode():
                 for rows, images, errors in loader:
@@ -391,7 +390,7 @@ class _Build:
                     failed = [number for number, error in enumerate(errors) if error]
                     if failed and not self.skip_bad_images:
                         raise ImageError(errors[failed[0]])
-                    grid_features = encoder(images.to(device, non_blocking=True))  # (B, P, C)
+                    grid_features = network(images.to(device, non_blocking=True))  # (B, P, C)
                     block = grid_features.float().cpu().numpy().astype(DTYPE)
                     block[failed] = 0
                     features[rows] = block
@@ -403,7 +402,6 @@ class _Build:
                     self.messages.update({int(rows[number]): errors[number] for number in failed})
                     bar.update(len(rows))
         finally:
-            encoder.train(was_training)
             del features, states
 
     def finish(self) -> None:

@@ -13,6 +13,7 @@ initialisation) or a path to a state-dict file of the full classification model.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import itertools
 import socket
@@ -20,6 +21,7 @@ import urllib.error
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import torch.hub
 import torchvision.models as tvm
 from torch import nn
 from torch.func import functional_call
+from torch.fx.experimental.optimization import fuse as fx_fuse_conv_bn
 from torchvision import transforms
 from torchvision.models import WeightsEnum
 from torchvision.transforms import InterpolationMode
@@ -54,6 +57,10 @@ class Backbone:
         interpolation: the resize filter the weights were trained with.
         weights: identity of the loaded weights (plain JSON types), part of the fingerprint.
         channels_last: run in channels-last memory format (faster for this network on CPU).
+        fold_batch_norms: folds each batch norm of ``features`` (in eval mode) into the convolution
+            before it, in place, and returns the network to run (``Encoder.inference_copy``); the
+            default traces the network with torch.fx and fuses every convolution that feeds only a
+            batch norm.
     """
 
     features: nn.Module
@@ -63,6 +70,7 @@ class Backbone:
     interpolation: InterpolationMode
     weights: dict[str, Any]
     channels_last: bool = True
+    fold_batch_norms: Callable[[nn.Module], nn.Module] = partial(fx_fuse_conv_bn, inplace=True)
 
 
 ENCODERS: dict[str, Callable[[str], Backbone]] = {}
@@ -107,6 +115,7 @@ class Encoder(nn.Module):
         self.interpolation = backbone.interpolation
         self.weights = backbone.weights
         self.channels_last = backbone.channels_last
+        self._fold_batch_norms = backbone.fold_batch_norms
         if self.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         self.transform = transforms.Compose([
@@ -137,6 +146,23 @@ class Encoder(nn.Module):
             images = images.contiguous(memory_format=torch.channels_last)
         feature_map = self.pool(self.backbone(images))  # (B, C, h, w)
         return feature_map.flatten(2).transpose(1, 2)  # (B, P, C)
+
+    def inference_copy(self) -> Encoder:
+        """A copy in eval mode with each batch norm folded into the convolution before it.
+
+        It computes the same features within float rounding (about 1e-5 of the largest value; in
+        the float16 feature cache 0.2% of the values move by one step) and is faster: on CPU a
+        quarter of efficientnet_lite0's time went to its batch norms (benchmarks/README.md). For
+        frozen feature extraction (the feature cache); the copy has nothing to fine-tune. ``self``
+        is left as it was.
+        """
+        frozen = copy.deepcopy(self).eval()
+        frozen.backbone = self._fold_batch_norms(frozen.backbone)
+        if self.channels_last:
+            frozen.backbone.to(memory_format=torch.channels_last)
+        frozen._stages = ()
+        frozen.requires_grad_(False)
+        return frozen
 
     def stages(self) -> list[nn.Module]:
         """The backbone's stages from input to output (for fine-tuning parameter groups)."""
@@ -398,7 +424,8 @@ def efficientnet_lite0(weights: str) -> Backbone:
     model = efficientnet_lite.efficientnet_lite0()
     identity = _load_weights(model, weights, _lite0_file, file_identity)
     return Backbone(model, tuple(model.stages()), efficientnet_lite.INPUT_MEAN, efficientnet_lite.INPUT_STD,
-                    InterpolationMode.BICUBIC, identity)
+                    InterpolationMode.BICUBIC, identity,
+                    fold_batch_norms=efficientnet_lite.fold_batch_norms)
 
 
 def _lite0_file() -> Path:
