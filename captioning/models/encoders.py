@@ -21,7 +21,6 @@ import urllib.error
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,12 @@ DOWNLOAD_TIMEOUT_S = 15.0  # socket timeout while fetching published weights
 
 class EncoderWeightsError(RuntimeError):
     """Encoder weights are missing, unreachable or do not fit the network; the message is one line."""
+
+
+def fold_traced_batch_norms(network: nn.Module) -> nn.Module:
+    """``network`` (in eval mode) traced by torch.fx, each convolution that feeds only a batch norm
+    fused with it; modules are changed in place."""
+    return fx_fuse_conv_bn(network, inplace=True)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ class Backbone:
     interpolation: InterpolationMode
     weights: dict[str, Any]
     channels_last: bool = True
-    fold_batch_norms: Callable[[nn.Module], nn.Module] = partial(fx_fuse_conv_bn, inplace=True)
+    fold_batch_norms: Callable[[nn.Module], nn.Module] = fold_traced_batch_norms
 
 
 ENCODERS: dict[str, Callable[[str], Backbone]] = {}
