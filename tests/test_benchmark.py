@@ -28,7 +28,7 @@ POSITIVE_NUMBERS = (
     "tutorial_train_step_ms", "tutorial_train_step_gflop", "speedup_train",
     "speedup_beam_1", "speedup_beam_3", "speedup_beam_5",
     "cache_build_s", "cache_epoch_s", "stream_epoch_s", "cache_speedup", "cache_grids_s", "stream_grids_s",
-    "cache_grids_speedup",
+    "cache_grids_speedup", "encoder_images_per_s", "folded_encoder_images_per_s", "fold_speedup",
     "coco_step_ms", "coco_epoch_s", "coco_mean_words",
     *(f"{prefix}_{key}" for prefix in ("transformer", "transformer6")
       for key in ("train_step_ms", "train_step_gflop", "train_gflops", "train_mfu",

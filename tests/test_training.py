@@ -40,6 +40,9 @@ def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
         # The demo's cosine schedule warms up over one of its epochs, longer than a tiny run: these runs
         # keep a per-epoch schedule (tests/test_schedules.py runs the cosine one).
         "train.schedule": "plateau",
+        # One stage, the plain weights: runs that test self-critical epochs or weight averaging ask for
+        # them (the shortened demo in tests/test_end_to_end.py keeps the demo's).
+        "train.scst_epochs": 0, "train.ema_decay": 0.0,
     }
     values.update(extra)
     return values
