@@ -431,6 +431,17 @@ class _Build:
         return FeatureCache(self.folder, rows, self.grid_shape, bad, self.key["fingerprint"], computed)
 
 
+def cache_batch_size(device: torch.device) -> int:
+    """Images per encoder pass while caching: 32 on a GPU, 8 on a CPU.
+
+    On a CPU the activations of larger batches outgrow the processor's caches (at 288 px, 32 images
+    of efficientnet_lite0's second stage are 255 MB per tensor), so each pass works from main memory:
+    Lite0 at 288 px on 2 cores encodes 31 images/s in batches of 8 against 24 in batches of 32
+    (batch norms folded).
+    """
+    return 32 if device.type == "cuda" else 8
+
+
 def _flush(array: np.memmap, path: Path) -> None:
     try:
         array.flush()

@@ -118,11 +118,16 @@ class MBConvBlock(nn.Module):
         self.drop_connect_rate = drop_connect_rate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_in, H, W) -> (B, C_out, H / stride, W / stride)."""
+        """(B, C_in, H, W) -> (B, C_out, H / stride, W / stride).
+
+        ReLU6 clips in place: each clipped tensor is a fresh output that nothing else reads (autograd
+        needs neither it nor, for the batch norm before it, its input's copy), and a new tensor per
+        activation was a quarter of the CPU time of feature caching.
+        """
         out = x
         if self.expand:
-            out = F.relu6(self._bn0(self._expand_conv(out)))  # (B, C_in * expand, H, W)
-        out = F.relu6(self._bn1(self._depthwise_conv(out)))  # (B, C_in * expand, H / s, W / s)
+            out = F.relu6(self._bn0(self._expand_conv(out)), inplace=True)  # (B, C_in * expand, H, W)
+        out = F.relu6(self._bn1(self._depthwise_conv(out)), inplace=True)  # (B, C_in * expand, H / s, W / s)
         out = self._bn2(self._project_conv(out))  # (B, C_out, H / s, W / s)
         if self.residual:
             out = stochastic_depth(out, self.drop_connect_rate, "row", self.training) + x
@@ -167,10 +172,10 @@ class EfficientNetLite(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Feature map after the head convolution: (B, 3, H, W) -> (B, 1280, ceil(H/32), ceil(W/32))."""
-        x = F.relu6(self._bn0(self._conv_stem(images)))  # (B, 32, H/2, W/2)
+        x = F.relu6(self._bn0(self._conv_stem(images)), inplace=True)  # (B, 32, H/2, W/2)
         for block in self._blocks:
             x = block(x)  # (B, 320, H/32, W/32) after the last
-        return F.relu6(self._bn1(self._conv_head(x)))  # (B, 1280, H/32, W/32)
+        return F.relu6(self._bn1(self._conv_head(x)), inplace=True)  # (B, 1280, H/32, W/32)
 
     def classify(self, images: torch.Tensor) -> torch.Tensor:
         """ImageNet logits: (B, 3, H, W) -> (B, num_classes)."""
