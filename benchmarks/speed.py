@@ -47,7 +47,7 @@ import captioning
 from captioning.config import DecoderConfig, EncoderConfig
 from captioning.data import build_vocabulary, generate_shapes, read_shapes
 from captioning.data.datasets import CaptionDataset, collate_captions
-from captioning.data.feature_cache import FeatureCache
+from captioning.data.feature_cache import FeatureCache, cache_batch_size
 from captioning.data.images import load_image
 from captioning.data.records import records_of_split
 from captioning.data.vocab import Vocabulary
@@ -327,9 +327,10 @@ def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -
 
 def encoder_rates(encoder: Encoder, records: list, device: torch.device, repeats: int) -> dict[str, float]:
     """Images per second through the frozen encoder as built and through ``inference_copy()`` (its
-    batch norms folded into the convolutions, what the feature cache runs), on one batch of up to 32
-    images of the split."""
-    images = torch.stack([encoder.transform(load_image(record.path)) for record in records[:32]]).to(device)
+    batch norms folded into the convolutions, what the feature cache runs), on one batch of the size
+    the cache encodes at a time (``cache_batch_size``) of the split's images."""
+    batch = records[:cache_batch_size(device)]
+    images = torch.stack([encoder.transform(load_image(record.path)) for record in batch]).to(device)
     rates = {}
     for name, network in (("encoder", encoder.eval()), ("folded_encoder", encoder.inference_copy())):
         with torch.inference_mode():
