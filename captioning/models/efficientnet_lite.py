@@ -120,9 +120,9 @@ class MBConvBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C_in, H, W) -> (B, C_out, H / stride, W / stride).
 
-        ReLU6 clips in place: each clipped tensor is a fresh output that nothing else reads (autograd
-        needs neither it nor, for the batch norm before it, its input's copy), and a new tensor per
-        activation was a quarter of the CPU time of feature caching.
+        ReLU6 clips in place: the tensor it clips is a fresh batch-norm output (a convolution's, once
+        folded) that nothing else reads and that autograd does not keep, and allocating a new tensor
+        per activation took a quarter of the CPU time of feature caching.
         """
         out = x
         if self.expand:
