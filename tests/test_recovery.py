@@ -22,7 +22,7 @@ from test_training import as_flags, tiny_overrides
 from tool_runs import ONE_THREAD, REPO, run_in_process, run_tool
 
 from captioning.config_files import load_config
-from captioning.data.feature_cache import FeatureCache
+from captioning.data.feature_cache import FeatureCache, cache_batch_size
 from captioning.data.records import records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.models.encoders import build_encoder
@@ -35,7 +35,8 @@ __all__ = ["shapes"]  # the module-scoped fixture, shared with test_faults
 
 # ------------------------------------------------------------------ 5. faults lose nothing
 
-CACHE_IMAGES = 224  # 7 batches of 32 at 64 px: a few seconds of caching
+CACHE_IMAGES = 224  # 28 batches of 8 at 64 px on a CPU: a few seconds of caching
+CACHE_BATCH = cache_batch_size(torch.device("cpu"))  # rows the cache computes and writes at a time
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, 
     process.wait()
     assert process.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
     folder, completed = _computed_rows(cache_dir)
-    assert 0 < completed < CACHE_IMAGES and completed % 32 == 0
+    assert 0 < completed < CACHE_IMAGES and completed % CACHE_BATCH == 0
 
     result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
                             env=ONE_THREAD)  # with progress bars
@@ -225,5 +226,5 @@ def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path
                                  str(previous["path"].parent / "features.npy"))
     assert "data.cache_dir" in line
     assert previous["path"].read_bytes() == previous["bytes"]
-    assert len(json.loads(previous["bytes"])["rows"]) == CACHE_IMAGES and _computed_rows(cache_dir)[1] == 32
+    assert len(json.loads(previous["bytes"])["rows"]) == CACHE_IMAGES and _computed_rows(cache_dir)[1] == CACHE_BATCH
     assert not list(cache_dir.glob("*/*.tmp"))

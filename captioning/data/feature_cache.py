@@ -182,7 +182,7 @@ class FeatureCache:
 
     @classmethod
     def build_or_open(cls, directory: str | Path, encoder: Encoder, records: list[ImageRecord],
-                      batch_size: int = 32, device: str | torch.device = "cpu", num_workers: int = 0,
+                      batch_size: int | None = None, device: str | torch.device = "cpu", num_workers: int = 0,
                       progress: bool = True, skip_bad_images: bool = False, rank: int = 0,
                       world_size: int = 1, build: bool = True) -> FeatureCache | None:
         """Open the cache of ``encoder`` over ``records``, computing whatever rows are missing.
@@ -196,9 +196,11 @@ class FeatureCache:
 
         Args:
             directory: the cache folder (each encoder key gets its own sub-directory).
-            encoder: a frozen encoder; it is moved to ``device`` and run in eval mode.
+            encoder: a frozen encoder. It is left as it is: its ``inference_copy()`` (eval mode, batch
+                norms folded) runs on ``device``.
             records: the images; ``cache[i]`` is the grid of ``records[i]``.
-            batch_size: images per forward pass (and per flush of computed rows).
+            batch_size: images per forward pass (and per flush of computed rows); by default
+                ``cache_batch_size(device)``.
             device: where the encoder runs.
             num_workers: DataLoader worker processes reading and transforming images.
             progress: show a tqdm progress bar.
@@ -240,7 +242,8 @@ class FeatureCache:
                     error = caught
             _agree(error, world_size)
             try:
-                computed = builder.compute_share(encoder, batch_size, torch.device(device), num_workers,
+                computed = builder.compute_share(encoder, batch_size or cache_batch_size(torch.device(device)),
+                                                 torch.device(device), num_workers,
                                                  progress, rank, world_size)
             except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
                 error = caught

@@ -16,7 +16,7 @@ from captioning.config import Config, to_dict
 from captioning.config_files import config_json, load_config, save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset, usable_workers
-from captioning.data.feature_cache import FeatureCache, cache_batch_size
+from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.models.captioner import Captioner
@@ -102,7 +102,7 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
     cache = None
     if uses_cache(config):
         cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
-                                           batch_size=cache_batch_size(device), device=device,
+                                           device=device,
                                            num_workers=usable_workers(config.data.num_workers),
                                            progress=progress, skip_bad_images=config.data.skip_bad_images,
                                            rank=group.rank, world_size=group.world_size, build=build_cache)
