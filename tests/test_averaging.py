@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_training import as_flags, data_root, run_train_two_processes, tiny_overrides
+from test_training import as_flags, data_root, one_and_two_process_runs, tiny_overrides
 from tool_runs import in_process
 
 from captioning.config import ConfigError
@@ -161,15 +161,8 @@ def test_a_resume_with_a_damaged_average_is_refused_before_any_work(data_root, t
 
 
 def test_two_processes_keep_the_average_one_process_keeps_with_the_same_global_batch(data_root, tmp_path):
-    common = {"train.ema_decay": 0.5, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8}
-    single = tmp_path / "single"
-    train(load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, single, **common)),
-          progress=False).lock.release()
-    double = tmp_path / "ddp"
-    result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    one = load_checkpoint(single / "checkpoints" / "last.pt")
-    two = load_checkpoint(double / "checkpoints" / "last.pt")
+    one, two = one_and_two_process_runs(data_root, tmp_path, {
+        "train.ema_decay": 0.5, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8})
     assert one["training"]["average"]["updates"] == two["training"]["average"]["updates"] == 3
     for key, value in one["decoder"].items():  # the averages
         torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=1e-5)

@@ -94,6 +94,16 @@ def run_train_two_processes(args: list[str]) -> subprocess.CompletedProcess:
     return run_two_processes(REPO / "train.py", "--no-test", "--no-progress", "--device", "cpu", *args)
 
 
+def one_and_two_process_runs(data_root: Path, tmp_path: Path, overrides: dict) -> tuple[dict, dict]:
+    """``last.pt`` of one tiny run with ``overrides`` in one process and in 2 processes under torchrun."""
+    single, double = tmp_path / "single", tmp_path / "ddp"
+    result = train_in_process(as_flags(tiny_overrides(data_root, single, **overrides)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **overrides)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_checkpoint(single / "checkpoints" / "last.pt"), load_checkpoint(double / "checkpoints" / "last.pt")
+
+
 def test_train_writes_checkpoints_logs_and_history(data_root, tmp_path):
     config = load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, tmp_path / "run"))
     outputs = train(config, progress=False)
@@ -227,15 +237,8 @@ def test_self_critical_training_raises_the_reward():
 
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_root, tmp_path):
-    common = {"train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8}
-    single = tmp_path / "single"
-    result = train_in_process(as_flags(tiny_overrides(data_root, single, **common)))
-    assert result.returncode == 0, result.stderr
-    double = tmp_path / "ddp"
-    result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    one = load_checkpoint(single / "checkpoints" / "last.pt")
-    two = load_checkpoint(double / "checkpoints" / "last.pt")
+    one, two = one_and_two_process_runs(data_root, tmp_path, {"train.max_steps": 3, "model.decoder.dropout": 0.0,
+                                                              "train.batch_size": 8})
     assert one["training"]["state"]["global_step"] == two["training"]["state"]["global_step"] == 3
     start = ShowAttendTellDecoder.from_config(DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16),
                                               one["decoder"]["embedding.weight"].shape[0], 1280)

@@ -14,9 +14,9 @@ import torch
 from test_training import (  # noqa: F401
     as_flags,
     data_root,
+    one_and_two_process_runs,
     read_steps,
     run_train,
-    run_train_two_processes,
     tiny_overrides,
     train_in_process,
 )
@@ -289,15 +289,8 @@ def test_resume_mid_epoch_continues_the_noam_schedule_exactly(trained, data_root
 
 @pytest.mark.slow
 def test_two_process_transformer_training_matches_one_process(data_root, tmp_path):  # noqa: F811
-    common = {**TRANSFORMER, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8}
-    single = tmp_path / "single"
-    result = train_in_process(as_flags(tiny_overrides(data_root, single, **common)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    double = tmp_path / "ddp"
-    result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **common)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    one = load_checkpoint(single / "checkpoints" / "last.pt")
-    two = load_checkpoint(double / "checkpoints" / "last.pt")
+    one, two = one_and_two_process_runs(data_root, tmp_path, {
+        **TRANSFORMER, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8})
     assert one["training"]["state"]["global_step"] == two["training"]["state"]["global_step"] == 3
     assert one["training"]["optimizer"]["param_groups"][0]["lr"] == two["training"]["optimizer"]["param_groups"][0]["lr"]
     # Adam turns rounding differences of near-zero gradients (feature channels that are almost always
