@@ -156,6 +156,16 @@ def test_the_readme_runs_every_tool_and_keeps_its_sections_in_order() -> None:
     assert "pytest" in readme and 'pytest -m "not slow"' in readme
 
 
+
+def test_the_readmes_links_and_images_reach_files_of_the_repository() -> None:
+    # mkdocs checks the pages under docs/; the README lies outside them.
+    tokens = MarkdownIt("commonmark").parse((REPO / "README.md").read_text(encoding="utf-8"))
+    targets = [child.attrGet("href") or child.attrGet("src") for token in tokens if token.type == "inline"
+               for child in token.children or [] if child.type in ("link_open", "image")]
+    local = [str(target).split("#")[0] for target in targets if "://" not in str(target)]
+    assert "docs/shapes_attention.png" in local and "docs/coco.md" in local
+    assert not [target for target in local if not (REPO / target).is_file()]
+
 def test_the_checks_find_a_wrong_flag_a_wrong_key_and_an_unlabelled_block() -> None:
     page = ("```bash\npython train.py --epochs 2 --set train.bogus=1 && \\\n"
             "    OMP_NUM_THREADS=1 python evaluate.py --checkpoint a.pt --nope  # comment\n"
