@@ -20,8 +20,9 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
-from captioning.training import distributed
-from captioning.training.run import RunOutputs, best_checkpoint, cache_features, resolve_device, train
+from captioning.runtime import distributed
+from captioning.runtime.device import resolve_device
+from captioning.training.run import RunOutputs, best_checkpoint, cache_features, train
 
 
 def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, outputs: RunOutputs,

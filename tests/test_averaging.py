@@ -9,8 +9,8 @@ from tool_runs import in_process
 
 from captioning.config import ConfigError
 from captioning.config_files import load_config
+from captioning.runtime.checkpoint import CheckpointError, load_checkpoint
 from captioning.training.averaging import WeightAverage, trainable_parameters
-from captioning.training.checkpoint import CheckpointError, load_checkpoint
 from captioning.training.resume_state import check_average_state
 from captioning.training.run import train
 

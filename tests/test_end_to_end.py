@@ -18,7 +18,7 @@ from tool_runs import in_process
 from captioning.config_files import load_config
 from captioning.evaluation.metrics import METRICS
 from captioning.evaluation.signature import decode_description, file_hash, parse_signature
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

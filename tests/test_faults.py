@@ -35,8 +35,8 @@ from captioning.data.records import records_of_split
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
-from captioning.training.checkpoint import load_checkpoint, save_checkpoint
-from captioning.training.distributed import ProcessGroup
+from captioning.runtime.checkpoint import load_checkpoint, save_checkpoint
+from captioning.runtime.distributed import ProcessGroup
 from captioning.training.run import prepare_run
 
 SHAPES_YAML = REPO / "configs" / "shapes.yaml"

@@ -28,7 +28,7 @@ from test_training import as_flags, tiny_overrides
 from tool_runs import ONE_THREAD, REPO, in_process, run_in_process, run_tool
 
 from captioning.run_folder import RunLock
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes"]  # the module-scoped fixture of test_faults

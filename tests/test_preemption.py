@@ -20,7 +20,7 @@ from test_training import as_flags, data_root, read_steps, tiny_overrides
 from tool_runs import in_process
 
 from captioning.config_files import load_config
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]

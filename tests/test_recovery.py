@@ -26,8 +26,8 @@ from captioning.data.feature_cache import FeatureCache, cache_batch_size
 from captioning.data.records import records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.models.encoders import build_encoder
-from captioning.training import checkpoint as checkpoint_module
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime import checkpoint as checkpoint_module
+from captioning.runtime.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes"]  # the module-scoped fixture, shared with test_faults

@@ -57,7 +57,7 @@ from captioning.data.datasets import CaptionDataset
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.training import distributed
+from captioning.runtime import distributed
 from captioning.training.trainer import validation_scores
 
 group = distributed.init_from_environment("cpu")

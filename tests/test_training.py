@@ -20,8 +20,8 @@ from captioning.config_files import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.metrics import CiderDScorer
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training import engine
-from captioning.training.checkpoint import load_checkpoint
 from captioning.training.engine import NonFiniteLossError, rollout, scst_loss
 from captioning.training.run import train
 
@@ -58,8 +58,9 @@ def data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shapes")
     config = load_config(REPO / "configs" / "shapes.yaml",
                          tiny_overrides(root, tmp_path_factory.mktemp("warmup"), **{"train.epochs": 0}))
-    from captioning.training.distributed import ProcessGroup
-    from captioning.training.run import prepare_run, resolve_device
+    from captioning.runtime.device import resolve_device
+    from captioning.runtime.distributed import ProcessGroup
+    from captioning.training.run import prepare_run
 
     prepare_run(config, root, None, False, ProcessGroup(), resolve_device("cpu"))
     return root
@@ -260,7 +261,7 @@ import torch
 from captioning.config import DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.training import distributed
+from captioning.runtime import distributed
 from captioning.training.engine import TrainState, train_one_epoch
 
 out = Path(sys.argv[1])

@@ -37,7 +37,7 @@ from captioning.evaluation.runner import (
 )
 from captioning.models.base import AttentionView
 from captioning.models.transformer import TransformerDecoder
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training.engine import scst_loss
 from captioning.training.optim import noam_factor
 

@@ -22,7 +22,7 @@ from captioning.config import (
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.training.checkpoint import load_checkpoint, save_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint, save_checkpoint
 from captioning.visualization.api import visualization_config, visualize_images
 
 ROOT = Path(__file__).resolve().parent.parent

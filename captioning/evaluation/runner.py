@@ -23,15 +23,14 @@ from captioning.evaluation.metrics import EvaluationInputError, score_captions
 from captioning.evaluation.signature import make_signature
 from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
-from captioning.training.checkpoint import (
+from captioning.runtime.checkpoint import (
     CheckpointError,
     checkpoint_config,
     load_checkpoint,
     load_state_checked,
 )
-from captioning.training.engine import EpochBatches, generate_captions
-from captioning.training.plan import check_splits
-from captioning.training.run import caption_dataset, uses_cache
+from captioning.runtime.inference import EpochBatches, generate_captions
+from captioning.runtime.inputs import caption_dataset, check_splits, uses_cache
 
 
 @dataclass

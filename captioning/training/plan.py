@@ -14,22 +14,6 @@ from captioning.training.engine import steps_per_epoch
 STAGE_NAMES = {"xe": "cross-entropy", "scst": "self-critical"}
 
 
-def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[str]) -> Counter[str]:
-    """Images per split, after checking that every split in ``needed`` has some.
-
-    Raises:
-        DatasetError: naming the empty split and the splits there are.
-    """
-    counts = Counter(record.split for record in records)
-    for split in needed:
-        if not counts[split]:
-            have = ", ".join(f"{name or '(none)'} {count}" for name, count in sorted(counts.items())) or "no images"
-            hint = ("; train.py scores the test split after training: give data with one, or pass --no-test"
-                    if split == "test" else "")
-            raise DatasetError(f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}")
-    return counts
-
-
 def check_images_exist(records: Sequence[ImageRecord], skip_bad_images: bool) -> None:
     """Every image file is there (unless unreadable images are to be skipped), before any is read.
 

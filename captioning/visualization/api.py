@@ -160,7 +160,7 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
     from captioning.evaluation.runner import caption_records, load_captioner, split_records
-    from captioning.training.run import resolve_device
+    from captioning.runtime.device import resolve_device
     from captioning.visualization.report import write_figures, write_report
 
     torch_device = resolve_device(device)
