@@ -23,6 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from captioning.cli import add_import_argument
+
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,6 +72,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    add_import_argument(parser)
     return parser
 
 

@@ -31,6 +31,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed Python's, NumPy's and torch's generators; ``deterministic`` also asks torch for deterministic
+    algorithms (warning where there is none) and turns off cuDNN's benchmark search."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -39,6 +39,7 @@ class EpochBatches:
 
 
 def move(batch: dict, device: torch.device) -> dict:
+    """The batch with each tensor on ``device`` (copied asynchronously); other values as they are."""
     return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 

@@ -24,6 +24,7 @@ def feature_cache_dir(config: Config, output_dir: Path) -> Path:
 
 
 def uses_cache(config: Config) -> bool:
+    """Whether a run reads cached grids: ``data.use_cache`` with a frozen encoder (no stage fine-tuned)."""
     return config.data.use_cache and config.model.encoder.fine_tune_stages == 0
 
 
