@@ -69,6 +69,7 @@ def official_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return work, train(work, "official", **OFFICIAL, **INSTANCES_VAL)
 
 
+@pytest.mark.slow
 def test_the_official_caption_files_train_and_score_a_held_out_test_split(official_run):
     work, result = official_run
     assert result.returncode == 0, result.stderr
@@ -160,6 +161,7 @@ def test_instances_take_one_file_or_several_and_old_configurations_load():
     assert from_dict({"data": {"instances": "instances_val2014.json"}}).data.instances == ("instances_val2014.json",)
 
 
+@pytest.mark.slow
 def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
     write_coco_tree(tmp_path / "data" / "coco")
     fresh = train(tmp_path, "run", "--no-test", "--epochs", "2")

@@ -21,6 +21,8 @@ from captioning.evaluation.signature import decode_description, file_hash, parse
 from captioning.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
+# Every test here uses the shortened demo run (the module fixture): the whole file is in the slow tier.
+pytestmark = pytest.mark.slow
 
 SHORT_DEMO = {
     "data.shapes_train": 48, "data.shapes_val": 8, "data.shapes_test": 8, "data.shapes_image_size": 96,

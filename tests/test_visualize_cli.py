@@ -64,6 +64,7 @@ def run_script(*arguments: str | Path) -> subprocess.CompletedProcess:
     return in_process("visualize.py", *arguments, "--no-progress", cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     out_dir, report = tmp_path / "figures", tmp_path / "report.html"
     result = run_script(*odd_images, "--checkpoint", checkpoint, "--out-dir", out_dir, "--html", report)
@@ -115,6 +116,7 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         assert "model.decoder.gate: only data.* and decode.*" in error[0]
 
 
+@pytest.mark.slow
 def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path):
     result = visualize_images(checkpoint, split="val", num=3, out_dir=tmp_path / "figures", mode="gaussian",
                               file_format="pdf", html=tmp_path / "val.html", progress=False)
