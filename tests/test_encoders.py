@@ -24,6 +24,7 @@ def _random_backbone(name: str) -> encoders.Backbone:
     return ENCODERS[name]("none")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid_size", [0, 2])
 @pytest.mark.parametrize("name", sorted(ENCODERS))
 def test_reported_shapes_match_output(name: str, grid_size: int) -> None:
@@ -265,6 +266,7 @@ def test_a_grid_finer_than_the_native_one_is_refused():
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=224, grid_size=14))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["efficientnet_lite0", "resnet50", "efficientnet_b0"])
 def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_features(name: str) -> None:
     torch.manual_seed(0)
@@ -289,6 +291,7 @@ def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_feature
     assert all(torch.equal(value, before[key]) for key, value in encoder.state_dict().items())
 
 
+@pytest.mark.slow
 def test_the_folded_lite0_still_recognises_real_photos(lite0: Encoder) -> None:
     skimage_data = pytest.importorskip("skimage.data")
     images = torch.stack([lite0.transform(Image.fromarray(skimage_data.chelsea())),

@@ -55,6 +55,7 @@ def _computed_rows(cache_dir: Path) -> tuple[Path, int] | None:
     return None
 
 
+@pytest.mark.slow
 def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, tmp_path):
     cache_dir = tmp_path / "cache"
     flags = as_flags({**cache_shapes.overrides, "data.cache_dir": cache_dir, "train.output_dir": tmp_path / "run"})
@@ -115,6 +116,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(shapes, tmp_path):
     run = tmp_path / "run"
     flags = ["--no-test", "--no-progress", *as_flags(tiny_overrides(shapes.root, run, **{

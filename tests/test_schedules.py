@@ -26,6 +26,7 @@ def test_cosine_warms_up_linearly_then_decays_to_near_zero():
     assert 0 < factors[-1] < 1e-3  # the last step still moves the weights, a little
 
 
+@pytest.mark.slow
 def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, tmp_path):  # noqa: F811
     flags = as_flags(tiny_overrides(data_root, tmp_path / "whole", **COSINE))
     result = train_in_process(flags)
