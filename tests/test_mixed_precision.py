@@ -34,6 +34,7 @@ def _losses(root, output_dir, amp: str) -> list[float]:
     return [step["loss"] for step in read_steps(output_dir)]
 
 
+@pytest.mark.slow
 def test_bf16_training_on_cpu_lowers_the_loss_and_follows_float32(shapes_root, tmp_path):
     full = _losses(shapes_root, tmp_path / "fp32", "none")
     half = _losses(shapes_root, tmp_path / "bf16", "bf16")

@@ -25,6 +25,7 @@ EPOCH_LINE = re.compile(r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\
                         r"([\d.]+)  CIDEr-D", re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_cross_entropy_and_attention_penalty_are_logged_apart(data_root, tmp_path):  # noqa: F811
     run = tmp_path / "run"
     result = train_in_process(as_flags(tiny_overrides(data_root, run, **{"model.decoder.doubly_stochastic": 0.5})))
