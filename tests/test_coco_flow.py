@@ -119,6 +119,7 @@ def test_a_missing_image_is_refused_before_any_image_is_cached(tmp_path):
                                    "image file not found (1 of 24 images are missing", "set data.root=")
 
 
+@pytest.mark.slow
 def test_evaluate_grounds_the_images_its_instances_files_cover_and_keeps_the_captions(official_run):
     work, _ = official_run
     only_val = tool(work, "evaluate.py", "--checkpoint", "official/checkpoints/best.pt", "--split", "train",
@@ -138,6 +139,7 @@ def test_evaluate_grounds_the_images_its_instances_files_cover_and_keeps_the_cap
                and number.replace(".", "").replace(",", "").isdigit())
 
 
+@pytest.mark.slow
 def test_a_checkpoint_used_from_another_folder_names_the_key_to_set(official_run, tmp_path):
     work, _ = official_run
     result = tool(tmp_path, "evaluate.py", "--checkpoint", work / "official" / "checkpoints" / "best.pt",

@@ -62,6 +62,7 @@ def _batch_norms(module: nn.Module) -> list[nn.BatchNorm2d]:
     return [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
 
 
+@pytest.mark.slow
 def test_set_trainable_unfreezes_last_stages_and_keeps_frozen_batchnorm_in_eval() -> None:
     encoder = build_encoder(EncoderConfig(name="resnet50", weights="none", image_size=64, grid_size=2,
                                           fine_tune_stages=2))

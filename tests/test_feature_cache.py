@@ -130,6 +130,7 @@ def test_built_once_then_reused(tmp_path: Path, encoder: Encoder, records, refer
     np.testing.assert_array_equal(pickle.loads(pickled)[3], cache[3])
 
 
+@pytest.mark.slow
 def test_changed_encoder_makes_new_caches(tmp_path: Path, encoder: Encoder, records) -> None:
     first = _build(tmp_path, encoder, records)
     bigger = _build(tmp_path, _encoder(image_size=96), records)
@@ -140,6 +141,7 @@ def test_changed_encoder_makes_new_caches(tmp_path: Path, encoder: Encoder, reco
     assert not np.array_equal(bigger[0], first[0])
 
 
+@pytest.mark.slow
 def test_resumes_after_interruption(tmp_path: Path, encoder: Encoder, records, reference,
                                     monkeypatch) -> None:
     _interrupt_at_image(monkeypatch, 6)  # during the second batch

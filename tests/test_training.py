@@ -174,6 +174,7 @@ def _poison_after(monkeypatch, step: int) -> None:
     monkeypatch.setattr(engine, "caption_loss", poisoned)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_without_writing_a_checkpoint(data_root, tmp_path, monkeypatch):
     config = load_config(REPO / "configs" / "shapes.yaml",
                          tiny_overrides(data_root, tmp_path / "run", **{"train.checkpoint_every": 2}))
@@ -381,6 +382,7 @@ def test_a_new_run_refuses_a_folder_holding_another_runs_checkpoints(data_root, 
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_configuration(data_root, tmp_path):
     run = tmp_path / "run"
     flags = as_flags(tiny_overrides(data_root, run, **{"train.max_steps": 2}))

@@ -132,6 +132,7 @@ def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path
     assert str(result.report) in result.summary()
 
 
+@pytest.mark.slow
 def test_image_figures_panel_count(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     duplicate = tmp_path / "again" / "wide.png"
     duplicate.parent.mkdir()
