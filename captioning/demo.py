@@ -112,24 +112,27 @@ def _examples() -> list[str]:
     return [str(path) for path in sorted((files.root / "test").glob("*.png"))]
 
 
+def _refuse_non_images(gr: Any, image: Any) -> None:
+    """Make ``image`` (a ``gr.Image``) refuse an upload PIL cannot read with ``load_image``'s one-line
+    message; gradio's own would be a bare "Error". Set on the instance: a subclass of a gradio component
+    makes gradio write a ``.pyi`` stub beside the module that defines it."""
+    preprocess = image.preprocess
+
+    def checked(payload: Any) -> Any:
+        if payload is not None and getattr(payload, "path", None):
+            try:
+                load_image(payload.path)
+            except ImageError as error:
+                raise gr.Error(_message(error, payload.path, payload.orig_name), print_exception=False) from None
+        return preprocess(payload)
+
+    image.preprocess = checked
+
+
 def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     """The Gradio ``Blocks`` of the demo for ``model``; its API endpoint is ``/caption``
     (image file, strategy, beam size) -> (caption, figure, overlays)."""
     gr = _gradio()
-
-    class Picture(gr.Image):
-        """``gr.Image`` that refuses an upload PIL cannot read with ``load_image``'s one-line message
-        (gradio's own would be a bare "Error")."""
-
-        is_template = True  # drawn by the frontend's Image component
-
-        def preprocess(self, payload: Any) -> Any:
-            if payload is not None and getattr(payload, "path", None):
-                try:
-                    load_image(payload.path)
-                except ImageError as error:
-                    raise gr.Error(_message(error, payload.path, payload.orig_name), print_exception=False) from None
-            return super().preprocess(payload)
 
     def run(path: str | None, strategy: str, beam_size: float) -> tuple:
         if not path:
@@ -144,8 +147,9 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
         gr.Markdown(f"## Image captioning with visual attention\n`{model!r}`")
         with gr.Row():
             with gr.Column():
-                image = Picture(type="filepath", image_mode=None, label="image", sources=["upload", "clipboard"],
-                                elem_id="image")
+                image = gr.Image(type="filepath", image_mode=None, label="image", sources=["upload", "clipboard"],
+                                 elem_id="image")
+                _refuse_non_images(gr, image)
                 strategy = gr.Radio(["beam", "greedy"], value="greedy" if decode.strategy == "greedy" else "beam",
                                     label="decoding", elem_id="strategy")
                 beam_size = gr.Slider(1, 10, value=min(decode.beam_size, 10), step=1, label="beam size",
