@@ -89,7 +89,10 @@ def save_pretrained(model: CaptioningModel, folder: str | Path) -> Path:
 
 
 def _write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda temporary: temporary.write_text(text + "\n", encoding="utf-8"))
+    def write(temporary: Path) -> None:
+        temporary.write_text(text + "\n", encoding="utf-8")
+
+    atomic_write(path, write)
 
 
 def known_scores(source: str | Path) -> dict[str, Any] | None:
@@ -135,6 +138,11 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
+    checkpoints = sorted((folder / CHECKPOINTS).glob("*.pt")) if not (folder / CONFIG).exists() else []
+    if checkpoints:
+        best = folder / CHECKPOINTS / "best.pt"
+        raise CheckpointError(f"{folder}: a run folder, not a model folder: give one of its checkpoints, e.g. "
+                              f"{best if best in checkpoints else checkpoints[0]}")
     description = _read_json(folder, CONFIG)
     if not isinstance(description, dict) or description.get("format") != FORMAT:
         raise CheckpointError(f"{folder / CONFIG}: not a captioning model folder (no \"format\": \"{FORMAT}\"; "

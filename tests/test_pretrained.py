@@ -116,6 +116,10 @@ def _bad_folders(folder: Path, tmp_path: Path) -> list[tuple[Path, str]]:
     empty = tmp_path / "empty"
     empty.mkdir()
     cases.append((empty, r"empty/config\.json: file not found \(not a captioning model folder"))
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.pt").write_bytes(b"")
+    cases.append((run, r"run: a run folder, not a model folder: give one of its checkpoints, e\.g\. .*best\.pt"))
     unfit = copy("unfit")
     _edit_json(unfit / "config.json", lambda d: d["config"]["model"]["decoder"].update(hidden_dim=24))
     cases.append((unfit, r"unfit: decoder weights do not fit the model configuration: shape"))
