@@ -179,6 +179,9 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
 def _read_json(folder: Path, name: str) -> Any:
     path = folder / name
     problem = not_a_regular_file(path) or (None if path.exists() else "file not found")
+    if name == CONFIG and not path.exists():
+        raise CheckpointError(f"{folder}: a folder but not a model folder: no {CONFIG} (save_pretrained writes "
+                              "config.json, vocab.json, model.safetensors and README.md)")
     if problem:
         what = "not a captioning model folder" if name == CONFIG else "incomplete model folder"
         raise CheckpointError(f"{path}: {problem} ({what}: save_pretrained writes config.json, vocab.json, "

@@ -115,7 +115,7 @@ def _bad_folders(folder: Path, tmp_path: Path) -> list[tuple[Path, str]]:
     cases.append((foreign, r"bert/config\.json: not a captioning model folder"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    cases.append((empty, r"empty/config\.json: file not found \(not a captioning model folder"))
+    cases.append((empty, r"empty: a folder but not a model folder: no config\.json"))
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "best.pt").write_bytes(b"")
