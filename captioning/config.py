@@ -213,6 +213,7 @@ class TrainConfig:
     scst_lr: float = 2e-5  # learning rate of the self-critical stage (a fine-tuned encoder's: encoder_lr * scst_lr / lr)
     scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
     scst_samples: int = 5  # sampled captions per image
+    scst_reward_eos: bool = True  # the CIDEr-D reward counts <end> as a word (Rennie et al.); false: earlier versions' reward
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 0, f"train.epochs must be >= 0, got {self.epochs}")
