@@ -28,6 +28,8 @@ def _check(condition: bool, message: str) -> None:
 SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
 PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
 VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D")
+# CHAIR's word tables: the authors' released table and rules, or this project's extended one.
+CHAIR_TABLES = ("released", "extended")
 
 
 def _one_of(name: str, value: Any, choices: tuple) -> None:
@@ -43,6 +45,7 @@ class DataConfig:
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
+    chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s table and rules) | extended (this project's)
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
@@ -60,6 +63,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _one_of("data.dataset", self.dataset, ("shapes", "karpathy", "coco", "folder"))
+        _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")

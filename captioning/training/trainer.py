@@ -93,7 +93,8 @@ RESUMABLE_KEYS = frozenset([
     "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
     "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
     "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
-    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images", "train.resume",
+    "data.annotations", "data.instances", "data.chair_table", "data.num_workers", "data.use_cache",
+    "data.skip_bad_images", "train.resume",
 ])
 RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline",
                                    "train.scst_reward_eos"])
