@@ -103,6 +103,8 @@ class DecoderConfig:
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
+    init_layers: int = 1  # LSTM: layers of the h_0/c_0 MLP; 2 as the authors' COCO script (an extra C->C ReLU layer)
+    output_tanh: bool = False  # LSTM: tanh over equation 7's sum before the output layer, as the authors' code
     dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
     doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (README: "What lambda means")
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
@@ -138,6 +140,11 @@ class DecoderConfig:
             _check(self.attention_dim % self.num_heads == 0,
                    "model.decoder.attention_dim must be divisible by model.decoder.num_heads")
         _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
+        _check(self.init_layers >= 1, f"model.decoder.init_layers must be >= 1, got {self.init_layers}")
+        _check(not self.output_tanh or self.deep_output, "model.decoder.output_tanh needs model.decoder.deep_output")
+        if self.kind == "transformer":
+            _check(self.init_layers == 1 and not self.output_tanh,
+                   "model.decoder.init_layers and output_tanh are LSTM options (kind lstm)")
         for name in ("doubly_stochastic", "hard_reinforce", "hard_entropy"):
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, f"model.decoder.{name} must be finite and >= 0, got {value}")
