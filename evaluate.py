@@ -25,6 +25,8 @@ from pathlib import Path
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    from captioning.config import CHAIR_TABLES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("what to evaluate")
     source.add_argument("--checkpoint", type=Path,
@@ -61,6 +63,10 @@ def get_args_parser() -> argparse.ArgumentParser:
                          help="COCO instances JSON files with boxes: attention grounding and object hallucination "
                               "(CHAIR-i, CHAIR-s) on the images they cover (default: the checkpoint's "
                               "data.instances; Shapes: automatic)")
+    scoring.add_argument("--chair-table", choices=CHAIR_TABLES,
+                         help="CHAIR's word table: released (Rohrbach et al.'s table and rules, as published CHAIR "
+                              "numbers count) or extended (this project's); default: the checkpoint's "
+                              "data.chair_table, else released")
     scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
     scoring.add_argument("--java-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "
