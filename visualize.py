@@ -23,13 +23,20 @@ def get_args_parser() -> argparse.ArgumentParser:
                "  python visualize.py photo.jpg --checkpoint runs/shapes/checkpoints/best.pt\n"
                "  python visualize.py a.jpg b.png --checkpoint best.pt --mode gaussian --format pdf --html a.html\n"
                "  python visualize.py --split val --num 20 --checkpoint best.pt --html val.html\n"
-               "  python visualize.py photo.jpg --checkpoint best.pt --layer 1 --head 3   # one head of a Transformer")
+               "  python visualize.py photo.jpg --checkpoint best.pt --layer 1 --head 3   # one head of a Transformer\n"
+               "  python visualize.py photo.jpg --checkpoint best.pt --normalize word --cmap jet   # the old look")
     parser.add_argument("images", nargs="*", type=Path, metavar="IMAGE", help="image files to caption")
     parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train.py")
     parser.add_argument("--out-dir", type=Path, default=Path("visualizations"),
                         help="figure folder (default: ./visualizations)")
     parser.add_argument("--mode", choices=("bilinear", "gaussian"), default="bilinear",
                         help="attention upsampling: smooth bilinear, or blocks blurred as in the paper")
+    parser.add_argument("--normalize", choices=("figure", "absolute", "word"), default="figure",
+                        help="colour scale: one for all words of a figure, 0 to its largest weight (default); "
+                             "absolute, 0 to 1; or word, each map to its own peak (a flat map looks as hot as a "
+                             "sharp one)")
+    parser.add_argument("--cmap", default="viridis",
+                        help="matplotlib colour map of the overlays (default: viridis; jet for the old look)")
     parser.add_argument("--format", dest="file_format", choices=("png", "pdf", "svg"), default="png",
                         help="figure file format")
     parser.add_argument("--html", type=Path, default=None, help="also write an interactive HTML report here")
@@ -57,7 +64,7 @@ def main(args: argparse.Namespace) -> None:
         args.checkpoint, args.images, split=args.split, num=args.num, data_config=args.config,
         overrides=args.overrides, out_dir=args.out_dir, mode=args.mode, file_format=args.file_format,
         html=args.html, beam_size=args.beam_size, device=args.device, layer=args.layer, head=args.head,
-        progress=not args.no_progress)
+        progress=not args.no_progress, normalize=args.normalize, cmap=args.cmap)
     print(result.summary())
 
 

@@ -51,7 +51,8 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
         from captioning.visualization.report import write_figures_and_report
 
         written = write_figures_and_report(model, captioned[:figures], output_dir / "figures",
-                                           output_dir / "report.html", attention_label=model.decoder.describe_attention())
+                                           output_dir / "report.html", attention_label=model.decoder.describe_attention(),
+                                           boxes=boxes)
         outputs.files.update(written)
     return scores
 

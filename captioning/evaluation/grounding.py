@@ -157,6 +157,26 @@ class WordMatcher:
         return sorted(found.items())
 
 
+def word_boxes(words: Sequence[str], image_id: int, instances: Instances | None,
+               matcher: WordMatcher | None = None) -> list[list[tuple[float, float, float, float]]]:
+    """The ground-truth boxes each word of a caption names (as grounding measures them), for drawing.
+
+    Args:
+        words: the caption's T words.
+        image_id: the image's id in ``instances``.
+        instances: the boxes (:func:`load_instances`); None or an image it does not cover gives no boxes.
+        matcher: decides which words name which objects (default: the COCO table with ``color``).
+    Returns:
+        T lists of (x, y, width, height) boxes in the image's pixels; empty for most words.
+    """
+    boxes: list[list[tuple[float, float, float, float]]] = [[] for _ in words]
+    if instances is None or image_id not in instances.image_sizes:
+        return boxes
+    for index, named in (matcher or WordMatcher()).mentions(words, instances.objects.get(image_id, [])):
+        boxes[index] = [obj.bbox for obj in named if obj.bbox[2] > 0 and obj.bbox[3] > 0]
+    return boxes
+
+
 def box_coverage(boxes: Sequence[tuple[float, float, float, float]], image_size: tuple[float, float],
                  grid: tuple[int, int]) -> np.ndarray:
     """Fraction of each grid cell's area covered by the union of ``boxes``.
