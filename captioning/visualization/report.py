@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
     from captioning.models.captioner import Captioner
 
-_STYLE = """
+VIEWER_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
 h1 { font-size: 20px; margin: 0 0 4px; }
 p.note { margin: 0 0 16px; color: #555; font-size: 13px; }
@@ -58,7 +58,7 @@ body.js .stage .map.shown { visibility: visible; }
 
 _BOX_RGBA = (255, 77, 77, 255)
 
-_SCRIPT = """
+VIEWER_SCRIPT = """
 document.body.classList.add("js");
 function show(item, id) {
   for (const map of item.querySelectorAll(".map")) map.classList.toggle("shown", map.id === id);
@@ -108,15 +108,23 @@ def _overlay(heat: np.ndarray, cmap: str, alpha: float, boxes: Sequence[Box], sc
     if boxes:
         picture = Image.fromarray(rgba)
         draw = ImageDraw.Draw(picture)
+        line = max(1, round(max(heat.shape) / 150))  # about 2 pixels wide once shown at 300 pixels
         for x, y, w, h in boxes:
             draw.rectangle((x * scale[0], y * scale[1], (x + w) * scale[0], (y + h) * scale[1]),
-                           outline=_BOX_RGBA, width=2)
+                           outline=_BOX_RGBA, width=line)
         rgba = np.asarray(picture)
     return rgba
 
 
-def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
-               max_side: int | None, normalize: str = "figure", boxes: Instances | None = None) -> str:
+def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
+              max_side: int | None, normalize: str = "figure", boxes: Instances | None = None,
+              map_side: int | None = None) -> str:
+    """One image's section: the picture, one overlay per word (shown by its word's link), references.
+
+    ``map_side``: the overlays are drawn at most this long (the page stretches them over the
+    picture, smoothly), which keeps a page of many images small; None draws them at the picture's size.
+    Word ``t``'s overlay has the id ``img{index}-w{t}``; the section's id is ``img{index}``.
+    """
     image = load_image(item.record.path)
     scale = 1.0, 1.0
     width, height = display_size(image.size, max_side)
@@ -124,7 +132,10 @@ def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cm
         scale = width / image.size[0], height / image.size[1]
         image = image.resize((width, height), Image.Resampling.BICUBIC)
     words = list(item.words)
-    weights = upsample_attention(item.caption.attention, grid, (height, width), mode, normalize=False)  # (T, H, W)
+    map_width, map_height = display_size((width, height), map_side)
+    scale = scale[0] * map_width / width, scale[1] * map_height / height
+    weights = upsample_attention(item.caption.attention, grid, (map_height, map_width), mode,
+                                 normalize=False)  # (T, h, w)
     tops = [top for _, top in display_range(item.caption.attention, normalize)]
     peaks, entropies = attention_statistics(item.caption.attention)
     named = word_boxes(words, item.record.image_id, boxes)
@@ -174,12 +185,12 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
         ``path``. Word ``t`` of item ``i`` can be selected with the fragment ``#img{i}-w{t}``.
     """
     path = Path(path)
-    sections = [_item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes) for i, item in enumerate(items)]
+    sections = [item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes) for i, item in enumerate(items)]
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
-            f"<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
+            f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
             '<p class="note">Hover over or click a word to see the attention map that produced it'
             + (f" ({html.escape(attention_label)})" if attention_label else "") + '.</p>\n'
-            + "\n".join(sections) + f"\n<script>\n{_SCRIPT}\n</script>\n</body>\n</html>\n")
+            + "\n".join(sections) + f"\n<script>\n{VIEWER_SCRIPT}\n</script>\n</body>\n</html>\n")
     # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
     atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))
     return path
