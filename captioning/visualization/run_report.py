@@ -11,6 +11,7 @@ row's image opens its caption word by word, each word showing the attention map 
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 import math
@@ -42,13 +43,14 @@ h2.part { font-size: 16px; margin: 20px 0 8px; border-bottom: 1px solid #ddd; }
 dl.facts { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 13px; margin: 0; }
 dl.facts dt { color: #555; } dl.facts dd { margin: 0; font-family: monospace; word-break: break-all; }
 pre { font-size: 12px; background: #f6f6f6; padding: 8px; overflow: auto; max-height: 420px; }
-table.images { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
-table.images th, table.images td { border-bottom: 1px solid #e4e4e4; padding: 3px 8px; text-align: left; }
-table.images td.number { text-align: right; font-variant-numeric: tabular-nums; }
+table.images, table.epochs { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+table.images th, table.images td, table.epochs th, table.epochs td { border-bottom: 1px solid #e4e4e4;
+  padding: 3px 8px; text-align: left; }
+td.number { text-align: right; font-variant-numeric: tabular-nums; }
 table.images th button { font: inherit; font-weight: bold; border: none; background: none; cursor: pointer; padding: 0; }
 table.images th[aria-sort="ascending"] button::after { content: " \\25B2"; }
 table.images th[aria-sort="descending"] button::after { content: " \\25BC"; }
-.curves svg { max-width: 100%; height: auto; }
+img.curves { max-width: 100%; height: auto; display: block; }
 .item { display: none; border-top: 2px solid #333; padding-top: 8px; }
 .item.open, body:not(.js) .item:target, body:not(.js) .item:has(:target) { display: block; }
 """.strip()
@@ -92,8 +94,8 @@ def _number(value: Any) -> float | None:
         else None
 
 
-def curves_svg(history: Sequence[Mapping[str, Any]]) -> str:
-    """Training and validation curves per epoch as one inline SVG (empty without epochs).
+def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
+    """Training and validation curves per epoch as one PNG (empty without epochs).
 
     Losses (keys naming a loss, cross-entropy or penalty) on the left, every other number (the
     validation scores, SCST's reward) on the right; a dotted line marks where a stage begins.
@@ -102,9 +104,8 @@ def curves_svg(history: Sequence[Mapping[str, Any]]) -> str:
         history: the ``epochs`` of ``history.json``: ``{"stage", "epoch", "train_loss", "val_CIDEr-D", ...}``.
     """
     if not history:
-        return ""
-    keys = [key for key in dict.fromkeys(k for record in history for k in record)
-            if key not in _NOT_CURVES and any(_number(record.get(key)) is not None for record in history)]
+        return b""
+    keys = curve_keys(history)
     losses = [key for key in keys if any(word in key for word in ("loss", "cross_entropy", "penalty"))]
     panels = [("loss", losses), ("validation scores and rewards", [key for key in keys if key not in losses])]
     figure = Figure(figsize=(10, 3.4))
@@ -127,10 +128,30 @@ def curves_svg(history: Sequence[Mapping[str, Any]]) -> str:
         if names:
             ax.legend(fontsize=7)
     figure.tight_layout()
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", metadata={"Date": None})  # the same history, the same page
-    text = buffer.getvalue()
-    return text[text.index("<svg"):]  # inline: without the XML prolog and doctype
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
+def curve_keys(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The history's keys that are drawn as curves, in their first appearance's order."""
+    return [key for key in dict.fromkeys(k for record in history for k in record)
+            if key not in _NOT_CURVES and any(_number(record.get(key)) is not None for record in history)]
+
+
+def _history_html(history: Sequence[Mapping[str, Any]]) -> str:
+    """The curves as a PNG, and their numbers in a table under it."""
+    if not history:
+        return '<p class="note">no epoch history</p>'
+    keys = curve_keys(history)
+    picture = base64.b64encode(curves_png(history)).decode("ascii")
+    head = "".join(f"<th>{html.escape(key)}</th>" for key in ["stage", "epoch", *keys])
+    rows = "".join("<tr>" + f"<td>{html.escape(str(record.get('stage', '')))}</td>"
+                   f"<td>{html.escape(str(record.get('epoch', '')))}</td>"
+                   + "".join(_cell(record.get(key)) for key in keys) + "</tr>" for record in history)
+    return (f'<img class="curves" alt="training and validation curves per epoch" src="data:image/png;base64,{picture}">'
+            f'<details><summary>the numbers</summary><table class="epochs"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{rows}</tbody></table></details>")
 
 
 def _scores_html(scores: Mapping[str, Any], images: int) -> str:
@@ -202,7 +223,6 @@ def write_run_report(path: str | Path, items: Sequence[Captioned], grid: tuple[i
              ("colours", f"{cmap}, scale: {normalize}")]
     sections = [item_html(i, item, grid, mode, cmap, 0.6, max_side, normalize, boxes, map_side)
                 for i, item in enumerate(items)]
-    curves = curves_svg(history)
     page = "\n".join([
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
         f"<title>{html.escape(title)}</title>\n<style>\n{VIEWER_STYLE}\n{_STYLE}\n</style>\n</head>\n<body>",
@@ -213,7 +233,7 @@ def write_run_report(path: str | Path, items: Sequence[Captioned], grid: tuple[i
            if config_text else "") + "</section>",
         f'<section class="run" id="scores"><h2 class="part">Test scores</h2>{_scores_html(scores, scored)}</section>',
         '<section class="run curves" id="curves"><h2 class="part">Training and validation per epoch</h2>'
-        + (curves or "<p class=\"note\">no epoch history</p>") + "</section>",
+        + _history_html(history) + "</section>",
         '<section class="run" id="images"><h2 class="part">Test images</h2>'
         '<p class="note">Click a column to sort (worst first, then best first); click an image to see its '
         "attention word by word, on one colour scale per image (each word's tooltip: peak weight and entropy).</p>"
