@@ -224,10 +224,9 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
         top = bottom - stats_height - _GAP
     colorbar = None
     if words:
-        first_row_top = first_row_bottom + panel_height
-        bar_axes = figure.add_axes(((figure_width - _MARGIN - bar_width + _GAP) / figure_width,
+        bar_axes = figure.add_axes(((figure_width - _MARGIN - bar_width + _GAP) / figure_width,  # beside row 1
                                     first_row_bottom / figure_height, _COLORBAR_WIDTH / figure_width,
-                                    (first_row_top - first_row_bottom) / figure_height))
+                                    panel_height / figure_height))
         bar_range = (0.0, 1.0) if normalize == "word" else ranges[0]
         colorbar = figure.colorbar(ScalarMappable(Normalize(*bar_range), colours), cax=bar_axes)
         colorbar.set_label(_COLORBAR_LABELS[normalize], fontsize=_STATS_SIZE)
