@@ -128,3 +128,25 @@ def test_shapes_captions_name_their_boxes(tiny_shapes, shapes_records):
     true_boxes = {obj.bbox for obj in instances.objects[record.image_id]}
     named = [b for per_word in boxes for b in per_word]
     assert named and set(named) <= true_boxes
+
+
+def test_write_figures_passes_each_words_boxes(tmp_path, monkeypatch):
+    """The run's figures and visualize.py's get the boxes of the objects each word names."""
+    from captioning.data.records import ImageRecord
+    from captioning.decoding import Caption
+    from captioning.evaluation.runner import Captioned
+    from captioning.visualization import report
+
+    picture = tmp_path / "shapes.png"
+    Image.new("RGB", (64, 64)).save(picture)
+    caption = Caption(tokens=[4, 5, 6], log_prob=-1.0, attention=torch.full((3, CELLS), 1 / CELLS), betas=None,
+                      finished=True, score=-1.0)
+    item = Captioned(ImageRecord(image_id=5, path=picture, split="test"), caption, ["a", "blue", "square"])
+    instances = Instances({5: (64.0, 64.0)}, {5: [ObjectBox("square", (30, 30, 8, 8), {"color": "blue"})]})
+    drawn = []
+    monkeypatch.setattr(report, "attention_figure",
+                        lambda *args, **kwargs: drawn.append(kwargs) or attention_figure(*args, **kwargs))
+    report.write_figures([item], tmp_path / "figures", GRID, boxes=instances, normalize="absolute", cmap="magma")
+    assert drawn[0]["boxes"] == [[], [(30, 30, 8, 8)], [(30, 30, 8, 8)]]
+    assert (drawn[0]["normalize"], drawn[0]["cmap"]) == ("absolute", "magma")
+    assert (tmp_path / "figures" / "5.png").is_file()
