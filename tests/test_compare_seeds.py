@@ -185,3 +185,12 @@ def test_aggregate_refusing_different_decoders_names_the_decoder_kind(tmp_path):
     code, _, stderr = evaluate_in_process("--aggregate", *map(str, paths))
     assert_one_line_error(code, stderr, f"{paths[1]}: model.decoder.kind: 'transformer' here but 'lstm' in {paths[0]}",
                           "--compare")
+
+
+def test_seed_groups_refuse_runs_of_other_images(files, tmp_path):  # noqa: F811
+    captions = {e["image_id"]: e["caption"] for e in json.loads(files["a"].read_text())}
+    runs_a = [write_system(tmp_path / "a1", captions), write_system(tmp_path / "a2", captions)]
+    fewer = write_system(tmp_path / "b2", {i: c for i, c in captions.items() if i != 7})
+    code, _, stderr = evaluate_in_process("--compare", *map(str, runs_a), "--against", str(files["b"]), str(fewer),
+                                          "--annotations", str(files["refs"]), "--no-java")
+    assert_one_line_error(code, stderr, f"{runs_a[0]}: image_id 7: not in {fewer}")

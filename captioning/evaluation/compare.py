@@ -72,13 +72,13 @@ def read_groups(annotations: Path, runs_a: Sequence[Path], runs_b: Sequence[Path
     for group, runs in enumerate((runs_a, runs_b)):
         for path in runs:
             run = first if path == runs_a[0] else load_results(path)
-            for extra, missing in ((sorted(set(run) - set(first)), None), (None, sorted(set(first) - set(run)))):
-                if extra:
-                    raise EvaluationInputError(f"{path}: image_id {extra[0]}: not in {runs_a[0]} (runs compare "
-                                               "only on the same images)")
-                if missing:
-                    raise EvaluationInputError(f"{runs_a[0]}: image_id {missing[0]}: not in {path} (runs compare "
-                                               "only on the same images)")
+            extra, missing = sorted(set(run) - set(first)), sorted(set(first) - set(run))
+            if extra:
+                raise EvaluationInputError(f"{path}: image_id {extra[0]}: not in {runs_a[0]} (runs compare "
+                                           "only on the same images)")
+            if missing:
+                raise EvaluationInputError(f"{runs_a[0]}: image_id {missing[0]}: not in {path} (runs compare "
+                                           "only on the same images)")
             captions[group].append(run)
     return references, captions[0], captions[1]
 
