@@ -2,9 +2,11 @@
 """Draw where a trained captioner looks: one figure per image, one panel per generated word.
 
 Captions each image (beam search with the checkpoint's decoding options) and writes a figure:
-the image titled by its caption, then each word's attention map over it. With --split, the
-first --num images of that split of the checkpoint's dataset are used and their reference
-captions are printed under the figures. --html also writes one self-contained interactive page.
+the image titled by its caption, then each word's attention map over it, every word on one
+colour scale with a colour bar and its peak weight and entropy under its panel. With --split, the
+first --num images of that split of the checkpoint's dataset are used, their reference captions
+are printed under the figures and the ground-truth boxes of the objects a word names are drawn on
+its panel. --html also writes one self-contained interactive page.
 """
 
 from __future__ import annotations
