@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from captioning.evaluation.grounding import Instances
 from captioning.files import atomic_write
@@ -124,6 +125,7 @@ def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
                         fontsize=8, va="top", color="#555")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("epoch (all stages)", fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=8)
         if names:
             ax.legend(fontsize=7)
