@@ -118,12 +118,13 @@ def _overlay(heat: np.ndarray, cmap: str, alpha: float, boxes: Sequence[Box], sc
 
 def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
               max_side: int | None, normalize: str = "figure", boxes: Instances | None = None,
-              map_side: int | None = None) -> str:
+              map_side: int | None = None, note: str = "") -> str:
     """One image's section: the picture, one overlay per word (shown by its word's link), references.
 
     ``map_side``: the overlays are drawn at most this long (the page stretches them over the
     picture, smoothly), which keeps a page of many images small; None draws them at the picture's size.
     Word ``t``'s overlay has the id ``img{index}-w{t}``; the section's id is ``img{index}``.
+    ``note`` (e.g. the image's scores) is added to its heading.
     """
     image = load_image(item.record.path)
     scale = 1.0, 1.0
@@ -155,7 +156,8 @@ def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cma
     caption = " ".join(links) if links else "<em>(empty caption)</em>"
     references = "".join(f"<li>{html.escape(str(ref))}</li>" for ref in item.record.raw)
     return (f'<section class="item" id="img{index}">\n'
-            f'<h2>{name} &middot; image {item.record.image_id}</h2>\n'
+            f'<h2>{name} &middot; image {item.record.image_id}'
+            + (f" &middot; {html.escape(note)}" if note else "") + "</h2>\n"
             f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
             f'<p class="caption">{caption}</p>\n'
             + (f'<ol class="refs">{references}</ol>\n' if references else "")

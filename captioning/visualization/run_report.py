@@ -172,6 +172,12 @@ def _cell(value: Any) -> str:
     return f'<td class="number" data-value="{number!r}">{number:.3f}</td>'
 
 
+def _scores_note(scores: Mapping[str, Any]) -> str:
+    """An opened image's scores, for its heading: ``CIDEr-D 1.420, grounding mass 0.150, ...``."""
+    return ", ".join(f"{header} {_number(scores[key]):.3f}" for key, header, _ in COLUMNS
+                     if _number(scores.get(key)) is not None)
+
+
 def _table_html(items: Sequence[Captioned], per_image: Mapping[int, Mapping[str, Any]]) -> str:
     columns = [(key, header, worst) for key, header, worst in COLUMNS
                if any(key in per_image.get(item.record.image_id, {}) for item in items)]
@@ -223,7 +229,8 @@ def write_run_report(path: str | Path, items: Sequence[Captioned], grid: tuple[i
              ("test images", f"{scored} scored, {len(items)} shown below"),
              ("attention", attention_label or "(the decoder's only map)"),
              ("colours", f"{cmap}, scale: {normalize}")]
-    sections = [item_html(i, item, grid, mode, cmap, 0.6, max_side, normalize, boxes, map_side)
+    sections = [item_html(i, item, grid, mode, cmap, 0.6, max_side, normalize, boxes, map_side,
+                          _scores_note(per_image.get(item.record.image_id, {})))
                 for i, item in enumerate(items)]
     page = "\n".join([
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
