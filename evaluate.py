@@ -6,6 +6,8 @@ Uses:
   python evaluate.py --annotations captions_val2014.json --results results.json   score any results file
   python evaluate.py --checkpoint ckpt.pt --images some/folder  caption plain images (no scores)
   python evaluate.py --compare A.json B.json --annotations captions.json   paired bootstrap of two systems
+  python evaluate.py --compare a1.json a2.json a3.json --against b1.json b2.json b3.json --names LSTM TF \\
+      --annotations captions.json                                seeds against seeds
   python evaluate.py --aggregate runs/*/test_scores.json      mean, std, min, max over seeds
 
 Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
@@ -39,9 +41,16 @@ def get_args_parser() -> argparse.ArgumentParser:
                              "eval_<checkpoint stem>_<split>_results.json in the checkpoint's run folder)")
     source.add_argument("--config", type=Path, help="take the dataset from this YAML instead of the checkpoint")
     tools = parser.add_argument_group("comparing systems and runs")
-    tools.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
-                       help="two COCO results files of the same images: per-metric B - A with a 95%% paired "
-                            "bootstrap interval and p-value (needs --annotations)")
+    tools.add_argument("--compare", type=Path, nargs="+", metavar="RESULTS.json",
+                       help="two COCO results files of the same images (A B): per-metric B - A with a 95%% paired "
+                            "bootstrap interval, p-value and Holm-adjusted p-value (needs --annotations); grounding "
+                            "and CHAIR too where both have per-image scores beside them; with --against, the "
+                            "results of A's runs (one per seed)")
+    tools.add_argument("--against", type=Path, nargs="+", metavar="RESULTS.json",
+                       help="the results of B's runs (one per seed): the mean difference over seeds, its interval "
+                            "resampling runs as well as images")
+    tools.add_argument("--names", nargs=2, metavar=("A", "B"),
+                       help="column names of the two systems (default: the files' names, or their folders')")
     tools.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for --compare")
     tools.add_argument("--seed", type=int, default=0, help="seed of the --compare resampling")
     tools.add_argument("--aggregate", type=Path, nargs="+", metavar="SCORES.json",

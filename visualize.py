@@ -2,9 +2,11 @@
 """Draw where a trained captioner looks: one figure per image, one panel per generated word.
 
 Captions each image (beam search with the checkpoint's decoding options) and writes a figure:
-the image titled by its caption, then each word's attention map over it. With --split, the
-first --num images of that split of the checkpoint's dataset are used and their reference
-captions are printed under the figures. --html also writes one self-contained interactive page.
+the image titled by its caption, then each word's attention map over it, every word on one
+colour scale with a colour bar and its peak weight and entropy under its panel. With --split, the
+first --num images of that split of the checkpoint's dataset are used, their reference captions
+are printed under the figures and the ground-truth boxes of the objects a word names are drawn on
+its panel. --html also writes one self-contained interactive page.
 --serve starts a local web demo instead (needs the demo extra: pip install -e ".[demo]").
 """
 
@@ -25,6 +27,7 @@ def get_args_parser() -> argparse.ArgumentParser:
                "  python visualize.py a.jpg b.png --checkpoint best.pt --mode gaussian --format pdf --html a.html\n"
                "  python visualize.py --split val --num 20 --checkpoint best.pt --html val.html\n"
                "  python visualize.py photo.jpg --checkpoint best.pt --layer 1 --head 3   # one head of a Transformer\n"
+               "  python visualize.py photo.jpg --checkpoint best.pt --normalize word --cmap jet   # the old look\n"
                "  python visualize.py --serve runs/shapes/checkpoints/best.pt --port 7860   # a demo in the browser")
     parser.add_argument("images", nargs="*", type=Path, metavar="IMAGE", help="image files to caption")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint written by train.py, or a model folder "
@@ -33,6 +36,12 @@ def get_args_parser() -> argparse.ArgumentParser:
                         help="figure folder (default: ./visualizations)")
     parser.add_argument("--mode", choices=("bilinear", "gaussian"), default="bilinear",
                         help="attention upsampling: smooth bilinear, or blocks blurred as in the paper")
+    parser.add_argument("--normalize", choices=("figure", "absolute", "word"), default="figure",
+                        help="colour scale: one for all words of a figure, 0 to its largest weight (default); "
+                             "absolute, 0 to 1; or word, each map to its own peak (a flat map looks as hot as a "
+                             "sharp one)")
+    parser.add_argument("--cmap", default="viridis",
+                        help="matplotlib colour map of the overlays (default: viridis; jet for the old look)")
     parser.add_argument("--format", dest="file_format", choices=("png", "pdf", "svg"), default="png",
                         help="figure file format")
     parser.add_argument("--html", type=Path, default=None, help="also write an interactive HTML report here")
@@ -74,7 +83,7 @@ def main(args: argparse.Namespace) -> None:
         args.checkpoint, args.images, split=args.split, num=args.num, data_config=args.config,
         overrides=args.overrides, out_dir=args.out_dir, mode=args.mode, file_format=args.file_format,
         html=args.html, beam_size=args.beam_size, device=args.device, layer=args.layer, head=args.head,
-        progress=not args.no_progress)
+        progress=not args.no_progress, normalize=args.normalize, cmap=args.cmap)
     print(result.summary())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -22,6 +23,9 @@ from captioning.evaluation.runner import (
 )
 from captioning.training import distributed
 from captioning.training.run import RunOutputs, best_checkpoint, cache_features, resolve_device, train
+
+# The run report shows this many test images at most (each one's attention maps are embedded).
+REPORT_IMAGES = 200
 
 
 def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, outputs: RunOutputs,
@@ -49,12 +53,28 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     for line in summary_lines(scores, len(captioned)):
         print(line)
     if figures:
-        from captioning.visualization.report import write_figures_and_report
+        from captioning.visualization.report import write_figures
 
-        written = write_figures_and_report(model, captioned[:figures], output_dir / "figures",
-                                           output_dir / "report.html", attention_label=model.decoder.describe_attention())
-        outputs.files.update(written)
+        label = model.decoder.describe_attention()
+        write_figures(captioned[:figures], output_dir / "figures", model.grid, attention_label=label, boxes=boxes)
+        outputs.files["attention figures"] = output_dir / "figures"
+        outputs.files["HTML report"] = write_report_of_run(output_dir, captioned, model.grid, scores, checkpoint,
+                                                           boxes, label)
     return scores
+
+
+def write_report_of_run(output_dir: Path, captioned: list, grid: tuple[int, int], scores: dict, checkpoint: Path,
+                        boxes: Instances | None, attention_label: str, report_images: int = REPORT_IMAGES) -> Path:
+    """``report.html``: the run's configuration, checkpoint, test scores, curves and its first
+    ``report_images`` test images, sortable by their scores (``run_report.write_run_report``)."""
+    from captioning.visualization.run_report import write_run_report
+
+    config_path, history_path = output_dir / "config.yaml", output_dir / "history.json"
+    config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
+    history = json.loads(history_path.read_text(encoding="utf-8")).get("epochs", []) if history_path.is_file() else []
+    return write_run_report(output_dir / "report.html", captioned[:report_images], grid, scores,
+                            config_text=config_text, checkpoint=checkpoint, history=history, boxes=boxes,
+                            attention_label=attention_label, total_images=len(captioned))
 
 
 def summary(outputs: RunOutputs) -> str:

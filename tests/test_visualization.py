@@ -111,8 +111,8 @@ def test_blend_and_colorize():
     np.testing.assert_array_equal(blend(image, heat, alpha=0.0), image)
     rgba = colorize(heat, "jet", alpha=0.6)
     assert rgba.shape == (4, 6, 4) and rgba.dtype == np.uint8 and np.all(rgba[..., 3] == 153)
-    np.testing.assert_array_equal(blend(image, heat, alpha=1.0), rgba[..., :3])
-    assert blend(image, heat)[0, 0, 2] > blend(image, heat)[0, 0, 0]  # jet's low end is blue
+    np.testing.assert_array_equal(blend(image, heat, "jet", alpha=1.0), rgba[..., :3])
+    assert blend(image, heat, "jet")[0, 0, 2] > blend(image, heat, "jet")[0, 0, 0]  # jet's low end is blue
     with pytest.raises(ValueError, match="colour map"):
         colorize(heat, "no-such-map")
 
@@ -250,7 +250,7 @@ def screenshot(page: str, out: Path, profile: Path) -> np.ndarray:
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium is not installed")
 def test_report_overlay_in_browser(tmp_path: Path, report_items):
     """The shown word's jet overlay is hot (red/yellow) exactly where its attention peak is."""
-    path = write_report(report_items, tmp_path / "report.html", GRID)
+    path = write_report(report_items, tmp_path / "report.html", GRID, cmap="jet")
     for fragment, cell in (("", FIRST_CELL), ("#img0-w1", SECOND_CELL)):  # default: the first word
         pixels = screenshot(path.as_uri() + fragment, tmp_path / f"shot{len(fragment)}.png",
                             tmp_path / f"profile{len(fragment)}")

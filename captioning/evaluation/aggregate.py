@@ -3,7 +3,10 @@
 Each scores file must sit in its run folder next to the ``config.yaml`` that ``python train.py``
 writes there. Runs are aggregated only when their configurations differ in nothing but
 ``train.seed`` and ``train.output_dir``; every metric is then summarised by its mean, sample
-standard deviation (n - 1), minimum and maximum over the runs.
+standard deviation (n - 1), minimum and maximum over the runs, and a 95% confidence interval of
+the mean: ``mean +- t(0.975, n - 1) * std / sqrt(n)`` (Student's t over the n runs, which treats
+the seeds as a sample of the seeds that could have been drawn; it says nothing of the test set's
+own sampling, which ``--compare`` resamples).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from scipy.stats import t as student_t
 
 from captioning.config import ConfigError, to_dict
 from captioning.config_files import load_config
@@ -47,14 +52,23 @@ def run_configuration(scores_path: Path) -> dict[str, Any]:
     return flatten(to_dict(load_config(config_path)))
 
 
+# Checked before the other keys: runs of different decoders are different systems (compare them).
+DECODER_KIND = "model.decoder.kind"
+
+
 def check_same_configuration(paths: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> None:
     """Refuse runs whose configurations differ in anything but the seed and the output folder.
 
     Raises:
-        ConfigError: naming the second file and the first key where it differs from the first run.
+        ConfigError: naming the second file and ``model.decoder.kind`` when the decoders differ,
+            else the first key where it differs from the first run.
     """
     first = configs[0]
     for path, config in zip(paths[1:], configs[1:]):
+        if first.get(DECODER_KIND) != config.get(DECODER_KIND):
+            raise ConfigError(f"{path}: {DECODER_KIND}: {config.get(DECODER_KIND)!r} here but "
+                              f"{first.get(DECODER_KIND)!r} in {paths[0]}; runs of different decoders do not "
+                              "aggregate (compare them with --compare ... --against ...)")
         for key in sorted(set(first) | set(config)):
             if key not in SEED_KEYS and first.get(key) != config.get(key):
                 raise ConfigError(f"{path}: {key}: {config.get(key)!r} here but {first.get(key)!r} in {paths[0]}; "
@@ -62,12 +76,13 @@ def check_same_configuration(paths: Sequence[Path], configs: Sequence[Mapping[st
 
 
 def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean, sample standard deviation, min and max of every metric that every run reports.
+    """Mean, sample standard deviation, min, max and 95% interval of the mean of every metric that
+    every run reports.
 
     Args:
         runs: the scores dicts (two or more).
     Returns:
-        metric -> ``{"mean", "std", "min", "max"}``, in the first run's key order.
+        metric -> ``{"mean", "std", "min", "max", "ci_low", "ci_high"}``, in the first run's key order.
     """
     def number(value: Any) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -79,7 +94,9 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
             continue
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-        summary[key] = {"mean": mean, "std": std, "min": min(values), "max": max(values)}
+        half = float(student_t.ppf(0.975, len(values) - 1)) * std / math.sqrt(len(values))
+        summary[key] = {"mean": mean, "std": std, "min": min(values), "max": max(values),
+                        "ci_low": mean - half, "ci_high": mean + half}
     return summary
 
 
@@ -87,7 +104,7 @@ def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
     """Check and summarise the scores files of several runs (see the module docstring).
 
     Returns:
-        ``{"metrics": {metric: {"mean", "std", "min", "max"}}, "runs": [...], "seeds": [...],
+        ``{"metrics": {metric: {"mean", "std", "min", "max", "ci_low", "ci_high"}}, "runs": [...], "seeds": [...],
         "signatures": [...]}``.
     Raises:
         ConfigError: fewer than two runs, a run without config.yaml, configurations that differ.
@@ -115,12 +132,13 @@ def aggregate_table(aggregate: Mapping[str, Any]) -> str:
     """A console table of the aggregate (x100, as papers report)."""
     metrics = aggregate["metrics"]
     width = max([len("metric"), *map(len, metrics)])
-    header = f"{'metric':<{width}}  {'mean':>7}  {'std':>6}  {'min':>7}  {'max':>7}"
+    header = f"{'metric':<{width}}  {'mean':>7}  {'std':>6}  {'min':>7}  {'max':>7}  {'95% interval':>18}"
     lines = [header, "-" * len(header)]
     for name, s in metrics.items():
         lines.append(f"{name:<{width}}  {100 * s['mean']:7.2f}  {100 * s['std']:6.2f}  {100 * s['min']:7.2f}  "
-                     f"{100 * s['max']:7.2f}")
-    lines.append(f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; std over runs (n - 1)")
+                     f"{100 * s['max']:7.2f}  [{100 * s['ci_low']:7.2f}, {100 * s['ci_high']:7.2f}]")
+    lines.append(f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; std over runs (n - 1); "
+                 "interval of the mean over seeds (Student's t)")
     return "\n".join(lines)
 
 

@@ -84,7 +84,9 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         raise ConfigError("--compare and --aggregate read existing files: give no --checkpoint/--images/--results")
     if args.aggregate and args.compare:
         raise ConfigError("give one of --compare or --aggregate")
-    inputs = [*(args.compare or args.aggregate), *([args.annotations] if args.annotations else [])]
+    groups = _compare_groups(args) if args.compare else None
+    inputs = [*(args.compare or args.aggregate), *(getattr(args, "against", None) or []),
+              *([args.annotations] if args.annotations else [])]
     if args.out is not None:
         check_output_file(args.out, "--out")
         for path in inputs:
@@ -98,8 +100,24 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         raise ConfigError("--compare needs --annotations (the reference captions of both systems' images)")
     from captioning.evaluation.compare import compare_command
 
-    return compare_command(args.annotations, *args.compare, args.out, use_java, args.spice, args.resamples,
-                           args.seed, args.java_timeout)
+    boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
+    return compare_command(args.annotations, *groups, args.out, use_java, args.spice, args.resamples,
+                           args.seed, args.java_timeout, getattr(args, "names", None), boxes)
+
+
+def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
+    """``--compare A B`` (one run a side) or ``--compare A1 A2 ... --against B1 B2 ...`` (seeds a side)."""
+    against = getattr(args, "against", None)
+    if against is None:
+        if len(args.compare) != 2:
+            raise ConfigError(f"--compare takes two results files (A B), got {len(args.compare)}; to compare "
+                              "several runs a side give A's after --compare and B's after --against")
+        return [args.compare[0]], [args.compare[1]]
+    runs = [*args.compare, *against]
+    for index, path in enumerate(runs):
+        if any(Path(path).resolve() == Path(earlier).resolve() for earlier in runs[:index]):
+            raise ConfigError(f"{path}: given twice: each run counts once")
+    return list(args.compare), list(against)
 
 
 def _same_file(first: Path, second: Path) -> bool:
@@ -117,6 +135,9 @@ def _scores_paths(out: Path | None, results: Path) -> Path:
 def evaluate(args: argparse.Namespace) -> dict | None:
     """Dispatch on the arguments of ``evaluate.py``; returns the scores when some were computed."""
     use_java = False if args.no_java else None
+    for flag in ("against", "names"):
+        if getattr(args, flag, None) and not getattr(args, "compare", None):
+            raise ConfigError(f"--{flag} goes with --compare")
     if getattr(args, "aggregate", None) or getattr(args, "compare", None):
         return _compare_or_aggregate(args, use_java)
     if args.annotations is not None:

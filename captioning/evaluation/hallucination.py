@@ -42,9 +42,11 @@ class ImageHallucination:
     hallucinated: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """Per-image fields: ``CHAIR-i`` (None without mentions), ``CHAIR-s`` (0 or 1), ``hallucinated``."""
+        """Per-image fields: ``CHAIR-i`` (None without mentions), ``CHAIR-s`` (0 or 1), ``hallucinated``,
+        and ``CHAIR-mentions`` (how many mentions CHAIR-i divides by)."""
         chair_i = len(self.hallucinated) / len(self.mentioned) if self.mentioned else None
-        return {"CHAIR-i": chair_i, "CHAIR-s": float(bool(self.hallucinated)), "hallucinated": list(self.hallucinated)}
+        return {"CHAIR-i": chair_i, "CHAIR-s": float(bool(self.hallucinated)), "hallucinated": list(self.hallucinated),
+                "CHAIR-mentions": len(self.mentioned)}
 
 
 @dataclass

@@ -18,7 +18,13 @@ from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
 from captioning.evaluation.chair_table import chair_table
-from captioning.evaluation.grounding import Instances, WordMatcher, grounding_scores, load_instances
+from captioning.evaluation.grounding import (
+    Instances,
+    WordMatcher,
+    grounding_per_image,
+    image_grounding_json,
+    load_instances,
+)
 from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
@@ -148,7 +154,8 @@ def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequenc
                      chair: str = "released") -> None:
     """Add attention grounding (when ``attention`` is given) and CHAIR to ``result`` in place, over the
     images ``boxes`` cover; ``grounding-images`` and ``CHAIR-images`` count them (the others are left
-    out of these two only).
+    out of these two only). Each covered image's ``per_image`` entry gets its own grounding fields
+    (``grounding-words``, ``grounding-mass``, ``grounding-pointing``) and CHAIR fields.
 
     Args:
         result: the scores being built (with its ``per_image`` list).
@@ -163,8 +170,13 @@ def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequenc
     matcher = WordMatcher()
     if attention is not None:
         items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
-        result.update(grounding_scores(items, boxes, matcher))
+        per_image = grounding_per_image(items, boxes, matcher)
+        result.update(image_grounding_json([m for masses, _ in per_image.values() for m in masses],
+                                           [h for _, hits in per_image.values() for h in hits]))
         result["grounding-images"] = len(covered)
+        if "per_image" in result:
+            result["per_image"] = [{**entry, **image_grounding_json(*per_image[entry["image_id"]])}
+                                   if entry.get("image_id") in per_image else entry for entry in result["per_image"]]
     add_chair(result, {image_id: words[image_id] for image_id in covered}, references, boxes, chair_table(chair))
     result["CHAIR-images"] = len(covered)
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
 
 MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
+NORMALIZATIONS = ("figure", "absolute", "word")  # as in captioning.visualization.overlay
 FORMATS = ("png", "pdf", "svg")  # as in captioning.visualization.figures
 
 
@@ -118,7 +119,7 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
                      out_dir: str | Path = "visualizations", mode: str = "bilinear", file_format: str = "png",
                      html: str | Path | None = None, beam_size: int | None = None, device: str = "auto",
                      layer: str | int | None = None, head: str | int | None = None,
-                     progress: bool = True) -> VisualizationResult:
+                     progress: bool = True, normalize: str = "figure", cmap: str = "viridis") -> VisualizationResult:
     """Caption images with a checkpoint and draw one attention figure per image.
 
     Either ``images`` (files of any size, aspect ratio or colour mode) or ``split`` (the first
@@ -137,6 +138,13 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
             (1-based) or ``mean``; by default the mean over the heads of the last layer. The
             figures and the report say which map they show.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        normalize: the colour scale: ``figure`` (every word of a figure on one scale, 0 to its
+            largest weight, with a colour bar), ``absolute`` (0 to 1) or ``word`` (each map to its
+            own peak, the old view: a flat map then looks as hot as a sharp one).
+        cmap: a matplotlib colour map (default viridis, perceptually uniform).
+    With ``split``, each word that names an annotated object of the dataset's instances
+    (``data.instances``; Shapes: its own) has that object's box drawn on its panel.
+
     Raises:
         ImageError: an image is missing or unreadable (one line naming it).
         CheckpointError: the checkpoint is missing or invalid.
@@ -148,6 +156,12 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         raise ValueError(f"--num must be >= 1, got {num}")
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+    import matplotlib
+
+    if cmap not in matplotlib.colormaps:
+        raise ValueError(f"--cmap: unknown matplotlib colour map {cmap!r} (e.g. viridis, magma, jet)")
     if file_format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
@@ -159,7 +173,13 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
-    from captioning.evaluation.runner import caption_records, load_captioner, split_records
+    from captioning.evaluation.runner import (
+        caption_records,
+        default_instances,
+        load_boxes,
+        load_captioner,
+        split_records,
+    )
     from captioning.training.run import resolve_device
     from captioning.visualization.report import write_figures, write_report
 
@@ -175,9 +195,11 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
         generate = data_config is not None or "data.root" in parse_overrides(overrides)
         records = split_records(config, split, generate=generate)[:num]
+        boxes = load_boxes(default_instances(config))
         names = None
     else:
         records = [ImageRecord(image_id=k, path=path, split="") for k, path in enumerate(paths, start=1)]
+        boxes = None
         names = _unique_stems(paths)
     # A handful of images: decode them straight from the files rather than building a feature cache.
     decode_from_images = replace(config, data=replace(config.data, use_cache=False))
@@ -185,6 +207,8 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     if names is not None:
         position = {record.image_id: k for k, record in enumerate(records)}
         names = [names[position[item.record.image_id]] for item in captioned]
-    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress, label)
-    report = write_report(captioned, html, model.grid, mode, attention_label=label) if html is not None else None
+    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress, label,
+                            normalize=normalize, cmap=cmap, boxes=boxes)
+    report = (write_report(captioned, html, model.grid, mode, cmap=cmap, attention_label=label, normalize=normalize,
+                           boxes=boxes) if html is not None else None)
     return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report)
