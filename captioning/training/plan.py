@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from captioning.config import Config, ConfigError
+from captioning.config import PER_STEP_SCHEDULES, Config
 from captioning.data import split_rule
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.files import not_a_regular_file
 from captioning.training.engine import steps_per_epoch
+from captioning.training.optim import MAX_WARMUP_FRACTION, warmup_for
 
 STAGE_NAMES = {"xe": "cross-entropy", "scst": "self-critical"}
 
@@ -48,20 +49,21 @@ def check_images_exist(records: Sequence[ImageRecord], skip_bad_images: bool) ->
                            "folder, or data.skip_bad_images=true to leave them out)")
 
 
-def check_schedule(config: Config, train_images: int) -> None:
-    """A warm-up that fits in the cross-entropy stage for ``cosine``, whose decay needs the steps after it.
-
-    Raises:
-        ConfigError: naming both numbers and the keys that change them.
-    """
+def warmup_note(config: Config, train_images: int) -> str | None:
+    """A one-line note when the per-step schedule's warm-up is clipped to fit the cross-entropy stage
+    (``optim.warmup_for``), else None: a first check with ``--epochs 1`` runs, and says what changed."""
     train = config.train
+    if train.schedule not in PER_STEP_SCHEDULES:
+        return None
     per_epoch = steps_per_epoch(train_images, train.batch_size)
     steps = train.epochs * per_epoch
-    if train.schedule == "cosine" and train.epochs and train.warmup_steps >= steps:
-        raise ConfigError(f"train.warmup_steps={train.warmup_steps} leaves no steps for the cosine decay: the "
-                          f"cross-entropy stage has {steps} ({train.epochs} epochs x {per_epoch} steps of "
-                          f"{train.batch_size} of {train_images} training images); set train.warmup_steps "
-                          f"below {steps}")
+    warmup = warmup_for(train.warmup_steps, steps)
+    if warmup == train.warmup_steps:
+        return None
+    epochs = f"{train.epochs} epoch{'s' * (train.epochs != 1)}"
+    return (f"note: train.warmup_steps={train.warmup_steps} is more than {MAX_WARMUP_FRACTION:.0%} of the "
+            f"cross-entropy stage's {steps} steps ({epochs} x {per_epoch}); the {train.schedule} schedule warms "
+            f"up over {warmup} steps instead")
 
 
 def _epochs(first: int, last: int) -> str:

@@ -29,7 +29,7 @@ from captioning.training.checkpoint import (
     load_checkpoint,
 )
 from captioning.training.engine import TrainState, amp_dtype
-from captioning.training.plan import check_images_exist, check_schedule, check_splits, describe_plan
+from captioning.training.plan import check_images_exist, check_splits, describe_plan, warmup_note
 from captioning.training.resume_state import check_training_entries, check_training_fits
 from captioning.training.trainer import Trainer, check_resumable
 
@@ -132,7 +132,6 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
     counts = check_splits(records, config.data.dataset, needed)
-    check_schedule(config, counts["train"])
     check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
     if resume is not None:
@@ -144,6 +143,9 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
         state, epochs = None, None
     if group.is_main:
         print(describe_plan(config, counts, state, test, epochs), flush=True)
+        note = warmup_note(config, counts["train"])
+        if note:
+            print(note, flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
     return records, model
