@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -64,15 +65,17 @@ def summary(outputs: RunOutputs) -> str:
     return "\n".join(lines)
 
 
-def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True) -> RunOutputs:
+def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True,
+             length_given: Collection[str] | None = None) -> RunOutputs:
     """Train, then (on rank 0) evaluate the test split with figures and an HTML report.
 
     The configured instances files are read first, so that a bad one fails before training.
+    ``length_given``: as for ``training.run.train`` (the length keys the command line set).
     """
     is_main = distributed.launched_as_main()
     check_data_paths(config.data)  # a mistyped path names its key before the instances are read
     boxes = load_boxes(config.data.instances) if test and is_main else None
-    outputs = train(config, resume=resume, progress=progress, test=test)
+    outputs = train(config, resume=resume, progress=progress, test=test, length_given=length_given)
     try:
         if test and is_main:
             evaluate_test_split(Path(config.train.output_dir), resolve_device(config.train.device), progress,

@@ -167,24 +167,52 @@ def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
     assert plan_line(fresh.stdout) == (
         "plan: cross-entropy epochs 1-2, then self-critical none; 4 steps per epoch (16 training images, batch 4); "
         "images: train 16, val 4 (validating on 4); a new run")
-    # Resuming for self-critical training without the first run's --epochs: the configuration's
-    # 20 cross-entropy epochs come first, and the plan says so before any of them runs.
-    values = {key: value for key, value in TINY.items() if key != "train.epochs"}
-    resumed = tool(tmp_path, "train.py", "--config", COCO_YAML, "--output-dir", "run", *flags(values), "--no-test",
-                   "--resume", "--scst-epochs", "1", "--max-steps", "9")
-    assert resumed.returncode == 0, resumed.stderr
-    assert plan_line(resumed.stdout) == (
-        "plan: cross-entropy epochs 3-20, then self-critical epoch 1; 4 steps per epoch (16 training images, "
-        "batch 4); images: train 16, val 4 (validating on 4); stopping at step 9 (train.max_steps); resuming from "
-        "step 8: stage xe (cross-entropy), 2 epochs done; the checkpoint's run had train.epochs=2, this one 20 "
-        "(pass --epochs 2 to keep it)")
+
+
+def test_a_resume_keeps_the_checkpoints_length_unless_told_and_says_what_it_adds(tmp_path):
+    write_coco_tree(tmp_path / "data" / "coco")
+    assert train(tmp_path, "run", "--no-test", "--epochs", "2").returncode == 0
+    values = {key: value for key, value in TINY.items() if key != "train.epochs"}  # the configuration says 20
+
+    def resume(*args: str) -> subprocess.CompletedProcess:
+        result = tool(tmp_path, "train.py", "--config", COCO_YAML, "--output-dir", "run", *flags(values),
+                      "--no-test", "--resume", *args)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    def before_the_plan(result: subprocess.CompletedProcess) -> str:
+        lines = result.stdout.splitlines()
+        notes = [line for line in lines if line.startswith("resume: ")]
+        assert len(notes) == 1 and lines.index(notes[0]) < lines.index(plan_line(result.stdout)), result.stdout
+        return notes[0]
+
+    longer = resume("--epochs", "3", "--max-steps", "9")  # told: one more cross-entropy epoch, said first
+    assert before_the_plan(longer) == "resume: adds 1 cross-entropy epoch (train.epochs 2 -> 3)"
+    assert plan_line(longer.stdout).startswith("plan: cross-entropy epoch 3, then self-critical none; ")
+    # The README's `--resume --scst-epochs N` with the configuration repeated: the run keeps its 3
+    # cross-entropy epochs rather than running to the configuration's 20 first.
+    scst = resume("--scst-epochs", "1")
+    assert before_the_plan(scst) == ("resume: keeps the checkpoint's train.epochs=3 (the configuration says 20; "
+                                     "pass --epochs 20 to change it); adds 1 self-critical epoch "
+                                     "(train.scst_epochs 0 -> 1)")
+    assert plan_line(scst.stdout) == (
+        "plan: cross-entropy epoch 3, then self-critical epoch 1; 4 steps per epoch (16 training images, batch 4); "
+        "images: train 16, val 4 (validating on 4); resuming from step 9: stage xe (cross-entropy), 2 epochs done, "
+        "1 batches into epoch 3")
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [(s["stage"], s["epoch"]) for s in steps] == [("xe", e) for e in (1, 2, 3) for _ in range(4)] + [
+        ("scst", 1)] * 4
+    finished = resume()  # the finished run, its configuration repeated: it keeps both lengths, trains nothing
+    assert "keeps the checkpoint's train.epochs=3" in before_the_plan(finished)
+    assert "keeps the checkpoint's train.scst_epochs=1" in before_the_plan(finished)
+    assert len((tmp_path / "run" / "steps.jsonl").read_text().splitlines()) == len(steps)
 
 
 def test_the_plan_of_a_resumed_run_counts_finished_stages_and_batches():
     config = load_config(COCO_YAML, {**TINY, "train.epochs": 2, "train.scst_epochs": 3})
     counts = Counter({"train": 10, "val": 3, "test": 2})
     after_xe = {"stage": "xe", "epoch": 2, "batch_in_epoch": 0, "global_step": 6}
-    assert describe_plan(config, counts, after_xe, test=True, checkpoint_epochs=2) == (
+    assert describe_plan(config, counts, after_xe, test=True) == (
         "plan: cross-entropy done, then self-critical epochs 1-3; 3 steps per epoch (10 training images, batch 4); "
         "images: train 10, val 3 (validating on 3), test 2 (scored at the end); resuming from step 6: stage xe "
         "(cross-entropy), 2 epochs done")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from captioning.config import PER_STEP_SCHEDULES, Config
 from captioning.data import split_rule
@@ -66,14 +67,49 @@ def warmup_note(config: Config, train_images: int) -> str | None:
             f"up over {warmup} steps instead")
 
 
+# A run's length, and the flag that sets each key.
+LENGTH_FLAGS = {"train.epochs": "--epochs", "train.scst_epochs": "--scst-epochs"}
+
+
+def resumed_length(config: Config, stored: Config, given: Collection[str]) -> tuple[Config, str | None]:
+    """The configuration a resumed run goes on with: its length from the checkpoint's run unless
+    ``given``, and a one-line note of what that keeps or changes (None when nothing differs).
+
+    Repeating a run's ``--config`` without its ``--epochs`` would otherwise quietly run the
+    configuration's remaining epochs before, say, the self-critical ones a resume asks for.
+
+    Args:
+        config: this command's configuration.
+        stored: the configuration in the checkpoint to resume.
+        given: the configuration keys set on this command line (``--epochs``, ``--set train.epochs=...``).
+    """
+    changes, notes = {}, []
+    for key, flag in LENGTH_FLAGS.items():
+        name = key.split(".")[1]
+        before, now = getattr(stored.train, name), getattr(config.train, name)
+        stage = "self-critical" if name == "scst_epochs" else "cross-entropy"
+        if before == now:
+            continue
+        if key not in given:
+            changes[name] = before
+            notes.append(f"keeps the checkpoint's {key}={before} (the configuration says {now}; "
+                         f"pass {flag} {now} to change it)")
+        elif now > before:
+            added = now - before
+            notes.append(f"adds {added} {stage} epoch{'s' * (added != 1)} ({key} {before} -> {now})")
+        else:
+            notes.append(f"shortens the run: {key} {before} -> {now}")
+    resumed = replace(config, train=replace(config.train, **changes)) if changes else config
+    return resumed, ("resume: " + "; ".join(notes)) if notes else None
+
+
 def _epochs(first: int, last: int) -> str:
     if first > last:
         return "none"
     return f"epoch {first}" if first == last else f"epochs {first}-{last}"
 
 
-def describe_plan(config: Config, counts: Counter[str], state: dict | None = None, test: bool = True,
-                  checkpoint_epochs: int | None = None) -> str:
+def describe_plan(config: Config, counts: Counter[str], state: dict | None = None, test: bool = True) -> str:
     """One line saying what a run will do: each stage's epochs, steps per epoch, images per split,
     and where a resumed run continues.
 
@@ -82,7 +118,6 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
         counts: images per split (``check_splits``).
         state: the resumed checkpoint's ``TrainState`` as a dict, or None for a new run.
         test: whether the test split is scored after training.
-        checkpoint_epochs: the resumed run's ``train.epochs``, to point out a change of it.
     """
     train = config.train
     state = state or {}
@@ -111,8 +146,5 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
                  f"{epoch} epoch{'s' * (epoch != 1)} done")
         if state.get("batch_in_epoch"):
             where += f", {state['batch_in_epoch']} batches into epoch {epoch + 1}"
-        if not xe.startswith("done") and checkpoint_epochs is not None and checkpoint_epochs != train.epochs:
-            where += (f"; the checkpoint's run had train.epochs={checkpoint_epochs}, this one {train.epochs}"
-                      f" (pass --epochs {checkpoint_epochs} to keep it)")
         parts.append(where)
     return "; ".join(parts)

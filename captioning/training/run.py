@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,13 @@ from captioning.training.checkpoint import (
     load_checkpoint,
 )
 from captioning.training.engine import TrainState, amp_dtype
-from captioning.training.plan import check_images_exist, check_splits, describe_plan, warmup_note
+from captioning.training.plan import (
+    check_images_exist,
+    check_splits,
+    describe_plan,
+    resumed_length,
+    warmup_note,
+)
 from captioning.training.resume_state import check_training_entries, check_training_fits
 from captioning.training.trainer import Trainer, check_resumable
 
@@ -136,13 +143,13 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     train_records = records_of_split(records, "train")
     if resume is not None:
         payload = load_checkpoint(resume)
-        stored, vocab = checkpoint_config(payload, resume)
-        state, epochs = (payload.get("training") or {}).get("state"), stored.train.epochs
+        _, vocab = checkpoint_config(payload, resume)
+        state = (payload.get("training") or {}).get("state")
     else:
         vocab = build_vocabulary(train_records, config.data.min_word_count)
-        state, epochs = None, None
+        state = None
     if group.is_main:
-        print(describe_plan(config, counts, state, test, epochs), flush=True)
+        print(describe_plan(config, counts, state, test), flush=True)
         note = warmup_note(config, counts["train"])
         if note:
             print(note, flush=True)
@@ -280,7 +287,8 @@ def _auto_resume_point(config: Config, output_dir: Path,
     return None, True
 
 
-def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False) -> RunOutputs:
+def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False,
+          length_given: Collection[str] | None = None) -> RunOutputs:
     """Train as configured; returns what was written where.
 
     Args:
@@ -289,6 +297,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             last.pt when there is one, else a new run (also ``train.resume: auto``); None for a
             new run.
         test: the test split is scored after training, so it must have images (checked first).
+        length_given: the length keys (``train.epochs``, ``train.scst_epochs``) the command line set;
+            a resumed run takes the others from its checkpoint (``plan.resumed_length``). None: the
+            configuration's own are meant.
     """
     device = resolve_device(config.train.device)
     amp_dtype(device, config.train.amp)  # fp16 on CPU is refused before anything is read or written
@@ -311,6 +322,10 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     stored = None
     if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
         stored = check_resume(config, output_dir, resume)
+        if length_given is not None:
+            config, note = resumed_length(config, checkpoint_config(stored, resume)[0], length_given)
+            if note and group.is_main:
+                print(note, flush=True)
     if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
         distributed.barrier()
     records, model = build_run_model(config, resume, device, group, test)
