@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 from collections import Counter
 from pathlib import Path
 
@@ -224,3 +225,41 @@ def test_the_plan_of_a_resumed_run_counts_finished_stages_and_batches():
     stopped = {"stage": "xe", "epoch": 7, "batch_in_epoch": 0, "global_step": 28, "epochs_without_improvement": 5}
     assert describe_plan(load_config(COCO_YAML, TINY | {"train.epochs": 20}), counts, stopped, test=False).startswith(
         "plan: cross-entropy done (stopped early after 7 epochs), then self-critical none; ")
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path) -> None:
+    """No network, and an empty torch hub cache: torchvision's weights cannot be had."""
+    import torch.hub
+
+    def unreachable(url: str, *args, **kwargs) -> None:
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", unreachable)
+
+
+def test_offline_the_coco_configuration_names_the_offline_one_which_trains_into_its_own_folder(offline, tmp_path):
+    write_coco_tree(tmp_path / "data" / "coco")
+    published = {**TINY, "model.encoder.name": "resnet101", "model.encoder.weights": "pretrained"}
+    refused = tool(tmp_path, "train.py", "--config", COCO_YAML, *flags(published), "--no-test")
+    assert_refused_before_any_work(refused, tmp_path, "Temporary failure in name resolution",
+                                   "--config configs/coco_lite0.yaml")
+    lite0 = {key: value for key, value in TINY.items()  # the packaged pretrained weights, at 64 px
+             if key not in ("model.encoder.name", "model.encoder.weights")}
+    result = tool(tmp_path, "train.py", "--config", REPO / "configs" / "coco_lite0.yaml", *flags(lite0), "--no-test")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs" / "coco_lite0" / "checkpoints" / "best.pt").is_file()
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["coco_lite0"]
+
+
+def test_a_short_first_run_of_the_transformer_configuration_warms_up_over_part_of_it(tmp_path):
+    # configs/coco_transformer.yaml warms up over 20,000 noam steps; `--epochs 1` has 4 of them.
+    write_coco_tree(tmp_path / "data" / "coco")
+    transformer = {**TINY, "model.decoder.d_model": 16, "model.decoder.num_heads": 2, "model.decoder.d_ff": 32,
+                   "model.decoder.encoder_layers": 1, "model.decoder.decoder_layers": 1}
+    result = tool(tmp_path, "train.py", "--config", REPO / "configs" / "coco_transformer.yaml", "--output-dir", "run",
+                  *flags(transformer), "--no-test")
+    assert result.returncode == 0, result.stderr
+    assert ("note: train.warmup_steps=20000 is more than 25% of the cross-entropy stage's 4 steps (1 epoch x 4); "
+            "the noam schedule warms up over 1 steps instead") in result.stdout.splitlines()
