@@ -9,6 +9,7 @@ import torch
 
 from captioning.config import Config
 from captioning.data import check_data_paths
+from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.runner import (
     caption_records,
@@ -45,6 +46,7 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     outputs.files["test scores"] = scores_path
     outputs.files["test scores per image"] = per_image_path
     outputs.test_scores = scores
+    outputs.caption_warning = degenerate_captions([" ".join(item.words) for item in captioned], "test")
     print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")
     for line in summary_lines(scores, len(captioned)):
         print(line)
@@ -58,10 +60,13 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
 
 
 def summary(outputs: RunOutputs) -> str:
-    """The closing lines: every file the run wrote."""
+    """The closing lines: every file the run wrote, then the warning about its captions if they say
+    nothing (the test split's when it was scored, else the last validation's)."""
     lines = ["files written:"]
     for what, path in outputs.files.items():
         lines.append(f"  {what:<24} {path}")
+    if outputs.caption_warning:
+        lines.append(outputs.caption_warning)
     return "\n".join(lines)
 
 

@@ -52,6 +52,7 @@ class RunOutputs:
     test_scores: dict | None = None
     state: TrainState | None = None
     lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
+    caption_warning: str | None = None  # the last captions were mostly empty or the same (degenerate_captions)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -376,6 +377,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
                       f"step {trainer.state.global_step}", flush=True)
         try:
             outputs.state = trainer.fit()
+            outputs.caption_warning = trainer.caption_warning
         finally:
             if trainer.writer is not None:
                 trainer.writer.close()

@@ -1,0 +1,68 @@
+"""What a first run says about itself: captions that say nothing, an epoch's mean loss across a
+resume, the feature-cache plan of ``--cache-only``, and a machine too busy for torch's threads.
+
+The runs are train.py in this process (tests/tool_runs.py) on tiny Shapes data; only their exit
+status, what they print and the files they write are checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from test_training import as_flags, data_root, read_steps, tiny_overrides, train_in_process  # noqa: F401
+
+from captioning.evaluation.degenerate import MOSTLY, degenerate_captions
+from captioning.training import engine
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def test_mostly_empty_or_identical_captions_are_named_with_their_usual_cause():
+    total = 10
+    mostly = int(MOSTLY * total)
+    empty = degenerate_captions([""] * mostly + ["a red circle"] * (total - mostly), "test")
+    assert empty.startswith(f"warning: {mostly} of {total} test captions are empty; ") and "train.lr" in empty
+    same = degenerate_captions(["a red circle"] * mostly + ["a blue square", ""], "validation")
+    assert same.startswith(f"warning: {mostly} of {total} validation captions are the same, 'a red circle'; ")
+    assert "\n" not in empty + same
+    varied = ["a red circle"] * (mostly - 1) + ["a blue square", "a green star", ""]
+    assert degenerate_captions(varied, "test") is None
+    assert degenerate_captions(["a red circle"], "test") is None  # one image cannot repeat itself
+    assert degenerate_captions([], "test") is None
+
+
+def decoding_only(monkeypatch, change) -> None:
+    """Every decoded batch of captions passes through ``change`` (validation and the test split)."""
+    decode = engine.decode
+    monkeypatch.setattr(engine, "decode", lambda *args: change(decode(*args)))
+
+
+def test_a_run_whose_captions_are_empty_says_so_in_the_epoch_line_and_in_its_summary(
+        data_root, tmp_path, monkeypatch):  # noqa: F811
+    # As an under-trained decoder does: <end> first, for every image.
+    decoding_only(monkeypatch, lambda captions: [dataclasses.replace(
+        c, tokens=[], attention=c.attention[:0], betas=None if c.betas is None else c.betas[:0]) for c in captions])
+    result = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "run", **{"train.epochs": 1})))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    epochs = [line for line in lines if line.startswith("[xe] epoch ")]
+    assert len(epochs) == 1 and "  warning: 8 of 8 validation captions are empty; " in epochs[0], epochs
+    assert lines[-1].startswith("warning: 8 of 8 validation captions are empty; "), lines[-3:]  # the summary's last
+
+
+@pytest.mark.slow  # scores the test split and draws its figures
+def test_a_run_whose_test_captions_are_all_the_same_says_so_in_its_summary(data_root, tmp_path, monkeypatch):  # noqa: F811
+    decoding_only(monkeypatch, lambda captions: [captions[0]] * len(captions))
+    run = tmp_path / "run"
+    result = in_process_with_test(as_flags(tiny_overrides(data_root, run, **{"train.epochs": 1})))
+    assert result.returncode == 0, result.stderr[-2000:]
+    first = json.loads((run / "test_results.json").read_text())[0]["caption"]
+    assert result.stdout.splitlines()[-1].startswith(f"warning: 8 of 8 test captions are the same, {first!r}; ")
+
+
+def in_process_with_test(args: list[str]):
+    from tool_runs import REPO, in_process
+
+    return in_process("train.py", "--no-progress", *args, cwd=REPO)
