@@ -66,3 +66,18 @@ def in_process_with_test(args: list[str]):
     from tool_runs import REPO, in_process
 
     return in_process("train.py", "--no-progress", *args, cwd=REPO)
+
+
+def test_an_epochs_mean_loss_after_a_mid_epoch_resume_covers_the_whole_epoch(data_root, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    flags = as_flags(tiny_overrides(data_root, run))  # 2 epochs of 8 steps
+    assert train_in_process([*flags, "--set", "train.max_steps=3"]).returncode == 0  # stopped in epoch 1
+    result = train_in_process([*flags, "--resume"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = read_steps(run)
+    assert [step["step"] for step in steps] == list(range(1, 17))
+    history = json.loads((run / "history.json").read_text())["epochs"]
+    for epoch in history:
+        losses = [step["loss"] for step in steps if step["epoch"] == epoch["epoch"]]
+        assert len(losses) == 8
+        assert epoch["train_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-9)
