@@ -167,7 +167,7 @@ def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
     assert fresh.returncode == 0, fresh.stderr
     assert plan_line(fresh.stdout) == (
         "plan: cross-entropy epochs 1-2, then self-critical none; 4 steps per epoch (16 training images, batch 4); "
-        "images: train 16, val 4 (validating on 4); a new run")
+        "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; a new run")
 
 
 def test_a_resume_keeps_the_checkpoints_length_unless_told_and_says_what_it_adds(tmp_path):
@@ -198,8 +198,8 @@ def test_a_resume_keeps_the_checkpoints_length_unless_told_and_says_what_it_adds
                                      "(train.scst_epochs 0 -> 1)")
     assert plan_line(scst.stdout) == (
         "plan: cross-entropy epoch 3, then self-critical epoch 1; 4 steps per epoch (16 training images, batch 4); "
-        "images: train 16, val 4 (validating on 4); resuming from step 9: stage xe (cross-entropy), 2 epochs done, "
-        "1 batches into epoch 3")
+        "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; resuming from step 9: stage xe "
+        "(cross-entropy), 2 epochs done, 1 batches into epoch 3")
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
     assert [(s["stage"], s["epoch"]) for s in steps] == [("xe", e) for e in (1, 2, 3) for _ in range(4)] + [
         ("scst", 1)] * 4

@@ -81,3 +81,33 @@ def test_an_epochs_mean_loss_after_a_mid_epoch_resume_covers_the_whole_epoch(dat
         losses = [step["loss"] for step in steps if step["epoch"] == epoch["epoch"]]
         assert len(losses) == 8
         assert epoch["train_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-9)
+
+
+def test_cache_only_says_its_plan_and_lists_only_what_it_wrote(data_root, tmp_path):  # noqa: F811
+    cache = tmp_path / "cache"
+    args = ["--cache-only", *as_flags(tiny_overrides(data_root, tmp_path / "run", **{"data.cache_dir": cache}))]
+    first = in_process_with_test(args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (plan,) = [line for line in first.stdout.splitlines() if line.startswith("plan: ")]
+    assert plan.startswith("plan: cache the efficientnet_lite0 features (2x2 grid, 1280 channels) of every split "
+                           f"(train 32, val 8, test 8 images) in the feature cache in {cache}; ")
+    (folder,) = cache.iterdir()
+    written = first.stdout.split("files written:")[1]
+    assert all(f"{split} features" in written for split in ("train", "val", "test"))
+    again = in_process_with_test(args)  # everything is cached: nothing of it is listed as written
+    assert again.returncode == 0, again.stderr[-2000:]
+    lines = again.stdout.splitlines()
+    assert all(f"{split} features: already cached in {folder}, nothing computed" in lines
+               for split in ("train", "val", "test"))
+    assert "features" not in again.stdout.split("files written:")[1]
+
+
+def test_a_symlinked_data_root_has_its_feature_cache_location_in_the_plan(data_root, tmp_path):  # noqa: F811
+    linked = tmp_path / "data"
+    linked.symlink_to(data_root)
+    result = train_in_process(as_flags(tiny_overrides(linked, tmp_path / "run", **{"train.max_steps": 1})))
+    assert result.returncode == 0, result.stderr[-2000:]
+    (plan,) = [line for line in result.stdout.splitlines() if line.startswith("plan: ")]
+    assert f"; feature cache in {linked / 'features'} (which resolves to {data_root.resolve() / 'features'}); " in plan
+    assert not any(line.startswith("configuration: ") for line in result.stdout.splitlines())  # in config.yaml only
+    assert (tmp_path / "run" / "config.yaml").is_file()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from captioning.config import PER_STEP_SCHEDULES, Config
 from captioning.data import split_rule
@@ -109,7 +111,26 @@ def _epochs(first: int, last: int) -> str:
     return f"epoch {first}" if first == last else f"epochs {first}-{last}"
 
 
-def describe_plan(config: Config, counts: Counter[str], state: dict | None = None, test: bool = True) -> str:
+def cache_location(cache_dir: Path) -> str:
+    """Where a feature cache goes, as configured, and where that is on disk when a symlink on the way
+    (a data root linked to another disk) leads elsewhere: tens of gigabytes for COCO."""
+    resolved = Path(os.path.realpath(cache_dir))
+    if resolved != Path(os.path.abspath(cache_dir)):
+        return f"{cache_dir} (which resolves to {resolved})"
+    return str(cache_dir)
+
+
+def describe_cache_plan(counts: Counter[str], encoder: str, grid: tuple[int, int], channels: int,
+                        cache_dir: Path) -> str:
+    """One line saying what ``train.py --cache-only`` will do: which encoder's grids, of how many
+    images per split, where; before any image is read."""
+    images = ", ".join(f"{split} {counts[split]}" for split in ("train", "val", "test") if counts[split])
+    return (f"plan: cache the {encoder} features ({grid[0]}x{grid[1]} grid, {channels} channels) of every "
+            f"split ({images} images) in the feature cache in {cache_location(cache_dir)}; nothing is trained")
+
+
+def describe_plan(config: Config, counts: Counter[str], state: dict | None = None, test: bool = True,
+                  cache_dir: Path | None = None) -> str:
     """One line saying what a run will do: each stage's epochs, steps per epoch, images per split,
     and where a resumed run continues.
 
@@ -118,6 +139,7 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
         counts: images per split (``check_splits``).
         state: the resumed checkpoint's ``TrainState`` as a dict, or None for a new run.
         test: whether the test split is scored after training.
+        cache_dir: the feature cache folder, when features are cached (``cache_location``).
     """
     train = config.train
     state = state or {}
@@ -137,6 +159,8 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
     rule = split_rule(config.data)
     if rule:
         parts.append(rule)
+    if cache_dir is not None:
+        parts.append(f"feature cache in {cache_location(cache_dir)}")
     if train.max_steps:
         parts.append(f"stopping at step {train.max_steps} (train.max_steps)")
     if not state:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 
 from captioning.config import Config, to_dict
-from captioning.config_files import config_json, load_config, save_config
+from captioning.config_files import load_config, save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
@@ -33,6 +34,7 @@ from captioning.training.engine import TrainState, amp_dtype
 from captioning.training.plan import (
     check_images_exist,
     check_splits,
+    describe_cache_plan,
     describe_plan,
     resumed_length,
     warmup_note,
@@ -150,7 +152,8 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
         vocab = build_vocabulary(train_records, config.data.min_word_count)
         state = None
     if group.is_main:
-        print(describe_plan(config, counts, state, test), flush=True)
+        cache_dir = feature_cache_dir(config, Path(config.train.output_dir)) if uses_cache(config) else None
+        print(describe_plan(config, counts, state, test, cache_dir), flush=True)
         note = warmup_note(config, counts["train"])
         if note:
             print(note, flush=True)
@@ -205,6 +208,9 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     (``folder`` datasets), so it holds the run folder's lock as a training run does: it is refused
     while a run uses the folder, and a run is refused while it caches.
 
+    It prints its plan (``describe_cache_plan``) once the inputs are checked, and says which splits'
+    features were already cached.
+
     Returns:
         Every file or folder written, by what it is, and the held lock (``cache_only`` drops it).
     """
@@ -220,6 +226,10 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
+    by_split = {split: [r for r in records_of_split(records, split) if r.captions] for split in ("train", "val", "test")}
+    print(describe_cache_plan(Counter({split: len(items) for split, items in by_split.items()}), model.encoder.name,
+                              model.encoder.grid, model.encoder.channels, feature_cache_dir(config, output_dir)),
+          flush=True)
     output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
     lock = RunLock(output_dir).acquire()
     try:  # caching that fails lets go of the folder, as a failed run does
@@ -227,12 +237,13 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
         index = records_dir(config.data)
         if config.data.dataset in INDEXED_READERS and index.is_dir():
             written["dataset index"] = index
-        for split in ("train", "val", "test"):
-            split_records = [r for r in records_of_split(records, split) if r.captions]
+        for split, split_records in by_split.items():
             if split_records:
-                dataset = caption_dataset(split_records, model, config, device, Path(config.train.output_dir),
-                                          progress, 1)
-                written[f"{split} features"] = Path(dataset.features.path)
+                features = caption_dataset(split_records, model, config, device, output_dir, progress, 1).features
+                if features.computed:
+                    written[f"{split} features"] = Path(features.path)
+                else:  # an existing cache is not listed as written
+                    print(f"{split} features: already cached in {features.path}, nothing computed", flush=True)
     except BaseException:
         lock.release()
         raise
@@ -345,7 +356,6 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
                 _claim_output_dir(output_dir, config.train.overwrite)
                 if auto:
                     print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
-            print(f"configuration: {config_json(config)}", flush=True)
             # Atomic: a relaunch with --resume auto reads it back.
             atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
             outputs.files["configuration"] = output_dir / "config.yaml"
