@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
+import torch
 from test_training import as_flags, data_root, read_steps, tiny_overrides, train_in_process  # noqa: F401
 
 from captioning.evaluation.degenerate import MOSTLY, degenerate_captions
 from captioning.training import engine
+from captioning.training.cpu_threads import busy_machine_warning, usable_cores
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -111,3 +114,28 @@ def test_a_symlinked_data_root_has_its_feature_cache_location_in_the_plan(data_r
     assert f"; feature cache in {linked / 'features'} (which resolves to {data_root.resolve() / 'features'}); " in plan
     assert not any(line.startswith("configuration: ") for line in result.stdout.splitlines())  # in config.yaml only
     assert (tmp_path / "run" / "config.yaml").is_file()
+
+
+def test_the_busy_machine_warning_compares_threads_with_the_idle_cores():
+    assert busy_machine_warning(threads=2, cores=2, load=0.2) is None  # an idle machine: a thread per core
+    assert busy_machine_warning(threads=1, cores=2, load=6.0) is None  # one thread cannot oversubscribe
+    warning = busy_machine_warning(threads=2, cores=2, load=1.3)
+    assert warning.startswith("warning: the machine is busy (load average 1.3 on 2 cores) and torch runs 2 threads")
+    assert warning.endswith("start it with OMP_NUM_THREADS=1 (docs/first-run-notes.md)")
+    assert "OMP_NUM_THREADS=4 " in busy_machine_warning(threads=16, cores=16, load=12.0)
+
+
+def test_a_cpu_run_on_a_busy_machine_says_so_before_it_starts(data_root, tmp_path, monkeypatch):  # noqa: F811
+    torch.set_num_threads(2)  # torch's default on 2 cores; the test's process state is put back after it
+    cores = usable_cores()
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 4.0, cores + 4.0, cores + 4.0))
+    result = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "run", **{"train.max_steps": 1})))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    warning = f"warning: the machine is busy (load average {cores + 4.0:.1f} on {cores} cores) and torch runs 2 threads"
+    assert lines[0].startswith(warning), lines[:2]
+    assert lines[1].startswith("plan: ")
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    torch.set_num_threads(1)
+    quiet = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "quiet", **{"train.max_steps": 1})))
+    assert quiet.returncode == 0 and "machine is busy" not in quiet.stdout

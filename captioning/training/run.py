@@ -30,6 +30,7 @@ from captioning.training.checkpoint import (
     checkpoint_config,
     load_checkpoint,
 )
+from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState, amp_dtype
 from captioning.training.plan import (
     check_images_exist,
@@ -219,6 +220,7 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     device = resolve_device(config.train.device)
     output_dir = Path(config.train.output_dir)
     RunLock(output_dir).check_free()
+    say_if_busy(device)
     # As a training run's rank 0 is seeded before it builds the model: random encoder weights
     # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
     seed_everything(config.train.seed, config.train.deterministic)
@@ -323,6 +325,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     output_dir = Path(config.train.output_dir)
     if group.is_main:  # a run already using the folder refuses this one before any data are read
         RunLock(output_dir).check_free()
+        say_if_busy(device)
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
     start_over = False  # --resume auto after a launch that wrote no checkpoint
