@@ -15,9 +15,11 @@ import pytest
 import torch
 from test_training import as_flags, data_root, read_steps, tiny_overrides, train_in_process  # noqa: F401
 
+from captioning.config_files import load_config
 from captioning.evaluation.degenerate import MOSTLY, degenerate_captions
 from captioning.training import engine
 from captioning.training.cpu_threads import busy_machine_warning, usable_cores
+from captioning.training.plan import resumed_length
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -139,3 +141,19 @@ def test_a_cpu_run_on_a_busy_machine_says_so_before_it_starts(data_root, tmp_pat
     torch.set_num_threads(1)
     quiet = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "quiet", **{"train.max_steps": 1})))
     assert quiet.returncode == 0 and "machine is busy" not in quiet.stdout
+
+
+def test_a_resumes_length_note_names_what_it_keeps_adds_or_cannot_change():
+    stored = load_config(None, {"train.epochs": 3, "train.scst_epochs": 2})
+    repeated = load_config(None, {"train.epochs": 20, "train.scst_epochs": 2})  # the configuration file's 20
+    kept, note = resumed_length(repeated, stored, given=set())
+    assert kept.train.epochs == 3 and note == ("resume: keeps the checkpoint's train.epochs=3 (the configuration "
+                                               "says 20; pass --epochs 20 to change it)")
+    longer, note = resumed_length(repeated, stored, given={"train.epochs"})
+    assert longer.train.epochs == 20 and note == "resume: adds 17 cross-entropy epochs (train.epochs 3 -> 20)"
+    _, note = resumed_length(repeated, stored, given={"train.epochs"}, stage="scst")
+    assert note == "resume: train.epochs 3 -> 20 changes nothing: the checkpoint is in its self-critical stage"
+    shorter, note = resumed_length(load_config(None, {"train.epochs": 3, "train.scst_epochs": 1}), stored,
+                                   given={"train.scst_epochs"})
+    assert shorter.train.scst_epochs == 1 and note == "resume: shortens the run: train.scst_epochs 2 -> 1"
+    assert resumed_length(stored, stored, given=set()) == (stored, None)

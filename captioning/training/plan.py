@@ -73,7 +73,8 @@ def warmup_note(config: Config, train_images: int) -> str | None:
 LENGTH_FLAGS = {"train.epochs": "--epochs", "train.scst_epochs": "--scst-epochs"}
 
 
-def resumed_length(config: Config, stored: Config, given: Collection[str]) -> tuple[Config, str | None]:
+def resumed_length(config: Config, stored: Config, given: Collection[str],
+                   stage: str = "xe") -> tuple[Config, str | None]:
     """The configuration a resumed run goes on with: its length from the checkpoint's run unless
     ``given``, and a one-line note of what that keeps or changes (None when nothing differs).
 
@@ -84,21 +85,24 @@ def resumed_length(config: Config, stored: Config, given: Collection[str]) -> tu
         config: this command's configuration.
         stored: the configuration in the checkpoint to resume.
         given: the configuration keys set on this command line (``--epochs``, ``--set train.epochs=...``).
+        stage: the checkpoint's stage: cross-entropy epochs added to one in its self-critical stage never run.
     """
     changes, notes = {}, []
     for key, flag in LENGTH_FLAGS.items():
         name = key.split(".")[1]
         before, now = getattr(stored.train, name), getattr(config.train, name)
-        stage = "self-critical" if name == "scst_epochs" else "cross-entropy"
+        stage_name = "self-critical" if name == "scst_epochs" else "cross-entropy"
         if before == now:
             continue
         if key not in given:
             changes[name] = before
             notes.append(f"keeps the checkpoint's {key}={before} (the configuration says {now}; "
                          f"pass {flag} {now} to change it)")
+        elif name == "epochs" and stage == "scst":
+            notes.append(f"{key} {before} -> {now} changes nothing: the checkpoint is in its self-critical stage")
         elif now > before:
             added = now - before
-            notes.append(f"adds {added} {stage} epoch{'s' * (added != 1)} ({key} {before} -> {now})")
+            notes.append(f"adds {added} {stage_name} epoch{'s' * (added != 1)} ({key} {before} -> {now})")
         else:
             notes.append(f"shortens the run: {key} {before} -> {now}")
     resumed = replace(config, train=replace(config.train, **changes)) if changes else config

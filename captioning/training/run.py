@@ -338,7 +338,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
         stored = check_resume(config, output_dir, resume)
         if length_given is not None:
-            config, note = resumed_length(config, checkpoint_config(stored, resume)[0], length_given)
+            config, note = resumed_length(config, checkpoint_config(stored, resume)[0], length_given,
+                                          stored["training"]["state"].get("stage", "xe"))
             if note and group.is_main:
                 print(note, flush=True)
     if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
