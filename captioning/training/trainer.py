@@ -382,8 +382,8 @@ class Trainer:
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
         with self._averaged():
-            scores, examples, self.caption_warning = validation_scores(self.model, self.val_set, config, self.device, self.progress,
-                                                 self.group)
+            scores, examples, self.caption_warning = validation_scores(
+                self.model, self.val_set, config, self.device, self.progress, self.group)
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
