@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
 
 from captioning.config import Config
 from captioning.data import check_data_paths
+from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.runner import (
     caption_records,
@@ -49,6 +51,7 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     outputs.files["test scores"] = scores_path
     outputs.files["test scores per image"] = per_image_path
     outputs.test_scores = scores
+    outputs.caption_warning = degenerate_captions([" ".join(item.words) for item in captioned], "test")
     print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")
     for line in summary_lines(scores, len(captioned)):
         print(line)
@@ -78,22 +81,27 @@ def write_report_of_run(output_dir: Path, captioned: list, grid: tuple[int, int]
 
 
 def summary(outputs: RunOutputs) -> str:
-    """The closing lines: every file the run wrote."""
+    """The closing lines: every file the run wrote, then the warning about its captions if they say
+    nothing (the test split's when it was scored, else the last validation's)."""
     lines = ["files written:"]
     for what, path in outputs.files.items():
         lines.append(f"  {what:<24} {path}")
+    if outputs.caption_warning:
+        lines.append(outputs.caption_warning)
     return "\n".join(lines)
 
 
-def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True) -> RunOutputs:
+def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True,
+             length_given: Collection[str] | None = None) -> RunOutputs:
     """Train, then (on rank 0) evaluate the test split with figures and an HTML report.
 
     The configured instances files are read first, so that a bad one fails before training.
+    ``length_given``: as for ``training.run.train`` (the length keys the command line set).
     """
     is_main = distributed.launched_as_main()
     check_data_paths(config.data)  # a mistyped path names its key before the instances are read
     boxes = load_boxes(config.data.instances) if test and is_main else None
-    outputs = train(config, resume=resume, progress=progress, test=test)
+    outputs = train(config, resume=resume, progress=progress, test=test, length_given=length_given)
     try:
         if test and is_main:
             evaluate_test_split(Path(config.train.output_dir), resolve_device(config.train.device), progress,

@@ -27,7 +27,7 @@ SHORT_DEMO = {
     "model.encoder.image_size": 96, "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 32,
     "model.decoder.attention_dim": 16, "train.epochs": 1, "train.batch_size": 8, "train.scst_epochs": 1,
     "train.scst_samples": 2, "decode.batch_size": 4, "decode.max_length": 10,
-    "train.warmup_steps": 2,  # the demo's cosine schedule, warming up over 2 of these 6 steps
+    "train.warmup_steps": 1,  # the demo's cosine schedule, warming up over 1 of these 6 steps
 }
 
 

@@ -231,7 +231,7 @@ def _spice_models() -> list[Path]:
 def _spice_unavailable(requested: bool, use_java: bool) -> str | None:
     """Why SPICE cannot be computed, or None if it can (never lets pycocoevalcap start a download)."""
     if not requested:
-        return "not requested (spice=True computes it)"
+        return "not requested (evaluate.py --spice computes it; spice=True in Python)"
     if not use_java:
         return "needs Java (the SPICE 1.0 jar); no Java runtime was used"
     missing = [path.name for path in _spice_models() if not path.exists()]

@@ -288,7 +288,9 @@ def _published_file(published: WeightsEnum) -> Path:
         reason = str(getattr(error, "reason", error)).replace("\n", " ")
         raise EncoderWeightsError(
             f"pretrained weights {published} not found: {path.name} is not in the torch hub cache and "
-            f"downloading {url} failed ({reason}); download it and put it at {path}") from None
+            f"downloading {url} failed ({reason}); download it and put it at {path}, or train offline on the "
+            f"packaged EfficientNet-Lite0 weights: model.encoder.name=efficientnet_lite0 (for COCO: "
+            f"--config configs/coco_lite0.yaml)") from None
     return path
 
 

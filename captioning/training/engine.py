@@ -41,6 +41,10 @@ class TrainState:
     epochs_without_improvement: int = 0
     skipped_batches: int = 0
     history: list[dict] = field(default_factory=list)  # one dict of numbers per finished epoch
+    # Sums of the epoch in progress's step numbers (loss ...) and its steps: a run resumed mid-epoch
+    # reports the mean of the whole epoch, not of the batches after the resume.
+    epoch_sums: dict[str, float] = field(default_factory=dict)
+    epoch_steps: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -233,7 +237,8 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
     ends the pass early when it returns True; with several processes it must be a collective call,
     so that all of them stop at the same step.
 
-    Returns mean loss (and reward for SCST) over the batches that were not skipped.
+    Returns mean loss (and reward for SCST) over the epoch's batches that were not skipped, those
+    before a mid-epoch resume included (``state.epoch_sums``).
     """
     model.train()
     # DistributedDataParallel averages the gradients of the wrapped decoder's forward pass; the
@@ -241,8 +246,8 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
     by_hand = [p for p in model.encoder.parameters() if p.requires_grad]
     if state.stage == "scst":
         by_hand += list(distributed.unwrap(model.decoder).parameters())
-    totals: dict[str, float] = {}
-    done = 0
+    if state.batch_in_epoch == 0:  # a new epoch; else one resumed mid-way, whose sums come from the checkpoint
+        state.epoch_sums, state.epoch_steps = {}, 0
     bar = tqdm(loader, desc=f"{state.stage} epoch {state.epoch + 1}", leave=False, disable=not progress,
                dynamic_ncols=True, unit="batch")
     for batch in bar:
@@ -266,9 +271,9 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
             continue
         state.global_step += 1
         numbers["loss"] = float(loss.detach())
-        done += 1
+        state.epoch_steps += 1
         for key, value in numbers.items():
-            totals[key] = totals.get(key, 0.0) + value
+            state.epoch_sums[key] = state.epoch_sums.get(key, 0.0) + value
         bar.set_postfix(loss=f"{numbers['loss']:.3f}")
         if on_step is not None:
             on_step(state, numbers)
@@ -276,7 +281,7 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
             break
         if stop is not None and stop():
             break
-    return {key: value / max(done, 1) for key, value in totals.items()}
+    return {key: value / max(state.epoch_steps, 1) for key, value in state.epoch_sums.items()}
 
 
 @torch.inference_mode()

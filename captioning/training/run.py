@@ -6,6 +6,8 @@ import json
 import math
 import os
 import random
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 
 from captioning.config import Config, to_dict
-from captioning.config_files import config_json, load_config, save_config
+from captioning.config_files import load_config, save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
@@ -28,8 +30,16 @@ from captioning.training.checkpoint import (
     checkpoint_config,
     load_checkpoint,
 )
+from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState, amp_dtype
-from captioning.training.plan import check_images_exist, check_schedule, check_splits, describe_plan
+from captioning.training.plan import (
+    check_images_exist,
+    check_splits,
+    describe_cache_plan,
+    describe_plan,
+    resumed_length,
+    warmup_note,
+)
 from captioning.training.resume_state import check_training_entries, check_training_fits
 from captioning.training.trainer import Trainer, check_resumable
 
@@ -45,6 +55,7 @@ class RunOutputs:
     test_scores: dict | None = None
     state: TrainState | None = None
     lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
+    caption_warning: str | None = None  # the last captions were mostly empty or the same (degenerate_captions)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -132,18 +143,21 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
     counts = check_splits(records, config.data.dataset, needed)
-    check_schedule(config, counts["train"])
     check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
     if resume is not None:
         payload = load_checkpoint(resume)
-        stored, vocab = checkpoint_config(payload, resume)
-        state, epochs = (payload.get("training") or {}).get("state"), stored.train.epochs
+        _, vocab = checkpoint_config(payload, resume)
+        state = (payload.get("training") or {}).get("state")
     else:
         vocab = build_vocabulary(train_records, config.data.min_word_count)
-        state, epochs = None, None
+        state = None
     if group.is_main:
-        print(describe_plan(config, counts, state, test, epochs), flush=True)
+        cache_dir = feature_cache_dir(config, Path(config.train.output_dir)) if uses_cache(config) else None
+        print(describe_plan(config, counts, state, test, cache_dir), flush=True)
+        note = warmup_note(config, counts["train"])
+        if note:
+            print(note, flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
     return records, model
@@ -195,6 +209,9 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     (``folder`` datasets), so it holds the run folder's lock as a training run does: it is refused
     while a run uses the folder, and a run is refused while it caches.
 
+    It prints its plan (``describe_cache_plan``) once the inputs are checked, and says which splits'
+    features were already cached.
+
     Returns:
         Every file or folder written, by what it is, and the held lock (``cache_only`` drops it).
     """
@@ -203,6 +220,7 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     device = resolve_device(config.train.device)
     output_dir = Path(config.train.output_dir)
     RunLock(output_dir).check_free()
+    say_if_busy(device)
     # As a training run's rank 0 is seeded before it builds the model: random encoder weights
     # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
     seed_everything(config.train.seed, config.train.deterministic)
@@ -210,6 +228,10 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
+    by_split = {split: [r for r in records_of_split(records, split) if r.captions] for split in ("train", "val", "test")}
+    print(describe_cache_plan(Counter({split: len(items) for split, items in by_split.items()}), model.encoder.name,
+                              model.encoder.grid, model.encoder.channels, feature_cache_dir(config, output_dir)),
+          flush=True)
     output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
     lock = RunLock(output_dir).acquire()
     try:  # caching that fails lets go of the folder, as a failed run does
@@ -217,12 +239,13 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
         index = records_dir(config.data)
         if config.data.dataset in INDEXED_READERS and index.is_dir():
             written["dataset index"] = index
-        for split in ("train", "val", "test"):
-            split_records = [r for r in records_of_split(records, split) if r.captions]
+        for split, split_records in by_split.items():
             if split_records:
-                dataset = caption_dataset(split_records, model, config, device, Path(config.train.output_dir),
-                                          progress, 1)
-                written[f"{split} features"] = Path(dataset.features.path)
+                features = caption_dataset(split_records, model, config, device, output_dir, progress, 1).features
+                if features.computed:
+                    written[f"{split} features"] = Path(features.path)
+                else:  # an existing cache is not listed as written
+                    print(f"{split} features: already cached in {features.path}, nothing computed", flush=True)
     except BaseException:
         lock.release()
         raise
@@ -278,7 +301,8 @@ def _auto_resume_point(config: Config, output_dir: Path,
     return None, True
 
 
-def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False) -> RunOutputs:
+def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False,
+          length_given: Collection[str] | None = None) -> RunOutputs:
     """Train as configured; returns what was written where.
 
     Args:
@@ -287,6 +311,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             last.pt when there is one, else a new run (also ``train.resume: auto``); None for a
             new run.
         test: the test split is scored after training, so it must have images (checked first).
+        length_given: the length keys (``train.epochs``, ``train.scst_epochs``) the command line set;
+            a resumed run takes the others from its checkpoint (``plan.resumed_length``). None: the
+            configuration's own are meant.
     """
     device = resolve_device(config.train.device)
     amp_dtype(device, config.train.amp)  # fp16 on CPU is refused before anything is read or written
@@ -298,6 +325,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     output_dir = Path(config.train.output_dir)
     if group.is_main:  # a run already using the folder refuses this one before any data are read
         RunLock(output_dir).check_free()
+        say_if_busy(device)
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
     start_over = False  # --resume auto after a launch that wrote no checkpoint
@@ -309,6 +337,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     stored = None
     if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
         stored = check_resume(config, output_dir, resume)
+        if length_given is not None:
+            config, note = resumed_length(config, checkpoint_config(stored, resume)[0], length_given,
+                                          stored["training"]["state"].get("stage", "xe"))
+            if note and group.is_main:
+                print(note, flush=True)
     if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
         distributed.barrier()
     records, model = build_run_model(config, resume, device, group, test)
@@ -327,7 +360,6 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
                 _claim_output_dir(output_dir, config.train.overwrite)
                 if auto:
                     print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
-            print(f"configuration: {config_json(config)}", flush=True)
             # Atomic: a relaunch with --resume auto reads it back.
             atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
             outputs.files["configuration"] = output_dir / "config.yaml"
@@ -359,6 +391,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
                       f"step {trainer.state.global_step}", flush=True)
         try:
             outputs.state = trainer.fit()
+            outputs.caption_warning = trainer.caption_warning
         finally:
             if trainer.writer is not None:
                 trainer.writer.close()

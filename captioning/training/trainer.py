@@ -15,6 +15,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from captioning.config import PER_STEP_SCHEDULES, Config, to_dict
 from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
+from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
 from captioning.training import distributed
@@ -66,8 +67,11 @@ def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, de
 
 def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
                       progress: bool, group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
-                      ) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]]]:
+                      ) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]], str | None]:
     """Decode the validation images for real and score them (CIDEr-D, BLEU-4 ...; no Java needed).
+
+    Returns the scores, three (image id, caption, references) examples, and a warning line when
+    the captions are mostly empty or the same (``degenerate_captions``), else None.
 
     With several processes the images are shared out, the captions gathered and scored on rank 0,
     and its scores given to every process (they all take the same schedule and stopping decisions).
@@ -82,7 +86,7 @@ def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config,
         references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in decoded}
         scores = score_captions(references, candidates, use_java=False)
         examples = [(image_id, caption, references[image_id][:1]) for _, image_id, caption in decoded[:3]]
-        result = (scores.overall, examples)
+        result = (scores.overall, examples, degenerate_captions(list(candidates.values()), "validation"))
     return distributed.broadcast_object(result) if group.world_size > 1 else result
 
 
@@ -153,6 +157,7 @@ class Trainer:
         self.stop = StopRequest(group.world_size, device)
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
         self._step_lr: float | None = None  # the rate the latest step of this process used
+        self.caption_warning: str | None = None  # the latest validation's, when its captions say nothing
         self.average = (WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay
                         else None)
         self._new_stage("xe")
@@ -380,8 +385,8 @@ class Trainer:
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
         with self._averaged():
-            scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress,
-                                                 self.group)
+            scores, examples, self.caption_warning = validation_scores(
+                self.model, self.val_set, config, self.device, self.progress, self.group)
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
@@ -417,7 +422,8 @@ class Trainer:
                 self.writer.add_scalar(f"epoch/train_{key}", value, state.global_step)
             print(f"[{state.stage}] epoch {state.epoch}: {self._loss_text(numbers)}  "
                   f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
-                  f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else ""), flush=True)
+                  f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else "")
+                  + (f"  {self.caption_warning}" if self.caption_warning else ""), flush=True)
         # Best first, then last: a crash between the two leaves a resumable 'last' of the previous epoch.
         if improved:
             self.checkpoint("best" if state.stage == "xe" else "best_scst")
