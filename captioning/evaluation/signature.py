@@ -11,7 +11,9 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
 - ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python``;
 - ``impl``: the pycocoevalcap version and this package's version;
 - ``decode``: the decoding settings that change captions (not the batch size);
-- ``ckpt``: sha256 (12 hex digits) of the checkpoint file; ``results``: of a scored results file.
+- ``ckpt``: sha256 (12 hex digits) of the checkpoint file; ``results``: of a scored results file;
+- ``clip``: only with CLIP-S: the CLIP model, its pretrained tag and its weights file's sha256 (12
+  hex digits), e.g. ``ViT-B-32.openai.a1b2c3d4e5f6``.
 
 ``decode``, ``ckpt`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
@@ -71,7 +73,8 @@ def _implementation() -> str:
 
 
 def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, decode: DecodeConfig | None = None,
-                   checkpoint: str | Path | None = None, results: str | Path | None = None) -> str:
+                   checkpoint: str | Path | None = None, results: str | Path | None = None,
+                   clip: str | None = None) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
     Args:
@@ -80,6 +83,7 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         decode: the decoding settings, when the captions were generated here.
         checkpoint: the checkpoint file that generated them, if any.
         results: the results file that was scored, if any.
+        clip: the CLIP model and weights of CLIP-S (``ClipScorer.description``), when computed.
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
@@ -91,6 +95,8 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         fields["ckpt"] = file_hash(checkpoint)
     if results is not None:
         fields["results"] = file_hash(results)
+    if clip is not None:
+        fields["clip"] = clip
     return "|".join(f"{key}:{value}" for key, value in fields.items())
 
 
