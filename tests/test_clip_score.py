@@ -10,25 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from test_visualize_cli import checkpoint  # noqa: F401 (a fixture: an untrained tiny captioner on tiny Shapes)
 from tool_runs import in_process
 from torchvision import transforms
 
-from captioning.config import (
-    Config,
-    ConfigError,
-    DataConfig,
-    DecodeConfig,
-    DecoderConfig,
-    EncoderConfig,
-    ModelConfig,
-)
-from captioning.data.shapes import ShapesFiles
-from captioning.data.vocab import Vocabulary
+from captioning.config import ConfigError
 from captioning.evaluation.clip_score import clip_scores, load_clip_scorer
 from captioning.evaluation.signature import parse_signature
-from captioning.models.captioner import Captioner
 from captioning.models.encoders import EncoderWeightsError, file_identity
-from captioning.training.checkpoint import save_checkpoint
 
 open_clip = pytest.importorskip("open_clip")
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,25 +104,8 @@ def test_clip_score_is_refused_without_weights(tmp_path: Path, monkeypatch: pyte
     assert "\n" not in message and "open_clip_model.safetensors" in message and "set --clip-score to its path" in message
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary) -> Path:
-    """An untrained tiny captioner on the tiny Shapes data, in a run folder."""
-    torch.manual_seed(0)
-    model_config = ModelConfig(encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64,
-                                                     grid_size=0),
-                               decoder=DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16))
-    model = Captioner.build(model_config, shapes_vocab)
-    data = DataConfig(dataset="shapes", root=str(tiny_shapes.root), shapes_train=12, shapes_val=4, shapes_test=4,
-                      shapes_image_size=64)
-    config = Config(data=data, model=model_config, decode=DecodeConfig(strategy="greedy", min_length=3, max_length=4))
-    path = tmp_path_factory.mktemp("run") / "checkpoints" / "best.pt"
-    path.parent.mkdir()
-    save_checkpoint(path, config=config, vocab=shapes_vocab, decoder_state=model.decoder.state_dict(),
-                    encoder_state=model.encoder.state_dict(), encoder_fingerprint=model.encoder.fingerprint())
-    return path
-
-
-def test_evaluate_writes_clip_scores_per_image_and_signs_them(checkpoint: Path, clip_file, tmp_path: Path) -> None:
+def test_evaluate_writes_clip_scores_per_image_and_signs_them(checkpoint: Path, clip_file,  # noqa: F811
+                                                              tmp_path: Path) -> None:
     path, _ = clip_file
     out = tmp_path / "scores.json"
     result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--clip-score", path,
@@ -147,7 +119,7 @@ def test_evaluate_writes_clip_scores_per_image_and_signs_them(checkpoint: Path, 
     assert "CLIP-S" in result.stdout
 
 
-def test_evaluate_refuses_clip_score_before_decoding(checkpoint: Path, tmp_path: Path) -> None:
+def test_evaluate_refuses_clip_score_before_decoding(checkpoint: Path, tmp_path: Path) -> None:  # noqa: F811
     result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--clip-score",
                         tmp_path / "missing.pt", "--no-progress", "--results", tmp_path / "results.json", cwd=ROOT)
     assert result.returncode != 0
