@@ -240,6 +240,8 @@ class Encoder(nn.Module):
         random in training mode).
         """
         super().train(mode)
+        if mode:  # modules outside every stage (a ViT's patch embedding) are never trained either
+            self.backbone.eval()
         first_trainable = len(self._stages) - self.trainable_stages
         for index, stage in enumerate(self._stages):  # also the stages that group modules (not registered)
             stage.train(mode and index >= first_trainable)
