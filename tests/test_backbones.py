@@ -166,6 +166,25 @@ def test_offline_pretrained_stops_within_seconds_naming_the_file_and_where(offli
         assert "model.encoder.weights" in message and "HF_HUB_OFFLINE" in message
 
 
+def test_an_unreachable_hub_is_tried_once_with_a_bounded_wait(offline: Path, monkeypatch) -> None:
+    # Without HF_HUB_OFFLINE: one download attempt, with a timeout; a second file name would wait as long.
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    calls = []
+
+    def unreachable(repo_id: str, filename: str, **kwargs) -> str:
+        calls.append((repo_id, filename, kwargs.get("etag_timeout")))
+        raise ConnectionError("connection timed out")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    with pytest.raises(EncoderWeightsError, match=r"downloading it failed \(open_clip_model.safetensors: "
+                                                  r"ConnectionError: connection timed out\)"):
+        build_encoder(EncoderConfig(name="open_clip:ViT-B-32/openai", weights="pretrained"))
+    assert calls == [("timm/vit_base_patch32_clip_224.openai", "open_clip_model.safetensors", 15.0)]
+
+
 def test_a_pretrained_file_in_the_hugging_face_cache_is_used_without_network(offline: Path) -> None:
     import huggingface_hub
 
@@ -203,6 +222,8 @@ def test_a_tiny_shapes_run_trains_caches_decodes_draws_and_grounds(name: str, da
     fingerprint = payload["encoder_fingerprint"]
     assert fingerprint["name"] == name and fingerprint["image_size"] == 64
     assert len(fingerprint["normalisation"]["mean"]) == 3 and fingerprint["interpolation"]
+    # The size the position embeddings were made for, recorded for transformers (built here at 64 px).
+    assert fingerprint.get("position_embedding_size") == (None if name in ("swin_t", "convnext_tiny") else 224)
     results = json.loads((run / "test_results.json").read_text())
     assert len(results) == 8 and all(isinstance(r["caption"], str) for r in results)
     scores = json.loads((run / "test_scores.json").read_text())

@@ -130,6 +130,7 @@ def hub_file(repo_id: str, filenames: Sequence[str], label: str, setting: str = 
         setting: the configuration key a local file can be given to.
     """
     import huggingface_hub  # a dependency of timm and open_clip_torch, the only callers
+    from huggingface_hub.errors import EntryNotFoundError
 
     repo, _, revision = repo_id.strip("/").partition("@")
     for filename in filenames:
@@ -146,8 +147,11 @@ def hub_file(repo_id: str, filenames: Sequence[str], label: str, setting: str = 
                 with _socket_timeout(DOWNLOAD_TIMEOUT_S):
                     return Path(huggingface_hub.hf_hub_download(repo, filename, revision=revision or None,
                                                                 etag_timeout=DOWNLOAD_TIMEOUT_S))
-            except Exception as error:  # noqa: BLE001 - offline, timeout, missing file: try the next name
+            except EntryNotFoundError as error:  # not published under this name
+                reasons.append(f"{filename}: {type(error).__name__}".replace("\n", " "))
+            except Exception as error:  # noqa: BLE001 - offline, timeout, refused: the next name would wait too
                 reasons.append(f"{filename}: {type(error).__name__}: {error}".replace("\n", " ")[:160])
+                break
     url = huggingface_hub.hf_hub_url(repo, filenames[0], revision=revision or None)
     raise EncoderWeightsError(
         f"pretrained weights {label} not found: {filenames[0]} of {repo} is not in the Hugging Face cache "
