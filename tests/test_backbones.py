@@ -231,3 +231,25 @@ def test_a_tiny_shapes_run_trains_caches_decodes_draws_and_grounds(name: str, da
     if scores["grounding-words"]:  # a model this briefly trained may name no object yet
         assert 0 <= scores["grounding-pointing"] <= 1 and 0 <= scores["grounding-mass"] <= 1
     assert list((run / "figures").glob("*.png")) and (run / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_a_tiny_run_fine_tunes_the_last_block_of_a_vit(data_root: Path, tmp_path: Path) -> None:  # noqa: F811
+    run = tmp_path / "run"
+    overrides = tiny_overrides(data_root, run, **{
+        "model.encoder.name": "timm:vit_tiny_patch16_224", "model.encoder.weights": "none",
+        "model.encoder.fine_tune_stages": 1, "train.epochs": 1, "data.cache_dir": str(tmp_path / "features"),
+        "decode.beam_size": 1})
+    torch.manual_seed(0)
+    result = in_process("train.py", "--no-progress", "--no-test", *as_flags(overrides), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "features").exists()  # fine-tuned: features are computed each step, never cached
+    first = load_checkpoint(run / "checkpoints" / "last.pt")["encoder"]
+    overrides["train.output_dir"] = str(tmp_path / "again")
+    overrides["train.epochs"] = 2
+    result = in_process("train.py", "--no-progress", "--no-test", *as_flags(overrides), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    second = load_checkpoint(tmp_path / "again" / "checkpoints" / "last.pt")["encoder"]
+    changed = {key for key in first if not torch.equal(first[key], second[key])}
+    # The same seed, one more epoch: only the trainable stage (last block and final norm) moved.
+    assert changed and all(key.startswith(("backbone.model.blocks.11.", "backbone.model.norm.")) for key in changed)
