@@ -27,7 +27,8 @@ from pathlib import Path
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("what to evaluate")
-    source.add_argument("--checkpoint", type=Path, help="a checkpoint written by train.py")
+    source.add_argument("--checkpoint", type=Path,
+                        help="a checkpoint written by train.py, or a model folder written by save_pretrained")
     source.add_argument("--split", default=None, help="split of the checkpoint's dataset to decode (train/val/test)")
     source.add_argument("--images", type=Path, help="a folder of images to caption (no scores)")
     source.add_argument("--annotations", type=Path, help="COCO-format reference captions (captions_val2014.json)")

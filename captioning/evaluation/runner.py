@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from captioning.config import Config, DecodeConfig
@@ -48,8 +49,11 @@ class Captioned:
 
 
 def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captioner, Config]:
-    """Rebuild the model a checkpoint describes (weights_only loading) and put it in eval mode."""
-    payload = load_checkpoint(checkpoint)
+    """Rebuild the model a checkpoint file (weights_only loading) or a model folder (``save_pretrained``,
+    safetensors) describes, on ``device`` in eval mode."""
+    from captioning.pretrained import is_model_folder, load_folder
+
+    payload = load_folder(checkpoint) if is_model_folder(checkpoint) else load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)
     model = Captioner.build(config.model, vocab)
     input_weight = payload["decoder"].get(model.decoder.input_weight)
@@ -69,19 +73,22 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
 
 def caption_records(model: Captioner, config: Config, records: list[ImageRecord], device: torch.device,
                     decode_config: DecodeConfig | None = None, progress: bool = True,
-                    output_dir: Path | None = None, build_cache: bool = True) -> list[Captioned]:
+                    output_dir: Path | None = None, build_cache: bool = True,
+                    pictures: Sequence[Image.Image] | None = None) -> list[Captioned]:
     """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions).
 
     ``build_cache`` False: only an existing complete cache is used; nothing is written.
+    ``pictures``: the records' RGB images already in memory (one per record), used instead of
+    their files (the Python API and the demo; ``evaluate.py --images`` reads the same files).
     """
     decode_config = decode_config or config.decode
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
-    if all(r.captions for r in records) and uses_cache(config):
+    if pictures is None and all(r.captions for r in records) and uses_cache(config):
         dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1,
                                   build_cache=build_cache)
     else:
-        dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
+        dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images, pictures)
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
                         num_workers=usable_workers(config.data.num_workers))
     triples = generate_captions(model, loader, decode_config, device, progress=progress)

@@ -11,7 +11,7 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
 - ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python``;
 - ``impl``: the pycocoevalcap version and this package's version;
 - ``decode``: the decoding settings that change captions (not the batch size);
-- ``ckpt``: sha256 (12 hex digits) of the checkpoint file; ``results``: of a scored results file;
+- ``ckpt``: sha256 (12 hex digits) of the checkpoint file (a model folder: its ``model.safetensors``); ``results``: of a scored results file;
 - ``clip``: only with CLIP-S: the CLIP model, its pretrained tag and its weights file's sha256 (12
   hex digits), e.g. ``ViT-B-32.openai.a1b2c3d4e5f6``.
 
@@ -41,10 +41,11 @@ def references_hash(references: Mapping[int, Sequence[str]]) -> str:
 
 
 def file_hash(path: str | Path) -> str:
-    """sha256 (first 12 hex digits) of a file's bytes."""
+    """sha256 (first 12 hex digits) of a file's bytes; of a model folder's weights file for a folder."""
     from captioning.models.encoders import file_identity
+    from captioning.pretrained import weights_file
 
-    return file_identity(Path(path))["sha256"][:_DIGITS]
+    return file_identity(weights_file(path))["sha256"][:_DIGITS]
 
 
 def decode_description(decode: DecodeConfig) -> str:
