@@ -103,7 +103,7 @@ class ClipGrid(nn.Module):
                                                 intermediates_only=True)["image_intermediates"][-1]
 
 
-@register_family("open_clip")
+@register_family("open_clip", form="open_clip:<arch>/<pretrained tag>")
 def open_clip_encoder(name: str, weights: str, image_size: int) -> Backbone:
     """The image tower of ``open_clip.create_model(arch, pretrained)``; stages are its residual blocks."""
     label = f"open_clip:{name}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -27,8 +26,6 @@ from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
 from captioning.config import ConfigError, EncoderConfig
-
-logger = logging.getLogger(__name__)
 
 
 class EncoderWeightsError(RuntimeError):
@@ -85,7 +82,7 @@ FamilyBuilder = Callable[[str, str, int], Backbone]  # (model, weights, image_si
 
 ENCODERS: dict[str, Builder] = {}
 FAMILIES: dict[str, FamilyBuilder] = {}  # prefix -> builder of "<prefix>:<model>" names
-FAMILY_FORMS = {"timm": "timm:<model name>", "open_clip": "open_clip:<arch>/<pretrained tag>"}
+FAMILY_FORMS: dict[str, str] = {}  # prefix -> the form of its names, for error messages
 
 
 def register_encoder(name: str) -> Callable[[Builder], Builder]:
@@ -100,13 +97,19 @@ def register_encoder(name: str) -> Callable[[Builder], Builder]:
     return add
 
 
-def register_family(prefix: str) -> Callable[[FamilyBuilder], FamilyBuilder]:
-    """Decorator adding a builder ``fn(model, weights, image_size) -> Backbone`` for ``<prefix>:<model>``."""
+def register_family(prefix: str, form: str) -> Callable[[FamilyBuilder], FamilyBuilder]:
+    """Decorator adding a builder ``fn(model, weights, image_size) -> Backbone`` for ``<prefix>:<model>``.
+
+    Args:
+        prefix: what names of the family start with, before the colon.
+        form: how its names read, e.g. ``timm:<model name>`` (error messages list it).
+    """
 
     def add(builder: FamilyBuilder) -> FamilyBuilder:
         if prefix in FAMILIES:
             raise ValueError(f"encoder family {prefix!r} is already registered")
         FAMILIES[prefix] = builder
+        FAMILY_FORMS[prefix] = form
         return builder
 
     return add
@@ -124,7 +127,7 @@ def encoder_builder(name: str) -> Builder:
     if separator and prefix in FAMILIES and model:
         family = FAMILIES[prefix]
         return lambda weights, image_size: family(model, weights, image_size)
-    forms = ", ".join(FAMILY_FORMS.get(prefix, f"{prefix}:<model>") for prefix in sorted(FAMILIES))
+    forms = ", ".join(FAMILY_FORMS[prefix] for prefix in sorted(FAMILIES))
     raise ConfigError(f"model.encoder.name must be one of {', '.join(sorted(ENCODERS))}, or {forms}; "
                       f"got {name!r}")
 

@@ -50,7 +50,7 @@ def _published_file(timm: ModuleType, pretrained_cfg: dict[str, Any], label: str
     raise ConfigError(f"{label} has no published weights; set model.encoder.weights to none or a file")
 
 
-@register_family("timm")
+@register_family("timm", form="timm:<model name>")
 def timm_encoder(model_name: str, weights: str, image_size: int) -> Backbone:
     """``timm.create_model(model_name)`` with ``weights``, cut to its last feature map."""
     label = f"timm:{model_name}"
