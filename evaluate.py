@@ -11,7 +11,7 @@ Uses:
   python evaluate.py --aggregate runs/*/test_scores.json      mean, std, min, max over seeds
 
 Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, a signature) go to --out, by default <name>_scores.json beside
+ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, CLIP-S with --clip-score, a signature) go to --out, by default <name>_scores.json beside
 <name>_results.json, with per-image scores in <name>_scores.per_image.json. Without --results,
 <name> is eval_<checkpoint stem>_<split> (or _images), in the checkpoint's run folder when it sits
 in one (<run>/checkpoints/x.pt), else in the current folder: never the main job's test_*.json.
@@ -81,6 +81,10 @@ def get_args_parser() -> argparse.ArgumentParser:
                          help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "
                               "path is used (default: 600)")
     scoring.add_argument("--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)")
+    scoring.add_argument("--clip-score", nargs="?", const="pretrained", metavar="WEIGHTS",
+                         help="also CLIP-S and RefCLIP-S (Hessel et al. 2021; CLIP ViT-B/32, the clip extra) with "
+                              "--checkpoint and --split; WEIGHTS: pretrained (the default: from the Hugging Face "
+                              "cache, downloaded when online) or a weights file")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="leave out (and count) images that cannot be read instead of stopping")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

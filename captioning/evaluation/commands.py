@@ -140,6 +140,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             raise ConfigError(f"--{flag} goes with --compare")
     if getattr(args, "aggregate", None) or getattr(args, "compare", None):
         return _compare_or_aggregate(args, use_java)
+    if getattr(args, "clip_score", None) is not None and (args.checkpoint is None or args.split is None):
+        raise ConfigError("--clip-score scores the images of a split: give it with --checkpoint and --split")
     if args.annotations is not None:
         if args.results is None or args.checkpoint is not None or args.images is not None:
             raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
@@ -183,6 +185,11 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         check_output_file(scores_target, "--out")
         outputs = [results, scores_target, per_image_path(scores_target)]
     device = resolve_device(args.device)
+    clip_scorer = None
+    if getattr(args, "clip_score", None) is not None:  # its weights before any decoding: a missing file stops now
+        from captioning.evaluation.clip_score import load_clip_scorer
+
+        clip_scorer = load_clip_scorer(args.clip_score, device=device)
     model, config, reward = load_trained_captioner(args.checkpoint, device)
     if data_config is not None:
         config = replace(config, data=data_config)
@@ -217,7 +224,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
                              java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint,
-                             chair=config.data.chair_table, reward=reward)
+                             chair=config.data.chair_table, reward=reward, clip_scorer=clip_scorer)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)

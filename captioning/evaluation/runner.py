@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -28,7 +29,7 @@ from captioning.evaluation.grounding import (
 from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
-from captioning.evaluation.signature import make_signature, reward_description
+from captioning.evaluation.signature import make_signature, parse_signature, reward_description
 from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
@@ -40,6 +41,9 @@ from captioning.training.checkpoint import (
 from captioning.training.engine import EpochBatches, generate_captions
 from captioning.training.plan import check_splits
 from captioning.training.run import caption_dataset, uses_cache
+
+if TYPE_CHECKING:
+    from captioning.evaluation.clip_score import ClipScorer
 
 
 @dataclass
@@ -184,11 +188,13 @@ def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequenc
 def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: Instances | None = None,
                     use_java: bool | None = None, spice: bool = False,
                     java_timeout: float = DEFAULT_TIMEOUT_S, decode: DecodeConfig | None = None,
-                    checkpoint: Path | None = None, chair: str = "released", reward: str | None = None) -> dict:
+                    checkpoint: Path | None = None, chair: str = "released", reward: str | None = None,
+                    clip_scorer: ClipScorer | None = None) -> dict:
     """Caption metrics against each record's references, plus attention grounding and CHAIR (with the
     word table ``chair``) on the images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of
-    them; the others are left out of these only), and the signature of the scores (``decode``,
-    ``checkpoint`` and its self-critical ``reward`` describe the system)."""
+    them; the others are left out of these only), CLIP-S and RefCLIP-S with ``clip_scorer`` (also per
+    image), and the signature of the scores (``decode``, ``checkpoint`` and its self-critical
+    ``reward`` describe the system)."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
     scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
@@ -198,9 +204,26 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: In
     if boxes is not None:
         add_boxed_scores(result, boxes, {item.record.image_id: item.words for item in captioned}, references,
                          {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned}, chair)
+    if clip_scorer is not None:
+        from captioning.evaluation.clip_score import clip_scores
+
+        clip = clip_scores(clip_scorer, {item.record.image_id: item.record.path for item in captioned},
+                           candidates, references)
+        result["CLIP-S"], result["RefCLIP-S"] = clip["CLIP-S"], clip["RefCLIP-S"]
+        for entry in result["per_image"]:
+            entry.update(clip["per_image"][entry["image_id"]])
     result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint,
-                                         chair=chair if boxes is not None else None, reward=reward)
+                                         chair=chair if boxes is not None else None, reward=reward,
+                                         clip=clip_scorer.description if clip_scorer is not None else None)
     return result
+
+
+def clip_line(scores: dict) -> str | None:
+    """The summary line of CLIP-S and RefCLIP-S (None when they were not computed)."""
+    if scores.get("CLIP-S") is None:
+        return None
+    return (f"CLIP-S {scores['CLIP-S']:.4f}, RefCLIP-S {scores['RefCLIP-S']:.4f} "
+            f"(Hessel et al. 2021: CLIP {parse_signature(scores['signature']).get('clip', '?')})")
 
 
 def grounding_line(scores: dict, images: int) -> str | None:
@@ -219,7 +242,8 @@ def grounding_line(scores: dict, images: int) -> str | None:
 
 def summary_lines(scores: dict, images: int) -> list[str]:
     """The lines printed under the scores table: grounding and CHAIR when measured, the signature last."""
-    lines = [line for line in (grounding_line(scores, images), chair_line(scores)) if line is not None]
+    lines = [line for line in (grounding_line(scores, images), chair_line(scores), clip_line(scores))
+             if line is not None]
     return [*lines, f"signature: {scores['signature']}"]
 
 

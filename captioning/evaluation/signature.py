@@ -18,7 +18,9 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
   ``results``: of a scored results file;
 - ``scst``: the self-critical reward the checkpoint's weights were tuned with (``cider-d.eos``:
   CIDEr-D with ``<end>`` counted as a word, Rennie et al.; ``cider-d.noeos``: without), absent
-  for weights trained by cross-entropy only.
+  for weights trained by cross-entropy only;
+- ``clip``: only with CLIP-S: the CLIP model, its pretrained tag and its weights file's sha256 (12
+  hex digits), e.g. ``ViT-B-32.openai.a1b2c3d4e5f6``.
 
 ``decode``, ``ckpt``, ``scst`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
@@ -85,7 +87,7 @@ def _implementation() -> str:
 
 def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, decode: DecodeConfig | None = None,
                    checkpoint: str | Path | None = None, results: str | Path | None = None,
-                   chair: str | None = None, reward: str | None = None) -> str:
+                   chair: str | None = None, reward: str | None = None, clip: str | None = None) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
     Args:
@@ -97,6 +99,7 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         chair: the CHAIR word table, when CHAIR was computed.
         reward: the checkpoint's self-critical reward (:func:`reward_description`), when its
             weights had a self-critical stage.
+        clip: the CLIP model and weights of CLIP-S (``ClipScorer.description``), when computed.
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
@@ -112,6 +115,8 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         fields["scst"] = reward
     if results is not None:
         fields["results"] = file_hash(results)
+    if clip is not None:
+        fields["clip"] = clip
     return "|".join(f"{key}:{value}" for key, value in fields.items())
 
 
