@@ -23,6 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from captioning.config import TOKENIZERS
+
 
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +67,10 @@ def get_args_parser() -> argparse.ArgumentParser:
                          help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "
                               "path is used (default: 600)")
     scoring.add_argument("--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)")
+    scoring.add_argument("--tokenizer", choices=TOKENIZERS, default="ptb",
+                         help="tokenizer of a scored results file (--annotations, --compare): ptb (English), "
+                              "whitespace or characters; METEOR and SPICE only with ptb. A checkpoint's "
+                              "captions are scored with its own data.tokenizer")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="leave out (and count) images that cannot be read instead of stopping")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

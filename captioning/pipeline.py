@@ -38,7 +38,8 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
     if boxes is None:
         boxes = load_boxes(default_instances(config))
-    scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint)
+    scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint,
+                             tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path

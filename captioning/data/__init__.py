@@ -39,7 +39,12 @@ def _load_shapes(config: DataConfig) -> list[ImageRecord]:
     generate_shapes(config.root, seed=config.shapes_seed, num_train=config.shapes_train,
                     num_val=config.shapes_val, num_test=config.shapes_test,
                     image_size=config.shapes_image_size, max_objects=config.shapes_max_objects)
-    return read_shapes(config.root)
+    return read_shapes(config.root, _own_tokenizer(config))
+
+
+def _own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
+    """The tokenizer the Karpathy and COCO readers are given: None (their own PTB tokens) for ptb."""
+    return None if config.tokenizer == "ptb" else tokenizer_for(config.tokenizer)
 
 
 def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
@@ -47,14 +52,15 @@ def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
         raise ConfigError("data.split_file is required for data.dataset=karpathy "
                           "(e.g. dataset_flickr8k.json)")
     check_data_paths(config)
-    return read_karpathy(config.split_file, config.root, config.restval_to_train)
+    return read_karpathy(config.split_file, config.root, config.restval_to_train, _own_tokenizer(config))
 
 
 def _load_coco(config: DataConfig) -> list[ImageRecord]:
     if not config.annotations:
         raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
     check_data_paths(config)
-    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train,
+                        _own_tokenizer(config))
     return records if config.split_file is not None else divide_official_val(records)
 
 

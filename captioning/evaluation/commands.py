@@ -99,7 +99,7 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     from captioning.evaluation.compare import compare_command
 
     return compare_command(args.annotations, *args.compare, args.out, use_java, args.spice, args.resamples,
-                           args.seed, args.java_timeout)
+                           args.seed, args.java_timeout, args.tokenizer)
 
 
 def _same_file(first: Path, second: Path) -> bool:
@@ -128,7 +128,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         check_output_file(scores_path, "--out")
         boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
         scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
-                                    java_timeout=args.java_timeout, boxes=boxes)
+                                    java_timeout=args.java_timeout, boxes=boxes, tokenizer=args.tokenizer)
         print(scores_text(scores, len(scores["per_image"])))
         replaced = _existing(scores_path, per_image_path(scores_path))
         scores_path, per_image = write_scores(scores_path, scores)
@@ -192,7 +192,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     replaced = _existing(*outputs)
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
-                             java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint)
+                             java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint,
+                             tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)

@@ -51,8 +51,9 @@ def read_pair(annotations: Path, results_a: Path, results_b: Path) -> tuple[dict
 
 def compare_results_files(annotations: Path, results_a: Path, results_b: Path, use_java: bool | None = None,
                           spice: bool = False, resamples: int = 1000, seed: int = 0,
-                          java_timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    """Score two results files on the same images and compare them metric by metric.
+                          java_timeout: float = DEFAULT_TIMEOUT_S, tokenizer: str = "ptb") -> dict[str, Any]:
+    """Score two results files on the same images and compare them metric by metric (``tokenizer``: as
+    for :func:`score_captions`).
 
     Returns:
         ``{"metrics": {metric: {"a", "b", "difference", "ci_low", "ci_high", "p_value"}}, "images",
@@ -63,15 +64,17 @@ def compare_results_files(annotations: Path, results_a: Path, results_b: Path, u
     references, a, b = read_pair(annotations, results_a, results_b)
     if use_java is None:
         use_java = shutil.which("java") is not None
-    scores_a = score_captions(references, a, use_java=use_java, spice=spice, java_timeout=java_timeout)
-    scores_b = score_captions(references, b, use_java=use_java, spice=spice, java_timeout=java_timeout)
+    scores_a = score_captions(references, a, use_java=use_java, spice=spice, java_timeout=java_timeout,
+                              tokenizer=tokenizer)
+    scores_b = score_captions(references, b, use_java=use_java, spice=spice, java_timeout=java_timeout,
+                              tokenizer=tokenizer)
     image_ids = list(references)
     per_image = {name: {metric: np.array([scores.per_image[i][metric] for i in image_ids])
                         for metric in PER_IMAGE_METRICS if scores.overall.get(metric) is not None}
                  for name, scores in (("a", scores_a), ("b", scores_b))}
     # BLEU's statistics from each system's own tokens: the Java tokenizer may have timed out for one only.
-    gts_a, res_a = tokenize_captions(references, a, scores_a.tokenizer == "ptb", java_timeout)
-    gts_b, res_b = tokenize_captions(references, b, scores_b.tokenizer == "ptb", java_timeout)
+    gts_a, res_a = tokenize_captions(references, a, scores_a.tokenizer == "ptb", java_timeout, tokenizer)
+    gts_b, res_b = tokenize_captions(references, b, scores_b.tokenizer == "ptb", java_timeout, tokenizer)
     comparisons = paired_bootstrap(per_image["a"], per_image["b"], bleu_statistics(gts_a, res_a, image_ids),
                                    bleu_statistics(gts_b, res_b, image_ids), resamples=resamples, seed=seed)
     signatures = {"a": make_signature(references, scores_a.tokenizer, results=results_a),
@@ -92,10 +95,10 @@ def check_bootstrap_options(resamples: int, seed: int) -> None:
 
 def compare_command(annotations: Path, results_a: Path, results_b: Path, out: Path | None,
                     use_java: bool | None, spice: bool, resamples: int, seed: int,
-                    java_timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+                    java_timeout: float = DEFAULT_TIMEOUT_S, tokenizer: str = "ptb") -> dict[str, Any]:
     """Print the comparison table (and signatures, warning when they differ), write ``out`` if given."""
     comparison = compare_results_files(annotations, results_a, results_b, use_java, spice, resamples, seed,
-                                       java_timeout)
+                                       java_timeout, tokenizer)
     print(comparison["table"])
     print(f"{comparison['images']} images, {resamples} paired bootstrap resamples (seed {seed}); "
           f"B - A, x100; p: two-sided")
