@@ -7,7 +7,8 @@ from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 
 from captioning.config import TOKENIZERS as CONFIG_TOKENIZERS
-from captioning.config import ConfigError, DataConfig
+from captioning.config import Config, ConfigError, DataConfig
+from captioning.config_files import CHECKPOINT_SECTIONS, check_overrides, with_data_section
 from captioning.data.karpathy import read_karpathy
 from captioning.evaluation.metrics import score_captions
 from captioning.evaluation.signature import make_signature, parse_signature
@@ -88,3 +89,12 @@ def test_karpathy_files_are_retokenized_from_raw_with_another_tokenizer(tmp_path
     (ptb,) = read_karpathy(split_file, tmp_path)
     (characters,) = read_karpathy(split_file, tmp_path, tokenizer=tokenize_characters)
     assert ptb.captions == (("一只狗",),) and characters.captions == (("一", "只", "狗"),)
+
+
+def test_a_checkpoints_tokenizer_cannot_be_changed_when_evaluating():
+    with pytest.raises(ConfigError, match="data.tokenizer: fixed by the checkpoint"):
+        check_overrides({"data.tokenizer": "whitespace"}, CHECKPOINT_SECTIONS)
+    check_overrides({"data.tokenizer": "whitespace"})  # a new run may choose it
+    trained = Config(data=DataConfig(tokenizer="characters"))
+    other = with_data_section(trained, DataConfig(dataset="imagefolder", root="elsewhere"))
+    assert other.data.root == "elsewhere" and other.data.tokenizer == "characters"

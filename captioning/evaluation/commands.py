@@ -14,6 +14,7 @@ from captioning.config_files import (
     check_overrides,
     load_config,
     parse_overrides,
+    with_data_section,
 )
 from captioning.data.folder import read_folder
 from captioning.evaluation.runner import (
@@ -163,7 +164,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     device = resolve_device(args.device)
     model, config = load_captioner(args.checkpoint, device)
     if data_config is not None:
-        config = replace(config, data=data_config)
+        config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
