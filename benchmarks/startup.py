@@ -109,12 +109,15 @@ def measure(folder: Path, dataset: str, mode: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, help="where to write the files (default: a temporary folder)")
     parser.add_argument("--captions", type=Path, default=REAL_CAPTIONS, help="JSON of real captions to draw from")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    args = parser.parse_args()
+    return parser
+
+
+def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as temporary:
         folder = args.folder or Path(temporary)
         folder.mkdir(parents=True, exist_ok=True)
@@ -138,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(get_args_parser().parse_args())

@@ -94,7 +94,7 @@ class EncoderConfig:
 class DecoderConfig:
     """The caption decoder: the attention LSTM of Show, Attend and Tell, or a Transformer."""
 
-    kind: str = "lstm"  # lstm (Show, Attend and Tell) | transformer (README: "The Transformer decoder")
+    kind: str = "lstm"  # lstm (Show, Attend and Tell) | transformer (docs/transformer.md)
     attention: str = "soft"  # soft (section 4.2) | hard (stochastic, section 4.1)
     scoring: str = "additive"  # additive | dot | scaled_dot | multihead
     activation: str = "tanh"  # additive scoring non-linearity: tanh (paper) | relu (tutorial)
@@ -105,7 +105,7 @@ class DecoderConfig:
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
     dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
-    doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (README: "What lambda means")
+    doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (docs/training.md)
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
     hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus

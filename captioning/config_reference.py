@@ -1,6 +1,6 @@
-"""The README's configuration reference, generated from the configuration dataclasses.
+"""The configuration reference (docs/configuration.md), generated from the configuration dataclasses.
 
-    python -m captioning.config_reference      # prints the table (a test keeps the README in sync)
+    python -m captioning.config_reference      # prints the table (a test keeps docs/configuration.md in sync)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _field_comments(cls: type) -> dict[str, str]:
 
 
 def reference_markdown() -> str:
-    """The configuration reference table of the README, generated from the dataclasses."""
+    """The configuration reference table of docs/configuration.md, generated from the dataclasses."""
     comments: dict[str, str] = {}
 
     def collect(cls: type, prefix: str) -> None:

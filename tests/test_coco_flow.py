@@ -2,7 +2,7 @@
 
 The tree (``coco_fixture.write_coco_tree``) holds train2014/ and val2014/ JPEGs, Karpathy's
 ``dataset_coco.json`` and the official ``captions_*2014.json`` / ``instances_*2014.json``. The tools
-run from the folder above it with relative paths, as the README's commands do, under
+run from the folder above it with relative paths, as the commands of docs/coco.md do, under
 ``configs/coco_resnet101.yaml`` shrunk to a random-weights encoder at 64 px. They run in this process
 (tests/tool_runs.py), on one intra-op thread as the subprocesses did.
 """
