@@ -125,10 +125,13 @@ def test_captions_in_other_languages_train_and_score_on_their_tokens(tmp_path, t
     write_jsonl(tmp_path / "mine" / "metadata.jsonl",
                 [{"file_name": name, "caption": captions[k % 6], "split": "test" if k >= 17 else
                   "val" if k >= 15 else "train"} for k, name in enumerate(names)])
-    result = train(tmp_path, "mine", "run", **{"data.tokenizer": tokenizer, "train.epochs": 2})
+    result = train(tmp_path, "mine", "run", **{"data.tokenizer": tokenizer, "train.epochs": 2, "train.scst_epochs": 1,
+                                               "train.scst_samples": 2})
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     scores = assert_run_outputs(run, test_images=3)
+    history = json.loads((run / "history.json").read_text())["epochs"]
+    assert [epoch["stage"] for epoch in history] == ["xe", "xe", "scst"]  # CIDEr-D rewards on the same tokens
 
     tokenize = tokenizer_for(tokenizer)
     words = json.loads((run / "vocab.json").read_text(encoding="utf-8"))["words"][4:]
@@ -188,3 +191,4 @@ def test_the_docs_example_trains_and_captions_with_the_pages_two_commands(tmp_pa
     assert result.returncode == 0, result.stderr[-3000:]
     captions = json.loads((tmp_path / "runs" / "my_photos" / "eval_best_images_results.json").read_text())
     assert len(captions) == 10 and all(isinstance(c["caption"], str) for c in captions)
+    assert list((folder / "features").iterdir())  # where the page says the features are cached
