@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -162,4 +163,15 @@ def test_a_folder_named_as_an_image_is_refused(tmp_path):
     (tmp_path / "a.png").mkdir()
     metadata = write_jsonl(tmp_path / "metadata.jsonl", [ROW])
     with pytest.raises(DatasetError, match=rf"^{metadata}: line 1: image file 'a.png' is a folder, not a file"):
+        read_imagefolder(tmp_path)
+
+
+def test_fifos_are_refused_without_waiting_for_a_writer(tmp_path, make_image):
+    os.mkfifo(tmp_path / "metadata.jsonl")
+    with pytest.raises(DatasetError, match=r"metadata.jsonl: not a regular file \(a FIFO\)"):
+        read_imagefolder(tmp_path)
+    (tmp_path / "metadata.jsonl").unlink()
+    os.mkfifo(tmp_path / "a.png")
+    metadata = write_jsonl(tmp_path / "metadata.jsonl", [ROW])
+    with pytest.raises(DatasetError, match=rf"^{metadata}: line 1: image file 'a.png' is a FIFO, not a file"):
         read_imagefolder(tmp_path)
