@@ -78,7 +78,7 @@ def metadata_files(root: str | Path) -> list[tuple[Path, str | None]]:
     """
     root = Path(root)
     own = _metadata_in(root)
-    folders = [(path, SPLIT_NAMES[name]) for name in SPLIT_NAMES
+    folders: list[tuple[Path, str | None]] = [(path, SPLIT_NAMES[name]) for name in SPLIT_NAMES
                if (root / name).is_dir() and (path := _metadata_in(root / name)) is not None]
     if own is not None and folders:
         raise DatasetError(f"{own}: metadata at the root and in split sub-folders ({folders[0][0]}); keep one layout")
@@ -213,13 +213,14 @@ def _jsonl_entries(file: Any, metadata: Path) -> Iterator[tuple[int, Any]]:
 def _csv_entries(file: Any, metadata: Path) -> Iterator[tuple[int, Any]]:
     reader = csv.DictReader(file, strict=True)
     try:
+        header = len(reader.fieldnames or ())  # reads the header line
         for entry in reader:
             if None in entry:
                 raise DatasetError(f"{metadata}: line {reader.line_num}: more fields than the header's "
-                                   f"{len(reader.fieldnames)}")
+                                   f"{header}")
             if None in entry.values():
                 raise DatasetError(f"{metadata}: line {reader.line_num}: fewer fields than the header's "
-                                   f"{len(reader.fieldnames)}")
+                                   f"{header}")
             yield reader.line_num, {key: value for key, value in entry.items() if value != ""}
     except csv.Error as error:
         raise DatasetError(f"{metadata}: line {reader.line_num}: not valid CSV ({error})") from None
