@@ -153,7 +153,10 @@ def test_layout_errors(tmp_path, make_image):
     write_csv(tmp_path / "metadata.csv", ["file_name", "caption"], [["a.png", "a cat"]])
     with pytest.raises(DatasetError, match="both metadata.jsonl and metadata.csv; keep one"):
         read_imagefolder(tmp_path)
-    (tmp_path / "metadata.csv").unlink()
+    (tmp_path / "metadata.csv").write_text("file_name,caption\n", encoding="utf-8")
+    (tmp_path / "metadata.jsonl").unlink()
+    with pytest.raises(DatasetError, match=r"metadata.csv: no rows \(one per image or per caption\)"):
+        read_imagefolder(tmp_path)
     write_jsonl(tmp_path / "train" / "metadata.jsonl", [ROW])
     with pytest.raises(DatasetError, match="metadata at the root and in split sub-folders"):
         read_imagefolder(tmp_path)

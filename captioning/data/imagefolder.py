@@ -134,6 +134,8 @@ def read_imagefolder(root: str | Path, tokenizer: Callable[[str], list[str]] = t
                     raise DatasetError(f"{row.where}: caption {caption!r:.60} has no words")
                 image.raw.append(caption)
                 image.captions.append(tuple(tokens))
+    if not images:
+        raise DatasetError(f"{', '.join(str(path) for path, _ in files)}: no rows (one per image or per caption)")
     records = [ImageRecord(image_id=number if image.image_id is None else image.image_id, path=image.path,
                            split=image.split or "", captions=tuple(image.captions), raw=tuple(image.raw))
                for number, image in enumerate(images.values(), start=1)]
