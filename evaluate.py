@@ -27,9 +27,12 @@ from captioning.config import TOKENIZERS
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    from captioning.config import CHAIR_TABLES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("what to evaluate")
-    source.add_argument("--checkpoint", type=Path, help="a checkpoint written by train.py")
+    source.add_argument("--checkpoint", type=Path,
+                        help="a checkpoint written by train.py, or a model folder written by save_pretrained")
     source.add_argument("--split", default=None, help="split of the checkpoint's dataset to decode (train/val/test)")
     source.add_argument("--images", type=Path, help="a folder of images to caption (no scores)")
     source.add_argument("--annotations", type=Path, help="COCO-format reference captions (captions_val2014.json)")
@@ -62,6 +65,10 @@ def get_args_parser() -> argparse.ArgumentParser:
                          help="COCO instances JSON files with boxes: attention grounding and object hallucination "
                               "(CHAIR-i, CHAIR-s) on the images they cover (default: the checkpoint's "
                               "data.instances; Shapes: automatic)")
+    scoring.add_argument("--chair-table", choices=CHAIR_TABLES,
+                         help="CHAIR's word table: released (Rohrbach et al.'s table and rules, as published CHAIR "
+                              "numbers count) or extended (this project's); default: the checkpoint's "
+                              "data.chair_table, else released")
     scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
     scoring.add_argument("--java-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "

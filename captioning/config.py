@@ -31,6 +31,8 @@ DATASETS = ("shapes", "karpathy", "coco", "imagefolder", "folder")
 # The caption tokenizers of captioning.text.TOKENIZERS; only ptb is English's (METEOR and SPICE need it).
 TOKENIZERS = ("ptb", "whitespace", "characters")
 VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D")
+# CHAIR's word tables: the authors' released table and rules, or this project's extended one.
+CHAIR_TABLES = ("released", "extended")
 
 
 def _one_of(name: str, value: Any, choices: tuple) -> None:
@@ -46,6 +48,7 @@ class DataConfig:
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
+    chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s table and rules) | extended (this project's)
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
@@ -65,6 +68,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         _one_of("data.dataset", self.dataset, DATASETS)
         _one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
+        _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
@@ -104,6 +108,8 @@ class DecoderConfig:
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
+    init_layers: int = 1  # LSTM: layers of the h_0/c_0 MLP; 2 as the authors' COCO script (an extra C->C ReLU layer)
+    output_tanh: bool = False  # LSTM: tanh over equation 7's sum before the output layer, as the authors' code
     dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
     doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (docs/training.md)
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
@@ -139,6 +145,11 @@ class DecoderConfig:
             _check(self.attention_dim % self.num_heads == 0,
                    "model.decoder.attention_dim must be divisible by model.decoder.num_heads")
         _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
+        _check(self.init_layers >= 1, f"model.decoder.init_layers must be >= 1, got {self.init_layers}")
+        _check(not self.output_tanh or self.deep_output, "model.decoder.output_tanh needs model.decoder.deep_output")
+        if self.kind == "transformer":
+            _check(self.init_layers == 1 and not self.output_tanh,
+                   "model.decoder.init_layers and output_tanh are LSTM options (kind lstm)")
         for name in ("doubly_stochastic", "hard_reinforce", "hard_entropy"):
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, f"model.decoder.{name} must be finite and >= 0, got {value}")
@@ -218,6 +229,7 @@ class TrainConfig:
     scst_lr: float = 2e-5  # learning rate of the self-critical stage (a fine-tuned encoder's: encoder_lr * scst_lr / lr)
     scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
     scst_samples: int = 5  # sampled captions per image
+    scst_reward_eos: bool = True  # the CIDEr-D reward counts <end> as a word (Rennie et al.); false: earlier versions' reward
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 0, f"train.epochs must be >= 0, got {self.epochs}")

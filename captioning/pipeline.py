@@ -13,7 +13,7 @@ from captioning.evaluation.runner import (
     caption_records,
     default_instances,
     load_boxes,
-    load_captioner,
+    load_trained_captioner,
     score_captioned,
     split_records,
     summary_lines,
@@ -32,14 +32,14 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     dataset's own (Shapes') are read here.
     """
     checkpoint = best_checkpoint(output_dir)
-    model, config = load_captioner(checkpoint, device)
+    model, config, reward = load_trained_captioner(checkpoint, device)
     records = split_records(config, "test")
     captioned = caption_records(model, config, records, device, progress=progress, output_dir=output_dir)
     outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
     if boxes is None:
         boxes = load_boxes(default_instances(config))
     scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint,
-                             tokenizer=config.data.tokenizer)
+                             chair=config.data.chair_table, reward=reward, tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path

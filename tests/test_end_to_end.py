@@ -102,6 +102,10 @@ def test_demo_scores_carry_chair_and_signature(demo):
     signature = parse_signature(scores["signature"])
     assert signature["ckpt"] == file_hash(scores["checkpoint"]) and signature["n"] == "8"
     assert signature["decode"] == decode_description(load_config(run_dir / "config.yaml").decode)
+    assert signature["chair"] == "released"
+    # The self-critical reward is named exactly when the scored weights went through that stage.
+    tuned = Path(scores["checkpoint"]).name == "best_scst.pt"
+    assert signature.get("scst") == ("cider-d.eos" if tuned else None)
     stdout = (demo / "stdout.txt").read_text()
     assert "object hallucination: CHAIR-i" in stdout and f"signature: {scores['signature']}" in stdout
 

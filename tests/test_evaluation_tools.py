@@ -166,6 +166,27 @@ def test_results_file_with_instances_reports_chair(files: dict[str, Path], tmp_p
     assert f"signature: {scores['signature']}" in result.stdout and parse_signature(scores["signature"])["tok"] == "python"
 
 
+@pytest.mark.parametrize(("table", "mentions", "hallucinated"), [(None, 3, 2), ("released", 3, 2), ("extended", 1, 0)])
+def test_chair_table_flag_chooses_the_words_and_is_signed(tmp_path: Path, table, mentions, hallucinated):
+    # The released table reads desk as a dining table and goat as a sheep; the extended one neither.
+    (tmp_path / "refs.json").write_text(json.dumps({"images": [{"id": 1}], "annotations": [
+        {"image_id": 1, "caption": "a man sitting in an office"}]}))
+    (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "a man at a desk with a goat"}]))
+    names = ["person", "dining table", "sheep"]
+    (tmp_path / "instances.json").write_text(json.dumps({
+        "images": [{"id": 1, "width": 64, "height": 64}],
+        "categories": [{"id": k + 1, "name": name} for k, name in enumerate(names)],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 8, 20, 20]}]}))
+    code, _, stderr = evaluate_in_process("--annotations", str(tmp_path / "refs.json"), "--results",
+                                          str(tmp_path / "results.json"), "--instances",
+                                          str(tmp_path / "instances.json"), "--no-java",
+                                          *(["--chair-table", table] if table else []))
+    assert code == 0, stderr
+    scores = json.loads((tmp_path / "results_scores.json").read_text())
+    assert (scores["CHAIR-mentions"], scores["CHAIR-hallucinated"]) == (mentions, hallucinated)
+    assert parse_signature(scores["signature"])["chair"] == (table or "released")
+
+
 def test_chair_leaves_out_images_the_instances_files_do_not_cover(files, tmp_path):
     instances = json.loads(files["instances"].read_text())
     first, second = tmp_path / "first.json", tmp_path / "second.json"

@@ -22,7 +22,7 @@ from captioning.evaluation.runner import (
     decode_config_with,
     default_instances,
     load_boxes,
-    load_captioner,
+    load_trained_captioner,
     per_image_path,
     score_captioned,
     score_results_file,
@@ -129,7 +129,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         check_output_file(scores_path, "--out")
         boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
         scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
-                                    java_timeout=args.java_timeout, boxes=boxes, tokenizer=args.tokenizer)
+                                    java_timeout=args.java_timeout, boxes=boxes,
+                                    chair=args.chair_table or "released", tokenizer=args.tokenizer)
         print(scores_text(scores, len(scores["per_image"])))
         replaced = _existing(scores_path, per_image_path(scores_path))
         scores_path, per_image = write_scores(scores_path, scores)
@@ -162,10 +163,12 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         check_output_file(scores_target, "--out")
         outputs = [results, scores_target, per_image_path(scores_target)]
     device = resolve_device(args.device)
-    model, config = load_captioner(args.checkpoint, device)
+    model, config, reward = load_trained_captioner(args.checkpoint, device)
     if data_config is not None:
         config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
+    if args.chair_table is not None:
+        config = replace(config, data=replace(config.data, chair_table=args.chair_table))
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
     decode_config = decode_config_with(config, **decoding)
@@ -194,7 +197,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
                              java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint,
-                             tokenizer=config.data.tokenizer)
+                             chair=config.data.chair_table, reward=reward, tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from captioning.config import Config, DecodeConfig
@@ -16,11 +17,12 @@ from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
 from captioning.decoding import Caption
+from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import Instances, WordMatcher, grounding_scores, load_instances
 from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
-from captioning.evaluation.signature import make_signature
+from captioning.evaluation.signature import make_signature, reward_description
 from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
 from captioning.text import detokenize
@@ -45,8 +47,18 @@ class Captioned:
 
 
 def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captioner, Config]:
-    """Rebuild the model a checkpoint describes (weights_only loading) and put it in eval mode."""
-    payload = load_checkpoint(checkpoint)
+    """Rebuild the model a checkpoint file (weights_only loading) or a model folder (``save_pretrained``,
+    safetensors) describes, on ``device`` in eval mode."""
+    model, config, _ = load_trained_captioner(checkpoint, device)
+    return model, config
+
+
+def load_trained_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captioner, Config, str | None]:
+    """:func:`load_captioner`, and the self-critical reward its weights were tuned with
+    (:func:`captioning.evaluation.signature.reward_description`; None after cross-entropy only)."""
+    from captioning.pretrained import is_model_folder, load_folder
+
+    payload = load_folder(checkpoint) if is_model_folder(checkpoint) else load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)
     model = Captioner.build(config.model, vocab)
     input_weight = payload["decoder"].get(model.decoder.input_weight)
@@ -61,24 +73,29 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
     if trained is not None and trained != now:  # other features than the decoder learned from
         raise CheckpointError(f"{checkpoint}: the encoder weights differ from those it was trained with "
                               f"({json.dumps(trained, sort_keys=True)} then, {json.dumps(now, sort_keys=True)} now)")
-    return model.to(device).eval(), config
+    state = (payload.get("training") or {}).get("state") or {}
+    reward = reward_description(config.train) if state.get("stage") == "scst" else None
+    return model.to(device).eval(), config, reward
 
 
 def caption_records(model: Captioner, config: Config, records: list[ImageRecord], device: torch.device,
                     decode_config: DecodeConfig | None = None, progress: bool = True,
-                    output_dir: Path | None = None, build_cache: bool = True) -> list[Captioned]:
+                    output_dir: Path | None = None, build_cache: bool = True,
+                    pictures: Sequence[Image.Image] | None = None) -> list[Captioned]:
     """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions).
 
     ``build_cache`` False: only an existing complete cache is used; nothing is written.
+    ``pictures``: the records' RGB images already in memory (one per record), used instead of
+    their files (the Python API and the demo; ``evaluate.py --images`` reads the same files).
     """
     decode_config = decode_config or config.decode
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
-    if all(r.captions for r in records) and uses_cache(config):
+    if pictures is None and all(r.captions for r in records) and uses_cache(config):
         dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1,
                                   build_cache=build_cache)
     else:
-        dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
+        dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images, pictures)
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
                         num_workers=usable_workers(config.data.num_workers))
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
@@ -128,7 +145,8 @@ def load_boxes(paths: Sequence[str | Path]) -> Instances | None:
 
 
 def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequence[str]],
-                     references: Mapping[int, Sequence[str]], attention: Mapping[int, tuple] | None = None) -> None:
+                     references: Mapping[int, Sequence[str]], attention: Mapping[int, tuple] | None = None,
+                     chair: str = "released") -> None:
     """Add attention grounding (when ``attention`` is given) and CHAIR to ``result`` in place, over the
     images ``boxes`` cover; ``grounding-images`` and ``CHAIR-images`` count them (the others are left
     out of these two only).
@@ -139,25 +157,29 @@ def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequenc
         words: image id -> the generated caption's tokens.
         references: image id -> raw reference captions.
         attention: image id -> (attention maps (T, P), grid) of the generated caption.
+        chair: CHAIR's word table (:data:`captioning.config.CHAIR_TABLES`); grounding always reads
+            captions with the extended one.
     """
     covered = [image_id for image_id in words if image_id in boxes.image_sizes]
-    matcher = WordMatcher()  # one table of category words for grounding and CHAIR
+    matcher = WordMatcher()
     if attention is not None:
         items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
         result.update(grounding_scores(items, boxes, matcher))
         result["grounding-images"] = len(covered)
-    add_chair(result, {image_id: words[image_id] for image_id in covered}, references, boxes, matcher.table)
+    add_chair(result, {image_id: words[image_id] for image_id in covered}, references, boxes, chair_table(chair))
     result["CHAIR-images"] = len(covered)
 
 
 def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: Instances | None = None,
                     use_java: bool | None = None, spice: bool = False,
                     java_timeout: float = DEFAULT_TIMEOUT_S, decode: DecodeConfig | None = None,
-                    checkpoint: Path | None = None, tokenizer: str = "ptb") -> dict:
-    """Caption metrics against each record's references, plus attention grounding and CHAIR on the
-    images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of them; the others are left out
-    of these only), and the signature of the scores (``decode`` and ``checkpoint`` describe the system).
-    ``tokenizer``: the checkpoint's ``data.tokenizer``, which the metrics tokenize with."""
+                    checkpoint: Path | None = None, chair: str = "released", reward: str | None = None,
+                    tokenizer: str = "ptb") -> dict:
+    """Caption metrics against each record's references, plus attention grounding and CHAIR (with the
+    word table ``chair``) on the images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of
+    them; the others are left out of these only), and the signature of the scores (``decode``,
+    ``checkpoint`` and its self-critical ``reward`` describe the system). ``tokenizer``: the
+    checkpoint's ``data.tokenizer``, which the metrics tokenize with."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: detokenize(item.words) for item in captioned}
     scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout,
@@ -167,8 +189,9 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: In
     result["table"] = scores.table()
     if boxes is not None:
         add_boxed_scores(result, boxes, {item.record.image_id: item.words for item in captioned}, references,
-                         {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned})
-    result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint)
+                         {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned}, chair)
+    result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint,
+                                         chair=chair if boxes is not None else None, reward=reward)
     return result
 
 
@@ -227,10 +250,10 @@ def decode_config_with(config: Config, **changes) -> DecodeConfig:
 
 def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
                        spice: bool = False, java_timeout: float = DEFAULT_TIMEOUT_S,
-                       boxes: Instances | None = None, tokenizer: str = "ptb") -> dict:
+                       boxes: Instances | None = None, chair: str = "released", tokenizer: str = "ptb") -> dict:
     """Score a COCO results file against COCO-format reference captions, as the official toolkit does
-    (``tokenizer``: as for :func:`score_captions`), with CHAIR on the images ``boxes`` cover
-    (:func:`load_boxes`) when given."""
+    (``tokenizer``: as for :func:`score_captions`), with CHAIR (word table ``chair``) on the images
+    ``boxes`` cover (:func:`load_boxes`) when given."""
     from captioning.evaluation.metrics import load_coco_references, load_results
     from captioning.text import tokenize
 
@@ -244,6 +267,8 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
                             tokenizer=tokenizer)
     result = {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
     if boxes is not None:
-        add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references)
-    result["signature"] = make_signature(references, scores.tokenizer, results=results)
+        add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references,
+                         chair=chair)
+    result["signature"] = make_signature(references, scores.tokenizer, results=results,
+                                         chair=chair if boxes is not None else None)
     return result

@@ -3,7 +3,8 @@
 Two scores are comparable only if they were computed the same way on the same references; the
 signature names each input that changes the numbers, as ``key:value`` fields joined by ``|``::
 
-    refs:3f2a9c01d4e5|n:5000|tok:ptb|impl:pycocoevalcap-1.2,captioning-0.1.0|decode:beam3.max20|ckpt:9b1e...
+    refs:3f2a9c01d4e5|n:5000|tok:ptb|impl:pycocoevalcap-1.2,captioning-0.1.0|chair:released|decode:beam3.max20
+    |ckpt:9b1e...|scst:cider-d.eos   (one line)
 
 - ``refs``: sha256 (12 hex digits) of the reference captions scored against (image ids and
   captions, in a canonical order: the same references give the same hash from any file);
@@ -11,10 +12,16 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
 - ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python`` (its Python copy); for captions in
   other languages, the ``data.tokenizer`` they were scored with (``whitespace``, ``characters``);
 - ``impl``: the pycocoevalcap version and this package's version;
+- ``chair``: the CHAIR word table (``released``: Rohrbach et al.'s; ``extended``: this
+  project's), when CHAIR was computed;
 - ``decode``: the decoding settings that change captions (not the batch size);
-- ``ckpt``: sha256 (12 hex digits) of the checkpoint file; ``results``: of a scored results file.
+- ``ckpt``: sha256 (12 hex digits) of the checkpoint file (a model folder: its ``model.safetensors``);
+  ``results``: of a scored results file;
+- ``scst``: the self-critical reward the checkpoint's weights were tuned with (``cider-d.eos``:
+  CIDEr-D with ``<end>`` counted as a word, Rennie et al.; ``cider-d.noeos``: without), absent
+  for weights trained by cross-entropy only.
 
-``decode``, ``ckpt`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
+``decode``, ``ckpt``, ``scst`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
 """
 
@@ -27,9 +34,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import captioning
-from captioning.config import DecodeConfig
+from captioning.config import DecodeConfig, TrainConfig
 
-SYSTEM_FIELDS = ("decode", "ckpt", "results")
+SYSTEM_FIELDS = ("decode", "ckpt", "scst", "results")
 _DIGITS = 12
 
 
@@ -40,10 +47,11 @@ def references_hash(references: Mapping[int, Sequence[str]]) -> str:
 
 
 def file_hash(path: str | Path) -> str:
-    """sha256 (first 12 hex digits) of a file's bytes."""
+    """sha256 (first 12 hex digits) of a file's bytes; of a model folder's weights file for a folder."""
     from captioning.models.encoders import file_identity
+    from captioning.pretrained import weights_file
 
-    return file_identity(Path(path))["sha256"][:_DIGITS]
+    return file_identity(weights_file(path))["sha256"][:_DIGITS]
 
 
 def decode_description(decode: DecodeConfig) -> str:
@@ -63,6 +71,11 @@ def decode_description(decode: DecodeConfig) -> str:
     return ".".join(parts)
 
 
+def reward_description(train: TrainConfig) -> str:
+    """The self-critical reward a training configuration uses: ``cider-d.eos`` or ``cider-d.noeos``."""
+    return "cider-d.eos" if train.scst_reward_eos else "cider-d.noeos"
+
+
 def _implementation() -> str:
     try:
         toolkit = version("pycocoevalcap")
@@ -72,7 +85,8 @@ def _implementation() -> str:
 
 
 def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, decode: DecodeConfig | None = None,
-                   checkpoint: str | Path | None = None, results: str | Path | None = None) -> str:
+                   checkpoint: str | Path | None = None, results: str | Path | None = None,
+                   chair: str | None = None, reward: str | None = None) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
     Args:
@@ -82,15 +96,22 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         decode: the decoding settings, when the captions were generated here.
         checkpoint: the checkpoint file that generated them, if any.
         results: the results file that was scored, if any.
+        chair: the CHAIR word table, when CHAIR was computed.
+        reward: the checkpoint's self-critical reward (:func:`reward_description`), when its
+            weights had a self-critical stage.
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
     fields = {"refs": references_hash(references), "n": str(len(references)), "tok": tokenizer,
               "impl": _implementation()}
+    if chair is not None:
+        fields["chair"] = chair
     if decode is not None:
         fields["decode"] = decode_description(decode)
     if checkpoint is not None:
         fields["ckpt"] = file_hash(checkpoint)
+    if reward is not None:
+        fields["scst"] = reward
     if results is not None:
         fields["results"] = file_hash(results)
     return "|".join(f"{key}:{value}" for key, value in fields.items())

@@ -28,7 +28,7 @@ FORMAT = "captioning-checkpoint"
 VERSION = 1
 
 
-__all__ = ["CheckpointError", "atomic_write", "check_state_fits", "checkpoint_config", "load_checkpoint",
+__all__ = ["CheckpointError", "atomic_write", "check_payload", "check_state_fits", "checkpoint_config", "load_checkpoint",
            "load_state_checked", "rng_state", "save_checkpoint", "set_rng_state"]
 
 
@@ -141,6 +141,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError) as error:
         detail = _first_sentence(str(error)) or type(error).__name__
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({detail})") from None
+    check_payload(payload, path)
+    return payload
+
+
+def check_payload(payload: Any, path: str | Path) -> None:
+    """Refuse a checkpoint payload (or a model folder's, ``captioning.pretrained``) of another layout,
+    or whose weights are not all finite tensors.
+
+    Raises:
+        CheckpointError: one line naming ``path``.
+    """
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a captioning checkpoint")
     if payload.get("version") != VERSION:
@@ -155,7 +166,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                                   f"got {type(payload[key]).__name__}")
     for section in ("decoder", "encoder"):
         _check_weights(payload.get(section) or {}, section, path)
-    return payload
 
 
 def _check_crc(path: Path) -> None:

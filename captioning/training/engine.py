@@ -19,6 +19,10 @@ from captioning.models.decoder import HardAttentionDecoder
 from captioning.training import distributed
 from captioning.training.losses import LossTerms, caption_loss, hard_attention_loss
 
+# The self-critical reward: (image ids (N,), captions as token ids without <end> (N,), whether each
+# one ended with <end> (N,)) -> (N,) rewards. The trainer's maps ids to words for CiderDReward.
+Rewarder = Callable[[Sequence[int], list[list[int]], list[bool]], np.ndarray]
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss or the gradient became NaN or infinite; nothing was written."""
@@ -167,13 +171,13 @@ def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Opt
     return True
 
 
-def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, decode_config: DecodeConfig,
+def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainConfig, decode_config: DecodeConfig,
               world_size: int = 1) -> tuple[Tensor, dict]:
     """Self-critical loss of one batch (Rennie et al. 2017).
 
-    ``scst_samples`` captions are sampled per image; each one's advantage is its CIDEr-D minus a
-    baseline: the greedy caption's CIDEr-D (``greedy``) or the mean of the other samples
-    (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all
+    ``scst_samples`` captions are sampled per image; each one's advantage is its reward (the
+    trainer's: :class:`captioning.training.rewards.CiderDReward`, told which captions ended) minus a
+    baseline: the greedy caption's reward (``greedy``) or the mean of the other samples (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all
     processes, divided by ``world_size``, so that averaged gradients equal one process's).
 
     Rollouts obey the constraints that validation decoding obeys (``decode_config.max_length``,
@@ -194,14 +198,15 @@ def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, deco
               "forbid_unk": decode_config.forbid_unk}
     sampled = rollout(decoder, annotations, sampler(), repeats=n, **limits)
     sample_words = [row[:length].tolist() for row, length in zip(sampled.tokens, sampled.lengths.tolist())]
-    rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words).reshape(len(image_ids), n)
+    rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words,
+                       sampled.finished.tolist()).reshape(len(image_ids), n)
     if config.scst_baseline == "greedy":
         decoder.eval()
         with torch.no_grad():
             greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), **limits)
         decoder.train()
         greedy_words = [row[:length].tolist() for row, length in zip(greedy.tokens, greedy.lengths.tolist())]
-        baseline = rewarder(image_ids, greedy_words)[:, None]
+        baseline = rewarder(image_ids, greedy_words, greedy.finished.tolist())[:, None]
     else:
         baseline = (rewards.sum(1, keepdims=True) - rewards) / (n - 1)
     advantage = torch.as_tensor(rewards - baseline, dtype=torch.float32, device=annotations.device).view(-1)
@@ -218,7 +223,7 @@ def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, deco
 
 def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.optim.Optimizer,
                     config: TrainConfig, state: TrainState, device: torch.device, *, decoder_config: DecoderConfig,
-                    decode_config: DecodeConfig | None = None, rewarder=None,
+                    decode_config: DecodeConfig | None = None, rewarder: Rewarder | None = None,
                     scaler: torch.amp.GradScaler | None = None, on_step=None, world_size: int = 1,
                     progress: bool = True, stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """One pass over ``loader``; calls ``on_step(state, numbers)`` after each optimisation step.

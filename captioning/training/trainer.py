@@ -15,7 +15,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from captioning.config import PER_STEP_SCHEDULES, Config, to_dict
 from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
-from captioning.evaluation.metrics import CiderDScorer, score_captions
+from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
 from captioning.text import detokenize
 from captioning.training import distributed
@@ -38,6 +38,7 @@ from captioning.training.engine import (
     train_one_epoch,
 )
 from captioning.training.optim import optimizer_for, scheduler_for
+from captioning.training.rewards import CiderDReward
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
 
 
@@ -93,9 +94,11 @@ RESUMABLE_KEYS = frozenset([
     "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
     "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
     "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
-    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images", "train.resume",
+    "data.annotations", "data.instances", "data.chair_table", "data.num_workers", "data.use_cache",
+    "data.skip_bad_images", "train.resume",
 ])
-RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline"])
+RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline",
+                                   "train.scst_reward_eos"])
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -165,10 +168,10 @@ class Trainer:
         self.scheduler = scheduler_for(self.optimizer, self.config, stage, self._xe_steps)
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
-            scorer = CiderDScorer(references)  # document frequencies once, from the training references
-            vocab = self.model.vocab
-            self.rewarder = lambda ids, token_ids: scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id]
-                                                                      for row in token_ids])
+            # document frequencies once, from the training references
+            reward = CiderDReward(references, end_token=train.scst_reward_eos)
+            itos = self.model.vocab.itos
+            self.rewarder = lambda ids, rows, finished: reward(ids, [[itos[t] for t in row] for row in rows], finished)
 
     def _trainable(self) -> dict[str, torch.nn.Parameter]:
         return trainable_parameters({"decoder": distributed.unwrap(self.model.decoder), "encoder": self.model.encoder})
