@@ -25,6 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from captioning.config import TOKENIZERS
+
 
 def get_args_parser() -> argparse.ArgumentParser:
     from captioning.config import CHAIR_TABLES
@@ -85,6 +87,10 @@ def get_args_parser() -> argparse.ArgumentParser:
                          help="also CLIP-S and RefCLIP-S (Hessel et al. 2021; CLIP ViT-B/32, the clip extra) with "
                               "--checkpoint and --split; WEIGHTS: pretrained (the default: from the Hugging Face "
                               "cache, downloaded when online) or a weights file")
+    scoring.add_argument("--tokenizer", choices=TOKENIZERS, default="ptb",
+                         help="tokenizer of a scored results file (--annotations, --compare): ptb (English), "
+                              "whitespace or characters; METEOR and SPICE only with ptb. A checkpoint's "
+                              "captions are scored with its own data.tokenizer")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="leave out (and count) images that cannot be read instead of stopping")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

@@ -27,6 +27,9 @@ def _check(condition: bool, message: str) -> None:
 # The metrics validation computes (without Java): train.metric must name one of them.
 SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
 PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
+DATASETS = ("shapes", "karpathy", "coco", "imagefolder", "folder")
+# The caption tokenizers of captioning.text.TOKENIZERS; only ptb is English's (METEOR and SPICE need it).
+TOKENIZERS = ("ptb", "whitespace", "characters")
 VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D")
 # CHAIR's word tables: the authors' released table and rules, or this project's extended one.
 CHAIR_TABLES = ("released", "extended")
@@ -40,14 +43,15 @@ def _one_of(name: str, value: Any, choices: tuple) -> None:
 class DataConfig:
     """Where the captions and images come from and how captions become token ids."""
 
-    dataset: str = "shapes"  # shapes | karpathy | coco | folder
-    root: str = "data/shapes"  # image root (Karpathy: the folder holding filepath/filename)
+    dataset: str = "shapes"  # shapes | karpathy | coco | imagefolder (your own images) | folder
+    root: str = "data/shapes"  # image root (Karpathy: holds filepath/filename; imagefolder: holds metadata.jsonl or .csv)
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s table and rules) | extended (this project's)
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
+    tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
@@ -62,7 +66,8 @@ class DataConfig:
     shapes_max_objects: int = 3  # Shapes: at most this many objects per image (1-3)
 
     def __post_init__(self) -> None:
-        _one_of("data.dataset", self.dataset, ("shapes", "karpathy", "coco", "folder"))
+        _one_of("data.dataset", self.dataset, DATASETS)
+        _one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
         _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")

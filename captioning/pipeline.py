@@ -45,7 +45,7 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     if boxes is None:
         boxes = load_boxes(default_instances(config))
     scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint,
-                             chair=config.data.chair_table, reward=reward)
+                             chair=config.data.chair_table, reward=reward, tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path

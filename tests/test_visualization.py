@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ from PIL import Image
 from captioning.data.records import ImageRecord
 from captioning.decoding import Caption
 from captioning.evaluation.runner import Captioned
-from captioning.visualization.figures import attention_figure, save_figure
+from captioning.visualization.figures import CJK_FONTS, attention_figure, font_families, save_figure
 from captioning.visualization.overlay import blend, colorize, upsample_attention
 from captioning.visualization.report import write_figures_and_report, write_report
 
@@ -272,3 +273,38 @@ def test_report_overlay_in_browser(tmp_path: Path, report_items):
         ys, xs = np.nonzero(hot_stage)
         centre = (int(ys.mean()), int(xs.mean()))
         assert inside[centre], f"hot region centred at {centre}, outside cell {cell}"
+
+
+def _installed_cjk_font() -> str | None:
+    """A font file of ``CJK_FONTS`` on this system, found even where matplotlib's font cache predates it."""
+    from matplotlib import font_manager
+
+    for path in font_manager.findSystemFonts():
+        try:
+            if font_manager.get_font(path).family_name in CJK_FONTS:
+                return path
+        except (OSError, RuntimeError):
+            continue
+    return None
+
+
+def test_chinese_words_are_drawn_with_an_installed_cjk_font(tmp_path):
+    """One panel per token, every glyph drawn: matplotlib warns of each glyph its fonts lack."""
+    from matplotlib import font_manager
+
+    path = _installed_cjk_font()
+    if path is None:
+        pytest.skip(f"no CJK font installed (one of {', '.join(CJK_FONTS)})")
+    font_manager.fontManager.addfont(path)
+    font_families.cache_clear()
+    try:
+        assert font_families()[1:] and set(font_families()[1:]) <= set(CJK_FONTS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "Glyph 19968 missing from font(s) DejaVu Sans" fails the test
+            result = attention_figure(Image.new("RGB", (40, 30)), ["一", "只", "狗", "tv"], np.full((4, 4), 0.25),
+                                      (2, 2), references=["一只狗在TV前跑。"])
+            save_figure(result.figure, tmp_path / "figure.png")
+        assert result.panels == 5
+    finally:
+        font_families.cache_clear()
+

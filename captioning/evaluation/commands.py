@@ -14,6 +14,7 @@ from captioning.config_files import (
     check_overrides,
     load_config,
     parse_overrides,
+    with_data_section,
 )
 from captioning.data.folder import read_folder
 from captioning.evaluation.runner import (
@@ -102,7 +103,8 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
 
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
     return compare_command(args.annotations, *groups, args.out, use_java, args.spice, args.resamples,
-                           args.seed, args.java_timeout, getattr(args, "names", None), boxes)
+                           args.seed, args.java_timeout, getattr(args, "names", None), boxes,
+                           tokenizer=args.tokenizer)
 
 
 def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
@@ -152,7 +154,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
         scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
                                     java_timeout=args.java_timeout, boxes=boxes,
-                                    chair=args.chair_table or "released")
+                                    chair=args.chair_table or "released", tokenizer=args.tokenizer)
         print(scores_text(scores, len(scores["per_image"])))
         replaced = _existing(scores_path, per_image_path(scores_path))
         scores_path, per_image = write_scores(scores_path, scores)
@@ -192,7 +194,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
     model, config, reward = load_trained_captioner(args.checkpoint, device)
     if data_config is not None:
-        config = replace(config, data=data_config)
+        config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
     if args.chair_table is not None:
         config = replace(config, data=replace(config.data, chair_table=args.chair_table))
@@ -224,7 +226,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
                              java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint,
-                             chair=config.data.chair_table, reward=reward, clip_scorer=clip_scorer)
+                             chair=config.data.chair_table, reward=reward, clip_scorer=clip_scorer,
+                             tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)

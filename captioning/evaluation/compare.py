@@ -97,13 +97,14 @@ def default_names(runs_a: Sequence[Path], runs_b: Sequence[Path]) -> tuple[str, 
 def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
                           use_java: bool | None = None, spice: bool = False, resamples: int = 1000, seed: int = 0,
                           java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
-                          instances: Instances | None = None) -> dict[str, Any]:
+                          instances: Instances | None = None, tokenizer: str = "ptb") -> dict[str, Any]:
     """Score two systems' results files on the same images and compare them metric by metric.
 
     Each side is one results file, or several (one per training seed): the comparison is then
     of the mean over each side's runs, with an interval that includes the variance between seeds
     (``significance.group_bootstrap``). Grounding and CHAIR are compared when every run's
     per-image scores hold them (``ratios``); with ``instances``, CHAIR is computed from the captions.
+    ``tokenizer``: the tokens the metrics are computed on, as for :func:`score_captions`.
 
     Returns:
         ``{"metrics": {metric: {"a", "b", "difference", "ci_low", "ci_high", "p_value", "p_holm"}},
@@ -123,11 +124,12 @@ def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], r
     for runs, captions in ((runs_a, captions_a), (runs_b, captions_b)):
         side = {"per_image": [], "bleu": [], "ratios": [], "signatures": []}
         for path, run in zip(runs, captions):
-            scores = score_captions(references, run, use_java=use_java, spice=spice, java_timeout=java_timeout)
+            scores = score_captions(references, run, use_java=use_java, spice=spice, java_timeout=java_timeout,
+                                    tokenizer=tokenizer)
             side["per_image"].append({metric: np.array([scores.per_image[i][metric] for i in image_ids])
                                       for metric in PER_IMAGE_METRICS if scores.overall.get(metric) is not None})
             # BLEU's statistics from each run's own tokens: the Java tokenizer may have timed out for one only.
-            gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout)
+            gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
             side["bleu"].append(bleu_statistics(gts, res, image_ids))
             ratios = read_ratio_statistics(path, image_ids)
             if instances is not None:
@@ -182,10 +184,10 @@ def check_bootstrap_options(resamples: int, seed: int) -> None:
 def compare_command(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
                     out: Path | None, use_java: bool | None, spice: bool, resamples: int, seed: int,
                     java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
-                    instances: Instances | None = None) -> dict[str, Any]:
+                    instances: Instances | None = None, tokenizer: str = "ptb") -> dict[str, Any]:
     """Print the comparison table (and signatures, warning when they differ), write ``out`` if given."""
     comparison = compare_results_files(annotations, results_a, results_b, use_java, spice, resamples, seed,
-                                       java_timeout, names, instances)
+                                       java_timeout, names, instances, tokenizer)
     print(comparison["table"])
     name_a, name_b = comparison["names"]["a"], comparison["names"]["b"]
     runs = comparison["runs"]

@@ -32,6 +32,7 @@ from captioning.evaluation.metrics import EvaluationInputError, score_captions
 from captioning.evaluation.signature import make_signature, parse_signature, reward_description
 from captioning.files import atomic_write
 from captioning.models.captioner import Captioner
+from captioning.text import detokenize
 from captioning.training.checkpoint import (
     CheckpointError,
     checkpoint_config,
@@ -113,7 +114,7 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
 
 def write_results(path: str | Path, captioned: list[Captioned]) -> Path:
     """COCO results format ``[{"image_id": ..., "caption": ...}]``, written atomically."""
-    results = [{"image_id": item.record.image_id, "caption": " ".join(item.words)} for item in captioned]
+    results = [{"image_id": item.record.image_id, "caption": detokenize(item.words)} for item in captioned]
     text = json.dumps(results, indent=1, ensure_ascii=False)
     atomic_write(path, lambda p: p.write_text(text, encoding="utf-8", errors="replace"))
     return Path(path)
@@ -189,15 +190,17 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: In
                     use_java: bool | None = None, spice: bool = False,
                     java_timeout: float = DEFAULT_TIMEOUT_S, decode: DecodeConfig | None = None,
                     checkpoint: Path | None = None, chair: str = "released", reward: str | None = None,
-                    clip_scorer: ClipScorer | None = None) -> dict:
+                    clip_scorer: ClipScorer | None = None, tokenizer: str = "ptb") -> dict:
     """Caption metrics against each record's references, plus attention grounding and CHAIR (with the
     word table ``chair``) on the images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of
     them; the others are left out of these only), CLIP-S and RefCLIP-S with ``clip_scorer`` (also per
     image), and the signature of the scores (``decode``, ``checkpoint`` and its self-critical
-    ``reward`` describe the system)."""
+    ``reward`` describe the system). ``tokenizer``: the checkpoint's ``data.tokenizer``, which the
+    metrics tokenize with."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
-    candidates = {item.record.image_id: " ".join(item.words) for item in captioned}
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
+    candidates = {item.record.image_id: detokenize(item.words) for item in captioned}
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout,
+                            tokenizer=tokenizer)
     result = scores.to_json()
     result["per_image"] = scores.per_image_json()
     result["table"] = scores.table()
@@ -282,9 +285,10 @@ def decode_config_with(config: Config, **changes) -> DecodeConfig:
 
 def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
                        spice: bool = False, java_timeout: float = DEFAULT_TIMEOUT_S,
-                       boxes: Instances | None = None, chair: str = "released") -> dict:
-    """Score a COCO results file against COCO-format reference captions, as the official toolkit does,
-    with CHAIR (word table ``chair``) on the images ``boxes`` cover (:func:`load_boxes`) when given."""
+                       boxes: Instances | None = None, chair: str = "released", tokenizer: str = "ptb") -> dict:
+    """Score a COCO results file against COCO-format reference captions, as the official toolkit does
+    (``tokenizer``: as for :func:`score_captions`), with CHAIR (word table ``chair``) on the images
+    ``boxes`` cover (:func:`load_boxes`) when given."""
     from captioning.evaluation.metrics import load_coco_references, load_results
     from captioning.text import tokenize
 
@@ -294,7 +298,8 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
     if missing:
         raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")
     references = {image_id: references[image_id] for image_id in candidates}
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout)
+    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout,
+                            tokenizer=tokenizer)
     result = {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
     if boxes is not None:
         add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references,

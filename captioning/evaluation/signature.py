@@ -9,7 +9,8 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
 - ``refs``: sha256 (12 hex digits) of the reference captions scored against (image ids and
   captions, in a canonical order: the same references give the same hash from any file);
 - ``n``: number of images scored;
-- ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python``;
+- ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python`` (its Python copy); for captions in
+  other languages, the ``data.tokenizer`` they were scored with (``whitespace``, ``characters``);
 - ``impl``: the pycocoevalcap version and this package's version;
 - ``chair``: the CHAIR word table (``released``: Rohrbach et al.'s; ``extended``: this
   project's), when CHAIR was computed;
@@ -92,7 +93,8 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
 
     Args:
         references: image id -> reference captions that were scored against.
-        tokenizer: ``"ptb"`` or ``"python"`` (:attr:`captioning.evaluation.metrics.Scores.tokenizer`).
+        tokenizer: ``"ptb"``, ``"python"``, ``"whitespace"`` or ``"characters"``
+            (:attr:`captioning.evaluation.metrics.Scores.tokenizer`).
         decode: the decoding settings, when the captions were generated here.
         checkpoint: the checkpoint file that generated them, if any.
         results: the results file that was scored, if any.

@@ -18,6 +18,7 @@ from captioning.data.datasets import CaptionDataset, collate_captions, usable_wo
 from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
+from captioning.text import detokenize
 from captioning.training import distributed
 from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.checkpoint import (
@@ -77,14 +78,14 @@ def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config,
     and its scores given to every process (they all take the same schedule and stopping decisions).
     """
     triples = decode_records(model, dataset, config, device, config.train.val_images, progress, "validating", group)
-    mine = [(index, image_id, " ".join(caption.words(model.vocab))) for index, image_id, caption in triples]
+    mine = [(index, image_id, detokenize(caption.words(model.vocab))) for index, image_id, caption in triples]
     gathered = distributed.gather_to_main(mine, group)
     result = None
     if gathered is not None:
         decoded = sorted(item for part in gathered for item in part)  # dataset order, as one process has it
         candidates = {image_id: caption for _, image_id, caption in decoded}
         references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in decoded}
-        scores = score_captions(references, candidates, use_java=False)
+        scores = score_captions(references, candidates, use_java=False, tokenizer=config.data.tokenizer)
         examples = [(image_id, caption, references[image_id][:1]) for _, image_id, caption in decoded[:3]]
         result = (scores.overall, examples, degenerate_captions(list(candidates.values()), "validation"))
     return distributed.broadcast_object(result) if group.world_size > 1 else result

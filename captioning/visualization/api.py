@@ -15,6 +15,7 @@ from captioning.config_files import (
     check_overrides,
     load_config,
     parse_overrides,
+    with_data_section,
 )
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
@@ -68,7 +69,7 @@ def visualization_config(config: Config, data_config: str | Path | None = None, 
         ConfigError: a malformed or non-overridable key, or an invalid value.
     """
     if data_config is not None:
-        config = replace(config, data=load_config(data_config).data)
+        config = with_data_section(config, load_config(data_config).data)
     values: dict[str, Any] = {"decode.strategy": "beam", **parse_overrides(overrides)}
     if beam_size is not None:
         values["decode.beam_size"] = beam_size

@@ -10,9 +10,11 @@ import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from matplotlib import font_manager, rcParams
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
@@ -51,6 +53,18 @@ _BOX_COLOUR = "#ff4d4d"
 _COLORBAR_LABELS = {"figure": "attention weight", "absolute": "attention weight", "word": "share of word's peak"}
 
 Box = tuple[float, float, float, float]  # (x, y, width, height) in pixels, COCO convention
+# Fonts with Chinese, Japanese and Korean glyphs, used (when installed) for the characters the default
+# font lacks: captions of data.tokenizer characters or whitespace are drawn, not shown as empty boxes.
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK KR", "Source Han Sans SC", "WenQuanYi Micro Hei",
+             "WenQuanYi Zen Hei", "Droid Sans Fallback", "AR PL UMing CN")
+
+
+@lru_cache(maxsize=1)
+def font_families() -> tuple[str, ...]:
+    """The fonts figure text is drawn with: matplotlib's default, then each installed ``CJK_FONTS`` font,
+    which matplotlib falls back to glyph by glyph."""
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    return (*rcParams["font.sans-serif"][:1], *(name for name in CJK_FONTS if name in installed))
 
 
 @dataclass
@@ -218,7 +232,7 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
                 for x, y, w, h in (boxes[t] if boxes is not None else ()):
                     ax.add_patch(Rectangle((x * scale_x, y * scale_y), w * scale_x, h * scale_y, fill=False,
                                            edgecolor=_BOX_COLOUR, linewidth=1.5, linestyle="--"))
-            ax.set_title(_plain("\n".join(titles[index])), fontsize=_TITLE_SIZE, pad=3)
+            ax.set_title(_plain("\n".join(titles[index])), fontsize=_TITLE_SIZE, pad=3, fontfamily=font_families())
             ax.set_axis_off()
             axes.append(ax)
         top = bottom - stats_height - _GAP
@@ -234,7 +248,7 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
     if reference_lines:
         figure.text(_MARGIN / figure_width, (_MARGIN + reference_height) / figure_height,
                     _plain("\n".join(reference_lines)), fontsize=_REFERENCE_SIZE, va="top", ha="left",
-                    linespacing=1.3)
+                    linespacing=1.3, fontfamily=font_families())
     return FigureResult(figure, maps, (width, height), panels, nrows, ncols, axes, normalize, ranges, peaks,
                         entropies, colorbar)
 
