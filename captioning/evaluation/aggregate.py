@@ -18,7 +18,7 @@ from captioning.config import ConfigError, to_dict
 from captioning.config_files import load_config
 from captioning.evaluation.compare import warn_if_signatures_differ
 from captioning.evaluation.metrics import EvaluationInputError, _read_json
-from captioning.files import atomic_write
+from captioning.files import atomic_write, output_note
 
 # Keys that may differ between the runs of one configuration: the seed, where the run was written,
 # and how it was started (a run resumed after preemption computes what an uninterrupted one does).
@@ -132,6 +132,7 @@ def aggregate_command(paths: Sequence[Path], out: Path | None) -> dict[str, Any]
     for path, signature in zip(paths[1:], aggregate["signatures"][1:]):
         warn_if_signatures_differ(first, signature, f"{paths[0]} and {path}")
     if out is not None:
+        note = output_note(out)  # said in the summary: replaced, or written into a device
         atomic_write(out, lambda p: p.write_text(json.dumps(aggregate, indent=2), encoding="utf-8"))
-        print(f"wrote:\n  aggregate              {out}")
+        print(f"wrote:\n  aggregate              {out}{note}")
     return aggregate

@@ -19,7 +19,7 @@ from captioning.evaluation.metrics import (
 )
 from captioning.evaluation.signature import make_signature, signature_differences
 from captioning.evaluation.significance import bleu_statistics, comparison_table, paired_bootstrap
-from captioning.files import atomic_write
+from captioning.files import atomic_write, output_note
 
 # Metrics whose corpus score is (or is compared as) the mean of per-image scores.
 PER_IMAGE_METRICS = ("METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
@@ -104,8 +104,9 @@ def compare_command(annotations: Path, results_a: Path, results_b: Path, out: Pa
     warn_if_signatures_differ(comparison["signatures"]["a"], comparison["signatures"]["b"])
     if out is not None:
         overall = {k: v for k, v in comparison.items() if k != "table"}
+        note = output_note(out)  # said in the summary: replaced, or written into a device
         atomic_write(out, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
-        print(f"wrote:\n  comparison             {out}")
+        print(f"wrote:\n  comparison             {out}{note}")
     return comparison
 
 

@@ -19,7 +19,7 @@ from captioning.config_files import (
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
 from captioning.models.base import AttentionView
-from captioning.run_folder import check_output_file, check_output_folder
+from captioning.run_folder import check_output_folder, check_outputs
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
@@ -153,9 +153,10 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
     view = attention_view(layer, head)
     check_output_folder(out_dir, "--out-dir")
-    if html is not None:
-        check_output_file(html, "--html")
     paths = [Path(p) for p in images]
+    figures = [("--out-dir", Path(out_dir) / f"{stem}.{file_format}") for stem in _unique_stems(paths)]
+    check_outputs([*([("--html", html)] if html is not None else []), *figures],
+                  [("--checkpoint", checkpoint), *(("IMAGE", path) for path in paths)])
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
