@@ -19,8 +19,15 @@ from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
+from captioning.files import path_kind
 from captioning.models.captioner import Captioner
-from captioning.run_folder import CHECKPOINTS, RunLock, remove_project_outputs
+from captioning.run_folder import (
+    CHECKPOINTS,
+    RunLock,
+    beyond_leftovers,
+    check_output_folder,
+    remove_project_outputs,
+)
 from captioning.training import distributed
 from captioning.training.checkpoint import (
     CheckpointError,
@@ -202,6 +209,7 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
     output_dir = Path(config.train.output_dir)
+    check_output_folder(output_dir, "train.output_dir")
     RunLock(output_dir).check_free()
     # As a training run's rank 0 is seeded before it builds the model: random encoder weights
     # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
@@ -258,21 +266,32 @@ def _auto_resume_point(config: Config, output_dir: Path,
 
     Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
     failure or a preemption: it continues from the last checkpoint, or starts over when the launch
-    before wrote none. What such a launch left behind (its config.yaml, step log, TensorBoard events,
-    a best.pt written just before it died) is to be cleared then, provided its config.yaml holds this
-    configuration; a different one is refused as ``--resume`` refuses a changed configuration. Rank 0
-    looks and every rank follows its answer. Nothing is written here.
+    before wrote none. What such a launch left behind (``run_folder.LAUNCH_LEFTOVERS``: its
+    config.yaml, step log, TensorBoard events) is to be cleared then, provided its config.yaml holds
+    this configuration; a different one is refused as ``--resume`` refuses a changed configuration.
+    A folder holding more (a checkpoint other than last.pt, scores, figures: a finished run that kept
+    only best.pt) or a ``last.pt`` that is not a file is refused, unless ``train.overwrite`` asks to
+    replace it. Rank 0 looks and every rank follows its answer. Nothing is written here.
 
     Returns:
         (the checkpoint to resume or None, whether an earlier launch's outputs are to be cleared).
     Raises:
-        CheckpointError: the folder's configuration differs.
+        CheckpointError: the folder's configuration differs, or it holds more than leftovers.
     """
     last, stored = output_dir / CHECKPOINTS / "last.pt", output_dir / "config.yaml"
-    has_last, has_config = distributed.broadcast_object((last.is_file(), stored.is_file()) if group.is_main else None)
-    if has_last:
+    looked = (path_kind(last), stored.is_file(), beyond_leftovers(output_dir)) if group.is_main else None
+    last_kind, has_config, beyond = distributed.broadcast_object(looked)
+    if last_kind == "a file":
         return last, False
-    if not has_config:
+    if last_kind is not None:
+        raise CheckpointError(f"{last}: is {last_kind}, not a checkpoint; --resume auto neither continues nor "
+                              "replaces the run: move it away, or choose another --output-dir")
+    if beyond and not config.train.overwrite:
+        shown = ", ".join(beyond[:4]) + (f" and {len(beyond) - 4} more" if len(beyond) > 4 else "")
+        raise CheckpointError(f"{output_dir}: --resume auto: no checkpoints/last.pt to continue, and the folder "
+                              f"holds more than a launch that died before its first checkpoint leaves ({shown}); "
+                              "replace that run with --set train.overwrite=true, or choose another --output-dir")
+    if not has_config or beyond:  # nothing to start over from, or a run train.overwrite replaces
         return None, False
     check_resumable(load_config(stored), config, "xe", stored)
     return None, True
@@ -297,6 +316,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
     output_dir = Path(config.train.output_dir)
     if group.is_main:  # a run already using the folder refuses this one before any data are read
+        check_output_folder(output_dir, "train.output_dir")
         RunLock(output_dir).check_free()
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
