@@ -229,8 +229,13 @@ def resize(folder: Path, old_capacity: int, capacity: int, positions: int, chann
 
 
 def read_states(folder: Path, capacity: int) -> np.ndarray:
-    """(R,) uint8 row states (a copy)."""
-    return np.fromfile(folder / "state.bin", dtype=np.uint8, count=capacity)
+    """(R,) uint8 row states (a copy); rows past the end of ``state.bin`` (or all of them, when a build
+    was killed before it created the file) read as not computed."""
+    states = np.zeros(capacity, dtype=np.uint8)
+    if capacity and (folder / "state.bin").is_file():
+        stored = np.fromfile(folder / "state.bin", dtype=np.uint8, count=capacity)
+        states[:len(stored)] = stored
+    return states
 
 
 @contextmanager
