@@ -20,6 +20,7 @@ from captioning.evaluation.metrics import (
 from captioning.evaluation.signature import make_signature, signature_differences
 from captioning.evaluation.significance import bleu_statistics, comparison_table, paired_bootstrap
 from captioning.files import atomic_write, output_note
+from captioning.memory import available_bytes, gib
 
 # Metrics whose corpus score is (or is compared as) the mean of per-image scores.
 PER_IMAGE_METRICS = ("METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
@@ -61,6 +62,7 @@ def compare_results_files(annotations: Path, results_a: Path, results_b: Path, u
     """
     check_bootstrap_options(resamples, seed)
     references, a, b = read_pair(annotations, results_a, results_b)
+    check_bootstrap_fits(resamples, len(references))  # before scoring: the draws are held in memory at once
     if use_java is None:
         use_java = shutil.which("java") is not None
     scores_a = score_captions(references, a, use_java=use_java, spice=spice, java_timeout=java_timeout)
@@ -88,6 +90,15 @@ def check_bootstrap_options(resamples: int, seed: int) -> None:
         raise EvaluationInputError(f"--resamples: must be at least 1, got {resamples}")
     if seed < 0:
         raise EvaluationInputError(f"--seed: must be 0 or more, got {seed}")
+
+
+def check_bootstrap_fits(resamples: int, images: int) -> None:
+    """Refuse ``resamples`` whose (R, N) draws (``significance.resample_counts``) do not fit in memory."""
+    needed = resamples * images * 24  # int64 draws, their flat index and float64 counts
+    free = available_bytes()
+    if free is not None and needed > free:
+        raise EvaluationInputError(f"--resamples: {resamples} resamples of {images} images need about {gib(needed)}, "
+                                   f"more than the {gib(free)} available; at most {free // (24 * images)}")
 
 
 def compare_command(annotations: Path, results_a: Path, results_b: Path, out: Path | None,

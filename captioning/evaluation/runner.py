@@ -15,7 +15,7 @@ from captioning.data import load_records
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
-from captioning.decoding import Caption
+from captioning.decoding import Caption, check_decoding_fits
 from captioning.evaluation.grounding import Instances, WordMatcher, grounding_scores, load_instances
 from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
@@ -71,6 +71,7 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
     ``build_cache`` False: only an existing complete cache is used; nothing is written.
     """
     decode_config = decode_config or config.decode
+    check_decoding_fits(decode_config, len(model.vocab), model.grid[0] * model.grid[1], len(records), device)
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     if all(r.captions for r in records) and uses_cache(config):

@@ -19,6 +19,7 @@ from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
+from captioning.decoding import check_decoding_fits
 from captioning.files import path_kind
 from captioning.models.captioner import Captioner
 from captioning.run_folder import (
@@ -36,7 +37,12 @@ from captioning.training.checkpoint import (
     load_checkpoint,
 )
 from captioning.training.engine import TrainState, amp_dtype
-from captioning.training.plan import check_images_exist, check_schedule, check_splits, describe_plan
+from captioning.training.plan import (
+    check_images_exist,
+    check_schedule,
+    check_splits,
+    describe_plan,
+)
 from captioning.training.resume_state import check_training_entries, check_training_fits
 from captioning.training.trainer import Trainer, check_resumable
 
@@ -153,6 +159,8 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
         print(describe_plan(config, counts, state, test, epochs), flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
+    validated = min(config.train.val_images or counts["val"], counts["val"])  # decoded after every epoch
+    check_decoding_fits(config.decode, len(vocab), model.grid[0] * model.grid[1], validated, device)
     return records, model
 
 
