@@ -40,6 +40,15 @@ def not_a_regular_file(path: str | Path) -> str | None:
     return None if kind in (None, "a file") else f"not a regular file ({kind})"
 
 
+def same_file(first: str | Path, second: str | Path) -> bool:
+    """Whether two paths name one existing file, however they are spelled (``a/../b``, a link, relative
+    and absolute); a path where nothing is yet names no file."""
+    try:
+        return os.path.samefile(first, second)
+    except (OSError, ValueError):
+        return False
+
+
 class NoSpaceError(ValueError):
     """The disk filled up while writing; the message is one line naming the file."""
 

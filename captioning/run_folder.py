@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from captioning.files import NotReplacedError, output_kind
+from captioning.files import NoSpaceError, NotReplacedError, output_kind, same_file
 
 try:
     import fcntl
@@ -143,27 +143,45 @@ class RunLock:
     def __init__(self, output_dir: str | Path) -> None:
         self.path = Path(output_dir) / LOCK_NAME
         self._descriptor: int | None = None
+        self._created = False  # this lock made the file: a run that fails removes it (``release(failed=True)``)
 
     def acquire(self) -> RunLock:
         """Take the lock or refuse at once.
 
+        A lock file removed by a failed run while this one waited to open it is opened again, so two
+        runs never hold locks on two different files of one name.
+
         Raises:
             RunFolderError: another live process holds it (its pid is named when known).
+            NoSpaceError: the disk is full (the lock file is not left behind).
         """
         if fcntl is None:
             return self
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            locked = self._locked(descriptor, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(descriptor)
-            raise
-        if not locked:
-            os.close(descriptor)
-            return self  # no locks on this filesystem: runs are not kept apart, as without fcntl
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        while True:
+            try:
+                descriptor, self._created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+            except FileExistsError:
+                descriptor, self._created = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666), False
+            try:
+                locked = self._locked(descriptor, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(descriptor)
+                raise
+            if not locked:
+                os.close(descriptor)
+                return self  # no locks on this filesystem: runs are not kept apart, as without fcntl
+            if _same_inode(descriptor, self.path):
+                break
+            os.close(descriptor)  # locked a file a failed run had just removed: take the new one
         self._descriptor = descriptor
+        try:
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as error:
+            self.release(failed=True)
+            if error.errno == errno.ENOSPC:
+                raise NoSpaceError(f"{self.path}: no space left on device while writing") from None
+            raise
         return self
 
     def check_free(self) -> None:
@@ -207,12 +225,23 @@ class RunLock:
             raise
         return True
 
-    def release(self) -> None:
-        """Drop the lock (the file stays: deleting it would race with a run taking it)."""
+    def release(self, failed: bool = False) -> None:
+        """Drop the lock. The file stays, except after a ``failed`` run that created it: it is removed
+        while still locked, and a run that opened it meanwhile opens the new one (``acquire``)."""
         if self._descriptor is not None:
+            if failed and self._created:
+                self.path.unlink(missing_ok=True)
             fcntl.flock(self._descriptor, fcntl.LOCK_UN)
             os.close(self._descriptor)
             self._descriptor = None
+
+
+def _same_inode(descriptor: int, path: Path) -> bool:
+    """Whether ``descriptor`` is still the file at ``path`` (not one removed since it was opened)."""
+    try:
+        return os.path.samestat(os.fstat(descriptor), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def check_output_file(path: str | Path, option: str) -> None:
@@ -265,7 +294,7 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tu
         check_output_file(path, option)
         in_place = output_kind(path) == "in place"
         for input_option, source in inputs:
-            if not in_place and _same_file(path, source):
+            if not in_place and same_file(path, source):
                 raise RunFolderError(f"{path}: {option}: is an input of this command ({input_option} {source}); "
                                      "give another file name")
         for other_option, other in outputs[:index]:
@@ -275,14 +304,6 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tu
         if run is not None:
             raise RunFolderError(f"{path}: {option}: is the main job's own file in the run folder {run}; only "
                                  "train.py writes it, give another file name")
-
-
-def _same_file(first: str | Path, second: str | Path) -> bool:
-    """Whether two paths name one existing file (a file that does not exist yet is none of the inputs)."""
-    try:
-        return os.path.samefile(first, second)
-    except (OSError, ValueError):
-        return False
 
 
 def check_output_folder(path: str | Path, option: str) -> None:

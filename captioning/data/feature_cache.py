@@ -47,6 +47,7 @@ from captioning.data.image_files import content_identity, stat_images
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import Encoder
+from captioning.run_folder import check_output_folder
 
 __all__ = ["FeatureCache", "FeatureCacheError"]
 
@@ -239,6 +240,8 @@ class FeatureCache:
             cache = builder.open_complete()
             if cache is not None or not build:
                 return cache
+        # Rows are to be written: a read-only or unwritable cache folder fails now, not after encoding.
+        check_output_folder(builder.folder, "data.cache_dir")
         with ExitStack() as held:
             builder.hash_together(rank, world_size)
             error = None

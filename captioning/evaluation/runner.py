@@ -30,7 +30,7 @@ from captioning.training.checkpoint import (
     load_state_checked,
 )
 from captioning.training.engine import EpochBatches, generate_captions
-from captioning.training.plan import check_splits
+from captioning.training.plan import check_splits, data_source
 from captioning.training.run import caption_dataset, uses_cache
 
 
@@ -193,7 +193,7 @@ def summary_lines(scores: dict, images: int) -> list[str]:
 def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
     """The records of one split of the configured dataset (``generate``: as for ``load_records``)."""
     records = load_records(config.data, generate=generate, splits=(split,))
-    check_splits(records, config.data.dataset, [split])
+    check_splits(records, config.data.dataset, [split], data_source(config.data))
     return records_of_split(records, split)
 
 

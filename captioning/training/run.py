@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from captioning.training.plan import (
     check_images_exist,
     check_schedule,
     check_splits,
+    data_source,
     describe_plan,
 )
 from captioning.training.resume_state import check_training_entries, check_training_fits
@@ -144,7 +146,7 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     """
     records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
-    counts = check_splits(records, config.data.dataset, needed)
+    counts = check_splits(records, config.data.dataset, needed, data_source(config.data))
     check_schedule(config, counts["train"])
     check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
@@ -344,6 +346,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         check_training_fits(stored, stored["training"], model, config, resume)
         del stored  # the weights and moments are loaded again, by the trainer
     outputs = RunOutputs(output_dir)
+    new_folder = not output_dir.exists()
     try:  # a run that fails lets go of the folder: a later run in this process may use it
         if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -404,7 +407,10 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             outputs.files["epoch history"] = history
     except BaseException:
         if outputs.lock is not None:
-            outputs.lock.release()
+            outputs.lock.release(failed=True)
+        if new_folder and group.is_main:
+            with contextlib.suppress(OSError):
+                output_dir.rmdir()  # a folder this run made and left empty (a full disk) is not left behind
         raise
     distributed.barrier()
     return outputs
