@@ -30,7 +30,7 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
-from captioning.files import atomic_write, not_a_regular_file, output_note
+from captioning.files import atomic_write, not_a_regular_file, output_note, same_file
 from captioning.run_folder import (
     check_outputs,
     evaluation_prefix,
@@ -83,6 +83,12 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         raise ConfigError("--compare and --aggregate read existing files: give no --checkpoint/--images/--results")
     if args.aggregate and args.compare:
         raise ConfigError("give one of --compare or --aggregate")
+    if args.aggregate and (args.annotations is not None or args.instances):
+        option = "--annotations" if args.annotations is not None else "--instances"
+        raise ConfigError(f"{option}: not used by --aggregate (it reads the runs' scores files); leave it out")
+    if args.compare and same_file(*args.compare):
+        raise ConfigError(f"--compare: {args.compare[0]} and {args.compare[1]} are the same file; give two systems' "
+                          "results")
     option = "--compare" if args.compare else "--aggregate"
     inputs = [*((option, path) for path in args.compare or args.aggregate), ("--annotations", args.annotations),
               *(("--aggregate", path.parent / "config.yaml") for path in args.aggregate or ())]

@@ -166,7 +166,7 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: In
     if boxes is not None:
         add_boxed_scores(result, boxes, {item.record.image_id: item.words for item in captioned}, references,
                          {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned})
-    result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint)
+    result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint, boxes=boxes)
     return result
 
 
@@ -241,5 +241,5 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
     result = {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
     if boxes is not None:
         add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references)
-    result["signature"] = make_signature(references, scores.tokenizer, results=results)
+    result["signature"] = make_signature(references, scores.tokenizer, results=results, boxes=boxes)
     return result

@@ -11,7 +11,11 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
 - ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python``;
 - ``impl``: the pycocoevalcap version and this package's version;
 - ``decode``: the decoding settings that change captions (not the batch size);
-- ``ckpt``: sha256 (12 hex digits) of the checkpoint file; ``results``: of a scored results file.
+- ``ckpt``: sha256 (12 hex digits) of the checkpoint file; ``results``: of a scored results file;
+- ``inst``: with grounding and CHAIR, sha256 (12 hex digits) of the boxes of the instances files
+  (image sizes, every object's category, box and attributes, the category list: the same boxes
+  give the same hash from any files), and ``words``: of the CHAIR word table (synonyms, phrases
+  that name no object, modifiers).
 
 ``decode``, ``ckpt`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
@@ -24,9 +28,14 @@ import json
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import captioning
 from captioning.config import DecodeConfig
+from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
+
+if TYPE_CHECKING:
+    from captioning.evaluation.grounding import Instances
 
 SYSTEM_FIELDS = ("decode", "ckpt", "results")
 _DIGITS = 12
@@ -36,6 +45,25 @@ def references_hash(references: Mapping[int, Sequence[str]]) -> str:
     """sha256 (first 12 hex digits) of image id -> reference captions, independent of their order."""
     canonical = sorted((str(image_id), list(captions)) for image_id, captions in references.items())
     return hashlib.sha256(json.dumps(canonical, ensure_ascii=False).encode("utf-8")).hexdigest()[:_DIGITS]
+
+
+def _canonical_hash(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_DIGITS]
+
+
+def boxes_hash(boxes: Instances) -> str:
+    """sha256 (first 12 hex digits) of the boxes grounding and CHAIR read, independent of file order."""
+    images = sorted((str(image_id), list(size), sorted([box.category, list(box.bbox), dict(box.attributes)]
+                                                      for box in boxes.objects.get(image_id, ())))
+                    for image_id, size in boxes.image_sizes.items())
+    return _canonical_hash([images, sorted(boxes.categories)])
+
+
+def words_hash(table: CategoryWords) -> str:
+    """sha256 (first 12 hex digits) of a CHAIR word table."""
+    return _canonical_hash([sorted((category, sorted(words)) for category, words in table.synonyms.items()),
+                            sorted(table.not_objects), sorted(table.modifiers)])
 
 
 def file_hash(path: str | Path) -> str:
@@ -71,7 +99,8 @@ def _implementation() -> str:
 
 
 def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, decode: DecodeConfig | None = None,
-                   checkpoint: str | Path | None = None, results: str | Path | None = None) -> str:
+                   checkpoint: str | Path | None = None, results: str | Path | None = None,
+                   boxes: Instances | None = None, table: CategoryWords | None = None) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
     Args:
@@ -80,6 +109,7 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         decode: the decoding settings, when the captions were generated here.
         checkpoint: the checkpoint file that generated them, if any.
         results: the results file that was scored, if any.
+        boxes, table: the instances' boxes and the word table of grounding and CHAIR, when computed.
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
@@ -91,6 +121,9 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         fields["ckpt"] = file_hash(checkpoint)
     if results is not None:
         fields["results"] = file_hash(results)
+    if boxes is not None:
+        fields["inst"] = boxes_hash(boxes)
+        fields["words"] = words_hash(table if table is not None else COCO_WORDS)
     return "|".join(f"{key}:{value}" for key, value in fields.items())
 
 
