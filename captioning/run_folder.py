@@ -10,13 +10,14 @@ however it dies, so a killed run never leaves the folder locked.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from captioning.files import NoSpaceError, NotReplacedError, output_kind, same_file
+from captioning.files import NoSpaceError, NotReplacedError, output_kind
 
 try:
     import fcntl
@@ -290,13 +291,22 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tu
         RunFolderError: ``<path>: <option>: <what is wrong>``.
     """
     outputs, inputs = list(outputs), [(option, path) for option, path in inputs if path is not None]
+    identities = {}  # (device, inode) of every input that exists: one stat each, however many outputs
+    for input_option, source in inputs:
+        with contextlib.suppress(OSError, ValueError):
+            status = os.stat(source)
+            identities.setdefault((status.st_dev, status.st_ino), (input_option, source))
     for index, (option, path) in enumerate(outputs):
         check_output_file(path, option)
         in_place = output_kind(path) == "in place"
-        for input_option, source in inputs:
-            if not in_place and same_file(path, source):
-                raise RunFolderError(f"{path}: {option}: is an input of this command ({input_option} {source}); "
-                                     "give another file name")
+        try:
+            status = os.stat(path)
+            source = identities.get((status.st_dev, status.st_ino))
+        except (OSError, ValueError):  # nothing there yet: no input
+            source = None
+        if source is not None and not in_place:
+            raise RunFolderError(f"{path}: {option}: is an input of this command ({source[0]} {source[1]}); "
+                                 "give another file name")
         for other_option, other in outputs[:index]:
             if not in_place and os.path.realpath(path) == os.path.realpath(other):
                 raise RunFolderError(f"{path}: {option}: is also {other_option}; give two different file names")

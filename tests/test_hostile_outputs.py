@@ -231,3 +231,16 @@ def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_user
     assert (run / "checkpoints" / "mine.pt").read_text() == "the user's own"
     assert (run / "plots" / "loss.png").read_text() == "the user's own"
     assert (run / "checkpoints" / "last.pt").is_file()
+
+
+def test_visualize_says_which_files_it_replaced(shapes, tmp_path, make_image):
+    image = make_image(tmp_path / "photo.png", size=(64, 64))
+    args = [image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "v", "--html", tmp_path / "page.html",
+            "--no-progress"]
+    first = in_process("visualize.py", *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "replaced" not in first.stdout
+    second = in_process("visualize.py", *args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert f"{tmp_path / 'v' / 'photo.png'}  (replaced the earlier file)" in second.stdout
+    assert f"{tmp_path / 'page.html'}  (replaced the earlier file)" in second.stdout
