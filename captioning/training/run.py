@@ -14,21 +14,18 @@ import numpy as np
 import torch
 
 from captioning.config import Config, to_dict
-from captioning.config_files import config_json, load_config, save_config
+from captioning.config_files import config_json, save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.decoding import check_decoding_fits
-from captioning.files import path_kind
 from captioning.models.captioner import Captioner
 from captioning.run_folder import (
     CHECKPOINTS,
     RunLock,
-    beyond_leftovers,
     check_output_folder,
-    remove_project_outputs,
 )
 from captioning.training import distributed
 from captioning.training.checkpoint import (
@@ -37,6 +34,7 @@ from captioning.training.checkpoint import (
     checkpoint_config,
     load_checkpoint,
 )
+from captioning.training.claim import auto_resume_point, claim_output_dir, remove_outputs
 from captioning.training.engine import TrainState, amp_dtype
 from captioning.training.plan import (
     check_images_exist,
@@ -187,7 +185,6 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
             runs), is unreadable, has no training state or a damaged one, or was trained under another
             configuration.
     """
-    from captioning.training.trainer import check_resumable
 
     if Path(os.path.abspath(resume)).parent != Path(os.path.abspath(output_dir)) / CHECKPOINTS:
         raise CheckpointError(f"{resume}: --resume continues a run in its own folder, but this run writes to "
@@ -247,66 +244,6 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     return written, lock
 
 
-def _claim_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """A new run must not mix with an earlier run's outputs in the same folder (rank 0, holding the lock).
-
-    Without ``train.overwrite`` a folder holding an earlier run's checkpoints is refused (its best
-    checkpoint would otherwise be scored as this run's); with it, or when there are no checkpoints,
-    every file the project writes in a run folder (``run_folder.RUN_OUTPUTS``) is deleted first:
-    scores, results, figures and the report of the earlier run go too, the user's own files stay.
-    """
-    earlier = sorted((output_dir / CHECKPOINTS).glob("*.pt"))
-    if earlier and not overwrite:
-        raise CheckpointError(f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
-                              "continue it with --resume, replace it with --set train.overwrite=true, or choose "
-                              "another --output-dir")
-    _remove_outputs(output_dir, "overwrite: deleted the earlier run's {count} files in " + str(output_dir))
-
-
-def _remove_outputs(output_dir: Path, message: str) -> None:
-    """Delete every file the project writes in a run folder (rank 0, holding the lock)."""
-    removed = remove_project_outputs(output_dir)
-    if removed:
-        print(message.replace("{count}", str(len(removed))), flush=True)
-
-
-def _auto_resume_point(config: Config, output_dir: Path,
-                       group: distributed.ProcessGroup) -> tuple[Path | None, bool]:
-    """``--resume auto``: the folder's ``last.pt`` when there is one, else None (a new run).
-
-    Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
-    failure or a preemption: it continues from the last checkpoint, or starts over when the launch
-    before wrote none. What such a launch left behind (``run_folder.LAUNCH_LEFTOVERS``: its
-    config.yaml, step log, TensorBoard events) is to be cleared then, provided its config.yaml holds
-    this configuration; a different one is refused as ``--resume`` refuses a changed configuration.
-    A folder holding more (a checkpoint other than last.pt, scores, figures: a finished run that kept
-    only best.pt) or a ``last.pt`` that is not a file is refused, unless ``train.overwrite`` asks to
-    replace it. Rank 0 looks and every rank follows its answer. Nothing is written here.
-
-    Returns:
-        (the checkpoint to resume or None, whether an earlier launch's outputs are to be cleared).
-    Raises:
-        CheckpointError: the folder's configuration differs, or it holds more than leftovers.
-    """
-    last, stored = output_dir / CHECKPOINTS / "last.pt", output_dir / "config.yaml"
-    looked = (path_kind(last), stored.is_file(), beyond_leftovers(output_dir)) if group.is_main else None
-    last_kind, has_config, beyond = distributed.broadcast_object(looked)
-    if last_kind == "a file":
-        return last, False
-    if last_kind is not None:
-        raise CheckpointError(f"{last}: is {last_kind}, not a checkpoint; --resume auto neither continues nor "
-                              "replaces the run: move it away, or choose another --output-dir")
-    if beyond and not config.train.overwrite:
-        shown = ", ".join(beyond[:4]) + (f" and {len(beyond) - 4} more" if len(beyond) > 4 else "")
-        raise CheckpointError(f"{output_dir}: --resume auto: no checkpoints/last.pt to continue, and the folder "
-                              f"holds more than a launch that died before its first checkpoint leaves ({shown}); "
-                              "replace that run with --set train.overwrite=true, or choose another --output-dir")
-    if not has_config or beyond:  # nothing to start over from, or a run train.overwrite replaces
-        return None, False
-    check_resumable(load_config(stored), config, "xe", stored)
-    return None, True
-
-
 def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False) -> RunOutputs:
     """Train as configured; returns what was written where.
 
@@ -333,7 +270,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     start_over = False  # --resume auto after a launch that wrote no checkpoint
     auto = resume == AUTO
     if auto:
-        resume, start_over = _auto_resume_point(config, output_dir, group)
+        resume, start_over = auto_resume_point(config, output_dir, group)
     else:
         resume = Path(resume) if resume is not None else None
     stored = None
@@ -352,10 +289,10 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             output_dir.mkdir(parents=True, exist_ok=True)
             outputs.lock = RunLock(output_dir).acquire()
             if start_over:
-                _remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+                remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
                                             "(deleted the {count} files an earlier launch left)")
             elif resume is None:
-                _claim_output_dir(output_dir, config.train.overwrite)
+                claim_output_dir(output_dir, config.train.overwrite)
                 if auto:
                     print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
             print(f"configuration: {config_json(config)}", flush=True)
