@@ -290,9 +290,10 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tu
     Raises:
         RunFolderError: ``<path>: <option>: <what is wrong>``.
     """
-    outputs, inputs = list(outputs), [(option, path) for option, path in inputs if path is not None]
-    identities = {}  # (device, inode) of every input that exists: one stat each, however many outputs
-    for input_option, source in inputs:
+    outputs = list(outputs)
+    present = [(option, path) for option, path in inputs if path is not None]
+    identities: dict[tuple[int, int], tuple[str, str | Path]] = {}  # (device, inode) of every input: one stat each
+    for input_option, source in present:
         with contextlib.suppress(OSError, ValueError):
             status = os.stat(source)
             identities.setdefault((status.st_dev, status.st_ino), (input_option, source))

@@ -110,7 +110,7 @@ def check_metrics(paths: Sequence[Path], runs: Sequence[Mapping[str, Any]]) -> N
             value = run.get(key)
             if key not in run:
                 what = "missing"
-            elif not numeric(value):
+            elif not isinstance(value, int | float) or isinstance(value, bool):
                 what = f"{value!r:.40} is not a number"
             elif not math.isfinite(value) or abs(value) > MAX_METRIC:
                 what = f"{value!r} is not a finite score within +-{MAX_METRIC:g}"

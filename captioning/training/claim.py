@@ -58,7 +58,8 @@ def auto_resume_point(config: Config, output_dir: Path,
     """
     last, stored = output_dir / CHECKPOINTS / "last.pt", output_dir / "config.yaml"
     looked = (path_kind(last), stored.is_file(), beyond_leftovers(output_dir)) if group.is_main else None
-    last_kind, has_config, beyond = distributed.broadcast_object(looked)
+    answer: tuple[str | None, bool, list[str]] = distributed.broadcast_object(looked)  # type: ignore[assignment]
+    last_kind, has_config, beyond = answer
     if last_kind == "a file":
         return last, False
     if last_kind is not None:
