@@ -79,6 +79,13 @@ def user_umask() -> int:
     return mask
 
 
+def writes_in_place(path: str | Path) -> bool:
+    """Whether ``atomic_write`` writes into ``path`` where it stands: a character device, a FIFO, or a
+    shell's descriptor (``/dev/stdout``, ``/dev/fd/N``); no second file belongs beside such a path."""
+    kind = path_kind(path)
+    return kind in IN_PLACE_KINDS or (kind is not None and os.path.abspath(path).startswith(_DESCRIPTOR_PREFIXES))
+
+
 def output_kind(path: str | Path) -> str | None:
     """How ``atomic_write`` writes ``path``: None (a new file), "replaced" (a regular file, renamed over),
     "in place" (a character device, a FIFO or a shell's descriptor, written into).
@@ -86,9 +93,9 @@ def output_kind(path: str | Path) -> str | None:
     Raises:
         NotReplacedError: ``path`` is a folder, a socket or a block device.
     """
-    kind = path_kind(path)
-    if kind in IN_PLACE_KINDS or (kind is not None and os.path.abspath(path).startswith(_DESCRIPTOR_PREFIXES)):
+    if writes_in_place(path):
         return "in place"
+    kind = path_kind(path)
     if kind not in (None, "a file"):
         raise NotReplacedError(f"{path}: is {kind}; an output is never written over one, give a file name")
     return "replaced" if kind == "a file" else None

@@ -84,7 +84,7 @@ def test_a_fifo_as_out_is_written_into_and_stays_a_fifo(files, tmp_path):
     assert result.returncode == 0, result.stderr
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert json.loads(bytes(received))["images"] == 40
-    assert stat.S_ISFIFO(os.stat(tmp_path / "scores.fifo").st_mode)
+    assert not list(tmp_path.glob("scores*per_image*"))  # nothing beside the FIFO
 
 
 def test_a_fifo_as_results_to_score_is_named_and_stays_a_fifo(files, tmp_path):
@@ -244,3 +244,18 @@ def test_visualize_says_which_files_it_replaced(shapes, tmp_path, make_image):
     assert second.returncode == 0, second.stderr
     assert f"{tmp_path / 'v' / 'photo.png'}  (replaced the earlier file)" in second.stdout
     assert f"{tmp_path / 'page.html'}  (replaced the earlier file)" in second.stdout
+
+
+def test_nothing_is_written_beside_a_device(shapes, files, tmp_path, make_image):
+    before = sorted(os.listdir("/dev"))
+    result = in_process("evaluate.py", "--no-java", "--annotations", files["refs"], "--results", files["a"],
+                        "--out", "/dev/null", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "per-image" not in result.stdout.split("wrote:")[1]
+    make_image(tmp_path / "photos" / "one.png", size=(64, 64))
+    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", tmp_path / "photos",
+                        "--results", "/dev/null", "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "image id -> file" not in result.stdout
+    assert sorted(os.listdir("/dev")) == before  # no /dev/null.per_image.json, no /dev/null_files.json
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

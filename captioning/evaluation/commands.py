@@ -30,7 +30,7 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
-from captioning.files import atomic_write, not_a_regular_file, output_note, same_file
+from captioning.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
 from captioning.run_folder import (
     check_outputs,
     evaluation_prefix,
@@ -40,15 +40,22 @@ from captioning.run_folder import (
 from captioning.training.run import resolve_device
 
 
-def _print_summary(files: dict[str, Path], notes: dict[Path, str]) -> None:
+def _print_summary(files: dict[str, Path | None], notes: dict[Path, str]) -> None:
+    """The files written, each with what writing it did there; None entries were not written."""
     print("wrote:")
     for what, path in files.items():
-        print(f"  {what:<22} {path}" + notes.get(path, ""))
+        if path is not None:
+            print(f"  {what:<22} {path}" + notes.get(path, ""))
 
 
-def _notes(*paths: Path) -> dict[Path, str]:
+def _notes(*paths: Path | None) -> dict[Path, str]:
     """What each write is about to do to what stands at its path (``output_note``), for the summary."""
-    return {path: output_note(path) for path in paths}
+    return {path: output_note(path) for path in paths if path is not None}
+
+
+def _outputs(*named: tuple[str, Path | None]) -> list[tuple[str, Path]]:
+    """The (option, path) of the files a command writes, leaving out those it writes none of (None)."""
+    return [(option, path) for option, path in named if path is not None]
 
 
 def _user_chose_paths(args: argparse.Namespace, overrides: dict[str, str], config: Config) -> tuple[bool, bool]:
@@ -121,7 +128,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         if not args.results.is_file():
             raise ConfigError(f"{args.results}: {not_a_regular_file(args.results) or 'results file not found'}")
         scores_path = _scores_paths(args.out, args.results)
-        check_outputs([("--out", scores_path), ("--out (per-image scores)", per_image_path(scores_path))],
+        check_outputs(_outputs(("--out", scores_path), ("--out (per-image scores)", per_image_path(scores_path))),
                       [("--annotations", args.annotations), ("--results", args.results),
                        *(("--instances", path) for path in args.instances or ())])
         boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
@@ -151,12 +158,14 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     prefix = evaluation_prefix(args.checkpoint, "images" if records is not None else args.split)
     results = args.results or run_dir / f"{prefix}_results.json"
     if records is not None:
-        index = results.with_name(results.stem.removesuffix("_results") + "_files.json")
-        outputs = [("--results", results), ("--results (image id -> file)", index)]
+        # Beside the results file; none beside a device or a FIFO (/dev/null, a pipe).
+        index = (None if writes_in_place(results)
+                 else results.with_name(results.stem.removesuffix("_results") + "_files.json"))
+        outputs = _outputs(("--results", results), ("--results (image id -> file)", index))
     else:
         scores_target = _scores_paths(args.out, results)
-        outputs = [("--results", results), ("--out", scores_target),
-                   ("--out (per-image scores)", per_image_path(scores_target))]
+        outputs = _outputs(("--results", results), ("--out", scores_target),
+                           ("--out (per-image scores)", per_image_path(scores_target)))
     check_outputs(outputs, [("--checkpoint", args.checkpoint), ("--config", args.config),
                             *(("--instances", path) for path in args.instances or ()),
                             *(("--images", record.path) for record in records or ())])
@@ -178,7 +187,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         notes = _notes(*outputs)
         write_results(results, captioned)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
-        atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8", errors="replace"))
+        if index is not None:
+            atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8",
+                                                       errors="replace"))
         for item in captioned[:10]:
             print(f"{item.record.path.name}: {' '.join(item.words)}")
         _print_summary({"captions": results, "image id -> file": index}, notes)

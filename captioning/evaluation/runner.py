@@ -21,7 +21,7 @@ from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
 from captioning.evaluation.signature import make_signature
-from captioning.files import atomic_write
+from captioning.files import atomic_write, writes_in_place
 from captioning.models.captioner import Captioner
 from captioning.training.checkpoint import (
     CheckpointError,
@@ -197,19 +197,25 @@ def split_records(config: Config, split: str, generate: bool = True) -> list[Ima
     return records_of_split(records, split)
 
 
-def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path]:
-    """``<name>.json`` with the overall numbers and ``<name>.per_image.json`` beside it."""
+def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path | None]:
+    """``<name>.json`` with the overall numbers and ``<name>.per_image.json`` beside it (none beside a
+    device or a FIFO: see ``per_image_path``)."""
     path = Path(path)
     per_image = per_image_path(path)
     overall = {k: v for k, v in scores.items() if k not in ("per_image", "table")}
     atomic_write(path, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
-    atomic_write(per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
+    if per_image is not None:
+        atomic_write(per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
     return path, per_image
 
 
-def per_image_path(scores_path: str | Path) -> Path:
-    """``x_scores.json`` -> ``x_scores.per_image.json``: where ``write_scores`` puts per-image scores."""
+def per_image_path(scores_path: str | Path) -> Path | None:
+    """``x_scores.json`` -> ``x_scores.per_image.json``: where ``write_scores`` puts per-image scores;
+    None when the scores go into a device, a FIFO or a shell's descriptor (``/dev/null``, ``/dev/stdout``),
+    whose folder is no place for a second file."""
     scores_path = Path(scores_path)
+    if writes_in_place(scores_path):
+        return None
     return scores_path.with_name(scores_path.stem + ".per_image.json")
 
 
