@@ -127,6 +127,8 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         _one_of("model.decoder.kind", self.kind, ("lstm", "transformer"))
+        for name in ("embed_dim", "hidden_dim", "attention_dim", "num_heads"):  # first: num_heads divides below
+            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
         if self.kind == "transformer":
             _check(self.attention == "soft", "model.decoder.attention must be soft with kind transformer")
             for name in ("d_model", "d_ff", "decoder_layers"):
@@ -139,8 +141,6 @@ class DecoderConfig:
         _one_of("model.decoder.scoring", self.scoring, ("additive", "dot", "scaled_dot", "multihead"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))
-        for name in ("embed_dim", "hidden_dim", "attention_dim", "num_heads"):
-            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1")
         if self.scoring == "multihead":
             _check(self.attention_dim % self.num_heads == 0,
                    "model.decoder.attention_dim must be divisible by model.decoder.num_heads")
@@ -163,6 +163,11 @@ class ModelConfig:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
 
 
+# Words of a generated caption at most: COCO's longest reference has about 50; past a few hundred a
+# decode is a runaway (every step costs a decoder pass, and each word keeps its attention map).
+MAX_DECODE_LENGTH = 500
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """How captions are generated at validation, test and visualization time."""
@@ -181,7 +186,8 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         _one_of("decode.strategy", self.strategy, ("greedy", "beam", "sample"))
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
-        _check(self.max_length >= 1, f"decode.max_length must be >= 1, got {self.max_length}")
+        _check(1 <= self.max_length <= MAX_DECODE_LENGTH,
+               f"decode.max_length must be in [1, {MAX_DECODE_LENGTH}], got {self.max_length}")
         _check(0 <= self.min_length <= self.max_length, "decode.min_length must be in [0, max_length]")
         _check(0 <= self.length_alpha <= 10, f"decode.length_alpha must be in [0, 10], got {self.length_alpha}")
         # Logits are divided by it: far below 1e-3 they overflow to inf and sampling gives NaN.
@@ -253,6 +259,7 @@ class TrainConfig:
         _one_of("train.amp", self.amp, ("none", "bf16", "fp16"))
         _one_of("train.nonfinite", self.nonfinite, ("stop", "skip"))
         _one_of("train.scst_baseline", self.scst_baseline, ("greedy", "mean"))
+        _check(self.scst_samples >= 1, f"train.scst_samples must be >= 1, got {self.scst_samples}")
         _check(self.scst_samples >= 2 or self.scst_baseline == "greedy",
                "train.scst_samples must be >= 2 with the mean baseline")
         for name in ("checkpoint_every", "max_steps", "val_images", "scst_epochs"):

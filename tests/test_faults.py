@@ -434,7 +434,7 @@ def test_unknown_options_are_argparse_errors(script):
 @pytest.mark.parametrize(("args", "needles"), [
     (["--images", "missing/"], ["missing: folder not found"]),
     (["--split", "test", "--beam-size", "0"], ["decode.beam_size must be >= 1, got 0"]),
-    (["--split", "test", "--max-length", "0"], ["decode.max_length must be >= 1, got 0"]),
+    (["--split", "test", "--max-length", "0"], ["decode.max_length must be in [1, 500], got 0"]),
     (["--split", "test", "--config", "missing.yaml"], ["missing.yaml: cannot read configuration"]),
     (["--split", "test", "--set", "decode.beams=3"], ["unknown configuration key 'decode.beams'"]),
     (["--split", "test", "--set", "model.decoder.gate=none"], ["model.decoder.gate: only data.* and decode.*"]),

@@ -7,7 +7,7 @@ import stat
 import warnings
 from pathlib import Path
 
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from captioning.data.records import DatasetError
 from captioning.files import kind_of
@@ -21,7 +21,7 @@ class ImageError(DatasetError):
 
 
 def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
-    """Open an image and convert it to 8-bit RGB.
+    """Open an image, turn it upright (its EXIF orientation) and convert it to 8-bit RGB.
 
     Grayscale, 16-bit, CMYK, palette and RGBA images are converted (alpha is composited on
     white). Truncated, empty, non-image and over-large files raise ``ImageError``.
@@ -48,7 +48,8 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
                 image.load()
-                return to_rgb(image)
+                # Upright as a viewer shows it: phones store most photos rotated, with an EXIF orientation.
+                return to_rgb(ImageOps.exif_transpose(image))
     except FileNotFoundError:
         raise ImageError(f"{where}: image file not found") from None
     except IsADirectoryError:

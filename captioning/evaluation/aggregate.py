@@ -23,7 +23,7 @@ from captioning.config import ConfigError, to_dict
 from captioning.config_files import load_config
 from captioning.evaluation.compare import warn_if_signatures_differ
 from captioning.evaluation.metrics import EvaluationInputError, _read_json
-from captioning.files import atomic_write
+from captioning.files import atomic_write, not_a_regular_file, output_note, same_file
 
 # Keys that may differ between the runs of one configuration: the seed, where the run was written,
 # and how it was started (a run resumed after preemption computes what an uninterrupted one does).
@@ -47,6 +47,8 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def run_configuration(scores_path: Path) -> dict[str, Any]:
     """The flattened configuration of the run whose scores file this is (``config.yaml`` beside it)."""
     config_path = scores_path.parent / "config.yaml"
+    if not_a_regular_file(config_path):
+        raise ConfigError(f"{config_path}: {not_a_regular_file(config_path)}")
     if not config_path.is_file():
         raise ConfigError(f"{scores_path}: no config.yaml beside it (aggregate the test_scores.json of run folders)")
     return flatten(to_dict(load_config(config_path)))
@@ -100,6 +102,41 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     return summary
 
 
+# A metric beyond this is no score of captions (CIDEr-D, the largest, is at most 10), and sums of such
+# values overflow to infinity.
+MAX_METRIC = 1e6
+
+
+def check_metrics(paths: Sequence[Path], runs: Sequence[Mapping[str, Any]]) -> None:
+    """Every metric some run reports as a number is a finite number within ``MAX_METRIC`` in every run:
+    a metric missing, null, NaN, infinite, a string or out of range in one run is named, never dropped.
+
+    Raises:
+        EvaluationInputError: ``<file>: <metric>: <what it is> (a number in <another file>)``.
+    """
+    def numeric(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    metrics = [key for key in dict.fromkeys(key for run in runs for key in run)
+               if key not in COUNT_KEYS and any(numeric(run.get(key)) for run in runs)]
+    if not metrics:
+        raise EvaluationInputError(f"{paths[0]}: holds no metric (nor does any other scores file given)")
+    for key in metrics:
+        reference = next(path for path, run in zip(paths, runs) if numeric(run.get(key)))
+        for path, run in zip(paths, runs):
+            value = run.get(key)
+            if key not in run:
+                what = "missing"
+            elif not isinstance(value, int | float) or isinstance(value, bool):
+                what = f"{value!r:.40} is not a number"
+            elif not math.isfinite(value) or abs(value) > MAX_METRIC:
+                what = f"{value!r} is not a finite score within +-{MAX_METRIC:g}"
+            else:
+                continue
+            raise EvaluationInputError(f"{path}: {key}: {what} (a number in {reference}); every run must "
+                                       "report the same metrics")
+
+
 def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
     """Check and summarise the scores files of several runs (see the module docstring).
 
@@ -113,14 +150,20 @@ def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
     if len(paths) < 2:
         raise ConfigError("--aggregate needs the scores files of two or more runs")
     for index, path in enumerate(paths):
-        if any(Path(path) == Path(earlier) for earlier in paths[:index]):
-            raise ConfigError(f"{path}: given twice: each run counts once")
+        for earlier in paths[:index]:  # the same file by another name (a/../b, a link, relative and absolute)
+            if Path(path) == Path(earlier) or same_file(path, earlier):
+                raise ConfigError(f"{path}: given twice (also as {earlier}): each run counts once")
     scores = []
     for path in paths:
+        if Path(path).is_file() and Path(path).stat().st_size == 0:
+            raise EvaluationInputError(f"{path}: empty file, not a scores JSON object")
         data = _read_json(path)
         if not isinstance(data, dict):
             raise EvaluationInputError(f"{path}: expected a scores JSON object, got {type(data).__name__}")
+        if not isinstance(data.get("signature", ""), str):
+            raise EvaluationInputError(f"{path}: signature must be a string, got {type(data['signature']).__name__}")
         scores.append(data)
+    check_metrics(paths, scores)
     configs = [run_configuration(Path(path)) for path in paths]
     check_same_configuration(list(paths), configs)
     return {"metrics": summarise(scores), "runs": [str(p) for p in paths],
@@ -150,6 +193,7 @@ def aggregate_command(paths: Sequence[Path], out: Path | None) -> dict[str, Any]
     for path, signature in zip(paths[1:], aggregate["signatures"][1:]):
         warn_if_signatures_differ(first, signature, f"{paths[0]} and {path}")
     if out is not None:
+        note = output_note(out)  # said in the summary: replaced, or written into a device
         atomic_write(out, lambda p: p.write_text(json.dumps(aggregate, indent=2), encoding="utf-8"))
-        print(f"wrote:\n  aggregate              {out}")
+        print(f"wrote:\n  aggregate              {out}{note}")
     return aggregate

@@ -28,7 +28,8 @@ from captioning.evaluation.significance import (
     group_bootstrap,
     ratio_score,
 )
-from captioning.files import atomic_write
+from captioning.files import atomic_write, output_note
+from captioning.memory import available_bytes, gib
 from captioning.text import tokenize
 
 # Metrics whose corpus score is (or is compared as) the mean of per-image scores.
@@ -118,6 +119,7 @@ def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], r
     names = tuple(names) if names else default_names(runs_a, runs_b)
     references, captions_a, captions_b = read_groups(annotations, runs_a, runs_b)
     image_ids = list(references)
+    check_bootstrap_fits(resamples, len(references))  # before scoring: the draws are held in memory at once
     if use_java is None:
         use_java = shutil.which("java") is not None
     sides = []
@@ -181,6 +183,15 @@ def check_bootstrap_options(resamples: int, seed: int) -> None:
         raise EvaluationInputError(f"--seed: must be 0 or more, got {seed}")
 
 
+def check_bootstrap_fits(resamples: int, images: int) -> None:
+    """Refuse ``resamples`` whose (R, N) draws (``significance.resample_counts``) do not fit in memory."""
+    needed = resamples * images * 24  # int64 draws, their flat index and float64 counts
+    free = available_bytes()
+    if free is not None and needed > free:
+        raise EvaluationInputError(f"--resamples: {resamples} resamples of {images} images need about {gib(needed)}, "
+                                   f"more than the {gib(free)} available; at most {free // (24 * images)}")
+
+
 def compare_command(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
                     out: Path | None, use_java: bool | None, spice: bool, resamples: int, seed: int,
                     java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
@@ -210,8 +221,9 @@ def compare_command(annotations: Path, results_a: Path | Sequence[Path], results
         warn_if_signatures_differ(first, signature)
     if out is not None:
         overall = {k: v for k, v in comparison.items() if k != "table"}
+        note = output_note(out)  # said in the summary: replaced, or written into a device
         atomic_write(out, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
-        print(f"wrote:\n  comparison             {out}")
+        print(f"wrote:\n  comparison             {out}{note}")
     return comparison
 
 

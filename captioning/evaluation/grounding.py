@@ -78,6 +78,7 @@ def load_instances(instances_file: str | Path) -> Instances:
     """
     coco = read_coco_file(instances_file, {"images": ["id", "width", "height"], "categories": ["id", "name"],
                                            "annotations": ["image_id", "category_id", "bbox"]})
+    _check_categories(instances_file, coco.dataset["categories"])
     image_sizes: dict[int, tuple[float, float]] = {}
     for image_id, image in coco.imgs.items():
         size = (image["width"], image["height"])
@@ -104,6 +105,24 @@ def load_instances(instances_file: str | Path) -> Instances:
                                                          tuple(float(v) for v in bbox), attributes))
     categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
     return Instances(image_sizes, objects, categories)
+
+
+def _check_categories(instances_file: str | Path, categories: Sequence[Mapping[str, Any]]) -> None:
+    """Every category has its own id and a non-empty name that is text: a number or an empty name would
+    become a word CHAIR matches, and a repeated id would silently rename the first category's objects.
+
+    Raises:
+        EvaluationInputError: ``<file>: categories[i]: ...``.
+    """
+    seen: dict[Any, int] = {}
+    for index, category in enumerate(categories):
+        where = f"{instances_file}: categories[{index}]"
+        name, category_id = category["name"], category["id"]
+        if not isinstance(name, str) or not name.strip():
+            raise EvaluationInputError(f"{where}: name must be a non-empty string, got {name!r:.40}")
+        if category_id in seen:
+            raise EvaluationInputError(f"{where}: id {category_id!r:.40} is also the id of categories[{seen[category_id]}]")
+        seen[category_id] = index
 
 
 def _is_number(value: Any) -> bool:

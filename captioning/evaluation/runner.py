@@ -17,7 +17,7 @@ from captioning.data import load_records
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import shapes_files
-from captioning.decoding import Caption
+from captioning.decoding import Caption, check_decoding_fits
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
     Instances,
@@ -30,7 +30,7 @@ from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
 from captioning.evaluation.signature import make_signature, parse_signature, reward_description
-from captioning.files import atomic_write
+from captioning.files import atomic_write, writes_in_place
 from captioning.models.captioner import Captioner
 from captioning.text import detokenize
 from captioning.training.checkpoint import (
@@ -40,7 +40,7 @@ from captioning.training.checkpoint import (
     load_state_checked,
 )
 from captioning.training.engine import EpochBatches, generate_captions
-from captioning.training.plan import check_splits
+from captioning.training.plan import check_splits, data_source
 from captioning.training.run import caption_dataset, uses_cache
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
     their files (the Python API and the demo; ``evaluate.py --images`` reads the same files).
     """
     decode_config = decode_config or config.decode
+    check_decoding_fits(decode_config, len(model.vocab), model.grid[0] * model.grid[1], len(records), device)
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     if pictures is None and all(r.captions for r in records) and uses_cache(config):
@@ -217,7 +218,8 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: In
             entry.update(clip["per_image"][entry["image_id"]])
     result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint,
                                          chair=chair if boxes is not None else None, reward=reward,
-                                         clip=clip_scorer.description if clip_scorer is not None else None)
+                                         clip=clip_scorer.description if clip_scorer is not None else None,
+                                         boxes=boxes, table=chair_table(chair) if boxes is not None else None)
     return result
 
 
@@ -253,23 +255,29 @@ def summary_lines(scores: dict, images: int) -> list[str]:
 def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
     """The records of one split of the configured dataset (``generate``: as for ``load_records``)."""
     records = load_records(config.data, generate=generate, splits=(split,))
-    check_splits(records, config.data.dataset, [split])
+    check_splits(records, config.data.dataset, [split], data_source(config.data))
     return records_of_split(records, split)
 
 
-def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path]:
-    """``<name>.json`` with the overall numbers and ``<name>.per_image.json`` beside it."""
+def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path | None]:
+    """``<name>.json`` with the overall numbers and ``<name>.per_image.json`` beside it (none beside a
+    device or a FIFO: see ``per_image_path``)."""
     path = Path(path)
     per_image = per_image_path(path)
     overall = {k: v for k, v in scores.items() if k not in ("per_image", "table")}
     atomic_write(path, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
-    atomic_write(per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
+    if per_image is not None:
+        atomic_write(per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
     return path, per_image
 
 
-def per_image_path(scores_path: str | Path) -> Path:
-    """``x_scores.json`` -> ``x_scores.per_image.json``: where ``write_scores`` puts per-image scores."""
+def per_image_path(scores_path: str | Path) -> Path | None:
+    """``x_scores.json`` -> ``x_scores.per_image.json``: where ``write_scores`` puts per-image scores;
+    None when the scores go into a device, a FIFO or a shell's descriptor (``/dev/null``, ``/dev/stdout``),
+    whose folder is no place for a second file."""
     scores_path = Path(scores_path)
+    if writes_in_place(scores_path):
+        return None
     return scores_path.with_name(scores_path.stem + ".per_image.json")
 
 
@@ -305,5 +313,6 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
         add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references,
                          chair=chair)
     result["signature"] = make_signature(references, scores.tokenizer, results=results,
-                                         chair=chair if boxes is not None else None)
+                                         chair=chair if boxes is not None else None, boxes=boxes,
+                                         table=chair_table(chair) if boxes is not None else None)
     return result

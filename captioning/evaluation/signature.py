@@ -21,7 +21,11 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
   CIDEr-D with ``<end>`` counted as a word, Rennie et al.; ``cider-d.noeos``: without), absent
   for weights trained by cross-entropy only;
 - ``clip``: only with CLIP-S: the CLIP model, its pretrained tag and its weights file's sha256 (12
-  hex digits), e.g. ``ViT-B-32.openai.a1b2c3d4e5f6``.
+  hex digits), e.g. ``ViT-B-32.openai.a1b2c3d4e5f6``;
+- ``inst``: with grounding and CHAIR, sha256 (12 hex digits) of the boxes of the instances files
+  (image sizes, every object's category, box and attributes, the category list: the same boxes
+  give the same hash from any files), and ``words``: of the CHAIR word table (synonyms, phrases
+  that name no object, modifiers).
 
 ``decode``, ``ckpt``, ``scst`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
@@ -34,9 +38,15 @@ import json
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import captioning
 from captioning.config import DecodeConfig, TrainConfig
+from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
+
+if TYPE_CHECKING:
+    from captioning.evaluation.chair_table import ReleasedChairTable
+    from captioning.evaluation.grounding import Instances
 
 SYSTEM_FIELDS = ("decode", "ckpt", "scst", "results")
 _DIGITS = 12
@@ -46,6 +56,28 @@ def references_hash(references: Mapping[int, Sequence[str]]) -> str:
     """sha256 (first 12 hex digits) of image id -> reference captions, independent of their order."""
     canonical = sorted((str(image_id), list(captions)) for image_id, captions in references.items())
     return hashlib.sha256(json.dumps(canonical, ensure_ascii=False).encode("utf-8")).hexdigest()[:_DIGITS]
+
+
+def _canonical_hash(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_DIGITS]
+
+
+def boxes_hash(boxes: Instances) -> str:
+    """sha256 (first 12 hex digits) of the boxes grounding and CHAIR read, independent of file order."""
+    images = sorted((str(image_id), list(size), sorted([box.category, list(box.bbox), dict(box.attributes)]
+                                                      for box in boxes.objects.get(image_id, ())))
+                    for image_id, size in boxes.image_sizes.items())
+    return _canonical_hash([images, sorted(boxes.categories)])
+
+
+def words_hash(table: CategoryWords | ReleasedChairTable) -> str:
+    """sha256 (first 12 hex digits) of a CHAIR word table: this project's (synonyms, phrases that name
+    no object, modifiers) or the released one (synonyms and two-word names)."""
+    synonyms = sorted((category, sorted(words)) for category, words in table.synonyms.items())
+    if isinstance(table, CategoryWords):
+        return _canonical_hash([synonyms, sorted(table.not_objects), sorted(table.modifiers)])
+    return _canonical_hash([synonyms, sorted(table.double_words.items())])
 
 
 def file_hash(path: str | Path) -> str:
@@ -88,7 +120,8 @@ def _implementation() -> str:
 
 def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, decode: DecodeConfig | None = None,
                    checkpoint: str | Path | None = None, results: str | Path | None = None,
-                   chair: str | None = None, reward: str | None = None, clip: str | None = None) -> str:
+                   chair: str | None = None, reward: str | None = None, clip: str | None = None,
+                   boxes: Instances | None = None, table: CategoryWords | ReleasedChairTable | None = None) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
     Args:
@@ -102,6 +135,7 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         reward: the checkpoint's self-critical reward (:func:`reward_description`), when its
             weights had a self-critical stage.
         clip: the CLIP model and weights of CLIP-S (``ClipScorer.description``), when computed.
+        boxes, table: the instances' boxes and the word table of grounding and CHAIR, when computed.
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
@@ -119,6 +153,9 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
         fields["results"] = file_hash(results)
     if clip is not None:
         fields["clip"] = clip
+    if boxes is not None:
+        fields["inst"] = boxes_hash(boxes)
+        fields["words"] = words_hash(table if table is not None else COCO_WORDS)
     return "|".join(f"{key}:{value}" for key, value in fields.items())
 
 

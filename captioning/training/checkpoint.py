@@ -187,6 +187,9 @@ def _check_weights(state: dict, section: str, path: Path) -> None:
         if not isinstance(name, str) or not isinstance(value, torch.Tensor):
             raise CheckpointError(f"{path}: {section} weights: entry {name!r} is not a tensor "
                                   f"({type(value).__name__})")
+        if value.layout != torch.strided or value.is_quantized:  # torch's own messages run to kilobytes
+            raise CheckpointError(f"{path}: {section} weights: {name} is a {str(value.layout).removeprefix('torch.')} "
+                                  f"{'quantized ' * value.is_quantized}tensor; a checkpoint holds dense tensors")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise CheckpointError(f"{path}: {section} weights: {name} holds NaN or infinite values")
 
@@ -212,11 +215,17 @@ def _unpickling_detail(error: pickle.UnpicklingError) -> str:
 
 
 def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") -> tuple[Config, Vocabulary]:
-    """The configuration and vocabulary stored in a loaded checkpoint."""
+    """The configuration and vocabulary stored in a loaded checkpoint (its encoder one this code builds)."""
+    from captioning.models.encoders import ENCODERS
+
     try:
-        return from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
+        config, vocab = from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
     except (ConfigError, VocabularyError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"{path}: invalid stored configuration or vocabulary ({error})") from None
+    if config.model.encoder.name not in ENCODERS:
+        raise CheckpointError(f"{path}: stored model.encoder.name {config.model.encoder.name!r:.60} is not an "
+                              f"encoder of this code ({', '.join(sorted(ENCODERS))})")
+    return config, vocab
 
 
 def load_state_checked(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,14 +16,19 @@ import numpy as np
 import torch
 
 from captioning.config import Config, to_dict
-from captioning.config_files import load_config, save_config
+from captioning.config_files import save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
+from captioning.decoding import check_decoding_fits
 from captioning.models.captioner import Captioner
-from captioning.run_folder import CHECKPOINTS, RunLock, remove_project_outputs
+from captioning.run_folder import (
+    CHECKPOINTS,
+    RunLock,
+    check_output_folder,
+)
 from captioning.training import distributed
 from captioning.training.checkpoint import (
     CheckpointError,
@@ -30,11 +36,13 @@ from captioning.training.checkpoint import (
     checkpoint_config,
     load_checkpoint,
 )
+from captioning.training.claim import auto_resume_point, claim_output_dir, remove_outputs
 from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState, amp_dtype
 from captioning.training.plan import (
     check_images_exist,
     check_splits,
+    data_source,
     describe_cache_plan,
     describe_plan,
     resumed_length,
@@ -142,7 +150,7 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     """
     records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
-    counts = check_splits(records, config.data.dataset, needed)
+    counts = check_splits(records, config.data.dataset, needed, data_source(config.data))
     check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
     if resume is not None:
@@ -160,6 +168,8 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
             print(note, flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
+    validated = min(config.train.val_images or counts["val"], counts["val"])  # decoded after every epoch
+    check_decoding_fits(config.decode, len(vocab), model.grid[0] * model.grid[1], validated, device)
     return records, model
 
 
@@ -184,7 +194,6 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
             runs), is unreadable, has no training state or a damaged one, or was trained under another
             configuration.
     """
-    from captioning.training.trainer import check_resumable
 
     if Path(os.path.abspath(resume)).parent != Path(os.path.abspath(output_dir)) / CHECKPOINTS:
         raise CheckpointError(f"{resume}: --resume continues a run in its own folder, but this run writes to "
@@ -219,6 +228,7 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
     output_dir = Path(config.train.output_dir)
+    check_output_folder(output_dir, "train.output_dir")
     RunLock(output_dir).check_free()
     say_if_busy(device)
     # As a training run's rank 0 is seeded before it builds the model: random encoder weights
@@ -252,55 +262,6 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     return written, lock
 
 
-def _claim_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """A new run must not mix with an earlier run's outputs in the same folder (rank 0, holding the lock).
-
-    Without ``train.overwrite`` a folder holding an earlier run's checkpoints is refused (its best
-    checkpoint would otherwise be scored as this run's); with it, or when there are no checkpoints,
-    every file the project writes in a run folder (``run_folder.RUN_OUTPUTS``) is deleted first:
-    scores, results, figures and the report of the earlier run go too, the user's own files stay.
-    """
-    earlier = sorted((output_dir / CHECKPOINTS).glob("*.pt"))
-    if earlier and not overwrite:
-        raise CheckpointError(f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
-                              "continue it with --resume, replace it with --set train.overwrite=true, or choose "
-                              "another --output-dir")
-    _remove_outputs(output_dir, "overwrite: deleted the earlier run's {count} files in " + str(output_dir))
-
-
-def _remove_outputs(output_dir: Path, message: str) -> None:
-    """Delete every file the project writes in a run folder (rank 0, holding the lock)."""
-    removed = remove_project_outputs(output_dir)
-    if removed:
-        print(message.replace("{count}", str(len(removed))), flush=True)
-
-
-def _auto_resume_point(config: Config, output_dir: Path,
-                       group: distributed.ProcessGroup) -> tuple[Path | None, bool]:
-    """``--resume auto``: the folder's ``last.pt`` when there is one, else None (a new run).
-
-    Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
-    failure or a preemption: it continues from the last checkpoint, or starts over when the launch
-    before wrote none. What such a launch left behind (its config.yaml, step log, TensorBoard events,
-    a best.pt written just before it died) is to be cleared then, provided its config.yaml holds this
-    configuration; a different one is refused as ``--resume`` refuses a changed configuration. Rank 0
-    looks and every rank follows its answer. Nothing is written here.
-
-    Returns:
-        (the checkpoint to resume or None, whether an earlier launch's outputs are to be cleared).
-    Raises:
-        CheckpointError: the folder's configuration differs.
-    """
-    last, stored = output_dir / CHECKPOINTS / "last.pt", output_dir / "config.yaml"
-    has_last, has_config = distributed.broadcast_object((last.is_file(), stored.is_file()) if group.is_main else None)
-    if has_last:
-        return last, False
-    if not has_config:
-        return None, False
-    check_resumable(load_config(stored), config, "xe", stored)
-    return None, True
-
-
 def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False,
           length_given: Collection[str] | None = None) -> RunOutputs:
     """Train as configured; returns what was written where.
@@ -324,6 +285,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
     output_dir = Path(config.train.output_dir)
     if group.is_main:  # a run already using the folder refuses this one before any data are read
+        check_output_folder(output_dir, "train.output_dir")
         RunLock(output_dir).check_free()
         say_if_busy(device)
     if resume is None and config.train.resume == AUTO:
@@ -331,7 +293,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     start_over = False  # --resume auto after a launch that wrote no checkpoint
     auto = resume == AUTO
     if auto:
-        resume, start_over = _auto_resume_point(config, output_dir, group)
+        resume, start_over = auto_resume_point(config, output_dir, group)
     else:
         resume = Path(resume) if resume is not None else None
     stored = None
@@ -349,15 +311,16 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         check_training_fits(stored, stored["training"], model, config, resume)
         del stored  # the weights and moments are loaded again, by the trainer
     outputs = RunOutputs(output_dir)
+    new_folder = not output_dir.exists()
     try:  # a run that fails lets go of the folder: a later run in this process may use it
         if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
             output_dir.mkdir(parents=True, exist_ok=True)
             outputs.lock = RunLock(output_dir).acquire()
             if start_over:
-                _remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+                remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
                                             "(deleted the {count} files an earlier launch left)")
             elif resume is None:
-                _claim_output_dir(output_dir, config.train.overwrite)
+                claim_output_dir(output_dir, config.train.overwrite)
                 if auto:
                     print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
             # Atomic: a relaunch with --resume auto reads it back.
@@ -409,7 +372,10 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             outputs.files["epoch history"] = history
     except BaseException:
         if outputs.lock is not None:
-            outputs.lock.release()
+            outputs.lock.release(failed=True)
+        if new_folder and group.is_main:
+            with contextlib.suppress(OSError):
+                output_dir.rmdir()  # a folder this run made and left empty (a full disk) is not left behind
         raise
     distributed.barrier()
     return outputs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +19,9 @@ from captioning.config_files import (
 )
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
+from captioning.files import output_note
 from captioning.models.base import AttentionView
-from captioning.run_folder import check_output_file, check_output_folder
+from captioning.run_folder import check_output_folder, check_outputs
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
@@ -45,15 +46,16 @@ class VisualizationResult:
     figures: list[Path]
     panels: list[int]
     report: Path | None = None
+    notes: dict[Path, str] = field(default_factory=dict)  # what writing each file did there (``output_note``)
 
     def summary(self) -> str:
-        """Each image's caption, then every file written."""
+        """Each image's caption, then every file written (and which replaced an earlier one)."""
         lines = [f"{Path(item.record.path).name}: {' '.join(item.words) or '(empty caption)'}"
                  for item in self.captioned]
         lines.append("wrote:")
-        lines.extend(f"  figure       {path}" for path in self.figures)
+        lines.extend(f"  figure       {path}{self.notes.get(path, '')}" for path in self.figures)
         if self.report is not None:
-            lines.append(f"  HTML report  {self.report}")
+            lines.append(f"  HTML report  {self.report}{self.notes.get(self.report, '')}")
         return "\n".join(lines)
 
 
@@ -168,9 +170,10 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
     view = attention_view(layer, head)
     check_output_folder(out_dir, "--out-dir")
-    if html is not None:
-        check_output_file(html, "--html")
     paths = [Path(p) for p in images]
+    figures = [("--out-dir", Path(out_dir) / f"{stem}.{file_format}") for stem in _unique_stems(paths)]
+    check_outputs([*([("--html", html)] if html is not None else []), *figures],
+                  [("--checkpoint", checkpoint), *(("IMAGE", path) for path in paths)])
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
@@ -208,8 +211,12 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     if names is not None:
         position = {record.image_id: k for k, record in enumerate(records)}
         names = [names[position[item.record.image_id]] for item in captioned]
+    stems = names if names is not None else [str(item.record.image_id) for item in captioned]
+    notes = {path: output_note(path) for path in [*(Path(out_dir) / f"{stem}.{file_format}" for stem in stems),
+                                                  *([Path(html)] if html is not None else [])]}
     written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress, label,
                             normalize=normalize, cmap=cmap, boxes=boxes)
     report = (write_report(captioned, html, model.grid, mode, cmap=cmap, attention_label=label, normalize=normalize,
                            boxes=boxes) if html is not None else None)
-    return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report)
+    return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report,
+                               notes)
