@@ -35,7 +35,7 @@ def test_a_runaway_max_length_is_refused_from_the_flag_and_from_a_checkpoint(sha
     from captioning.evaluation import commands
 
     args = ["--split", "test", "--no-java", "--no-progress"]
-    monkeypatch.setattr(commands, "load_captioner", never)
+    monkeypatch.setattr(commands, "load_trained_captioner", never)
     result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, *args, "--max-length", 10**9, cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr,
                           f"decode.max_length must be in [1, {MAX_DECODE_LENGTH}], got 1000000000")
