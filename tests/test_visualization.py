@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from captioning.decoding import Caption
 from captioning.evaluation.runner import Captioned
 from captioning.visualization.figures import CJK_FONTS, attention_figure, font_families, save_figure
 from captioning.visualization.overlay import blend, colorize, upsample_attention
-from captioning.visualization.report import write_figures_and_report, write_report
+from captioning.visualization.report import write_report
 
 MODES = ["bilinear", "gaussian"]
 
@@ -227,14 +226,6 @@ def test_report_is_self_contained(tmp_path: Path, report_items):
         assert f">{word}</a>" in page
     assert "a circle &amp; a &lt;square&gt;" in page and "a red circle" in page
     assert 'href="#img0-w1"' in page and 'id="img0-w1"' in page and "(empty caption)" in page
-
-
-def test_write_figures_and_report(tmp_path: Path, report_items):
-    model = SimpleNamespace(grid=GRID)
-    written = write_figures_and_report(model, report_items, tmp_path / "figures", tmp_path / "report.html")
-    assert written == {"attention figures": tmp_path / "figures", "HTML report": tmp_path / "report.html"}
-    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["7.png", "8.png", "9.png"]
-    assert (tmp_path / "report.html").stat().st_size > 1000
 
 
 def screenshot(page: str, out: Path, profile: Path) -> np.ndarray:

@@ -10,7 +10,7 @@ torch and matplotlib are loaded.
 - ``figures``: ``attention_figure`` (the image, then one panel per word, a colour bar, each word's
   peak and entropy, ground-truth boxes) and ``save_figure``.
 - ``report``: ``write_report`` (the self-contained attention viewer of ``visualize.py --html``),
-  ``write_figures`` and ``write_figures_and_report``.
+  and ``write_figures`` (one figure per image).
 - ``run_report``: ``write_run_report``, the training run's ``report.html`` (configuration, scores,
   curves, a sortable table of the test images that open their attention).
 - ``api``: ``visualize_images``, what ``visualize.py`` runs.

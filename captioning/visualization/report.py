@@ -35,7 +35,6 @@ from captioning.visualization.overlay import (
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
-    from captioning.models.captioner import Captioner
 
 VIEWER_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
@@ -226,17 +225,3 @@ def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tup
         name = (names[k] if names is not None else str(item.record.image_id)) + suffix
         written.append((save_figure(result.figure, figures_dir / name), result.panels))
     return written
-
-
-def write_figures_and_report(model: Captioner, captioned: Sequence[Captioned], figures_dir: str | Path,
-                             report_path: str | Path, mode: str = "bilinear",
-                             attention_label: str = "", boxes: Instances | None = None) -> dict[str, Path]:
-    """The training run's closing pictures: ``figures_dir/<image_id>.png`` per image and the HTML report,
-    with the ground-truth boxes of the objects each word names where ``boxes`` cover the image.
-
-    Returns:
-        ``{"attention figures": figures_dir, "HTML report": report_path}``.
-    """
-    write_figures(captioned, figures_dir, model.grid, mode, attention_label=attention_label, boxes=boxes)
-    report = write_report(captioned, report_path, model.grid, mode, attention_label=attention_label, boxes=boxes)
-    return {"attention figures": Path(figures_dir), "HTML report": report}
