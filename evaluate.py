@@ -6,10 +6,12 @@ Uses:
   python evaluate.py --annotations captions_val2014.json --results results.json   score any results file
   python evaluate.py --checkpoint ckpt.pt --images some/folder  caption plain images (no scores)
   python evaluate.py --compare A.json B.json --annotations captions.json   paired bootstrap of two systems
+  python evaluate.py --compare a1.json a2.json a3.json --against b1.json b2.json b3.json --names LSTM TF \\
+      --annotations captions.json                                seeds against seeds
   python evaluate.py --aggregate runs/*/test_scores.json      mean, std, min, max over seeds
 
 Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, a signature) go to --out, by default <name>_scores.json beside
+ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, CLIP-S with --clip-score, a signature) go to --out, by default <name>_scores.json beside
 <name>_results.json, with per-image scores in <name>_scores.per_image.json. Without --results,
 <name> is eval_<checkpoint stem>_<split> (or _images), in the checkpoint's run folder when it sits
 in one (<run>/checkpoints/x.pt), else in the current folder: never the main job's test_*.json.
@@ -24,12 +26,16 @@ import sys
 from pathlib import Path
 
 from captioning.cli import add_import_argument
+from captioning.config import TOKENIZERS
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    from captioning.config import CHAIR_TABLES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_argument_group("what to evaluate")
-    source.add_argument("--checkpoint", type=Path, help="a checkpoint written by train.py")
+    source.add_argument("--checkpoint", type=Path,
+                        help="a checkpoint written by train.py, or a model folder written by save_pretrained")
     source.add_argument("--split", default=None, help="split of the checkpoint's dataset to decode (train/val/test)")
     source.add_argument("--images", type=Path, help="a folder of images to caption (no scores)")
     source.add_argument("--annotations", type=Path, help="COCO-format reference captions (captions_val2014.json)")
@@ -38,9 +44,16 @@ def get_args_parser() -> argparse.ArgumentParser:
                              "eval_<checkpoint stem>_<split>_results.json in the checkpoint's run folder)")
     source.add_argument("--config", type=Path, help="take the dataset from this YAML instead of the checkpoint")
     tools = parser.add_argument_group("comparing systems and runs")
-    tools.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
-                       help="two COCO results files of the same images: per-metric B - A with a 95%% paired "
-                            "bootstrap interval and p-value (needs --annotations)")
+    tools.add_argument("--compare", type=Path, nargs="+", metavar="RESULTS.json",
+                       help="two COCO results files of the same images (A B): per-metric B - A with a 95%% paired "
+                            "bootstrap interval, p-value and Holm-adjusted p-value (needs --annotations); grounding "
+                            "and CHAIR too where both have per-image scores beside them; with --against, the "
+                            "results of A's runs (one per seed)")
+    tools.add_argument("--against", type=Path, nargs="+", metavar="RESULTS.json",
+                       help="the results of B's runs (one per seed): the mean difference over seeds, its interval "
+                            "resampling runs as well as images")
+    tools.add_argument("--names", nargs=2, metavar=("A", "B"),
+                       help="column names of the two systems (default: the files' names, or their folders')")
     tools.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for --compare")
     tools.add_argument("--seed", type=int, default=0, help="seed of the --compare resampling")
     tools.add_argument("--aggregate", type=Path, nargs="+", metavar="SCORES.json",
@@ -62,11 +75,23 @@ def get_args_parser() -> argparse.ArgumentParser:
                          help="COCO instances JSON files with boxes: attention grounding and object hallucination "
                               "(CHAIR-i, CHAIR-s) on the images they cover (default: the checkpoint's "
                               "data.instances; Shapes: automatic)")
+    scoring.add_argument("--chair-table", choices=CHAIR_TABLES,
+                         help="CHAIR's word table: released (Rohrbach et al.'s table and rules, as published CHAIR "
+                              "numbers count) or extended (this project's); default: the checkpoint's "
+                              "data.chair_table, else released")
     scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
     scoring.add_argument("--java-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "
                               "path is used (default: 600)")
     scoring.add_argument("--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)")
+    scoring.add_argument("--clip-score", nargs="?", const="pretrained", metavar="WEIGHTS",
+                         help="also CLIP-S and RefCLIP-S (Hessel et al. 2021; CLIP ViT-B/32, the clip extra) with "
+                              "--checkpoint and --split; WEIGHTS: pretrained (the default: from the Hugging Face "
+                              "cache, downloaded when online) or a weights file")
+    scoring.add_argument("--tokenizer", choices=TOKENIZERS, default="ptb",
+                         help="tokenizer of a scored results file (--annotations, --compare): ptb (English), "
+                              "whitespace or characters; METEOR and SPICE only with ptb. A checkpoint's "
+                              "captions are scored with its own data.tokenizer")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="leave out (and count) images that cannot be read instead of stopping")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

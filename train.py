@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioning.cli import add_config_arguments, add_import_argument, config_from_args, run_cli
+from captioning.cli import add_config_arguments, add_import_argument, config_from_args, given_keys, run_cli
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -28,6 +28,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     add_import_argument(parser)
     parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CHECKPOINT",
                         help="continue a run exactly: from CHECKPOINT, or from <output-dir>/checkpoints/last.pt; "
+                             "the run keeps the checkpoint's epochs unless --epochs or --scst-epochs is given; "
                              "'--resume auto' continues from last.pt when there is one and starts a new run "
                              "when there is none (for restarts and requeued jobs; also train.resume: auto)")
     parser.add_argument("--cache-only", action="store_true",
@@ -48,7 +49,8 @@ def main(args: argparse.Namespace) -> None:
     resume = args.resume
     if resume == "last":
         resume = Path(config.train.output_dir) / "checkpoints" / "last.pt"
-    main_job(config, resume=resume, progress=not args.no_progress, test=not args.no_test)
+    main_job(config, resume=resume, progress=not args.no_progress, test=not args.no_test,
+             length_given=given_keys(args))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import Backbone, Encoder
+from captioning.run_folder import RunFolderError, check_output_folder
 from captioning.runtime.inference import EpochBatches, move
 from captioning.training.trainer import loader_for
 
@@ -83,6 +84,10 @@ def cache_parent(folder: Path | None, sizes: LoaderSizes) -> Path:
     folder = Path(folder if folder is not None else tempfile.gettempdir())
     if not folder.is_dir():
         raise SystemExit(f"--loader-dir {folder}: not a folder")
+    try:
+        check_output_folder(folder, "--loader-dir")  # read-only, or not ours to write
+    except RunFolderError as error:
+        raise SystemExit(str(error)) from None
     free = shutil.disk_usage(folder).free
     needed = sizes.cache_bytes + sizes.images * 300 + 2**30  # rows, state bytes and index entries, margin
     if needed > free:

@@ -424,10 +424,32 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def run_parts(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device(args.device)
+def check_flags(args: argparse.Namespace) -> torch.device:
+    """Refuse, in one line before anything is measured, a flag out of its bounds; returns the device.
+
+    Threads are bounded by the cores this process may use: past that they only contend, and
+    OpenMP crashes when asked for tens of thousands.
+    """
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device: must be cpu, cuda or cuda:N, got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available")
+    cores = len(os.sched_getaffinity(0))
+    if not 0 <= args.threads <= cores:
+        raise SystemExit(f"--threads: must be between 0 (all usable cores) and the {cores} usable cores, "
+                         f"got {args.threads}")
+    for flag in ("repeats", "tutorial_repeats"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')}: must be at least 1, got {getattr(args, flag)}")
+    return device
+
+
+def run_parts(args: argparse.Namespace) -> dict[str, Any]:
+    device = check_flags(args)
     # Tiny quick sizes gain nothing from threads, and on a busy machine idle threads spin.
     threads = args.threads or (1 if args.quick else len(os.sched_getaffinity(0)))
     torch.set_num_threads(threads)

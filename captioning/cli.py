@@ -122,6 +122,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return load_config(path, overrides)
 
 
+def given_keys(args: argparse.Namespace) -> set[str]:
+    """The configuration keys this command line sets, by flag or ``--set`` (not by ``--config``)."""
+    given = set(parse_overrides(args.overrides))
+    given.update(key for name, (key, _, _) in FLAG_KEYS.items() if getattr(args, name, None) is not None)
+    return given
+
+
 def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser,
             argv: list[str] | None = None) -> int:
     """Parse, run ``main(args)``; expected failures print one line ``error: ...`` and exit 2.

@@ -27,7 +27,12 @@ def _check(condition: bool, message: str) -> None:
 # The metrics validation computes (without Java): train.metric must name one of them.
 SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
 PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
+DATASETS = ("shapes", "karpathy", "coco", "imagefolder", "folder")
+# The caption tokenizers of captioning.text.TOKENIZERS; only ptb is English's (METEOR and SPICE need it).
+TOKENIZERS = ("ptb", "whitespace", "characters")
 VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D")
+# CHAIR's word tables: the authors' released table and rules, or this project's extended one.
+CHAIR_TABLES = ("released", "extended")
 
 
 def _one_of(name: str, value: Any, choices: tuple) -> None:
@@ -38,13 +43,15 @@ def _one_of(name: str, value: Any, choices: tuple) -> None:
 class DataConfig:
     """Where the captions and images come from and how captions become token ids."""
 
-    dataset: str = "shapes"  # shapes | karpathy | coco | folder
-    root: str = "data/shapes"  # image root (Karpathy: the folder holding filepath/filename)
+    dataset: str = "shapes"  # shapes | karpathy | coco | imagefolder (your own images) | folder
+    root: str = "data/shapes"  # image root (Karpathy: holds filepath/filename; imagefolder: holds metadata.jsonl or .csv)
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
+    chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s table and rules) | extended (this project's)
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
+    tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
@@ -59,7 +66,9 @@ class DataConfig:
     shapes_max_objects: int = 3  # Shapes: at most this many objects per image (1-3)
 
     def __post_init__(self) -> None:
-        _one_of("data.dataset", self.dataset, ("shapes", "karpathy", "coco", "folder"))
+        _one_of("data.dataset", self.dataset, DATASETS)
+        _one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
+        _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
@@ -99,6 +108,8 @@ class DecoderConfig:
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
+    init_layers: int = 1  # LSTM: layers of the h_0/c_0 MLP; 2 as the authors' COCO script (an extra C->C ReLU layer)
+    output_tanh: bool = False  # LSTM: tanh over equation 7's sum before the output layer, as the authors' code
     dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
     doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (docs/training.md)
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
@@ -116,6 +127,8 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         _one_of("model.decoder.kind", self.kind, ("lstm", "transformer"))
+        for name in ("embed_dim", "hidden_dim", "attention_dim", "num_heads"):  # first: num_heads divides below
+            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
         if self.kind == "transformer":
             _check(self.attention == "soft", "model.decoder.attention must be soft with kind transformer")
             for name in ("d_model", "d_ff", "decoder_layers"):
@@ -128,12 +141,15 @@ class DecoderConfig:
         _one_of("model.decoder.scoring", self.scoring, ("additive", "dot", "scaled_dot", "multihead"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))
-        for name in ("embed_dim", "hidden_dim", "attention_dim", "num_heads"):
-            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1")
         if self.scoring == "multihead":
             _check(self.attention_dim % self.num_heads == 0,
                    "model.decoder.attention_dim must be divisible by model.decoder.num_heads")
         _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
+        _check(self.init_layers >= 1, f"model.decoder.init_layers must be >= 1, got {self.init_layers}")
+        _check(not self.output_tanh or self.deep_output, "model.decoder.output_tanh needs model.decoder.deep_output")
+        if self.kind == "transformer":
+            _check(self.init_layers == 1 and not self.output_tanh,
+                   "model.decoder.init_layers and output_tanh are LSTM options (kind lstm)")
         for name in ("doubly_stochastic", "hard_reinforce", "hard_entropy"):
             value = getattr(self, name)
             _check(math.isfinite(value) and value >= 0, f"model.decoder.{name} must be finite and >= 0, got {value}")
@@ -145,6 +161,11 @@ class DecoderConfig:
 class ModelConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+
+
+# Words of a generated caption at most: COCO's longest reference has about 50; past a few hundred a
+# decode is a runaway (every step costs a decoder pass, and each word keeps its attention map).
+MAX_DECODE_LENGTH = 500
 
 
 @dataclass(frozen=True)
@@ -165,7 +186,8 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         _one_of("decode.strategy", self.strategy, ("greedy", "beam", "sample"))
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
-        _check(self.max_length >= 1, f"decode.max_length must be >= 1, got {self.max_length}")
+        _check(1 <= self.max_length <= MAX_DECODE_LENGTH,
+               f"decode.max_length must be in [1, {MAX_DECODE_LENGTH}], got {self.max_length}")
         _check(0 <= self.min_length <= self.max_length, "decode.min_length must be in [0, max_length]")
         _check(0 <= self.length_alpha <= 10, f"decode.length_alpha must be in [0, 10], got {self.length_alpha}")
         # Logits are divided by it: far below 1e-3 they overflow to inf and sampling gives NaN.
@@ -213,6 +235,7 @@ class TrainConfig:
     scst_lr: float = 2e-5  # learning rate of the self-critical stage (a fine-tuned encoder's: encoder_lr * scst_lr / lr)
     scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
     scst_samples: int = 5  # sampled captions per image
+    scst_reward_eos: bool = True  # the CIDEr-D reward counts <end> as a word (Rennie et al.); false: earlier versions' reward
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 0, f"train.epochs must be >= 0, got {self.epochs}")
@@ -236,6 +259,7 @@ class TrainConfig:
         _one_of("train.amp", self.amp, ("none", "bf16", "fp16"))
         _one_of("train.nonfinite", self.nonfinite, ("stop", "skip"))
         _one_of("train.scst_baseline", self.scst_baseline, ("greedy", "mean"))
+        _check(self.scst_samples >= 1, f"train.scst_samples must be >= 1, got {self.scst_samples}")
         _check(self.scst_samples >= 2 or self.scst_baseline == "greedy",
                "train.scst_samples must be >= 2 with the mean baseline")
         for name in ("checkpoint_every", "max_steps", "val_images", "scst_epochs"):

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from captioning.config import Config, ConfigError, to_dict
+from captioning.config import Config, ConfigError, DataConfig, to_dict
 from captioning.files import not_a_regular_file
 
 
@@ -137,6 +137,13 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
 
 # The sections of a checkpoint's configuration that evaluating or visualizing may change: the model is fixed.
 CHECKPOINT_SECTIONS = ("data", "decode")
+# Keys of those sections the checkpoint fixes all the same: its vocabulary holds this tokenizer's tokens.
+FIXED_BY_CHECKPOINT = ("data.tokenizer",)
+
+
+def with_data_section(config: Config, data: DataConfig) -> Config:
+    """A checkpoint's ``config`` reading another dataset (``--config``), with the checkpoint's tokenizer."""
+    return dataclasses.replace(config, data=dataclasses.replace(data, tokenizer=config.data.tokenizer))
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, str | None]:
@@ -166,6 +173,8 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
         ConfigError: naming the key.
     """
     for key, value in overrides.items():
+        if sections is not None and key in FIXED_BY_CHECKPOINT:
+            raise ConfigError(f"{key}: fixed by the checkpoint (its vocabulary was made with its tokenizer)")
         if sections is not None and key.split(".", 1)[0] not in sections:
             allowed = " and ".join(f"{section}.*" for section in sections)
             raise ConfigError(f"{key}: only {allowed} keys can be overridden here (the rest is fixed, "

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from captioning.config import DecodeConfig
+from captioning.config import ConfigError, DecodeConfig
 from captioning.data.vocab import Vocabulary
+from captioning.memory import available_bytes, gib
 from captioning.models.base import CaptionDecoder
 
 START, END, PAD, UNK = Vocabulary.start_id, Vocabulary.end_id, Vocabulary.pad_id, Vocabulary.unk_id
@@ -305,3 +306,28 @@ def decode(decoder: CaptionDecoder, annotations: Tensor, config: DecodeConfig) -
                                           config.temperature, config.top_k, config.forbid_unk),
     }
     return strategies[config.strategy]()
+
+
+def check_decoding_fits(config: DecodeConfig, vocab_size: int, positions: int, images: int,
+                        device: torch.device) -> None:
+    """Refuse, before any decoding, a beam wider than the vocabulary, or hypotheses whose search state
+    does not fit in the device's free memory.
+
+    A batch decodes ``min(decode.batch_size, images) x beam_size`` hypotheses at once; each keeps a
+    few (V,) score rows and, for every word, its (P,) attention map.
+
+    Raises:
+        ConfigError: one line naming the keys (and the evaluate.py flags) to change.
+    """
+    beams = config.beam_size if config.strategy == "beam" else 1
+    if beams > vocab_size:
+        raise ConfigError(f"decode.beam_size (--beam-size) must be at most the vocabulary's {vocab_size} words, "
+                          f"got {beams}")
+    rows = min(config.batch_size, max(images, 1)) * beams
+    needed = rows * 4 * (3 * vocab_size + (config.max_length + 1) * (positions + 2))  # float32 bytes
+    free = available_bytes(device)
+    if free is not None and needed > free:
+        raise ConfigError(f"decode.beam_size {beams} x decode.batch_size {config.batch_size} hypotheses of up to "
+                          f"decode.max_length {config.max_length} words need about {gib(needed)}, more than the "
+                          f"{gib(free)} free on {device}; lower --beam-size or --max-length, or --set "
+                          "decode.batch_size=")

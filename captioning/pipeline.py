@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
 
 from captioning.config import Config
 from captioning.data import check_data_paths
+from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.runner import (
     caption_records,
     default_instances,
     load_boxes,
-    load_captioner,
+    load_trained_captioner,
     score_captioned,
     split_records,
     summary_lines,
@@ -24,6 +27,9 @@ from captioning.runtime import distributed
 from captioning.runtime.device import resolve_device
 from captioning.training.run import RunOutputs, best_checkpoint, cache_features, train
 
+# The run report shows this many test images at most (each one's attention maps are embedded).
+REPORT_IMAGES = 200
+
 
 def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, outputs: RunOutputs,
                         figures: int = 6, boxes: Instances | None = None) -> dict:
@@ -33,47 +39,70 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     dataset's own (Shapes') are read here.
     """
     checkpoint = best_checkpoint(output_dir)
-    model, config = load_captioner(checkpoint, device)
+    model, config, reward = load_trained_captioner(checkpoint, device)
     records = split_records(config, "test")
     captioned = caption_records(model, config, records, device, progress=progress, output_dir=output_dir)
     outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
     if boxes is None:
         boxes = load_boxes(default_instances(config))
-    scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint)
+    scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint,
+                             chair=config.data.chair_table, reward=reward, tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path
     outputs.files["test scores per image"] = per_image_path
     outputs.test_scores = scores
+    outputs.caption_warning = degenerate_captions([" ".join(item.words) for item in captioned], "test")
     print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")
     for line in summary_lines(scores, len(captioned)):
         print(line)
     if figures:
-        from captioning.visualization.report import write_figures_and_report
+        from captioning.visualization.report import write_figures
 
-        written = write_figures_and_report(model, captioned[:figures], output_dir / "figures",
-                                           output_dir / "report.html", attention_label=model.decoder.describe_attention())
-        outputs.files.update(written)
+        label = model.decoder.describe_attention()
+        write_figures(captioned[:figures], output_dir / "figures", model.grid, attention_label=label, boxes=boxes)
+        outputs.files["attention figures"] = output_dir / "figures"
+        outputs.files["HTML report"] = write_report_of_run(output_dir, captioned, model.grid, scores, checkpoint,
+                                                           boxes, label)
     return scores
 
 
+def write_report_of_run(output_dir: Path, captioned: list, grid: tuple[int, int], scores: dict, checkpoint: Path,
+                        boxes: Instances | None, attention_label: str, report_images: int = REPORT_IMAGES) -> Path:
+    """``report.html``: the run's configuration, checkpoint, test scores, curves and its first
+    ``report_images`` test images, sortable by their scores (``run_report.write_run_report``)."""
+    from captioning.visualization.run_report import write_run_report
+
+    config_path, history_path = output_dir / "config.yaml", output_dir / "history.json"
+    config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
+    history = json.loads(history_path.read_text(encoding="utf-8")).get("epochs", []) if history_path.is_file() else []
+    return write_run_report(output_dir / "report.html", captioned[:report_images], grid, scores,
+                            config_text=config_text, checkpoint=checkpoint, history=history, boxes=boxes,
+                            attention_label=attention_label, total_images=len(captioned))
+
+
 def summary(outputs: RunOutputs) -> str:
-    """The closing lines: every file the run wrote."""
+    """The closing lines: every file the run wrote, then the warning about its captions if they say
+    nothing (the test split's when it was scored, else the last validation's)."""
     lines = ["files written:"]
     for what, path in outputs.files.items():
         lines.append(f"  {what:<24} {path}")
+    if outputs.caption_warning:
+        lines.append(outputs.caption_warning)
     return "\n".join(lines)
 
 
-def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True) -> RunOutputs:
+def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True,
+             length_given: Collection[str] | None = None) -> RunOutputs:
     """Train, then (on rank 0) evaluate the test split with figures and an HTML report.
 
     The configured instances files are read first, so that a bad one fails before training.
+    ``length_given``: as for ``training.run.train`` (the length keys the command line set).
     """
     is_main = distributed.launched_as_main()
     check_data_paths(config.data)  # a mistyped path names its key before the instances are read
     boxes = load_boxes(config.data.instances) if test and is_main else None
-    outputs = train(config, resume=resume, progress=progress, test=test)
+    outputs = train(config, resume=resume, progress=progress, test=test, length_given=length_given)
     try:
         if test and is_main:
             evaluate_test_split(Path(config.train.output_dir), resolve_device(config.train.device), progress,

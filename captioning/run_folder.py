@@ -10,9 +10,14 @@ however it dies, so a killed run never leaves the folder locked.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fnmatch
 import os
+from collections.abc import Iterable
 from pathlib import Path
+
+from captioning.files import NoSpaceError, NotReplacedError, output_kind
 
 try:
     import fcntl
@@ -24,15 +29,31 @@ CHECKPOINTS = "checkpoints"
 MAIN_PREFIX = "test"  # the main job scores the test split: test_results.json, test_scores.json
 EVAL_PREFIX = "eval_"  # evaluate.py: eval_<checkpoint>_<split>_results.json, ...
 
-# Everything the project writes in a run folder, as glob patterns relative to it.
-RUN_OUTPUTS = (
-    "checkpoints/*.pt", "config.yaml", "vocab.json", "data_summary.json", "steps.jsonl", "history.json",
+# Everything the project writes in a run folder, as patterns of paths relative to it (``fnmatch``,
+# where ``*`` also matches a ``/``): the run's own names only, so that ``train.overwrite`` leaves a
+# user's ``notes.pt`` or ``figures/plot.png`` alone. The main job's figures are ``<image id>.png``.
+MAIN_JOB_OUTPUTS = (
+    "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/best_scst.pt",
+    "config.yaml", "vocab.json", "data_summary.json", "steps.jsonl", "history.json",
     "tensorboard/events.out.tfevents.*",
     f"{MAIN_PREFIX}_results.json", f"{MAIN_PREFIX}_scores.json", f"{MAIN_PREFIX}_scores.per_image.json",
-    "figures/*.png", "report.html",
+    "figures/[0-9]*.png", "report.html",
+)
+RUN_OUTPUTS = (
+    *MAIN_JOB_OUTPUTS,
     f"{EVAL_PREFIX}*_results.json", f"{EVAL_PREFIX}*_scores.json", f"{EVAL_PREFIX}*_scores.per_image.json",
     f"{EVAL_PREFIX}*_files.json",
 )
+_SUBFOLDERS = ("figures", "tensorboard", CHECKPOINTS)
+# What a launch that died before its first checkpoint leaves: ``--resume auto`` may start over on these only.
+LAUNCH_LEFTOVERS = ("config.yaml", "vocab.json", "data_summary.json", "steps.jsonl", "tensorboard/events.out.tfevents.*")
+
+
+def _is_run_output(relative: str, patterns: tuple[str, ...] = RUN_OUTPUTS) -> bool:
+    """Whether ``relative`` (``figures/7.png``) is one of ``patterns``; a figure's stem is digits only."""
+    if relative.startswith("figures/") and not relative.removeprefix("figures/").removesuffix(".png").isdigit():
+        return False
+    return any(fnmatch.fnmatchcase(relative, pattern) for pattern in patterns)
 
 
 class RunFolderError(OSError):
@@ -62,9 +83,20 @@ def scores_path_for(results: str | Path) -> Path:
 
 
 def project_outputs(output_dir: str | Path) -> list[Path]:
-    """The files in ``output_dir`` that the project wrote (``RUN_OUTPUTS``), sorted."""
+    """The files in ``output_dir`` that the project wrote (``RUN_OUTPUTS``), sorted.
+
+    Only the folder itself and its real sub-folders are looked in: a ``figures/`` or ``checkpoints/``
+    that is a symbolic link leads out of the run folder, and nothing there is the run's.
+    """
     output_dir = Path(output_dir)
-    found = {path for pattern in RUN_OUTPUTS for path in output_dir.glob(pattern) if path.is_file()}
+    folders = [output_dir, *(output_dir / name for name in _SUBFOLDERS
+                             if (output_dir / name).is_dir() and not (output_dir / name).is_symlink())]
+    found = []
+    for folder in folders:
+        for entry in folder.iterdir() if folder.is_dir() else ():
+            relative = entry.relative_to(output_dir).as_posix()
+            if _is_run_output(relative) and (entry.is_symlink() or entry.is_file()):
+                found.append(entry)  # a link is removed, never what it points to
     return sorted(found)
 
 
@@ -73,12 +105,37 @@ def remove_project_outputs(output_dir: str | Path) -> list[Path]:
     removed = project_outputs(output_dir)
     for path in removed:
         path.unlink(missing_ok=True)
-    for folder in ("figures", "tensorboard", CHECKPOINTS):
-        try:
-            (Path(output_dir) / folder).rmdir()  # only when empty: a user's own files stay
-        except OSError:
-            pass
+    for folder in _SUBFOLDERS:
+        if not (Path(output_dir) / folder).is_symlink():
+            try:
+                (Path(output_dir) / folder).rmdir()  # only when empty: a user's own files stay
+            except OSError:
+                pass
     return removed
+
+
+def beyond_leftovers(output_dir: str | Path) -> list[str]:
+    """What ``output_dir`` holds of a run beyond ``LAUNCH_LEFTOVERS``: its outputs (scores, figures,
+    history, ...) and any checkpoint, the user's included, as paths relative to it, sorted."""
+    output_dir = Path(output_dir)
+    found = {path.relative_to(output_dir).as_posix() for path in project_outputs(output_dir)}
+    if (output_dir / CHECKPOINTS).is_dir():
+        found |= {f"{CHECKPOINTS}/{path.name}" for path in (output_dir / CHECKPOINTS).glob("*.pt")}
+    return sorted(name for name in found if not any(fnmatch.fnmatchcase(name, p) for p in LAUNCH_LEFTOVERS))
+
+
+def main_job_file(path: str | Path) -> Path | None:
+    """The run folder when ``path`` is one of the main job's own files there (``MAIN_JOB_OUTPUTS``:
+    its checkpoints, configuration, ``test_*`` results and scores, figures, report), else None.
+
+    A run folder is one holding ``config.yaml``, ``checkpoints/`` or ``.train.lock``; links are followed.
+    """
+    path = Path(os.path.realpath(path))
+    for folder, relative in ((path.parent, path.name), (path.parent.parent, f"{path.parent.name}/{path.name}")):
+        is_run = any((folder / name).exists() for name in ("config.yaml", CHECKPOINTS, LOCK_NAME))
+        if is_run and (_is_run_output(relative, MAIN_JOB_OUTPUTS) or fnmatch.fnmatchcase(relative, "checkpoints/*.pt")):
+            return folder
+    return None
 
 
 class RunLock:
@@ -87,27 +144,45 @@ class RunLock:
     def __init__(self, output_dir: str | Path) -> None:
         self.path = Path(output_dir) / LOCK_NAME
         self._descriptor: int | None = None
+        self._created = False  # this lock made the file: a run that fails removes it (``release(failed=True)``)
 
     def acquire(self) -> RunLock:
         """Take the lock or refuse at once.
 
+        A lock file removed by a failed run while this one waited to open it is opened again, so two
+        runs never hold locks on two different files of one name.
+
         Raises:
             RunFolderError: another live process holds it (its pid is named when known).
+            NoSpaceError: the disk is full (the lock file is not left behind).
         """
         if fcntl is None:
             return self
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            locked = self._locked(descriptor, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(descriptor)
-            raise
-        if not locked:
-            os.close(descriptor)
-            return self  # no locks on this filesystem: runs are not kept apart, as without fcntl
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        while True:
+            try:
+                descriptor, self._created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+            except FileExistsError:
+                descriptor, self._created = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666), False
+            try:
+                locked = self._locked(descriptor, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(descriptor)
+                raise
+            if not locked:
+                os.close(descriptor)
+                return self  # no locks on this filesystem: runs are not kept apart, as without fcntl
+            if _same_inode(descriptor, self.path):
+                break
+            os.close(descriptor)  # locked a file a failed run had just removed: take the new one
         self._descriptor = descriptor
+        try:
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as error:
+            self.release(failed=True)
+            if error.errno == errno.ENOSPC:
+                raise NoSpaceError(f"{self.path}: no space left on device while writing") from None
+            raise
         return self
 
     def check_free(self) -> None:
@@ -151,17 +226,29 @@ class RunLock:
             raise
         return True
 
-    def release(self) -> None:
-        """Drop the lock (the file stays: deleting it would race with a run taking it)."""
+    def release(self, failed: bool = False) -> None:
+        """Drop the lock. The file stays, except after a ``failed`` run that created it: it is removed
+        while still locked, and a run that opened it meanwhile opens the new one (``acquire``)."""
         if self._descriptor is not None:
+            if failed and self._created:
+                self.path.unlink(missing_ok=True)
             fcntl.flock(self._descriptor, fcntl.LOCK_UN)
             os.close(self._descriptor)
             self._descriptor = None
 
 
+def _same_inode(descriptor: int, path: Path) -> bool:
+    """Whether ``descriptor`` is still the file at ``path`` (not one removed since it was opened)."""
+    try:
+        return os.path.samestat(os.fstat(descriptor), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
 def check_output_file(path: str | Path, option: str) -> None:
-    """Refuse, before any work, an output file that cannot be written: a folder, or under a non-folder
-    or unwritable folder.
+    """Refuse, before any work, an output file that cannot be written: a folder, a socket or block
+    device (``files.output_kind``), or under a non-folder or unwritable folder. A character device or
+    a FIFO (/dev/null, a pipe) is accepted: it is written in place.
 
     Raises:
         RunFolderError: ``<path>: <option>: <what is wrong>``.
@@ -169,13 +256,65 @@ def check_output_file(path: str | Path, option: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise RunFolderError(f"{path}: {option}: is a folder; give a file name")
+    try:
+        if output_kind(path) == "in place":
+            return
+    except NotReplacedError as error:
+        raise RunFolderError(f"{path}: {option}: {str(error).removeprefix(f'{path}: ')}") from None
     parent = path.parent
     while not parent.exists() and parent != parent.parent:  # the nearest existing ancestor gets created into
         parent = parent.parent
     if not parent.is_dir():
         raise RunFolderError(f"{path}: {option}: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunFolderError(f"{path}: {option}: cannot write in {parent} (permission denied)")
+        raise RunFolderError(f"{path}: {option}: cannot write in {parent} ({_why_not_writable(parent)})")
+
+
+def _why_not_writable(folder: Path) -> str:
+    """``read-only file system`` or ``permission denied``, as the kernel would answer a write there."""
+    try:
+        return "read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else "permission denied"
+    except OSError:
+        return "permission denied"
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tuple[str, str | Path | None]],
+                  keep_main_job: bool = True) -> None:
+    """Refuse, before any work, outputs that would destroy what they replace: each is checked by
+    ``check_output_file``; none may be one of the command's ``inputs`` (links followed), two outputs
+    may not be one file, and with ``keep_main_job`` none may be a main job's own file (``main_job_file``).
+
+    Args:
+        outputs: (option, path) of every file the command will write.
+        inputs: (option, path) of every file or folder it reads; None entries are skipped.
+    Raises:
+        RunFolderError: ``<path>: <option>: <what is wrong>``.
+    """
+    outputs = list(outputs)
+    present = [(option, path) for option, path in inputs if path is not None]
+    identities: dict[tuple[int, int], tuple[str, str | Path]] = {}  # (device, inode) of every input: one stat each
+    for input_option, source in present:
+        with contextlib.suppress(OSError, ValueError):
+            status = os.stat(source)
+            identities.setdefault((status.st_dev, status.st_ino), (input_option, source))
+    for index, (option, path) in enumerate(outputs):
+        check_output_file(path, option)
+        in_place = output_kind(path) == "in place"
+        try:
+            status = os.stat(path)
+            source = identities.get((status.st_dev, status.st_ino))
+        except (OSError, ValueError):  # nothing there yet: no input
+            source = None
+        if source is not None and not in_place:
+            raise RunFolderError(f"{path}: {option}: is an input of this command ({source[0]} {source[1]}); "
+                                 "give another file name")
+        for other_option, other in outputs[:index]:
+            if not in_place and os.path.realpath(path) == os.path.realpath(other):
+                raise RunFolderError(f"{path}: {option}: is also {other_option}; give two different file names")
+        run = main_job_file(path) if keep_main_job else None
+        if run is not None:
+            raise RunFolderError(f"{path}: {option}: is the main job's own file in the run folder {run}; only "
+                                 "train.py writes it, give another file name")
 
 
 def check_output_folder(path: str | Path, option: str) -> None:
@@ -185,7 +324,7 @@ def check_output_folder(path: str | Path, option: str) -> None:
         raise RunFolderError(f"{path}: {option}: exists and is not a folder")
     if path.is_dir():
         if not os.access(path, os.W_OK | os.X_OK):
-            raise RunFolderError(f"{path}: {option}: cannot write in it (permission denied)")
+            raise RunFolderError(f"{path}: {option}: cannot write in it ({_why_not_writable(path)})")
     else:
         check_output_file(path, option)  # its nearest existing parent must take a new folder
 

@@ -1,6 +1,9 @@
-"""The one caption tokenizer, shared by training and by the Java-less evaluation path.
+"""The caption tokenizers, shared by the readers, training and the Java-less evaluation path.
 
-It reproduces what the COCO caption evaluation does (pycocoevalcap's ``PTBTokenizer``: the
+``TOKENIZERS`` names them for ``data.tokenizer``: ``ptb`` (English, below), ``whitespace``
+(pre-tokenised text) and ``characters`` (one token per character, for Chinese or Japanese).
+
+The PTB tokenizer reproduces what the COCO caption evaluation does (pycocoevalcap's ``PTBTokenizer``: the
 Stanford PTB tokenizer with ``-lowerCase``, then removal of its ``PUNCTUATIONS`` tokens) in pure
 Python. NLTK's Treebank tokenizer applies the same Penn Treebank rules (contractions split as
 ``do n't``, possessive ``'s`` split off, hyphenated words kept whole); a few pre-passes add the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from functools import lru_cache
 from typing import ClassVar
 
@@ -171,6 +175,13 @@ def _treebank() -> TreebankWordTokenizer:
     return _CaptionTreebankTokenizer()
 
 
+def _plain_text(text: str) -> str:
+    """``text`` with control and format characters as spaces, whitespace runs as one space, stripped."""
+    if not text.isprintable():
+        text = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
+    return _WHITESPACE.sub(" ", text).strip()
+
+
 def tokenize(caption: str) -> list[str]:
     """Split a raw caption into lower-case word tokens with punctuation removed.
 
@@ -181,10 +192,7 @@ def tokenize(caption: str) -> list[str]:
         ``["a", "dog", "'s", "ball", "-lrb-", "red", "-rrb-", "is", "n't", "it"]``.
         Empty for text with no words.
     """
-    text = unicodedata.normalize("NFKC", caption).translate(_TYPOGRAPHIC)
-    if not text.isprintable():  # control and format characters count as spaces
-        text = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
-    text = _WHITESPACE.sub(" ", text).strip()
+    text = _plain_text(unicodedata.normalize("NFKC", caption).translate(_TYPOGRAPHIC))
     if not text:
         return []
     text, atoms = _set_aside_atoms(text)
@@ -208,6 +216,61 @@ def tokenize(caption: str) -> list[str]:
     return [token for token in tokens if token not in PUNCTUATION]
 
 
+def _is_punctuation(token: str) -> bool:
+    return all(unicodedata.category(ch).startswith("P") for ch in token)
+
+
+def tokenize_whitespace(caption: str) -> list[str]:
+    """Split pre-tokenised text (Vietnamese, segmented Chinese) at whitespace, lower-cased.
+
+    Tokens made of punctuation only (``.``, ``,``, ``。``) are dropped, as the PTB path drops its
+    punctuation; every other token is kept whole, e.g. ``"Một con_chó đang chạy ."`` ->
+    ``["một", "con_chó", "đang", "chạy"]``.
+    """
+    text = _plain_text(unicodedata.normalize("NFKC", caption)).lower()
+    return [token for token in text.split(" ") if token and not _is_punctuation(token)]
+
+
+# One token per character, save runs of Latin letters and digits (an English word or a number inside
+# a Chinese caption stays whole). NFKC has already made full-width Latin letters and digits ASCII.
+_CHARACTER_TOKENS = re.compile(r"[0-9a-z\u00c0-\u024f]+|\S")
+
+
+def tokenize_characters(caption: str) -> list[str]:
+    """One token per character, for languages written without spaces (Chinese, Japanese) when no
+    segmenter is at hand; whitespace and punctuation characters (``，`` ``。``) are dropped.
+
+    Runs of Latin letters and digits stay one token: ``"两只猫在TV前，3个人。"`` ->
+    ``["两", "只", "猫", "在", "tv", "前", "3", "个", "人"]``.
+    """
+    text = _plain_text(unicodedata.normalize("NFKC", caption)).lower()
+    return [token for token in _CHARACTER_TOKENS.findall(text) if not _is_punctuation(token)]
+
+
+# data.tokenizer -> the function that splits a caption into the tokens the vocabulary, training targets
+# and BLEU/CIDEr-D use. Only ptb is English's: METEOR and SPICE are computed with it alone.
+TOKENIZERS: dict[str, Callable[[str], list[str]]] = {
+    "ptb": tokenize,
+    "whitespace": tokenize_whitespace,
+    "characters": tokenize_characters,
+}
+
+
+def tokenizer_for(name: str) -> Callable[[str], list[str]]:
+    """The tokenizer ``data.tokenizer`` names (a key of :data:`TOKENIZERS`).
+
+    Raises:
+        ValueError: an unknown name (the configuration refuses it first).
+    """
+    if name not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {name!r} (expected {', '.join(TOKENIZERS)})")
+    return TOKENIZERS[name]
+
+
 def detokenize(tokens: list[str]) -> str:
-    """Join tokens into the caption string written to results files (space separated)."""
+    """Join tokens into the caption string written to results files (space separated).
+
+    Every tokenizer gives back the same tokens from this string, so results files are scored on
+    the tokens the model produced, whatever the tokenizer.
+    """
     return " ".join(tokens)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 from collections import Counter
 from pathlib import Path
 
@@ -170,25 +171,53 @@ def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
     assert fresh.returncode == 0, fresh.stderr
     assert plan_line(fresh.stdout) == (
         "plan: cross-entropy epochs 1-2, then self-critical none; 4 steps per epoch (16 training images, batch 4); "
-        "images: train 16, val 4 (validating on 4); a new run")
-    # Resuming for self-critical training without the first run's --epochs: the configuration's
-    # 20 cross-entropy epochs come first, and the plan says so before any of them runs.
-    values = {key: value for key, value in TINY.items() if key != "train.epochs"}
-    resumed = tool(tmp_path, "train.py", "--config", COCO_YAML, "--output-dir", "run", *flags(values), "--no-test",
-                   "--resume", "--scst-epochs", "1", "--max-steps", "9")
-    assert resumed.returncode == 0, resumed.stderr
-    assert plan_line(resumed.stdout) == (
-        "plan: cross-entropy epochs 3-20, then self-critical epoch 1; 4 steps per epoch (16 training images, "
-        "batch 4); images: train 16, val 4 (validating on 4); stopping at step 9 (train.max_steps); resuming from "
-        "step 8: stage xe (cross-entropy), 2 epochs done; the checkpoint's run had train.epochs=2, this one 20 "
-        "(pass --epochs 2 to keep it)")
+        "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; a new run")
+
+
+def test_a_resume_keeps_the_checkpoints_length_unless_told_and_says_what_it_adds(tmp_path):
+    write_coco_tree(tmp_path / "data" / "coco")
+    assert train(tmp_path, "run", "--no-test", "--epochs", "2").returncode == 0
+    values = {key: value for key, value in TINY.items() if key != "train.epochs"}  # the configuration says 20
+
+    def resume(*args: str) -> subprocess.CompletedProcess:
+        result = tool(tmp_path, "train.py", "--config", COCO_YAML, "--output-dir", "run", *flags(values),
+                      "--no-test", "--resume", *args)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    def before_the_plan(result: subprocess.CompletedProcess) -> str:
+        lines = result.stdout.splitlines()
+        notes = [line for line in lines if line.startswith("resume: ")]
+        assert len(notes) == 1 and lines.index(notes[0]) < lines.index(plan_line(result.stdout)), result.stdout
+        return notes[0]
+
+    longer = resume("--epochs", "3", "--max-steps", "9")  # told: one more cross-entropy epoch, said first
+    assert before_the_plan(longer) == "resume: adds 1 cross-entropy epoch (train.epochs 2 -> 3)"
+    assert plan_line(longer.stdout).startswith("plan: cross-entropy epoch 3, then self-critical none; ")
+    # The README's `--resume --scst-epochs N` with the configuration repeated: the run keeps its 3
+    # cross-entropy epochs rather than running to the configuration's 20 first.
+    scst = resume("--scst-epochs", "1")
+    assert before_the_plan(scst) == ("resume: keeps the checkpoint's train.epochs=3 (the configuration says 20; "
+                                     "pass --epochs 20 to change it); adds 1 self-critical epoch "
+                                     "(train.scst_epochs 0 -> 1)")
+    assert plan_line(scst.stdout) == (
+        "plan: cross-entropy epoch 3, then self-critical epoch 1; 4 steps per epoch (16 training images, batch 4); "
+        "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; resuming from step 9: stage xe "
+        "(cross-entropy), 2 epochs done, 1 batches into epoch 3")
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [(s["stage"], s["epoch"]) for s in steps] == [("xe", e) for e in (1, 2, 3) for _ in range(4)] + [
+        ("scst", 1)] * 4
+    finished = resume()  # the finished run, its configuration repeated: it keeps both lengths, trains nothing
+    assert "keeps the checkpoint's train.epochs=3" in before_the_plan(finished)
+    assert "keeps the checkpoint's train.scst_epochs=1" in before_the_plan(finished)
+    assert len((tmp_path / "run" / "steps.jsonl").read_text().splitlines()) == len(steps)
 
 
 def test_the_plan_of_a_resumed_run_counts_finished_stages_and_batches():
     config = load_config(COCO_YAML, {**TINY, "train.epochs": 2, "train.scst_epochs": 3})
     counts = Counter({"train": 10, "val": 3, "test": 2})
     after_xe = {"stage": "xe", "epoch": 2, "batch_in_epoch": 0, "global_step": 6}
-    assert describe_plan(config, counts, after_xe, test=True, checkpoint_epochs=2) == (
+    assert describe_plan(config, counts, after_xe, test=True) == (
         "plan: cross-entropy done, then self-critical epochs 1-3; 3 steps per epoch (10 training images, batch 4); "
         "images: train 10, val 3 (validating on 3), test 2 (scored at the end); resuming from step 6: stage xe "
         "(cross-entropy), 2 epochs done")
@@ -200,3 +229,41 @@ def test_the_plan_of_a_resumed_run_counts_finished_stages_and_batches():
     stopped = {"stage": "xe", "epoch": 7, "batch_in_epoch": 0, "global_step": 28, "epochs_without_improvement": 5}
     assert describe_plan(load_config(COCO_YAML, TINY | {"train.epochs": 20}), counts, stopped, test=False).startswith(
         "plan: cross-entropy done (stopped early after 7 epochs), then self-critical none; ")
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path) -> None:
+    """No network, and an empty torch hub cache: torchvision's weights cannot be had."""
+    import torch.hub
+
+    def unreachable(url: str, *args, **kwargs) -> None:
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", unreachable)
+
+
+def test_offline_the_coco_configuration_names_the_offline_one_which_trains_into_its_own_folder(offline, tmp_path):
+    write_coco_tree(tmp_path / "data" / "coco")
+    published = {**TINY, "model.encoder.name": "resnet101", "model.encoder.weights": "pretrained"}
+    refused = tool(tmp_path, "train.py", "--config", COCO_YAML, *flags(published), "--no-test")
+    assert_refused_before_any_work(refused, tmp_path, "Temporary failure in name resolution",
+                                   "--config configs/coco_lite0.yaml")
+    lite0 = {key: value for key, value in TINY.items()  # the packaged pretrained weights, at 64 px
+             if key not in ("model.encoder.name", "model.encoder.weights")}
+    result = tool(tmp_path, "train.py", "--config", REPO / "configs" / "coco_lite0.yaml", *flags(lite0), "--no-test")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs" / "coco_lite0" / "checkpoints" / "best.pt").is_file()
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["coco_lite0"]
+
+
+def test_a_short_first_run_of_the_transformer_configuration_warms_up_over_part_of_it(tmp_path):
+    # configs/coco_transformer.yaml warms up over 20,000 noam steps; `--epochs 1` has 4 of them.
+    write_coco_tree(tmp_path / "data" / "coco")
+    transformer = {**TINY, "model.decoder.d_model": 16, "model.decoder.num_heads": 2, "model.decoder.d_ff": 32,
+                   "model.decoder.encoder_layers": 1, "model.decoder.decoder_layers": 1}
+    result = tool(tmp_path, "train.py", "--config", REPO / "configs" / "coco_transformer.yaml", "--output-dir", "run",
+                  *flags(transformer), "--no-test")
+    assert result.returncode == 0, result.stderr
+    assert ("note: train.warmup_steps=20000 is more than 25% of the cross-entropy stage's 4 steps (1 epoch x 4); "
+            "the noam schedule warms up over 1 steps instead") in result.stdout.splitlines()

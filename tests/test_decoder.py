@@ -341,3 +341,48 @@ def test_compiled_step_gives_the_same_outputs():
     expected = decoder(annotations, captions, lengths, image_index).logits
     decoder.compile_step(backend="eager")  # dynamo tracing without the slow C++ code generation
     torch.testing.assert_close(decoder(annotations, captions, lengths, image_index).logits, expected)
+
+
+# ----------------------------------------------------------------------------- the authors' variant
+def authors_decoder(**changes) -> ShowAttendTellDecoder:
+    torch.manual_seed(0)
+    config = DecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.3, **changes)
+    return ShowAttendTellDecoder.from_config(config, V, C).eval()
+
+
+def test_default_decoder_has_the_paper_s_one_layer_initial_state_and_no_output_tanh():
+    decoder = authors_decoder()
+    assert not any(key.startswith("init_mlp") for key in decoder.state_dict())  # checkpoints keep their keys
+    annotations = torch.randn(3, P, C)
+    mean = annotations.mean(1)
+    torch.testing.assert_close(decoder.init_state(annotations).h, torch.tanh(decoder.init_h(mean)))
+
+
+def test_two_layer_initial_state_as_the_authors_coco_script():
+    decoder = authors_decoder(init_layers=2)
+    extra = decoder.init_mlp[0][0]
+    assert (extra.in_features, extra.out_features) == (C, C)  # C -> C, then the tanh layers C -> H
+    annotations = torch.randn(3, P, C)
+    hidden = torch.relu(extra(annotations.mean(1)))  # dropout is off in eval mode
+    state = decoder.init_state(annotations)
+    torch.testing.assert_close(state.h, torch.tanh(decoder.init_h(hidden)))
+    torch.testing.assert_close(state.c, torch.tanh(decoder.init_c(hidden)))
+
+
+def test_output_tanh_squashes_the_deep_output_before_the_output_layer():
+    plain, squashed = authors_decoder(), authors_decoder(output_tanh=True)
+    squashed.load_state_dict(plain.state_dict())  # same weights; only the tanh differs
+    embedded, hidden, context = torch.randn(2, 8) * 3, torch.randn(2, 16), torch.randn(2, C)
+    deep = embedded + plain.hidden_to_out(hidden) + plain.context_to_out(context)
+    torch.testing.assert_close(plain._logits(embedded, hidden, context), plain.out(deep))
+    torch.testing.assert_close(squashed._logits(embedded, hidden, context), plain.out(torch.tanh(deep)))
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"init_layers": 0}, "model.decoder.init_layers must be >= 1"),
+    ({"output_tanh": True, "deep_output": False}, "output_tanh needs model.decoder.deep_output"),
+    ({"kind": "transformer", "init_layers": 2}, "are LSTM options"),
+])
+def test_authors_variant_keys_are_validated(changes, message):
+    with pytest.raises(ValueError, match=message):
+        DecoderConfig(**changes)

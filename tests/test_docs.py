@@ -33,7 +33,7 @@ SHELL_BLOCKS = ("bash", "sh", "shell")
 # What train.py's --set may change: any key; evaluate.py and visualize.py: data.* and decode.* only.
 SET_SECTIONS: dict[str, tuple[str, ...] | None] = {"train.py": None, "evaluate.py": CHECKPOINT_SECTIONS,
                                                    "visualize.py": CHECKPOINT_SECTIONS}
-README_SECTIONS = ["Install and run the demo", "Train on COCO", "Caption your own images", "See where the model looks",
+README_SECTIONS = ["Install and run the demo", "Train on COCO", "Train on your own images", "Caption your own images", "See where the model looks",
                    "Compare systems", "Run on a cluster", "Read more", "Tests"]
 MKDOCS_ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
 

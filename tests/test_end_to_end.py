@@ -29,7 +29,7 @@ SHORT_DEMO = {
     "model.encoder.image_size": 96, "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 32,
     "model.decoder.attention_dim": 16, "train.epochs": 1, "train.batch_size": 8, "train.scst_epochs": 1,
     "train.scst_samples": 2, "decode.batch_size": 4, "decode.max_length": 10,
-    "train.warmup_steps": 2,  # the demo's cosine schedule, warming up over 2 of these 6 steps
+    "train.warmup_steps": 1,  # the demo's cosine schedule, warming up over 1 of these 6 steps
 }
 
 
@@ -104,6 +104,10 @@ def test_demo_scores_carry_chair_and_signature(demo):
     signature = parse_signature(scores["signature"])
     assert signature["ckpt"] == file_hash(scores["checkpoint"]) and signature["n"] == "8"
     assert signature["decode"] == decode_description(load_config(run_dir / "config.yaml").decode)
+    assert signature["chair"] == "released"
+    # The self-critical reward is named exactly when the scored weights went through that stage.
+    tuned = Path(scores["checkpoint"]).name == "best_scst.pt"
+    assert signature.get("scst") == ("cider-d.eos" if tuned else None)
     stdout = (demo / "stdout.txt").read_text()
     assert "object hallucination: CHAIR-i" in stdout and f"signature: {scores['signature']}" in stdout
 

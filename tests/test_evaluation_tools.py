@@ -68,7 +68,7 @@ def test_compare_two_results_files(files: dict[str, Path], tmp_path: Path):
     assert comparison["images"] == 40 and comparison["resamples"] == 300 and comparison["seed"] == 4
     assert set(comparison["metrics"]) == {"BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"}
     cider = comparison["metrics"]["CIDEr-D"]
-    assert set(cider) == {"a", "b", "difference", "ci_low", "ci_high", "p_value"}
+    assert set(cider) == {"a", "b", "difference", "ci_low", "ci_high", "p_value", "p_holm"}
     assert cider["difference"] == pytest.approx(cider["b"] - cider["a"])
     assert cider["ci_high"] < 0 and cider["p_value"] < 0.05  # B is worse, and the test says so
     a, b = (parse_signature(comparison["signatures"][k]) for k in ("a", "b"))
@@ -166,6 +166,27 @@ def test_results_file_with_instances_reports_chair(files: dict[str, Path], tmp_p
     assert f"signature: {scores['signature']}" in result.stdout and parse_signature(scores["signature"])["tok"] == "python"
 
 
+@pytest.mark.parametrize(("table", "mentions", "hallucinated"), [(None, 3, 2), ("released", 3, 2), ("extended", 1, 0)])
+def test_chair_table_flag_chooses_the_words_and_is_signed(tmp_path: Path, table, mentions, hallucinated):
+    # The released table reads desk as a dining table and goat as a sheep; the extended one neither.
+    (tmp_path / "refs.json").write_text(json.dumps({"images": [{"id": 1}], "annotations": [
+        {"image_id": 1, "caption": "a man sitting in an office"}]}))
+    (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "a man at a desk with a goat"}]))
+    names = ["person", "dining table", "sheep"]
+    (tmp_path / "instances.json").write_text(json.dumps({
+        "images": [{"id": 1, "width": 64, "height": 64}],
+        "categories": [{"id": k + 1, "name": name} for k, name in enumerate(names)],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 8, 20, 20]}]}))
+    code, _, stderr = evaluate_in_process("--annotations", str(tmp_path / "refs.json"), "--results",
+                                          str(tmp_path / "results.json"), "--instances",
+                                          str(tmp_path / "instances.json"), "--no-java",
+                                          *(["--chair-table", table] if table else []))
+    assert code == 0, stderr
+    scores = json.loads((tmp_path / "results_scores.json").read_text())
+    assert (scores["CHAIR-mentions"], scores["CHAIR-hallucinated"]) == (mentions, hallucinated)
+    assert parse_signature(scores["signature"])["chair"] == (table or "released")
+
+
 def test_chair_leaves_out_images_the_instances_files_do_not_cover(files, tmp_path):
     instances = json.loads(files["instances"].read_text())
     first, second = tmp_path / "first.json", tmp_path / "second.json"
@@ -200,8 +221,9 @@ def test_aggregate_over_seeds(tmp_path: Path):
     code, stdout, stderr = evaluate_in_process("--aggregate", *map(str, paths), "--out", str(out))
     assert code == 0, stderr
     aggregate = json.loads(out.read_text())
-    assert aggregate["metrics"]["CIDEr-D"] == pytest.approx({"mean": 0.7, "std": 0.2, "min": 0.5, "max": 0.9})
-    assert aggregate["metrics"]["BLEU-4"] == pytest.approx({"mean": 0.2, "std": 0.1, "min": 0.1, "max": 0.3})
+    for metric, expected in (("CIDEr-D", {"mean": 0.7, "std": 0.2, "min": 0.5, "max": 0.9}),
+                             ("BLEU-4", {"mean": 0.2, "std": 0.1, "min": 0.1, "max": 0.3})):
+        assert {k: aggregate["metrics"][metric][k] for k in expected} == pytest.approx(expected)
     assert set(aggregate["metrics"]) == {"CIDEr-D", "BLEU-4"}  # not METEOR (null), not the image count
     assert aggregate["seeds"] == [1, 2, 3]
     assert "warning" not in stdout  # the checkpoints differ: that is the system, not the evaluation

@@ -437,7 +437,7 @@ def test_unknown_options_are_argparse_errors(script):
 @pytest.mark.parametrize(("args", "needles"), [
     (["--images", "missing/"], ["missing: folder not found"]),
     (["--split", "test", "--beam-size", "0"], ["decode.beam_size must be >= 1, got 0"]),
-    (["--split", "test", "--max-length", "0"], ["decode.max_length must be >= 1, got 0"]),
+    (["--split", "test", "--max-length", "0"], ["decode.max_length must be in [1, 500], got 0"]),
     (["--split", "test", "--config", "missing.yaml"], ["missing.yaml: cannot read configuration"]),
     (["--split", "test", "--set", "decode.beams=3"], ["unknown configuration key 'decode.beams'"]),
     (["--split", "test", "--set", "model.decoder.gate=none"], ["model.decoder.gate: only data.* and decode.*"]),
@@ -448,6 +448,6 @@ def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, monkeypat
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the options were checked")
 
-    monkeypatch.setattr(commands, "load_captioner", never)
+    monkeypatch.setattr(commands, "load_trained_captioner", never)
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, *args])
     assert_one_line_error(code, stderr, *needles)

@@ -65,8 +65,10 @@ def test_chair_hand_computed(instances):
     assert result.per_image[2].mentioned == ["hot dog", "cell phone", "dining table", "car"]
     assert result.per_image[2].hallucinated == ["cell phone", "car"]
     assert result.per_image[4].mentioned == ["person", "person"]
-    assert result.per_image[2].to_json() == {"CHAIR-i": 0.5, "CHAIR-s": 1.0, "hallucinated": ["cell phone", "car"]}
-    assert result.per_image[3].to_json() == {"CHAIR-i": None, "CHAIR-s": 0.0, "hallucinated": []}
+    assert result.per_image[2].to_json() == {"CHAIR-i": 0.5, "CHAIR-s": 1.0, "hallucinated": ["cell phone", "car"],
+                                             "CHAIR-mentions": 4}
+    assert result.per_image[3].to_json() == {"CHAIR-i": None, "CHAIR-s": 0.0, "hallucinated": [],
+                                             "CHAIR-mentions": 0}
 
 
 def test_reference_mentions_count_as_present(instances):
@@ -91,7 +93,7 @@ def test_per_image_entries_gain_chair_fields(instances):
     result = run_chair(instances)
     entries = add_per_image([{"image_id": 2, "CIDEr-D": 1.5}], result)
     assert entries == [{"image_id": 2, "CIDEr-D": 1.5, "CHAIR-i": 0.5, "CHAIR-s": 1.0,
-                        "hallucinated": ["cell phone", "car"]}]
+                        "hallucinated": ["cell phone", "car"], "CHAIR-mentions": 4}]
 
 
 def test_image_missing_from_instances(instances):

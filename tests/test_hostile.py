@@ -340,8 +340,8 @@ def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, monkey
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the outputs were checked")
 
-    monkeypatch.setattr(commands, "load_captioner", never)
-    monkeypatch.setattr(runner, "load_captioner", never)
+    monkeypatch.setattr(commands, "load_trained_captioner", never)
+    monkeypatch.setattr(runner, "load_trained_captioner", never)
     folder = tmp_path / "a-folder"
     folder.mkdir()
     target = tmp_path / "a-file" if option == "--out-dir" else folder

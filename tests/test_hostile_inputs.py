@@ -47,12 +47,14 @@ def test_a_special_file_given_as_a_checkpoint_or_results_is_named_for_what_it_is
     else:
         path.mkdir()
     what = f"{path}: not a regular file ({'a FIFO' if special == 'fifo' else 'a folder'})"
+    # A folder given as a checkpoint is read as a model folder (save_pretrained), and this one is none.
+    as_checkpoint = what if special == "fifo" else f"{path}: a folder but not a model folder: no config.json"
     image = min((shapes.root / "test").iterdir())
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test",
                                                   "--results", tmp_path / "r.json"])
-    assert_one_line_error(code, stderr, what)
+    assert_one_line_error(code, stderr, as_checkpoint)
     code, stderr = run_in_process("visualize.py", [image, "--checkpoint", path, "--out-dir", tmp_path / "v"])
-    assert_one_line_error(code, stderr, what)
+    assert_one_line_error(code, stderr, as_checkpoint)
     annotations, _ = _references(tmp_path)
     code, stderr = run_in_process("evaluate.py", ["--no-java", "--annotations", annotations, "--results", path])
     assert_one_line_error(code, stderr, what)

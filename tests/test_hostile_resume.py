@@ -106,10 +106,14 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
     first = start_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{
         "train.epochs": 50, "train.max_steps": 0, **random_encoder}))
     try:
-        for _ in range(1200):  # the first run holds the lock once it has written its configuration
-            if ((run / "config.yaml").exists() and cache.is_dir() and any(cache.iterdir())) or first.poll() is not None:
+        for _ in range(3000):  # training (its step log): the lock is held and the feature cache is complete
+            if (run / "steps.jsonl").exists() or first.poll() is not None:
                 break
             time.sleep(0.1)
+        # Frozen while it holds the lock: a run left going may end (50 tiny epochs take seconds on a fast
+        # machine) before the refused runs start, and then they would rightly go ahead. A stopped
+        # process keeps its flock, and only the kill below ends it.
+        first.send_signal(signal.SIGSTOP)
         assert first.poll() is None, first.communicate()[1]
         before = digests(run)
         caching = run_tool("train.py", "--cache-only", *short_run(shapes, run, **{"data.max_caption_length": 5}))
@@ -121,6 +125,7 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
         after = digests(run)
         for name in ("config.yaml", "data_summary.json"):  # what either refused run would have written
             assert after[name] == before[name], name
+        assert first.poll() is None  # the first run held the folder throughout
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -131,7 +136,7 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
         "data.max_caption_length": 5, **random_encoder}), cwd=REPO)
     assert caching.returncode == 0, caching.stderr
     listed = caching.stdout.split("files written:")[1]
-    assert str(run / "data_summary.json") in listed and "train features" in listed
+    assert str(run / "data_summary.json") in listed and "test features" in listed  # the run cached no test split
     assert json.loads((run / "data_summary.json").read_text())["train_captions_cut"] > 0
     assert len(list(cache.iterdir())) == 1, list(cache.iterdir())  # the run's cache folder, not a new one
 

@@ -6,14 +6,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
-from captioning.config import DecodeConfig
+from captioning.config import Config, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
+from captioning.data.vocab import Vocabulary
 from captioning.evaluation.signature import (
     make_signature,
     parse_signature,
     references_hash,
+    reward_description,
     signature_differences,
 )
+from captioning.training.engine import TrainState
 
 REFERENCES = {1: ["a dog on a couch", "a brown dog"], 2: ["a red circle"]}
 
@@ -51,6 +55,9 @@ def test_same_inputs_same_signature(checkpoint: Path, tmp_path: Path):
     {"decode": DecodeConfig(forbid_unk=False)},
     {"decode": None},
     {"checkpoint": None},
+    {"chair": "released"},
+    {"chair": "extended"},
+    {"reward": "cider-d.eos"},
 ])
 def test_each_listed_input_changes_the_signature(checkpoint: Path, change: dict):
     assert base(checkpoint, **change) != base(checkpoint)
@@ -79,3 +86,34 @@ def test_fields_and_differences(checkpoint: Path):
     assert fields["decode"] == "beam3.max20"
     python = base(checkpoint, tokenizer="python", decode=DecodeConfig(beam_size=5))
     assert signature_differences(base(checkpoint), python) == ["tok: ptb vs python"]
+
+
+def test_chair_table_and_self_critical_reward_fields(checkpoint: Path):
+    released = base(checkpoint, chair="released", reward="cider-d.eos")
+    fields = parse_signature(released)
+    assert list(fields) == ["refs", "n", "tok", "impl", "chair", "decode", "ckpt", "scst"]
+    assert fields["chair"] == "released" and fields["scst"] == "cider-d.eos"
+    # Another CHAIR table makes the numbers incomparable; another reward is another system.
+    extended = base(checkpoint, chair="extended", reward="cider-d.noeos")
+    assert signature_differences(released, extended) == ["chair: released vs extended"]
+    assert reward_description(TrainConfig()) == "cider-d.eos"
+    assert reward_description(TrainConfig(scst_reward_eos=False)) == "cider-d.noeos"
+
+
+@pytest.mark.parametrize(("stage", "eos", "expected"), [
+    ("scst", True, "cider-d.eos"), ("scst", False, "cider-d.noeos"), ("xe", True, None),
+])
+def test_a_checkpoint_names_the_reward_its_weights_were_tuned_with(tmp_path: Path, stage, eos, expected):
+    from captioning.evaluation.runner import load_trained_captioner
+    from captioning.models.captioner import Captioner
+    from captioning.runtime.checkpoint import save_checkpoint
+
+    config = Config(model=ModelConfig(encoder=EncoderConfig(weights="none", image_size=32),
+                                      decoder=DecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8)),
+                    train=TrainConfig(scst_epochs=1, scst_reward_eos=eos))
+    model = Captioner.build(config.model, Vocabulary.build([["a", "dog"]], min_count=1))
+    path = tmp_path / "best_scst.pt"
+    save_checkpoint(path, config=config, vocab=model.vocab, decoder_state=model.decoder.state_dict(),
+                    encoder_state=model.encoder.state_dict(), encoder_fingerprint=model.encoder.fingerprint(),
+                    training={"state": TrainState(stage=stage).to_dict()})
+    assert load_trained_captioner(path, torch.device("cpu"))[2] == expected

@@ -18,11 +18,11 @@ from tool_runs import in_process
 from captioning.config import DecodeConfig, DecoderConfig
 from captioning.config_files import load_config
 from captioning.data.vocab import Vocabulary
-from captioning.evaluation.metrics import CiderDScorer
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training import engine
 from captioning.training.engine import NonFiniteLossError, rollout, scst_loss
+from captioning.training.rewards import CiderDReward
 from captioning.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,10 +206,10 @@ def test_self_critical_training_raises_the_reward():
     words = ["<pad>", "<start>", "<end>", "<unk>", "red", "blue", "circle", "square", "a", "small"]
     vocab = Vocabulary(words)
     references = {1: [["a", "red", "circle"]] * 3, 2: [["a", "blue", "square"]] * 3, 3: [["a", "small", "circle"]] * 3}
-    scorer = CiderDScorer(references)
+    reward = CiderDReward(references)
 
-    def rewarder(ids, token_ids):
-        return scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id] for row in token_ids])
+    def rewarder(ids, token_ids, finished):
+        return reward(ids, [[vocab.itos[t] for t in row] for row in token_ids], finished)
 
     decoder = ShowAttendTellDecoder.from_config(
         DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), len(vocab), 8)
@@ -226,7 +226,8 @@ def test_self_critical_training_raises_the_reward():
         with torch.no_grad():
             result = rollout(decoder, annotations, lambda lp: lp.argmax(1), 6)
         decoder.train()
-        return float(rewarder([1, 2, 3], [row[:n].tolist() for row, n in zip(result.tokens, result.lengths)]).mean())
+        rows = [row[:n].tolist() for row, n in zip(result.tokens, result.lengths)]
+        return float(rewarder([1, 2, 3], rows, result.finished.tolist()).mean())
 
     before = greedy_reward()
     optimizer = torch.optim.Adam(decoder.parameters(), lr=5e-3)
@@ -295,7 +296,7 @@ train = TrainConfig(scst_samples=3, grad_clip=0.0)
 options = {"decoder_config": DecoderConfig(doubly_stochastic=0.0), "world_size": group.world_size, "progress": False}
 train_one_epoch(model, [batch], optimizer, train, TrainState(), torch.device("cpu"), **options)
 snapshot("xe")
-rewarder = lambda image_ids, samples: np.array([float(len(s)) for s in samples])  # longer is better
+rewarder = lambda image_ids, samples, finished: np.array([float(len(s)) for s in samples])  # longer is better
 train_one_epoch(model, [batch], optimizer, train, TrainState(stage="scst"), torch.device("cpu"),
                 rewarder=rewarder, decode_config=DecodeConfig(max_length=8), **options)
 snapshot("scst")

@@ -134,7 +134,7 @@ def test_self_critical_step_trains_the_transformer():
     decoder = make_decoder().train()
     rewards_seen = []
 
-    def rewarder(ids, token_ids):  # any reward that differs between captions
+    def rewarder(ids, token_ids, finished):  # any reward that differs between captions
         rewards = np.array([float(sum(row)) / 100 for row in token_ids])
         rewards_seen.append(rewards)
         return rewards

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,9 +16,9 @@ from PIL import Image
 from captioning.data.records import ImageRecord
 from captioning.decoding import Caption
 from captioning.evaluation.runner import Captioned
-from captioning.visualization.figures import attention_figure, save_figure
+from captioning.visualization.figures import CJK_FONTS, attention_figure, font_families, save_figure
 from captioning.visualization.overlay import blend, colorize, upsample_attention
-from captioning.visualization.report import write_figures_and_report, write_report
+from captioning.visualization.report import write_report
 
 MODES = ["bilinear", "gaussian"]
 
@@ -112,8 +112,8 @@ def test_blend_and_colorize():
     np.testing.assert_array_equal(blend(image, heat, alpha=0.0), image)
     rgba = colorize(heat, "jet", alpha=0.6)
     assert rgba.shape == (4, 6, 4) and rgba.dtype == np.uint8 and np.all(rgba[..., 3] == 153)
-    np.testing.assert_array_equal(blend(image, heat, alpha=1.0), rgba[..., :3])
-    assert blend(image, heat)[0, 0, 2] > blend(image, heat)[0, 0, 0]  # jet's low end is blue
+    np.testing.assert_array_equal(blend(image, heat, "jet", alpha=1.0), rgba[..., :3])
+    assert blend(image, heat, "jet")[0, 0, 2] > blend(image, heat, "jet")[0, 0, 0]  # jet's low end is blue
     with pytest.raises(ValueError, match="colour map"):
         colorize(heat, "no-such-map")
 
@@ -229,14 +229,6 @@ def test_report_is_self_contained(tmp_path: Path, report_items):
     assert 'href="#img0-w1"' in page and 'id="img0-w1"' in page and "(empty caption)" in page
 
 
-def test_write_figures_and_report(tmp_path: Path, report_items):
-    model = SimpleNamespace(grid=GRID)
-    written = write_figures_and_report(model, report_items, tmp_path / "figures", tmp_path / "report.html")
-    assert written == {"attention figures": tmp_path / "figures", "HTML report": tmp_path / "report.html"}
-    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["7.png", "8.png", "9.png"]
-    assert (tmp_path / "report.html").stat().st_size > 1000
-
-
 def screenshot(page: str, out: Path, profile: Path) -> np.ndarray:
     """Render ``page`` (a file:// URL) in headless Chromium; (H, W, 3) uint8 pixels."""
     command = [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
@@ -251,7 +243,7 @@ def screenshot(page: str, out: Path, profile: Path) -> np.ndarray:
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium is not installed")
 def test_report_overlay_in_browser(tmp_path: Path, report_items):
     """The shown word's jet overlay is hot (red/yellow) exactly where its attention peak is."""
-    path = write_report(report_items, tmp_path / "report.html", GRID)
+    path = write_report(report_items, tmp_path / "report.html", GRID, cmap="jet")
     for fragment, cell in (("", FIRST_CELL), ("#img0-w1", SECOND_CELL)):  # default: the first word
         pixels = screenshot(path.as_uri() + fragment, tmp_path / f"shot{len(fragment)}.png",
                             tmp_path / f"profile{len(fragment)}")
@@ -273,3 +265,38 @@ def test_report_overlay_in_browser(tmp_path: Path, report_items):
         ys, xs = np.nonzero(hot_stage)
         centre = (int(ys.mean()), int(xs.mean()))
         assert inside[centre], f"hot region centred at {centre}, outside cell {cell}"
+
+
+def _installed_cjk_font() -> str | None:
+    """A font file of ``CJK_FONTS`` on this system, found even where matplotlib's font cache predates it."""
+    from matplotlib import font_manager
+
+    for path in font_manager.findSystemFonts():
+        try:
+            if font_manager.get_font(path).family_name in CJK_FONTS:
+                return path
+        except (OSError, RuntimeError):
+            continue
+    return None
+
+
+def test_chinese_words_are_drawn_with_an_installed_cjk_font(tmp_path):
+    """One panel per token, every glyph drawn: matplotlib warns of each glyph its fonts lack."""
+    from matplotlib import font_manager
+
+    path = _installed_cjk_font()
+    if path is None:
+        pytest.skip(f"no CJK font installed (one of {', '.join(CJK_FONTS)})")
+    font_manager.fontManager.addfont(path)
+    font_families.cache_clear()
+    try:
+        assert font_families()[1:] and set(font_families()[1:]) <= set(CJK_FONTS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "Glyph 19968 missing from font(s) DejaVu Sans" fails the test
+            result = attention_figure(Image.new("RGB", (40, 30)), ["一", "只", "狗", "tv"], np.full((4, 4), 0.25),
+                                      (2, 2), references=["一只狗在TV前跑。"])
+            save_figure(result.figure, tmp_path / "figure.png")
+        assert result.panels == 5
+    finally:
+        font_families.cache_clear()
+

@@ -91,7 +91,7 @@ def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_i
 
 
 @pytest.mark.parametrize("problem", ["not an image", "missing checkpoint", "images and split", "nothing",
-                                     "model key set"])
+                                     "model key set", "colour map"])
 def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Path], problem):
     text_file = tmp_path / "notes.png"
     text_file.write_text("not a picture")
@@ -103,6 +103,7 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         # Checked before the checkpoint is read: the error names the key, not the missing file.
         "model key set": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt"),
                           "--set", "model.decoder.gate=none"],
+        "colour map": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt"), "--cmap", "rainbowish"],
     }[problem]
     result = in_process("visualize.py", *argv, "--out-dir", tmp_path / "out")
     assert result.returncode == 2
@@ -114,12 +115,15 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         assert "none.pt" in error[0]
     if problem == "model key set":
         assert "model.decoder.gate: only data.* and decode.*" in error[0]
+    if problem == "colour map":  # checked before the checkpoint is read
+        assert "--cmap" in error[0] and "rainbowish" in error[0]
 
 
 @pytest.mark.slow
 def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path):
     result = visualize_images(checkpoint, split="val", num=3, out_dir=tmp_path / "figures", mode="gaussian",
-                              file_format="pdf", html=tmp_path / "val.html", progress=False)
+                              file_format="pdf", html=tmp_path / "val.html", progress=False, normalize="word",
+                              cmap="jet")
     assert len(result.captioned) == len(result.figures) == 3
     for item, figure, panels in zip(result.captioned, result.figures, result.panels):
         assert 3 <= len(item.words) <= 4 and panels == len(item.words) + 1
@@ -149,6 +153,7 @@ def test_choices_agree():
 
     actions = {action.dest: action for action in script_module("visualize.py").get_args_parser()._actions}
     assert tuple(actions["mode"].choices) == api.MODES == overlay.MODES
+    assert tuple(actions["normalize"].choices) == api.NORMALIZATIONS == overlay.NORMALIZATIONS
     assert tuple(actions["file_format"].choices) == api.FORMATS == tuple(s[1:] for s in figures.FORMATS)
 
 

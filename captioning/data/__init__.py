@@ -15,19 +15,21 @@ from dataclasses import replace
 from pathlib import Path
 
 from captioning.config import ConfigError, DataConfig
+from captioning.data import imagefolder
 from captioning.data.coco import read_coco, split_of_file
 from captioning.data.folder import read_folder
+from captioning.data.imagefolder import read_imagefolder
 from captioning.data.karpathy import read_karpathy
 from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
 from captioning.data.vocab import Vocabulary
 from captioning.files import atomic_write, path_kind
-from captioning.text import replace_lone_surrogates
+from captioning.text import replace_lone_surrogates, tokenizer_for
 
 __all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
            "check_data_paths", "divide_official_val", "generate_shapes", "load_records", "read_coco", "read_folder",
-           "read_karpathy", "read_shapes", "split_rule", "write_data_summary"]
+           "read_imagefolder", "read_karpathy", "read_shapes", "split_rule", "write_data_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,12 @@ def _load_shapes(config: DataConfig) -> list[ImageRecord]:
     generate_shapes(config.root, seed=config.shapes_seed, num_train=config.shapes_train,
                     num_val=config.shapes_val, num_test=config.shapes_test,
                     image_size=config.shapes_image_size, max_objects=config.shapes_max_objects)
-    return read_shapes(config.root)
+    return read_shapes(config.root, _own_tokenizer(config))
+
+
+def _own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
+    """The tokenizer the Karpathy and COCO readers are given: None (their own PTB tokens) for ptb."""
+    return None if config.tokenizer == "ptb" else tokenizer_for(config.tokenizer)
 
 
 def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
@@ -45,14 +52,15 @@ def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
         raise ConfigError("data.split_file is required for data.dataset=karpathy "
                           "(e.g. dataset_flickr8k.json)")
     check_data_paths(config)
-    return read_karpathy(config.split_file, config.root, config.restval_to_train)
+    return read_karpathy(config.split_file, config.root, config.restval_to_train, _own_tokenizer(config))
 
 
 def _load_coco(config: DataConfig) -> list[ImageRecord]:
     if not config.annotations:
         raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
     check_data_paths(config)
-    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train)
+    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train,
+                        _own_tokenizer(config))
     return records if config.split_file is not None else divide_official_val(records)
 
 
@@ -68,8 +76,11 @@ def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
 
 
 def split_rule(config: DataConfig) -> str | None:
-    """How the val and test splits are made when no file gives them (``divide_official_val``), for
-    the plan line and ``data_summary.json``; None when the files give every split."""
+    """How the val and test splits are made when no file gives them (``divide_official_val``,
+    ``imagefolder.assign_splits``), for the plan line and ``data_summary.json``; None when the files
+    give every split."""
+    if config.dataset == "imagefolder":
+        return imagefolder.split_rule(config.root)
     if config.dataset != "coco" or config.split_file is not None:
         return None
     splits = {path: split_of_file(path) for path in config.annotations}
@@ -77,6 +88,11 @@ def split_rule(config: DataConfig) -> str | None:
         return None
     val_files = ", ".join(Path(path).name for path, split in splits.items() if split == "val") or "the val files"
     return f"val and test both from {val_files}: even image ids -> val, odd -> test"
+
+
+def _load_imagefolder(config: DataConfig) -> list[ImageRecord]:
+    check_data_paths(config)
+    return read_imagefolder(config.root, tokenizer_for(config.tokenizer))
 
 
 def _load_folder(config: DataConfig) -> list[ImageRecord]:
@@ -88,6 +104,7 @@ READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
     "shapes": _load_shapes,
     "karpathy": _load_karpathy,
     "coco": _load_coco,
+    "imagefolder": _load_imagefolder,
     "folder": _load_folder,
 }
 

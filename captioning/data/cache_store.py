@@ -157,6 +157,10 @@ def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> t
         (rows, problem): ``rows`` is ``capacity`` and ``problem`` empty for an intact cache; else
         ``problem`` is one line naming the file and what is wrong with it.
     """
+    for name in ("features.npy", "state.bin"):  # opening a FIFO would wait for a writer forever
+        kind = not_a_regular_file(folder / name)
+        if kind is not None:
+            raise FeatureCacheError(f"{folder / name}: {kind}; delete the folder {folder} to rebuild this cache")
     path = folder / "features.npy"
     try:
         with open(path, "rb") as handle:
@@ -229,8 +233,23 @@ def resize(folder: Path, old_capacity: int, capacity: int, positions: int, chann
 
 
 def read_states(folder: Path, capacity: int) -> np.ndarray:
-    """(R,) uint8 row states (a copy)."""
-    return np.fromfile(folder / "state.bin", dtype=np.uint8, count=capacity)
+    """(R,) uint8 row states (a copy); rows past the end of ``state.bin`` (or all of them, when a build
+    was killed before it created the file) read as not computed."""
+    states = np.zeros(capacity, dtype=np.uint8)
+    if capacity and (folder / "state.bin").is_file():
+        stored = np.fromfile(folder / "state.bin", dtype=np.uint8, count=capacity)
+        states[:len(stored)] = stored
+    return states
+
+
+def mark_not_computed(folder: Path, rows: list[int]) -> None:
+    """Set the state of ``rows`` to not computed (their features are computed again), durably."""
+    states = np.memmap(folder / "state.bin", dtype=np.uint8, mode="r+")
+    try:
+        states[rows] = NOT_COMPUTED
+        states.flush()
+    finally:
+        del states
 
 
 @contextmanager

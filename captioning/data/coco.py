@@ -3,7 +3,7 @@
 Each file is indexed by ``pycocotools.coco.COCO``. The split comes from the file name
 (``captions_train2014.json`` -> ``train``) or, given Karpathy's ``dataset_coco.json``, from
 Karpathy's split of each COCO id (``restval`` -> ``train``). Captions are tokenized with
-``captioning.text.tokenize``; empty captions and images left without a caption are skipped and
+``data.tokenizer`` (default: ``captioning.text.tokenize``, PTB); empty captions and images left without a caption are skipped and
 counted, as in the Karpathy reader.
 
 Image paths follow the standard layout under the image root:
@@ -18,7 +18,7 @@ import contextlib
 import io
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pycocotools.coco import COCO
@@ -35,8 +35,8 @@ _COCO_FILE_PREFIX = re.compile(r"COCO_((?:train|val|test)\d{4})_")
 
 
 def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
-              karpathy_split_file: str | Path | None = None,
-              restval_to_train: bool = True) -> list[ImageRecord]:
+              karpathy_split_file: str | Path | None = None, restval_to_train: bool = True,
+              tokenizer: Callable[[str], list[str]] | None = None) -> list[ImageRecord]:
     """Read COCO caption annotation files into one record per image.
 
     Args:
@@ -45,6 +45,7 @@ def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
         karpathy_split_file: optional ``dataset_coco.json``; when given, every image takes its
             Karpathy split (looked up by COCO id) and images absent from it are skipped.
         restval_to_train: with a Karpathy split file, put ``restval`` images into ``train``.
+        tokenizer: splits each caption into its training tokens (``data.tokenizer``; None: PTB).
     Returns:
         Records in file order, then image order within each file; captions in annotation order.
     Raises:
@@ -61,7 +62,7 @@ def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
     for annotation_file in annotation_files:
         annotation_file = Path(annotation_file)
         skipped = SkipLog(annotation_file.name, logger)
-        for record in _read_annotation_file(annotation_file, image_root, karpathy_split, skipped):
+        for record in _read_annotation_file(annotation_file, image_root, karpathy_split, skipped, tokenizer):
             if record.image_id in file_of_id:
                 raise DatasetError(f"{annotation_file.name}: image id {record.image_id} is also in "
                                    f"{file_of_id[record.image_id]}")
@@ -78,8 +79,9 @@ def split_of_file(annotation_file: str | Path) -> str | None:
 
 
 def _read_annotation_file(annotation_file: Path, image_root: Path, karpathy_split: dict[int, str] | None,
-                          skipped: SkipLog) -> list[ImageRecord]:
+                          skipped: SkipLog, tokenizer: Callable[[str], list[str]] | None) -> list[ImageRecord]:
     source = annotation_file.name
+    tokenizer = tokenizer or tokenize
     file_split = None
     if karpathy_split is None:
         file_split = split_of_file(annotation_file)
@@ -101,7 +103,7 @@ def _read_annotation_file(annotation_file: Path, image_root: Path, karpathy_spli
         captions, raws = [], []
         for annotation in coco.imgToAnns.get(image_id, []):
             raw = annotation["caption"]
-            tokens = tokenize(raw)
+            tokens = tokenizer(raw)
             raws.append(raw.strip())  # a reference for scoring even when it has no words, as the toolkit does
             if not tokens:
                 skipped.skip("empty captions", f"{source}: annotation id {annotation['id']}")

@@ -185,14 +185,21 @@ class ImageOnlyDataset(_ImageItems):
     """Images without captions (a folder to caption, or decoding a test split).
 
     Item ``i``: ``index``, ``image_id`` and ``image`` (3, H, W) = ``transform(load_image(path))``;
-    None for an unreadable image when ``skip_bad_images`` (counted in ``skipped``).
+    None for an unreadable image when ``skip_bad_images`` (counted in ``skipped``). With
+    ``pictures`` (RGB images already in memory, one per record), ``transform(pictures[i])``: the
+    records then only name and number them.
     """
 
-    def __init__(self, records: Sequence[ImageRecord], transform: Transform, skip_bad_images: bool = False):
+    def __init__(self, records: Sequence[ImageRecord], transform: Transform, skip_bad_images: bool = False,
+                 pictures: Sequence[Image.Image] | None = None):
         super().__init__(records, transform, skip_bad_images)
+        if pictures is not None and len(pictures) != len(self.records):
+            raise ValueError(f"{len(pictures)} pictures for {len(self.records)} records")
+        self.pictures = None if pictures is None else list(pictures)
 
     def __getitem__(self, index: int) -> Item | None:
-        image = self._image(index)
+        # In-memory RGB pictures (the Python API, the demo) skip the file: same transform, same tensors.
+        image = self._image(index) if self.pictures is None else self.transform(self.pictures[index])
         if image is None:
             return None
         return {"index": index, "image_id": self.records[index].image_id, "image": image}

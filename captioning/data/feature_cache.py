@@ -46,6 +46,7 @@ from captioning.data.cache_store import COMPUTED, DTYPE, NOT_COMPUTED, UNREADABL
 from captioning.data.image_files import content_identity, stat_images
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
+from captioning.run_folder import check_output_folder
 
 __all__ = ["FeatureCache", "FeatureCacheError"]
 
@@ -124,6 +125,15 @@ def _message_of(record: ImageRecord) -> str:
     except ImageError as error:
         return str(error)
     return f"{record.path} (image {record.image_id}): unreadable when its features were computed"
+
+
+def _reads(record: ImageRecord) -> bool:
+    """Whether the image of ``record`` decodes now."""
+    try:
+        load_image(record.path, entry=f"image {record.image_id}")
+    except ImageError:
+        return False
+    return True
 
 
 def _agree(error: BaseException | None, world_size: int) -> None:
@@ -244,6 +254,8 @@ class FeatureCache:
             cache = builder.open_complete()
             if cache is not None or not build:
                 return cache
+        # Rows are to be written: a read-only or unwritable cache folder fails now, not after encoding.
+        check_output_folder(builder.folder, "data.cache_dir")
         with ExitStack() as held:
             builder.hash_together(rank, world_size)
             error = None
@@ -301,7 +313,7 @@ class _Build:
             return None
         rows = self._identify(index)
         states = store.read_states(self.folder, index["capacity"])
-        unfinished = any(states[row] == NOT_COMPUTED  # or unreadable, its message not yet in the index
+        unfinished = any(states[row] not in (COMPUTED, UNREADABLE)  # or unreadable, its message not yet in the index
                          or (states[row] == UNREADABLE and key not in index["bad"])
                          for row, key in zip(rows, self.keys) if row >= 0)
         if self.hashed or unfinished or any(row < 0 and key is not None for row, key in zip(rows, self.keys)):
@@ -348,6 +360,11 @@ class _Build:
             store.resize(self.folder, capacity, capacity, *self.grid_shape, intact=intact)
         rows = self._identify(index)
         self.index = index
+        doubtful = self._doubtful_rows(rows, store.read_states(self.folder, capacity))
+        if doubtful:
+            logger.warning("%s: %d row states that neither the index nor the images bear out (a damaged file); "
+                           "recomputing those rows", self.folder / "state.bin", len(doubtful))
+            store.mark_not_computed(self.folder, doubtful)
         self._refuse_recorded_bad(store.read_states(self.folder, capacity))
         new = [key for key, row in dict.fromkeys(zip(self.keys, rows)) if key is not None and row < 0]
         if new:
@@ -361,6 +378,17 @@ class _Build:
             index["files"].update(self.hashed)
             store.write_json_atomic(self.folder / "index.json", index)
             self.hashed = {}
+
+    def _doubtful_rows(self, rows: list[int], states: np.ndarray) -> list[int]:
+        """Rows whose state byte cannot be trusted: a value no build writes, or "unreadable" without the
+        message a finished build records, for an image that reads now (not to be blamed on it)."""
+        doubtful = []
+        for record, key, row in zip(self.records, self.keys, rows):
+            if row < 0 or states[row] in (NOT_COMPUTED, COMPUTED):
+                continue
+            if states[row] != UNREADABLE or (key not in self.index["bad"] and _reads(record)):
+                doubtful.append(row)
+        return sorted(set(doubtful))
 
     def _refuse_recorded_bad(self, states: np.ndarray) -> None:
         if self.skip_bad_images:

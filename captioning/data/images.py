@@ -7,7 +7,7 @@ import stat
 import warnings
 from pathlib import Path
 
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from captioning.data.records import DatasetError
 from captioning.files import kind_of
@@ -21,7 +21,7 @@ class ImageError(DatasetError):
 
 
 def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
-    """Open an image and convert it to 8-bit RGB.
+    """Open an image, turn it upright (its EXIF orientation) and convert it to 8-bit RGB.
 
     Grayscale, 16-bit, CMYK, palette and RGBA images are converted (alpha is composited on
     white). Truncated, empty, non-image and over-large files raise ``ImageError``.
@@ -48,7 +48,8 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
                 image.load()
-                return to_rgb(image)
+                # Upright as a viewer shows it: phones store most photos rotated, with an EXIF orientation.
+                return to_rgb(ImageOps.exif_transpose(image))
     except FileNotFoundError:
         raise ImageError(f"{where}: image file not found") from None
     except IsADirectoryError:
@@ -89,3 +90,54 @@ def to_rgb(image: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return image.convert("RGB")
+
+
+def as_rgb_image(value: object, entry: str) -> Image.Image:
+    """Any picture the Python API takes, as a fully decoded 8-bit RGB image.
+
+    Args:
+        value: a path (``str`` or ``Path``, read with ``load_image``), a ``PIL.Image.Image`` (any
+            mode, see ``to_rgb``), a tensor (C, H, W) or a NumPy array (H, W, C) or (H, W), with C
+            1 (gray), 3 (RGB) or 4 (RGBA, composited on white); uint8 values in [0, 255] or
+            floating-point values in [0, 1] (rounded to the nearest of 256 levels).
+        entry: what the value is, for messages (``images[2]``).
+    Raises:
+        ImageError: an unreadable file, a wrong shape or type, or values out of range (one line
+            naming ``entry``).
+    """
+    import numpy as np
+    import torch
+
+    if isinstance(value, (str, Path)):
+        return load_image(value, entry)
+    if isinstance(value, Image.Image):
+        try:
+            value.load()
+        except (OSError, ValueError) as error:
+            raise ImageError(f"{entry}: cannot decode image ({error})") from None
+        return to_rgb(value)
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 3:
+            raise ImageError(f"{entry}: a tensor image must be (C, H, W), got shape {tuple(value.shape)}")
+        value = value.detach().cpu().permute(1, 2, 0).numpy()  # (H, W, C)
+        layout = "a (C, H, W) tensor"
+    elif isinstance(value, np.ndarray):
+        layout = "an (H, W, C) array"
+    else:
+        raise ImageError(f"{entry}: expected an image path, a PIL image, a (C, H, W) tensor or an (H, W, C) "
+                         f"array, got {type(value).__name__}")
+    pixels = value[:, :, None] if value.ndim == 2 else value  # (H, W, C)
+    if pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4) or min(pixels.shape[:2]) < 1:
+        raise ImageError(f"{entry}: as {layout}, an image needs 1, 3 or 4 channels and a size of at least 1x1, "
+                         f"got shape {tuple(value.shape)}")
+    if pixels.dtype == np.uint8:
+        data = pixels
+    elif np.issubdtype(pixels.dtype, np.floating):
+        if not np.isfinite(pixels).all() or pixels.min() < 0 or pixels.max() > 1:
+            raise ImageError(f"{entry}: floating-point pixels must be finite and in [0, 1], got values in "
+                             f"[{np.nanmin(pixels):.3g}, {np.nanmax(pixels):.3g}]")
+        data = np.rint(pixels.astype(np.float64) * 255).astype(np.uint8)
+    else:
+        raise ImageError(f"{entry}: pixels must be uint8 (0-255) or floating point (0-1), got {pixels.dtype}")
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[data.shape[2]]
+    return to_rgb(Image.fromarray(np.ascontiguousarray(data if mode != "L" else data[:, :, 0]), mode))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -105,8 +106,8 @@ class SkipLog:
                            self.first_entry[reason])
 
 
-def read_karpathy(split_file: str | Path, image_root: str | Path,
-                  restval_to_train: bool = True) -> list[ImageRecord]:
+def read_karpathy(split_file: str | Path, image_root: str | Path, restval_to_train: bool = True,
+                  tokenizer: Callable[[str], list[str]] | None = None) -> list[ImageRecord]:
     """Read a Karpathy split file into one record per image, in file order.
 
     Args:
@@ -114,9 +115,11 @@ def read_karpathy(split_file: str | Path, image_root: str | Path,
             or a file in the same schema (e.g. Shapes' ``dataset_shapes.json``).
         image_root: the folder holding ``filepath/filename`` (or ``filename`` when there is no filepath).
         restval_to_train: put ``restval`` images into ``train`` (Karpathy's usual COCO training set).
+        tokenizer: when given (``data.tokenizer`` other than ptb), each sentence's tokens are
+            ``tokenizer(raw)`` instead of the file's ``tokens``.
     Returns:
         Records with ``image_id`` = ``cocoid`` when present, else ``imgid``; the given tokens,
-        lower-cased; the raw sentences unchanged.
+        lower-cased (or the tokenizer's); the raw sentences unchanged.
     Raises:
         DatasetError: not JSON, wrong structure, a missing or mistyped field, an unknown split,
             duplicate image ids, or an image path that is absolute or contains ``..``.
@@ -137,7 +140,7 @@ def read_karpathy(split_file: str | Path, image_root: str | Path,
             raise DatasetError(f"{where}: duplicate image id {image_id} "
                                f"(also image {position_of_id[image_id]})")
         position_of_id[image_id] = position
-        record = _read_image(entry, image_id, where, image_root, restval_to_train, skipped)
+        record = _read_image(entry, image_id, where, image_root, restval_to_train, skipped, tokenizer)
         if record is not None:
             records.append(record)
     skipped.report()
@@ -152,7 +155,7 @@ def _image_id(entry: Any, where: str) -> tuple[int, str]:
 
 
 def _read_image(entry: dict, image_id: int, where: str, image_root: Path, restval_to_train: bool,
-                skipped: SkipLog) -> ImageRecord | None:
+                skipped: SkipLog, tokenizer: Callable[[str], list[str]] | None) -> ImageRecord | None:
     filename = require_field(entry, "filename", str, where)
     if not filename.strip():
         raise DatasetError(f"{where}: empty field 'filename'")
@@ -171,6 +174,8 @@ def _read_image(entry: dict, image_id: int, where: str, image_root: Path, restva
         raw = require_field(sentence, "raw", str, sentence_where)
         if not all(isinstance(token, str) for token in tokens):
             raise DatasetError(f"{sentence_where}: field 'tokens' must hold strings only")
+        if tokenizer is not None:
+            tokens = tokenizer(raw)
         words = tuple(token.strip().lower() for token in tokens if token.strip())
         raws.append(raw)  # a reference for scoring even when it has no words, as in the official files
         if not words:

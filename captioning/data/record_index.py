@@ -163,7 +163,7 @@ def load_indexed(config: DataConfig, read: Callable[[DataConfig], list[ImageReco
     """
     try:
         key = {"format": FORMAT_VERSION, "dataset": config.dataset, "restval_to_train": config.restval_to_train,
-               "sources": [_file_hash(path) for path in source_files(config)], "code": _code_hash()}
+               "tokenizer": config.tokenizer, "sources": [_file_hash(path) for path in source_files(config)], "code": _code_hash()}
     except OSError:
         return _select(read(config), splits)  # the reader names the missing or unreadable file
     folder = records_dir(config) / f"{config.dataset}-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}"

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -166,9 +167,10 @@ def generate_shapes(root: str | Path, seed: int = 0, num_train: int = 2000, num_
     return files
 
 
-def read_shapes(root: str | Path) -> list[ImageRecord]:
-    """Read a generated Shapes folder through the Karpathy reader (the path real datasets take)."""
-    return read_karpathy(shapes_files(root).split_file, root)
+def read_shapes(root: str | Path, tokenizer: Callable[[str], list[str]] | None = None) -> list[ImageRecord]:
+    """Read a generated Shapes folder through the Karpathy reader (the path real datasets take);
+    ``tokenizer``: as for :func:`read_karpathy` (None: the file's PTB tokens)."""
+    return read_karpathy(shapes_files(root).split_file, root, tokenizer=tokenizer)
 
 
 def _image_layout(counts: dict[str, int]) -> list[tuple[int, str, int]]:

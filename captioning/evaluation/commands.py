@@ -14,6 +14,7 @@ from captioning.config_files import (
     check_overrides,
     load_config,
     parse_overrides,
+    with_data_section,
 )
 from captioning.data.folder import read_folder
 from captioning.evaluation.runner import (
@@ -21,7 +22,7 @@ from captioning.evaluation.runner import (
     decode_config_with,
     default_instances,
     load_boxes,
-    load_captioner,
+    load_trained_captioner,
     per_image_path,
     score_captioned,
     score_results_file,
@@ -30,10 +31,9 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
-from captioning.files import atomic_write, not_a_regular_file
+from captioning.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
 from captioning.run_folder import (
-    RunFolderError,
-    check_output_file,
+    check_outputs,
     evaluation_prefix,
     run_folder_of,
     scores_path_for,
@@ -41,15 +41,22 @@ from captioning.run_folder import (
 from captioning.runtime.device import resolve_device
 
 
-def _print_summary(files: dict[str, Path], replaced: set[Path] = frozenset()) -> None:
+def _print_summary(files: dict[str, Path | None], notes: dict[Path, str]) -> None:
+    """The files written, each with what writing it did there; None entries were not written."""
     print("wrote:")
     for what, path in files.items():
-        print(f"  {what:<22} {path}" + ("  (replaced the earlier file)" if path in replaced else ""))
+        if path is not None:
+            print(f"  {what:<22} {path}" + notes.get(path, ""))
 
 
-def _existing(*paths: Path) -> set[Path]:
-    """The ``paths`` that exist now: the files a write is about to replace, for the summary."""
-    return {path for path in paths if path.exists()}
+def _notes(*paths: Path | None) -> dict[Path, str]:
+    """What each write is about to do to what stands at its path (``output_note``), for the summary."""
+    return {path: output_note(path) for path in paths if path is not None}
+
+
+def _outputs(*named: tuple[str, Path | None]) -> list[tuple[str, Path]]:
+    """The (option, path) of the files a command writes, leaving out those it writes none of (None)."""
+    return [(option, path) for option, path in named if path is not None]
 
 
 def _user_chose_paths(args: argparse.Namespace, overrides: dict[str, str], config: Config) -> tuple[bool, bool]:
@@ -84,12 +91,17 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         raise ConfigError("--compare and --aggregate read existing files: give no --checkpoint/--images/--results")
     if args.aggregate and args.compare:
         raise ConfigError("give one of --compare or --aggregate")
-    inputs = [*(args.compare or args.aggregate), *([args.annotations] if args.annotations else [])]
+    if args.aggregate and (args.annotations is not None or args.instances):
+        option = "--annotations" if args.annotations is not None else "--instances"
+        raise ConfigError(f"{option}: not used by --aggregate (it reads the runs' scores files); leave it out")
+    groups = _compare_groups(args) if args.compare else None
+    option = "--compare" if args.compare else "--aggregate"
+    inputs = [*((option, path) for path in args.compare or args.aggregate),
+              *(("--against", path) for path in getattr(args, "against", None) or ()),
+              ("--annotations", args.annotations),
+              *(("--aggregate", path.parent / "config.yaml") for path in args.aggregate or ())]
     if args.out is not None:
-        check_output_file(args.out, "--out")
-        for path in inputs:
-            if _same_file(args.out, path):
-                raise RunFolderError(f"{args.out}: --out: is an input ({path}); give another file name")
+        check_outputs([("--out", args.out)], inputs)
     if args.aggregate:
         from captioning.evaluation.aggregate import aggregate_command
 
@@ -98,16 +110,29 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         raise ConfigError("--compare needs --annotations (the reference captions of both systems' images)")
     from captioning.evaluation.compare import compare_command
 
-    return compare_command(args.annotations, *args.compare, args.out, use_java, args.spice, args.resamples,
-                           args.seed, args.java_timeout)
+    boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
+    return compare_command(args.annotations, *groups, args.out, use_java, args.spice, args.resamples,
+                           args.seed, args.java_timeout, getattr(args, "names", None), boxes,
+                           tokenizer=args.tokenizer)
 
 
-def _same_file(first: Path, second: Path) -> bool:
-    """Whether two paths name one file (a file that does not exist yet is none of the inputs)."""
-    try:
-        return first.samefile(second)
-    except OSError:
-        return False
+def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
+    """``--compare A B`` (one run a side) or ``--compare A1 A2 ... --against B1 B2 ...`` (seeds a side)."""
+    against = getattr(args, "against", None)
+    if against is None:
+        if len(args.compare) != 2:
+            raise ConfigError(f"--compare takes two results files (A B), got {len(args.compare)}; to compare "
+                              "several runs a side give A's after --compare and B's after --against")
+        if same_file(*args.compare):
+            raise ConfigError(f"--compare: {args.compare[0]} and {args.compare[1]} are the same file; give two "
+                              "systems' results")
+        return [args.compare[0]], [args.compare[1]]
+    runs = [*args.compare, *against]
+    for index, path in enumerate(runs):
+        if any(same_file(path, earlier) or Path(path).resolve() == Path(earlier).resolve()
+               for earlier in runs[:index]):
+            raise ConfigError(f"{path}: given twice: each run counts once")
+    return list(args.compare), list(against)
 
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
@@ -117,22 +142,30 @@ def _scores_paths(out: Path | None, results: Path) -> Path:
 def evaluate(args: argparse.Namespace) -> dict | None:
     """Dispatch on the arguments of ``evaluate.py``; returns the scores when some were computed."""
     use_java = False if args.no_java else None
+    for flag in ("against", "names"):
+        if getattr(args, flag, None) and not getattr(args, "compare", None):
+            raise ConfigError(f"--{flag} goes with --compare")
     if getattr(args, "aggregate", None) or getattr(args, "compare", None):
         return _compare_or_aggregate(args, use_java)
+    if getattr(args, "clip_score", None) is not None and (args.checkpoint is None or args.split is None):
+        raise ConfigError("--clip-score scores the images of a split: give it with --checkpoint and --split")
     if args.annotations is not None:
         if args.results is None or args.checkpoint is not None or args.images is not None:
             raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
         if not args.results.is_file():
             raise ConfigError(f"{args.results}: {not_a_regular_file(args.results) or 'results file not found'}")
         scores_path = _scores_paths(args.out, args.results)
-        check_output_file(scores_path, "--out")
+        check_outputs(_outputs(("--out", scores_path), ("--out (per-image scores)", per_image_path(scores_path))),
+                      [("--annotations", args.annotations), ("--results", args.results),
+                       *(("--instances", path) for path in args.instances or ())])
         boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
         scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
-                                    java_timeout=args.java_timeout, boxes=boxes)
+                                    java_timeout=args.java_timeout, boxes=boxes,
+                                    chair=args.chair_table or "released", tokenizer=args.tokenizer)
         print(scores_text(scores, len(scores["per_image"])))
-        replaced = _existing(scores_path, per_image_path(scores_path))
+        notes = _notes(scores_path, per_image_path(scores_path))
         scores_path, per_image = write_scores(scores_path, scores)
-        _print_summary({"scores": scores_path, "per-image scores": per_image}, replaced)
+        _print_summary({"scores": scores_path, "per-image scores": per_image}, notes)
         return scores
 
     if args.checkpoint is None:
@@ -152,19 +185,31 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     run_dir = run_folder_of(args.checkpoint)
     prefix = evaluation_prefix(args.checkpoint, "images" if records is not None else args.split)
     results = args.results or run_dir / f"{prefix}_results.json"
-    check_output_file(results, "--results")
     if records is not None:
-        index = results.with_name(results.stem.removesuffix("_results") + "_files.json")
-        outputs = [results, index]
+        # Beside the results file; none beside a device or a FIFO (/dev/null, a pipe).
+        index = (None if writes_in_place(results)
+                 else results.with_name(results.stem.removesuffix("_results") + "_files.json"))
+        outputs = _outputs(("--results", results), ("--results (image id -> file)", index))
     else:
         scores_target = _scores_paths(args.out, results)
-        check_output_file(scores_target, "--out")
-        outputs = [results, scores_target, per_image_path(scores_target)]
+        outputs = _outputs(("--results", results), ("--out", scores_target),
+                           ("--out (per-image scores)", per_image_path(scores_target)))
+    check_outputs(outputs, [("--checkpoint", args.checkpoint), ("--config", args.config),
+                            *(("--instances", path) for path in args.instances or ()),
+                            *(("--images", record.path) for record in records or ())])
+    outputs = [path for _, path in outputs]
     device = resolve_device(args.device)
-    model, config = load_captioner(args.checkpoint, device)
+    clip_scorer = None
+    if getattr(args, "clip_score", None) is not None:  # its weights before any decoding: a missing file stops now
+        from captioning.evaluation.clip_score import load_clip_scorer
+
+        clip_scorer = load_clip_scorer(args.clip_score, device=device)
+    model, config, reward = load_trained_captioner(args.checkpoint, device)
     if data_config is not None:
-        config = replace(config, data=data_config)
+        config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
+    if args.chair_table is not None:
+        config = replace(config, data=replace(config.data, chair_table=args.chair_table))
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
     decode_config = decode_config_with(config, **decoding)
@@ -174,13 +219,15 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if records is not None:
         captioned = caption_records(model, config, records, device, decode_config, progress)
         _report_skipped(records, captioned)
-        replaced = _existing(*outputs)
+        notes = _notes(*outputs)
         write_results(results, captioned)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
-        atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8", errors="replace"))
+        if index is not None:
+            atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8",
+                                                       errors="replace"))
         for item in captioned[:10]:
             print(f"{item.record.path.name}: {' '.join(item.words)}")
-        _print_summary({"captions": results, "image id -> file": index}, replaced)
+        _print_summary({"captions": results, "image id -> file": index}, notes)
         return None
 
     records = split_records(config, args.split, generate=generate)
@@ -189,12 +236,14 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     captioned = caption_records(model, config, records, device, decode_config, progress, output_dir=run_dir,
                                 build_cache=build_cache)
     _report_skipped(records, captioned)
-    replaced = _existing(*outputs)
+    notes = _notes(*outputs)
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
-                             java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint)
+                             java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint,
+                             chair=config.data.chair_table, reward=reward, clip_scorer=clip_scorer,
+                             tokenizer=config.data.tokenizer)
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)
-    _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image}, replaced)
+    _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image}, notes)
     return scores

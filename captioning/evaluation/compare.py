@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from captioning.evaluation.grounding import Instances
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import (
     EvaluationInputError,
@@ -17,9 +19,18 @@ from captioning.evaluation.metrics import (
     score_captions,
     tokenize_captions,
 )
+from captioning.evaluation.ratios import RATIO_METRICS, chair_statistics, read_ratio_statistics
 from captioning.evaluation.signature import make_signature, signature_differences
-from captioning.evaluation.significance import bleu_statistics, comparison_table, paired_bootstrap
-from captioning.files import atomic_write
+from captioning.evaluation.significance import (
+    bleu_statistics,
+    comparison_table,
+    corpus_bleu,
+    group_bootstrap,
+    ratio_score,
+)
+from captioning.files import atomic_write, output_note
+from captioning.memory import available_bytes, gib
+from captioning.text import tokenize
 
 # Metrics whose corpus score is (or is compared as) the mean of per-image scores.
 PER_IMAGE_METRICS = ("METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
@@ -49,37 +60,119 @@ def read_pair(annotations: Path, results_a: Path, results_b: Path) -> tuple[dict
     return {i: references[i] for i in image_ids}, a, b
 
 
-def compare_results_files(annotations: Path, results_a: Path, results_b: Path, use_java: bool | None = None,
-                          spice: bool = False, resamples: int = 1000, seed: int = 0,
-                          java_timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    """Score two results files on the same images and compare them metric by metric.
+def read_groups(annotations: Path, runs_a: Sequence[Path], runs_b: Sequence[Path]) -> tuple[dict, list, list]:
+    """Every run's results file and their images' references, refusing different image sets.
 
     Returns:
-        ``{"metrics": {metric: {"a", "b", "difference", "ci_low", "ci_high", "p_value"}}, "images",
-        "resamples", "seed", "signatures": {"a", "b"}, "results": {"a", "b"}, "table"}``;
-        ``difference`` is B - A.
+        (references, captions of each run of A, captions of each run of B), keyed by image id.
+    Raises:
+        EvaluationInputError: one line naming a file and an image id that breaks the pairing.
+    """
+    references, first, _ = read_pair(annotations, runs_a[0], runs_b[0])
+    captions: list[list[dict]] = [[], []]
+    for group, runs in enumerate((runs_a, runs_b)):
+        for path in runs:
+            run = first if path == runs_a[0] else load_results(path)
+            extra, missing = sorted(set(run) - set(first)), sorted(set(first) - set(run))
+            if extra:
+                raise EvaluationInputError(f"{path}: image_id {extra[0]}: not in {runs_a[0]} (runs compare "
+                                           "only on the same images)")
+            if missing:
+                raise EvaluationInputError(f"{runs_a[0]}: image_id {missing[0]}: not in {path} (runs compare "
+                                           "only on the same images)")
+            captions[group].append(run)
+    return references, captions[0], captions[1]
+
+
+def default_names(runs_a: Sequence[Path], runs_b: Sequence[Path]) -> tuple[str, str]:
+    """Column names: the two files' stems, or their folders' names where the stems agree
+    (``lstm/test_results.json``, ``tf/test_results.json`` -> ``lstm``, ``tf``); ``A``, ``B`` otherwise."""
+    if len(runs_a) == len(runs_b) == 1:
+        a, b = Path(runs_a[0]).resolve(), Path(runs_b[0]).resolve()
+        for name_a, name_b in ((a.stem, b.stem), (a.parent.name, b.parent.name)):
+            if name_a and name_b and name_a != name_b:
+                return name_a, name_b
+    return "A", "B"
+
+
+def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
+                          use_java: bool | None = None, spice: bool = False, resamples: int = 1000, seed: int = 0,
+                          java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
+                          instances: Instances | None = None, tokenizer: str = "ptb") -> dict[str, Any]:
+    """Score two systems' results files on the same images and compare them metric by metric.
+
+    Each side is one results file, or several (one per training seed): the comparison is then
+    of the mean over each side's runs, with an interval that includes the variance between seeds
+    (``significance.group_bootstrap``). Grounding and CHAIR are compared when every run's
+    per-image scores hold them (``ratios``); with ``instances``, CHAIR is computed from the captions.
+    ``tokenizer``: the tokens the metrics are computed on, as for :func:`score_captions`.
+
+    Returns:
+        ``{"metrics": {metric: {"a", "b", "difference", "ci_low", "ci_high", "p_value", "p_holm"}},
+        "names": {"a", "b"}, "images", "resamples", "seed", "signatures": {"a", "b"}, "results": {"a", "b"},
+        "runs": {"a", "b"}, "per_run": {"a", "b"}, "table"}``; ``difference`` is B - A. With one
+        run a side, ``signatures`` and ``results`` hold one string each, else lists.
     """
     check_bootstrap_options(resamples, seed)
-    references, a, b = read_pair(annotations, results_a, results_b)
+    runs_a = [Path(results_a)] if isinstance(results_a, str | Path) else [Path(p) for p in results_a]
+    runs_b = [Path(results_b)] if isinstance(results_b, str | Path) else [Path(p) for p in results_b]
+    names = tuple(names) if names else default_names(runs_a, runs_b)
+    references, captions_a, captions_b = read_groups(annotations, runs_a, runs_b)
+    image_ids = list(references)
+    check_bootstrap_fits(resamples, len(references))  # before scoring: the draws are held in memory at once
     if use_java is None:
         use_java = shutil.which("java") is not None
-    scores_a = score_captions(references, a, use_java=use_java, spice=spice, java_timeout=java_timeout)
-    scores_b = score_captions(references, b, use_java=use_java, spice=spice, java_timeout=java_timeout)
-    image_ids = list(references)
-    per_image = {name: {metric: np.array([scores.per_image[i][metric] for i in image_ids])
-                        for metric in PER_IMAGE_METRICS if scores.overall.get(metric) is not None}
-                 for name, scores in (("a", scores_a), ("b", scores_b))}
-    # BLEU's statistics from each system's own tokens: the Java tokenizer may have timed out for one only.
-    gts_a, res_a = tokenize_captions(references, a, scores_a.tokenizer == "ptb", java_timeout)
-    gts_b, res_b = tokenize_captions(references, b, scores_b.tokenizer == "ptb", java_timeout)
-    comparisons = paired_bootstrap(per_image["a"], per_image["b"], bleu_statistics(gts_a, res_a, image_ids),
-                                   bleu_statistics(gts_b, res_b, image_ids), resamples=resamples, seed=seed)
-    signatures = {"a": make_signature(references, scores_a.tokenizer, results=results_a),
-                  "b": make_signature(references, scores_b.tokenizer, results=results_b)}
-    return {"metrics": {metric: c.to_json() for metric, c in comparisons.items()}, "images": len(image_ids),
-            "resamples": resamples, "seed": seed, "signatures": signatures,
-            "results": {"a": str(results_a), "b": str(results_b)},
-            "table": comparison_table(comparisons, (Path(results_a).stem, Path(results_b).stem))}
+    sides = []
+    for runs, captions in ((runs_a, captions_a), (runs_b, captions_b)):
+        side = {"per_image": [], "bleu": [], "ratios": [], "signatures": []}
+        for path, run in zip(runs, captions):
+            scores = score_captions(references, run, use_java=use_java, spice=spice, java_timeout=java_timeout,
+                                    tokenizer=tokenizer)
+            side["per_image"].append({metric: np.array([scores.per_image[i][metric] for i in image_ids])
+                                      for metric in PER_IMAGE_METRICS if scores.overall.get(metric) is not None})
+            # BLEU's statistics from each run's own tokens: the Java tokenizer may have timed out for one only.
+            gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
+            side["bleu"].append(bleu_statistics(gts, res, image_ids))
+            ratios = read_ratio_statistics(path, image_ids)
+            if instances is not None:
+                ratios.update(chair_statistics({i: tokenize(c) for i, c in run.items()},
+                                               {i: [tokenize(r) for r in references[i]] for i in image_ids},
+                                               instances, image_ids))
+            side["ratios"].append(ratios)
+            side["signatures"].append(make_signature(references, scores.tokenizer, results=path))
+        sides.append(side)
+    shared = [metric for metric in RATIO_METRICS
+              if all(metric in ratios for side in sides for ratios in side["ratios"])]
+    a, b = sides
+    comparisons = group_bootstrap(a["per_image"], b["per_image"], a["bleu"], b["bleu"], resamples, seed,
+                                  [{m: r[m] for m in shared} for r in a["ratios"]],
+                                  [{m: r[m] for m in shared} for r in b["ratios"]])
+
+    def one_or_all(values: list) -> Any:
+        return values[0] if len(values) == 1 else values
+
+    return {"metrics": {metric: c.to_json() for metric, c in comparisons.items()},
+            "names": {"a": names[0], "b": names[1]}, "images": len(image_ids),
+            "resamples": resamples, "seed": seed,
+            "signatures": {"a": one_or_all(a["signatures"]), "b": one_or_all(b["signatures"])},
+            "results": {"a": one_or_all([str(p) for p in runs_a]), "b": one_or_all([str(p) for p in runs_b])},
+            "runs": {"a": len(runs_a), "b": len(runs_b)},
+            "per_run": {"a": run_scores(a, comparisons), "b": run_scores(b, comparisons)},
+            "table": comparison_table(comparisons, names)}
+
+
+def run_scores(side: dict, comparisons: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Each compared metric's score in each run of one side (BLEU at corpus level, ratios as sum / count)."""
+    scores: dict[str, list[float]] = {}
+    for metric in comparisons:
+        if metric.startswith("BLEU-"):
+            sums = np.stack([stats.sum(axis=0) for stats in side["bleu"]])
+            scores[metric] = corpus_bleu(sums, int(metric[5:])).tolist()
+        elif metric in RATIO_METRICS:
+            scores[metric] = ratio_score(np.stack([r[metric].sum(axis=0) for r in side["ratios"]])).tolist()
+        else:
+            scores[metric] = [float(np.mean(run[metric])) for run in side["per_image"]]
+    return scores
 
 
 def check_bootstrap_options(resamples: int, seed: int) -> None:
@@ -90,22 +183,47 @@ def check_bootstrap_options(resamples: int, seed: int) -> None:
         raise EvaluationInputError(f"--seed: must be 0 or more, got {seed}")
 
 
-def compare_command(annotations: Path, results_a: Path, results_b: Path, out: Path | None,
-                    use_java: bool | None, spice: bool, resamples: int, seed: int,
-                    java_timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+def check_bootstrap_fits(resamples: int, images: int) -> None:
+    """Refuse ``resamples`` whose (R, N) draws (``significance.resample_counts``) do not fit in memory."""
+    needed = resamples * images * 24  # int64 draws, their flat index and float64 counts
+    free = available_bytes()
+    if free is not None and needed > free:
+        raise EvaluationInputError(f"--resamples: {resamples} resamples of {images} images need about {gib(needed)}, "
+                                   f"more than the {gib(free)} available; at most {free // (24 * images)}")
+
+
+def compare_command(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
+                    out: Path | None, use_java: bool | None, spice: bool, resamples: int, seed: int,
+                    java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
+                    instances: Instances | None = None, tokenizer: str = "ptb") -> dict[str, Any]:
     """Print the comparison table (and signatures, warning when they differ), write ``out`` if given."""
     comparison = compare_results_files(annotations, results_a, results_b, use_java, spice, resamples, seed,
-                                       java_timeout)
+                                       java_timeout, names, instances, tokenizer)
     print(comparison["table"])
+    name_a, name_b = comparison["names"]["a"], comparison["names"]["b"]
+    runs = comparison["runs"]
     print(f"{comparison['images']} images, {resamples} paired bootstrap resamples (seed {seed}); "
-          f"B - A, x100; p: two-sided")
+          f"B - A = {name_b} - {name_a}, x100; p: two-sided; p Holm: adjusted for the "
+          f"{len(comparison['metrics'])} metrics tested at once")
+    if runs["a"] > 1 or runs["b"] > 1:
+        print(f"{runs['a']} runs of {name_a}, {runs['b']} of {name_b}: the means over runs, the interval "
+              "resampling runs as well as images (it includes the variance between seeds)")
+    elif runs["a"] == runs["b"] == 1:
+        print("one run a side: the interval holds the images' variance only, not the seeds' "
+              "(give several runs a side with --against to include it)")
+    signatures = {name: comparison["signatures"][name] for name in ("a", "b")}
+    listed = {name: value if isinstance(value, list) else [value] for name, value in signatures.items()}
     for name in ("a", "b"):
-        print(f"signature {name.upper()}: {comparison['signatures'][name]}")
-    warn_if_signatures_differ(comparison["signatures"]["a"], comparison["signatures"]["b"])
+        for run, signature in enumerate(listed[name], start=1):
+            print(f"signature {name.upper()}{run if len(listed[name]) > 1 else ''}: {signature}")
+    first = listed["a"][0]
+    for signature in [*listed["a"][1:], *listed["b"]]:
+        warn_if_signatures_differ(first, signature)
     if out is not None:
         overall = {k: v for k, v in comparison.items() if k != "table"}
+        note = output_note(out)  # said in the summary: replaced, or written into a device
         atomic_write(out, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
-        print(f"wrote:\n  comparison             {out}")
+        print(f"wrote:\n  comparison             {out}{note}")
     return comparison
 
 

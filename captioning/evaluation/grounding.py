@@ -78,6 +78,7 @@ def load_instances(instances_file: str | Path) -> Instances:
     """
     coco = read_coco_file(instances_file, {"images": ["id", "width", "height"], "categories": ["id", "name"],
                                            "annotations": ["image_id", "category_id", "bbox"]})
+    _check_categories(instances_file, coco.dataset["categories"])
     image_sizes: dict[int, tuple[float, float]] = {}
     for image_id, image in coco.imgs.items():
         size = (image["width"], image["height"])
@@ -104,6 +105,24 @@ def load_instances(instances_file: str | Path) -> Instances:
                                                          tuple(float(v) for v in bbox), attributes))
     categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
     return Instances(image_sizes, objects, categories)
+
+
+def _check_categories(instances_file: str | Path, categories: Sequence[Mapping[str, Any]]) -> None:
+    """Every category has its own id and a non-empty name that is text: a number or an empty name would
+    become a word CHAIR matches, and a repeated id would silently rename the first category's objects.
+
+    Raises:
+        EvaluationInputError: ``<file>: categories[i]: ...``.
+    """
+    seen: dict[Any, int] = {}
+    for index, category in enumerate(categories):
+        where = f"{instances_file}: categories[{index}]"
+        name, category_id = category["name"], category["id"]
+        if not isinstance(name, str) or not name.strip():
+            raise EvaluationInputError(f"{where}: name must be a non-empty string, got {name!r:.40}")
+        if category_id in seen:
+            raise EvaluationInputError(f"{where}: id {category_id!r:.40} is also the id of categories[{seen[category_id]}]")
+        seen[category_id] = index
 
 
 def _is_number(value: Any) -> bool:
@@ -157,6 +176,26 @@ class WordMatcher:
         return sorted(found.items())
 
 
+def word_boxes(words: Sequence[str], image_id: int, instances: Instances | None,
+               matcher: WordMatcher | None = None) -> list[list[tuple[float, float, float, float]]]:
+    """The ground-truth boxes each word of a caption names (as grounding measures them), for drawing.
+
+    Args:
+        words: the caption's T words.
+        image_id: the image's id in ``instances``.
+        instances: the boxes (:func:`load_instances`); None or an image it does not cover gives no boxes.
+        matcher: decides which words name which objects (default: the COCO table with ``color``).
+    Returns:
+        T lists of (x, y, width, height) boxes in the image's pixels; empty for most words.
+    """
+    boxes: list[list[tuple[float, float, float, float]]] = [[] for _ in words]
+    if instances is None or image_id not in instances.image_sizes:
+        return boxes
+    for index, named in (matcher or WordMatcher()).mentions(words, instances.objects.get(image_id, [])):
+        boxes[index] = [obj.bbox for obj in named if obj.bbox[2] > 0 and obj.bbox[3] > 0]
+    return boxes
+
+
 def box_coverage(boxes: Sequence[tuple[float, float, float, float]], image_size: tuple[float, float],
                  grid: tuple[int, int]) -> np.ndarray:
     """Fraction of each grid cell's area covered by the union of ``boxes``.
@@ -193,12 +232,12 @@ def box_coverage(boxes: Sequence[tuple[float, float, float, float]], image_size:
     return np.clip(cell_area / ((width / cols) * (height / rows)), 0.0, 1.0)
 
 
-def grounding_scores(
+def grounding_per_image(
     items: Iterable[tuple[int, Sequence[str], np.ndarray, tuple[int, int]]],
     instances: Instances,
     matcher: WordMatcher,
-) -> dict[str, float | int | None]:
-    """Attention mass in, and pointing-game hits on, the objects that generated words name.
+) -> dict[int, tuple[list[float], list[float]]]:
+    """Attention mass in, and pointing-game hits on, the objects that generated words name, per image.
 
     Args:
         items: ``(image_id, words, attention, grid)`` per image: the T generated words, their
@@ -206,15 +245,12 @@ def grounding_scores(
         instances: the images' boxes (:func:`load_instances`).
         matcher: decides which words name which objects.
     Returns:
-        ``{"grounding-mass": mean share of attention inside the named boxes, "grounding-pointing":
-        share of mentions whose most attended cell centre is inside a named box, "grounding-words":
-        number of mentions counted (one per phrase)}``; the first two are None when no word names
-        an object.
+        image id -> (the mass inside the named boxes of each mention, its pointing hit), in caption
+        order; both lists are empty for an image whose caption names no annotated object.
     Raises:
         ValueError: an image without instances, or attention whose shape does not fit words and grid.
     """
-    masses: list[float] = []
-    hits: list[float] = []
+    per_image: dict[int, tuple[list[float], list[float]]] = {}
     for image_id, words, attention, grid in items:
         if image_id not in instances.image_sizes:
             raise ValueError(f"image {image_id!r} is not in the instances file")
@@ -227,6 +263,8 @@ def grounding_scores(
                              f"one {rows}x{cols} map per word for {len(words)} words")
         image_size = instances.image_sizes[image_id]
         width, height = image_size
+        masses: list[float] = []
+        hits: list[float] = []
         for index, named in matcher.mentions(words, instances.objects.get(image_id, [])):
             weights = maps[index]  # (gh, gw)
             boxes = [obj.bbox for obj in named if obj.bbox[2] > 0 and obj.bbox[3] > 0]
@@ -239,8 +277,36 @@ def grounding_scores(
             centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows)
             hits.append(float(np.mean([any(x <= cx <= x + w and y <= cy <= y + h for x, y, w, h in boxes)
                                        for cx, cy in centres])))
-    return {
-        "grounding-mass": float(np.mean(masses)) if masses else None,
-        "grounding-pointing": float(np.mean(hits)) if hits else None,
-        "grounding-words": len(masses),
-    }
+        per_image[image_id] = (masses, hits)
+    return per_image
+
+
+def image_grounding_json(masses: Sequence[float], hits: Sequence[float]) -> dict[str, float | int | None]:
+    """``grounding-mass`` and ``grounding-pointing``, the means over the mentions (None without any),
+    and ``grounding-words``, how many mentions there are."""
+    return {"grounding-mass": float(np.mean(masses)) if masses else None,
+            "grounding-pointing": float(np.mean(hits)) if hits else None,
+            "grounding-words": len(masses)}
+
+
+def grounding_scores(
+    items: Iterable[tuple[int, Sequence[str], np.ndarray, tuple[int, int]]],
+    instances: Instances,
+    matcher: WordMatcher,
+) -> dict[str, float | int | None]:
+    """Attention mass in, and pointing-game hits on, the objects that generated words name.
+
+    Args:
+        items, instances, matcher: as for :func:`grounding_per_image`.
+    Returns:
+        ``{"grounding-mass": mean share of attention inside the named boxes, "grounding-pointing":
+        share of mentions whose most attended cell centre is inside a named box, "grounding-words":
+        number of mentions counted (one per phrase)}``; the first two are None when no word names
+        an object. Every mention weighs the same, whichever image it is in.
+    Raises:
+        ValueError: an image without instances, or attention whose shape does not fit words and grid.
+    """
+    per_image = grounding_per_image(items, instances, matcher)
+    masses = [mass for image_masses, _ in per_image.values() for mass in image_masses]
+    hits = [hit for _, image_hits in per_image.values() for hit in image_hits]
+    return image_grounding_json(masses, hits)

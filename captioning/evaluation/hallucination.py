@@ -2,9 +2,12 @@
 
 A caption hallucinates an object when it names a category that is not in the image. The objects
 in an image are, as in the paper, the categories of its annotated instances together with the
-categories its reference captions name. Words are matched to categories by one table
-(:mod:`captioning.evaluation.coco_words`: synonyms, plurals, phrases before their head nouns),
-extended with the instances file's own category names (Shapes' ``circle``, ``squares``).
+categories its reference captions name. Words are matched to categories by one table: by default
+the authors' released table and rules (``released``,
+:class:`captioning.evaluation.chair_table.ReleasedChairTable`), which published CHAIR numbers
+come from; or this project's extended table (``extended``, :mod:`captioning.evaluation.coco_words`:
+more synonyms, phrases before their head nouns), which grounding uses. Either is extended with the
+instances file's own category names (Shapes' ``circle``, ``squares``).
 
 Only categories of the instances file count: on COCO the 80 categories, on Shapes its four
 shapes, so a Shapes caption saying "man" is not a hallucination of a category Shapes never
@@ -21,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
+from captioning.evaluation.chair_table import ReleasedChairTable, chair_table
+from captioning.evaluation.coco_words import CategoryWords
 from captioning.evaluation.grounding import Instances
 
 
@@ -38,9 +42,11 @@ class ImageHallucination:
     hallucinated: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """Per-image fields: ``CHAIR-i`` (None without mentions), ``CHAIR-s`` (0 or 1), ``hallucinated``."""
+        """Per-image fields: ``CHAIR-i`` (None without mentions), ``CHAIR-s`` (0 or 1), ``hallucinated``,
+        and ``CHAIR-mentions`` (how many mentions CHAIR-i divides by)."""
         chair_i = len(self.hallucinated) / len(self.mentioned) if self.mentioned else None
-        return {"CHAIR-i": chair_i, "CHAIR-s": float(bool(self.hallucinated)), "hallucinated": list(self.hallucinated)}
+        return {"CHAIR-i": chair_i, "CHAIR-s": float(bool(self.hallucinated)), "hallucinated": list(self.hallucinated),
+                "CHAIR-mentions": len(self.mentioned)}
 
 
 @dataclass
@@ -73,11 +79,14 @@ def chair_vocabulary(instances: Instances) -> tuple[str, ...]:
     return tuple(sorted({obj.category for objects in instances.objects.values() for obj in objects}))
 
 
+WordTable = CategoryWords | ReleasedChairTable  # anything with with_categories(names) and mentions(tokens)
+
+
 def chair(
     captions: Mapping[int, Sequence[str]],
     references: Mapping[int, Sequence[Sequence[str]]],
     instances: Instances,
-    table: CategoryWords = COCO_WORDS,
+    table: WordTable | None = None,
 ) -> Hallucination:
     """CHAIR of tokenised captions.
 
@@ -86,14 +95,15 @@ def chair(
         references: image id -> its reference captions' tokens (their mentions are in the image);
             an image may be missing (no references).
         instances: the annotated objects (:func:`captioning.evaluation.grounding.load_instances`).
-        table: the words that name each category (the instances file's names are added).
+        table: the words that name each category (the instances file's names are added); None:
+            the released table (:func:`captioning.evaluation.chair_table.chair_table`).
     Returns:
         :class:`Hallucination` with one entry per caption.
     Raises:
         ValueError: a caption's image is not in the instances file.
     """
     vocabulary = set(chair_vocabulary(instances))
-    words = table.with_categories(vocabulary)
+    words = (chair_table("released") if table is None else table).with_categories(vocabulary)
     per_image: dict[int, ImageHallucination] = {}
     for image_id, tokens in captions.items():
         if image_id not in instances.image_sizes:
@@ -114,7 +124,7 @@ def add_per_image(per_image: list[dict[str, Any]], hallucination: Hallucination)
 
 def add_chair(scores: dict[str, Any], captions: Mapping[int, Sequence[str]],
               references: Mapping[int, Sequence[str]], instances: Instances,
-              table: CategoryWords = COCO_WORDS) -> None:
+              table: WordTable | None = None) -> None:
     """Add CHAIR to a scores dict in place: the overall fields, and each ``per_image`` entry's.
 
     Args:
@@ -122,7 +132,7 @@ def add_chair(scores: dict[str, Any], captions: Mapping[int, Sequence[str]],
         captions: image id -> the generated caption's tokens.
         references: image id -> raw reference captions (tokenised here as the metrics' Python path does).
         instances: the annotated objects.
-        table: the words that name each category (grounding's, so that both read captions alike).
+        table: the words that name each category; None: the released table.
     """
     from captioning.text import tokenize
 

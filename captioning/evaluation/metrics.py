@@ -6,6 +6,10 @@ CIDEr-D variant: clipped n-gram counts and a Gaussian length penalty) and, when 
 models are present, SPICE. Without Java, captions go through :func:`captioning.text.tokenize`
 (which reproduces the PTB tokenizer on ordinary captions) and the pure-Python scorers; METEOR and
 SPICE, which need Java, are reported unavailable with the reason, never as 0.
+
+Captions in other languages are scored with their own tokenizer (``tokenizer="whitespace"`` or
+``"characters"``, :data:`captioning.text.TOKENIZERS`): BLEU, ROUGE-L and CIDEr-D on its tokens, the
+same tokens training used; METEOR and SPICE, English-only, are reported unavailable.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pycocotools.coco import COCO
 
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S, JavaTimeout, meteor_score, ptb_tokenize
 from captioning.files import not_a_regular_file
-from captioning.text import tokenize
+from captioning.text import tokenizer_for
 
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
 # The corpus BLEU-4 of nltk (as the popular PyTorch tutorial reports it): not comparable to BLEU-4.
@@ -58,7 +62,8 @@ class Scores:
             :data:`NLTK_BLEU`.
         unavailable: metric -> why it was not computed.
         per_image: image id -> metric -> the image's score (BLEU-n per image as pycocoevalcap gives it).
-        tokenizer: ``"ptb"`` (Stanford, via Java) or ``"python"`` (:func:`captioning.text.tokenize`).
+        tokenizer: ``"ptb"`` (Stanford, via Java), ``"python"`` (:func:`captioning.text.tokenize`), or
+            the other tokenizer the captions were scored with (``"whitespace"``, ``"characters"``).
     """
 
     overall: dict[str, float | None]
@@ -100,6 +105,7 @@ def score_captions(
     use_java: bool | None = None,
     spice: bool = False,
     java_timeout: float = DEFAULT_TIMEOUT_S,
+    tokenizer: str = "ptb",
 ) -> Scores:
     """Score one candidate caption per image against that image's reference captions.
 
@@ -112,6 +118,8 @@ def score_captions(
         spice: also compute SPICE (Java, and Stanford CoreNLP models already installed).
         java_timeout: seconds each Java call (PTB tokenizer, METEOR) may take; past it, one line on
             stderr and the Java-less path, as without Java.
+        tokenizer: ``"ptb"`` (English) or another name of :data:`captioning.text.TOKENIZERS`, which
+            scores on its tokens without Java, METEOR and SPICE reported unavailable (English only).
     Returns:
         :class:`Scores` with BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, SPICE and the NLTK corpus BLEU-4.
     Raises:
@@ -126,8 +134,10 @@ def score_captions(
     elif use_java and not java:
         raise RuntimeError("use_java=True but no 'java' executable is on the PATH")
     image_ids = list(references)
+    english = tokenizer == "ptb"
+    use_java = use_java and english
     try:
-        gts, res = tokenize_captions(references, candidates, use_java, java_timeout)
+        gts, res = tokenize_captions(references, candidates, use_java, java_timeout, tokenizer)
     except JavaTimeout as error:
         print(f"warning: {error}; scoring without Java (no METEOR)", file=sys.stderr, flush=True)
         use_java = False
@@ -151,31 +161,39 @@ def score_captions(
         except JavaTimeout as error:
             print(f"warning: {error}; METEOR is reported unavailable", file=sys.stderr, flush=True)
             unavailable["METEOR"] = str(error)
+    elif not english:
+        unavailable["METEOR"] = _english_only(tokenizer)
     else:
         unavailable["METEOR"] = "needs Java (the METEOR 1.5 jar); no Java runtime was used"
     record("ROUGE-L", *Rouge().compute_score(gts, res))
     record("CIDEr-D", *_cider_d(gts, res))
-    spice_missing = _spice_unavailable(spice, use_java)
+    spice_missing = _spice_unavailable(spice, use_java) if english else _english_only(tokenizer)
     if spice_missing is None:
         record("SPICE", *_spice(gts, res, image_ids))
     else:
         unavailable["SPICE"] = spice_missing
     overall[NLTK_BLEU] = _nltk_corpus_bleu(gts, res, image_ids)
-    return Scores(overall, unavailable, per_image, "ptb" if use_java else "python")
+    return Scores(overall, unavailable, per_image, tokenizer if not english else "ptb" if use_java else "python")
+
+
+def _english_only(tokenizer: str) -> str:
+    return f"English only (data.tokenizer ptb); these captions were scored with the {tokenizer} tokenizer"
 
 
 def tokenize_captions(references: Mapping[int, Sequence[str]], candidates: Mapping[int, str],
-                      use_java: bool, java_timeout: float = DEFAULT_TIMEOUT_S
+                      use_java: bool, java_timeout: float = DEFAULT_TIMEOUT_S, tokenizer: str = "ptb"
                       ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """Tokenize as the metrics do: ``(image id -> references, image id -> [candidate])``, each caption
-    one string of space-separated lower-case tokens (PTB via Java, or :func:`captioning.text.tokenize`).
+    one string of space-separated lower-case tokens (PTB via Java when ``use_java`` and ``tokenizer`` is
+    ptb, else the named tokenizer of :data:`captioning.text.TOKENIZERS`).
 
     Raises:
         JavaTimeout: the PTB tokenizer ran past ``java_timeout`` seconds.
     """
     image_ids = list(references)
-    if use_java:
+    if use_java and tokenizer == "ptb":
         return _ptb_tokenize(references, candidates, image_ids, java_timeout)
+    tokenize = tokenizer_for(tokenizer)
     gts = {i: [" ".join(tokenize(ref)) for ref in references[i]] for i in image_ids}
     res = {i: [" ".join(tokenize(candidates[i]))] for i in image_ids}
     return gts, res
@@ -231,7 +249,7 @@ def _spice_models() -> list[Path]:
 def _spice_unavailable(requested: bool, use_java: bool) -> str | None:
     """Why SPICE cannot be computed, or None if it can (never lets pycocoevalcap start a download)."""
     if not requested:
-        return "not requested (spice=True computes it)"
+        return "not requested (evaluate.py --spice computes it; spice=True in Python)"
     if not use_java:
         return "needs Java (the SPICE 1.0 jar); no Java runtime was used"
     missing = [path.name for path in _spice_models() if not path.exists()]

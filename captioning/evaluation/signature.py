@@ -3,17 +3,31 @@
 Two scores are comparable only if they were computed the same way on the same references; the
 signature names each input that changes the numbers, as ``key:value`` fields joined by ``|``::
 
-    refs:3f2a9c01d4e5|n:5000|tok:ptb|impl:pycocoevalcap-1.2,captioning-0.1.0|decode:beam3.max20|ckpt:9b1e...
+    refs:3f2a9c01d4e5|n:5000|tok:ptb|impl:pycocoevalcap-1.2,captioning-0.1.0|chair:released|decode:beam3.max20
+    |ckpt:9b1e...|scst:cider-d.eos   (one line)
 
 - ``refs``: sha256 (12 hex digits) of the reference captions scored against (image ids and
   captions, in a canonical order: the same references give the same hash from any file);
 - ``n``: number of images scored;
-- ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python``;
+- ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python`` (its Python copy); for captions in
+  other languages, the ``data.tokenizer`` they were scored with (``whitespace``, ``characters``);
 - ``impl``: the pycocoevalcap version and this package's version;
+- ``chair``: the CHAIR word table (``released``: Rohrbach et al.'s; ``extended``: this
+  project's), when CHAIR was computed;
 - ``decode``: the decoding settings that change captions (not the batch size);
-- ``ckpt``: sha256 (12 hex digits) of the checkpoint file; ``results``: of a scored results file.
+- ``ckpt``: sha256 (12 hex digits) of the checkpoint file (a model folder: its ``model.safetensors``);
+  ``results``: of a scored results file;
+- ``scst``: the self-critical reward the checkpoint's weights were tuned with (``cider-d.eos``:
+  CIDEr-D with ``<end>`` counted as a word, Rennie et al.; ``cider-d.noeos``: without), absent
+  for weights trained by cross-entropy only;
+- ``clip``: only with CLIP-S: the CLIP model, its pretrained tag and its weights file's sha256 (12
+  hex digits), e.g. ``ViT-B-32.openai.a1b2c3d4e5f6``;
+- ``inst``: with grounding and CHAIR, sha256 (12 hex digits) of the boxes of the instances files
+  (image sizes, every object's category, box and attributes, the category list: the same boxes
+  give the same hash from any files), and ``words``: of the CHAIR word table (synonyms, phrases
+  that name no object, modifiers).
 
-``decode``, ``ckpt`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
+``decode``, ``ckpt``, ``scst`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
 """
 
@@ -24,11 +38,17 @@ import json
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import captioning
-from captioning.config import DecodeConfig
+from captioning.config import DecodeConfig, TrainConfig
+from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
 
-SYSTEM_FIELDS = ("decode", "ckpt", "results")
+if TYPE_CHECKING:
+    from captioning.evaluation.chair_table import ReleasedChairTable
+    from captioning.evaluation.grounding import Instances
+
+SYSTEM_FIELDS = ("decode", "ckpt", "scst", "results")
 _DIGITS = 12
 
 
@@ -38,11 +58,34 @@ def references_hash(references: Mapping[int, Sequence[str]]) -> str:
     return hashlib.sha256(json.dumps(canonical, ensure_ascii=False).encode("utf-8")).hexdigest()[:_DIGITS]
 
 
-def file_hash(path: str | Path) -> str:
-    """sha256 (first 12 hex digits) of a file's bytes."""
-    from captioning.models.encoders import file_identity
+def _canonical_hash(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_DIGITS]
 
-    return file_identity(Path(path))["sha256"][:_DIGITS]
+
+def boxes_hash(boxes: Instances) -> str:
+    """sha256 (first 12 hex digits) of the boxes grounding and CHAIR read, independent of file order."""
+    images = sorted((str(image_id), list(size), sorted([box.category, list(box.bbox), dict(box.attributes)]
+                                                      for box in boxes.objects.get(image_id, ())))
+                    for image_id, size in boxes.image_sizes.items())
+    return _canonical_hash([images, sorted(boxes.categories)])
+
+
+def words_hash(table: CategoryWords | ReleasedChairTable) -> str:
+    """sha256 (first 12 hex digits) of a CHAIR word table: this project's (synonyms, phrases that name
+    no object, modifiers) or the released one (synonyms and two-word names)."""
+    synonyms = sorted((category, sorted(words)) for category, words in table.synonyms.items())
+    if isinstance(table, CategoryWords):
+        return _canonical_hash([synonyms, sorted(table.not_objects), sorted(table.modifiers)])
+    return _canonical_hash([synonyms, sorted(table.double_words.items())])
+
+
+def file_hash(path: str | Path) -> str:
+    """sha256 (first 12 hex digits) of a file's bytes; of a model folder's weights file for a folder."""
+    from captioning.models.encoders import file_identity
+    from captioning.pretrained import weights_file
+
+    return file_identity(weights_file(path))["sha256"][:_DIGITS]
 
 
 def decode_description(decode: DecodeConfig) -> str:
@@ -62,6 +105,11 @@ def decode_description(decode: DecodeConfig) -> str:
     return ".".join(parts)
 
 
+def reward_description(train: TrainConfig) -> str:
+    """The self-critical reward a training configuration uses: ``cider-d.eos`` or ``cider-d.noeos``."""
+    return "cider-d.eos" if train.scst_reward_eos else "cider-d.noeos"
+
+
 def _implementation() -> str:
     try:
         toolkit = version("pycocoevalcap")
@@ -71,26 +119,43 @@ def _implementation() -> str:
 
 
 def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, decode: DecodeConfig | None = None,
-                   checkpoint: str | Path | None = None, results: str | Path | None = None) -> str:
+                   checkpoint: str | Path | None = None, results: str | Path | None = None,
+                   chair: str | None = None, reward: str | None = None, clip: str | None = None,
+                   boxes: Instances | None = None, table: CategoryWords | ReleasedChairTable | None = None) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
     Args:
         references: image id -> reference captions that were scored against.
-        tokenizer: ``"ptb"`` or ``"python"`` (:attr:`captioning.evaluation.metrics.Scores.tokenizer`).
+        tokenizer: ``"ptb"``, ``"python"``, ``"whitespace"`` or ``"characters"``
+            (:attr:`captioning.evaluation.metrics.Scores.tokenizer`).
         decode: the decoding settings, when the captions were generated here.
         checkpoint: the checkpoint file that generated them, if any.
         results: the results file that was scored, if any.
+        chair: the CHAIR word table, when CHAIR was computed.
+        reward: the checkpoint's self-critical reward (:func:`reward_description`), when its
+            weights had a self-critical stage.
+        clip: the CLIP model and weights of CLIP-S (``ClipScorer.description``), when computed.
+        boxes, table: the instances' boxes and the word table of grounding and CHAIR, when computed.
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
     fields = {"refs": references_hash(references), "n": str(len(references)), "tok": tokenizer,
               "impl": _implementation()}
+    if chair is not None:
+        fields["chair"] = chair
     if decode is not None:
         fields["decode"] = decode_description(decode)
     if checkpoint is not None:
         fields["ckpt"] = file_hash(checkpoint)
+    if reward is not None:
+        fields["scst"] = reward
     if results is not None:
         fields["results"] = file_hash(results)
+    if clip is not None:
+        fields["clip"] = clip
+    if boxes is not None:
+        fields["inst"] = boxes_hash(boxes)
+        fields["words"] = words_hash(table if table is not None else COCO_WORDS)
     return "|".join(f"{key}:{value}" for key, value in fields.items())
 
 

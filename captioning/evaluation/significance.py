@@ -15,12 +15,26 @@ With the bootstrap differences d*_r (B minus A) and the observed difference d, t
 the 2.5 and 97.5 percentiles of d*, and the two-sided p-value is the share of resamples whose
 difference, centred on d, is at least as far from 0 as d: ``(1 + #{|d*_r - d| >= |d|}) / (R + 1)``
 (Berg-Kirkpatrick et al., 2012; Koehn, 2004). Differences under 1e-9 count as none (p = 1).
+
+Ratio metrics (attention grounding's mass and pointing game per mention, CHAIR-i per mention,
+CHAIR-s per image with boxes) are recomputed on each resample from per-image sums and counts, as
+BLEU is: every mention weighs the same, as in the scores table.
+
+Several metrics tested at once: ``p_holm`` is each p-value adjusted by Holm's step-down method
+(Holm, 1979), which keeps the chance of any false "significant" below 5% whatever the metrics'
+dependence (BLEU-1..4 share their n-grams, so it is conservative there).
+
+Seeds against seeds: with k runs of A and k' runs of B (same images), each resample draws the
+images (shared by every run) and, independently, k runs of A and k' runs of B with replacement;
+the statistic is the mean score of the drawn B runs minus that of the drawn A runs. Its interval
+therefore holds the variance between seeds as well as between images (a two-level bootstrap);
+with one run each it is the paired bootstrap above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from pycocoevalcap.bleu.bleu_scorer import cook_refs, cook_test
@@ -44,6 +58,7 @@ class Comparison:
     ci_low: float
     ci_high: float
     p_value: float
+    p_holm: float | None = None
 
     def to_json(self) -> dict[str, float]:
         """The fields as a dict."""
@@ -108,13 +123,74 @@ def compare_statistic(counts: np.ndarray, stats_a: np.ndarray, stats_b: np.ndarr
     Returns:
         :class:`Comparison` (``difference`` is B - A).
     """
-    observed = score(np.stack([stats_a.sum(axis=0), stats_b.sum(axis=0)]))  # (2,)
-    difference = float(observed[1] - observed[0])
-    boot = score(counts @ stats_b) - score(counts @ stats_a)  # (R,)
+    return compare_groups(counts, [stats_a], [stats_b], score)
+
+
+def run_draws(runs: int, resamples: int, seed: int, group: int) -> np.ndarray:
+    """(R, runs) indices of the runs drawn, with replacement, in each resample of one group of runs.
+
+    Drawn from their own generator (``seed``, ``group``), so that the images' resampling is the
+    same whatever the number of runs; one run is always drawn as itself.
+    """
+    return np.random.default_rng([seed, group + 1]).integers(0, runs, size=(resamples, runs))
+
+
+def compare_groups(counts: np.ndarray, stats_a: Sequence[np.ndarray], stats_b: Sequence[np.ndarray],
+                   score: Callable[[np.ndarray], np.ndarray], seed: int = 0) -> Comparison:
+    """Bootstrap of one metric between k runs of A and k' runs of B on the same N images.
+
+    Args:
+        counts: (R, N) :func:`resample_counts`, shared by every run.
+        stats_a, stats_b: k and k' arrays (N, K) of per-image statistics, one per run.
+        score: (M, K) summed statistics -> (M,) the metric over M image sets (NaN where undefined,
+            e.g. a ratio whose resample holds no mention; such resamples are left out).
+        seed: seeds the draws of runs (see the module docstring).
+    Returns:
+        :class:`Comparison`: ``a``, ``b`` the mean score of each group's runs; ``difference`` B - A;
+        the interval and p-value from resamples of images and runs together.
+    """
+    sides = []
+    for group, runs in enumerate((stats_a, stats_b)):
+        observed = score(np.stack([stats.sum(axis=0) for stats in runs]))  # (k,) each run's score
+        boot = np.stack([score(counts @ stats) for stats in runs], axis=1)  # (R, k)
+        drawn = run_draws(len(runs), len(counts), seed, group)  # (R, k)
+        sides.append((float(np.mean(observed)), np.take_along_axis(boot, drawn, axis=1).mean(axis=1)))  # (R,)
+    (score_a, boot_a), (score_b, boot_b) = sides
+    difference = score_b - score_a
+    boot = boot_b - boot_a  # (R,)
+    boot = boot[np.isfinite(boot)]
+    if not np.isfinite(difference) or len(boot) == 0:
+        nan = float("nan")
+        return Comparison(score_a, score_b, difference, nan, nan, nan)
     low, high = np.percentile(boot, [2.5, 97.5])
     extreme = np.count_nonzero(np.abs(boot - difference) >= abs(difference) - _RESOLUTION)
-    return Comparison(float(observed[0]), float(observed[1]), difference, float(low), float(high),
-                      float((1 + extreme) / (len(boot) + 1)))
+    return Comparison(score_a, score_b, difference, float(low), float(high), float((1 + extreme) / (len(boot) + 1)))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of m p-values tested together (NaN stays NaN and is not counted).
+
+    The i-th smallest of the m p-values is multiplied by m - i + 1 (i from 1), then made
+    non-decreasing in that order and capped at 1: reject where the adjusted value is below 0.05.
+
+    Args:
+        p_values: (m,) p-values.
+    Returns:
+        (m,) adjusted p-values, in the input order.
+    """
+    values = np.asarray(p_values, dtype=np.float64)
+    finite = np.flatnonzero(np.isfinite(values))
+    adjusted = np.full(len(values), np.nan)
+    order = finite[np.argsort(values[finite], kind="stable")]
+    scaled = values[order] * (len(order) - np.arange(len(order)))
+    adjusted[order] = np.minimum(np.maximum.accumulate(scaled), 1.0)
+    return adjusted.tolist()
+
+
+def ratio_score(sums: np.ndarray) -> np.ndarray:
+    """(M, 2) summed (numerator, count) -> (M,) their ratio, NaN where the count is 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(sums[:, 1] > 0, sums[:, 0] / np.where(sums[:, 1] > 0, sums[:, 1], 1.0), np.nan)
 
 
 def mean_score(images: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -124,38 +200,75 @@ def mean_score(images: int) -> Callable[[np.ndarray], np.ndarray]:
 
 def paired_bootstrap(per_image_a: Mapping[str, np.ndarray], per_image_b: Mapping[str, np.ndarray],
                      bleu_a: np.ndarray | None = None, bleu_b: np.ndarray | None = None,
-                     resamples: int = 1000, seed: int = 0) -> dict[str, Comparison]:
-    """Compare two systems on the same N images, metric by metric.
+                     resamples: int = 1000, seed: int = 0,
+                     ratios_a: Mapping[str, np.ndarray] | None = None,
+                     ratios_b: Mapping[str, np.ndarray] | None = None) -> dict[str, Comparison]:
+    """Compare two systems on the same N images, metric by metric, with Holm-adjusted p-values.
 
     Args:
         per_image_a, per_image_b: metric -> (N,) per-image scores (same metrics, same image order).
         bleu_a, bleu_b: (N, 10) :func:`bleu_statistics` for corpus BLEU-1..4, or None.
         resamples: bootstrap resamples R.
         seed: seeds the resampling (the result is a function of the inputs and the seed).
+        ratios_a, ratios_b: metric -> (N, 2) per-image (sum, count) of a ratio metric (grounding,
+            CHAIR): the score of a set of images is the sum over the count.
     Returns:
-        metric -> :class:`Comparison`, BLEU-1..4 first when given.
+        metric -> :class:`Comparison`, BLEU-1..4 first when given, then the per-image metrics, then
+        the ratio metrics.
     """
-    images = len(next(iter(per_image_a.values()))) if per_image_a else len(bleu_a)
+    return group_bootstrap([per_image_a], [per_image_b], None if bleu_a is None else [bleu_a],
+                           None if bleu_b is None else [bleu_b], resamples, seed,
+                           None if ratios_a is None else [ratios_a], None if ratios_b is None else [ratios_b])
+
+
+def group_bootstrap(per_image_a: Sequence[Mapping[str, np.ndarray]], per_image_b: Sequence[Mapping[str, np.ndarray]],
+                    bleu_a: Sequence[np.ndarray] | None = None, bleu_b: Sequence[np.ndarray] | None = None,
+                    resamples: int = 1000, seed: int = 0,
+                    ratios_a: Sequence[Mapping[str, np.ndarray]] | None = None,
+                    ratios_b: Sequence[Mapping[str, np.ndarray]] | None = None) -> dict[str, Comparison]:
+    """Compare k runs of A with k' runs of B on the same N images (see the module docstring).
+
+    Args:
+        per_image_a, per_image_b: one mapping per run, as for :func:`paired_bootstrap` (the metrics
+            of the first run of A are compared).
+        bleu_a, bleu_b: one (N, 10) array per run, or None.
+        ratios_a, ratios_b: one mapping per run, metric -> (N, 2) (sum, count), or None.
+    Returns:
+        metric -> :class:`Comparison` (group means, B - A, interval, p-value, Holm-adjusted p-value).
+    """
+    first = per_image_a[0]
+    images = len(next(iter(first.values()))) if first else len(bleu_a[0])
     counts = resample_counts(images, resamples, seed)
     result: dict[str, Comparison] = {}
+
+    def column(values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64).reshape(images, -1)  # (N, K)
+
     if bleu_a is not None and bleu_b is not None:
         for order in range(1, BLEU_ORDERS + 1):
-            result[f"BLEU-{order}"] = compare_statistic(counts, bleu_a, bleu_b,
-                                                        lambda sums, n=order: corpus_bleu(sums, n))
-    for metric, values in per_image_a.items():
-        result[metric] = compare_statistic(counts, np.asarray(values, dtype=np.float64)[:, None],
-                                           np.asarray(per_image_b[metric], dtype=np.float64)[:, None],
-                                           mean_score(images))
-    return result
+            result[f"BLEU-{order}"] = compare_groups(counts, bleu_a, bleu_b,
+                                                     lambda sums, n=order: corpus_bleu(sums, n), seed)
+    for metric in first:
+        result[metric] = compare_groups(counts, [column(run[metric]) for run in per_image_a],
+                                        [column(run[metric]) for run in per_image_b], mean_score(images), seed)
+    for metric in (ratios_a or [{}])[0]:
+        result[metric] = compare_groups(counts, [column(run[metric]) for run in ratios_a],
+                                        [column(run[metric]) for run in ratios_b], ratio_score, seed)
+    adjusted = holm([c.p_value for c in result.values()])
+    return {metric: replace(c, p_holm=p) for (metric, c), p in zip(result.items(), adjusted)}
 
 
 def comparison_table(comparisons: Mapping[str, Comparison], names: tuple[str, str] = ("A", "B")) -> str:
-    """A console table: each metric's two scores, B - A with its 95% interval, and the p-value (x100)."""
+    """A console table: each metric's two scores, B - A with its 95% interval, the p-value and the
+    Holm-adjusted p-value (scores x100; columns as wide as the names)."""
     width = max([len("metric"), *map(len, comparisons)])
-    header = (f"{'metric':<{width}}  {names[0][:9]:>9}  {names[1][:9]:>9}  {'B - A':>8}  "
-              f"{'95% interval':>20}  {'p':>6}")
+    a_width, b_width = (max(9, len(name)) for name in names)
+    header = (f"{'metric':<{width}}  {names[0]:>{a_width}}  {names[1]:>{b_width}}  {'B - A':>8}  "
+              f"{'95% interval':>20}  {'p':>6}  {'p Holm':>6}")
     lines = [header, "-" * len(header)]
     for metric, c in comparisons.items():
-        lines.append(f"{metric:<{width}}  {100 * c.a:9.2f}  {100 * c.b:9.2f}  {100 * c.difference:+8.2f}  "
-                     f"[{100 * c.ci_low:+8.2f}, {100 * c.ci_high:+8.2f}]  {c.p_value:6.4f}")
+        holm_text = "" if c.p_holm is None else f"{c.p_holm:6.4f}"
+        lines.append(f"{metric:<{width}}  {100 * c.a:{a_width}.2f}  {100 * c.b:{b_width}.2f}  "
+                     f"{100 * c.difference:+8.2f}  [{100 * c.ci_low:+8.2f}, {100 * c.ci_high:+8.2f}]  "
+                     f"{c.p_value:6.4f}  {holm_text:>6}")
     return "\n".join(lines)

@@ -49,14 +49,22 @@ class ShowAttendTellDecoder(CaptionDecoder):
         hidden_dim: H, LSTM size.
         gate: ``scalar`` (beta_t, the paper), ``channel`` (one gate per context channel) or ``none``.
         deep_output: equation 7 when True; a linear layer over dropout(h_t) when False.
-        dropout: dropout before the output layer.
+        dropout: dropout before the output layer (and after each extra initial-state layer).
+        init_layers: layers of the initial-state MLP: 1 (h_0 = tanh(W mean a), as the paper
+            writes it) or more, each extra one a C -> C ReLU layer with dropout before the two
+            tanh layers (the authors' COCO script uses 2).
+        output_tanh: tanh over equation 7's sum before the output layer, as the authors' code
+            does (the paper prints none); deep output only.
     """
 
     input_weight = "init_h.weight"
 
     def __init__(self, vocab_size: int, annotation_dim: int, attention: Attention, embed_dim: int = 512,
-                 hidden_dim: int = 512, gate: str = "scalar", deep_output: bool = True, dropout: float = 0.5):
+                 hidden_dim: int = 512, gate: str = "scalar", deep_output: bool = True, dropout: float = 0.5,
+                 init_layers: int = 1, output_tanh: bool = False):
         super().__init__()
+        if output_tanh and not deep_output:
+            raise ValueError("output_tanh needs the deep output")
         self.vocab_size = vocab_size
         self.annotation_dim = annotation_dim
         self.hidden_dim = hidden_dim
@@ -64,6 +72,10 @@ class ShowAttendTellDecoder(CaptionDecoder):
         self.attention_heads = attention.num_heads
         context_dim = attention.context_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
+        # Extra layers of the authors' initial-state MLP, shared by h_0 and c_0 (none by default).
+        self.init_mlp = nn.Sequential(*[
+            nn.Sequential(nn.Linear(annotation_dim, annotation_dim), nn.ReLU(), nn.Dropout(dropout))
+            for _ in range(init_layers - 1)])
         self.init_h = nn.Linear(annotation_dim, hidden_dim)
         self.init_c = nn.Linear(annotation_dim, hidden_dim)
         gate_dims = {"scalar": 1, "channel": context_dim, "none": 0}
@@ -74,6 +86,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         self.recurrent_to_gates = nn.Linear(context_dim + hidden_dim, 4 * hidden_dim, bias=False)
         self.dropout = nn.Dropout(dropout)
         self.deep_output = deep_output
+        self.output_tanh = output_tanh
         if deep_output:
             self.hidden_to_out = nn.Linear(hidden_dim, embed_dim)  # L_h
             self.context_to_out = nn.Linear(context_dim, embed_dim, bias=False)  # L_z
@@ -95,7 +108,8 @@ class ShowAttendTellDecoder(CaptionDecoder):
                                     config.activation, config.num_heads)
         kwargs = {"vocab_size": vocab_size, "annotation_dim": annotation_dim, "attention": attention,
                   "embed_dim": config.embed_dim, "hidden_dim": config.hidden_dim, "gate": config.gate,
-                  "deep_output": config.deep_output, "dropout": config.dropout}
+                  "deep_output": config.deep_output, "dropout": config.dropout,
+                  "init_layers": config.init_layers, "output_tanh": config.output_tanh}
         if config.attention == "hard":
             return HardAttentionDecoder(**kwargs, expected_prob=config.hard_expected_prob,
                                         baseline_decay=config.hard_baseline_decay)
@@ -117,7 +131,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
 
     def init_state(self, annotations: Tensor) -> DecoderState:
         """h_0, c_0 = tanh(MLP(mean_i a_i)), each (B, H)."""
-        mean = annotations.mean(dim=1)  # (B, C)
+        mean = self.init_mlp(annotations.mean(dim=1))  # (B, C)
         return DecoderState(torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean)))
 
     # ----------------------------------------------------------------- the recurrence
@@ -151,7 +165,8 @@ class ShowAttendTellDecoder(CaptionDecoder):
         Only the deep output reads ``embedded`` and ``context``; they may be None without it.
         """
         if self.deep_output:
-            return self.out(self.dropout(embedded + self.hidden_to_out(hidden) + self.context_to_out(context)))
+            deep = embedded + self.hidden_to_out(hidden) + self.context_to_out(context)  # (..., m)
+            return self.out(self.dropout(torch.tanh(deep) if self.output_tanh else deep))
         return self.out(self.dropout(hidden))
 
     def step(self, prepared: Prepared, tokens: Tensor, state: DecoderState) -> StepOutput:

@@ -28,7 +28,7 @@ FORMAT = "captioning-checkpoint"
 VERSION = 1
 
 
-__all__ = ["CheckpointError", "atomic_write", "check_state_fits", "checkpoint_config", "load_checkpoint",
+__all__ = ["CheckpointError", "atomic_write", "check_payload", "check_state_fits", "checkpoint_config", "load_checkpoint",
            "load_state_checked", "rng_state", "save_checkpoint", "set_rng_state"]
 
 
@@ -141,6 +141,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError) as error:
         detail = _first_sentence(str(error)) or type(error).__name__
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({detail})") from None
+    check_payload(payload, path)
+    return payload
+
+
+def check_payload(payload: Any, path: str | Path) -> None:
+    """Refuse a checkpoint payload (or a model folder's, ``captioning.pretrained``) of another layout,
+    or whose weights are not all finite tensors.
+
+    Raises:
+        CheckpointError: one line naming ``path``.
+    """
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a captioning checkpoint")
     if payload.get("version") != VERSION:
@@ -155,7 +166,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                                   f"got {type(payload[key]).__name__}")
     for section in ("decoder", "encoder"):
         _check_weights(payload.get(section) or {}, section, path)
-    return payload
 
 
 def _check_crc(path: Path) -> None:
@@ -177,6 +187,9 @@ def _check_weights(state: dict, section: str, path: Path) -> None:
         if not isinstance(name, str) or not isinstance(value, torch.Tensor):
             raise CheckpointError(f"{path}: {section} weights: entry {name!r} is not a tensor "
                                   f"({type(value).__name__})")
+        if value.layout != torch.strided or value.is_quantized:  # torch's own messages run to kilobytes
+            raise CheckpointError(f"{path}: {section} weights: {name} is a {str(value.layout).removeprefix('torch.')} "
+                                  f"{'quantized ' * value.is_quantized}tensor; a checkpoint holds dense tensors")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise CheckpointError(f"{path}: {section} weights: {name} holds NaN or infinite values")
 
@@ -202,11 +215,17 @@ def _unpickling_detail(error: pickle.UnpicklingError) -> str:
 
 
 def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") -> tuple[Config, Vocabulary]:
-    """The configuration and vocabulary stored in a loaded checkpoint."""
+    """The configuration and vocabulary stored in a loaded checkpoint (its encoder one this code builds)."""
+    from captioning.models.encoders import ENCODERS
+
     try:
-        return from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
+        config, vocab = from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
     except (ConfigError, VocabularyError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"{path}: invalid stored configuration or vocabulary ({error})") from None
+    if config.model.encoder.name not in ENCODERS:
+        raise CheckpointError(f"{path}: stored model.encoder.name {config.model.encoder.name!r:.60} is not an "
+                              f"encoder of this code ({', '.join(sorted(ENCODERS))})")
+    return config, vocab
 
 
 def load_state_checked(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path) -> None:

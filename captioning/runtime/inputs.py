@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from captioning.config import Config
+from captioning.config import Config, DataConfig
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import DatasetError, ImageRecord
@@ -53,11 +53,13 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
     return CaptionDataset(records, transform=model.encoder.transform, **common)
 
 
-def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[str]) -> Counter[str]:
+def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[str], source: str = "") -> Counter[str]:
     """Images per split, after checking that every split in ``needed`` has some.
 
+    Args:
+        source: the files the records were read from (``data_source``), named first in the message.
     Raises:
-        DatasetError: naming the empty split and the splits there are.
+        DatasetError: naming the files, the empty split and the splits there are.
     """
     counts = Counter(record.split for record in records)
     for split in needed:
@@ -65,5 +67,16 @@ def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[
             have = ", ".join(f"{name or '(none)'} {count}" for name, count in sorted(counts.items())) or "no images"
             hint = ("; train.py scores the test split after training: give data with one, or pass --no-test"
                     if split == "test" else "")
-            raise DatasetError(f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}")
+            raise DatasetError(f"{source}: " * bool(source) +
+                               f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}")
     return counts
+
+
+def data_source(config: DataConfig) -> str:
+    """The files (or folder) a dataset's records are read from, for messages: the Karpathy split file,
+    the COCO annotation files, the image folder, Shapes' root."""
+    if config.dataset == "karpathy" and config.split_file:
+        return str(config.split_file)
+    if config.dataset == "coco" and config.annotations:
+        return ", ".join(map(str, [*([config.split_file] if config.split_file else []), *config.annotations]))
+    return str(config.root)

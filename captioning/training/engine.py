@@ -20,6 +20,10 @@ from captioning.runtime.device import autocast
 from captioning.runtime.inference import annotations_of, move
 from captioning.training.losses import LossTerms, caption_loss, hard_attention_loss
 
+# The self-critical reward: (image ids (N,), captions as token ids without <end> (N,), whether each
+# one ended with <end> (N,)) -> (N,) rewards. The trainer's maps ids to words for CiderDReward.
+Rewarder = Callable[[Sequence[int], list[list[int]], list[bool]], np.ndarray]
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss or the gradient became NaN or infinite; nothing was written."""
@@ -38,6 +42,10 @@ class TrainState:
     epochs_without_improvement: int = 0
     skipped_batches: int = 0
     history: list[dict] = field(default_factory=list)  # one dict of numbers per finished epoch
+    # Sums of the epoch in progress's step numbers (loss ...) and its steps: a run resumed mid-epoch
+    # reports the mean of the whole epoch, not of the batches after the resume.
+    epoch_sums: dict[str, float] = field(default_factory=dict)
+    epoch_steps: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -111,13 +119,13 @@ def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Opt
     return True
 
 
-def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, decode_config: DecodeConfig,
+def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainConfig, decode_config: DecodeConfig,
               world_size: int = 1) -> tuple[Tensor, dict]:
     """Self-critical loss of one batch (Rennie et al. 2017).
 
-    ``scst_samples`` captions are sampled per image; each one's advantage is its CIDEr-D minus a
-    baseline: the greedy caption's CIDEr-D (``greedy``) or the mean of the other samples
-    (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all
+    ``scst_samples`` captions are sampled per image; each one's advantage is its reward (the
+    trainer's: :class:`captioning.training.rewards.CiderDReward`, told which captions ended) minus a
+    baseline: the greedy caption's reward (``greedy``) or the mean of the other samples (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all
     processes, divided by ``world_size``, so that averaged gradients equal one process's).
 
     Rollouts obey the constraints that validation decoding obeys (``decode_config.max_length``,
@@ -138,14 +146,15 @@ def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, deco
               "forbid_unk": decode_config.forbid_unk}
     sampled = rollout(decoder, annotations, sampler(), repeats=n, **limits)
     sample_words = [row[:length].tolist() for row, length in zip(sampled.tokens, sampled.lengths.tolist())]
-    rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words).reshape(len(image_ids), n)
+    rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words,
+                       sampled.finished.tolist()).reshape(len(image_ids), n)
     if config.scst_baseline == "greedy":
         decoder.eval()
         with torch.no_grad():
             greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), **limits)
         decoder.train()
         greedy_words = [row[:length].tolist() for row, length in zip(greedy.tokens, greedy.lengths.tolist())]
-        baseline = rewarder(image_ids, greedy_words)[:, None]
+        baseline = rewarder(image_ids, greedy_words, greedy.finished.tolist())[:, None]
     else:
         baseline = (rewards.sum(1, keepdims=True) - rewards) / (n - 1)
     advantage = torch.as_tensor(rewards - baseline, dtype=torch.float32, device=annotations.device).view(-1)
@@ -162,7 +171,7 @@ def scst_loss(model: Captioner, batch: dict, rewarder, config: TrainConfig, deco
 
 def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.optim.Optimizer,
                     config: TrainConfig, state: TrainState, device: torch.device, *, decoder_config: DecoderConfig,
-                    decode_config: DecodeConfig | None = None, rewarder=None,
+                    decode_config: DecodeConfig | None = None, rewarder: Rewarder | None = None,
                     scaler: torch.amp.GradScaler | None = None, on_step=None, world_size: int = 1,
                     progress: bool = True, stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """One pass over ``loader``; calls ``on_step(state, numbers)`` after each optimisation step.
@@ -172,7 +181,8 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
     ends the pass early when it returns True; with several processes it must be a collective call,
     so that all of them stop at the same step.
 
-    Returns mean loss (and reward for SCST) over the batches that were not skipped.
+    Returns mean loss (and reward for SCST) over the epoch's batches that were not skipped, those
+    before a mid-epoch resume included (``state.epoch_sums``).
     """
     model.train()
     # DistributedDataParallel averages the gradients of the wrapped decoder's forward pass; the
@@ -180,8 +190,8 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
     by_hand = [p for p in model.encoder.parameters() if p.requires_grad]
     if state.stage == "scst":
         by_hand += list(distributed.unwrap(model.decoder).parameters())
-    totals: dict[str, float] = {}
-    done = 0
+    if state.batch_in_epoch == 0:  # a new epoch; else one resumed mid-way, whose sums come from the checkpoint
+        state.epoch_sums, state.epoch_steps = {}, 0
     bar = tqdm(loader, desc=f"{state.stage} epoch {state.epoch + 1}", leave=False, disable=not progress,
                dynamic_ncols=True, unit="batch")
     for batch in bar:
@@ -205,9 +215,9 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
             continue
         state.global_step += 1
         numbers["loss"] = float(loss.detach())
-        done += 1
+        state.epoch_steps += 1
         for key, value in numbers.items():
-            totals[key] = totals.get(key, 0.0) + value
+            state.epoch_sums[key] = state.epoch_sums.get(key, 0.0) + value
         bar.set_postfix(loss=f"{numbers['loss']:.3f}")
         if on_step is not None:
             on_step(state, numbers)
@@ -215,6 +225,6 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
             break
         if stop is not None and stop():
             break
-    return {key: value / max(done, 1) for key, value in totals.items()}
+    return {key: value / max(state.epoch_steps, 1) for key, value in state.epoch_sums.items()}
 
 

@@ -63,14 +63,28 @@ def cosine_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+# A warm-up takes at most this fraction of the cross-entropy stage: a configuration's warm-up (20,000
+# steps in configs/coco_transformer.yaml) would otherwise swallow a short first run whole.
+MAX_WARMUP_FRACTION = 0.25
+
+
+def warmup_for(warmup_steps: int, stage_steps: int) -> int:
+    """The warm-up a schedule uses: ``warmup_steps``, clipped to ``MAX_WARMUP_FRACTION`` of the
+    ``stage_steps`` optimisation steps of the cross-entropy stage (at least 1; 0 steps: no clipping)."""
+    if stage_steps <= 0:
+        return warmup_steps
+    return min(warmup_steps, max(1, int(stage_steps * MAX_WARMUP_FRACTION)))
+
+
 def scheduler_for(optimizer: torch.optim.Optimizer, config: Config, stage: str = "xe", total_steps: int = 0):
     """The learning-rate schedule ``train.schedule`` names (None for ``none``).
 
     ``noam`` and ``cosine`` step per batch and shape the cross-entropy stage only: the
     self-critical stage fine-tunes at a constant ``train.scst_lr``, as the Transformer captioners
-    do. ``cosine`` spreads its decay over ``total_steps``, the cross-entropy stage's steps.
+    do. ``cosine`` spreads its decay over ``total_steps``, the cross-entropy stage's steps; both
+    warm up over ``warmup_for(train.warmup_steps, total_steps)`` steps.
     """
-    warmup = config.train.warmup_steps
+    warmup = warmup_for(config.train.warmup_steps, total_steps)
     builders = {
         "noam": lambda: (torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup))
                          if stage == "xe" else None),

@@ -30,7 +30,7 @@ from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.plan import STAGE_NAMES
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's two moment estimates, one per parameter
-COUNTERS = ("epoch", "batch_in_epoch", "global_step", "epochs_without_improvement", "skipped_batches")
+COUNTERS = ("epoch", "batch_in_epoch", "global_step", "epochs_without_improvement", "skipped_batches", "epoch_steps")
 
 
 def _refuse(path: str | Path, entry: str, what: str) -> CheckpointError:
@@ -107,6 +107,8 @@ def _check_state(state: dict, path: str | Path) -> None:
     history = state.get("history", [])
     if not isinstance(history, list) or not all(isinstance(item, dict) for item in history):
         raise _refuse(path, "training.state.history", "must be a list of mappings")
+    for key, value in _mapping(state.get("epoch_sums", {}), path, "training.state.epoch_sums").items():
+        _finite_number(value, path, f"training.state.epoch_sums.{key}")
 
 
 def _check_group(group: Any, path: str | Path, entry: str) -> None:

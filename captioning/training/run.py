@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from captioning.config import Config, to_dict
-from captioning.config_files import config_json, load_config, save_config
+from captioning.config_files import save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
+from captioning.decoding import check_decoding_fits
 from captioning.models.captioner import Captioner
-from captioning.run_folder import CHECKPOINTS, RunLock, remove_project_outputs
+from captioning.run_folder import (
+    CHECKPOINTS,
+    RunLock,
+    check_output_folder,
+)
 from captioning.runtime import distributed
 from captioning.runtime.checkpoint import (
     CheckpointError,
@@ -26,9 +34,23 @@ from captioning.runtime.checkpoint import (
     load_checkpoint,
 )
 from captioning.runtime.device import amp_dtype, resolve_device, seed_everything
-from captioning.runtime.inputs import caption_dataset, check_splits, uses_cache
+from captioning.runtime.inputs import (
+    caption_dataset,
+    check_splits,
+    data_source,
+    feature_cache_dir,
+    uses_cache,
+)
+from captioning.training.claim import auto_resume_point, claim_output_dir, remove_outputs
+from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState
-from captioning.training.plan import check_images_exist, check_schedule, describe_plan
+from captioning.training.plan import (
+    check_images_exist,
+    describe_cache_plan,
+    describe_plan,
+    resumed_length,
+    warmup_note,
+)
 from captioning.training.resume_state import check_training_entries, check_training_fits
 from captioning.training.trainer import Trainer, check_resumable
 
@@ -44,6 +66,7 @@ class RunOutputs:
     test_scores: dict | None = None
     state: TrainState | None = None
     lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
+    caption_warning: str | None = None  # the last captions were mostly empty or the same (degenerate_captions)
 
 
 def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,
@@ -66,21 +89,26 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     """
     records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
-    counts = check_splits(records, config.data.dataset, needed)
-    check_schedule(config, counts["train"])
+    counts = check_splits(records, config.data.dataset, needed, data_source(config.data))
     check_images_exist([r for r in records if r.split in needed], config.data.skip_bad_images)
     train_records = records_of_split(records, "train")
     if resume is not None:
         payload = load_checkpoint(resume)
-        stored, vocab = checkpoint_config(payload, resume)
-        state, epochs = (payload.get("training") or {}).get("state"), stored.train.epochs
+        _, vocab = checkpoint_config(payload, resume)
+        state = (payload.get("training") or {}).get("state")
     else:
         vocab = build_vocabulary(train_records, config.data.min_word_count)
-        state, epochs = None, None
+        state = None
     if group.is_main:
-        print(describe_plan(config, counts, state, test, epochs), flush=True)
+        cache_dir = feature_cache_dir(config, Path(config.train.output_dir)) if uses_cache(config) else None
+        print(describe_plan(config, counts, state, test, cache_dir), flush=True)
+        note = warmup_note(config, counts["train"])
+        if note:
+            print(note, flush=True)
     model = Captioner.build(config.model, vocab).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
+    validated = min(config.train.val_images or counts["val"], counts["val"])  # decoded after every epoch
+    check_decoding_fits(config.decode, len(vocab), model.grid[0] * model.grid[1], validated, device)
     return records, model
 
 
@@ -105,7 +133,6 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
             runs), is unreadable, has no training state or a damaged one, or was trained under another
             configuration.
     """
-    from captioning.training.trainer import check_resumable
 
     if Path(os.path.abspath(resume)).parent != Path(os.path.abspath(output_dir)) / CHECKPOINTS:
         raise CheckpointError(f"{resume}: --resume continues a run in its own folder, but this run writes to "
@@ -130,6 +157,9 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     (``folder`` datasets), so it holds the run folder's lock as a training run does: it is refused
     while a run uses the folder, and a run is refused while it caches.
 
+    It prints its plan (``describe_cache_plan``) once the inputs are checked, and says which splits'
+    features were already cached.
+
     Returns:
         Every file or folder written, by what it is, and the held lock (``cache_only`` drops it).
     """
@@ -137,7 +167,9 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
     output_dir = Path(config.train.output_dir)
+    check_output_folder(output_dir, "train.output_dir")
     RunLock(output_dir).check_free()
+    say_if_busy(device)
     # As a training run's rank 0 is seeded before it builds the model: random encoder weights
     # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
     seed_everything(config.train.seed, config.train.deterministic)
@@ -145,6 +177,10 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
+    by_split = {split: [r for r in records_of_split(records, split) if r.captions] for split in ("train", "val", "test")}
+    print(describe_cache_plan(Counter({split: len(items) for split, items in by_split.items()}), model.encoder.name,
+                              model.encoder.grid, model.encoder.channels, feature_cache_dir(config, output_dir)),
+          flush=True)
     output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
     lock = RunLock(output_dir).acquire()
     try:  # caching that fails lets go of the folder, as a failed run does
@@ -152,68 +188,21 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
         index = records_dir(config.data)
         if config.data.dataset in INDEXED_READERS and index.is_dir():
             written["dataset index"] = index
-        for split in ("train", "val", "test"):
-            split_records = [r for r in records_of_split(records, split) if r.captions]
+        for split, split_records in by_split.items():
             if split_records:
-                dataset = caption_dataset(split_records, model, config, device, Path(config.train.output_dir),
-                                          progress, 1)
-                written[f"{split} features"] = Path(dataset.features.path)
+                features = caption_dataset(split_records, model, config, device, output_dir, progress, 1).features
+                if features.computed:
+                    written[f"{split} features"] = Path(features.path)
+                else:  # an existing cache is not listed as written
+                    print(f"{split} features: already cached in {features.path}, nothing computed", flush=True)
     except BaseException:
         lock.release()
         raise
     return written, lock
 
 
-def _claim_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """A new run must not mix with an earlier run's outputs in the same folder (rank 0, holding the lock).
-
-    Without ``train.overwrite`` a folder holding an earlier run's checkpoints is refused (its best
-    checkpoint would otherwise be scored as this run's); with it, or when there are no checkpoints,
-    every file the project writes in a run folder (``run_folder.RUN_OUTPUTS``) is deleted first:
-    scores, results, figures and the report of the earlier run go too, the user's own files stay.
-    """
-    earlier = sorted((output_dir / CHECKPOINTS).glob("*.pt"))
-    if earlier and not overwrite:
-        raise CheckpointError(f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
-                              "continue it with --resume, replace it with --set train.overwrite=true, or choose "
-                              "another --output-dir")
-    _remove_outputs(output_dir, "overwrite: deleted the earlier run's {count} files in " + str(output_dir))
-
-
-def _remove_outputs(output_dir: Path, message: str) -> None:
-    """Delete every file the project writes in a run folder (rank 0, holding the lock)."""
-    removed = remove_project_outputs(output_dir)
-    if removed:
-        print(message.replace("{count}", str(len(removed))), flush=True)
-
-
-def _auto_resume_point(config: Config, output_dir: Path,
-                       group: distributed.ProcessGroup) -> tuple[Path | None, bool]:
-    """``--resume auto``: the folder's ``last.pt`` when there is one, else None (a new run).
-
-    Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
-    failure or a preemption: it continues from the last checkpoint, or starts over when the launch
-    before wrote none. What such a launch left behind (its config.yaml, step log, TensorBoard events,
-    a best.pt written just before it died) is to be cleared then, provided its config.yaml holds this
-    configuration; a different one is refused as ``--resume`` refuses a changed configuration. Rank 0
-    looks and every rank follows its answer. Nothing is written here.
-
-    Returns:
-        (the checkpoint to resume or None, whether an earlier launch's outputs are to be cleared).
-    Raises:
-        CheckpointError: the folder's configuration differs.
-    """
-    last, stored = output_dir / CHECKPOINTS / "last.pt", output_dir / "config.yaml"
-    has_last, has_config = distributed.broadcast_object((last.is_file(), stored.is_file()) if group.is_main else None)
-    if has_last:
-        return last, False
-    if not has_config:
-        return None, False
-    check_resumable(load_config(stored), config, "xe", stored)
-    return None, True
-
-
-def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False) -> RunOutputs:
+def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False,
+          length_given: Collection[str] | None = None) -> RunOutputs:
     """Train as configured; returns what was written where.
 
     Args:
@@ -222,6 +211,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             last.pt when there is one, else a new run (also ``train.resume: auto``); None for a
             new run.
         test: the test split is scored after training, so it must have images (checked first).
+        length_given: the length keys (``train.epochs``, ``train.scst_epochs``) the command line set;
+            a resumed run takes the others from its checkpoint (``plan.resumed_length``). None: the
+            configuration's own are meant.
     """
     device = resolve_device(config.train.device)
     amp_dtype(device, config.train.amp)  # fp16 on CPU is refused before anything is read or written
@@ -232,18 +224,25 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     seed_everything(config.train.seed + group.rank, config.train.deterministic)
     output_dir = Path(config.train.output_dir)
     if group.is_main:  # a run already using the folder refuses this one before any data are read
+        check_output_folder(output_dir, "train.output_dir")
         RunLock(output_dir).check_free()
+        say_if_busy(device)
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
     start_over = False  # --resume auto after a launch that wrote no checkpoint
     auto = resume == AUTO
     if auto:
-        resume, start_over = _auto_resume_point(config, output_dir, group)
+        resume, start_over = auto_resume_point(config, output_dir, group)
     else:
         resume = Path(resume) if resume is not None else None
     stored = None
     if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
         stored = check_resume(config, output_dir, resume)
+        if length_given is not None:
+            config, note = resumed_length(config, checkpoint_config(stored, resume)[0], length_given,
+                                          stored["training"]["state"].get("stage", "xe"))
+            if note and group.is_main:
+                print(note, flush=True)
     if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
         distributed.barrier()
     records, model = build_run_model(config, resume, device, group, test)
@@ -251,18 +250,18 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         check_training_fits(stored, stored["training"], model, config, resume)
         del stored  # the weights and moments are loaded again, by the trainer
     outputs = RunOutputs(output_dir)
+    new_folder = not output_dir.exists()
     try:  # a run that fails lets go of the folder: a later run in this process may use it
         if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
             output_dir.mkdir(parents=True, exist_ok=True)
             outputs.lock = RunLock(output_dir).acquire()
             if start_over:
-                _remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+                remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
                                             "(deleted the {count} files an earlier launch left)")
             elif resume is None:
-                _claim_output_dir(output_dir, config.train.overwrite)
+                claim_output_dir(output_dir, config.train.overwrite)
                 if auto:
                     print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
-            print(f"configuration: {config_json(config)}", flush=True)
             # Atomic: a relaunch with --resume auto reads it back.
             atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
             outputs.files["configuration"] = output_dir / "config.yaml"
@@ -294,6 +293,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
                       f"step {trainer.state.global_step}", flush=True)
         try:
             outputs.state = trainer.fit()
+            outputs.caption_warning = trainer.caption_warning
         finally:
             if trainer.writer is not None:
                 trainer.writer.close()
@@ -311,7 +311,10 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             outputs.files["epoch history"] = history
     except BaseException:
         if outputs.lock is not None:
-            outputs.lock.release()
+            outputs.lock.release(failed=True)
+        if new_folder and group.is_main:
+            with contextlib.suppress(OSError):
+                output_dir.rmdir()  # a folder this run made and left empty (a full disk) is not left behind
         raise
     distributed.barrier()
     return outputs

@@ -15,7 +15,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from captioning.config import PER_STEP_SCHEDULES, Config, to_dict
 from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
-from captioning.evaluation.metrics import CiderDScorer, score_captions
+from captioning.evaluation.degenerate import degenerate_captions
+from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
 from captioning.runtime import distributed
 from captioning.runtime.checkpoint import (
@@ -29,9 +30,11 @@ from captioning.runtime.checkpoint import (
     set_rng_state,
 )
 from captioning.runtime.inference import EpochBatches, generate_captions
+from captioning.text import detokenize
 from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.engine import TrainState, steps_per_epoch, train_one_epoch
 from captioning.training.optim import optimizer_for, scheduler_for
+from captioning.training.rewards import CiderDReward
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
 
 
@@ -60,23 +63,26 @@ def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, de
 
 def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
                       progress: bool, group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
-                      ) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]]]:
+                      ) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]], str | None]:
     """Decode the validation images for real and score them (CIDEr-D, BLEU-4 ...; no Java needed).
+
+    Returns the scores, three (image id, caption, references) examples, and a warning line when
+    the captions are mostly empty or the same (``degenerate_captions``), else None.
 
     With several processes the images are shared out, the captions gathered and scored on rank 0,
     and its scores given to every process (they all take the same schedule and stopping decisions).
     """
     triples = decode_records(model, dataset, config, device, config.train.val_images, progress, "validating", group)
-    mine = [(index, image_id, " ".join(caption.words(model.vocab))) for index, image_id, caption in triples]
+    mine = [(index, image_id, detokenize(caption.words(model.vocab))) for index, image_id, caption in triples]
     gathered = distributed.gather_to_main(mine, group)
     result = None
     if gathered is not None:
         decoded = sorted(item for part in gathered for item in part)  # dataset order, as one process has it
         candidates = {image_id: caption for _, image_id, caption in decoded}
         references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in decoded}
-        scores = score_captions(references, candidates, use_java=False)
+        scores = score_captions(references, candidates, use_java=False, tokenizer=config.data.tokenizer)
         examples = [(image_id, caption, references[image_id][:1]) for _, image_id, caption in decoded[:3]]
-        result = (scores.overall, examples)
+        result = (scores.overall, examples, degenerate_captions(list(candidates.values()), "validation"))
     return distributed.broadcast_object(result) if group.world_size > 1 else result
 
 
@@ -87,9 +93,11 @@ RESUMABLE_KEYS = frozenset([
     "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
     "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
     "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
-    "data.annotations", "data.instances", "data.num_workers", "data.use_cache", "data.skip_bad_images", "train.resume",
+    "data.annotations", "data.instances", "data.chair_table", "data.num_workers", "data.use_cache",
+    "data.skip_bad_images", "train.resume",
 ])
-RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline"])
+RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline",
+                                   "train.scst_reward_eos"])
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -145,6 +153,7 @@ class Trainer:
         self.stop = StopRequest(group.world_size, device)
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
         self._step_lr: float | None = None  # the rate the latest step of this process used
+        self.caption_warning: str | None = None  # the latest validation's, when its captions say nothing
         self.average = (WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay
                         else None)
         self._new_stage("xe")
@@ -159,10 +168,10 @@ class Trainer:
         self.scheduler = scheduler_for(self.optimizer, self.config, stage, self._xe_steps)
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
-            scorer = CiderDScorer(references)  # document frequencies once, from the training references
-            vocab = self.model.vocab
-            self.rewarder = lambda ids, token_ids: scorer.scores(ids, [[vocab.itos[t] for t in row if t != vocab.end_id]
-                                                                      for row in token_ids])
+            # document frequencies once, from the training references
+            reward = CiderDReward(references, end_token=train.scst_reward_eos)
+            itos = self.model.vocab.itos
+            self.rewarder = lambda ids, rows, finished: reward(ids, [[itos[t] for t in row] for row in rows], finished)
 
     def _trainable(self) -> dict[str, torch.nn.Parameter]:
         return trainable_parameters({"decoder": distributed.unwrap(self.model.decoder), "encoder": self.model.encoder})
@@ -372,8 +381,8 @@ class Trainer:
             self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
             return
         with self._averaged():
-            scores, examples = validation_scores(self.model, self.val_set, config, self.device, self.progress,
-                                                 self.group)
+            scores, examples, self.caption_warning = validation_scores(
+                self.model, self.val_set, config, self.device, self.progress, self.group)
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
@@ -409,7 +418,8 @@ class Trainer:
                 self.writer.add_scalar(f"epoch/train_{key}", value, state.global_step)
             print(f"[{state.stage}] epoch {state.epoch}: {self._loss_text(numbers)}  "
                   f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
-                  f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else ""), flush=True)
+                  f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else "")
+                  + (f"  {self.caption_warning}" if self.caption_warning else ""), flush=True)
         # Best first, then last: a crash between the two leaves a resumable 'last' of the previous epoch.
         if improved:
             self.checkpoint("best" if state.stage == "xe" else "best_scst")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,16 +15,19 @@ from captioning.config_files import (
     check_overrides,
     load_config,
     parse_overrides,
+    with_data_section,
 )
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
+from captioning.files import output_note
 from captioning.models.base import AttentionView
-from captioning.run_folder import check_output_file, check_output_folder
+from captioning.run_folder import check_output_folder, check_outputs
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
 
 MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
+NORMALIZATIONS = ("figure", "absolute", "word")  # as in captioning.visualization.overlay
 FORMATS = ("png", "pdf", "svg")  # as in captioning.visualization.figures
 
 
@@ -43,15 +46,16 @@ class VisualizationResult:
     figures: list[Path]
     panels: list[int]
     report: Path | None = None
+    notes: dict[Path, str] = field(default_factory=dict)  # what writing each file did there (``output_note``)
 
     def summary(self) -> str:
-        """Each image's caption, then every file written."""
+        """Each image's caption, then every file written (and which replaced an earlier one)."""
         lines = [f"{Path(item.record.path).name}: {' '.join(item.words) or '(empty caption)'}"
                  for item in self.captioned]
         lines.append("wrote:")
-        lines.extend(f"  figure       {path}" for path in self.figures)
+        lines.extend(f"  figure       {path}{self.notes.get(path, '')}" for path in self.figures)
         if self.report is not None:
-            lines.append(f"  HTML report  {self.report}")
+            lines.append(f"  HTML report  {self.report}{self.notes.get(self.report, '')}")
         return "\n".join(lines)
 
 
@@ -67,7 +71,7 @@ def visualization_config(config: Config, data_config: str | Path | None = None, 
         ConfigError: a malformed or non-overridable key, or an invalid value.
     """
     if data_config is not None:
-        config = replace(config, data=load_config(data_config).data)
+        config = with_data_section(config, load_config(data_config).data)
     values: dict[str, Any] = {"decode.strategy": "beam", **parse_overrides(overrides)}
     if beam_size is not None:
         values["decode.beam_size"] = beam_size
@@ -118,7 +122,7 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
                      out_dir: str | Path = "visualizations", mode: str = "bilinear", file_format: str = "png",
                      html: str | Path | None = None, beam_size: int | None = None, device: str = "auto",
                      layer: str | int | None = None, head: str | int | None = None,
-                     progress: bool = True) -> VisualizationResult:
+                     progress: bool = True, normalize: str = "figure", cmap: str = "viridis") -> VisualizationResult:
     """Caption images with a checkpoint and draw one attention figure per image.
 
     Either ``images`` (files of any size, aspect ratio or colour mode) or ``split`` (the first
@@ -137,6 +141,13 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
             (1-based) or ``mean``; by default the mean over the heads of the last layer. The
             figures and the report say which map they show.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        normalize: the colour scale: ``figure`` (every word of a figure on one scale, 0 to its
+            largest weight, with a colour bar), ``absolute`` (0 to 1) or ``word`` (each map to its
+            own peak, the old view: a flat map then looks as hot as a sharp one).
+        cmap: a matplotlib colour map (default viridis, perceptually uniform).
+    With ``split``, each word that names an annotated object of the dataset's instances
+    (``data.instances``; Shapes: its own) has that object's box drawn on its panel.
+
     Raises:
         ImageError: an image is missing or unreadable (one line naming it).
         CheckpointError: the checkpoint is missing or invalid.
@@ -148,18 +159,31 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         raise ValueError(f"--num must be >= 1, got {num}")
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+    import matplotlib
+
+    if cmap not in matplotlib.colormaps:
+        raise ValueError(f"--cmap: unknown matplotlib colour map {cmap!r} (e.g. viridis, magma, jet)")
     if file_format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
     view = attention_view(layer, head)
     check_output_folder(out_dir, "--out-dir")
-    if html is not None:
-        check_output_file(html, "--html")
     paths = [Path(p) for p in images]
+    figures = [("--out-dir", Path(out_dir) / f"{stem}.{file_format}") for stem in _unique_stems(paths)]
+    check_outputs([*([("--html", html)] if html is not None else []), *figures],
+                  [("--checkpoint", checkpoint), *(("IMAGE", path) for path in paths)])
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
-    from captioning.evaluation.runner import caption_records, load_captioner, split_records
+    from captioning.evaluation.runner import (
+        caption_records,
+        default_instances,
+        load_boxes,
+        load_captioner,
+        split_records,
+    )
     from captioning.runtime.device import resolve_device
     from captioning.visualization.report import write_figures, write_report
 
@@ -175,9 +199,11 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
         generate = data_config is not None or "data.root" in parse_overrides(overrides)
         records = split_records(config, split, generate=generate)[:num]
+        boxes = load_boxes(default_instances(config))
         names = None
     else:
         records = [ImageRecord(image_id=k, path=path, split="") for k, path in enumerate(paths, start=1)]
+        boxes = None
         names = _unique_stems(paths)
     # A handful of images: decode them straight from the files rather than building a feature cache.
     decode_from_images = replace(config, data=replace(config.data, use_cache=False))
@@ -185,6 +211,12 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     if names is not None:
         position = {record.image_id: k for k, record in enumerate(records)}
         names = [names[position[item.record.image_id]] for item in captioned]
-    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress, label)
-    report = write_report(captioned, html, model.grid, mode, attention_label=label) if html is not None else None
-    return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report)
+    stems = names if names is not None else [str(item.record.image_id) for item in captioned]
+    notes = {path: output_note(path) for path in [*(Path(out_dir) / f"{stem}.{file_format}" for stem in stems),
+                                                  *([Path(html)] if html is not None else [])]}
+    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress, label,
+                            normalize=normalize, cmap=cmap, boxes=boxes)
+    report = (write_report(captioned, html, model.grid, mode, cmap=cmap, attention_label=label, normalize=normalize,
+                           boxes=boxes) if html is not None else None)
+    return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report,
+                               notes)

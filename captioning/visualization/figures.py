@@ -9,18 +9,31 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from matplotlib import font_manager, rcParams
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colorbar import Colorbar
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from PIL import Image
 from torch import Tensor
 
 from captioning.files import atomic_write
-from captioning.visualization.overlay import blend, display_size, upsample_attention
+from captioning.visualization.overlay import (
+    DEFAULT_CMAP,
+    attention_statistics,
+    colour_map,
+    display_range,
+    display_size,
+    upsample_attention,
+)
 
 FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 
@@ -32,6 +45,26 @@ _TITLE_LINE = 0.2
 _TEXT_LINE = 0.18
 _TITLE_SIZE = 10
 _REFERENCE_SIZE = 9
+_STATS_LINE = 0.2  # the peak/entropy line under each panel
+_STATS_SIZE = 8
+_COLORBAR_WIDTH = 0.12
+_COLORBAR_SPACE = 0.9  # the bar, its ticks and its label, right of the panels
+_BOX_COLOUR = "#ff4d4d"
+_COLORBAR_LABELS = {"figure": "attention weight", "absolute": "attention weight", "word": "share of word's peak"}
+
+Box = tuple[float, float, float, float]  # (x, y, width, height) in pixels, COCO convention
+# Fonts with Chinese, Japanese and Korean glyphs, used (when installed) for the characters the default
+# font lacks: captions of data.tokenizer characters or whitespace are drawn, not shown as empty boxes.
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK KR", "Source Han Sans SC", "WenQuanYi Micro Hei",
+             "WenQuanYi Zen Hei", "Droid Sans Fallback", "AR PL UMing CN")
+
+
+@lru_cache(maxsize=1)
+def font_families() -> tuple[str, ...]:
+    """The fonts figure text is drawn with: matplotlib's default, then each installed ``CJK_FONTS`` font,
+    which matplotlib falls back to glyph by glyph."""
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    return (*rcParams["font.sans-serif"][:1], *(name for name in CJK_FONTS if name in installed))
 
 
 @dataclass
@@ -40,12 +73,19 @@ class FigureResult:
 
     Attributes:
         figure: the matplotlib ``Figure`` (Agg canvas); save it with ``save_figure``.
-        maps: (T, H, W) display-scaled attention maps in [0, 1], at the drawn image size.
+        maps: (T, H, W) attention maps at the drawn image size, divided by each panel's colour-scale
+            top and clipped to [0, 1] (what the colours show).
         image_size: (W, H) of the drawn image (the original, scaled down to ``max_side``).
         panels: 1 + T, the image panel and one panel per word.
         rows: rows of panels.
         columns: panels per row.
         axes: the panels' axes, image first.
+        normalize: ``figure``, ``absolute`` or ``word`` (see ``overlay.NORMALIZATIONS``).
+        ranges: (vmin, vmax) of each word's colour scale, in attention weight per grid cell.
+        peaks: (T,) each word's largest cell weight.
+        entropies: (T,) each word's attention entropy in nats; ``exp`` of it is the effective
+            number of cells attended.
+        colorbar: the figure's colour bar (None for an empty caption).
     """
 
     figure: Figure
@@ -55,6 +95,11 @@ class FigureResult:
     rows: int
     columns: int
     axes: list[Axes]
+    normalize: str = "figure"
+    ranges: list[tuple[float, float]] = field(default_factory=list)
+    peaks: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    entropies: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    colorbar: Colorbar | None = None
 
 
 def _plain(text: str) -> str:
@@ -67,12 +112,21 @@ def _wrap(text: str, width_inches: float, font_size: float) -> list[str]:
     return textwrap.wrap(text, characters, break_long_words=True) or [""]
 
 
+def statistics_text(peak: float, entropy: float) -> str:
+    """The line under a word's panel: its peak weight, entropy and effective number of cells."""
+    return f"peak {peak:.2f} \u00b7 H {entropy:.2f} ({math.exp(entropy):.1f} cells)"
+
+
 def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor | np.ndarray,
                      grid: tuple[int, int], betas: Tensor | np.ndarray | Sequence[float] | None = None,
                      references: Sequence[str] | None = None, mode: str = "bilinear", columns: int = 5,
-                     cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 512,
-                     attention_label: str = "") -> FigureResult:
-    """Draw the image titled by its caption, then one attention overlay per word.
+                     cmap: str = DEFAULT_CMAP, alpha: float = 0.6, max_side: int | None = 512,
+                     attention_label: str = "", normalize: str = "figure",
+                     boxes: Sequence[Sequence[Box]] | None = None) -> FigureResult:
+    """Draw the image titled by its caption, then one attention overlay per word, on one colour scale.
+
+    Under each word's panel: its peak weight and entropy (with the effective number of cells,
+    ``exp(entropy)``: 1 for a one-hot map, gh*gw for a flat one). A colour bar gives the scale.
 
     Args:
         image: the original picture (any size and aspect ratio); converted to RGB if needed.
@@ -83,16 +137,22 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
         references: reference captions, printed under the panels.
         mode: ``bilinear`` or ``gaussian`` upsampling (see ``upsample_attention``).
         columns: panels per row; longer captions wrap onto more rows.
-        cmap: matplotlib colour map of the overlays.
+        cmap: matplotlib colour map of the overlays (default viridis, perceptually uniform).
         alpha: opacity of the overlays.
         max_side: the image is drawn scaled down to this longer side (bounds memory and file size);
             None draws it at full size.
         attention_label: which map the overlays show (``CaptionDecoder.describe_attention``, e.g.
             ``layer 3 of 3, mean of 8 heads``), printed under the caption; empty prints nothing.
+        normalize: ``figure`` (every word on one scale, 0 to the largest weight in the figure),
+            ``absolute`` (0 to 1) or ``word`` (each map to its own peak: a flat map looks as hot as
+            a sharp one; the colour bar then reads as a share of each word's peak).
+        boxes: per word, the (x, y, width, height) boxes in the original image's pixels of the
+            objects the word names (e.g. ground-truth boxes); drawn as outlines on its panel.
     Returns:
-        A ``FigureResult`` with the figure, the (T, H, W) maps and the panel layout.
+        A ``FigureResult`` with the figure, the (T, H, W) maps, the colour scales and the layout.
     Raises:
-        ValueError: the numbers of words, attention rows and betas differ, or ``columns`` < 1.
+        ValueError: the numbers of words, attention rows, betas and box lists differ, ``columns`` < 1,
+            or an unknown ``normalize`` or colour map.
     """
     words = list(words)
     if columns < 1:
@@ -102,13 +162,21 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
     beta_values = None if betas is None else np.asarray(betas, dtype=np.float64).reshape(-1)
     if beta_values is not None and len(beta_values) != len(words):
         raise ValueError(f"{len(words)} words but {len(beta_values)} betas")
+    if boxes is not None and len(boxes) != len(words):
+        raise ValueError(f"{len(words)} words but {len(boxes)} lists of boxes")
+    ranges = display_range(attention, normalize)
+    colours = colour_map(cmap)
 
     width, height = display_size(image.size, max_side)
     picture = image.convert("RGB")
+    scale_x, scale_y = width / picture.size[0], height / picture.size[1]
     if (width, height) != picture.size:
         picture = picture.resize((width, height), Image.Resampling.BICUBIC)
     pixels = np.asarray(picture)  # (H, W, 3) uint8
-    maps = upsample_attention(attention, grid, (height, width), mode)  # (T, H, W)
+    weights = upsample_attention(attention, grid, (height, width), mode, normalize=False)  # (T, H, W)
+    peaks, entropies = attention_statistics(attention)  # (T,), (T,)
+    tops = np.array([top for _, top in ranges], dtype=np.float32).reshape(-1, 1, 1)  # (T, 1, 1)
+    maps = np.clip(weights / tops, 0.0, 1.0) if len(words) else weights  # (T, H, W)
 
     panels = len(words) + 1
     ncols = min(columns, panels)
@@ -123,8 +191,10 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
         titles.append(_wrap(title, _PANEL_WIDTH, _TITLE_SIZE))
     title_heights = [0.08 + _TITLE_LINE * max(len(titles[i]) for i in range(r * ncols, min(panels, (r + 1) * ncols)))
                      for r in range(nrows)]
+    stats_height = _STATS_LINE if words else 0.0
+    bar_width = _COLORBAR_SPACE if words else 0.0
 
-    figure_width = 2 * _MARGIN + ncols * _PANEL_WIDTH + (ncols - 1) * _GAP
+    figure_width = 2 * _MARGIN + ncols * _PANEL_WIDTH + (ncols - 1) * _GAP + bar_width
     reference_lines = []
     if references:
         reference_lines.append("References:")
@@ -132,16 +202,18 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
             wrapped = _wrap(reference, figure_width - 2 * _MARGIN - 0.2, _REFERENCE_SIZE)
             reference_lines.extend(["- " + wrapped[0], *("  " + line for line in wrapped[1:])])
     reference_height = _TEXT_LINE * len(reference_lines) + (0.1 if reference_lines else 0.0)
-    figure_height = (2 * _MARGIN + sum(title_heights) + nrows * panel_height + (nrows - 1) * _GAP
-                     + reference_height)
+    figure_height = (2 * _MARGIN + sum(title_heights) + nrows * (panel_height + stats_height)
+                     + (nrows - 1) * _GAP + reference_height)
 
     figure = Figure(figsize=(figure_width, figure_height))
     FigureCanvasAgg(figure)
     axes = []
     top = figure_height - _MARGIN  # inches from the bottom
+    first_row_bottom = top
     for row in range(nrows):
         top -= title_heights[row]
         bottom = top - panel_height
+        first_row_bottom = bottom if row == 0 else first_row_bottom
         for column in range(ncols):
             index = row * ncols + column
             if index >= panels:
@@ -149,17 +221,36 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
             left = _MARGIN + column * (_PANEL_WIDTH + _GAP)
             ax = figure.add_axes((left / figure_width, bottom / figure_height,
                                   _PANEL_WIDTH / figure_width, panel_height / figure_height))
-            shown = pixels if index == 0 else blend(pixels, maps[index - 1], cmap, alpha)
-            ax.imshow(shown, interpolation="antialiased")  # aspect kept; extreme shapes letterbox
-            ax.set_title(_plain("\n".join(titles[index])), fontsize=_TITLE_SIZE, pad=3)
+            ax.imshow(pixels, interpolation="antialiased")  # aspect kept; extreme shapes letterbox
+            if index > 0:
+                t = index - 1
+                vmin, vmax = ranges[t]
+                ax.imshow(weights[t], cmap=colours, norm=Normalize(vmin, vmax), alpha=alpha,
+                          interpolation="antialiased")
+                ax.text(0.5, -0.02, statistics_text(peaks[t], entropies[t]), transform=ax.transAxes,
+                        ha="center", va="top", fontsize=_STATS_SIZE)
+                for x, y, w, h in (boxes[t] if boxes is not None else ()):
+                    ax.add_patch(Rectangle((x * scale_x, y * scale_y), w * scale_x, h * scale_y, fill=False,
+                                           edgecolor=_BOX_COLOUR, linewidth=1.5, linestyle="--"))
+            ax.set_title(_plain("\n".join(titles[index])), fontsize=_TITLE_SIZE, pad=3, fontfamily=font_families())
             ax.set_axis_off()
             axes.append(ax)
-        top = bottom - _GAP
+        top = bottom - stats_height - _GAP
+    colorbar = None
+    if words:
+        bar_axes = figure.add_axes(((figure_width - _MARGIN - bar_width + _GAP) / figure_width,  # beside row 1
+                                    first_row_bottom / figure_height, _COLORBAR_WIDTH / figure_width,
+                                    panel_height / figure_height))
+        bar_range = (0.0, 1.0) if normalize == "word" else ranges[0]
+        colorbar = figure.colorbar(ScalarMappable(Normalize(*bar_range), colours), cax=bar_axes)
+        colorbar.set_label(_COLORBAR_LABELS[normalize], fontsize=_STATS_SIZE)
+        colorbar.ax.tick_params(labelsize=_STATS_SIZE)
     if reference_lines:
         figure.text(_MARGIN / figure_width, (_MARGIN + reference_height) / figure_height,
                     _plain("\n".join(reference_lines)), fontsize=_REFERENCE_SIZE, va="top", ha="left",
-                    linespacing=1.3)
-    return FigureResult(figure, maps, (width, height), panels, nrows, ncols, axes)
+                    linespacing=1.3, fontfamily=font_families())
+    return FigureResult(figure, maps, (width, height), panels, nrows, ncols, axes, normalize, ranges, peaks,
+                        entropies, colorbar)
 
 
 def save_figure(figure: Figure, path: str | Path, dpi: int = 100) -> Path:

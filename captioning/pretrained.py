@@ -1,0 +1,192 @@
+"""A portable model folder: what ``model.save_pretrained(folder)`` writes and ``captioning.load(folder)`` reads.
+
+::
+
+    folder/
+      model.safetensors   the weights, no pickle: ``decoder.*``, and ``encoder.*`` when the encoder's
+                          weights cannot be rebuilt from their name (fine-tuned, or random)
+      config.json         {"format": "captioning-model", "version": 1, "config": the full configuration,
+                           "encoder_fingerprint": what the decoder was trained on, "scores": test scores
+                           with their signature, or null}
+      vocab.json          the vocabulary (the decoder's word ids)
+      README.md           the model card: encoder, decoder, data, test scores, how to load it
+
+Nothing else is needed to use it: no run folder, no data root, no feature cache. Published
+encoder weights (``model.encoder.weights: pretrained``) are not copied: they are resolved as
+training resolves them (the efficientnet-lite0 package, the torch hub cache).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from captioning.config import Config, to_dict
+from captioning.files import atomic_write, not_a_regular_file
+from captioning.model_card import model_card
+from captioning.run_folder import CHECKPOINTS, check_output_folder, run_folder_of
+from captioning.runtime.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from captioning.runtime.checkpoint import VERSION as CHECKPOINT_VERSION
+from captioning.runtime.checkpoint import CheckpointError, check_payload
+
+if TYPE_CHECKING:
+    from captioning.api import CaptioningModel
+
+FORMAT = "captioning-model"
+VERSION = 1
+WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
+SECTIONS = ("decoder", "encoder")  # weight names are "<section>.<parameter>"
+
+
+def is_model_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder (``captioning.load`` then reads it as a model folder)."""
+    return Path(path).is_dir()
+
+
+def weights_file(path: str | Path) -> Path:
+    """The file whose bytes identify a model: a checkpoint itself, or a model folder's weights."""
+    return Path(path) / WEIGHTS if is_model_folder(path) else Path(path)
+
+
+def encoder_weights_needed(config: Config) -> bool:
+    """Whether the encoder's weights must travel with the model: fine-tuned or random ones cannot be
+    rebuilt from their name (training saves them in checkpoints by the same rule)."""
+    encoder = config.model.encoder
+    return bool(encoder.fine_tune_stages) or encoder.weights == "none"
+
+
+def save_pretrained(model: CaptioningModel, folder: str | Path) -> Path:
+    """Write ``model`` as a model folder (see the module docstring); files are replaced atomically.
+
+    Raises:
+        RunFolderError: ``folder`` is a file or cannot be written (before anything is written).
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    check_output_folder(folder, "save_pretrained")
+    config = model.config
+    tensors = {f"decoder.{name}": value for name, value in model.captioner.decoder.state_dict().items()}
+    if encoder_weights_needed(config):
+        tensors.update({f"encoder.{name}": value for name, value in model.captioner.encoder.state_dict().items()})
+    # safetensors stores no shared memory (tied embeddings): one contiguous CPU copy per name.
+    tensors = {name: value.detach().to("cpu", copy=True).contiguous() for name, value in tensors.items()}
+    scores = known_scores(model.source)
+    description = {"format": FORMAT, "version": VERSION, "config": to_dict(config),
+                   "encoder_fingerprint": model.captioner.encoder.fingerprint(), "scores": scores}
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / WEIGHTS, lambda path: save_file(tensors, str(path), metadata={"format": FORMAT}))
+    _write_text(folder / CONFIG, json.dumps(description, indent=2))
+    _write_text(folder / VOCAB, json.dumps(model.vocab.to_dict(), ensure_ascii=False))
+    parameters = {section: sum(v.numel() for k, v in tensors.items() if k.startswith(section + "."))
+                  for section in SECTIONS}
+    _write_text(folder / CARD, model_card(folder.name, config, len(model.vocab), model.grid,
+                                          model.captioner.encoder.channels, parameters, scores))
+    return folder
+
+
+def _write_text(path: Path, text: str) -> None:
+    def write(temporary: Path) -> None:
+        temporary.write_text(text + "\n", encoding="utf-8")
+
+    atomic_write(path, write)
+
+
+def known_scores(source: str | Path) -> dict[str, Any] | None:
+    """The test scores of ``source`` with their signature, when known: a model folder's own, or the
+    ``test_scores.json`` / ``eval_<stem>_test_scores.json`` of the run folder a checkpoint sits in
+    whose signature names this very checkpoint file (``ckpt`` field); else None."""
+    from captioning.evaluation.signature import file_hash, parse_signature
+
+    source = Path(source)
+    if is_model_folder(source):
+        try:
+            return json.loads((source / CONFIG).read_text(encoding="utf-8")).get("scores")
+        except (OSError, ValueError, AttributeError):
+            return None
+    if source.resolve().parent.name != CHECKPOINTS:
+        return None
+    run = run_folder_of(source)
+    digest = None
+    for candidate in (run / "test_scores.json", run / f"eval_{source.stem}_test_scores.json"):
+        if not candidate.is_file():
+            continue
+        try:
+            scores = json.loads(candidate.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(scores, dict) or not isinstance(scores.get("signature"), str):
+            continue
+        digest = digest or file_hash(source)
+        if parse_signature(scores["signature"]).get("ckpt") == digest:
+            return {"file": candidate.name, **{k: v for k, v in scores.items() if k != "per_image"}}
+    return None
+
+
+def load_folder(folder: str | Path) -> dict[str, Any]:
+    """Read a model folder as the payload ``load_checkpoint`` returns for a checkpoint file (sections
+    ``config``, ``vocab``, ``decoder``, ``encoder``, ``encoder_fingerprint``), checked the same way.
+
+    Raises:
+        CheckpointError: a missing or unreadable file, a folder written by another tool, or weights
+            that are not finite tensors (one line naming the file).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    checkpoints = sorted((folder / CHECKPOINTS).glob("*.pt")) if not (folder / CONFIG).exists() else []
+    if checkpoints:
+        best = folder / CHECKPOINTS / "best.pt"
+        raise CheckpointError(f"{folder}: a run folder, not a model folder: give one of its checkpoints, e.g. "
+                              f"{best if best in checkpoints else checkpoints[0]}")
+    description = _read_json(folder, CONFIG)
+    if not isinstance(description, dict) or description.get("format") != FORMAT:
+        raise CheckpointError(f"{folder / CONFIG}: not a captioning model folder (no \"format\": \"{FORMAT}\"; "
+                              "save_pretrained writes config.json, vocab.json, model.safetensors and README.md)")
+    if description.get("version") != VERSION:
+        raise CheckpointError(f"{folder / CONFIG}: model folder version {description.get('version')} is not "
+                              f"supported (this code reads version {VERSION})")
+    vocab = _read_json(folder, VOCAB)
+    weights = folder / WEIGHTS
+    problem = not_a_regular_file(weights) or (None if weights.exists() else "file not found")
+    if problem:
+        raise CheckpointError(f"{weights}: {problem} (a model folder holds its weights there)")
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{weights}: truncated or corrupt safetensors file ({error})") from None
+    sections: dict[str, dict[str, torch.Tensor]] = {section: {} for section in SECTIONS}
+    for name, value in tensors.items():
+        section, _, parameter = name.partition(".")
+        if section not in sections or not parameter:
+            raise CheckpointError(f"{weights}: weight {name!r} belongs to neither the decoder nor the encoder")
+        sections[section][parameter] = value
+    encoder = ((description.get("config") or {}).get("model") or {}).get("encoder") or {}
+    if not sections["encoder"] and (encoder.get("fine_tune_stages") or encoder.get("weights") == "none"):
+        raise CheckpointError(f"{weights}: holds no encoder weights, but this model's encoder (fine-tuned or "
+                              "random) cannot be rebuilt without them")
+    payload = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "config": description.get("config"),
+               "vocab": vocab, "decoder": sections["decoder"], "encoder": sections["encoder"] or None,
+               "encoder_fingerprint": description.get("encoder_fingerprint"), "training": None}
+    check_payload(payload, weights)
+    return payload
+
+
+def _read_json(folder: Path, name: str) -> Any:
+    path = folder / name
+    problem = not_a_regular_file(path) or (None if path.exists() else "file not found")
+    if name == CONFIG and not path.exists():
+        raise CheckpointError(f"{folder}: a folder but not a model folder: no {CONFIG} (save_pretrained writes "
+                              "config.json, vocab.json, model.safetensors and README.md)")
+    if problem:
+        what = "not a captioning model folder" if name == CONFIG else "incomplete model folder"
+        raise CheckpointError(f"{path}: {problem} ({what}: save_pretrained writes config.json, vocab.json, "
+                              "model.safetensors and README.md)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
