@@ -174,6 +174,7 @@ def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
         "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; a new run")
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_checkpoints_length_unless_told_and_says_what_it_adds(tmp_path):
     write_coco_tree(tmp_path / "data" / "coco")
     assert train(tmp_path, "run", "--no-test", "--epochs", "2").returncode == 0

@@ -50,6 +50,7 @@ def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, 
     assert final["optimizer"]["param_groups"][0]["lr"] < 2e-3 * 1e-2  # decayed over exactly these 16 steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["cosine", "noam"])
 def test_a_warm_up_longer_than_the_run_is_clipped_with_a_note(data_root, tmp_path, schedule):  # noqa: F811
     # As `python train.py --epochs 1` meets the demo's 126 warm-up steps, or a short run meets
