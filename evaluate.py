@@ -25,6 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from captioning.cli import add_import_argument
 from captioning.config import TOKENIZERS
 
 
@@ -96,6 +97,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    add_import_argument(parser)
     return parser
 
 

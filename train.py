@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioning.cli import add_config_arguments, config_from_args, given_keys, run_cli
+from captioning.cli import add_config_arguments, add_import_argument, config_from_args, given_keys, run_cli
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def get_args_parser() -> argparse.ArgumentParser:
                "  torchrun --nproc-per-node 4 --max-restarts 3 train.py --config configs/coco_resnet101.yaml "
                "--resume auto")
     add_config_arguments(parser)
+    add_import_argument(parser)
     parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CHECKPOINT",
                         help="continue a run exactly: from CHECKPOINT, or from <output-dir>/checkpoints/last.pt; "
                              "the run keeps the checkpoint's epochs unless --epochs or --scst-epochs is given; "

@@ -31,7 +31,7 @@ from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.runner import Captioned, caption_records, decode_config_with, load_captioner
 from captioning.models.captioner import Captioner
-from captioning.training.run import resolve_device
+from captioning.runtime.device import resolve_device
 from captioning.visualization.api import MODES, attention_view
 
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor

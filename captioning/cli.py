@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import logging
+import os
 import sys
 import traceback
 import unicodedata
@@ -13,6 +16,7 @@ from typing import Any
 
 from captioning.config import Config, ConfigError
 from captioning.config_files import load_config, parse_overrides
+from captioning.files import not_a_regular_file
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes.yaml"
 
@@ -47,6 +51,66 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...]
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
 
 
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE`` (repeatable): user modules ``run_cli`` imports before anything else runs."""
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (a module name, found on the Python path or in the current "
+                             "folder, or a path to a .py file), e.g. one that registers an encoder with "
+                             "@register_encoder; every tool that loads the checkpoint needs it too (repeatable)")
+
+
+def import_modules(names: list[str]) -> None:
+    """Import each user module of ``--import``, in order, before the configuration is read.
+
+    A name ending in ``.py`` or holding a path separator is a file, imported under its stem; any other
+    is a module name, looked up on ``sys.path`` and then in the current folder. A file imported already
+    (an earlier tool run in this process) is not run again, so its registrations are not repeated.
+
+    Raises:
+        ConfigError: one line naming the option and the module: it is not found, or importing it failed
+            (the module's own error, chained for ``--debug``).
+    """
+    for name in names:
+        is_file = name.endswith(".py") or os.sep in name
+        if is_file:
+            file = Path(name).expanduser()
+            problem = not_a_regular_file(file) or (None if file.exists() else "no such file")
+            if problem:
+                raise ConfigError(f"--import {name}: {problem}")
+        elif os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())  # after installed modules: a local file does not shadow them
+        try:
+            if is_file:
+                _import_file(Path(name).expanduser().resolve())
+            else:
+                importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and name.startswith(error.name):  # the module itself, not one it imports
+                raise ConfigError(f"--import {name}: no module named {error.name!r} on the Python path or in "
+                                  f"the current folder") from error
+            raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
+        except Exception as error:  # the user's module: any failure is reported on one line
+            raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
+
+
+def _import_file(file: Path) -> None:
+    """The Python file ``file`` (resolved) imported as a module named after its stem (once per process)."""
+    loaded = sys.modules.get(file.stem)
+    if loaded is not None:
+        if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == file:
+            return
+        raise ConfigError(f"--import {file}: a module named {file.stem!r} is imported already "
+                          f"({getattr(loaded, '__file__', None) or 'built in'}); rename the file")
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[file.stem]
+        raise
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """The configuration file (or the Shapes default) with flags and ``--set`` applied; flags win."""
     overrides: dict[str, Any] = dict(parse_overrides(args.overrides))
@@ -77,6 +141,7 @@ def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.Argument
     _print_warnings()
     try:
         _refuse_nul_bytes(args)
+        import_modules(getattr(args, "imports", None) or [])
         main(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -126,10 +191,13 @@ def _print_warnings() -> None:
         logger.addHandler(_PrintableWarnings())
 
 
+_OPTION_OF = {"images": "IMAGE", "overrides": "--set", "imports": "--import"}  # options named by their dest
+
+
 def _refuse_nul_bytes(args: argparse.Namespace) -> None:
     """A NUL character cannot be in a file name; say which option holds one, before any work."""
     for name, value in vars(args).items():
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, (str, Path)) and "\x00" in str(item):
-                option = "IMAGE" if name == "images" else "--" + name.replace("_", "-").replace("overrides", "set")
+                option = _OPTION_OF.get(name) or "--" + name.replace("_", "-")
                 raise ConfigError(f"{option}: {str(item)!r} contains a NUL character")

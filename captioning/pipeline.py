@@ -23,8 +23,9 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
-from captioning.training import distributed
-from captioning.training.run import RunOutputs, best_checkpoint, cache_features, resolve_device, train
+from captioning.runtime import distributed
+from captioning.runtime.device import resolve_device
+from captioning.training.run import RunOutputs, best_checkpoint, cache_features, train
 
 # The run report shows this many test images at most (each one's attention maps are embedded).
 REPORT_IMAGES = 200

@@ -28,9 +28,9 @@ from captioning.config import Config, to_dict
 from captioning.files import atomic_write, not_a_regular_file
 from captioning.model_card import model_card
 from captioning.run_folder import CHECKPOINTS, check_output_folder, run_folder_of
-from captioning.training.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from captioning.training.checkpoint import VERSION as CHECKPOINT_VERSION
-from captioning.training.checkpoint import CheckpointError, check_payload
+from captioning.runtime.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from captioning.runtime.checkpoint import VERSION as CHECKPOINT_VERSION
+from captioning.runtime.checkpoint import CheckpointError, check_payload
 
 if TYPE_CHECKING:
     from captioning.api import CaptioningModel

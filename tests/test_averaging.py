@@ -9,8 +9,8 @@ from tool_runs import in_process
 
 from captioning.config import ConfigError
 from captioning.config_files import load_config
+from captioning.runtime.checkpoint import CheckpointError, load_checkpoint
 from captioning.training.averaging import WeightAverage, trainable_parameters
-from captioning.training.checkpoint import CheckpointError, load_checkpoint
 from captioning.training.resume_state import check_average_state
 from captioning.training.run import train
 
@@ -108,6 +108,7 @@ def test_a_decay_outside_zero_to_one_is_refused(value):
         load_config(REPO / "configs" / "shapes.yaml", {"train.ema_decay": value})
 
 
+@pytest.mark.slow
 def test_validation_and_checkpoints_use_the_average_and_a_stopped_run_resumes_to_the_same_weights(data_root,
                                                                                                tmp_path):
     common = {"train.ema_decay": 0.9, "train.epochs": 2, "model.decoder.dropout": 0.3}
@@ -160,6 +161,7 @@ def test_a_resume_with_a_damaged_average_is_refused_before_any_work(data_root, t
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_two_processes_keep_the_average_one_process_keeps_with_the_same_global_batch(data_root, tmp_path):
     one, two = one_and_two_process_runs(data_root, tmp_path, {
         "train.ema_decay": 0.5, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8})

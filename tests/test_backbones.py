@@ -19,7 +19,7 @@ from tool_runs import in_process
 
 from captioning.config import ConfigError, EncoderConfig
 from captioning.models.encoders import ENCODERS, Encoder, EncoderWeightsError, build_encoder, encoder_builder
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 timm = pytest.importorskip("timm")
@@ -91,6 +91,7 @@ def test_a_timm_weights_file_goes_through_timm_with_its_position_embeddings_resa
     assert encoder.fingerprint()["weights"]["size"] == path.stat().st_size
 
 
+@pytest.mark.slow
 def test_a_torchvision_vit_file_at_another_size_gets_interpolated_position_embeddings(tmp_path: Path) -> None:
     import torchvision.models as tvm
     from torchvision.models.vision_transformer import interpolate_embeddings

@@ -59,6 +59,7 @@ def quick_results() -> dict:
     return json.loads(completed.stdout)
 
 
+@pytest.mark.slow
 def test_quick_run_reports_finite_positive_numbers(quick_results):
     for key in POSITIVE_NUMBERS:
         value = quick_results[key]
@@ -71,6 +72,7 @@ def test_quick_run_reports_finite_positive_numbers(quick_results):
     assert quick_results["quick"] is True and quick_results["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_quick_run_with_amp_on_cpu_times_the_bf16_step_beside_the_float32_one():
     completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--amp", "--parts", "train,beam"],
                                check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -87,6 +89,7 @@ def test_quick_run_with_amp_on_cpu_times_the_bf16_step_beside_the_float32_one():
     assert set(results["beam_captions_per_s"]) == {"1", "3", "5"}
 
 
+@pytest.mark.slow
 def test_loader_part_reads_a_synthetic_cache_with_0_1_and_2_workers(tmp_path):
     completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
                                 "--loader-dir", str(tmp_path), "--loader-images", "70", "--loader-grid", "3x3x16"],
@@ -101,6 +104,7 @@ def test_loader_part_reads_a_synthetic_cache_with_0_1_and_2_workers(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the synthetic cache is deleted afterwards
 
 
+@pytest.mark.slow
 def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # noqa: F811
     completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
                                 "--loader-dir", str(small_disk), "--loader-images", "1000",
@@ -113,6 +117,7 @@ def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # n
     assert list(small_disk.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
     completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], check=False, cwd=ROOT,
                                capture_output=True, text=True, timeout=120,
@@ -211,6 +216,7 @@ def test_transformer_flop_count_of_the_reference_configuration():
     assert five - one == 4 * 3 * (3 * decoder_block + 2 * 21 * d * 9490)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_size):
     """The recomputing baseline computes the cached decoder's function: the same captions and maps."""

@@ -14,8 +14,8 @@ import torch
 from captioning.config import Config, DecoderConfig, ModelConfig
 from captioning.data.vocab import SPECIALS, Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.training import checkpoint as checkpoint_module
-from captioning.training.checkpoint import (
+from captioning.runtime import checkpoint as checkpoint_module
+from captioning.runtime.checkpoint import (
     CheckpointError,
     atomic_write,
     checkpoint_config,

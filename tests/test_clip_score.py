@@ -71,6 +71,7 @@ def by_hand(model: torch.nn.Module, images: dict[int, Path]) -> dict[int, tuple[
     return expected
 
 
+@pytest.mark.slow
 def test_clip_s_and_ref_clip_s_equal_a_hand_computation(clip_file, images) -> None:
     path, model = clip_file
     scorer = load_clip_scorer(str(path))  # reloaded from the file through the encoders' weights path
@@ -104,6 +105,7 @@ def test_clip_score_is_refused_without_weights(tmp_path: Path, monkeypatch: pyte
     assert "\n" not in message and "open_clip_model.safetensors" in message and "set --clip-score to its path" in message
 
 
+@pytest.mark.slow
 def test_evaluate_writes_clip_scores_per_image_and_signs_them(checkpoint: Path, clip_file,  # noqa: F811
                                                               tmp_path: Path) -> None:
     path, _ = clip_file

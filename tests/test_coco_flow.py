@@ -70,6 +70,7 @@ def official_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return work, train(work, "official", **OFFICIAL, **INSTANCES_VAL)
 
 
+@pytest.mark.slow
 def test_the_official_caption_files_train_and_score_a_held_out_test_split(official_run):
     work, result = official_run
     assert result.returncode == 0, result.stderr
@@ -119,6 +120,7 @@ def test_a_missing_image_is_refused_before_any_image_is_cached(tmp_path):
                                    "image file not found (1 of 24 images are missing", "set data.root=")
 
 
+@pytest.mark.slow
 def test_evaluate_grounds_the_images_its_instances_files_cover_and_keeps_the_captions(official_run):
     work, _ = official_run
     only_val = tool(work, "evaluate.py", "--checkpoint", "official/checkpoints/best.pt", "--split", "train",
@@ -138,6 +140,7 @@ def test_evaluate_grounds_the_images_its_instances_files_cover_and_keeps_the_cap
                and number.replace(".", "").replace(",", "").isdigit())
 
 
+@pytest.mark.slow
 def test_a_checkpoint_used_from_another_folder_names_the_key_to_set(official_run, tmp_path):
     work, _ = official_run
     result = tool(tmp_path, "evaluate.py", "--checkpoint", work / "official" / "checkpoints" / "best.pt",
@@ -161,6 +164,7 @@ def test_instances_take_one_file_or_several_and_old_configurations_load():
     assert from_dict({"data": {"instances": "instances_val2014.json"}}).data.instances == ("instances_val2014.json",)
 
 
+@pytest.mark.slow
 def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
     write_coco_tree(tmp_path / "data" / "coco")
     fresh = train(tmp_path, "run", "--no-test", "--epochs", "2")
@@ -170,6 +174,7 @@ def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
         "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; a new run")
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_checkpoints_length_unless_told_and_says_what_it_adds(tmp_path):
     write_coco_tree(tmp_path / "data" / "coco")
     assert train(tmp_path, "run", "--no-test", "--epochs", "2").returncode == 0

@@ -15,7 +15,7 @@ from captioning.config import DecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.training.engine import autocast
+from captioning.runtime.device import autocast
 from captioning.training.losses import caption_loss
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -214,6 +214,7 @@ def fixed_captions():
     return captions, lengths, torch.tensor([0, 0, 1, 1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["soft", "hard"])
 @pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
 def test_overfits_four_captions(scoring, activation, attention):
@@ -327,6 +328,7 @@ def test_step_returns_normalised_log_probs():
     torch.testing.assert_close(F.softmax(out.log_probs, 1), out.log_probs.exp())
 
 
+@pytest.mark.slow
 def test_compiled_step_gives_the_same_outputs():
     torch.manual_seed(0)
     decoder = ShowAttendTellDecoder.from_config(

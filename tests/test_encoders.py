@@ -30,6 +30,7 @@ def _random_backbone(name: str, image_size: int = 64) -> encoders.Backbone:
     return encoder_builder(name)("none", image_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid_size", [0, 2])
 @pytest.mark.parametrize("name", CONTRACT)
 def test_reported_shapes_match_output(name: str, grid_size: int) -> None:
@@ -67,6 +68,7 @@ def _batch_norms(module: nn.Module) -> list[nn.BatchNorm2d]:
     return [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
 
 
+@pytest.mark.slow
 def test_set_trainable_unfreezes_last_stages_and_keeps_frozen_batchnorm_in_eval() -> None:
     encoder = build_encoder(EncoderConfig(name="resnet50", weights="none", image_size=64, grid_size=2,
                                           fine_tune_stages=2))
@@ -271,6 +273,7 @@ def test_a_grid_finer_than_the_native_one_is_refused():
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=224, grid_size=14))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["efficientnet_lite0", "resnet50", "efficientnet_b0", "convnext_tiny",
                                   "vit_b_16", "swin_t", *FAMILY_EXAMPLES])
 def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_features(name: str) -> None:
@@ -299,6 +302,7 @@ def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_feature
     assert all(torch.equal(value, before[key]) for key, value in encoder.state_dict().items())
 
 
+@pytest.mark.slow
 def test_the_folded_lite0_still_recognises_real_photos(lite0: Encoder) -> None:
     skimage_data = pytest.importorskip("skimage.data")
     images = torch.stack([lite0.transform(Image.fromarray(skimage_data.chelsea())),

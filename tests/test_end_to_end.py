@@ -18,9 +18,11 @@ from tool_runs import in_process
 from captioning.config_files import load_config
 from captioning.evaluation.metrics import METRICS
 from captioning.evaluation.signature import decode_description, file_hash, parse_signature
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
+# Every test here uses the shortened demo run (the module fixture): the whole file is in the slow tier.
+pytestmark = pytest.mark.slow
 
 SHORT_DEMO = {
     "data.shapes_train": 48, "data.shapes_val": 8, "data.shapes_test": 8, "data.shapes_image_size": 96,

@@ -35,8 +35,8 @@ from captioning.data.records import records_of_split
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
-from captioning.training.checkpoint import load_checkpoint, save_checkpoint
-from captioning.training.distributed import ProcessGroup
+from captioning.runtime.checkpoint import load_checkpoint, save_checkpoint
+from captioning.runtime.distributed import ProcessGroup
 from captioning.training.run import prepare_run
 
 SHAPES_YAML = REPO / "configs" / "shapes.yaml"
@@ -160,6 +160,7 @@ def odd_dataset(shapes, tmp_path_factory) -> SimpleNamespace:
 
 # ------------------------------------------------------------------ 1. annotation and results files
 
+@pytest.mark.slow
 def test_train_refuses_an_image_path_that_climbs_out_of_the_root(shapes, tmp_path):
     split_file = edited_split(shapes.split_file, tmp_path / "climbing.json",
                               lambda d: d["images"][2].update(filename="../../../etc/passwd"))
@@ -340,6 +341,7 @@ def test_evaluate_folder_names_an_unreadable_image(shapes, tmp_path, name):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.slow
 def test_visualize_draws_odd_image_modes(shapes, tmp_path):
     images = write_odd_images(tmp_path / "images")
     code, stderr = run_in_process("visualize.py", [*images, "--checkpoint", shapes.checkpoint,
@@ -360,6 +362,7 @@ class WritesMarker:
         return (Path.touch, (self.marker,))
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_a_checkpoint_holding_pickled_code(shapes, tmp_path):
     marker = tmp_path / "code-ran"
     payload = load_checkpoint(shapes.checkpoint)

@@ -28,7 +28,7 @@ from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.models.encoders import Encoder, build_encoder
-from captioning.training.engine import annotations_of
+from captioning.runtime.inference import annotations_of
 
 NUM_IMAGES = 10
 BATCH = 4  # batches of rows 0-3, 4-7, 8-9
@@ -130,6 +130,7 @@ def test_built_once_then_reused(tmp_path: Path, encoder: Encoder, records, refer
     np.testing.assert_array_equal(pickle.loads(pickled)[3], cache[3])
 
 
+@pytest.mark.slow
 def test_changed_encoder_makes_new_caches(tmp_path: Path, encoder: Encoder, records) -> None:
     first = _build(tmp_path, encoder, records)
     bigger = _build(tmp_path, _encoder(image_size=96), records)
@@ -140,6 +141,7 @@ def test_changed_encoder_makes_new_caches(tmp_path: Path, encoder: Encoder, reco
     assert not np.array_equal(bigger[0], first[0])
 
 
+@pytest.mark.slow
 def test_resumes_after_interruption(tmp_path: Path, encoder: Encoder, records, reference,
                                     monkeypatch) -> None:
     _interrupt_at_image(monkeypatch, 6)  # during the second batch

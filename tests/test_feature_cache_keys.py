@@ -281,6 +281,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_two_torchrun_processes_fill_one_cache_together(tmp_path, encoder) -> None:
     records = _write_images(tmp_path / "images", 7)
     _build(tmp_path / "cache", encoder, records[:2])  # two rows exist: five are left to share

@@ -17,7 +17,7 @@ from test_training import as_flags, data_root, read_steps, tiny_overrides, train
 
 from captioning.config_files import load_config
 from captioning.evaluation.degenerate import MOSTLY, degenerate_captions
-from captioning.training import engine
+from captioning.runtime import inference
 from captioning.training.cpu_threads import busy_machine_warning, usable_cores
 from captioning.training.plan import resumed_length
 
@@ -40,8 +40,8 @@ def test_mostly_empty_or_identical_captions_are_named_with_their_usual_cause():
 
 def decoding_only(monkeypatch, change) -> None:
     """Every decoded batch of captions passes through ``change`` (validation and the test split)."""
-    decode = engine.decode
-    monkeypatch.setattr(engine, "decode", lambda *args: change(decode(*args)))
+    decode = inference.decode
+    monkeypatch.setattr(inference, "decode", lambda *args: change(decode(*args)))
 
 
 def test_a_run_whose_captions_are_empty_says_so_in_the_epoch_line_and_in_its_summary(

@@ -28,7 +28,7 @@ from test_training import as_flags, tiny_overrides
 from tool_runs import ONE_THREAD, REPO, in_process, run_in_process, run_tool
 
 from captioning.run_folder import RunLock
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes"]  # the module-scoped fixture of test_faults
@@ -77,6 +77,7 @@ def copy_run(trained_run: Path, tmp_path: Path) -> Path:
 
 # ------------------------------------------------------------------ A. where files are written
 
+@pytest.mark.slow
 def test_evaluate_never_writes_where_a_checkpoints_paths_point(shapes, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     checkpoint = with_stored(shapes.checkpoint, tmp_path / "run" / "checkpoints" / "best.pt", lambda p: p["config"]["data"].update(
@@ -124,6 +125,7 @@ def test_symlinked_images_are_followed(shapes, tmp_path):
 
 # ------------------------------------------------------------------ C. runs never mix
 
+@pytest.mark.slow
 def test_one_run_per_folder_and_a_killed_run_leaves_no_lock(shapes, tmp_path):
     run = tmp_path / "run"
     first = start_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{
@@ -144,6 +146,7 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_lock(shapes, tmp_path):
     assert third.returncode == 0, third.stderr  # the kernel dropped the killed run's lock
 
 
+@pytest.mark.slow
 def test_a_run_that_ends_in_this_process_leaves_its_folder_free(trained_run, shapes, tmp_path, monkeypatch):
     from captioning.training.trainer import Trainer
 
@@ -361,6 +364,7 @@ def _package_files() -> set[Path]:
     return {p for p in Path(ptbtokenizer.__file__).parents[1].rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("java") is None, reason="needs Java: the PTB tokenizer's temporary file")
 def test_a_lone_surrogate_neither_crashes_nor_writes_inside_installed_packages(shapes, tmp_path):
     def edit(data):
@@ -383,6 +387,7 @@ def test_a_lone_surrogate_neither_crashes_nor_writes_inside_installed_packages(s
     assert _package_files() == before
 
 
+@pytest.mark.slow
 def test_java_that_never_answers_times_out_to_the_java_less_path(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -114,6 +114,7 @@ def test_damaged_row_states_are_recomputed_not_blamed_on_a_healthy_image(shapes,
 
 # ------------------------------------------------------------------ benchmarks/speed.py
 
+@pytest.mark.slow
 def test_speed_flags_out_of_bounds_are_refused_in_one_line_before_measuring(read_only_mount, monkeypatch):
     speed = _import_benchmark("speed")
     monkeypatch.setattr(speed, "matmul_peak", never)  # the first measurement

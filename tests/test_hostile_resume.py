@@ -98,6 +98,7 @@ def test_decoder_weights_of_another_shape_are_refused_before_any_write(trained_r
 
 # ------------------------------------------------------------------ one run per folder, before any work
 
+@pytest.mark.slow
 def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(shapes, tmp_path):
     run, cache = tmp_path / "run", tmp_path / "cache"
     # Random encoder weights key their own cache folder: --cache-only must draw the run's.

@@ -144,7 +144,7 @@ import torch
 
 from captioning.config import DecoderConfig
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.training import distributed
+from captioning.runtime import distributed
 from captioning.training.losses import hard_attention_loss
 
 sys.path.insert(0, sys.argv[2])

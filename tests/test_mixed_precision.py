@@ -13,7 +13,7 @@ from captioning.config import ConfigError, DecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.training.engine import autocast
+from captioning.runtime.device import autocast
 
 # bf16 keeps 8 bits of mantissa (relative rounding 2**-8 = 0.4 % per product); the tiny run's
 # logged losses stayed within 0.02 % of float32's over its 8 steps (the loss itself is float32).
@@ -34,6 +34,7 @@ def _losses(root, output_dir, amp: str) -> list[float]:
     return [step["loss"] for step in read_steps(output_dir)]
 
 
+@pytest.mark.slow
 def test_bf16_training_on_cpu_lowers_the_loss_and_follows_float32(shapes_root, tmp_path):
     full = _losses(shapes_root, tmp_path / "fp32", "none")
     half = _losses(shapes_root, tmp_path / "bf16", "bf16")

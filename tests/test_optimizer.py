@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from captioning.config import Config, DecoderConfig
@@ -21,6 +22,7 @@ class _Model(torch.nn.Module):
         self.encoder = torch.nn.Linear(3, 3).requires_grad_(False)
 
 
+@pytest.mark.slow
 def test_the_trainers_adam_is_fused_on_cpu_and_steps_as_the_loop_implementation():
     torch.manual_seed(0)
     model = _Model()

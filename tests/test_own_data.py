@@ -19,8 +19,8 @@ from tool_runs import REPO, in_process
 
 from captioning.data.imagefolder import SPLIT_RULE
 from captioning.evaluation.signature import parse_signature
+from captioning.runtime.checkpoint import checkpoint_config, load_checkpoint
 from captioning.text import tokenizer_for
-from captioning.training.checkpoint import checkpoint_config, load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 CONFIG = REPO / "configs" / "imagefolder.yaml"

@@ -20,7 +20,7 @@ from test_training import as_flags, data_root, read_steps, tiny_overrides
 from tool_runs import in_process
 
 from captioning.config_files import load_config
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,6 +163,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_then_resume_auto_ends_
     assert_same_weights(stopped, straight)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_with_exit_status_75_then_resume_auto_ends_with_the_same_weights(
         data_root, tmp_path):
     straight = run(single(tmp_path / "straight", data_root))
@@ -229,6 +230,7 @@ def test_resume_auto_starts_a_new_run_then_continues_it(data_root, tmp_path):
         "and decoding")]
 
 
+@pytest.mark.slow
 def test_resume_auto_starts_over_in_a_folder_left_without_a_checkpoint(data_root, tmp_path):
     run_dir = tmp_path / "run"
     command = single(run_dir, data_root, **{"train.resume": "auto"})  # the configuration's way to ask

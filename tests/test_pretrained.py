@@ -19,7 +19,7 @@ from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.signature import file_hash
 from captioning.models.encoders import EncoderWeightsError
-from captioning.training.checkpoint import CheckpointError
+from captioning.runtime.checkpoint import CheckpointError
 
 FILES = {"model.safetensors", "config.json", "vocab.json", "README.md"}
 
@@ -31,6 +31,7 @@ def untrained(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles
             for kind in ("lstm", "transformer")}
 
 
+@pytest.mark.slow
 def test_folder_holds_safetensors_and_no_pickle(untrained, tmp_path):
     for kind, checkpoint in untrained.items():
         model = captioning.load(checkpoint, device="cpu")
@@ -75,6 +76,7 @@ def test_folder_reloads_elsewhere_without_run_folder_data_or_cache(tmp_path):
     assert json.loads(result.stdout) == expected
 
 
+@pytest.mark.slow
 def test_evaluate_and_visualize_take_a_folder(untrained, tmp_path):
     folder = captioning.load(untrained["lstm"], device="cpu").save_pretrained(tmp_path / "model")
     images = tmp_path / "images"

@@ -26,8 +26,8 @@ from captioning.data.feature_cache import FeatureCache, cache_batch_size
 from captioning.data.records import records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.models.encoders import build_encoder
-from captioning.training import checkpoint as checkpoint_module
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime import checkpoint as checkpoint_module
+from captioning.runtime.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes"]  # the module-scoped fixture, shared with test_faults
@@ -55,6 +55,7 @@ def _computed_rows(cache_dir: Path) -> tuple[Path, int] | None:
     return None
 
 
+@pytest.mark.slow
 def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, tmp_path):
     cache_dir = tmp_path / "cache"
     flags = as_flags({**cache_shapes.overrides, "data.cache_dir": cache_dir, "train.output_dir": tmp_path / "run"})
@@ -115,6 +116,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(shapes, tmp_path):
     run = tmp_path / "run"
     flags = ["--no-test", "--no-progress", *as_flags(tiny_overrides(shapes.root, run, **{

@@ -25,6 +25,7 @@ EPOCH_LINE = re.compile(r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\
                         r"([\d.]+)  CIDEr-D", re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_cross_entropy_and_attention_penalty_are_logged_apart(data_root, tmp_path):  # noqa: F811
     run = tmp_path / "run"
     result = train_in_process(as_flags(tiny_overrides(data_root, run, **{"model.decoder.doubly_stochastic": 0.5})))
@@ -57,7 +58,7 @@ from captioning.data.datasets import CaptionDataset
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.training import distributed
+from captioning.runtime import distributed
 from captioning.training.trainer import validation_scores
 
 group = distributed.init_from_environment("cpu")

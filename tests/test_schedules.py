@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_training import as_flags, data_root, read_steps, run_train, tiny_overrides, train_in_process  # noqa: F401
 
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training.optim import MAX_WARMUP_FRACTION, cosine_factor, noam_factor
 
 COSINE = {"train.schedule": "cosine", "train.warmup_steps": 4, "train.lr": 2e-3}
@@ -26,6 +26,7 @@ def test_cosine_warms_up_linearly_then_decays_to_near_zero():
     assert 0 < factors[-1] < 1e-3  # the last step still moves the weights, a little
 
 
+@pytest.mark.slow
 def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, tmp_path):  # noqa: F811
     flags = as_flags(tiny_overrides(data_root, tmp_path / "whole", **COSINE))
     result = train_in_process(flags)
@@ -49,6 +50,7 @@ def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, 
     assert final["optimizer"]["param_groups"][0]["lr"] < 2e-3 * 1e-2  # decayed over exactly these 16 steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["cosine", "noam"])
 def test_a_warm_up_longer_than_the_run_is_clipped_with_a_note(data_root, tmp_path, schedule):  # noqa: F811
     # As `python train.py --epochs 1` meets the demo's 126 warm-up steps, or a short run meets

@@ -106,7 +106,7 @@ def test_chair_table_and_self_critical_reward_fields(checkpoint: Path):
 def test_a_checkpoint_names_the_reward_its_weights_were_tuned_with(tmp_path: Path, stage, eos, expected):
     from captioning.evaluation.runner import load_trained_captioner
     from captioning.models.captioner import Captioner
-    from captioning.training.checkpoint import save_checkpoint
+    from captioning.runtime.checkpoint import save_checkpoint
 
     config = Config(model=ModelConfig(encoder=EncoderConfig(weights="none", image_size=32),
                                       decoder=DecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8)),

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+import pytest
 import torch
 from test_faults import shapes
 from test_hostile import short_run
@@ -16,6 +17,7 @@ from tool_runs import in_process, run_tool
 __all__ = ["shapes"]  # the module-scoped fixture of test_faults
 
 
+@pytest.mark.slow
 def test_a_run_in_this_process_leaves_the_process_as_it_found_it(shapes, tmp_path):
     before = (os.getcwd(), list(sys.argv), torch.get_rng_state(), torch.are_deterministic_algorithms_enabled(),
               torch.get_num_threads(), signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGALRM),

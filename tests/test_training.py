@@ -19,8 +19,8 @@ from captioning.config import DecodeConfig, DecoderConfig
 from captioning.config_files import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training import engine
-from captioning.training.checkpoint import load_checkpoint
 from captioning.training.engine import NonFiniteLossError, rollout, scst_loss
 from captioning.training.rewards import CiderDReward
 from captioning.training.run import train
@@ -58,8 +58,9 @@ def data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shapes")
     config = load_config(REPO / "configs" / "shapes.yaml",
                          tiny_overrides(root, tmp_path_factory.mktemp("warmup"), **{"train.epochs": 0}))
-    from captioning.training.distributed import ProcessGroup
-    from captioning.training.run import prepare_run, resolve_device
+    from captioning.runtime.device import resolve_device
+    from captioning.runtime.distributed import ProcessGroup
+    from captioning.training.run import prepare_run
 
     prepare_run(config, root, None, False, ProcessGroup(), resolve_device("cpu"))
     return root
@@ -104,6 +105,7 @@ def one_and_two_process_runs(data_root: Path, tmp_path: Path, overrides: dict) -
     return load_checkpoint(single / "checkpoints" / "last.pt"), load_checkpoint(double / "checkpoints" / "last.pt")
 
 
+@pytest.mark.slow
 def test_train_writes_checkpoints_logs_and_history(data_root, tmp_path):
     config = load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, tmp_path / "run"))
     outputs = train(config, progress=False)
@@ -122,6 +124,7 @@ def test_train_writes_checkpoints_logs_and_history(data_root, tmp_path):
     assert load_config(run / "config.yaml") == config
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_equals_uninterrupted_run(data_root, tmp_path):
     common = {"train.epochs": 3, "train.checkpoint_every": 2, "model.decoder.dropout": 0.3}
     straight = tmp_path / "straight"
@@ -171,6 +174,7 @@ def _poison_after(monkeypatch, step: int) -> None:
     monkeypatch.setattr(engine, "caption_loss", poisoned)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_without_writing_a_checkpoint(data_root, tmp_path, monkeypatch):
     config = load_config(REPO / "configs" / "shapes.yaml",
                          tiny_overrides(data_root, tmp_path / "run", **{"train.checkpoint_every": 2}))
@@ -183,6 +187,7 @@ def test_nonfinite_loss_stops_without_writing_a_checkpoint(data_root, tmp_path, 
                and v.numel() > 1)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_skip_continues(data_root, tmp_path, monkeypatch):
     config = load_config(REPO / "configs" / "shapes.yaml",
                          tiny_overrides(data_root, tmp_path / "run", **{"train.nonfinite": "skip",
@@ -195,6 +200,7 @@ def test_nonfinite_loss_skip_continues(data_root, tmp_path, monkeypatch):
     assert all(torch.isfinite(v).all() for v in decoder.values() if v.is_floating_point() and v.numel() > 1)
 
 
+@pytest.mark.slow
 def test_self_critical_training_raises_the_reward():
     torch.manual_seed(0)
     words = ["<pad>", "<start>", "<end>", "<unk>", "red", "blue", "circle", "square", "a", "small"]
@@ -261,7 +267,7 @@ import torch
 from captioning.config import DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.training import distributed
+from captioning.runtime import distributed
 from captioning.training.engine import TrainState, train_one_epoch
 
 out = Path(sys.argv[1])
@@ -322,6 +328,7 @@ def test_two_processes_keep_one_model_through_fine_tuning_and_self_critical_step
     assert moved("xe", "scst", "decoder."), "the self-critical step did not train the decoder"
 
 
+@pytest.mark.slow
 def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, tmp_path):
     overrides = tiny_overrides(data_root, tmp_path / "run", **{
         "model.encoder.fine_tune_stages": 1, "train.encoder_lr": 1e-2, "train.max_steps": 2})
@@ -345,6 +352,7 @@ def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, t
 
 
 # ----------------------------------------------------------------------------- stages, folders, resume
+@pytest.mark.slow
 def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_root, tmp_path):
     # lr ~ 0: epoch 2 cannot beat epoch 1, so patience 1 ends cross-entropy early; SCST must still run.
     overrides = tiny_overrides(data_root, tmp_path / "run", **{
@@ -359,6 +367,7 @@ def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_r
     assert all(path.exists() for path in outputs.files.values())
 
 
+@pytest.mark.slow
 def test_a_new_run_refuses_a_folder_holding_another_runs_checkpoints(data_root, tmp_path):
     run = tmp_path / "run"
     flags = as_flags(tiny_overrides(data_root, run, **{"train.max_steps": 2}))
@@ -374,6 +383,7 @@ def test_a_new_run_refuses_a_folder_holding_another_runs_checkpoints(data_root, 
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_configuration(data_root, tmp_path):
     run = tmp_path / "run"
     flags = as_flags(tiny_overrides(data_root, run, **{"train.max_steps": 2}))
@@ -388,6 +398,7 @@ def test_resume_refuses_a_changed_configuration(data_root, tmp_path):
     assert [s["step"] for s in read_steps(run)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_self_critical_stage_scales_a_fine_tuned_encoders_rate(data_root, tmp_path):
     overrides = tiny_overrides(data_root, tmp_path / "run", **{
         "model.encoder.fine_tune_stages": 1, "train.epochs": 1, "train.scst_epochs": 1, "train.scst_samples": 2,

@@ -37,7 +37,7 @@ from captioning.evaluation.runner import (
 )
 from captioning.models.base import AttentionView
 from captioning.models.transformer import TransformerDecoder
-from captioning.training.checkpoint import load_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training.engine import scst_loss
 from captioning.training.optim import noam_factor
 
@@ -100,6 +100,7 @@ def test_cached_steps_equal_recomputing_the_prefix_after_reordering():
             assert state.length == t + 1
 
 
+@pytest.mark.slow
 def test_beam_one_equals_greedy_and_batched_beam_equals_per_image():
     decoder = make_decoder(seed=3)
     annotations = torch.randn(5, 6, C)
@@ -195,6 +196,7 @@ def test_shapes_transformer_config_reuses_the_lstm_demos_feature_cache():
     assert coco.model.decoder.kind == "transformer" and coco.model.decoder.d_model % coco.model.decoder.num_heads == 0
 
 
+@pytest.mark.slow
 def test_train_py_lowers_the_loss_with_the_noam_schedule(trained):
     losses = [step["loss"] for step in read_steps(trained)]
     assert len(losses) == 24
@@ -204,6 +206,7 @@ def test_train_py_lowers_the_loss_with_the_noam_schedule(trained):
     assert math.isclose(lr, 3e-3 * noam_factor(24, 4))  # stepped once per batch, ready for step 25
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_rebuilds_the_transformer(trained):
     path = trained / "checkpoints" / "best.pt"
     payload = load_checkpoint(path)
@@ -219,6 +222,7 @@ def test_checkpoint_round_trip_rebuilds_the_transformer(trained):
     assert [c.words for c in first] == [c.words for c in again]
 
 
+@pytest.mark.slow
 def test_grounding_scores_the_transformer_cross_attention(trained):
     """The maps grounding scores are the decoder's cross-attention: those of teacher-forcing the same captions."""
     path = trained / "checkpoints" / "best.pt"
@@ -243,6 +247,7 @@ def test_grounding_scores_the_transformer_cross_attention(trained):
     assert set(scores) >= {"grounding-mass", "grounding-pointing", "grounding-words"}
 
 
+@pytest.mark.slow
 def test_visualize_draws_the_chosen_layer_and_head(trained, tmp_path):
     checkpoint = trained / "checkpoints" / "best.pt"
 

@@ -69,6 +69,7 @@ def test_peak_lies_in_its_cell(grid, cell, size, mode):
     assert np.unravel_index(per_cell.argmax(), grid) == cell
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_an_image_smaller_than_the_grid_loses_no_cell(mode):
     # Shrinking a 14x14 map onto 5x5 pixels averages cells: none may vanish.

@@ -22,7 +22,7 @@ from captioning.config import (
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.training.checkpoint import load_checkpoint, save_checkpoint
+from captioning.runtime.checkpoint import load_checkpoint, save_checkpoint
 from captioning.visualization.api import visualization_config, visualize_images
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +64,7 @@ def run_script(*arguments: str | Path) -> subprocess.CompletedProcess:
     return in_process("visualize.py", *arguments, "--no-progress", cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     out_dir, report = tmp_path / "figures", tmp_path / "report.html"
     result = run_script(*odd_images, "--checkpoint", checkpoint, "--out-dir", out_dir, "--html", report)
@@ -118,6 +119,7 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         assert "--cmap" in error[0] and "rainbowish" in error[0]
 
 
+@pytest.mark.slow
 def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path):
     result = visualize_images(checkpoint, split="val", num=3, out_dir=tmp_path / "figures", mode="gaussian",
                               file_format="pdf", html=tmp_path / "val.html", progress=False, normalize="word",
@@ -134,6 +136,7 @@ def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path
     assert str(result.report) in result.summary()
 
 
+@pytest.mark.slow
 def test_image_figures_panel_count(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     duplicate = tmp_path / "again" / "wide.png"
     duplicate.parent.mkdir()

@@ -23,7 +23,7 @@ from tool_runs import REPO, kept_process_state
 from captioning.config import Config, DataConfig, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.training.checkpoint import save_checkpoint
+from captioning.runtime.checkpoint import save_checkpoint
 
 DECODERS = {
     "lstm": DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),

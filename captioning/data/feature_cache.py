@@ -30,10 +30,10 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -46,12 +46,26 @@ from captioning.data.cache_store import COMPUTED, DTYPE, NOT_COMPUTED, UNREADABL
 from captioning.data.image_files import content_identity, stat_images
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
-from captioning.models.encoders import Encoder
 from captioning.run_folder import check_output_folder
 
 __all__ = ["FeatureCache", "FeatureCacheError"]
 
 logger = logging.getLogger(__name__)
+
+
+class GridEncoder(Protocol):
+    """What the cache needs of the frozen encoder it is given (``captioning.models.encoders.Encoder``);
+    the data layer does not import the models."""
+
+    name: str
+    channels: int  # C of the (B, P, C) grids it caches
+    grid: tuple[int, int]  # (H, W): P = H*W positions per image
+    image_size: int
+    transform: Callable[[Any], torch.Tensor]  # PIL image -> (3, image_size, image_size)
+
+    def fingerprint(self) -> dict[str, Any]: ...
+
+    def inference_copy(self) -> torch.nn.Module: ...
 
 
 class _ImageFiles(Dataset):
@@ -191,7 +205,7 @@ class FeatureCache:
         return {**self.__dict__, "_features": None}
 
     @classmethod
-    def build_or_open(cls, directory: str | Path, encoder: Encoder, records: list[ImageRecord],
+    def build_or_open(cls, directory: str | Path, encoder: GridEncoder, records: list[ImageRecord],
                       batch_size: int | None = None, device: str | torch.device = "cpu", num_workers: int = 0,
                       progress: bool = True, skip_bad_images: bool = False, rank: int = 0,
                       world_size: int = 1, build: bool = True) -> FeatureCache | None:
@@ -386,7 +400,7 @@ class _Build:
                 raise ImageError(f"{message} (recorded in {self.folder / 'index.json'}; set "
                                  "data.skip_bad_images to skip such images)")
 
-    def compute_share(self, encoder: Encoder, batch_size: int, device: torch.device, num_workers: int,
+    def compute_share(self, encoder: GridEncoder, batch_size: int, device: torch.device, num_workers: int,
                       progress: bool, rank: int, world_size: int) -> int:
         """Compute this rank's share of the records' rows not computed yet; returns how many."""
         if rank != 0:
@@ -406,7 +420,7 @@ class _Build:
             bar.close()
         return len(share)
 
-    def _fill(self, share: list[tuple[int, ImageRecord]], encoder: Encoder, batch_size: int,
+    def _fill(self, share: list[tuple[int, ImageRecord]], encoder: GridEncoder, batch_size: int,
               device: torch.device, num_workers: int, bar: tqdm) -> None:
         """Compute the rows of ``share`` in place; rows reach the disk before their states say so."""
         features = np.load(self.folder / "features.npy", mmap_mode="r+")  # (R, P, C) float16

@@ -30,7 +30,7 @@ from captioning.config import DataConfig
 from captioning.data import coco, karpathy
 from captioning.data import records as records_module
 from captioning.data.records import ImageRecord
-from captioning.files import not_a_regular_file
+from captioning.files import atomic_write, not_a_regular_file
 
 FORMAT_VERSION = 1
 _CODE = (karpathy, coco, records_module)  # modules whose code decides what an index holds
@@ -196,8 +196,6 @@ def load_indexed(config: DataConfig, read: Callable[[DataConfig], list[ImageReco
 
 
 def _write(folder: Path, key: dict[str, Any], records: list[ImageRecord], root: Path, warnings: list) -> None:
-    from captioning.training.checkpoint import atomic_write  # imported here: checkpoint imports this package
-
     by_split: dict[str, list[tuple[int, ImageRecord]]] = {}
     for position, record in enumerate(records):
         by_split.setdefault(record.split, []).append((position, record))

@@ -38,7 +38,7 @@ from captioning.run_folder import (
     run_folder_of,
     scores_path_for,
 )
-from captioning.training.run import resolve_device
+from captioning.runtime.device import resolve_device
 
 
 def _print_summary(files: dict[str, Path | None], notes: dict[Path, str]) -> None:

@@ -32,16 +32,15 @@ from captioning.evaluation.metrics import EvaluationInputError, score_captions
 from captioning.evaluation.signature import make_signature, parse_signature, reward_description
 from captioning.files import atomic_write, writes_in_place
 from captioning.models.captioner import Captioner
-from captioning.text import detokenize
-from captioning.training.checkpoint import (
+from captioning.runtime.checkpoint import (
     CheckpointError,
     checkpoint_config,
     load_checkpoint,
     load_state_checked,
 )
-from captioning.training.engine import EpochBatches, generate_captions
-from captioning.training.plan import check_splits, data_source
-from captioning.training.run import caption_dataset, uses_cache
+from captioning.runtime.inference import EpochBatches, generate_captions
+from captioning.runtime.inputs import caption_dataset, check_splits, data_source, uses_cache
+from captioning.text import detokenize
 
 if TYPE_CHECKING:
     from captioning.evaluation.clip_score import ClipScorer

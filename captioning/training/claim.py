@@ -10,8 +10,8 @@ from captioning.config import Config
 from captioning.config_files import load_config
 from captioning.files import path_kind
 from captioning.run_folder import CHECKPOINTS, beyond_leftovers, remove_project_outputs
-from captioning.training import distributed
-from captioning.training.checkpoint import CheckpointError
+from captioning.runtime import distributed
+from captioning.runtime.checkpoint import CheckpointError
 from captioning.training.trainer import check_resumable
 
 

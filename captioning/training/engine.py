@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,11 +11,13 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from captioning.config import ConfigError, DecodeConfig, DecoderConfig, TrainConfig
-from captioning.decoding import Caption, decode, rollout, sampler
+from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
+from captioning.decoding import rollout, sampler
 from captioning.models.captioner import Captioner
 from captioning.models.decoder import HardAttentionDecoder
-from captioning.training import distributed
+from captioning.runtime import distributed
+from captioning.runtime.device import autocast
+from captioning.runtime.inference import annotations_of, move
 from captioning.training.losses import LossTerms, caption_loss, hard_attention_loss
 
 # The self-critical reward: (image ids (N,), captions as token ids without <end> (N,), whether each
@@ -57,63 +58,6 @@ class TrainState:
 def steps_per_epoch(num_images: int, batch_size: int) -> int:
     """Optimisation steps in one epoch of ``num_images`` in global batches of ``batch_size`` (the last may be short)."""
     return math.ceil(num_images / batch_size)
-
-
-class EpochBatches:
-    """Image indices of each batch of one epoch, shuffled from (seed, epoch) alone.
-
-    The order depends on nothing else, so a resumed run sees the same batches: it simply
-    starts ``skip`` batches in. With several processes, each takes its share of every
-    global batch (``rank::world_size``).
-    """
-
-    def __init__(self, num_images: int, batch_size: int, seed: int, epoch: int, skip: int = 0,
-                 rank: int = 0, world_size: int = 1, shuffle: bool = True):
-        generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
-        order = torch.randperm(num_images, generator=generator) if shuffle else torch.arange(num_images)
-        self.batches = [order[i:i + batch_size].tolist() for i in range(0, num_images, batch_size)]
-        self.batches = [batch[rank::world_size] for batch in self.batches[skip:]]
-        self.batches = [batch for batch in self.batches if batch]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-def move(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
-
-
-def annotations_of(model: Captioner, batch: dict) -> Tensor:
-    """(B, P, C) float32 grids: cached features (float16 as stored) converted on the device, or images
-    through the encoder."""
-    if "features" in batch:
-        return batch["features"].float()
-    return model.encode(batch["images"])
-
-
-def amp_dtype(device: torch.device, amp: str) -> torch.dtype | None:
-    """The autocast dtype of ``train.amp`` on ``device``: None for 'none'.
-
-    Raises:
-        ConfigError: fp16 on CPU. CPU matrix products are not faster in float16 (bf16 is, where
-            the CPU has bf16 instructions), and float16's narrow range needs a gradient scaler.
-    """
-    if amp == "none":
-        return None
-    if amp == "fp16" and device.type != "cuda":
-        raise ConfigError(f"train.amp: fp16 needs a CUDA device, the device is {device}; use bf16 on CPU")
-    return torch.bfloat16 if amp == "bf16" else torch.float16
-
-
-def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
-    """Mixed precision (``train.amp``): bf16 on GPU or CPU, fp16 on GPU; a no-op with 'none'."""
-    dtype = amp_dtype(device, amp)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def flatten_captions(batch: dict) -> tuple[Tensor, Tensor, Tensor]:
@@ -284,23 +228,3 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
     return {key: value / max(state.epoch_steps, 1) for key, value in state.epoch_sums.items()}
 
 
-@torch.inference_mode()
-def generate_captions(model: Captioner, loader: Iterable[dict], decode_config: DecodeConfig, device: torch.device,
-                      progress: bool = True, desc: str = "decoding", amp: str = "none",
-                      ) -> list[tuple[int, int, Caption]]:
-    """Caption every image of ``loader``: a list of (dataset index, image id, Caption).
-
-    ``amp`` (``train.amp``) decodes under autocast, as training ran; scores and log-probabilities
-    are float32 whatever it is (the decoders return float32 log-probabilities).
-    """
-    model.eval()
-    decoder = distributed.unwrap(model.decoder)
-    results = []
-    for batch in tqdm(loader, desc=desc, leave=False, disable=not progress, dynamic_ncols=True, unit="batch"):
-        if batch is None:
-            continue
-        batch = move(batch, device)
-        with autocast(device, amp):
-            captions = decode(decoder, annotations_of(model, batch), decode_config)
-        results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions))
-    return results

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import DecoderOutput, HardAttentionDecoder
-from captioning.training import distributed
+from captioning.runtime import distributed
 
 # Never a target and never emitted (decoding masks them): label smoothing leaves them out.
 UNPRODUCIBLE = (Vocabulary.pad_id, Vocabulary.start_id)

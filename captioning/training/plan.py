@@ -8,7 +8,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from captioning.config import PER_STEP_SCHEDULES, Config, DataConfig
+from captioning.config import PER_STEP_SCHEDULES, Config
 from captioning.data import split_rule
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.files import not_a_regular_file
@@ -16,35 +16,6 @@ from captioning.training.engine import steps_per_epoch
 from captioning.training.optim import MAX_WARMUP_FRACTION, warmup_for
 
 STAGE_NAMES = {"xe": "cross-entropy", "scst": "self-critical"}
-
-
-def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[str], source: str = "") -> Counter[str]:
-    """Images per split, after checking that every split in ``needed`` has some.
-
-    Args:
-        source: the files the records were read from (``data_source``), named first in the message.
-    Raises:
-        DatasetError: naming the files, the empty split and the splits there are.
-    """
-    counts = Counter(record.split for record in records)
-    for split in needed:
-        if not counts[split]:
-            have = ", ".join(f"{name or '(none)'} {count}" for name, count in sorted(counts.items())) or "no images"
-            hint = ("; train.py scores the test split after training: give data with one, or pass --no-test"
-                    if split == "test" else "")
-            raise DatasetError(f"{source}: " * bool(source) +
-                               f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}")
-    return counts
-
-
-def data_source(config: DataConfig) -> str:
-    """The files (or folder) a dataset's records are read from, for messages: the Karpathy split file,
-    the COCO annotation files, the image folder, Shapes' root."""
-    if config.dataset == "karpathy" and config.split_file:
-        return str(config.split_file)
-    if config.dataset == "coco" and config.annotations:
-        return ", ".join(map(str, [*([config.split_file] if config.split_file else []), *config.annotations]))
-    return str(config.root)
 
 
 def check_images_exist(records: Sequence[ImageRecord], skip_bad_images: bool) -> None:

@@ -23,8 +23,8 @@ import torch
 
 from captioning.config import Config
 from captioning.models.captioner import Captioner
+from captioning.runtime.checkpoint import CheckpointError, check_state_fits
 from captioning.training.averaging import trainable_parameters
-from captioning.training.checkpoint import CheckpointError, check_state_fits
 from captioning.training.engine import TrainState
 from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.plan import STAGE_NAMES

@@ -6,20 +6,17 @@ import contextlib
 import json
 import math
 import os
-import random
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from captioning.config import Config, to_dict
 from captioning.config_files import save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
-from captioning.data.datasets import CaptionDataset, usable_workers
-from captioning.data.feature_cache import FeatureCache
+from captioning.data.datasets import CaptionDataset
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.decoding import check_decoding_fits
@@ -29,20 +26,26 @@ from captioning.run_folder import (
     RunLock,
     check_output_folder,
 )
-from captioning.training import distributed
-from captioning.training.checkpoint import (
+from captioning.runtime import distributed
+from captioning.runtime.checkpoint import (
     CheckpointError,
     atomic_write,
     checkpoint_config,
     load_checkpoint,
 )
-from captioning.training.claim import auto_resume_point, claim_output_dir, remove_outputs
-from captioning.training.cpu_threads import say_if_busy
-from captioning.training.engine import TrainState, amp_dtype
-from captioning.training.plan import (
-    check_images_exist,
+from captioning.runtime.device import amp_dtype, resolve_device, seed_everything
+from captioning.runtime.inputs import (
+    caption_dataset,
     check_splits,
     data_source,
+    feature_cache_dir,
+    uses_cache,
+)
+from captioning.training.claim import auto_resume_point, claim_output_dir, remove_outputs
+from captioning.training.cpu_threads import say_if_busy
+from captioning.training.engine import TrainState
+from captioning.training.plan import (
+    check_images_exist,
     describe_cache_plan,
     describe_plan,
     resumed_length,
@@ -64,70 +67,6 @@ class RunOutputs:
     state: TrainState | None = None
     lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
     caption_warning: str | None = None  # the last captions were mostly empty or the same (degenerate_captions)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available; else ``cpu``, ``cuda`` or ``cuda:N``.
-
-    Raises:
-        ValueError: another device (``meta`` holds no data: a run on it would fail after writing).
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} asked for, but CUDA is not available")
-    return device
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-
-
-def feature_cache_dir(config: Config, output_dir: Path) -> Path:
-    """Shared by runs over the same data: under the data root unless configured."""
-    if config.data.cache_dir:
-        return Path(config.data.cache_dir)
-    return Path(config.data.root) / "features" if config.data.dataset != "folder" else output_dir / "features"
-
-
-def uses_cache(config: Config) -> bool:
-    return config.data.use_cache and config.model.encoder.fine_tune_stages == 0
-
-
-def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
-                    output_dir: Path, progress: bool, captions_per_image: int,
-                    group: distributed.ProcessGroup | None = None, build_cache: bool = True) -> CaptionDataset:
-    """A dataset over ``records``: cached grids for a frozen encoder, images otherwise.
-
-    With several processes (``group``), every rank must call this: they fill the cache together.
-    ``build_cache`` False: a complete cache is used if there is one, else images are read (nothing
-    is written); for a cache folder named by a checkpoint rather than by the user.
-    """
-    group = group or distributed.ProcessGroup()
-    common = {"vocab": model.vocab, "max_length": config.data.max_caption_length,
-              "captions_per_image": captions_per_image, "seed": config.train.seed,
-              "skip_bad_images": config.data.skip_bad_images}
-    cache = None
-    if uses_cache(config):
-        cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
-                                           device=device,
-                                           num_workers=usable_workers(config.data.num_workers),
-                                           progress=progress, skip_bad_images=config.data.skip_bad_images,
-                                           rank=group.rank, world_size=group.world_size, build=build_cache)
-    if cache is not None:
-        return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
-    return CaptionDataset(records, transform=model.encoder.transform, **common)
 
 
 def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,

@@ -14,7 +14,7 @@ from types import FrameType
 
 import torch
 
-from captioning.training import distributed
+from captioning.runtime import distributed
 
 EXIT_STATUS = 75  # EX_TEMPFAIL (sysexits.h): stopped on request with everything saved; run it again
 

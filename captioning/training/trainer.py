@@ -18,10 +18,8 @@ from captioning.data.datasets import CaptionDataset, collate_captions, usable_wo
 from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
-from captioning.text import detokenize
-from captioning.training import distributed
-from captioning.training.averaging import WeightAverage, trainable_parameters
-from captioning.training.checkpoint import (
+from captioning.runtime import distributed
+from captioning.runtime.checkpoint import (
     CheckpointError,
     atomic_write,
     checkpoint_config,
@@ -31,13 +29,10 @@ from captioning.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from captioning.training.engine import (
-    EpochBatches,
-    TrainState,
-    generate_captions,
-    steps_per_epoch,
-    train_one_epoch,
-)
+from captioning.runtime.inference import EpochBatches, generate_captions
+from captioning.text import detokenize
+from captioning.training.averaging import WeightAverage, trainable_parameters
+from captioning.training.engine import TrainState, steps_per_epoch, train_one_epoch
 from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.rewards import CiderDReward
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped

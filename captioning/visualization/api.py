@@ -184,7 +184,7 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         load_captioner,
         split_records,
     )
-    from captioning.training.run import resolve_device
+    from captioning.runtime.device import resolve_device
     from captioning.visualization.report import write_figures, write_report
 
     torch_device = resolve_device(device)

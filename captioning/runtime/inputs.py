@@ -1,0 +1,82 @@
+"""The datasets a run reads: the records of each split, cached grids for a frozen encoder or images."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from captioning.config import Config, DataConfig
+from captioning.data.datasets import CaptionDataset, usable_workers
+from captioning.data.feature_cache import FeatureCache
+from captioning.data.records import DatasetError, ImageRecord
+from captioning.models.captioner import Captioner
+from captioning.runtime import distributed
+
+
+def feature_cache_dir(config: Config, output_dir: Path) -> Path:
+    """Shared by runs over the same data: under the data root unless configured."""
+    if config.data.cache_dir:
+        return Path(config.data.cache_dir)
+    return Path(config.data.root) / "features" if config.data.dataset != "folder" else output_dir / "features"
+
+
+def uses_cache(config: Config) -> bool:
+    """Whether a run reads cached grids: ``data.use_cache`` with a frozen encoder (no stage fine-tuned)."""
+    return config.data.use_cache and config.model.encoder.fine_tune_stages == 0
+
+
+def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
+                    output_dir: Path, progress: bool, captions_per_image: int,
+                    group: distributed.ProcessGroup | None = None, build_cache: bool = True) -> CaptionDataset:
+    """A dataset over ``records``: cached grids for a frozen encoder, images otherwise.
+
+    With several processes (``group``), every rank must call this: they fill the cache together.
+    ``build_cache`` False: a complete cache is used if there is one, else images are read (nothing
+    is written); for a cache folder named by a checkpoint rather than by the user.
+    """
+    group = group or distributed.ProcessGroup()
+    common = {"vocab": model.vocab, "max_length": config.data.max_caption_length,
+              "captions_per_image": captions_per_image, "seed": config.train.seed,
+              "skip_bad_images": config.data.skip_bad_images}
+    cache = None
+    if uses_cache(config):
+        cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
+                                           device=device,
+                                           num_workers=usable_workers(config.data.num_workers),
+                                           progress=progress, skip_bad_images=config.data.skip_bad_images,
+                                           rank=group.rank, world_size=group.world_size, build=build_cache)
+    if cache is not None:
+        return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
+    return CaptionDataset(records, transform=model.encoder.transform, **common)
+
+
+def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[str], source: str = "") -> Counter[str]:
+    """Images per split, after checking that every split in ``needed`` has some.
+
+    Args:
+        source: the files the records were read from (``data_source``), named first in the message.
+    Raises:
+        DatasetError: naming the files, the empty split and the splits there are.
+    """
+    counts = Counter(record.split for record in records)
+    for split in needed:
+        if not counts[split]:
+            have = ", ".join(f"{name or '(none)'} {count}" for name, count in sorted(counts.items())) or "no images"
+            hint = ("; train.py scores the test split after training: give data with one, or pass --no-test"
+                    if split == "test" else "")
+            raise DatasetError(f"{source}: " * bool(source) +
+                               f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}")
+    return counts
+
+
+def data_source(config: DataConfig) -> str:
+    """The files (or folder) a dataset's records are read from, for messages: the Karpathy split file,
+    the COCO annotation files, the image folder, Shapes' root."""
+    if config.dataset == "karpathy" and config.split_file:
+        return str(config.split_file)
+    if config.dataset == "coco" and config.annotations:
+        return ", ".join(map(str, [*([config.split_file] if config.split_file else []), *config.annotations]))
+    return str(config.root)

@@ -1,0 +1,117 @@
+"""``--import MODULE``: a user module, imported before the configuration is checked, can register an
+encoder that train.py, evaluate.py and visualize.py all use."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from tool_runs import in_process, run_tool
+
+from captioning.runtime.checkpoint import checkpoint_config, load_checkpoint
+
+# A user's encoder in a dozen lines: torchvision's MobileNetV3-Small trunk (576 channels), random weights.
+USER_ENCODER = '''
+import torchvision
+from torchvision.transforms import InterpolationMode
+
+from captioning.models.encoders import Backbone, register_encoder
+
+
+@register_encoder("user_mobilenet")
+def user_mobilenet(weights: str) -> Backbone:
+    if weights != "none":
+        raise ValueError(f"user_mobilenet has no published weights here, got {weights!r}")
+    trunk = torchvision.models.mobilenet_v3_small(weights=None).features
+    return Backbone(trunk, tuple(trunk.children()), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+                    interpolation=InterpolationMode.BILINEAR, weights={"none": True})
+'''
+
+TINY_RUN = {
+    "model.encoder.name": "user_mobilenet", "model.encoder.weights": "none", "model.encoder.image_size": 64,
+    "model.encoder.grid_size": 0, "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 16,
+    "model.decoder.attention_dim": 16, "data.shapes_train": 12, "data.shapes_val": 4, "data.shapes_test": 4,
+    "data.shapes_image_size": 64, "train.epochs": 1, "train.scst_epochs": 0, "train.batch_size": 4,
+    "train.schedule": "plateau", "train.ema_decay": 0.0, "decode.beam_size": 2, "decode.max_length": 6,
+}
+
+
+@pytest.fixture
+def fresh_imports(monkeypatch, tmp_path):
+    """``sys.path`` put back, and the user modules under ``tmp_path`` forgotten, after a tool run in this
+    process imported them."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+@pytest.mark.slow
+def test_an_encoder_a_user_module_registers_works_through_all_three_tools(tmp_path):
+    module = tmp_path / "user_encoders.py"
+    module.write_text(USER_ENCODER)
+    run = tmp_path / "run"
+    overrides = {**TINY_RUN, "data.root": tmp_path / "shapes"}
+    trained = run_tool("train.py", "--import", module, "--output-dir", run, "--device", "cpu", "--no-test",
+                       "--no-progress", *[arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")])
+    assert trained.returncode == 0, trained.stderr
+    checkpoint = run / "checkpoints" / "best.pt"
+    config, _ = checkpoint_config(load_checkpoint(checkpoint), checkpoint)
+    assert config.model.encoder.name == "user_mobilenet"
+    assert load_checkpoint(checkpoint)["encoder_fingerprint"]["channels"] == 576
+
+    refused = run_tool("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress")
+    assert refused.returncode == 2
+    assert "user_mobilenet" in refused.stderr.strip().splitlines()[-1]
+
+    evaluated = run_tool("evaluate.py", "--import", module, "--checkpoint", checkpoint, "--split", "test",
+                         "--no-java", "--no-progress", "--device", "cpu", "--out", tmp_path / "scores.json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "CIDEr-D" in json.loads((tmp_path / "scores.json").read_text())
+
+    image = min((tmp_path / "shapes").rglob("*.png"))
+    figures = tmp_path / "figures"
+    drawn = run_tool("visualize.py", image, "--import", module, "--checkpoint", checkpoint, "--out-dir", figures,
+                     "--no-progress", "--device", "cpu")
+    assert drawn.returncode == 0, drawn.stderr
+    assert list(figures.glob("*.png"))
+
+
+def test_the_module_is_imported_before_the_configuration_is_checked(tmp_path, fresh_imports):
+    (tmp_path / "marks_its_import.py").write_text("from pathlib import Path\nPath('imported').write_text('yes')\n")
+    result = in_process("train.py", "--import", "marks_its_import", "--set", "train.epochs=-1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert (tmp_path / "imported").read_text() == "yes"  # found in the current folder, imported first
+    assert "train.epochs" in result.stderr  # then the configuration was refused
+
+
+@pytest.mark.parametrize(("module_text", "argument", "expected"), [
+    (None, "no_such_module_here", "--import no_such_module_here: no module named 'no_such_module_here'"),
+    (None, "missing/encoders.py", "--import missing/encoders.py: no such file"),
+    ("1 / 0\n", "broken_user_module.py", "--import broken_user_module.py: ZeroDivisionError: division by zero"),
+    ("import no_such_dependency_here\n", "needs_a_dependency.py",
+     "--import needs_a_dependency.py: ModuleNotFoundError: No module named 'no_such_dependency_here'"),
+    ("", "json.py", "--import"),  # a file that would replace a module already imported
+])
+def test_a_module_that_cannot_be_imported_is_a_one_line_error(tmp_path, fresh_imports, module_text, argument,
+                                                              expected):
+    if module_text is not None:
+        (tmp_path / argument).write_text(module_text)
+    result = in_process("evaluate.py", "--import", argument, "--checkpoint", tmp_path / "never.pt", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr
+    if argument == "json.py":
+        assert "is imported already" in lines[0]
+
+
+def test_a_file_imported_by_an_earlier_run_in_the_process_is_not_run_again(tmp_path, fresh_imports):
+    module = tmp_path / "counts_its_runs.py"
+    module.write_text("from pathlib import Path\nmark = Path(__file__).with_suffix('.runs')\n"
+                      "mark.write_text(mark.read_text() + 'x' if mark.exists() else 'x')\n")
+    for _ in range(2):
+        result = in_process("train.py", "--import", module, "--set", "train.epochs=-1", cwd=tmp_path)
+        assert result.returncode == 2 and "train.epochs" in result.stderr
+    assert (tmp_path / "counts_its_runs.runs").read_text() == "x"
