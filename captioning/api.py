@@ -156,8 +156,8 @@ class CaptioningModel:
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)
-        that ``captioning.load`` reads on any machine; see ``captioning.pretrained``."""
-        from captioning.pretrained import save_pretrained
+        that ``captioning.load`` reads on any machine; see ``captioning.pretrained`` and ``captioning.export``."""
+        from captioning.export import save_pretrained
 
         return save_pretrained(self, folder)
 
