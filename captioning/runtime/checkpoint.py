@@ -216,15 +216,18 @@ def _unpickling_detail(error: pickle.UnpicklingError) -> str:
 
 def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") -> tuple[Config, Vocabulary]:
     """The configuration and vocabulary stored in a loaded checkpoint (its encoder one this code builds)."""
-    from captioning.models.encoders import ENCODERS
+    from captioning.models.encoders import ENCODERS, encoder_builder
 
     try:
         config, vocab = from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
     except (ConfigError, VocabularyError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"{path}: invalid stored configuration or vocabulary ({error})") from None
-    if config.model.encoder.name not in ENCODERS:
+    try:  # a registered name, or <family>:<model> of a known family (timm:, open_clip:)
+        encoder_builder(config.model.encoder.name)
+    except ConfigError:
         raise CheckpointError(f"{path}: stored model.encoder.name {config.model.encoder.name!r:.60} is not an "
-                              f"encoder of this code ({', '.join(sorted(ENCODERS))})")
+                              f"encoder of this code ({', '.join(sorted(ENCODERS))}, or a timm: or open_clip: "
+                              "name; a user module's encoder needs --import)") from None
     return config, vocab
 
 
