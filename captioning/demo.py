@@ -89,7 +89,7 @@ def caption_file(model: CaptioningModel, path: str, strategy: str, beam_size: in
         ImageError, ConfigError, ValueError: the file or an option is refused (one line).
     """
     from captioning.visualization.figures import attention_figure
-    from captioning.visualization.overlay import blend
+    from captioning.visualization.overlay import DEFAULT_CMAP, blend
 
     caption = model.caption([path], strategy=strategy, beam_size=int(beam_size))[0]
     picture = load_image(path)
@@ -99,7 +99,7 @@ def caption_file(model: CaptioningModel, path: str, strategy: str, beam_size: in
                         if picture.size != drawn.image_size else picture)  # (H, W, 3) uint8, as drawn
     titles = [word if caption.beta is None else f"{word} (beta={caption.beta[t]:.2f})"
               for t, word in enumerate(caption.words)]
-    overlays = [(blend(pixels, drawn.maps[t], "jet", 0.6), title) for t, title in enumerate(titles)]
+    overlays = [(blend(pixels, drawn.maps[t], DEFAULT_CMAP, 0.6), title) for t, title in enumerate(titles)]
     return caption.text or "(empty caption)", _png(drawn.figure), overlays
 
 

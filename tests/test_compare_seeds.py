@@ -16,6 +16,7 @@ from captioning.config import Config, DecoderConfig
 from captioning.config_files import save_config
 from captioning.evaluation.grounding import Instances, ObjectBox
 from captioning.evaluation.runner import add_boxed_scores
+from captioning.evaluation.signature import parse_signature
 from captioning.evaluation.significance import group_bootstrap, holm, paired_bootstrap
 
 
@@ -107,6 +108,14 @@ def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path): 
     assert metrics["CHAIR-i"]["b"] == pytest.approx(0.5) and metrics["CHAIR-i"]["ci_low"] > 0
     assert all(m["p_holm"] >= m["p_value"] for m in metrics.values())
     assert f"adjusted for the {len(metrics)} metrics" in result.stdout
+    signature = parse_signature(comparison["signatures"]["a"])  # CHAIR from the captions: table and boxes named
+    assert signature["chair"] == "released" and "inst" in signature and "words" in signature
+    extended = evaluate("--compare", str(lstm), str(transformer), "--annotations", str(files["refs"]),
+                        "--instances", str(files["instances"]), "--chair-table", "extended", "--no-java",
+                        "--resamples", "50", "--out", str(tmp_path / "extended.json"))
+    assert extended.returncode == 0, extended.stderr[-2000:]
+    other = parse_signature(json.loads((tmp_path / "extended.json").read_text())["signatures"]["a"])
+    assert other["chair"] == "extended" and other["words"] != signature["words"]
     named = evaluate("--compare", str(lstm), str(transformer), "--names", "LSTM", "Transformer", "--annotations",
                      str(files["refs"]), "--no-java", "--resamples", "50")
     assert named.returncode == 0, named.stderr[-2000:]

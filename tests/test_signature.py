@@ -117,3 +117,19 @@ def test_a_checkpoint_names_the_reward_its_weights_were_tuned_with(tmp_path: Pat
                     encoder_state=model.encoder.state_dict(), encoder_fingerprint=model.encoder.fingerprint(),
                     training={"state": TrainState(stage=stage).to_dict()})
     assert load_trained_captioner(path, torch.device("cpu"))[2] == expected
+
+
+@pytest.mark.parametrize(("stored", "expected"), [(None, False), (True, True), (False, False)])
+def test_a_checkpoint_from_before_the_end_token_keeps_the_reward_it_was_trained_with(stored, expected):
+    from captioning.config import to_dict
+    from captioning.runtime.checkpoint import checkpoint_config
+
+    config = to_dict(Config())
+    if stored is None:  # written before train.scst_reward_eos existed: the words-only reward
+        del config["train"]["scst_reward_eos"]
+    else:
+        config["train"]["scst_reward_eos"] = stored
+    payload = {"config": config, "vocab": Vocabulary.build([["a", "dog"]], min_count=1).to_dict()}
+    loaded, _ = checkpoint_config(payload, "old.pt")
+    assert loaded.train.scst_reward_eos is expected
+    assert reward_description(loaded.train) == ("cider-d.eos" if expected else "cider-d.noeos")

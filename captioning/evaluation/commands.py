@@ -113,7 +113,7 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
     return compare_command(args.annotations, *groups, args.out, use_java, args.spice, args.resamples,
                            args.seed, args.java_timeout, getattr(args, "names", None), boxes,
-                           tokenizer=args.tokenizer)
+                           tokenizer=args.tokenizer, chair=args.chair_table or "released")
 
 
 def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import (
@@ -98,14 +99,16 @@ def default_names(runs_a: Sequence[Path], runs_b: Sequence[Path]) -> tuple[str, 
 def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
                           use_java: bool | None = None, spice: bool = False, resamples: int = 1000, seed: int = 0,
                           java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
-                          instances: Instances | None = None, tokenizer: str = "ptb") -> dict[str, Any]:
+                          instances: Instances | None = None, tokenizer: str = "ptb",
+                          chair: str = "released") -> dict[str, Any]:
     """Score two systems' results files on the same images and compare them metric by metric.
 
     Each side is one results file, or several (one per training seed): the comparison is then
     of the mean over each side's runs, with an interval that includes the variance between seeds
     (``significance.group_bootstrap``). Grounding and CHAIR are compared when every run's
     per-image scores hold them (``ratios``); with ``instances``, CHAIR is computed from the captions.
-    ``tokenizer``: the tokens the metrics are computed on, as for :func:`score_captions`.
+    ``tokenizer``: the tokens the metrics are computed on, as for :func:`score_captions`; ``chair``: CHAIR's
+    word table when it is computed from the captions (the signatures then name it and the instances).
 
     Returns:
         ``{"metrics": {metric: {"a", "b", "difference", "ci_low", "ci_high", "p_value", "p_holm"}},
@@ -137,9 +140,11 @@ def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], r
             if instances is not None:
                 ratios.update(chair_statistics({i: tokenize(c) for i, c in run.items()},
                                                {i: [tokenize(r) for r in references[i]] for i in image_ids},
-                                               instances, image_ids))
+                                               instances, image_ids, chair))
             side["ratios"].append(ratios)
-            side["signatures"].append(make_signature(references, scores.tokenizer, results=path))
+            side["signatures"].append(make_signature(
+                references, scores.tokenizer, results=path, chair=chair if instances is not None else None,
+                boxes=instances, table=chair_table(chair) if instances is not None else None))
         sides.append(side)
     shared = [metric for metric in RATIO_METRICS
               if all(metric in ratios for side in sides for ratios in side["ratios"])]
@@ -195,10 +200,10 @@ def check_bootstrap_fits(resamples: int, images: int) -> None:
 def compare_command(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
                     out: Path | None, use_java: bool | None, spice: bool, resamples: int, seed: int,
                     java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
-                    instances: Instances | None = None, tokenizer: str = "ptb") -> dict[str, Any]:
+                    instances: Instances | None = None, tokenizer: str = "ptb", chair: str = "released") -> dict[str, Any]:
     """Print the comparison table (and signatures, warning when they differ), write ``out`` if given."""
     comparison = compare_results_files(annotations, results_a, results_b, use_java, spice, resamples, seed,
-                                       java_timeout, names, instances, tokenizer)
+                                       java_timeout, names, instances, tokenizer, chair)
     print(comparison["table"])
     name_a, name_b = comparison["names"]["a"], comparison["names"]["b"]
     runs = comparison["runs"]

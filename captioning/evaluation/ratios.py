@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.hallucination import chair
 from captioning.evaluation.metrics import EvaluationInputError
@@ -95,7 +96,7 @@ def read_ratio_statistics(results: str | Path, image_ids: Sequence[int]) -> dict
 
 
 def chair_statistics(captions: Mapping[int, Sequence[str]], references: Mapping[int, Sequence[Sequence[str]]],
-                     instances: Instances, image_ids: Sequence[int]) -> dict[str, np.ndarray]:
+                     instances: Instances, image_ids: Sequence[int], table: str = "released") -> dict[str, np.ndarray]:
     """CHAIR-i and CHAIR-s (sum, count) per image, computed from tokenised captions (images the
     instances do not cover count nothing).
 
@@ -104,10 +105,11 @@ def chair_statistics(captions: Mapping[int, Sequence[str]], references: Mapping[
         references: image id -> its references' tokens.
         instances: the boxes (:func:`captioning.evaluation.runner.load_boxes`).
         image_ids: (N,) the images, in row order.
+        table: CHAIR's word table (:data:`captioning.config.CHAIR_TABLES`).
     Returns:
         ``{"CHAIR-i": (N, 2), "CHAIR-s": (N, 2)}``.
     """
     covered = {i: captions[i] for i in image_ids if i in instances.image_sizes}
-    result = chair(covered, references, instances)
+    result = chair(covered, references, instances, chair_table(table))
     entries = [{"image_id": i, **(result.per_image[i].to_json() if i in result.per_image else {})} for i in image_ids]
     return {metric: rows for metric, rows in ratio_statistics(entries, image_ids).items() if metric.startswith("CHAIR")}

@@ -13,6 +13,7 @@ import pickle
 import random
 import re
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,10 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
         config, vocab = from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
     except (ConfigError, VocabularyError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"{path}: invalid stored configuration or vocabulary ({error})") from None
+    if "scst_reward_eos" not in (payload["config"].get("train") or {}):
+        # Written before the self-critical reward counted the caption's end: its weights, and a resumed
+        # run, keep the reward they were trained with (train.scst_reward_eos false).
+        config = replace(config, train=replace(config.train, scst_reward_eos=False))
     try:  # a registered name, or <family>:<model> of a known family (timm:, open_clip:)
         encoder_builder(config.model.encoder.name)
     except ConfigError:

@@ -145,7 +145,8 @@ def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainCo
     limits = {"max_length": decode_config.max_length, "min_length": decode_config.min_length,
               "forbid_unk": decode_config.forbid_unk}
     sampled = rollout(decoder, annotations, sampler(), repeats=n, **limits)
-    sample_words = [row[:length].tolist() for row, length in zip(sampled.tokens, sampled.lengths.tolist())]
+    # One device-to-host copy per rollout, not one per caption.
+    sample_words = [row[:length] for row, length in zip(sampled.tokens.tolist(), sampled.lengths.tolist(), strict=True)]
     rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words,
                        sampled.finished.tolist()).reshape(len(image_ids), n)
     if config.scst_baseline == "greedy":
@@ -153,7 +154,7 @@ def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainCo
         with torch.no_grad():
             greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), **limits)
         decoder.train()
-        greedy_words = [row[:length].tolist() for row, length in zip(greedy.tokens, greedy.lengths.tolist())]
+        greedy_words = [row[:length] for row, length in zip(greedy.tokens.tolist(), greedy.lengths.tolist(), strict=True)]
         baseline = rewarder(image_ids, greedy_words, greedy.finished.tolist())[:, None]
     else:
         baseline = (rewards.sum(1, keepdims=True) - rewards) / (n - 1)
