@@ -117,8 +117,9 @@ def _overlay(heat: np.ndarray, cmap: str, alpha: float, boxes: Sequence[Box], sc
 
 def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
               max_side: int | None, normalize: str = "figure", boxes: Instances | None = None,
-              map_side: int | None = None, note: str = "") -> str:
+              map_side: int | None = None, note: str = "", matcher: WordMatcher | None = None) -> str:
     """One image's section: the picture, one overlay per word (shown by its word's link), references.
+    ``matcher``: the category-word table that finds each word's boxes, shared by a page's images.
 
     ``map_side``: the overlays are drawn at most this long (the page stretches them over the
     picture, smoothly), which keeps a page of many images small; None draws them at the picture's size.
@@ -138,7 +139,7 @@ def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cma
                                  normalize=False)  # (T, h, w)
     tops = [top for _, top in display_range(item.caption.attention, normalize)]
     peaks, entropies = attention_statistics(item.caption.attention)
-    named = word_boxes(words, item.record.image_id, boxes)
+    named = word_boxes(words, item.record.image_id, boxes, matcher)
     betas = item.caption.betas
     name = html.escape(Path(item.record.path).name)
     layers = [f'<img class="photo" src="{_data_uri(np.asarray(image), "JPEG")}" alt="{name}">']
@@ -186,7 +187,9 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
         ``path``. Word ``t`` of item ``i`` can be selected with the fragment ``#img{i}-w{t}``.
     """
     path = Path(path)
-    sections = [item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes) for i, item in enumerate(items)]
+    matcher = WordMatcher()  # one table of category words for every image
+    sections = [item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes, matcher=matcher)
+                for i, item in enumerate(items)]
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
             f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
             '<p class="note">Hover over or click a word to see the attention map that produced it'

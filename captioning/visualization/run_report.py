@@ -23,7 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from captioning.evaluation.grounding import Instances
+from captioning.evaluation.grounding import Instances, WordMatcher
 from captioning.files import atomic_write
 from captioning.visualization.overlay import DEFAULT_CMAP
 from captioning.visualization.report import VIEWER_SCRIPT, VIEWER_STYLE, item_html
@@ -229,8 +229,9 @@ def write_run_report(path: str | Path, items: Sequence[Captioned], grid: tuple[i
              ("test images", f"{scored} scored, {len(items)} shown below"),
              ("attention", attention_label or "(the decoder's only map)"),
              ("colours", f"{cmap}, scale: {normalize}")]
+    matcher = WordMatcher()  # one table of category words for every image
     sections = [item_html(i, item, grid, mode, cmap, 0.6, max_side, normalize, boxes, map_side,
-                          _scores_note(per_image.get(item.record.image_id, {})))
+                          _scores_note(per_image.get(item.record.image_id, {})), matcher)
                 for i, item in enumerate(items)]
     page = "\n".join([
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
