@@ -147,16 +147,19 @@ def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainCo
     sampled = rollout(decoder, annotations, sampler(), repeats=n, **limits)
     # One device-to-host copy per rollout, not one per caption.
     sample_words = [row[:length] for row, length in zip(sampled.tokens.tolist(), sampled.lengths.tolist(), strict=True)]
-    rewards = rewarder([i for i in image_ids for _ in range(n)], sample_words,
-                       sampled.finished.tolist()).reshape(len(image_ids), n)
+    sample_ids, finished = [i for i in image_ids for _ in range(n)], sampled.finished.tolist()
     if config.scst_baseline == "greedy":
         decoder.eval()
         with torch.no_grad():
             greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), **limits)
         decoder.train()
         greedy_words = [row[:length] for row, length in zip(greedy.tokens.tolist(), greedy.lengths.tolist(), strict=True)]
-        baseline = rewarder(image_ids, greedy_words, greedy.finished.tolist())[:, None]
+        # One reward call for samples and baseline: each image's reference vectors are built once a step.
+        scored = rewarder([*sample_ids, *image_ids], [*sample_words, *greedy_words],
+                          [*finished, *greedy.finished.tolist()])
+        rewards, baseline = scored[:len(sample_ids)].reshape(len(image_ids), n), scored[len(sample_ids):, None]
     else:
+        rewards = rewarder(sample_ids, sample_words, finished).reshape(len(image_ids), n)
         baseline = (rewards.sum(1, keepdims=True) - rewards) / (n - 1)
     advantage = torch.as_tensor(rewards - baseline, dtype=torch.float32, device=annotations.device).view(-1)
     mask = sampled.mask.float()
