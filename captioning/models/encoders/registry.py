@@ -26,6 +26,7 @@ from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
 from captioning.config import ConfigError, EncoderConfig
+from captioning.registry import Registry
 
 
 class EncoderWeightsError(RuntimeError):
@@ -80,21 +81,14 @@ class Backbone:
 Builder = Callable[[str, int], Backbone]  # (weights, image_size) -> Backbone
 FamilyBuilder = Callable[[str, str, int], Backbone]  # (model, weights, image_size) -> Backbone
 
-ENCODERS: dict[str, Builder] = {}
+ENCODERS: Registry[Builder] = Registry("encoder", key="model.encoder.name")
 FAMILIES: dict[str, FamilyBuilder] = {}  # prefix -> builder of "<prefix>:<model>" names
 FAMILY_FORMS: dict[str, str] = {}  # prefix -> the form of its names, for error messages
 
 
 def register_encoder(name: str) -> Callable[[Builder], Builder]:
     """Decorator adding a builder ``fn(weights: str, image_size: int) -> Backbone`` to ``ENCODERS``."""
-
-    def add(builder: Builder) -> Builder:
-        if name in ENCODERS:
-            raise ValueError(f"encoder {name!r} is already registered")
-        ENCODERS[name] = builder
-        return builder
-
-    return add
+    return ENCODERS.register(name)
 
 
 def register_family(prefix: str, form: str) -> Callable[[FamilyBuilder], FamilyBuilder]:

@@ -1,0 +1,48 @@
+"""The registry pattern every extension point uses (captioning.registry)."""
+
+import pytest
+
+from captioning.registry import Registry, UnknownNameError
+
+
+def test_a_registered_entry_is_found_by_its_name_and_listed_in_registration_order():
+    registry = Registry("widget", key="model.widget")
+
+    @registry.register("second")
+    def second():
+        return 2
+
+    registry.add("first", lambda: 1)
+    assert registry["second"] is second
+    assert registry.names() == ("second", "first")
+    assert "first" in registry and "third" not in registry
+    assert len(registry) == 2 and list(registry) == ["second", "first"]
+
+
+def test_an_unknown_name_is_one_line_naming_the_key_and_every_registered_name():
+    registry = Registry("widget", key="model.widget")
+    registry.add("alpha", 1)
+    registry.add("beta", 2)
+    with pytest.raises(UnknownNameError) as error:
+        registry["gamma"]
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("model.widget names an unknown widget 'gamma'")
+    assert "alpha, beta" in message and "--import" in message
+    with pytest.raises(ValueError, match="gamma"):  # the command-line tools print a ValueError as one line
+        registry.check("gamma")
+    assert registry.check("beta") == "beta"
+
+
+@pytest.mark.parametrize("name", ["", " padded", "two words", "tab\tname"])
+def test_a_name_that_is_not_one_word_is_refused(name):
+    with pytest.raises(ValueError, match="non-empty word"):
+        Registry("widget").add(name, 1)
+
+
+def test_a_name_is_registered_once():
+    registry = Registry("widget")
+    registry.add("alpha", 1)
+    with pytest.raises(ValueError, match="'alpha' is already registered"):
+        registry.add("alpha", 2)
+    assert registry["alpha"] == 1
