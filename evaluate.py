@@ -32,68 +32,138 @@ from captioning.config import TOKENIZERS
 def get_args_parser() -> argparse.ArgumentParser:
     from captioning.config import CHAIR_TABLES
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     source = parser.add_argument_group("what to evaluate")
-    source.add_argument("--checkpoint", type=Path,
-                        help="a checkpoint written by train.py, or a model folder written by save_pretrained")
-    source.add_argument("--split", default=None, help="split of the checkpoint's dataset to decode (train/val/test)")
+    source.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="a checkpoint written by train.py, or a model folder written by save_pretrained",
+    )
+    source.add_argument(
+        "--split", default=None, help="split of the checkpoint's dataset to decode (train/val/test)"
+    )
     source.add_argument("--images", type=Path, help="a folder of images to caption (no scores)")
-    source.add_argument("--annotations", type=Path, help="COCO-format reference captions (captions_val2014.json)")
-    source.add_argument("--results", type=Path,
-                        help="results file to score (with --annotations) or to write (default: "
-                             "eval_<checkpoint stem>_<split>_results.json in the checkpoint's run folder)")
-    source.add_argument("--config", type=Path, help="take the dataset from this YAML instead of the checkpoint")
+    source.add_argument(
+        "--annotations", type=Path, help="COCO-format reference captions (captions_val2014.json)"
+    )
+    source.add_argument(
+        "--results",
+        type=Path,
+        help="results file to score (with --annotations) or to write (default: "
+        "eval_<checkpoint stem>_<split>_results.json in the checkpoint's run folder)",
+    )
+    source.add_argument(
+        "--config", type=Path, help="take the dataset from this YAML instead of the checkpoint"
+    )
     tools = parser.add_argument_group("comparing systems and runs")
-    tools.add_argument("--compare", type=Path, nargs="+", metavar="RESULTS.json",
-                       help="two COCO results files of the same images (A B): per-metric B - A with a 95%% paired "
-                            "bootstrap interval, p-value and Holm-adjusted p-value (needs --annotations); grounding "
-                            "and CHAIR too where both have per-image scores beside them; with --against, the "
-                            "results of A's runs (one per seed)")
-    tools.add_argument("--against", type=Path, nargs="+", metavar="RESULTS.json",
-                       help="the results of B's runs (one per seed): the mean difference over seeds, its interval "
-                            "resampling runs as well as images")
-    tools.add_argument("--names", nargs=2, metavar=("A", "B"),
-                       help="column names of the two systems (default: the files' names, or their folders')")
+    tools.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS.json",
+        help="two COCO results files of the same images (A B): per-metric B - A with a 95%% paired "
+        "bootstrap interval, p-value and Holm-adjusted p-value (needs --annotations); grounding "
+        "and CHAIR too where both have per-image scores beside them; with --against, the "
+        "results of A's runs (one per seed)",
+    )
+    tools.add_argument(
+        "--against",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS.json",
+        help="the results of B's runs (one per seed): the mean difference over seeds, its interval "
+        "resampling runs as well as images",
+    )
+    tools.add_argument(
+        "--names",
+        nargs=2,
+        metavar=("A", "B"),
+        help="column names of the two systems (default: the files' names, or their folders')",
+    )
     tools.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for --compare")
     tools.add_argument("--seed", type=int, default=0, help="seed of the --compare resampling")
-    tools.add_argument("--aggregate", type=Path, nargs="+", metavar="SCORES.json",
-                       help="test_scores.json of runs that differ only in train.seed: mean, std, min, max")
+    tools.add_argument(
+        "--aggregate",
+        type=Path,
+        nargs="+",
+        metavar="SCORES.json",
+        help="test_scores.json of runs that differ only in train.seed: mean, std, min, max",
+    )
     decoding = parser.add_argument_group("decoding (defaults: the checkpoint's configuration)")
     decoding.add_argument("--strategy", choices=("greedy", "beam", "sample"))
     decoding.add_argument("--beam-size", type=int)
     decoding.add_argument("--max-length", type=int)
     decoding.add_argument("--length-alpha", type=float, help="GNMT length normalisation exponent")
     decoding.add_argument("--block-trigrams", action="store_true", default=None)
-    decoding.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                          help="change a data.* or decode.* key of the checkpoint's configuration, e.g. "
-                               "--set decode.min_length=5 (repeatable; the flags above win)")
+    decoding.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a data.* or decode.* key of the checkpoint's configuration, e.g. "
+        "--set decode.min_length=5 (repeatable; the flags above win)",
+    )
     scoring = parser.add_argument_group("scoring")
-    scoring.add_argument("--out", type=Path,
-                         help="scores JSON (default: <name>_scores.json for <name>_results.json); with --compare "
-                              "or --aggregate, their JSON (default: printed only)")
-    scoring.add_argument("--instances", type=Path, nargs="+",
-                         help="COCO instances JSON files with boxes: attention grounding and object hallucination "
-                              "(CHAIR-i, CHAIR-s) on the images they cover (default: the checkpoint's "
-                              "data.instances; Shapes: automatic)")
-    scoring.add_argument("--chair-table", choices=CHAIR_TABLES,
-                         help="CHAIR's word table: released (Rohrbach et al.'s table and rules, as published CHAIR "
-                              "numbers count) or extended (this project's); default: the checkpoint's "
-                              "data.chair_table, else released")
-    scoring.add_argument("--no-java", action="store_true", help="use the pure-Python path even if Java is present")
-    scoring.add_argument("--java-timeout", type=float, default=600.0, metavar="SECONDS",
-                         help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "
-                              "path is used (default: 600)")
-    scoring.add_argument("--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)")
-    scoring.add_argument("--clip-score", nargs="?", const="pretrained", metavar="WEIGHTS",
-                         help="also CLIP-S and RefCLIP-S (Hessel et al. 2021; CLIP ViT-B/32, the clip extra) with "
-                              "--checkpoint and --split; WEIGHTS: pretrained (the default: from the Hugging Face "
-                              "cache, downloaded when online) or a weights file")
-    scoring.add_argument("--tokenizer", choices=TOKENIZERS, default="ptb",
-                         help="tokenizer of a scored results file (--annotations, --compare): ptb (English), "
-                              "whitespace or characters; METEOR and SPICE only with ptb. A checkpoint's "
-                              "captions are scored with its own data.tokenizer")
-    parser.add_argument("--skip-bad-images", action="store_true",
-                        help="leave out (and count) images that cannot be read instead of stopping")
+    scoring.add_argument(
+        "--out",
+        type=Path,
+        help="scores JSON (default: <name>_scores.json for <name>_results.json); with --compare "
+        "or --aggregate, their JSON (default: printed only)",
+    )
+    scoring.add_argument(
+        "--instances",
+        type=Path,
+        nargs="+",
+        help="COCO instances JSON files with boxes: attention grounding and object hallucination "
+        "(CHAIR-i, CHAIR-s) on the images they cover (default: the checkpoint's "
+        "data.instances; Shapes: automatic)",
+    )
+    scoring.add_argument(
+        "--chair-table",
+        choices=CHAIR_TABLES,
+        help="CHAIR's word table: released (Rohrbach et al.'s table and rules, as published CHAIR "
+        "numbers count) or extended (this project's); default: the checkpoint's "
+        "data.chair_table, else released",
+    )
+    scoring.add_argument(
+        "--no-java", action="store_true", help="use the pure-Python path even if Java is present"
+    )
+    scoring.add_argument(
+        "--java-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="time limit of each Java call (PTB tokenizer, METEOR); past it, the Java-less "
+        "path is used (default: 600)",
+    )
+    scoring.add_argument(
+        "--spice", action="store_true", help="also compute SPICE (needs Stanford CoreNLP models)"
+    )
+    scoring.add_argument(
+        "--clip-score",
+        nargs="?",
+        const="pretrained",
+        metavar="WEIGHTS",
+        help="also CLIP-S and RefCLIP-S (Hessel et al. 2021; CLIP ViT-B/32, the clip extra) with "
+        "--checkpoint and --split; WEIGHTS: pretrained (the default: from the Hugging Face "
+        "cache, downloaded when online) or a weights file",
+    )
+    scoring.add_argument(
+        "--tokenizer",
+        choices=TOKENIZERS,
+        default="ptb",
+        help="tokenizer of a scored results file (--annotations, --compare): ptb (English), "
+        "whitespace or characters; METEOR and SPICE only with ptb. A checkpoint's "
+        "captions are scored with its own data.tokenizer",
+    )
+    parser.add_argument(
+        "--skip-bad-images",
+        action="store_true",
+        help="leave out (and count) images that cannot be read instead of stopping",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")

@@ -17,9 +17,15 @@ import torch
 
 from captioning.models.encoders import ENCODERS, Encoder, encoder_builder
 
-EXAMPLES = ["timm:vit_small_patch16_224.augreg_in21k_ft_in1k", "timm:vit_base_patch16_clip_224.openai",
-            "timm:convnext_base.fb_in22k", "timm:swin_base_patch4_window12_384=384", "open_clip:ViT-B-32/openai",
-            "open_clip:ViT-B-16/openai", "open_clip:ViT-L-14/openai"]
+EXAMPLES = [
+    "timm:vit_small_patch16_224.augreg_in21k_ft_in1k",
+    "timm:vit_base_patch16_clip_224.openai",
+    "timm:convnext_base.fb_in22k",
+    "timm:swin_base_patch4_window12_384=384",
+    "open_clip:ViT-B-32/openai",
+    "open_clip:ViT-B-16/openai",
+    "open_clip:ViT-L-14/openai",
+]
 TRAINED_AT = {"swin_v2_b": 256}  # image sizes other than 224 of the registered weights
 
 
@@ -30,12 +36,16 @@ def row(name: str, size: int) -> str:
     parameters = sum(p.numel() for p in encoder.backbone.parameters()) / 1e6
     positions = encoder.grid[0] * encoder.grid[1]
     mean = ", ".join(f"{m:.3f}" for m in encoder.mean)
-    return (f"| `{name}` | {parameters:.1f} | {size} | {encoder.channels} | {encoder.grid[0]}x{encoder.grid[1]} | "
-            f"{positions * encoder.channels * 2 / 1024:.0f} KiB | {encoder.interpolation.value}, mean ({mean}) |")
+    return (
+        f"| `{name}` | {parameters:.1f} | {size} | {encoder.channels} | {encoder.grid[0]}x{encoder.grid[1]} | "
+        f"{positions * encoder.channels * 2 / 1024:.0f} KiB | {encoder.interpolation.value}, mean ({mean}) |"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("names", nargs="*", help="encoder names, each optionally =<image size> (default 224)")
     args = parser.parse_args()
     names = args.names or [*sorted(ENCODERS), *EXAMPLES]

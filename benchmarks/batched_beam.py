@@ -16,8 +16,15 @@ from captioning.models.decoder import ShowAttendTellDecoder
 
 def main() -> None:
     torch.manual_seed(0)
-    config = DecoderConfig(embed_dim=512, hidden_dim=512, attention_dim=512, gate="channel", activation="relu",
-                           deep_output=False, dropout=0.5)
+    config = DecoderConfig(
+        embed_dim=512,
+        hidden_dim=512,
+        attention_dim=512,
+        gate="channel",
+        activation="relu",
+        deep_output=False,
+        dropout=0.5,
+    )
     decoder = ShowAttendTellDecoder.from_config(config, 9490, 2048).eval()
     grids = torch.randn(16, 196, 2048)  # (B, P, C)
     for beam in (3, 5):
@@ -29,11 +36,13 @@ def main() -> None:
             batched.append(time.perf_counter() - start)
             start = time.perf_counter()
             for i in range(len(grids)):
-                beam_search(decoder, grids[i:i + 1], beam_size=beam, max_length=50)
+                beam_search(decoder, grids[i : i + 1], beam_size=beam, max_length=50)
             single.append(time.perf_counter() - start)
         b, s = statistics.median(batched), statistics.median(single)
-        print(f"beam {beam}: batched {len(grids) / b:.1f} captions/s, image by image {len(grids) / s:.1f} "
-              f"captions/s, x{s / b:.2f}")
+        print(
+            f"beam {beam}: batched {len(grids) / b:.1f} captions/s, image by image {len(grids) / s:.1f} "
+            f"captions/s, x{s / b:.2f}"
+        )
 
 
 if __name__ == "__main__":

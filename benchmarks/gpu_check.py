@@ -36,7 +36,9 @@ TESTS_S, SPEED_S, TRANSFORMER_S = 120, 180, 150
 def run(command: list[str], limit: float) -> tuple[subprocess.CompletedProcess | None, str]:
     """``command`` from the checkout's root with a time limit; (the finished process or None, what went wrong)."""
     try:
-        completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit, check=False)
+        completed = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=limit, check=False
+        )
     except subprocess.TimeoutExpired:
         return None, f"stopped after {limit:.0f} s"
     if completed.returncode != 0:
@@ -48,16 +50,36 @@ def cuda_tests() -> dict[str, Any]:
     """Counts of the ``cuda``-marked tests by outcome, and the names of those that failed."""
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as folder:
         report = Path(folder) / "junit.xml"
-        completed, problem = run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
-                                  "--numprocesses", "0", f"--junitxml={report}", "tests"], TESTS_S)
+        completed, problem = run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-m",
+                "cuda",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--numprocesses",
+                "0",
+                f"--junitxml={report}",
+                "tests",
+            ],
+            TESTS_S,
+        )
         if not report.is_file():
             return {"error": problem or "pytest wrote no report"}
         cases = ElementTree.parse(report).getroot().iter("testcase")
         outcomes: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
         for case in cases:
             name = f"{case.get('classname')}::{case.get('name')}"
-            kind = ("failed" if case.find("failure") is not None or case.find("error") is not None
-                    else "skipped" if case.find("skipped") is not None else "passed")
+            kind = (
+                "failed"
+                if case.find("failure") is not None or case.find("error") is not None
+                else "skipped"
+                if case.find("skipped") is not None
+                else "passed"
+            )
             outcomes[kind].append(name)
     result: dict[str, Any] = {kind: len(names) for kind, names in outcomes.items()}
     result["failures"] = outcomes["failed"]
@@ -81,9 +103,13 @@ def main() -> int:
     start = time.perf_counter()
     results: dict[str, Any] = {"device_name": torch.cuda.get_device_name(0), "torch": torch.__version__}
     results["cuda_tests"] = cuda_tests()
-    results["speed"] = speed(["--device", "cuda", "--amp", "--repeats", "3", "--tutorial-repeats", "1"], SPEED_S)
-    results["transformer"] = speed(["--device", "cuda", "--parts", "transformer", "--repeats", "3",
-                                    "--tutorial-repeats", "1"], TRANSFORMER_S)
+    results["speed"] = speed(
+        ["--device", "cuda", "--amp", "--repeats", "3", "--tutorial-repeats", "1"], SPEED_S
+    )
+    results["transformer"] = speed(
+        ["--device", "cuda", "--parts", "transformer", "--repeats", "3", "--tutorial-repeats", "1"],
+        TRANSFORMER_S,
+    )
     results["wall_s"] = time.perf_counter() - start
     print(json.dumps(results))
     return 0

@@ -74,7 +74,9 @@ def parse_grid(text: str) -> tuple[int, int]:
     except ValueError:
         raise SystemExit(f"--loader-grid: {text!r} is not HxWxC, e.g. 7x7x1280") from None
     if height != width or min(height, channels) < 1:
-        raise SystemExit(f"--loader-grid: {text!r}: the grid must be square with positive sizes, e.g. 14x14x2048")
+        raise SystemExit(
+            f"--loader-grid: {text!r}: the grid must be square with positive sizes, e.g. 14x14x2048"
+        )
     return height, channels
 
 
@@ -91,9 +93,11 @@ def cache_parent(folder: Path | None, sizes: LoaderSizes) -> Path:
     free = shutil.disk_usage(folder).free
     needed = sizes.cache_bytes + sizes.images * 300 + 2**30  # rows, state bytes and index entries, margin
     if needed > free:
-        raise SystemExit(f"--loader-dir {folder}: {free / 1e9:.1f} GB free, the cache of {sizes.images:,} images "
-                         f"of {sizes.side}x{sizes.side}x{sizes.channels} float16 needs {needed / 1e9:.1f} GB; "
-                         "choose a larger disk with --loader-dir or fewer rows with --loader-images")
+        raise SystemExit(
+            f"--loader-dir {folder}: {free / 1e9:.1f} GB free, the cache of {sizes.images:,} images "
+            f"of {sizes.side}x{sizes.side}x{sizes.channels} float16 needs {needed / 1e9:.1f} GB; "
+            "choose a larger disk with --loader-dir or fewer rows with --loader-images"
+        )
     return folder
 
 
@@ -104,23 +108,40 @@ def stand_in_encoder(sizes: LoaderSizes) -> Encoder:
     with torch.no_grad():
         convolution.weight.copy_(torch.randn(convolution.weight.shape, generator=generator))
         convolution.bias.copy_(torch.randn(convolution.bias.shape, generator=generator))
-    backbone = Backbone(features=convolution, stages=(convolution,), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-                        interpolation=InterpolationMode.NEAREST, weights={"stand_in": "conv1x1 seed 0"},
-                        channels_last=False)
+    backbone = Backbone(
+        features=convolution,
+        stages=(convolution,),
+        mean=(0.5, 0.5, 0.5),
+        std=(0.5, 0.5, 0.5),
+        interpolation=InterpolationMode.NEAREST,
+        weights={"stand_in": "conv1x1 seed 0"},
+        channels_last=False,
+    )
     return Encoder("stand_in", backbone, image_size=sizes.side, grid_size=0).eval()
 
 
 def coco_like_records(image: Path, sizes: LoaderSizes, words: dict[int, float]) -> list[ImageRecord]:
     """``images`` training records of one image file, 5 captions each, lengths drawn from ``words``."""
     rng = np.random.default_rng(0)
-    lengths = rng.choice(list(words), p=np.array(list(words.values())) / sum(words.values()),
-                         size=(sizes.images, CAPTIONS_PER_IMAGE))
+    lengths = rng.choice(
+        list(words),
+        p=np.array(list(words.values())) / sum(words.values()),
+        size=(sizes.images, CAPTIONS_PER_IMAGE),
+    )
     vocabulary = [f"w{number}" for number in range(VOCABULARY_WORDS)]
     tokens = rng.integers(0, VOCABULARY_WORDS, size=(sizes.images, CAPTIONS_PER_IMAGE, MAX_WORDS))
-    return [ImageRecord(image_id=number, path=image, split="train",
-                        captions=tuple(tuple(vocabulary[t] for t in row[:length]) for row, length in
-                                       zip(tokens[number], lengths[number])))
-            for number in range(sizes.images)]
+    return [
+        ImageRecord(
+            image_id=number,
+            path=image,
+            split="train",
+            captions=tuple(
+                tuple(vocabulary[t] for t in row[:length])
+                for row, length in zip(tokens[number], lengths[number])
+            ),
+        )
+        for number in range(sizes.images)
+    ]
 
 
 def evict(path: Path) -> None:
@@ -160,21 +181,25 @@ def unmapped(cache: FeatureCache) -> Iterator[FeatureCache]:
         gc.collect()
 
 
-def measure(sizes: LoaderSizes, folder: Path | None, device: torch.device, words: dict[int, float]
-            ) -> dict[str, Any]:
+def measure(
+    sizes: LoaderSizes, folder: Path | None, device: torch.device, words: dict[int, float]
+) -> dict[str, Any]:
     """Write the synthetic cache under ``folder`` (default: the temporary folder) and time its reading."""
     parent = cache_parent(folder, sizes)
-    results: dict[str, Any] = {"loader_images": sizes.images,
-                               "loader_grid": f"{sizes.side}x{sizes.side}x{sizes.channels}",
-                               "loader_cache_gb": sizes.cache_bytes / 1e9}
+    results: dict[str, Any] = {
+        "loader_images": sizes.images,
+        "loader_grid": f"{sizes.side}x{sizes.side}x{sizes.channels}",
+        "loader_cache_gb": sizes.cache_bytes / 1e9,
+    }
     with tempfile.TemporaryDirectory(prefix="speed_loader_", dir=parent) as temporary:
         image = Path(temporary) / "image.png"
         Image.new("RGB", (sizes.side, sizes.side), (120, 60, 200)).save(image)
         records = coco_like_records(image, sizes, words)
         vocab = build_vocabulary(records, min_count=1)
         start = time.perf_counter()
-        cache = FeatureCache.build_or_open(Path(temporary) / "features", stand_in_encoder(sizes), records,
-                                           batch_size=256, progress=False)
+        cache = FeatureCache.build_or_open(
+            Path(temporary) / "features", stand_in_encoder(sizes), records, batch_size=256, progress=False
+        )
         results["loader_write_s"] = time.perf_counter() - start
         start = time.perf_counter()
         dataset = CaptionDataset(records, vocab, MAX_WORDS, CAPTIONS_PER_IMAGE, features=cache)
@@ -191,10 +216,13 @@ def measure(sizes: LoaderSizes, folder: Path | None, device: torch.device, words
                 dataset.features = cache  # the copy, and its memory map, go on leaving the block
     row_bytes = sizes.cache_bytes / sizes.images
     for name, passes in (("loader_first_pass", first), ("loader", second)):
-        results[f"{name}_captions_per_s"] = {w: captions / seconds for w, (seconds, captions, _) in passes.items()}
+        results[f"{name}_captions_per_s"] = {
+            w: captions / seconds for w, (seconds, captions, _) in passes.items()
+        }
         # Megabytes of the cache file (float16 rows) delivered per second.
-        results[f"{name}_mb_per_s"] = {w: images * row_bytes / seconds / 1e6
-                                       for w, (seconds, _, images) in passes.items()}
+        results[f"{name}_mb_per_s"] = {
+            w: images * row_bytes / seconds / 1e6 for w, (seconds, _, images) in passes.items()
+        }
     results["loader_workers_used"] = used
     results["loader_mean_words"] = statistics.fmean(len(c) for r in records for c in r.captions)
     return results

@@ -32,7 +32,9 @@ PHASES = ("forward", "loss", "backward", "optimizer")
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: the usable cores)")
@@ -46,7 +48,9 @@ def main(args: argparse.Namespace) -> None:
     sizes = Sizes()
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
-    decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), sizes.vocab_size, sizes.channels).train()
+    decoder = ShowAttendTellDecoder.from_config(
+        decoder_config(sizes), sizes.vocab_size, sizes.channels
+    ).train()
     optimizer = adam(decoder.parameters(), lr=4e-4)
     annotations = torch.rand(sizes.batch, sizes.positions, sizes.channels, generator=generator)
     captions, lengths = random_captions(sizes, sizes.batch, None, device, generator)
@@ -71,8 +75,10 @@ def main(args: argparse.Namespace) -> None:
             step()
     wall = (time.perf_counter() - start) / args.steps
     events = profiler.key_averages()
-    print(f"{torch.get_num_threads()} threads, amp {args.amp}: {wall * 1e3:.0f} ms per step "
-          f"(profiled; the profiler adds a little)")
+    print(
+        f"{torch.get_num_threads()} threads, amp {args.amp}: {wall * 1e3:.0f} ms per step "
+        f"(profiled; the profiler adds a little)"
+    )
     for event in events:
         if event.key in PHASES:
             print(f"  {event.key:10s} {event.cpu_time_total / args.steps / 1e3:8.1f} ms")

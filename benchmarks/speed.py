@@ -64,8 +64,23 @@ CAPTIONS_PER_IMAGE = 5
 # Words per COCO training caption (cut at 20, as data.max_caption_length does): an approximation,
 # not counted from the annotations (not available here). Annotators were asked for 8+ words, the
 # histogram peaks at 9-10 and has a long right tail; this table sums to 1 and has mean 10.49 words.
-COCO_WORDS = {6: 0.005, 7: 0.025, 8: 0.14, 9: 0.245, 10: 0.2, 11: 0.135, 12: 0.085, 13: 0.055, 14: 0.035,
-              15: 0.025, 16: 0.017, 17: 0.012, 18: 0.008, 19: 0.005, 20: 0.008}
+COCO_WORDS = {
+    6: 0.005,
+    7: 0.025,
+    8: 0.14,
+    9: 0.245,
+    10: 0.2,
+    11: 0.135,
+    12: 0.085,
+    13: 0.055,
+    14: 0.035,
+    15: 0.025,
+    16: 0.017,
+    17: 0.012,
+    18: 0.008,
+    19: 0.005,
+    20: 0.008,
+}
 
 
 @dataclass(frozen=True)
@@ -96,20 +111,46 @@ class Sizes:
         return self.grid * self.grid
 
 
-QUICK = Sizes(batch=4, caption_tokens=6, grid=3, channels=32, attention_dim=16, embed_dim=16, hidden_dim=16,
-              vocab_size=50, beam_images=2, beam_max_length=5, tutorial_beam_images=1, matmul_size=128,
-              shapes_images=4, shapes_image_size=64, shapes_grid=2, coco_steps=2)
+QUICK = Sizes(
+    batch=4,
+    caption_tokens=6,
+    grid=3,
+    channels=32,
+    attention_dim=16,
+    embed_dim=16,
+    hidden_dim=16,
+    vocab_size=50,
+    beam_images=2,
+    beam_max_length=5,
+    tutorial_beam_images=1,
+    matmul_size=128,
+    shapes_images=4,
+    shapes_image_size=64,
+    shapes_grid=2,
+    coco_steps=2,
+)
 
 
 def decoder_config(sizes: Sizes) -> DecoderConfig:
     """The tutorial's variant of our decoder: additive ReLU attention, channel gate, linear output."""
-    return DecoderConfig(attention="soft", scoring="additive", activation="relu", gate="channel",
-                         deep_output=False, embed_dim=sizes.embed_dim, hidden_dim=sizes.hidden_dim,
-                         attention_dim=sizes.attention_dim, dropout=sizes.dropout, doubly_stochastic=1.0)
+    return DecoderConfig(
+        attention="soft",
+        scoring="additive",
+        activation="relu",
+        gate="channel",
+        deep_output=False,
+        embed_dim=sizes.embed_dim,
+        hidden_dim=sizes.hidden_dim,
+        attention_dim=sizes.attention_dim,
+        dropout=sizes.dropout,
+        doubly_stochastic=1.0,
+    )
 
 
 # ------------------------------------------------------------------------------------ arithmetic
-def train_step_flop(sizes: Sizes, num_images: int, num_tokens: int, per_step_projection: bool = False) -> float:
+def train_step_flop(
+    sizes: Sizes, num_images: int, num_tokens: int, per_step_projection: bool = False
+) -> float:
     """FLOP of one teacher-forced training step, counted from the layer sizes (matrix products only).
 
     A multiply-add is 2 FLOP. Backward is counted as twice the forward (gradients with respect to
@@ -126,13 +167,15 @@ def train_step_flop(sizes: Sizes, num_images: int, num_tokens: int, per_step_pro
     m, h, v = sizes.embed_dim, sizes.hidden_dim, sizes.vocab_size
     projection = 2 * p * c * a  # W_a a_i for the P annotation vectors of one image
     per_image = 2 * 2 * c * h  # init_h and init_c of the mean annotation
-    per_token = (2 * m * 4 * h  # embedding share of the LSTM gates
-                 + 2 * h * a  # attention query W_h h_{t-1}
-                 + 2 * p * a  # scores w^T relu(W_a a_i + W_h h) over the P positions
-                 + 2 * p * c  # context sum_i alpha_i a_i
-                 + 2 * h * c  # channel gate f_beta(h_{t-1})
-                 + 2 * (c + h) * 4 * h  # context and recurrent shares of the LSTM gates
-                 + 2 * h * v)  # output layer
+    per_token = (
+        2 * m * 4 * h  # embedding share of the LSTM gates
+        + 2 * h * a  # attention query W_h h_{t-1}
+        + 2 * p * a  # scores w^T relu(W_a a_i + W_h h) over the P positions
+        + 2 * p * c  # context sum_i alpha_i a_i
+        + 2 * h * c  # channel gate f_beta(h_{t-1})
+        + 2 * (c + h) * 4 * h  # context and recurrent shares of the LSTM gates
+        + 2 * h * v
+    )  # output layer
     projections = num_tokens if per_step_projection else num_images
     forward = projections * projection + num_images * per_image + num_tokens * per_token
     return 3.0 * forward
@@ -149,8 +192,13 @@ def matmul_peak(sizes: Sizes, device: torch.device, repeats: int, dtype: torch.d
     return 2 * n**3 / seconds / 1e9, memory.mib
 
 
-def random_captions(sizes: Sizes, num_captions: int, words: Iterator[int] | None, device: torch.device,
-                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_captions(
+    sizes: Sizes,
+    num_captions: int,
+    words: Iterator[int] | None,
+    device: torch.device,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, L) random captions <start> w.. <end> <pad>.. and their (N,) token counts (all full by default)."""
     lengths = [sizes.caption_tokens if words is None else next(words) + 2 for _ in range(num_captions)]
     captions = torch.randint(4, sizes.vocab_size, (num_captions, max(lengths)), generator=generator)
@@ -161,9 +209,16 @@ def random_captions(sizes: Sizes, num_captions: int, words: Iterator[int] | None
     return captions.to(device), torch.tensor(lengths, device=device)
 
 
-def our_train_step(decoder: ShowAttendTellDecoder, optimizer: torch.optim.Optimizer, annotations: torch.Tensor,
-                   captions: torch.Tensor, lengths: torch.Tensor, image_index: torch.Tensor | None,
-                   device: torch.device, amp: bool) -> None:
+def our_train_step(
+    decoder: ShowAttendTellDecoder,
+    optimizer: torch.optim.Optimizer,
+    annotations: torch.Tensor,
+    captions: torch.Tensor,
+    lengths: torch.Tensor,
+    image_index: torch.Tensor | None,
+    device: torch.device,
+    amp: bool,
+) -> None:
     """Forward, cross-entropy + doubly stochastic penalty, backward, Adam step."""
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, amp):
@@ -173,8 +228,15 @@ def our_train_step(decoder: ShowAttendTellDecoder, optimizer: torch.optim.Optimi
     optimizer.step()
 
 
-def tutorial_train_step(decoder: TutorialDecoder, optimizer: torch.optim.Optimizer, annotations: torch.Tensor,
-                        captions: torch.Tensor, lengths: torch.Tensor, device: torch.device, amp: bool) -> None:
+def tutorial_train_step(
+    decoder: TutorialDecoder,
+    optimizer: torch.optim.Optimizer,
+    annotations: torch.Tensor,
+    captions: torch.Tensor,
+    lengths: torch.Tensor,
+    device: torch.device,
+    amp: bool,
+) -> None:
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, amp):
         logits, sorted_captions, decode_lengths, alphas, _ = decoder(annotations, captions, lengths)
@@ -183,8 +245,15 @@ def tutorial_train_step(decoder: TutorialDecoder, optimizer: torch.optim.Optimiz
     optimizer.step()
 
 
-def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDecoder, device: torch.device,
-             repeats: int, tutorial_repeats: int, amp: bool) -> dict[str, float]:
+def training(
+    sizes: Sizes,
+    decoder: ShowAttendTellDecoder,
+    tutorial: TutorialDecoder,
+    device: torch.device,
+    repeats: int,
+    tutorial_repeats: int,
+    amp: bool,
+) -> dict[str, float]:
     """Milliseconds per training step of both decoders on the same batch (all captions full length)."""
     generator = torch.Generator().manual_seed(1)
     annotations = torch.rand(sizes.batch, sizes.positions, sizes.channels, generator=generator).to(device)
@@ -195,8 +264,21 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     def our_step_seconds(precision_amp: bool) -> tuple[float, float]:
         optimizer = adam(decoder.parameters(), lr=4e-4)
         with PeakMemory(device) as memory:
-            seconds = median_seconds(functools.partial(our_train_step, decoder, optimizer, annotations, captions,
-                                                       lengths, None, device, precision_amp), repeats, device)
+            seconds = median_seconds(
+                functools.partial(
+                    our_train_step,
+                    decoder,
+                    optimizer,
+                    annotations,
+                    captions,
+                    lengths,
+                    None,
+                    device,
+                    precision_amp,
+                ),
+                repeats,
+                device,
+            )
         return seconds, memory.mib
 
     seconds, results["train_peak_mem_mb"] = our_step_seconds(amp)
@@ -208,8 +290,13 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     tutorial.train()
     tutorial_optimizer = adam(tutorial.parameters(), lr=4e-4)
     with PeakMemory(device) as memory:
-        seconds = median_seconds(functools.partial(tutorial_train_step, tutorial, tutorial_optimizer, annotations,
-                                                   captions, lengths, device, amp), tutorial_repeats, device)
+        seconds = median_seconds(
+            functools.partial(
+                tutorial_train_step, tutorial, tutorial_optimizer, annotations, captions, lengths, device, amp
+            ),
+            tutorial_repeats,
+            device,
+        )
     results["tutorial_train_step_ms"], results["tutorial_train_peak_mem_mb"] = seconds * 1e3, memory.mib
     del tutorial_optimizer
     tokens = int((lengths - 1).sum())
@@ -222,8 +309,14 @@ def training(sizes: Sizes, decoder: ShowAttendTellDecoder, tutorial: TutorialDec
     return results
 
 
-def beam_decoding(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.device, repeats: int,
-                  tutorial_repeats: int, amp: bool) -> dict[str, Any]:
+def beam_decoding(
+    sizes: Sizes,
+    decoder: ShowAttendTellDecoder,
+    device: torch.device,
+    repeats: int,
+    tutorial_repeats: int,
+    amp: bool,
+) -> dict[str, Any]:
     """Captions per second of batched beam search (all images at once) and of the tutorial's (one by one).
 
     Untrained weights rank words arbitrarily, and a search that happens to pick <end> early would
@@ -241,22 +334,29 @@ def beam_decoding(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.de
     with PeakMemory(device) as our_memory:
         for k in sizes.beam_sizes:
             with autocast(device, amp):
-                seconds = median_seconds(functools.partial(beam_search, decoder, grids, k, sizes.beam_max_length),
-                                         repeats, device)
+                seconds = median_seconds(
+                    functools.partial(beam_search, decoder, grids, k, sizes.beam_max_length), repeats, device
+                )
             ours[str(k)] = sizes.beam_images / seconds
-    few = grids[:sizes.tutorial_beam_images]
+    few = grids[: sizes.tutorial_beam_images]
 
     def tutorial_images(k: int) -> None:
         for grid in few:
-            tutorial_beam_search(tutorial, grid, k, Vocabulary.start_id, Vocabulary.end_id, sizes.beam_max_length)
+            tutorial_beam_search(
+                tutorial, grid, k, Vocabulary.start_id, Vocabulary.end_id, sizes.beam_max_length
+            )
 
     with PeakMemory(device) as tutorial_memory:
         for k in sizes.beam_sizes:
             with autocast(device, amp):
                 seconds = median_seconds(functools.partial(tutorial_images, k), tutorial_repeats, device)
             theirs[str(k)] = len(few) / seconds
-    results = {"beam_captions_per_s": ours, "tutorial_beam_captions_per_s": theirs,
-               "beam_peak_mem_mb": our_memory.mib, "tutorial_beam_peak_mem_mb": tutorial_memory.mib}
+    results = {
+        "beam_captions_per_s": ours,
+        "tutorial_beam_captions_per_s": theirs,
+        "beam_peak_mem_mb": our_memory.mib,
+        "tutorial_beam_peak_mem_mb": tutorial_memory.mib,
+    }
     for k in sizes.beam_sizes:
         results[f"speedup_beam_{k}"] = ours[str(k)] / theirs[str(k)]
     return results
@@ -272,18 +372,33 @@ def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -
     part of the epoch spent producing the (B, P, C) grids, the rest is the decoder steps.
     """
     with tempfile.TemporaryDirectory(prefix="speed_shapes_") as folder:
-        files = generate_shapes(Path(folder) / "shapes", seed=0, num_train=sizes.shapes_images, num_val=1,
-                                num_test=1, image_size=sizes.shapes_image_size)
+        files = generate_shapes(
+            Path(folder) / "shapes",
+            seed=0,
+            num_train=sizes.shapes_images,
+            num_val=1,
+            num_test=1,
+            image_size=sizes.shapes_image_size,
+        )
         records = records_of_split(read_shapes(files.root), "train")
         vocab = build_vocabulary(records, min_count=1)
-        encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained",
-                                              image_size=sizes.shapes_image_size, grid_size=sizes.shapes_grid))
+        encoder = build_encoder(
+            EncoderConfig(
+                name="efficientnet_lite0",
+                weights="pretrained",
+                image_size=sizes.shapes_image_size,
+                grid_size=sizes.shapes_grid,
+            )
+        )
         encoder.to(device).eval()
         start = time.perf_counter()
-        cache = FeatureCache.build_or_open(Path(folder) / "cache", encoder, records, device=device,
-                                           progress=False)
+        cache = FeatureCache.build_or_open(
+            Path(folder) / "cache", encoder, records, device=device, progress=False
+        )
         build_seconds = time.perf_counter() - start
-        decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), len(vocab), encoder.channels).to(device)
+        decoder = ShowAttendTellDecoder.from_config(decoder_config(sizes), len(vocab), encoder.channels).to(
+            device
+        )
         optimizer = adam(decoder.parameters(), lr=4e-4)
 
         def epoch(dataset: CaptionDataset) -> tuple[float, float]:
@@ -305,15 +420,24 @@ def feature_cache(sizes: Sizes, device: torch.device, repeats: int, amp: bool) -
                 synchronize(device)
                 grid_seconds += time.perf_counter() - grids_start
                 captions, lengths, image_index = flatten_captions(batch)
-                our_train_step(decoder, optimizer, annotations, captions.to(device), lengths.to(device),
-                               image_index.to(device), device, amp)
+                our_train_step(
+                    decoder,
+                    optimizer,
+                    annotations,
+                    captions.to(device),
+                    lengths.to(device),
+                    image_index.to(device),
+                    device,
+                    amp,
+                )
             synchronize(device)
             return time.perf_counter() - start, grid_seconds
 
         results = {"cache_build_s": build_seconds, **encoder_rates(encoder, records, device, repeats)}
-        for name, dataset in (("cache", CaptionDataset(records, vocab, 20, CAPTIONS_PER_IMAGE, features=cache)),
-                              ("stream", CaptionDataset(records, vocab, 20, CAPTIONS_PER_IMAGE,
-                                                        transform=encoder.transform))):
+        for name, dataset in (
+            ("cache", CaptionDataset(records, vocab, 20, CAPTIONS_PER_IMAGE, features=cache)),
+            ("stream", CaptionDataset(records, vocab, 20, CAPTIONS_PER_IMAGE, transform=encoder.transform)),
+        ):
             with PeakMemory(device) as memory:
                 epoch(dataset)  # warm-up
                 runs = [epoch(dataset) for _ in range(repeats)]
@@ -329,7 +453,7 @@ def encoder_rates(encoder: Encoder, records: list, device: torch.device, repeats
     """Images per second through the frozen encoder as built and through ``inference_copy()`` (its
     batch norms folded into the convolutions, what the feature cache runs), on one batch of the size
     the cache encodes at a time (``cache_batch_size``) of the split's images."""
-    batch = records[:cache_batch_size(device)]
+    batch = records[: cache_batch_size(device)]
     images = torch.stack([encoder.transform(load_image(record.path)) for record in batch]).to(device)
     rates = {}
     for name, network in (("encoder", encoder.eval()), ("folded_encoder", encoder.inference_copy())):
@@ -348,7 +472,9 @@ def coco_words(generator: torch.Generator) -> Iterator[int]:
         yield words[int(torch.multinomial(weights, 1, generator=generator))]
 
 
-def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.device, amp: bool) -> dict[str, float]:
+def coco_epoch(
+    sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.device, amp: bool
+) -> dict[str, float]:
     """One cross-entropy epoch at COCO's size, from the mean time of ``coco_steps`` timed batches.
 
     A batch is 32 images' grids (held in memory) with 5 captions each, lengths drawn from
@@ -359,8 +485,10 @@ def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.devic
     annotations = torch.rand(images, sizes.positions, sizes.channels, generator=generator).to(device)
     image_index = torch.arange(images, device=device).repeat_interleave(CAPTIONS_PER_IMAGE)
     words = coco_words(generator)
-    batches = [random_captions(sizes, images * CAPTIONS_PER_IMAGE, words, device, generator)
-               for _ in range(sizes.coco_steps + 2)]
+    batches = [
+        random_captions(sizes, images * CAPTIONS_PER_IMAGE, words, device, generator)
+        for _ in range(sizes.coco_steps + 2)
+    ]
     decoder.train()
     optimizer = adam(decoder.parameters(), lr=4e-4)
     times = []
@@ -372,34 +500,61 @@ def coco_epoch(sizes: Sizes, decoder: ShowAttendTellDecoder, device: torch.devic
         if number >= 2:  # two warm-up batches
             times.append(time.perf_counter() - start)
     step = statistics.fmean(times)
-    return {"coco_step_ms": step * 1e3, "coco_epoch_s": step * math.ceil(COCO_IMAGES / images),
-            "coco_mean_words": sum(w * p for w, p in COCO_WORDS.items()) / sum(COCO_WORDS.values())}
+    return {
+        "coco_step_ms": step * 1e3,
+        "coco_epoch_s": step * math.ceil(COCO_IMAGES / images),
+        "coco_mean_words": sum(w * p for w, p in COCO_WORDS.items()) / sum(COCO_WORDS.values()),
+    }
 
 
 # ------------------------------------------------------------------------------------ the command
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--amp", action="store_true",
-                        help="bf16 autocast (CUDA or CPU); the float32 training step is timed beside it")
+    parser.add_argument(
+        "--amp",
+        action="store_true",
+        help="bf16 autocast (CUDA or CPU); the float32 training step is timed beside it",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per number (median)")
-    parser.add_argument("--tutorial-repeats", type=int, default=3,
-                        help="timed runs of the (slow) tutorial and of the Transformer's recomputing beam search")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="CPU threads (default: the usable cores; 1 with --quick)")
+    parser.add_argument(
+        "--tutorial-repeats",
+        type=int,
+        default=3,
+        help="timed runs of the (slow) tutorial and of the Transformer's recomputing beam search",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU threads (default: the usable cores; 1 with --quick)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, in seconds")
-    parser.add_argument("--parts", default="train,beam,cache",
-                        help="comma-separated parts to run: train, beam, cache, coco, transformer, loader (default "
-                             "train,beam,cache; coco is added on CUDA); the matmul peak always runs")
+    parser.add_argument(
+        "--parts",
+        default="train,beam,cache",
+        help="comma-separated parts to run: train, beam, cache, coco, transformer, loader (default "
+        "train,beam,cache; coco is added on CUDA); the matmul peak always runs",
+    )
     parser.add_argument("--coco", action="store_true", help="add the COCO epoch estimate to the parts")
-    parser.add_argument("--loader-dir", type=Path, default=None,
-                        help="loader part: the folder (disk) for its synthetic feature cache (default: the "
-                             "temporary folder); it is deleted afterwards")
-    parser.add_argument("--loader-images", type=int, default=None,
-                        help=f"loader part: rows of the synthetic cache (default {loader_speed.COCO_IMAGES:,}, "
-                             "COCO's Karpathy train + restval)")
-    parser.add_argument("--loader-grid", default=None,
-                        help="loader part: HxWxC of a row (default 7x7x1280, 14 GB for COCO; 14x14x2048 is 91 GB)")
+    parser.add_argument(
+        "--loader-dir",
+        type=Path,
+        default=None,
+        help="loader part: the folder (disk) for its synthetic feature cache (default: the "
+        "temporary folder); it is deleted afterwards",
+    )
+    parser.add_argument(
+        "--loader-images",
+        type=int,
+        default=None,
+        help=f"loader part: rows of the synthetic cache (default {loader_speed.COCO_IMAGES:,}, "
+        "COCO's Karpathy train + restval)",
+    )
+    parser.add_argument(
+        "--loader-grid",
+        default=None,
+        help="loader part: HxWxC of a row (default 7x7x1280, 14 GB for COCO; 14x14x2048 is 91 GB)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return parser
 
@@ -409,10 +564,16 @@ def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]
     with contextlib.suppress(OSError):
         match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
         cpu = match.group(1).strip() if match else cpu
-    return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-            else cpu, "cpu": cpu, "threads": threads, "amp": amp,
-            "torch": torch.__version__, "captioning": str(Path(captioning.__file__).parent),
-            "load_average_start": os.getloadavg()[0]}
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
+        "cpu": cpu,
+        "threads": threads,
+        "amp": amp,
+        "torch": torch.__version__,
+        "captioning": str(Path(captioning.__file__).parent),
+        "load_average_start": os.getloadavg()[0],
+    }
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -440,8 +601,10 @@ def check_flags(args: argparse.Namespace) -> torch.device:
         raise SystemExit("--device cuda: CUDA is not available")
     cores = len(os.sched_getaffinity(0))
     if not 0 <= args.threads <= cores:
-        raise SystemExit(f"--threads: must be between 0 (all usable cores) and the {cores} usable cores, "
-                         f"got {args.threads}")
+        raise SystemExit(
+            f"--threads: must be between 0 (all usable cores) and the {cores} usable cores, "
+            f"got {args.threads}"
+        )
     for flag in ("repeats", "tutorial_repeats"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')}: must be at least 1, got {getattr(args, flag)}")
@@ -465,10 +628,16 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
     if loader is not None:  # a disk too small is refused before anything is measured
         loader_speed.cache_parent(args.loader_dir, loader)
     torch.manual_seed(0)
-    results: dict[str, Any] = {**environment(device, threads, args.amp), "quick": args.quick,
-                               "repeats": repeats, "tutorial_repeats": tutorial_repeats, "sizes": asdict(sizes)}
-    results["matmul_peak_gflops"], results["matmul_peak_mem_mb"] = matmul_peak(sizes, device, repeats,
-                                                                               torch.float32)
+    results: dict[str, Any] = {
+        **environment(device, threads, args.amp),
+        "quick": args.quick,
+        "repeats": repeats,
+        "tutorial_repeats": tutorial_repeats,
+        "sizes": asdict(sizes),
+    }
+    results["matmul_peak_gflops"], results["matmul_peak_mem_mb"] = matmul_peak(
+        sizes, device, repeats, torch.float32
+    )
     peak = results["matmul_peak_gflops"]
     if results["amp"]:
         results["matmul_peak_bf16_gflops"], _ = matmul_peak(sizes, device, repeats, torch.bfloat16)
@@ -491,8 +660,11 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
     if "transformer" in parts:
         transformer_sizes = transformer_speed.QUICK if args.quick else transformer_speed.TransformerSizes()
         results["transformer_sizes"] = asdict(transformer_sizes)
-        results.update(transformer_speed.measure(transformer_sizes, device, repeats, tutorial_repeats,
-                                                 results["amp"], peak))
+        results.update(
+            transformer_speed.measure(
+                transformer_sizes, device, repeats, tutorial_repeats, results["amp"], peak
+            )
+        )
     if loader is not None:
         results.update(loader_speed.measure(loader, args.loader_dir, device, COCO_WORDS))
     return results
@@ -512,12 +684,23 @@ def loader_sizes(args: argparse.Namespace) -> loader_speed.LoaderSizes:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print(f"{results['device_name']} | {results['threads']} threads | torch {results['torch']} | "
-          f"amp {results['amp']} | load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}"
-          f" | other processes {results['other_processes_cores'] or 0:.2f} cores")
+    print(
+        f"{results['device_name']} | {results['threads']} threads | torch {results['torch']} | "
+        f"amp {results['amp']} | load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}"
+        f" | other processes {results['other_processes_cores'] or 0:.2f} cores"
+    )
     for key, value in results.items():
-        if key in ("sizes", "transformer_sizes", "device", "device_name", "cpu", "threads", "amp", "torch",
-                   "captioning"):
+        if key in (
+            "sizes",
+            "transformer_sizes",
+            "device",
+            "device_name",
+            "cpu",
+            "threads",
+            "amp",
+            "torch",
+            "captioning",
+        ):
             continue
         if isinstance(value, dict):
             value = ", ".join(f"k={k}: {v:.3g}" for k, v in value.items())

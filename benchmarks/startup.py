@@ -73,9 +73,14 @@ def _caption_pool(path: Path) -> list[str]:
         data = json.loads(path.read_text(encoding="utf-8"))["datasets"]
         return [caption for images in data.values() for image in images for caption in image["captions"]]
     rng = random.Random(0)  # no real captions here: templated ones of the same length (~11 words)
-    nouns, verbs = ["man", "woman", "dog", "bus", "table", "pizza", "cat", "train"], ["sits", "runs", "stands"]
-    return [f"A {rng.choice(nouns)} {rng.choice(verbs)} next to a {rng.choice(nouns)} on the {rng.choice(nouns)} ."
-            for _ in range(10_000)]
+    nouns, verbs = (
+        ["man", "woman", "dog", "bus", "table", "pizza", "cat", "train"],
+        ["sits", "runs", "stands"],
+    )
+    return [
+        f"A {rng.choice(nouns)} {rng.choice(verbs)} next to a {rng.choice(nouns)} on the {rng.choice(nouns)} ."
+        for _ in range(10_000)
+    ]
 
 
 def write_dataset(folder: Path, pool: list[str]) -> None:
@@ -88,31 +93,63 @@ def write_dataset(folder: Path, pool: list[str]) -> None:
         for _ in range(count):
             name = f"COCO_{coco_folder}_{cocoid:012d}.jpg"
             raws = rng.sample(pool, CAPTIONS_PER_IMAGE)
-            sentences = [{"tokens": re.findall(r"[a-z0-9']+", raw.lower()), "raw": raw, "imgid": len(images),
-                          "sentid": sentid + k} for k, raw in enumerate(raws)]
-            images.append({"filepath": coco_folder, "filename": name, "imgid": len(images), "split": split,
-                           "cocoid": cocoid, "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
+            sentences = [
+                {
+                    "tokens": re.findall(r"[a-z0-9']+", raw.lower()),
+                    "raw": raw,
+                    "imgid": len(images),
+                    "sentid": sentid + k,
+                }
+                for k, raw in enumerate(raws)
+            ]
+            images.append(
+                {
+                    "filepath": coco_folder,
+                    "filename": name,
+                    "imgid": len(images),
+                    "split": split,
+                    "cocoid": cocoid,
+                    "sentids": [s["sentid"] for s in sentences],
+                    "sentences": sentences,
+                }
+            )
             entries, annotations = official[coco_folder]
             entries.append({"id": cocoid, "file_name": name, "width": 640, "height": 480})
-            annotations.extend({"id": sentid + k, "image_id": cocoid, "caption": raw} for k, raw in enumerate(raws))
+            annotations.extend(
+                {"id": sentid + k, "image_id": cocoid, "caption": raw} for k, raw in enumerate(raws)
+            )
             cocoid += 1
             sentid += CAPTIONS_PER_IMAGE
-    (folder / "dataset_coco.json").write_text(json.dumps({"images": images, "dataset": "coco"}), encoding="utf-8")
+    (folder / "dataset_coco.json").write_text(
+        json.dumps({"images": images, "dataset": "coco"}), encoding="utf-8"
+    )
     for coco_folder, (entries, annotations) in official.items():
         (folder / f"captions_{coco_folder}.json").write_text(
-            json.dumps({"info": {}, "licenses": [], "images": entries, "annotations": annotations}), encoding="utf-8")
+            json.dumps({"info": {}, "licenses": [], "images": entries, "annotations": annotations}),
+            encoding="utf-8",
+        )
 
 
 def measure(folder: Path, dataset: str, mode: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", _MEASURE, str(folder), dataset, mode], cwd=ROOT, check=True,
-                            capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    result = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(folder), dataset, mode],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--folder", type=Path, help="where to write the files (default: a temporary folder)")
-    parser.add_argument("--captions", type=Path, default=REAL_CAPTIONS, help="JSON of real captions to draw from")
+    parser.add_argument(
+        "--captions", type=Path, default=REAL_CAPTIONS, help="JSON of real captions to draw from"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return parser
 
@@ -124,20 +161,29 @@ def main(args: argparse.Namespace) -> None:
         for dataset in ("karpathy", "coco"):  # the first start must find no index
             shutil.rmtree(folder / f"cache_{dataset}", ignore_errors=True)
         write_dataset(folder, _caption_pool(args.captions))
-        sizes = {name: (folder / name).stat().st_size / 2**20
-                 for name in ("dataset_coco.json", "captions_train2014.json", "captions_val2014.json")}
-        results = {f"{dataset}_{mode}": measure(folder, dataset, mode)
-                   for dataset in ("karpathy", "coco") for mode in ("plain", "first", "warm", "warm_split")}
+        sizes = {
+            name: (folder / name).stat().st_size / 2**20
+            for name in ("dataset_coco.json", "captions_train2014.json", "captions_val2014.json")
+        }
+        results = {
+            f"{dataset}_{mode}": measure(folder, dataset, mode)
+            for dataset in ("karpathy", "coco")
+            for mode in ("plain", "first", "warm", "warm_split")
+        }
     if args.json:
         print(json.dumps({"file_mb": sizes, **results}, indent=1))
         return
     print(", ".join(f"{name} {size:.0f} MiB" for name, size in sizes.items()))
-    print(f"{'start':<20} {'seconds':>8} {'CPU s':>7} {'peak MiB':>9} {'imports MiB':>12} {'images':>8} "
-          f"{'captions':>9}")
+    print(
+        f"{'start':<20} {'seconds':>8} {'CPU s':>7} {'peak MiB':>9} {'imports MiB':>12} {'images':>8} "
+        f"{'captions':>9}"
+    )
     for name, row in results.items():
-        print(f"{name:<20} {row['seconds']:>8.2f} {row['cpu_seconds']:>7.2f} {row['peak_mb']:>9.0f} "
-              f"{row['imports_mb']:>12.0f} "
-              f"{row['images']:>8} {row['captions']:>9}")
+        print(
+            f"{name:<20} {row['seconds']:>8.2f} {row['cpu_seconds']:>7.2f} {row['peak_mb']:>9.0f} "
+            f"{row['imports_mb']:>12.0f} "
+            f"{row['images']:>8} {row['captions']:>9}"
+        )
 
 
 if __name__ == "__main__":

@@ -60,17 +60,38 @@ class TransformerSizes:
 
     def decoder_config(self, layers: int) -> DecoderConfig:
         """The COCO configuration's decoder with ``layers`` encoder and decoder blocks."""
-        return DecoderConfig(kind="transformer", d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
-                             encoder_layers=layers, decoder_layers=layers, pre_norm=False, tie_embeddings=True,
-                             dropout=self.dropout, doubly_stochastic=0.0)
+        return DecoderConfig(
+            kind="transformer",
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            encoder_layers=layers,
+            decoder_layers=layers,
+            pre_norm=False,
+            tie_embeddings=True,
+            dropout=self.dropout,
+            doubly_stochastic=0.0,
+        )
 
 
-QUICK = TransformerSizes(images=2, captions_per_image=2, caption_tokens=6, grid=3, channels=32, vocab_size=50,
-                         d_model=16, num_heads=2, d_ff=32, beam_images=2, beam_max_length=5)
+QUICK = TransformerSizes(
+    images=2,
+    captions_per_image=2,
+    caption_tokens=6,
+    grid=3,
+    channels=32,
+    vocab_size=50,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    beam_images=2,
+    beam_max_length=5,
+)
 
 
-def transformer_train_step_flop(sizes: TransformerSizes, layers: int, num_images: int, num_captions: int,
-                                steps: int) -> float:
+def transformer_train_step_flop(
+    sizes: TransformerSizes, layers: int, num_images: int, num_captions: int, steps: int
+) -> float:
     """FLOP of one teacher-forced step of the Transformer with ``layers`` + ``layers`` blocks.
 
     Matrix products only, a multiply-add is 2 FLOP, backward counted as twice the forward (x3 in
@@ -85,24 +106,37 @@ def transformer_train_step_flop(sizes: TransformerSizes, layers: int, num_images
     p, c, d, f, v, t = sizes.positions, sizes.channels, sizes.d_model, sizes.d_ff, sizes.vocab_size, steps
     encoder_block = 2 * 4 * p * d * d + 2 * 2 * p * p * d + 2 * 2 * p * d * f
     per_image = 2 * p * c * d + layers * encoder_block + layers * 2 * 2 * p * d * d
-    decoder_block = (2 * 4 * t * d * d + 2 * 2 * t * t * d  # masked self-attention
-                     + 2 * 2 * t * d * d + 2 * 2 * t * p * d  # cross-attention: query, output, scores, context
-                     + 2 * 2 * t * d * f)  # feed-forward
+    decoder_block = (
+        2 * 4 * t * d * d
+        + 2 * 2 * t * t * d  # masked self-attention
+        + 2 * 2 * t * d * d
+        + 2 * 2 * t * p * d  # cross-attention: query, output, scores, context
+        + 2 * 2 * t * d * f
+    )  # feed-forward
     per_caption = layers * decoder_block + 2 * t * d * v
     return 3.0 * (num_images * per_image + num_captions * per_caption)
 
 
-def full_captions(sizes: TransformerSizes, num_captions: int, device: torch.device,
-                  generator: torch.Generator) -> torch.Tensor:
+def full_captions(
+    sizes: TransformerSizes, num_captions: int, device: torch.device, generator: torch.Generator
+) -> torch.Tensor:
     """(N, L) random captions ``<start> w.. <end>`` of ``caption_tokens`` tokens each."""
     captions = torch.randint(4, sizes.vocab_size, (num_captions, sizes.caption_tokens), generator=generator)
     captions[:, 0], captions[:, -1] = Vocabulary.start_id, Vocabulary.end_id
     return captions.to(device)
 
 
-def train_step(decoder: TransformerDecoder, optimizer: torch.optim.Optimizer, annotations: torch.Tensor,
-               captions: torch.Tensor, lengths: torch.Tensor, image_index: torch.Tensor, label_smoothing: float,
-               device: torch.device, amp: bool) -> None:
+def train_step(
+    decoder: TransformerDecoder,
+    optimizer: torch.optim.Optimizer,
+    annotations: torch.Tensor,
+    captions: torch.Tensor,
+    lengths: torch.Tensor,
+    image_index: torch.Tensor,
+    label_smoothing: float,
+    device: torch.device,
+    amp: bool,
+) -> None:
     """Forward, ``caption_loss`` (no penalty, as the engine with doubly_stochastic 0), backward, Adam step."""
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, amp):
@@ -112,8 +146,14 @@ def train_step(decoder: TransformerDecoder, optimizer: torch.optim.Optimizer, an
     optimizer.step()
 
 
-def training(sizes: TransformerSizes, decoder: TransformerDecoder, layers: int, device: torch.device,
-             repeats: int, amp: bool) -> dict[str, float]:
+def training(
+    sizes: TransformerSizes,
+    decoder: TransformerDecoder,
+    layers: int,
+    device: torch.device,
+    repeats: int,
+    amp: bool,
+) -> dict[str, float]:
     """Milliseconds, GFLOP and peak memory of one training step (images x captions_per_image captions)."""
     generator = torch.Generator().manual_seed(1)
     annotations = torch.rand(sizes.images, sizes.positions, sizes.channels, generator=generator).to(device)
@@ -124,15 +164,41 @@ def training(sizes: TransformerSizes, decoder: TransformerDecoder, layers: int, 
     decoder.train()
     optimizer = adam(decoder.parameters(), lr=1e-4, betas=(0.9, sizes.adam_beta2))
     with PeakMemory(device) as memory:
-        seconds = median_seconds(functools.partial(train_step, decoder, optimizer, annotations, captions, lengths,
-                                                   image_index, sizes.label_smoothing, device, amp), repeats, device)
-    gflop = transformer_train_step_flop(sizes, layers, sizes.images, num_captions, sizes.caption_tokens - 1) / 1e9
-    return {"train_step_ms": seconds * 1e3, "train_step_gflop": gflop, "train_gflops": gflop / seconds,
-            "train_peak_mem_mb": memory.mib}
+        seconds = median_seconds(
+            functools.partial(
+                train_step,
+                decoder,
+                optimizer,
+                annotations,
+                captions,
+                lengths,
+                image_index,
+                sizes.label_smoothing,
+                device,
+                amp,
+            ),
+            repeats,
+            device,
+        )
+    gflop = (
+        transformer_train_step_flop(sizes, layers, sizes.images, num_captions, sizes.caption_tokens - 1) / 1e9
+    )
+    return {
+        "train_step_ms": seconds * 1e3,
+        "train_step_gflop": gflop,
+        "train_gflops": gflop / seconds,
+        "train_peak_mem_mb": memory.mib,
+    }
 
 
-def beam_decoding(sizes: TransformerSizes, decoder: TransformerDecoder, device: torch.device, repeats: int,
-                  recompute_repeats: int, amp: bool) -> dict[str, Any]:
+def beam_decoding(
+    sizes: TransformerSizes,
+    decoder: TransformerDecoder,
+    device: torch.device,
+    repeats: int,
+    recompute_repeats: int,
+    amp: bool,
+) -> dict[str, Any]:
     """Captions per second of batched beam search with the key/value caches and with prefix recomputation.
 
     As for the LSTM in ``speed.py``, a copy of the weights gets ``<end>`` unreachable (output bias
@@ -145,14 +211,19 @@ def beam_decoding(sizes: TransformerSizes, decoder: TransformerDecoder, device: 
     with torch.no_grad():
         decoder.out.bias[Vocabulary.end_id] = -1e4
     results: dict[str, Any] = {}
-    for name, searched, runs in (("beam", decoder, repeats),
-                                 ("recompute_beam", RecomputingDecoder(decoder), recompute_repeats)):
+    for name, searched, runs in (
+        ("beam", decoder, repeats),
+        ("recompute_beam", RecomputingDecoder(decoder), recompute_repeats),
+    ):
         rates = {}
         with PeakMemory(device) as memory:
             for k in sizes.beam_sizes:
                 with autocast(device, amp):
-                    seconds = median_seconds(functools.partial(beam_search, searched, grids, k,
-                                                               sizes.beam_max_length), runs, device)
+                    seconds = median_seconds(
+                        functools.partial(beam_search, searched, grids, k, sizes.beam_max_length),
+                        runs,
+                        device,
+                    )
                 rates[str(k)] = sizes.beam_images / seconds
         results[f"{name}_captions_per_s"], results[f"{name}_peak_mem_mb"] = rates, memory.mib
     cached, recomputed = results["beam_captions_per_s"], results["recompute_beam_captions_per_s"]
@@ -161,8 +232,14 @@ def beam_decoding(sizes: TransformerSizes, decoder: TransformerDecoder, device: 
     return results
 
 
-def measure(sizes: TransformerSizes, device: torch.device, repeats: int, recompute_repeats: int, amp: bool,
-            matmul_peak_gflops: float) -> dict[str, Any]:
+def measure(
+    sizes: TransformerSizes,
+    device: torch.device,
+    repeats: int,
+    recompute_repeats: int,
+    amp: bool,
+    matmul_peak_gflops: float,
+) -> dict[str, Any]:
     """Every Transformer number, keyed ``transformer_*`` (3+3 layers) and ``transformer6_*`` (6+6 layers).
 
     Args:
@@ -171,8 +248,9 @@ def measure(sizes: TransformerSizes, device: torch.device, repeats: int, recompu
     results: dict[str, Any] = {}
     for prefix, layers in LAYERS.items():
         torch.manual_seed(0)
-        decoder = TransformerDecoder.from_config(sizes.decoder_config(layers), sizes.vocab_size, sizes.channels,
-                                                 (sizes.grid, sizes.grid)).to(device)
+        decoder = TransformerDecoder.from_config(
+            sizes.decoder_config(layers), sizes.vocab_size, sizes.channels, (sizes.grid, sizes.grid)
+        ).to(device)
         numbers = training(sizes, decoder, layers, device, repeats, amp)
         numbers["train_mfu"] = numbers["train_gflops"] / matmul_peak_gflops
         numbers.update(beam_decoding(sizes, decoder, device, repeats, recompute_repeats, amp))

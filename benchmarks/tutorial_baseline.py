@@ -52,8 +52,15 @@ class TutorialAttention(nn.Module):
 class TutorialDecoder(nn.Module):
     """LSTMCell decoder with per-step attention over the annotation grid, the tutorial's way."""
 
-    def __init__(self, vocab_size: int, annotation_dim: int, attention_dim: int = 512, embed_dim: int = 512,
-                 hidden_dim: int = 512, dropout: float = 0.5):
+    def __init__(
+        self,
+        vocab_size: int,
+        annotation_dim: int,
+        attention_dim: int = 512,
+        embed_dim: int = 512,
+        hidden_dim: int = 512,
+        dropout: float = 0.5,
+    ):
         super().__init__()
         self.vocab_size = vocab_size
         self.attention = TutorialAttention(annotation_dim, hidden_dim, attention_dim)
@@ -76,8 +83,14 @@ class TutorialDecoder(nn.Module):
         """
         attention = decoder.attention
         context_dim = decoder.annotation_dim
-        baseline = cls(decoder.vocab_size, context_dim, attention.annotation_proj.out_features,
-                       decoder.embedding.embedding_dim, decoder.hidden_dim, decoder.dropout.p)
+        baseline = cls(
+            decoder.vocab_size,
+            context_dim,
+            attention.annotation_proj.out_features,
+            decoder.embedding.embedding_dim,
+            decoder.hidden_dim,
+            decoder.dropout.p,
+        )
         recurrent = decoder.recurrent_to_gates.weight  # (4H, C + H)
         with torch.no_grad():
             baseline.attention.encoder_att.load_state_dict(attention.annotation_proj.state_dict())
@@ -86,8 +99,9 @@ class TutorialDecoder(nn.Module):
             baseline.attention.full_att.weight.copy_(attention.score.weight)
             baseline.attention.full_att.bias.zero_()
             baseline.embedding.load_state_dict(decoder.embedding.state_dict())
-            baseline.decode_step.weight_ih.copy_(torch.cat([decoder.embed_to_gates.weight,
-                                                            recurrent[:, :context_dim]], dim=1))
+            baseline.decode_step.weight_ih.copy_(
+                torch.cat([decoder.embed_to_gates.weight, recurrent[:, :context_dim]], dim=1)
+            )
             baseline.decode_step.weight_hh.copy_(recurrent[:, context_dim:])
             baseline.decode_step.bias_ih.copy_(decoder.embed_to_gates.bias)
             baseline.decode_step.bias_hh.zero_()
@@ -128,8 +142,9 @@ class TutorialDecoder(nn.Module):
         return logits, captions, decode_lengths, alphas, order
 
 
-def tutorial_loss(logits: Tensor, captions: Tensor, decode_lengths: list[int], alphas: Tensor,
-                  penalty_weight: float = 1.0) -> Tensor:
+def tutorial_loss(
+    logits: Tensor, captions: Tensor, decode_lengths: list[int], alphas: Tensor, penalty_weight: float = 1.0
+) -> Tensor:
     """Cross-entropy over the packed real steps plus the doubly stochastic penalty (the tutorial's)."""
     scores = pack_padded_sequence(logits, decode_lengths, batch_first=True).data
     targets = pack_padded_sequence(captions[:, 1:], decode_lengths, batch_first=True).data
@@ -137,8 +152,14 @@ def tutorial_loss(logits: Tensor, captions: Tensor, decode_lengths: list[int], a
 
 
 @torch.no_grad()
-def tutorial_beam_search(decoder: TutorialDecoder, annotations: Tensor, beam_size: int, start_id: int,
-                         end_id: int, max_steps: int = 50) -> tuple[list[int], Tensor]:
+def tutorial_beam_search(
+    decoder: TutorialDecoder,
+    annotations: Tensor,
+    beam_size: int,
+    start_id: int,
+    end_id: int,
+    max_steps: int = 50,
+) -> tuple[list[int], Tensor]:
     """The best caption of ONE image's grid (P, C) by the tutorial's search, and its attention maps.
 
     Beams that emit <end> leave the beam, which shrinks, until ``beam_size`` captions ended or
@@ -170,8 +191,10 @@ def tutorial_beam_search(decoder: TutorialDecoder, annotations: Tensor, beam_siz
         sequences = torch.cat([sequences[source], word.unsqueeze(1)], dim=1)
         attention = torch.cat([attention[source], alpha[source].unsqueeze(1)], dim=1)
         ended = word == end_id
-        finished += [(float(best[i]), sequences[i, 1:-1].tolist(), attention[i, :-1])
-                     for i in ended.nonzero().flatten().tolist()]
+        finished += [
+            (float(best[i]), sequences[i, 1:-1].tolist(), attention[i, :-1])
+            for i in ended.nonzero().flatten().tolist()
+        ]
         live = (~ended).nonzero().flatten()
         k = live.numel()
         if k == 0 or step > max_steps:
@@ -180,6 +203,8 @@ def tutorial_beam_search(decoder: TutorialDecoder, annotations: Tensor, beam_siz
         grid, h, c = grid[source], h[source], c[source]
         top_scores, previous = best[live].unsqueeze(1), word[live]
     if not finished:
-        finished = [(float(best[i]), sequences[i, 1:].tolist(), attention[i]) for i in range(sequences.size(0))]
+        finished = [
+            (float(best[i]), sequences[i, 1:].tolist(), attention[i]) for i in range(sequences.size(0))
+        ]
     _, tokens, maps = max(finished, key=lambda item: item[0])
     return tokens, maps

@@ -69,10 +69,20 @@ class Caption:
     def of(cls, item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
         """The public form of one decoded image (``caption_records``' output)."""
         decoded = item.caption
-        attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)  # (T, gh, gw)
+        attention = (
+            decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
+        )  # (T, gh, gw)
         beta = None if decoded.betas is None else decoded.betas.detach().float().cpu().numpy()  # (T,)
-        return cls(" ".join(item.words), list(item.words), attention, beta, float(decoded.log_prob),
-                   float(decoded.score), bool(decoded.finished), attention_label)
+        return cls(
+            " ".join(item.words),
+            list(item.words),
+            attention,
+            beta,
+            float(decoded.log_prob),
+            float(decoded.score),
+            bool(decoded.finished),
+            attention_label,
+        )
 
 
 class CaptioningModel:
@@ -93,8 +103,10 @@ class CaptioningModel:
 
     def __repr__(self) -> str:
         model = self.config.model
-        return (f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, {model.decoder.kind} decoder, "
-                f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, on {self.device})")
+        return (
+            f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, {model.decoder.kind} decoder, "
+            f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, on {self.device})"
+        )
 
     @property
     def vocab(self) -> Vocabulary:
@@ -111,10 +123,20 @@ class CaptioningModel:
         """The decoding options ``caption`` uses when none is given (the checkpoint's)."""
         return self.config.decode
 
-    def caption(self, images: Sequence[ImageInput], *, strategy: str | None = None, beam_size: int | None = None,
-                max_length: int | None = None, min_length: int | None = None, length_alpha: float | None = None,
-                block_trigrams: bool | None = None, batch_size: int | None = None,
-                layer: str | int | None = None, head: str | int | None = None) -> list[Caption]:
+    def caption(
+        self,
+        images: Sequence[ImageInput],
+        *,
+        strategy: str | None = None,
+        beam_size: int | None = None,
+        max_length: int | None = None,
+        min_length: int | None = None,
+        length_alpha: float | None = None,
+        block_trigrams: bool | None = None,
+        batch_size: int | None = None,
+        layer: str | int | None = None,
+        head: str | int | None = None,
+    ) -> list[Caption]:
         """Caption a list of images, decoded in batches; one ``Caption`` per image, in order.
 
         Args:
@@ -133,11 +155,20 @@ class CaptioningModel:
             ValueError: a layer or head the decoder does not have.
         """
         if isinstance(images, (str, Path, Image.Image, np.ndarray, torch.Tensor)):
-            raise TypeError(f"caption() takes a list of images, got one {type(images).__name__}: "
-                            "pass [image] for a single image")
-        decode = decode_config_with(self.config, strategy=strategy, beam_size=beam_size, max_length=max_length,
-                                    min_length=min_length, length_alpha=length_alpha,
-                                    block_trigrams=block_trigrams, batch_size=batch_size)
+            raise TypeError(
+                f"caption() takes a list of images, got one {type(images).__name__}: "
+                "pass [image] for a single image"
+            )
+        decode = decode_config_with(
+            self.config,
+            strategy=strategy,
+            beam_size=beam_size,
+            max_length=max_length,
+            min_length=min_length,
+            length_alpha=length_alpha,
+            block_trigrams=block_trigrams,
+            batch_size=batch_size,
+        )
         view = attention_view(layer, head)
         images = list(images)
         pictures = [as_rgb_image(image, f"images[{k}]") for k, image in enumerate(images)]
@@ -146,12 +177,19 @@ class CaptioningModel:
         decoder = self.captioner.decoder
         decoder.set_attention_view(view)  # the captions' maps are this view's
         label = decoder.describe_attention()
-        records = [ImageRecord(image_id=k, path=Path(image) if isinstance(image, (str, Path)) else Path(f"images[{k}]"),
-                               split="") for k, image in enumerate(images)]
+        records = [
+            ImageRecord(
+                image_id=k,
+                path=Path(image) if isinstance(image, (str, Path)) else Path(f"images[{k}]"),
+                split="",
+            )
+            for k, image in enumerate(images)
+        ]
         # In this process: no DataLoader workers for pictures already in memory.
         config = replace(self.config, data=replace(self.config.data, num_workers=0))
-        captioned = caption_records(self.captioner, config, records, self.device, decode, progress=False,
-                                    pictures=pictures)
+        captioned = caption_records(
+            self.captioner, config, records, self.device, decode, progress=False, pictures=pictures
+        )
         return [Caption.of(item, self.grid, label) for item in captioned]
 
     def save_pretrained(self, folder: str | Path) -> Path:
@@ -197,8 +235,15 @@ def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:
         raise TypeError(f"show() takes a Caption from model.caption(...), got {type(caption).__name__}")
     picture = as_rgb_image(image, "image")
     grid = caption.attention.shape[1:]
-    return attention_figure(picture, caption.words, caption.attention, grid, betas=caption.beta, mode=mode,
-                            attention_label=caption.attention_label).figure
+    return attention_figure(
+        picture,
+        caption.words,
+        caption.attention,
+        grid,
+        betas=caption.beta,
+        mode=mode,
+        attention_label=caption.attention_label,
+    ).figure
 
 
 __all__ = ["Caption", "CaptioningModel", "ImageError", "ImageInput", "load", "show"]

@@ -40,23 +40,45 @@ FLAG_KEYS: dict[str, tuple[str, type, str]] = {
 
 def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...] = tuple(FLAG_KEYS)) -> None:
     """``--config``, the common flags in ``flags`` and ``--set KEY=VALUE``."""
-    parser.add_argument("--config", type=Path, default=None,
-                        help=f"YAML configuration (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])})")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"YAML configuration (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])})",
+    )
     for name in flags:
         key, kind, text = FLAG_KEYS[name]
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,
-                            metavar=kind.__name__.upper(), help=f"{text} (sets {key})")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any configuration key, e.g. --set model.decoder.gate=channel (repeatable)")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=f"{text} (sets {key})",
+        )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any configuration key, e.g. --set model.decoder.gate=channel (repeatable)",
+    )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
 
 
 def add_import_argument(parser: argparse.ArgumentParser) -> None:
     """``--import MODULE`` (repeatable): user modules ``run_cli`` imports before anything else runs."""
-    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                        help="import MODULE first (a module name, found on the Python path or in the current "
-                             "folder, or a path to a .py file), e.g. one that registers an encoder with "
-                             "@register_encoder; every tool that loads the checkpoint needs it too (repeatable)")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (a module name, found on the Python path or in the current "
+        "folder, or a path to a .py file), e.g. one that registers an encoder with "
+        "@register_encoder; every tool that loads the checkpoint needs it too (repeatable)",
+    )
 
 
 def import_modules(names: list[str]) -> None:
@@ -85,9 +107,13 @@ def import_modules(names: list[str]) -> None:
             else:
                 importlib.import_module(name)
         except ModuleNotFoundError as error:
-            if error.name is not None and name.startswith(error.name):  # the module itself, not one it imports
-                raise ConfigError(f"--import {name}: no module named {error.name!r} on the Python path or in "
-                                  f"the current folder") from error
+            if error.name is not None and name.startswith(
+                error.name
+            ):  # the module itself, not one it imports
+                raise ConfigError(
+                    f"--import {name}: no module named {error.name!r} on the Python path or in "
+                    f"the current folder"
+                ) from error
             raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
         except Exception as error:  # the user's module: any failure is reported on one line
             raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
@@ -99,8 +125,10 @@ def _import_file(file: Path) -> None:
     if loaded is not None:
         if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == file:
             return
-        raise ConfigError(f"--import {file}: a module named {file.stem!r} is imported already "
-                          f"({getattr(loaded, '__file__', None) or 'built in'}); rename the file")
+        raise ConfigError(
+            f"--import {file}: a module named {file.stem!r} is imported already "
+            f"({getattr(loaded, '__file__', None) or 'built in'}); rename the file"
+        )
     spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[file.stem] = module
@@ -129,8 +157,9 @@ def given_keys(args: argparse.Namespace) -> set[str]:
     return given
 
 
-def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser,
-            argv: list[str] | None = None) -> int:
+def run_cli(
+    main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser, argv: list[str] | None = None
+) -> int:
     """Parse, run ``main(args)``; expected failures print one line ``error: ...`` and exit 2.
 
     An exception with an ``exit_status`` attribute is a deliberate stop that ``main`` has already
@@ -152,7 +181,9 @@ def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.Argument
         if getattr(args, "debug", False):
             traceback.print_exc()
         message = printable(str(error).strip().split("\n")[0])
-        if not isinstance(error, (ValueError, OSError, RuntimeError)):  # not an input problem: say what it was
+        if not isinstance(
+            error, (ValueError, OSError, RuntimeError)
+        ):  # not an input problem: say what it was
             message = f"{type(error).__name__}: {message} (run with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return 2
@@ -163,8 +194,12 @@ def printable(text: str) -> str:
     """``text`` with control characters, line separators and lone surrogates written as Python escapes
     (``\\x00``, ``\\x1b``, ``\\ud800``): a path read from a data file may hold any of them, and printed
     raw they would be invisible, garble the terminal or cut the one-line message in two."""
-    return "".join(character.encode("unicode_escape").decode("ascii")
-                   if unicodedata.category(character) in _UNPRINTABLE else character for character in text)
+    return "".join(
+        character.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(character) in _UNPRINTABLE
+        else character
+        for character in text
+    )
 
 
 _UNPRINTABLE = frozenset({"Cc", "Cs", "Zl", "Zp"})

@@ -44,11 +44,11 @@ class DataConfig:
     """Where the captions and images come from and how captions become token ids."""
 
     dataset: str = "shapes"  # shapes | karpathy | coco | imagefolder (your own images) | folder
-    root: str = "data/shapes"  # image root (Karpathy: holds filepath/filename; imagefolder: holds metadata.jsonl or .csv)
+    root: str = "data/shapes"  # image root (Karpathy: filepath/filename; imagefolder: metadata.jsonl or .csv)
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
-    chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s table and rules) | extended (this project's)
+    chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
@@ -73,8 +73,10 @@ class DataConfig:
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
         _check(1 <= self.shapes_max_objects <= 3, "data.shapes_max_objects must be 1, 2 or 3")
-        _check(min(self.shapes_train, self.shapes_val, self.shapes_test) >= 1,
-               "data.shapes_train/val/test must be >= 1")
+        _check(
+            min(self.shapes_train, self.shapes_val, self.shapes_test) >= 1,
+            "data.shapes_train/val/test must be >= 1",
+        )
         _check(self.shapes_image_size >= 32, "data.shapes_image_size must be >= 32")
 
 
@@ -85,7 +87,7 @@ class EncoderConfig:
     name: str = "efficientnet_lite0"  # a name from captioning.models.encoders.ENCODERS
     weights: str = "pretrained"  # pretrained | none | path to a state-dict file
     image_size: int = 224  # images resized to a square of this side, no crop (the grid covers the image)
-    grid_size: int = 0  # 0 keeps the native grid; else adaptive pooling to grid_size x grid_size (coarser only)
+    grid_size: int = 0  # 0 keeps the native grid; else adaptive pooling to grid_size x grid_size
     fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
 
     def __post_init__(self) -> None:
@@ -108,8 +110,8 @@ class DecoderConfig:
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
-    init_layers: int = 1  # LSTM: layers of the h_0/c_0 MLP; 2 as the authors' COCO script (an extra C->C ReLU layer)
-    output_tanh: bool = False  # LSTM: tanh over equation 7's sum before the output layer, as the authors' code
+    init_layers: int = 1  # LSTM: layers of the h_0/c_0 MLP; 2 as the authors' COCO script (C->C ReLU)
+    output_tanh: bool = False  # LSTM: tanh over equation 7's sum before the output layer (authors' code)
     dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
     doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (docs/training.md)
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
@@ -121,38 +123,60 @@ class DecoderConfig:
     d_model: int = 512  # Transformer: model width (embeddings, attention, residual stream)
     d_ff: int = 2048  # Transformer: inner size of the feed-forward blocks
     encoder_layers: int = 3  # Transformer: self-attention blocks over the grid, once per image; 0 = none
-    decoder_layers: int = 3  # Transformer: decoder blocks (masked self-attention, cross-attention, feed-forward)
+    decoder_layers: int = 3  # Transformer: decoder blocks (self-attention, cross-attention, feed-forward)
     pre_norm: bool = False  # Transformer: LayerNorm before each sublayer instead of after (the original)
     tie_embeddings: bool = True  # Transformer: the output layer shares the word embedding matrix
 
     def __post_init__(self) -> None:
         _one_of("model.decoder.kind", self.kind, ("lstm", "transformer"))
-        for name in ("embed_dim", "hidden_dim", "attention_dim", "num_heads"):  # first: num_heads divides below
+        for name in (
+            "embed_dim",
+            "hidden_dim",
+            "attention_dim",
+            "num_heads",
+        ):  # first: num_heads divides below
             _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
         if self.kind == "transformer":
             _check(self.attention == "soft", "model.decoder.attention must be soft with kind transformer")
             for name in ("d_model", "d_ff", "decoder_layers"):
-                _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
-            _check(self.encoder_layers >= 0, f"model.decoder.encoder_layers must be >= 0, got {self.encoder_layers}")
-            _check(self.d_model % self.num_heads == 0,
-                   f"model.decoder.d_model ({self.d_model}) must be divisible by model.decoder.num_heads "
-                   f"({self.num_heads})")
+                _check(
+                    getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}"
+                )
+            _check(
+                self.encoder_layers >= 0,
+                f"model.decoder.encoder_layers must be >= 0, got {self.encoder_layers}",
+            )
+            _check(
+                self.d_model % self.num_heads == 0,
+                f"model.decoder.d_model ({self.d_model}) must be divisible by model.decoder.num_heads "
+                f"({self.num_heads})",
+            )
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.scoring", self.scoring, ("additive", "dot", "scaled_dot", "multihead"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))
         if self.scoring == "multihead":
-            _check(self.attention_dim % self.num_heads == 0,
-                   "model.decoder.attention_dim must be divisible by model.decoder.num_heads")
+            _check(
+                self.attention_dim % self.num_heads == 0,
+                "model.decoder.attention_dim must be divisible by model.decoder.num_heads",
+            )
         _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
         _check(self.init_layers >= 1, f"model.decoder.init_layers must be >= 1, got {self.init_layers}")
-        _check(not self.output_tanh or self.deep_output, "model.decoder.output_tanh needs model.decoder.deep_output")
+        _check(
+            not self.output_tanh or self.deep_output,
+            "model.decoder.output_tanh needs model.decoder.deep_output",
+        )
         if self.kind == "transformer":
-            _check(self.init_layers == 1 and not self.output_tanh,
-                   "model.decoder.init_layers and output_tanh are LSTM options (kind lstm)")
+            _check(
+                self.init_layers == 1 and not self.output_tanh,
+                "model.decoder.init_layers and output_tanh are LSTM options (kind lstm)",
+            )
         for name in ("doubly_stochastic", "hard_reinforce", "hard_entropy"):
             value = getattr(self, name)
-            _check(math.isfinite(value) and value >= 0, f"model.decoder.{name} must be finite and >= 0, got {value}")
+            _check(
+                math.isfinite(value) and value >= 0,
+                f"model.decoder.{name} must be finite and >= 0, got {value}",
+            )
         _check(0.0 <= self.hard_expected_prob <= 1.0, "model.decoder.hard_expected_prob must be in [0, 1]")
         _check(0.0 <= self.hard_baseline_decay < 1.0, "model.decoder.hard_baseline_decay must be in [0, 1)")
 
@@ -186,12 +210,19 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         _one_of("decode.strategy", self.strategy, ("greedy", "beam", "sample"))
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
-        _check(1 <= self.max_length <= MAX_DECODE_LENGTH,
-               f"decode.max_length must be in [1, {MAX_DECODE_LENGTH}], got {self.max_length}")
+        _check(
+            1 <= self.max_length <= MAX_DECODE_LENGTH,
+            f"decode.max_length must be in [1, {MAX_DECODE_LENGTH}], got {self.max_length}",
+        )
         _check(0 <= self.min_length <= self.max_length, "decode.min_length must be in [0, max_length]")
-        _check(0 <= self.length_alpha <= 10, f"decode.length_alpha must be in [0, 10], got {self.length_alpha}")
+        _check(
+            0 <= self.length_alpha <= 10, f"decode.length_alpha must be in [0, 10], got {self.length_alpha}"
+        )
         # Logits are divided by it: far below 1e-3 they overflow to inf and sampling gives NaN.
-        _check(1e-3 <= self.temperature <= 1e3, f"decode.temperature must be in [0.001, 1000], got {self.temperature}")
+        _check(
+            1e-3 <= self.temperature <= 1e3,
+            f"decode.temperature must be in [0.001, 1000], got {self.temperature}",
+        )
         _check(self.top_k >= 0, "decode.top_k must be >= 0")
         _check(self.batch_size >= 1, "decode.batch_size must be >= 1")
 
@@ -201,8 +232,8 @@ class TrainConfig:
     """The optimisation: cross-entropy stage, then optionally self-critical."""
 
     output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
-    overwrite: bool = False  # a new run in an output_dir with another run's checkpoints deletes its outputs; else refused
-    resume: str = "none"  # none | auto: continue from output_dir's checkpoints/last.pt if there is one (--resume auto)
+    overwrite: bool = False  # another run's outputs in output_dir are deleted; else refused
+    resume: str = "none"  # none | auto: continue from output_dir's checkpoints/last.pt if there is one
     epochs: int = 4  # cross-entropy epochs
     batch_size: int = 32  # images per batch (each brings all its captions)
     captions_per_image: int = 5  # captions of an image used per step (seq_per_img)
@@ -212,14 +243,14 @@ class TrainConfig:
     adam_beta2: float = 0.999  # Adam's second-moment decay (Transformer recipes use 0.98)
     grad_clip: float = 5.0  # max gradient norm; 0 disables
     label_smoothing: float = 0.0  # cross-entropy label smoothing
-    ema_decay: float = 0.0  # validate and keep an exponential moving average of the weights (e.g. 0.998); 0 = off
-    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam | cosine (per step, cross-entropy stage only: warm-up, then 1/sqrt(step) or half a cosine to 0 at the last epoch's end)
+    ema_decay: float = 0.0  # validate and keep a moving average of the weights (e.g. 0.998); 0 = off
+    schedule: str = "plateau"  # none | step | plateau (per epoch) | noam | cosine (per step, after warm-up)
     warmup_steps: int = 4000  # noam, cosine: steps of linear warm-up to train.lr
     step_size: int = 3  # epochs between decays (step)
     gamma: float = 0.8  # decay factor (step and plateau)
     plateau_patience: int = 2  # epochs without improvement before a plateau decay
     early_stop_patience: int = 5  # epochs without improvement of `metric`; 0 disables
-    metric: str = "CIDEr-D"  # validation metric for best checkpoint and early stopping: BLEU-1..4, ROUGE-L or CIDEr-D
+    metric: str = "CIDEr-D"  # validation metric for the best checkpoint and early stopping (a metric name)
     val_images: int = 0  # validate on the first N validation images; 0 = all
     seed: int = 0  # seeds Python, NumPy, torch and the batch order
     deterministic: bool = False  # deterministic algorithms (exact resume on CPU)
@@ -232,10 +263,10 @@ class TrainConfig:
     log_every: int = 20  # TensorBoard scalars every N steps
     # Self-critical sequence training (Rennie et al. 2017), after the cross-entropy epochs.
     scst_epochs: int = 0  # self-critical epochs after the cross-entropy epochs
-    scst_lr: float = 2e-5  # learning rate of the self-critical stage (a fine-tuned encoder's: encoder_lr * scst_lr / lr)
+    scst_lr: float = 2e-5  # self-critical stage's rate (a fine-tuned encoder's: encoder_lr * scst_lr / lr)
     scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
     scst_samples: int = 5  # sampled captions per image
-    scst_reward_eos: bool = True  # the CIDEr-D reward counts <end> as a word (Rennie et al.); false: earlier versions' reward
+    scst_reward_eos: bool = True  # the CIDEr-D reward counts <end> (Rennie et al.); false: the older reward
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 0, f"train.epochs must be >= 0, got {self.epochs}")
@@ -255,13 +286,15 @@ class TrainConfig:
         _check(self.early_stop_patience >= 0, "train.early_stop_patience must be >= 0")
         _one_of("train.resume", self.resume, ("none", "auto"))
         _one_of("train.metric", self.metric, VALIDATION_METRICS)
-        _check(0 <= self.seed < 2 ** 32, f"train.seed must be in [0, 2**32 - 1], got {self.seed}")
+        _check(0 <= self.seed < 2**32, f"train.seed must be in [0, 2**32 - 1], got {self.seed}")
         _one_of("train.amp", self.amp, ("none", "bf16", "fp16"))
         _one_of("train.nonfinite", self.nonfinite, ("stop", "skip"))
         _one_of("train.scst_baseline", self.scst_baseline, ("greedy", "mean"))
         _check(self.scst_samples >= 1, f"train.scst_samples must be >= 1, got {self.scst_samples}")
-        _check(self.scst_samples >= 2 or self.scst_baseline == "greedy",
-               "train.scst_samples must be >= 2 with the mean baseline")
+        _check(
+            self.scst_samples >= 2 or self.scst_baseline == "greedy",
+            "train.scst_samples must be >= 2 with the mean baseline",
+        )
         for name in ("checkpoint_every", "max_steps", "val_images", "scst_epochs"):
             _check(getattr(self, name) >= 0, f"train.{name} must be >= 0")
         _check(self.log_every >= 1, "train.log_every must be >= 1")

@@ -78,8 +78,17 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
 
 # Keys that name files or folders: a leading ~ or ~user is expanded as a shell does (a quoted path or
 # KEY=~/x after --set reaches the program unexpanded), never taken as a folder named "~".
-PATH_KEYS = frozenset(["data.root", "data.split_file", "data.annotations", "data.instances", "data.cache_dir",
-                       "model.encoder.weights", "train.output_dir"])
+PATH_KEYS = frozenset(
+    [
+        "data.root",
+        "data.split_file",
+        "data.annotations",
+        "data.instances",
+        "data.cache_dir",
+        "model.encoder.weights",
+        "train.output_dir",
+    ]
+)
 
 # The spellings YAML reads as null; --set KEY=VALUE reads them the same way.
 YAML_NULLS = frozenset(["", "~", "null", "Null", "NULL"])
@@ -94,7 +103,9 @@ def _expand_home(path: str, key: str) -> str:
         return path
     expanded = os.path.expanduser(path)
     if expanded.startswith("~"):
-        raise ConfigError(f"{key}: cannot expand {path!r}: no such user or no home folder; give the full path")
+        raise ConfigError(
+            f"{key}: cannot expand {path!r}: no such user or no home folder; give the full path"
+        )
     return expanded
 
 
@@ -106,8 +117,9 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     unknown = sorted(set(values) - names)
     if unknown:
         where = prefix or "the top level"
-        raise ConfigError(f"unknown configuration key {prefix + unknown[0]!r} in {where}; "
-                          f"known: {', '.join(sorted(names))}")
+        raise ConfigError(
+            f"unknown configuration key {prefix + unknown[0]!r} in {where}; known: {', '.join(sorted(names))}"
+        )
     kwargs = {}
     for name, value in values.items():
         hint = hints[name]
@@ -177,21 +189,27 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
             raise ConfigError(f"{key}: fixed by the checkpoint (its vocabulary was made with its tokenizer)")
         if sections is not None and key.split(".", 1)[0] not in sections:
             allowed = " and ".join(f"{section}.*" for section in sections)
-            raise ConfigError(f"{key}: only {allowed} keys can be overridden here (the rest is fixed, "
-                              "e.g. by the checkpoint)")
+            raise ConfigError(
+                f"{key}: only {allowed} keys can be overridden here (the rest is fixed, "
+                "e.g. by the checkpoint)"
+            )
         cls: type = Config
         parts = key.split(".")
         for depth, part in enumerate(parts):
             names = {f.name for f in dataclasses.fields(cls)}
             prefix = ".".join(parts[:depth]) + "." if depth else ""
             if part not in names:
-                raise ConfigError(f"unknown configuration key {prefix + part!r} in {prefix or 'the top level'}; "
-                                  f"known: {', '.join(sorted(names))}")
+                raise ConfigError(
+                    f"unknown configuration key {prefix + part!r} in {prefix or 'the top level'}; "
+                    f"known: {', '.join(sorted(names))}"
+                )
             hint = typing.get_type_hints(cls)[part]
             is_section = dataclasses.is_dataclass(hint)
             if depth == len(parts) - 1:
                 if is_section:
-                    raise ConfigError(f"{key} is a section: set one of its keys, e.g. {key}.{dataclasses.fields(hint)[0].name}")
+                    raise ConfigError(
+                        f"{key} is a section: set one of its keys, e.g. {key}.{dataclasses.fields(hint)[0].name}"
+                    )
                 _coerce(hint, value, key)
             elif not is_section:
                 raise ConfigError(f"cannot set {key!r}: {prefix + part!r} is not a section")
@@ -199,8 +217,9 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
                 cls = hint
 
 
-def apply_overrides(config: Config, overrides: dict[str, Any],
-                    sections: tuple[str, ...] | None = None) -> Config:
+def apply_overrides(
+    config: Config, overrides: dict[str, Any], sections: tuple[str, ...] | None = None
+) -> Config:
     """``config`` with dotted-key ``overrides`` applied and the result validated again.
 
     Args:

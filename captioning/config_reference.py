@@ -1,6 +1,6 @@
 """The configuration reference (docs/configuration.md), generated from the configuration dataclasses.
 
-    python -m captioning.config_reference      # prints the table (a test keeps docs/configuration.md in sync)
+python -m captioning.config_reference      # prints the table (a test keeps docs/configuration.md in sync)
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any]]
             rows.extend(describe(hint, prefix + f.name + "."))
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "").replace(" | ", " or ")
+            type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "").replace(
+                " | ", " or "
+            )
             rows.append((prefix + f.name, type_name, default))
     return rows
 
@@ -33,8 +35,11 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any]]
 def _field_comments(cls: type) -> dict[str, str]:
     """The ``# comment`` after each field in the class source: the one place options are explained."""
     pattern = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
-    return {m.group(1): m.group(2).strip() for line in inspect.getsource(cls).splitlines()
-            if (m := pattern.match(line))}
+    return {
+        m.group(1): m.group(2).strip()
+        for line in inspect.getsource(cls).splitlines()
+        if (m := pattern.match(line))
+    }
 
 
 def reference_markdown() -> str:

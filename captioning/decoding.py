@@ -76,8 +76,15 @@ def _allowed(log_probs: Tensor, step: int, min_length: int, forbid_unk: bool = F
     return log_probs
 
 
-def rollout(decoder: CaptionDecoder, annotations: Tensor, choose: Callable[[Tensor], Tensor],
-            max_length: int, min_length: int = 0, repeats: int = 1, forbid_unk: bool = False) -> Rollout:
+def rollout(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    choose: Callable[[Tensor], Tensor],
+    max_length: int,
+    min_length: int = 0,
+    repeats: int = 1,
+    forbid_unk: bool = False,
+) -> Rollout:
     """Generate one caption per row, choosing each word with ``choose(log_probs) -> ids``.
 
     Args:
@@ -118,9 +125,16 @@ def rollout(decoder: CaptionDecoder, annotations: Tensor, choose: Callable[[Tens
     tokens_t = torch.stack(out_tokens, 1)  # (N, T)
     mask = torch.stack(out_mask, 1)
     words = mask & (tokens_t != END)
-    return Rollout(tokens_t, torch.stack(out_log_probs, 1), mask, torch.stack(out_alphas, 1),
-                   torch.stack(out_betas, 1) if out_betas else None, words.sum(1), ended,
-                   torch.stack(out_locations, 1) if out_locations else None)
+    return Rollout(
+        tokens_t,
+        torch.stack(out_log_probs, 1),
+        mask,
+        torch.stack(out_alphas, 1),
+        torch.stack(out_betas, 1) if out_betas else None,
+        words.sum(1),
+        ended,
+        torch.stack(out_locations, 1) if out_locations else None,
+    )
 
 
 def _captions_from_rollout(result: Rollout) -> list[Caption]:
@@ -128,20 +142,31 @@ def _captions_from_rollout(result: Rollout) -> list[Caption]:
     for i in range(result.tokens.size(0)):
         length = int(result.lengths[i])
         log_prob = float(result.log_probs[i].sum())
-        captions.append(Caption(
-            tokens=result.tokens[i, :length].tolist(), log_prob=log_prob,
-            attention=result.alphas[i, :length].float().cpu(),
-            betas=None if result.betas is None else result.betas[i, :length].float().cpu(),
-            finished=bool(result.finished[i]), score=log_prob))
+        captions.append(
+            Caption(
+                tokens=result.tokens[i, :length].tolist(),
+                log_prob=log_prob,
+                attention=result.alphas[i, :length].float().cpu(),
+                betas=None if result.betas is None else result.betas[i, :length].float().cpu(),
+                finished=bool(result.finished[i]),
+                score=log_prob,
+            )
+        )
     return captions
 
 
 @torch.inference_mode()
-def greedy_search(decoder: CaptionDecoder, annotations: Tensor, max_length: int = 20,
-                  min_length: int = 0, forbid_unk: bool = False) -> list[Caption]:
+def greedy_search(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    max_length: int = 20,
+    min_length: int = 0,
+    forbid_unk: bool = False,
+) -> list[Caption]:
     """The most likely word at every step, for each of the B images in (B, P, C)."""
-    result = rollout(decoder, annotations, lambda lp: lp.argmax(dim=1), max_length, min_length,
-                     forbid_unk=forbid_unk)
+    result = rollout(
+        decoder, annotations, lambda lp: lp.argmax(dim=1), max_length, min_length, forbid_unk=forbid_unk
+    )
     return _captions_from_rollout(result)
 
 
@@ -159,12 +184,19 @@ def sampler(temperature: float = 1.0, top_k: int = 0) -> Callable[[Tensor], Tens
 
 
 @torch.inference_mode()
-def sample_captions(decoder: CaptionDecoder, annotations: Tensor, max_length: int = 20,
-                    min_length: int = 0, temperature: float = 1.0, top_k: int = 0,
-                    forbid_unk: bool = False) -> list[Caption]:
+def sample_captions(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    max_length: int = 20,
+    min_length: int = 0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    forbid_unk: bool = False,
+) -> list[Caption]:
     """One sampled caption per image (temperature, top-k)."""
-    result = rollout(decoder, annotations, sampler(temperature, top_k), max_length, min_length,
-                     forbid_unk=forbid_unk)
+    result = rollout(
+        decoder, annotations, sampler(temperature, top_k), max_length, min_length, forbid_unk=forbid_unk
+    )
     return _captions_from_rollout(result)
 
 
@@ -195,9 +227,16 @@ def _block_repeated_trigrams(log_probs: Tensor, history: Tensor) -> Tensor:
 
 
 @torch.inference_mode()
-def beam_search(decoder: CaptionDecoder, annotations: Tensor, beam_size: int = 3, max_length: int = 20,
-                min_length: int = 0, length_alpha: float = 0.0, block_trigrams: bool = False,
-                forbid_unk: bool = False) -> list[Caption]:
+def beam_search(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    beam_size: int = 3,
+    max_length: int = 20,
+    min_length: int = 0,
+    length_alpha: float = 0.0,
+    block_trigrams: bool = False,
+    forbid_unk: bool = False,
+) -> list[Caption]:
     """Batched beam search: the beams of all B images advance as one (B*K) batch.
 
     An image is finished once ``beam_size`` hypotheses have produced ``<end>`` (the usual early stop:
@@ -228,12 +267,16 @@ def beam_search(decoder: CaptionDecoder, annotations: Tensor, beam_size: int = 3
 
     def hypothesis(row: int, log_prob: float, done: bool) -> Caption:
         length = history.size(1)
-        return Caption(tokens=history[row].tolist(), log_prob=log_prob,
-                       attention=alpha_history[row, :length].float().cpu() if length else
-                       torch.zeros(0, prepared.positions),
-                       betas=None if beta is None else beta_history[row].float().cpu() if length else
-                       torch.zeros(0),
-                       finished=done, score=log_prob / _length_penalty(length + int(done), length_alpha))
+        return Caption(
+            tokens=history[row].tolist(),
+            log_prob=log_prob,
+            attention=alpha_history[row, :length].float().cpu()
+            if length
+            else torch.zeros(0, prepared.positions),
+            betas=None if beta is None else beta_history[row].float().cpu() if length else torch.zeros(0),
+            finished=done,
+            score=log_prob / _length_penalty(length + int(done), length_alpha),
+        )
 
     for t in range(max_length + 1):
         log_probs, state, alpha, beta, _ = decoder.step(prepared, tokens, state)  # (n*K, V)
@@ -260,12 +303,18 @@ def beam_search(decoder: CaptionDecoder, annotations: Tensor, beam_size: int = 3
         tokens = top_token.gather(1, keep).view(-1)
         history = torch.cat([history.index_select(0, source_rows), tokens.unsqueeze(1)], dim=1)
         step_alpha = alpha.index_select(0, source_rows).unsqueeze(1)
-        alpha_history = step_alpha if alpha_history is None else torch.cat(
-            [alpha_history.index_select(0, source_rows), step_alpha], dim=1)
+        alpha_history = (
+            step_alpha
+            if alpha_history is None
+            else torch.cat([alpha_history.index_select(0, source_rows), step_alpha], dim=1)
+        )
         if beta is not None:
             step_beta = beta.index_select(0, source_rows).unsqueeze(1)
-            beta_history = step_beta if beta_history is None else torch.cat(
-                [beta_history.index_select(0, source_rows), step_beta], dim=1)
+            beta_history = (
+                step_beta
+                if beta_history is None
+                else torch.cat([beta_history.index_select(0, source_rows), step_beta], dim=1)
+            )
         # Beams move only within their image's block of K rows: ``prepared`` (one copy per image) stays.
         state = state.select(source_rows)
         # Drop images that have K finished hypotheses.
@@ -289,8 +338,11 @@ def beam_search(decoder: CaptionDecoder, annotations: Tensor, beam_size: int = 3
             block = (images == image).nonzero()
             if block.numel():
                 b = int(block[0])
-                pool = [hypothesis(b * k + beam, float(scores[b, beam]), False)
-                        for beam in range(k) if torch.isfinite(scores[b, beam])]
+                pool = [
+                    hypothesis(b * k + beam, float(scores[b, beam]), False)
+                    for beam in range(k)
+                    if torch.isfinite(scores[b, beam])
+                ]
         best.append(max(pool, key=lambda c: c.score))
     return best
 
@@ -298,18 +350,35 @@ def beam_search(decoder: CaptionDecoder, annotations: Tensor, beam_size: int = 3
 def decode(decoder: CaptionDecoder, annotations: Tensor, config: DecodeConfig) -> list[Caption]:
     """Caption B images (B, P, C) with the strategy and options of ``config``."""
     strategies: dict[str, Callable[[], list[Caption]]] = {
-        "greedy": lambda: greedy_search(decoder, annotations, config.max_length, config.min_length,
-                                        config.forbid_unk),
-        "beam": lambda: beam_search(decoder, annotations, config.beam_size, config.max_length, config.min_length,
-                                    config.length_alpha, config.block_trigrams, config.forbid_unk),
-        "sample": lambda: sample_captions(decoder, annotations, config.max_length, config.min_length,
-                                          config.temperature, config.top_k, config.forbid_unk),
+        "greedy": lambda: greedy_search(
+            decoder, annotations, config.max_length, config.min_length, config.forbid_unk
+        ),
+        "beam": lambda: beam_search(
+            decoder,
+            annotations,
+            config.beam_size,
+            config.max_length,
+            config.min_length,
+            config.length_alpha,
+            config.block_trigrams,
+            config.forbid_unk,
+        ),
+        "sample": lambda: sample_captions(
+            decoder,
+            annotations,
+            config.max_length,
+            config.min_length,
+            config.temperature,
+            config.top_k,
+            config.forbid_unk,
+        ),
     }
     return strategies[config.strategy]()
 
 
-def check_decoding_fits(config: DecodeConfig, vocab_size: int, positions: int, images: int,
-                        device: torch.device) -> None:
+def check_decoding_fits(
+    config: DecodeConfig, vocab_size: int, positions: int, images: int, device: torch.device
+) -> None:
     """Refuse, before any decoding, a beam wider than the vocabulary, or hypotheses whose search state
     does not fit in the device's free memory.
 
@@ -321,13 +390,16 @@ def check_decoding_fits(config: DecodeConfig, vocab_size: int, positions: int, i
     """
     beams = config.beam_size if config.strategy == "beam" else 1
     if beams > vocab_size:
-        raise ConfigError(f"decode.beam_size (--beam-size) must be at most the vocabulary's {vocab_size} words, "
-                          f"got {beams}")
+        raise ConfigError(
+            f"decode.beam_size (--beam-size) must be at most the vocabulary's {vocab_size} words, got {beams}"
+        )
     rows = min(config.batch_size, max(images, 1)) * beams
     needed = rows * 4 * (3 * vocab_size + (config.max_length + 1) * (positions + 2))  # float32 bytes
     free = available_bytes(device)
     if free is not None and needed > free:
-        raise ConfigError(f"decode.beam_size {beams} x decode.batch_size {config.batch_size} hypotheses of up to "
-                          f"decode.max_length {config.max_length} words need about {gib(needed)}, more than the "
-                          f"{gib(free)} free on {device}; lower --beam-size or --max-length, or --set "
-                          "decode.batch_size=")
+        raise ConfigError(
+            f"decode.beam_size {beams} x decode.batch_size {config.batch_size} hypotheses of up to "
+            f"decode.max_length {config.max_length} words need about {gib(needed)}, more than the "
+            f"{gib(free)} free on {device}; lower --beam-size or --max-length, or --set "
+            "decode.batch_size="
+        )

@@ -49,8 +49,10 @@ def check_port(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise DemoError(f"--port {port}: {host}:{port} is not free ({error.strerror}); "
-                            "give another port with --port N") from None
+            raise DemoError(
+                f"--port {port}: {host}:{port} is not free ({error.strerror}); "
+                "give another port with --port N"
+            ) from None
 
 
 def _gradio() -> Any:
@@ -80,8 +82,9 @@ def _png(figure: Any) -> Image.Image:
     return Image.open(buffer).convert("RGB")
 
 
-def caption_file(model: CaptioningModel, path: str, strategy: str, beam_size: int,
-                 mode: str = "bilinear") -> tuple[str, Image.Image, list[tuple[np.ndarray, str]]]:
+def caption_file(
+    model: CaptioningModel, path: str, strategy: str, beam_size: int, mode: str = "bilinear"
+) -> tuple[str, Image.Image, list[tuple[np.ndarray, str]]]:
     """What the page shows for one image file: the caption, ``visualize.py``'s figure, and each word's
     overlay (H, W, 3) uint8 titled ``word (beta=0.73)`` as in the figure.
 
@@ -93,12 +96,24 @@ def caption_file(model: CaptioningModel, path: str, strategy: str, beam_size: in
 
     caption = model.caption([path], strategy=strategy, beam_size=int(beam_size))[0]
     picture = load_image(path)
-    drawn = attention_figure(picture, caption.words, caption.attention, model.grid, betas=caption.beta, mode=mode,
-                             attention_label=caption.attention_label)
-    pixels = np.asarray(picture.resize(drawn.image_size, Image.Resampling.BICUBIC)
-                        if picture.size != drawn.image_size else picture)  # (H, W, 3) uint8, as drawn
-    titles = [word if caption.beta is None else f"{word} (beta={caption.beta[t]:.2f})"
-              for t, word in enumerate(caption.words)]
+    drawn = attention_figure(
+        picture,
+        caption.words,
+        caption.attention,
+        model.grid,
+        betas=caption.beta,
+        mode=mode,
+        attention_label=caption.attention_label,
+    )
+    pixels = np.asarray(
+        picture.resize(drawn.image_size, Image.Resampling.BICUBIC)
+        if picture.size != drawn.image_size
+        else picture
+    )  # (H, W, 3) uint8, as drawn
+    titles = [
+        word if caption.beta is None else f"{word} (beta={caption.beta[t]:.2f})"
+        for t, word in enumerate(caption.words)
+    ]
     overlays = [(blend(pixels, drawn.maps[t], DEFAULT_CMAP, 0.6), title) for t, title in enumerate(titles)]
     return caption.text or "(empty caption)", _png(drawn.figure), overlays
 
@@ -123,7 +138,9 @@ def _refuse_non_images(gr: Any, image: Any) -> None:
             try:
                 load_image(payload.path)
             except ImageError as error:
-                raise gr.Error(_message(error, payload.path, payload.orig_name), print_exception=False) from None
+                raise gr.Error(
+                    _message(error, payload.path, payload.orig_name), print_exception=False
+                ) from None
         return preprocess(payload)
 
     image.preprocess = checked
@@ -147,20 +164,35 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
         gr.Markdown(f"## Image captioning with visual attention\n`{model!r}`")
         with gr.Row():
             with gr.Column():
-                image = gr.Image(type="filepath", image_mode=None, label="image", sources=["upload", "clipboard"],
-                                 elem_id="image")
+                image = gr.Image(
+                    type="filepath",
+                    image_mode=None,
+                    label="image",
+                    sources=["upload", "clipboard"],
+                    elem_id="image",
+                )
                 _refuse_non_images(gr, image)
-                strategy = gr.Radio(["beam", "greedy"], value="greedy" if decode.strategy == "greedy" else "beam",
-                                    label="decoding", elem_id="strategy")
-                beam_size = gr.Slider(1, 10, value=min(decode.beam_size, 10), step=1, label="beam size",
-                                      elem_id="beam-size")
+                strategy = gr.Radio(
+                    ["beam", "greedy"],
+                    value="greedy" if decode.strategy == "greedy" else "beam",
+                    label="decoding",
+                    elem_id="strategy",
+                )
+                beam_size = gr.Slider(
+                    1, 10, value=min(decode.beam_size, 10), step=1, label="beam size", elem_id="beam-size"
+                )
                 button = gr.Button("Caption", variant="primary", elem_id="run")
                 if examples:
                     gr.Examples(examples, inputs=image, label="or pick one")
             with gr.Column():
                 text = gr.Textbox(label="caption", interactive=False, elem_id="caption")
-                figure = gr.Image(label="attention (as visualize.py draws it)", type="pil", format="png",
-                                  interactive=False, elem_id="figure")
+                figure = gr.Image(
+                    label="attention (as visualize.py draws it)",
+                    type="pil",
+                    format="png",
+                    interactive=False,
+                    elem_id="figure",
+                )
         overlays = gr.Gallery(label="each word's attention", columns=6, format="png", elem_id="words")
         inputs, outputs = [image, strategy, beam_size], [text, figure, overlays]
         button.click(run, inputs, outputs, api_name="caption")
@@ -168,8 +200,13 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     return app
 
 
-def serve(checkpoint: str | Path, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST, device: str = "auto",
-          block: bool = True) -> Any:
+def serve(
+    checkpoint: str | Path,
+    port: int = DEFAULT_PORT,
+    host: str = DEFAULT_HOST,
+    device: str = "auto",
+    block: bool = True,
+) -> Any:
     """Load ``checkpoint`` (a file or a model folder) and serve the demo at ``http://host:port``.
 
     The port and gradio's presence are checked before the model is loaded, the model before gradio
@@ -187,10 +224,21 @@ def serve(checkpoint: str | Path, port: int = DEFAULT_PORT, host: str = DEFAULT_
     gr = _gradio()
     examples = _examples()
     app = build_app(model, examples)
-    app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=True, show_error=False,
-               quiet=True, ssr_mode=False, mcp_server=False, pwa=False, enable_monitoring=False,
-               allowed_paths=[str(Path(examples[0]).parent)], footer_links=[],
-               theme=gr.themes.Base(font=["system-ui", "sans-serif"], font_mono=["monospace"]))  # no web fonts
+    app.launch(
+        server_name=host,
+        server_port=port,
+        share=False,
+        prevent_thread_lock=True,
+        show_error=False,
+        quiet=True,
+        ssr_mode=False,
+        mcp_server=False,
+        pwa=False,
+        enable_monitoring=False,
+        allowed_paths=[str(Path(examples[0]).parent)],
+        footer_links=[],
+        theme=gr.themes.Base(font=["system-ui", "sans-serif"], font_mono=["monospace"]),
+    )  # no web fonts
     print(f"demo of {checkpoint}: http://{host}:{port} (Ctrl+C stops it)", flush=True)
     if not block:
         return app

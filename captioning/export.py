@@ -40,20 +40,39 @@ def save_pretrained(model: CaptioningModel, folder: str | Path) -> Path:
     config = model.config
     tensors = {f"decoder.{name}": value for name, value in model.captioner.decoder.state_dict().items()}
     if encoder_weights_needed(config):
-        tensors.update({f"encoder.{name}": value for name, value in model.captioner.encoder.state_dict().items()})
+        tensors.update(
+            {f"encoder.{name}": value for name, value in model.captioner.encoder.state_dict().items()}
+        )
     # safetensors stores no shared memory (tied embeddings): one contiguous CPU copy per name.
     tensors = {name: value.detach().to("cpu", copy=True).contiguous() for name, value in tensors.items()}
     scores = known_scores(model.source)
-    description = {"format": FORMAT, "version": VERSION, "config": to_dict(config),
-                   "encoder_fingerprint": model.captioner.encoder.fingerprint(), "scores": scores}
+    description = {
+        "format": FORMAT,
+        "version": VERSION,
+        "config": to_dict(config),
+        "encoder_fingerprint": model.captioner.encoder.fingerprint(),
+        "scores": scores,
+    }
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / WEIGHTS, lambda path: save_file(tensors, str(path), metadata={"format": FORMAT}))
     _write_text(folder / CONFIG, json.dumps(description, indent=2))
     _write_text(folder / VOCAB, json.dumps(model.vocab.to_dict(), ensure_ascii=False))
-    parameters = {section: sum(v.numel() for k, v in tensors.items() if k.startswith(section + "."))
-                  for section in SECTIONS}
-    _write_text(folder / CARD, model_card(folder.name, config, len(model.vocab), model.grid,
-                                          model.captioner.encoder.channels, parameters, scores))
+    parameters = {
+        section: sum(v.numel() for k, v in tensors.items() if k.startswith(section + "."))
+        for section in SECTIONS
+    }
+    _write_text(
+        folder / CARD,
+        model_card(
+            folder.name,
+            config,
+            len(model.vocab),
+            model.grid,
+            model.captioner.encoder.channels,
+            parameters,
+            scores,
+        ),
+    )
     return folder
 
 

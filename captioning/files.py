@@ -12,8 +12,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-_KINDS = {stat.S_IFREG: "a file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
-          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+_KINDS = {
+    stat.S_IFREG: "a file",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def kind_of(mode: int) -> str:
@@ -83,7 +89,9 @@ def writes_in_place(path: str | Path) -> bool:
     """Whether ``atomic_write`` writes into ``path`` where it stands: a character device, a FIFO, or a
     shell's descriptor (``/dev/stdout``, ``/dev/fd/N``); no second file belongs beside such a path."""
     kind = path_kind(path)
-    return kind in IN_PLACE_KINDS or (kind is not None and os.path.abspath(path).startswith(_DESCRIPTOR_PREFIXES))
+    return kind in IN_PLACE_KINDS or (
+        kind is not None and os.path.abspath(path).startswith(_DESCRIPTOR_PREFIXES)
+    )
 
 
 def output_kind(path: str | Path) -> str | None:
@@ -153,8 +161,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            raise NoSpaceError(f"{path}: no space left on device while writing; "
-                              "the previous file is intact") from error
+            raise NoSpaceError(
+                f"{path}: no space left on device while writing; the previous file is intact"
+            ) from error
         raise
     try:  # make the rename itself durable
         directory = os.open(path.parent, os.O_RDONLY)

@@ -12,41 +12,67 @@ _METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-
 
 def _encoder_line(config: Config, grid: tuple[int, int], channels: int) -> str:
     encoder = config.model.encoder
-    weights = {"pretrained": "published ImageNet weights", "none": "random weights (saved in the folder)"}.get(
-        encoder.weights, f"weights from {encoder.weights}")
-    tuning = (f"last {encoder.fine_tune_stages} stages fine-tuned (saved in the folder)" if encoder.fine_tune_stages
-              else "frozen")
-    return (f"`{encoder.name}`, {weights}, {tuning}; {encoder.image_size} px images, "
-            f"{grid[0]}x{grid[1]} grid of {channels} channels")
+    weights = {
+        "pretrained": "published ImageNet weights",
+        "none": "random weights (saved in the folder)",
+    }.get(encoder.weights, f"weights from {encoder.weights}")
+    tuning = (
+        f"last {encoder.fine_tune_stages} stages fine-tuned (saved in the folder)"
+        if encoder.fine_tune_stages
+        else "frozen"
+    )
+    return (
+        f"`{encoder.name}`, {weights}, {tuning}; {encoder.image_size} px images, "
+        f"{grid[0]}x{grid[1]} grid of {channels} channels"
+    )
 
 
 def _decoder_line(config: Config) -> str:
     decoder = config.model.decoder
     if decoder.kind == "transformer":
-        return (f"Transformer, {decoder.decoder_layers} decoder layers over {decoder.encoder_layers} grid encoder "
-                f"layers, width {decoder.d_model}, {decoder.num_heads} heads")
-    return (f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, {decoder.scoring} scoring, "
-            f"gate {decoder.gate}, hidden size {decoder.hidden_dim}, embeddings {decoder.embed_dim}")
+        return (
+            f"Transformer, {decoder.decoder_layers} decoder layers over {decoder.encoder_layers} grid encoder "
+            f"layers, width {decoder.d_model}, {decoder.num_heads} heads"
+        )
+    return (
+        f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, {decoder.scoring} scoring, "
+        f"gate {decoder.gate}, hidden size {decoder.hidden_dim}, embeddings {decoder.embed_dim}"
+    )
 
 
 def _scores_section(scores: dict[str, Any] | None) -> list[str]:
     if not scores:
-        return ["No test scores are known for this model: none were found beside the checkpoint it was saved",
-                "from (`test_scores.json` or `eval_<checkpoint>_test_scores.json` of its run folder, signed",
-                "with that checkpoint). Score it with `python evaluate.py --checkpoint <this folder> --split test`."]
+        return [
+            "No test scores are known for this model: none were found beside the checkpoint it was saved",
+            "from (`test_scores.json` or `eval_<checkpoint>_test_scores.json` of its run folder, signed",
+            "with that checkpoint). Score it with `python evaluate.py --checkpoint <this folder> --split test`.",
+        ]
     metrics = [name for name in _METRICS if isinstance(scores.get(name), (int, float))]
-    heading = (f"On {scores.get('images', '?')} test images ({scores.get('file', 'test scores')}, "
-               f"tokenizer {scores.get('tokenizer', '?')}):")
-    lines = [heading, "",
-             "| " + " | ".join(metrics) + " |", "|" + " --- |" * len(metrics),
-             "| " + " | ".join(f"{scores[name]:.3f}" for name in metrics) + " |"]
+    heading = (
+        f"On {scores.get('images', '?')} test images ({scores.get('file', 'test scores')}, "
+        f"tokenizer {scores.get('tokenizer', '?')}):"
+    )
+    lines = [
+        heading,
+        "",
+        "| " + " | ".join(metrics) + " |",
+        "|" + " --- |" * len(metrics),
+        "| " + " | ".join(f"{scores[name]:.3f}" for name in metrics) + " |",
+    ]
     if scores.get("signature"):
         lines += ["", f"Signature: `{scores['signature']}`"]
     return lines
 
 
-def model_card(name: str, config: Config, vocabulary: int, grid: tuple[int, int], channels: int,
-               parameters: dict[str, int], scores: dict[str, Any] | None) -> str:
+def model_card(
+    name: str,
+    config: Config,
+    vocabulary: int,
+    grid: tuple[int, int],
+    channels: int,
+    parameters: dict[str, int],
+    scores: dict[str, Any] | None,
+) -> str:
     """The Markdown model card of a model folder named ``name``.
 
     Args:
@@ -58,8 +84,10 @@ def model_card(name: str, config: Config, vocabulary: int, grid: tuple[int, int]
     """
     data, decode = config.data, config.decode
     decoding = decode.strategy + (f" (beam size {decode.beam_size})" if decode.strategy == "beam" else "")
-    training = (f"| training | {config.train.epochs} cross-entropy epochs, {config.train.scst_epochs} self-critical "
-                f"epochs, seed {config.train.seed} |")
+    training = (
+        f"| training | {config.train.epochs} cross-entropy epochs, {config.train.scst_epochs} self-critical "
+        f"epochs, seed {config.train.seed} |"
+    )
     stored = ", ".join(f"{section} {count:,}" for section, count in parameters.items() if count)
     lines = [
         f"# {name}",

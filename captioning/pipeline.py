@@ -31,8 +31,14 @@ from captioning.training.run import RunOutputs, best_checkpoint, cache_features,
 REPORT_IMAGES = 200
 
 
-def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, outputs: RunOutputs,
-                        figures: int = 6, boxes: Instances | None = None) -> dict:
+def evaluate_test_split(
+    output_dir: Path,
+    device: torch.device,
+    progress: bool,
+    outputs: RunOutputs,
+    figures: int = 6,
+    boxes: Instances | None = None,
+) -> dict:
     """Score the best checkpoint on the test split; write results, scores, figures and the report.
 
     ``boxes`` are the configured instances files, read before training; without them, the
@@ -45,8 +51,16 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
     outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
     if boxes is None:
         boxes = load_boxes(default_instances(config))
-    scores = score_captioned(captioned, model.grid, boxes, decode=config.decode, checkpoint=checkpoint,
-                             chair=config.data.chair_table, reward=reward, tokenizer=config.data.tokenizer)
+    scores = score_captioned(
+        captioned,
+        model.grid,
+        boxes,
+        decode=config.decode,
+        checkpoint=checkpoint,
+        chair=config.data.chair_table,
+        reward=reward,
+        tokenizer=config.data.tokenizer,
+    )
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path
@@ -60,25 +74,49 @@ def evaluate_test_split(output_dir: Path, device: torch.device, progress: bool, 
         from captioning.visualization.report import write_figures
 
         label = model.decoder.describe_attention()
-        write_figures(captioned[:figures], output_dir / "figures", model.grid, attention_label=label, boxes=boxes)
+        write_figures(
+            captioned[:figures], output_dir / "figures", model.grid, attention_label=label, boxes=boxes
+        )
         outputs.files["attention figures"] = output_dir / "figures"
-        outputs.files["HTML report"] = write_report_of_run(output_dir, captioned, model.grid, scores, checkpoint,
-                                                           boxes, label)
+        outputs.files["HTML report"] = write_report_of_run(
+            output_dir, captioned, model.grid, scores, checkpoint, boxes, label
+        )
     return scores
 
 
-def write_report_of_run(output_dir: Path, captioned: list, grid: tuple[int, int], scores: dict, checkpoint: Path,
-                        boxes: Instances | None, attention_label: str, report_images: int = REPORT_IMAGES) -> Path:
+def write_report_of_run(
+    output_dir: Path,
+    captioned: list,
+    grid: tuple[int, int],
+    scores: dict,
+    checkpoint: Path,
+    boxes: Instances | None,
+    attention_label: str,
+    report_images: int = REPORT_IMAGES,
+) -> Path:
     """``report.html``: the run's configuration, checkpoint, test scores, curves and its first
     ``report_images`` test images, sortable by their scores (``run_report.write_run_report``)."""
     from captioning.visualization.run_report import write_run_report
 
     config_path, history_path = output_dir / "config.yaml", output_dir / "history.json"
     config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
-    history = json.loads(history_path.read_text(encoding="utf-8")).get("epochs", []) if history_path.is_file() else []
-    return write_run_report(output_dir / "report.html", captioned[:report_images], grid, scores,
-                            config_text=config_text, checkpoint=checkpoint, history=history, boxes=boxes,
-                            attention_label=attention_label, total_images=len(captioned))
+    history = (
+        json.loads(history_path.read_text(encoding="utf-8")).get("epochs", [])
+        if history_path.is_file()
+        else []
+    )
+    return write_run_report(
+        output_dir / "report.html",
+        captioned[:report_images],
+        grid,
+        scores,
+        config_text=config_text,
+        checkpoint=checkpoint,
+        history=history,
+        boxes=boxes,
+        attention_label=attention_label,
+        total_images=len(captioned),
+    )
 
 
 def summary(outputs: RunOutputs) -> str:
@@ -92,8 +130,13 @@ def summary(outputs: RunOutputs) -> str:
     return "\n".join(lines)
 
 
-def main_job(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = True,
-             length_given: Collection[str] | None = None) -> RunOutputs:
+def main_job(
+    config: Config,
+    resume: str | Path | None = None,
+    progress: bool = True,
+    test: bool = True,
+    length_given: Collection[str] | None = None,
+) -> RunOutputs:
     """Train, then (on rank 0) evaluate the test split with figures and an HTML report.
 
     The configured instances files are read first, so that a bad one fails before training.
@@ -105,8 +148,13 @@ def main_job(config: Config, resume: str | Path | None = None, progress: bool = 
     outputs = train(config, resume=resume, progress=progress, test=test, length_given=length_given)
     try:
         if test and is_main:
-            evaluate_test_split(Path(config.train.output_dir), resolve_device(config.train.device), progress,
-                                outputs, boxes=boxes)
+            evaluate_test_split(
+                Path(config.train.output_dir),
+                resolve_device(config.train.device),
+                progress,
+                outputs,
+                boxes=boxes,
+            )
         if distributed.init_from_environment("cpu").is_main:
             print(summary(outputs), flush=True)
     finally:  # the folder is free once the job ends: a later run in this process (a notebook's) may use it

@@ -69,15 +69,21 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
     checkpoints = sorted((folder / CHECKPOINTS).glob("*.pt")) if not (folder / CONFIG).exists() else []
     if checkpoints:
         best = folder / CHECKPOINTS / "best.pt"
-        raise CheckpointError(f"{folder}: a run folder, not a model folder: give one of its checkpoints, e.g. "
-                              f"{best if best in checkpoints else checkpoints[0]}")
+        raise CheckpointError(
+            f"{folder}: a run folder, not a model folder: give one of its checkpoints, e.g. "
+            f"{best if best in checkpoints else checkpoints[0]}"
+        )
     description = _read_json(folder, CONFIG)
     if not isinstance(description, dict) or description.get("format") != FORMAT:
-        raise CheckpointError(f"{folder / CONFIG}: not a captioning model folder (no \"format\": \"{FORMAT}\"; "
-                              "save_pretrained writes config.json, vocab.json, model.safetensors and README.md)")
+        raise CheckpointError(
+            f'{folder / CONFIG}: not a captioning model folder (no "format": "{FORMAT}"; '
+            "save_pretrained writes config.json, vocab.json, model.safetensors and README.md)"
+        )
     if description.get("version") != VERSION:
-        raise CheckpointError(f"{folder / CONFIG}: model folder version {description.get('version')} is not "
-                              f"supported (this code reads version {VERSION})")
+        raise CheckpointError(
+            f"{folder / CONFIG}: model folder version {description.get('version')} is not "
+            f"supported (this code reads version {VERSION})"
+        )
     vocab = _read_json(folder, VOCAB)
     weights = folder / WEIGHTS
     problem = not_a_regular_file(weights) or (None if weights.exists() else "file not found")
@@ -91,15 +97,26 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
     for name, value in tensors.items():
         section, _, parameter = name.partition(".")
         if section not in sections or not parameter:
-            raise CheckpointError(f"{weights}: weight {name!r} belongs to neither the decoder nor the encoder")
+            raise CheckpointError(
+                f"{weights}: weight {name!r} belongs to neither the decoder nor the encoder"
+            )
         sections[section][parameter] = value
     encoder = ((description.get("config") or {}).get("model") or {}).get("encoder") or {}
     if not sections["encoder"] and (encoder.get("fine_tune_stages") or encoder.get("weights") == "none"):
-        raise CheckpointError(f"{weights}: holds no encoder weights, but this model's encoder (fine-tuned or "
-                              "random) cannot be rebuilt without them")
-    payload = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "config": description.get("config"),
-               "vocab": vocab, "decoder": sections["decoder"], "encoder": sections["encoder"] or None,
-               "encoder_fingerprint": description.get("encoder_fingerprint"), "training": None}
+        raise CheckpointError(
+            f"{weights}: holds no encoder weights, but this model's encoder (fine-tuned or "
+            "random) cannot be rebuilt without them"
+        )
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "config": description.get("config"),
+        "vocab": vocab,
+        "decoder": sections["decoder"],
+        "encoder": sections["encoder"] or None,
+        "encoder_fingerprint": description.get("encoder_fingerprint"),
+        "training": None,
+    }
     check_payload(payload, weights)
     return payload
 
@@ -108,12 +125,16 @@ def _read_json(folder: Path, name: str) -> Any:
     path = folder / name
     problem = not_a_regular_file(path) or (None if path.exists() else "file not found")
     if name == CONFIG and not path.exists():
-        raise CheckpointError(f"{folder}: a folder but not a model folder: no {CONFIG} (save_pretrained writes "
-                              "config.json, vocab.json, model.safetensors and README.md)")
+        raise CheckpointError(
+            f"{folder}: a folder but not a model folder: no {CONFIG} (save_pretrained writes "
+            "config.json, vocab.json, model.safetensors and README.md)"
+        )
     if problem:
         what = "not a captioning model folder" if name == CONFIG else "incomplete model folder"
-        raise CheckpointError(f"{path}: {problem} ({what}: save_pretrained writes config.json, vocab.json, "
-                              "model.safetensors and README.md)")
+        raise CheckpointError(
+            f"{path}: {problem} ({what}: save_pretrained writes config.json, vocab.json, "
+            "model.safetensors and README.md)"
+        )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as error:

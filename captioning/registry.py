@@ -70,8 +70,10 @@ class Registry(Generic[T]):
     def unknown_message(self, name: object) -> str:
         """One line: the unknown ``name``, the key that chose it and every registered name."""
         where = f"{self.key} " if self.key else ""
-        return (f"{where}names an unknown {self.what} {name!r}; registered: {', '.join(self.names())} "
-                f"(a module of your own can register one: --import MODULE)")
+        return (
+            f"{where}names an unknown {self.what} {name!r}; registered: {', '.join(self.names())} "
+            f"(a module of your own can register one: --import MODULE)"
+        )
 
     def check(self, name: str) -> str:
         """``name`` when it is registered.

@@ -33,25 +33,45 @@ EVAL_PREFIX = "eval_"  # evaluate.py: eval_<checkpoint>_<split>_results.json, ..
 # where ``*`` also matches a ``/``): the run's own names only, so that ``train.overwrite`` leaves a
 # user's ``notes.pt`` or ``figures/plot.png`` alone. The main job's figures are ``<image id>.png``.
 MAIN_JOB_OUTPUTS = (
-    "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/best_scst.pt",
-    "config.yaml", "vocab.json", "data_summary.json", "steps.jsonl", "history.json",
+    "checkpoints/last.pt",
+    "checkpoints/best.pt",
+    "checkpoints/best_scst.pt",
+    "config.yaml",
+    "vocab.json",
+    "data_summary.json",
+    "steps.jsonl",
+    "history.json",
     "tensorboard/events.out.tfevents.*",
-    f"{MAIN_PREFIX}_results.json", f"{MAIN_PREFIX}_scores.json", f"{MAIN_PREFIX}_scores.per_image.json",
-    "figures/[0-9]*.png", "report.html",
+    f"{MAIN_PREFIX}_results.json",
+    f"{MAIN_PREFIX}_scores.json",
+    f"{MAIN_PREFIX}_scores.per_image.json",
+    "figures/[0-9]*.png",
+    "report.html",
 )
 RUN_OUTPUTS = (
     *MAIN_JOB_OUTPUTS,
-    f"{EVAL_PREFIX}*_results.json", f"{EVAL_PREFIX}*_scores.json", f"{EVAL_PREFIX}*_scores.per_image.json",
+    f"{EVAL_PREFIX}*_results.json",
+    f"{EVAL_PREFIX}*_scores.json",
+    f"{EVAL_PREFIX}*_scores.per_image.json",
     f"{EVAL_PREFIX}*_files.json",
 )
 _SUBFOLDERS = ("figures", "tensorboard", CHECKPOINTS)
 # What a launch that died before its first checkpoint leaves: ``--resume auto`` may start over on these only.
-LAUNCH_LEFTOVERS = ("config.yaml", "vocab.json", "data_summary.json", "steps.jsonl", "tensorboard/events.out.tfevents.*")
+LAUNCH_LEFTOVERS = (
+    "config.yaml",
+    "vocab.json",
+    "data_summary.json",
+    "steps.jsonl",
+    "tensorboard/events.out.tfevents.*",
+)
 
 
 def _is_run_output(relative: str, patterns: tuple[str, ...] = RUN_OUTPUTS) -> bool:
     """Whether ``relative`` (``figures/7.png``) is one of ``patterns``; a figure's stem is digits only."""
-    if relative.startswith("figures/") and not relative.removeprefix("figures/").removesuffix(".png").isdigit():
+    if (
+        relative.startswith("figures/")
+        and not relative.removeprefix("figures/").removesuffix(".png").isdigit()
+    ):
         return False
     return any(fnmatch.fnmatchcase(relative, pattern) for pattern in patterns)
 
@@ -89,8 +109,14 @@ def project_outputs(output_dir: str | Path) -> list[Path]:
     that is a symbolic link leads out of the run folder, and nothing there is the run's.
     """
     output_dir = Path(output_dir)
-    folders = [output_dir, *(output_dir / name for name in _SUBFOLDERS
-                             if (output_dir / name).is_dir() and not (output_dir / name).is_symlink())]
+    folders = [
+        output_dir,
+        *(
+            output_dir / name
+            for name in _SUBFOLDERS
+            if (output_dir / name).is_dir() and not (output_dir / name).is_symlink()
+        ),
+    ]
     found = []
     for folder in folders:
         for entry in folder.iterdir() if folder.is_dir() else ():
@@ -131,9 +157,14 @@ def main_job_file(path: str | Path) -> Path | None:
     A run folder is one holding ``config.yaml``, ``checkpoints/`` or ``.train.lock``; links are followed.
     """
     path = Path(os.path.realpath(path))
-    for folder, relative in ((path.parent, path.name), (path.parent.parent, f"{path.parent.name}/{path.name}")):
+    for folder, relative in (
+        (path.parent, path.name),
+        (path.parent.parent, f"{path.parent.name}/{path.name}"),
+    ):
         is_run = any((folder / name).exists() for name in ("config.yaml", CHECKPOINTS, LOCK_NAME))
-        if is_run and (_is_run_output(relative, MAIN_JOB_OUTPUTS) or fnmatch.fnmatchcase(relative, "checkpoints/*.pt")):
+        if is_run and (
+            _is_run_output(relative, MAIN_JOB_OUTPUTS) or fnmatch.fnmatchcase(relative, "checkpoints/*.pt")
+        ):
             return folder
     return None
 
@@ -144,7 +175,9 @@ class RunLock:
     def __init__(self, output_dir: str | Path) -> None:
         self.path = Path(output_dir) / LOCK_NAME
         self._descriptor: int | None = None
-        self._created = False  # this lock made the file: a run that fails removes it (``release(failed=True)``)
+        self._created = (
+            False  # this lock made the file: a run that fails removes it (``release(failed=True)``)
+        )
 
     def acquire(self) -> RunLock:
         """Take the lock or refuse at once.
@@ -160,7 +193,10 @@ class RunLock:
             return self
         while True:
             try:
-                descriptor, self._created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+                descriptor, self._created = (
+                    os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666),
+                    True,
+                )
             except FileExistsError:
                 descriptor, self._created = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666), False
             try:
@@ -217,9 +253,11 @@ class RunLock:
             fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
-            raise RunFolderError(f"{self.path.parent}: another train.py run is using this folder"
-                                 + (f" (pid {holder})" if holder else "")
-                                 + "; wait for it to end or choose another --output-dir") from None
+            raise RunFolderError(
+                f"{self.path.parent}: another train.py run is using this folder"
+                + (f" (pid {holder})" if holder else "")
+                + "; wait for it to end or choose another --output-dir"
+            ) from None
         except OSError as error:
             if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 return False
@@ -278,8 +316,11 @@ def _why_not_writable(folder: Path) -> str:
         return "permission denied"
 
 
-def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tuple[str, str | Path | None]],
-                  keep_main_job: bool = True) -> None:
+def check_outputs(
+    outputs: Iterable[tuple[str, str | Path]],
+    inputs: Iterable[tuple[str, str | Path | None]],
+    keep_main_job: bool = True,
+) -> None:
     """Refuse, before any work, outputs that would destroy what they replace: each is checked by
     ``check_output_file``; none may be one of the command's ``inputs`` (links followed), two outputs
     may not be one file, and with ``keep_main_job`` none may be a main job's own file (``main_job_file``).
@@ -292,7 +333,9 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tu
     """
     outputs = list(outputs)
     present = [(option, path) for option, path in inputs if path is not None]
-    identities: dict[tuple[int, int], tuple[str, str | Path]] = {}  # (device, inode) of every input: one stat each
+    identities: dict[
+        tuple[int, int], tuple[str, str | Path]
+    ] = {}  # (device, inode) of every input: one stat each
     for input_option, source in present:
         with contextlib.suppress(OSError, ValueError):
             status = os.stat(source)
@@ -306,15 +349,21 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[tu
         except (OSError, ValueError):  # nothing there yet: no input
             source = None
         if source is not None and not in_place:
-            raise RunFolderError(f"{path}: {option}: is an input of this command ({source[0]} {source[1]}); "
-                                 "give another file name")
+            raise RunFolderError(
+                f"{path}: {option}: is an input of this command ({source[0]} {source[1]}); "
+                "give another file name"
+            )
         for other_option, other in outputs[:index]:
             if not in_place and os.path.realpath(path) == os.path.realpath(other):
-                raise RunFolderError(f"{path}: {option}: is also {other_option}; give two different file names")
+                raise RunFolderError(
+                    f"{path}: {option}: is also {other_option}; give two different file names"
+                )
         run = main_job_file(path) if keep_main_job else None
         if run is not None:
-            raise RunFolderError(f"{path}: {option}: is the main job's own file in the run folder {run}; only "
-                                 "train.py writes it, give another file name")
+            raise RunFolderError(
+                f"{path}: {option}: is the main job's own file in the run folder {run}; only "
+                "train.py writes it, give another file name"
+            )
 
 
 def check_output_folder(path: str | Path, option: str) -> None:
@@ -327,4 +376,3 @@ def check_output_folder(path: str | Path, option: str) -> None:
             raise RunFolderError(f"{path}: {option}: cannot write in it ({_why_not_writable(path)})")
     else:
         check_output_file(path, option)  # its nearest existing parent must take a new folder
-

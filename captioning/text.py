@@ -42,15 +42,61 @@ from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
 PUNCTUATION = frozenset(PUNCTUATIONS)
 
 # Words the Stanford tokenizer treats as abbreviations, keeping their period at a sentence end.
-ABBREVIATIONS = frozenset([
-    "mr", "mrs", "ms", "dr", "prof", "gen", "capt", "sgt", "lt", "st", "jr", "sr", "bros", "inc", "co", "corp",
-    "ltd", "etc", "al", "vs", "ave", "mt", "ft", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
-    "oct", "nov", "dec", "mon", "tue", "wed", "thu", "fri", "calif", "dept", "gov", "sq", "ph.d", "ed.d",
-])
+ABBREVIATIONS = frozenset(
+    [
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "gen",
+        "capt",
+        "sgt",
+        "lt",
+        "st",
+        "jr",
+        "sr",
+        "bros",
+        "inc",
+        "co",
+        "corp",
+        "ltd",
+        "etc",
+        "al",
+        "vs",
+        "ave",
+        "mt",
+        "ft",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "mon",
+        "tue",
+        "wed",
+        "thu",
+        "fri",
+        "calif",
+        "dept",
+        "gov",
+        "sq",
+        "ph.d",
+        "ed.d",
+    ]
+)
 
 _WHITESPACE = re.compile(r"\s+")
-_TYPOGRAPHIC = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"',
-                              "\u2013": " -- ", "\u2014": " -- "})
+_TYPOGRAPHIC = str.maketrans(
+    {"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": " -- ", "\u2014": " -- "}
+)
 # Private-use characters cannot survive the control-character clean-up, so they are safe stand-ins.
 _AMPERSAND = "\ue000"
 _PLUS = "\ue001"
@@ -136,7 +182,7 @@ def _set_aside_atoms(text: str) -> tuple[str, list[str]]:
             url = atom.rstrip(_URL_END)
             if len(url) < atom.index("//") + 4:  # it needs 2 characters after the "//"
                 return atom
-            atom, tail = url, atom[len(url):]
+            atom, tail = url, atom[len(url) :]
         atoms.append(atom.lower())  # Java lower-cases them like any token
         return f" {_ATOM} {tail}"
 
@@ -146,8 +192,9 @@ def _set_aside_atoms(text: str) -> tuple[str, list[str]]:
 def _split_edge_hyphens(match: re.Match[str]) -> str:
     run, text, start, end = match.group(), match.string, match.start(), match.end()
     # Like the Stanford lexer's hyphenated words, the part before may end in "." or "," ("u.s.-led").
-    joined_before = start > 0 and (text[start - 1].isalnum()
-                                   or (text[start - 1] in ".," and start > 1 and text[start - 2].isalnum()))
+    joined_before = start > 0 and (
+        text[start - 1].isalnum() or (text[start - 1] in ".," and start > 1 and text[start - 2].isalnum())
+    )
     joined_after = end < len(text) and text[end].isalnum()
     if run == "-" and joined_before and joined_after:
         return run
@@ -209,7 +256,9 @@ def tokenize(caption: str) -> list[str]:
     if final is not None and _is_abbreviation(final.group(1)):
         text += " ."  # the Treebank rules split the last period: let it be this one
     tokens = _treebank().tokenize(text.lower(), convert_parentheses=True)
-    tokens = [token.lower().replace(_AMPERSAND, "&").replace(_PLUS, "+") for token in tokens]  # -LRB- -> -lrb-
+    tokens = [
+        token.lower().replace(_AMPERSAND, "&").replace(_PLUS, "+") for token in tokens
+    ]  # -LRB- -> -lrb-
     if atoms:  # each stand-in, padded with spaces, came out as a token of its own, in order
         remaining = iter(atoms)
         tokens = [next(remaining) if token == _ATOM else token for token in tokens]

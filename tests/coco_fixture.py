@@ -24,27 +24,57 @@ import numpy as np
 from PIL import Image
 
 # (category id, name, supercategory) as in the official instances files.
-CATEGORIES = [(1, "person", "person"), (3, "car", "vehicle"), (6, "bus", "vehicle"), (17, "cat", "animal"),
-              (18, "dog", "animal"), (19, "horse", "animal")]
+CATEGORIES = [
+    (1, "person", "person"),
+    (3, "car", "vehicle"),
+    (6, "bus", "vehicle"),
+    (17, "cat", "animal"),
+    (18, "dog", "animal"),
+    (19, "horse", "animal"),
+]
 _SENTENCES = {
-    "person": ["A man standing on a street next to a car.", "A woman is walking down the sidewalk.",
-               "A person standing in front of a building.", "A man in a black jacket on a street.",
-               "A young man is standing outside."],
-    "car": ["A red car parked on the side of the street.", "A car driving down a city street.",
-            "A small car parked next to a building.", "A car on a road near some trees.",
-            "A silver car is parked outside."],
-    "bus": ["A large bus driving down a city street.", "A red bus parked at a bus stop.",
-            "A bus on a street next to a building.", "A double decker bus on the road.",
-            "A white bus driving down the street."],
-    "cat": ["A cat sitting on top of a wooden table.", "A black cat laying on a bed.",
-            "A cat is sleeping on a couch.", "A small cat sitting next to a window.",
-            "A cat laying on a blanket."],
-    "dog": ["A dog running through a grassy field.", "A brown dog laying on the grass.",
-            "A dog sitting next to a man on a bench.", "A white dog playing with a frisbee.",
-            "A dog is standing in the grass."],
-    "horse": ["A man riding a horse in a field.", "A brown horse standing in a grassy field.",
-              "A horse grazing on the grass.", "Two horses standing next to a fence.",
-              "A horse and a rider on a dirt road."],
+    "person": [
+        "A man standing on a street next to a car.",
+        "A woman is walking down the sidewalk.",
+        "A person standing in front of a building.",
+        "A man in a black jacket on a street.",
+        "A young man is standing outside.",
+    ],
+    "car": [
+        "A red car parked on the side of the street.",
+        "A car driving down a city street.",
+        "A small car parked next to a building.",
+        "A car on a road near some trees.",
+        "A silver car is parked outside.",
+    ],
+    "bus": [
+        "A large bus driving down a city street.",
+        "A red bus parked at a bus stop.",
+        "A bus on a street next to a building.",
+        "A double decker bus on the road.",
+        "A white bus driving down the street.",
+    ],
+    "cat": [
+        "A cat sitting on top of a wooden table.",
+        "A black cat laying on a bed.",
+        "A cat is sleeping on a couch.",
+        "A small cat sitting next to a window.",
+        "A cat laying on a blanket.",
+    ],
+    "dog": [
+        "A dog running through a grassy field.",
+        "A brown dog laying on the grass.",
+        "A dog sitting next to a man on a bench.",
+        "A white dog playing with a frisbee.",
+        "A dog is standing in the grass.",
+    ],
+    "horse": [
+        "A man riding a horse in a field.",
+        "A brown horse standing in a grassy field.",
+        "A horse grazing on the grass.",
+        "Two horses standing next to a fence.",
+        "A horse and a rider on a dirt road.",
+    ],
 }
 # Real COCO 2014 ids; 12 per folder. Of val2014, Karpathy's file puts 4 in each of restval, val and test.
 TRAIN_IDS = (9, 25, 30, 34, 36, 49, 61, 64, 71, 72, 77, 78)
@@ -76,15 +106,27 @@ def _write_json(path: Path, data: object) -> Path:
 
 def _official_image(folder: str, image_id: int) -> dict:
     width, height = IMAGE_SIZE
-    return {"license": 3, "file_name": f"COCO_{folder}_{image_id:012d}.jpg",
-            "coco_url": f"http://images.cocodataset.org/{folder}/COCO_{folder}_{image_id:012d}.jpg",
-            "height": height, "width": width, "date_captured": "2013-11-14 11:18:45",
-            "flickr_url": "http://farm3.staticflickr.com/2.jpg", "id": image_id}
+    return {
+        "license": 3,
+        "file_name": f"COCO_{folder}_{image_id:012d}.jpg",
+        "coco_url": f"http://images.cocodataset.org/{folder}/COCO_{folder}_{image_id:012d}.jpg",
+        "height": height,
+        "width": width,
+        "date_captured": "2013-11-14 11:18:45",
+        "flickr_url": "http://farm3.staticflickr.com/2.jpg",
+        "id": image_id,
+    }
 
 
 def _info() -> dict:
-    return {"description": "COCO 2014 Dataset", "url": "http://cocodataset.org", "version": "1.0", "year": 2014,
-            "contributor": "COCO Consortium", "date_created": "2017/09/01"}
+    return {
+        "description": "COCO 2014 Dataset",
+        "url": "http://cocodataset.org",
+        "version": "1.0",
+        "year": 2014,
+        "contributor": "COCO Consortium",
+        "date_created": "2017/09/01",
+    }
 
 
 def write_coco_tree(root: str | Path) -> CocoTree:
@@ -108,22 +150,56 @@ def write_coco_tree(root: str | Path) -> CocoTree:
                 annotation_id += 1
                 caption_annotations.append({"image_id": image_id, "id": annotation_id, "caption": raw})
                 tokens = raw.lower().rstrip(".").split()
-                sentences.append({"tokens": tokens, "raw": raw, "imgid": len(karpathy_images), "sentid": sentence_id})
+                sentences.append(
+                    {"tokens": tokens, "raw": raw, "imgid": len(karpathy_images), "sentid": sentence_id}
+                )
                 sentence_id += 1
             x, y = int(rng.integers(0, 16)), int(rng.integers(0, 12))
-            boxes.append({"segmentation": [[x, y, x + 20, y, x + 20, y + 20, x, y + 20]], "area": 400.0,
-                          "iscrowd": 0, "image_id": image_id, "bbox": [float(x), float(y), 20.0, 20.0],
-                          "category_id": category_id, "id": 900000 + annotation_id})
+            boxes.append(
+                {
+                    "segmentation": [[x, y, x + 20, y, x + 20, y + 20, x, y + 20]],
+                    "area": 400.0,
+                    "iscrowd": 0,
+                    "image_id": image_id,
+                    "bbox": [float(x), float(y), 20.0, 20.0],
+                    "category_id": category_id,
+                    "id": 900000 + annotation_id,
+                }
+            )
             split = "train" if folder == "train2014" else KARPATHY_VAL_SPLITS[position]
-            karpathy_images.append({"filepath": folder, "sentids": [s["sentid"] for s in sentences],
-                                    "filename": image["file_name"], "imgid": len(karpathy_images),
-                                    "split": split, "sentences": sentences, "cocoid": image_id})
-        licenses = [{"url": "http://creativecommons.org/licenses/by-nc-sa/2.0/", "id": 3,
-                     "name": "Attribution-NonCommercial-ShareAlike License"}]
-        captions[folder] = _write_json(root / "annotations" / f"captions_{folder}.json", {
-            "info": _info(), "images": images, "licenses": licenses, "annotations": caption_annotations})
-        instances[folder] = _write_json(root / "annotations" / f"instances_{folder}.json", {
-            "info": _info(), "images": images, "licenses": licenses, "annotations": boxes,
-            "categories": [{"supercategory": sup, "id": cid, "name": name} for cid, name, sup in CATEGORIES]})
+            karpathy_images.append(
+                {
+                    "filepath": folder,
+                    "sentids": [s["sentid"] for s in sentences],
+                    "filename": image["file_name"],
+                    "imgid": len(karpathy_images),
+                    "split": split,
+                    "sentences": sentences,
+                    "cocoid": image_id,
+                }
+            )
+        licenses = [
+            {
+                "url": "http://creativecommons.org/licenses/by-nc-sa/2.0/",
+                "id": 3,
+                "name": "Attribution-NonCommercial-ShareAlike License",
+            }
+        ]
+        captions[folder] = _write_json(
+            root / "annotations" / f"captions_{folder}.json",
+            {"info": _info(), "images": images, "licenses": licenses, "annotations": caption_annotations},
+        )
+        instances[folder] = _write_json(
+            root / "annotations" / f"instances_{folder}.json",
+            {
+                "info": _info(),
+                "images": images,
+                "licenses": licenses,
+                "annotations": boxes,
+                "categories": [
+                    {"supercategory": sup, "id": cid, "name": name} for cid, name, sup in CATEGORIES
+                ],
+            },
+        )
     split_file = _write_json(root / "dataset_coco.json", {"images": karpathy_images, "dataset": "coco"})
     return CocoTree(root, split_file, captions, instances)

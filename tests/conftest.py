@@ -55,19 +55,38 @@ def write_json() -> Callable[[Path, object], Path]:
 
 def _karpathy_image(imgid: int, cocoid: int, split: str, folder: str, raws: list[str]) -> dict:
     """One image entry in the exact published schema of ``dataset_coco.json``."""
-    sentences = [{"tokens": raw.lower().replace(".", "").split(), "raw": raw, "imgid": imgid,
-                  "sentid": imgid * 10 + k} for k, raw in enumerate(raws)]
-    return {"filepath": folder, "filename": f"COCO_{folder}_{cocoid:012d}.jpg", "imgid": imgid,
-            "cocoid": cocoid, "split": split, "sentids": [s["sentid"] for s in sentences],
-            "sentences": sentences}
+    sentences = [
+        {"tokens": raw.lower().replace(".", "").split(), "raw": raw, "imgid": imgid, "sentid": imgid * 10 + k}
+        for k, raw in enumerate(raws)
+    ]
+    return {
+        "filepath": folder,
+        "filename": f"COCO_{folder}_{cocoid:012d}.jpg",
+        "imgid": imgid,
+        "cocoid": cocoid,
+        "split": split,
+        "sentids": [s["sentid"] for s in sentences],
+        "sentences": sentences,
+    }
 
 
 @pytest.fixture
 def karpathy_dataset(tmp_path: Path, make_image, write_json) -> tuple[Path, Path]:
     image_root = tmp_path / "coco"
     images = [
-        _karpathy_image(0, 9, "train", "train2014", ["A dog runs on the grass.", "A brown dog running.",
-                                                     "The dog is outside.", "A dog plays.", "Dog on grass."]),
+        _karpathy_image(
+            0,
+            9,
+            "train",
+            "train2014",
+            [
+                "A dog runs on the grass.",
+                "A brown dog running.",
+                "The dog is outside.",
+                "A dog plays.",
+                "Dog on grass.",
+            ],
+        ),
         _karpathy_image(1, 25, "train", "train2014", ["A cat sleeps on a sofa.", "A cat on a couch."]),
         _karpathy_image(2, 30, "restval", "val2014", ["A man rides a horse.", "A horse and its rider."]),
         _karpathy_image(3, 42, "val", "val2014", ["Two birds on a wire.", "Birds sitting on a line."]),
@@ -84,28 +103,52 @@ def coco_dataset(tmp_path: Path, make_image, write_json) -> tuple[list[Path], Pa
     image_root = tmp_path / "coco"
 
     def annotation_file(folder: str, image_ids: list[int], captions: dict[int, list[str]]) -> Path:
-        images = [{"id": i, "file_name": f"COCO_{folder}_{i:012d}.jpg", "width": 48, "height": 32,
-                   "license": 1, "coco_url": "", "date_captured": "", "flickr_url": ""} for i in image_ids]
+        images = [
+            {
+                "id": i,
+                "file_name": f"COCO_{folder}_{i:012d}.jpg",
+                "width": 48,
+                "height": 32,
+                "license": 1,
+                "coco_url": "",
+                "date_captured": "",
+                "flickr_url": "",
+            }
+            for i in image_ids
+        ]
         for image in images:
             make_image(image_root / folder / image["file_name"], size=(48, 32))
-        annotations = [{"image_id": i, "id": i * 100 + k, "caption": caption}
-                       for i in image_ids for k, caption in enumerate(captions[i])]
-        data = {"info": {"description": "COCO 2014 Dataset"}, "licenses": [], "images": images,
-                "annotations": annotations}
+        annotations = [
+            {"image_id": i, "id": i * 100 + k, "caption": caption}
+            for i in image_ids
+            for k, caption in enumerate(captions[i])
+        ]
+        data = {
+            "info": {"description": "COCO 2014 Dataset"},
+            "licenses": [],
+            "images": images,
+            "annotations": annotations,
+        }
         return write_json(tmp_path / "annotations" / f"captions_{folder}.json", data)
 
-    train = annotation_file("train2014", [9, 25], {9: ["A dog runs on the grass.", "A brown dog, running!"],
-                                                   25: ["A cat sleeps on a sofa."]})
-    val = annotation_file("val2014", [30, 42, 73], {30: ["A man rides a horse."],
-                                                    42: ["Two birds on a wire."],
-                                                    73: ["A red bus on a street."]})
+    train = annotation_file(
+        "train2014",
+        [9, 25],
+        {9: ["A dog runs on the grass.", "A brown dog, running!"], 25: ["A cat sleeps on a sofa."]},
+    )
+    val = annotation_file(
+        "val2014",
+        [30, 42, 73],
+        {30: ["A man rides a horse."], 42: ["Two birds on a wire."], 73: ["A red bus on a street."]},
+    )
     return [train, val], image_root
 
 
 @pytest.fixture(scope="session")
 def tiny_shapes(tmp_path_factory: pytest.TempPathFactory) -> ShapesFiles:
-    return generate_shapes(tmp_path_factory.mktemp("shapes"), seed=0, num_train=12, num_val=4, num_test=4,
-                           image_size=64)
+    return generate_shapes(
+        tmp_path_factory.mktemp("shapes"), seed=0, num_train=12, num_val=4, num_test=4, image_size=64
+    )
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +171,6 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
 
 
 @pytest.fixture(autouse=True)

@@ -31,17 +31,26 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]
 
 
 @pytest.fixture(scope="module")
-def untrained(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary) -> dict:
+def untrained(
+    tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary
+) -> dict:
     folder = tmp_path_factory.mktemp("untrained")
-    return {kind: tiny_checkpoint(folder / kind / "best.pt", tiny_shapes.root, shapes_vocab, kind)
-            for kind in ("lstm", "transformer")}
+    return {
+        kind: tiny_checkpoint(folder / kind / "best.pt", tiny_shapes.root, shapes_vocab, kind)
+        for kind in ("lstm", "transformer")
+    }
 
 
 def test_import_is_light():
     """``import captioning`` loads neither torch nor matplotlib: the tools check their input first."""
     code = "import sys, captioning; print(sorted({'torch', 'matplotlib'} & set(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**ONE_THREAD, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**ONE_THREAD, "PYTHONPATH": str(REPO)},
+    )
     assert result.stdout.strip() == "[]"
 
 
@@ -51,8 +60,15 @@ def test_every_kind_of_image_gives_the_same_caption(trained):
     model = captioning.load(checkpoint, device="cpu")
     path = images[0]
     pixels = np.array(Image.open(path).convert("RGB"))  # (H, W, 3) uint8
-    forms = [path, str(path), Image.open(path), pixels, pixels / 255.0,
-             torch.from_numpy(pixels).permute(2, 0, 1), torch.from_numpy(pixels).permute(2, 0, 1).float() / 255]
+    forms = [
+        path,
+        str(path),
+        Image.open(path),
+        pixels,
+        pixels / 255.0,
+        torch.from_numpy(pixels).permute(2, 0, 1),
+        torch.from_numpy(pixels).permute(2, 0, 1).float() / 255,
+    ]
     captions = model.caption(forms)
     assert len(captions) == len(forms)
     first = captions[0]
@@ -75,8 +91,20 @@ def test_captions_equal_evaluate_images(trained, tmp_path):
     for image in images:
         shutil.copy(image, folder / image.name)
     results = tmp_path / "results.json"
-    run = in_process("evaluate.py", "--checkpoint", checkpoint, "--images", folder, "--results", results,
-                     "--beam-size", "3", "--max-length", "6", "--no-progress")
+    run = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        checkpoint,
+        "--images",
+        folder,
+        "--results",
+        results,
+        "--beam-size",
+        "3",
+        "--max-length",
+        "6",
+        "--no-progress",
+    )
     assert run.returncode == 0, run.stderr
     by_id = {entry["image_id"]: entry["caption"] for entry in json.loads(results.read_text())}
     files = json.loads((tmp_path / "results_files.json").read_text())
@@ -107,8 +135,15 @@ def test_decoding_options_hold_for_one_call(trained):
 def test_show_draws_the_figure_visualize_draws(trained, tmp_path):
     checkpoint, _ = trained
     picture = photo(tmp_path / "photo.jpg")
-    run = in_process("visualize.py", picture, "--checkpoint", checkpoint, "--out-dir", tmp_path / "figures",
-                     "--no-progress")
+    run = in_process(
+        "visualize.py",
+        picture,
+        "--checkpoint",
+        checkpoint,
+        "--out-dir",
+        tmp_path / "figures",
+        "--no-progress",
+    )
     assert run.returncode == 0, run.stderr
     model = captioning.load(checkpoint, device="cpu")
     caption = model.caption([picture], strategy="beam")[0]  # visualize.py decodes with beam search
@@ -126,7 +161,10 @@ def test_bad_images_are_named_before_any_decoding(untrained, tmp_path):
         ([good, tmp_path / "missing.jpg"], r"missing\.jpg \(images\[1\]\): image file not found"),
         ([good, tmp_path / "empty.png"], r"empty\.png \(images\[1\]\): empty file"),
         ([torch.rand(5, 5)], r"images\[0\]: a tensor image must be \(C, H, W\), got shape \(5, 5\)"),
-        ([good, np.zeros((4, 4, 2), np.uint8)], r"images\[1\]: as an \(H, W, C\) array, an image needs 1, 3 or 4"),
+        (
+            [good, np.zeros((4, 4, 2), np.uint8)],
+            r"images\[1\]: as an \(H, W, C\) array, an image needs 1, 3 or 4",
+        ),
         ([np.full((4, 4, 3), 1.5)], r"images\[0\]: floating-point pixels must be finite and in \[0, 1\]"),
         ([np.zeros((4, 4, 3), np.int64)], r"images\[0\]: pixels must be uint8"),
         ([good, 7], r"images\[1\]: expected an image path, a PIL image"),
@@ -170,7 +208,9 @@ def test_transformer_attention_is_the_asked_layer_and_head(untrained, tmp_path):
 
 def _python_example(markdown: Path) -> str:
     """The ```python block of ``markdown`` that calls ``captioning.load(``."""
-    blocks = re.findall(r"^```python\n(.*?)^```", markdown.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE)
+    blocks = re.findall(
+        r"^```python\n(.*?)^```", markdown.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE
+    )
     found = [block for block in blocks if "captioning.load(" in block]
     assert found, f"{markdown}: no ```python block calls captioning.load("
     return found[0]
@@ -185,8 +225,15 @@ def test_documented_example_runs_as_is(page, trained, tmp_path):
     (tmp_path / "runs" / "shapes" / "checkpoints").mkdir(parents=True)
     shutil.copy(checkpoint, tmp_path / "runs" / "shapes" / "checkpoints" / "best.pt")
     photo(tmp_path / "photo.jpg", size=(451, 300))
-    result = subprocess.run([sys.executable, "-c", example], check=False, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, env={**ONE_THREAD, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", example],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**ONE_THREAD, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0, result.stderr
     printed = result.stdout.strip()
     assert printed and re.fullmatch(r"[a-z ]+", printed)

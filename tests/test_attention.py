@@ -14,8 +14,13 @@ C, H, A, P, HEADS = 12, 16, 16, 9, 4  # annotation channels, hidden, attention s
 VOCAB = 10
 
 # (scoring, activation, heads expected in the weights)
-SCORERS = [("additive", "tanh", 1), ("additive", "relu", 1), ("dot", "tanh", 1),
-           ("scaled_dot", "tanh", 1), ("multihead", "tanh", HEADS)]
+SCORERS = [
+    ("additive", "tanh", 1),
+    ("additive", "relu", 1),
+    ("dot", "tanh", 1),
+    ("scaled_dot", "tanh", 1),
+    ("multihead", "tanh", HEADS),
+]
 SCORER_IDS = ["additive-tanh", "additive-relu", "dot", "scaled_dot", "multihead"]
 
 
@@ -23,8 +28,16 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_decoder(scoring: str, activation: str = "tanh", attention: str = "soft") -> ShowAttendTellDecoder:
-    config = DecoderConfig(attention=attention, scoring=scoring, activation=activation, num_heads=HEADS,
-                           embed_dim=16, hidden_dim=H, attention_dim=A, dropout=0.0)
+    config = DecoderConfig(
+        attention=attention,
+        scoring=scoring,
+        activation=activation,
+        num_heads=HEADS,
+        embed_dim=16,
+        hidden_dim=H,
+        attention_dim=A,
+        dropout=0.0,
+    )
     return ShowAttendTellDecoder.from_config(config, VOCAB, C).eval()
 
 

@@ -80,18 +80,29 @@ def test_a_stored_average_restores_both_the_average_and_the_optimised_weights():
     torch.testing.assert_close(restored.average["net.0.weight"], average.average["net.0.weight"])
 
 
-@pytest.mark.parametrize(("damage", "entry"), [
-    (lambda s: None, "training.average: missing"),
-    (lambda s: {**s, "updates": -1}, "training.average.updates: must be an integer >= 0"),
-    (lambda s: {**s, "optimised": {**s["optimised"], "net.0.weight": torch.zeros(2, 2)}},
-     "training.average.optimised.net.0.weight: shape (2, 2) does not match"),
-    (lambda s: {**s, "optimised": {**s["optimised"], "net.0.bias": torch.full((4,), float("nan"))}},
-     "training.average.optimised.net.0.bias: holds NaN"),
-    (lambda s: {**s, "optimised": {**s["optimised"], "elsewhere\n": torch.zeros(1)}},
-     "training.average.optimised: 'elsewhere\\n' is not a trainable parameter"),
-    (lambda s: {**s, "optimised": {k: v for k, v in s["optimised"].items() if k != "net.1.weight"}},
-     "training.average.optimised.net.1.weight: missing"),
-])
+@pytest.mark.parametrize(
+    ("damage", "entry"),
+    [
+        (lambda s: None, "training.average: missing"),
+        (lambda s: {**s, "updates": -1}, "training.average.updates: must be an integer >= 0"),
+        (
+            lambda s: {**s, "optimised": {**s["optimised"], "net.0.weight": torch.zeros(2, 2)}},
+            "training.average.optimised.net.0.weight: shape (2, 2) does not match",
+        ),
+        (
+            lambda s: {**s, "optimised": {**s["optimised"], "net.0.bias": torch.full((4,), float("nan"))}},
+            "training.average.optimised.net.0.bias: holds NaN",
+        ),
+        (
+            lambda s: {**s, "optimised": {**s["optimised"], "elsewhere\n": torch.zeros(1)}},
+            "training.average.optimised: 'elsewhere\\n' is not a trainable parameter",
+        ),
+        (
+            lambda s: {**s, "optimised": {k: v for k, v in s["optimised"].items() if k != "net.1.weight"}},
+            "training.average.optimised.net.1.weight: missing",
+        ),
+    ],
+)
 def test_a_damaged_stored_average_is_refused_in_one_line_naming_the_entry(damage, entry):
     model = _model()
     parameters = trainable_parameters({"net": model})
@@ -109,12 +120,15 @@ def test_a_decay_outside_zero_to_one_is_refused(value):
 
 
 @pytest.mark.slow
-def test_validation_and_checkpoints_use_the_average_and_a_stopped_run_resumes_to_the_same_weights(data_root,
-                                                                                               tmp_path):
+def test_validation_and_checkpoints_use_the_average_and_a_stopped_run_resumes_to_the_same_weights(
+    data_root, tmp_path
+):
     common = {"train.ema_decay": 0.9, "train.epochs": 2, "model.decoder.dropout": 0.3}
     straight = tmp_path / "straight"
-    train(load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, straight, **common)),
-          progress=False)
+    train(
+        load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, straight, **common)),
+        progress=False,
+    )
     last = load_checkpoint(straight / "checkpoints" / "last.pt")
     optimised = last["training"]["average"]["optimised"]
     assert last["training"]["average"]["updates"] == 16
@@ -127,18 +141,30 @@ def test_validation_and_checkpoints_use_the_average_and_a_stopped_run_resumes_to
             assert best["decoder"][key].equal(last["decoder"][key])
 
     stopped = tmp_path / "stopped"
-    first = train(load_config(REPO / "configs" / "shapes.yaml",
-                              tiny_overrides(data_root, stopped, **common, **{"train.max_steps": 5})), progress=False)
+    first = train(
+        load_config(
+            REPO / "configs" / "shapes.yaml",
+            tiny_overrides(data_root, stopped, **common, **{"train.max_steps": 5}),
+        ),
+        progress=False,
+    )
     first.lock.release()  # a run holds its folder until its process ends, and this one is pytest
     assert load_checkpoint(stopped / "checkpoints" / "last.pt")["training"]["average"]["updates"] == 5
-    train(load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, stopped, **common)),
-          resume=stopped / "checkpoints" / "last.pt", progress=False)
+    train(
+        load_config(REPO / "configs" / "shapes.yaml", tiny_overrides(data_root, stopped, **common)),
+        resume=stopped / "checkpoints" / "last.pt",
+        progress=False,
+    )
     resumed = load_checkpoint(stopped / "checkpoints" / "last.pt")
     assert resumed["training"]["average"]["updates"] == 16
     for key in last["decoder"]:
         torch.testing.assert_close(resumed["decoder"][key], last["decoder"][key], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(resumed["training"]["average"]["optimised"][f"decoder.{key}"],
-                                   optimised[f"decoder.{key}"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            resumed["training"]["average"]["optimised"][f"decoder.{key}"],
+            optimised[f"decoder.{key}"],
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 def test_a_resume_with_a_damaged_average_is_refused_before_any_work(data_root, tmp_path):
@@ -151,42 +177,69 @@ def test_a_resume_with_a_damaged_average_is_refused_before_any_work(data_root, t
     payload["training"]["average"]["optimised"][first] = torch.zeros(1, 1, 1)
     torch.save(payload, path)
     before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
-    result = in_process("train.py", "--no-progress", "--no-test",
-                        *as_flags({**overrides, "train.max_steps": 4}), "--resume", path)
+    result = in_process(
+        "train.py",
+        "--no-progress",
+        "--no-test",
+        *as_flags({**overrides, "train.max_steps": 4}),
+        "--resume",
+        path,
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[-1] == (f"error: {path}: training.average.optimised.{first}: shape (1, 1, 1) does not match "
-                         f"the parameter's {tuple(payload['decoder'][first.removeprefix('decoder.')].shape)}")
+    assert lines[-1] == (
+        f"error: {path}: training.average.optimised.{first}: shape (1, 1, 1) does not match "
+        f"the parameter's {tuple(payload['decoder'][first.removeprefix('decoder.')].shape)}"
+    )
     assert "Traceback" not in result.stderr
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow
 def test_two_processes_keep_the_average_one_process_keeps_with_the_same_global_batch(data_root, tmp_path):
-    one, two = one_and_two_process_runs(data_root, tmp_path, {
-        "train.ema_decay": 0.5, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8})
+    one, two = one_and_two_process_runs(
+        data_root,
+        tmp_path,
+        {"train.ema_decay": 0.5, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8},
+    )
     assert one["training"]["average"]["updates"] == two["training"]["average"]["updates"] == 3
     for key, value in one["decoder"].items():  # the averages
         torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=1e-5)
     for key, value in one["training"]["average"]["optimised"].items():
         torch.testing.assert_close(two["training"]["average"]["optimised"][key], value, rtol=1e-4, atol=1e-5)
-    assert any(not value.equal(one["decoder"][key.removeprefix("decoder.")])  # the average lags the weights
-               for key, value in one["training"]["average"]["optimised"].items())
+    assert any(
+        not value.equal(one["decoder"][key.removeprefix("decoder.")])  # the average lags the weights
+        for key, value in one["training"]["average"]["optimised"].items()
+    )
 
 
 def test_a_fine_tuned_encoders_trainable_stages_are_averaged_stored_and_resumed(data_root, tmp_path):
-    overrides = tiny_overrides(data_root, tmp_path / "run", **{
-        "train.ema_decay": 0.5, "model.encoder.fine_tune_stages": 1, "train.encoder_lr": 1e-2,
-        "train.max_steps": 3})
+    overrides = tiny_overrides(
+        data_root,
+        tmp_path / "run",
+        **{
+            "train.ema_decay": 0.5,
+            "model.encoder.fine_tune_stages": 1,
+            "train.encoder_lr": 1e-2,
+            "train.max_steps": 3,
+        },
+    )
     train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False).lock.release()
     payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     optimised = payload["training"]["average"]["optimised"]
     encoder_keys = {key.removeprefix("encoder.") for key in optimised if key.startswith("encoder.")}
     assert encoder_keys and encoder_keys <= set(payload["encoder"])  # only the trainable stage's weights
-    assert len(encoder_keys) < sum(1 for key, value in payload["encoder"].items() if value.is_floating_point())
+    assert len(encoder_keys) < sum(
+        1 for key, value in payload["encoder"].items() if value.is_floating_point()
+    )
     # The stored encoder is the average: it lags the weights the optimiser moved.
     assert any(not payload["encoder"][key].equal(optimised[f"encoder.{key}"]) for key in encoder_keys)
-    resumed = train(load_config(REPO / "configs" / "shapes.yaml", {**overrides, "train.max_steps": 4}),
-                    resume=tmp_path / "run" / "checkpoints" / "last.pt", progress=False)
+    resumed = train(
+        load_config(REPO / "configs" / "shapes.yaml", {**overrides, "train.max_steps": 4}),
+        resume=tmp_path / "run" / "checkpoints" / "last.pt",
+        progress=False,
+    )
     resumed.lock.release()
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["average"]["updates"] == 4
+    assert (
+        load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["average"]["updates"] == 4
+    )

@@ -27,13 +27,18 @@ open_clip = pytest.importorskip("open_clip")
 
 # Channels and grid at the size each published model was trained at (their papers' and libraries' numbers).
 PUBLISHED_GRIDS = {
-    "vit_b_16": (224, 768, (14, 14)), "vit_l_16": (224, 1024, (14, 14)),
-    "swin_t": (224, 768, (7, 7)), "swin_b": (224, 1024, (7, 7)), "swin_v2_b": (256, 1024, (8, 8)),
-    "convnext_tiny": (224, 768, (7, 7)), "convnext_base": (224, 1024, (7, 7)),
+    "vit_b_16": (224, 768, (14, 14)),
+    "vit_l_16": (224, 1024, (14, 14)),
+    "swin_t": (224, 768, (7, 7)),
+    "swin_b": (224, 1024, (7, 7)),
+    "swin_v2_b": (256, 1024, (8, 8)),
+    "convnext_tiny": (224, 768, (7, 7)),
+    "convnext_base": (224, 1024, (7, 7)),
     "timm:vit_base_patch16_clip_224.openai": (224, 768, (14, 14)),
     "timm:swin_base_patch4_window12_384": (384, 1024, (12, 12)),
     "timm:convnext_base.fb_in22k": (224, 1024, (7, 7)),
-    "open_clip:ViT-B-32/openai": (224, 768, (7, 7)), "open_clip:ViT-B-16/openai": (224, 768, (14, 14)),
+    "open_clip:ViT-B-32/openai": (224, 768, (7, 7)),
+    "open_clip:ViT-B-16/openai": (224, 768, (14, 14)),
 }
 
 
@@ -48,14 +53,27 @@ def test_each_backbone_reports_its_published_grid(name: str) -> None:
 
 
 def test_every_registered_name_has_a_published_grid() -> None:
-    assert {"vit_b_16", "vit_l_16", "swin_t", "swin_b", "swin_v2_b", "convnext_tiny", "convnext_base"} <= set(ENCODERS)
-    assert set(ENCODERS) - {"resnet50", "resnet101", "resnet152", "vgg16", "vgg19", "efficientnet_b0",
-                            "efficientnet_lite0"} <= set(PUBLISHED_GRIDS)
+    assert {"vit_b_16", "vit_l_16", "swin_t", "swin_b", "swin_v2_b", "convnext_tiny", "convnext_base"} <= set(
+        ENCODERS
+    )
+    assert set(ENCODERS) - {
+        "resnet50",
+        "resnet101",
+        "resnet152",
+        "vgg16",
+        "vgg19",
+        "efficientnet_b0",
+        "efficientnet_lite0",
+    } <= set(PUBLISHED_GRIDS)
 
 
-@pytest.mark.parametrize("name", ["vit_b_16", "timm:vit_tiny_patch16_224", "open_clip:ViT-B-32/openai", "swin_t"])
+@pytest.mark.parametrize(
+    "name", ["vit_b_16", "timm:vit_tiny_patch16_224", "open_clip:ViT-B-32/openai", "swin_t"]
+)
 def test_the_last_fine_tuned_stage_holds_the_final_norm(name: str) -> None:
-    encoder = build_encoder(EncoderConfig(name=name, weights="none", image_size=64, grid_size=0, fine_tune_stages=1))
+    encoder = build_encoder(
+        EncoderConfig(name=name, weights="none", image_size=64, grid_size=0, fine_tune_stages=1)
+    )
     final_norm = [m for m in encoder.stages()[-1].modules() if isinstance(m, torch.nn.LayerNorm)][-1]
     assert all(p.requires_grad for p in final_norm.parameters())
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
@@ -66,24 +84,31 @@ def test_the_last_fine_tuned_stage_holds_the_final_norm(name: str) -> None:
 
 
 def test_preprocessing_comes_from_the_library() -> None:
-    vit = build_encoder(EncoderConfig(name="timm:vit_tiny_patch16_224", weights="none", image_size=64, grid_size=0))
+    vit = build_encoder(
+        EncoderConfig(name="timm:vit_tiny_patch16_224", weights="none", image_size=64, grid_size=0)
+    )
     data = timm.data.resolve_data_config({}, model=timm.create_model("vit_tiny_patch16_224"))
     assert (vit.mean, vit.std, vit.interpolation.value) == (data["mean"], data["std"], data["interpolation"])
     assert vit.fingerprint()["position_embedding_size"] == 224 == data["input_size"][-1]
-    clip = build_encoder(EncoderConfig(name="open_clip:ViT-B-32/openai", weights="none", image_size=64, grid_size=0))
+    clip = build_encoder(
+        EncoderConfig(name="open_clip:ViT-B-32/openai", weights="none", image_size=64, grid_size=0)
+    )
     tag = open_clip.get_pretrained_cfg("ViT-B-32", "openai")
     assert (clip.mean, clip.std, clip.interpolation.value) == (tag["mean"], tag["std"], tag["interpolation"])
     # CNN fingerprints keep the keys they had, so their feature caches stay valid.
-    assert "position_embedding_size" not in build_encoder(
-        EncoderConfig(name="convnext_tiny", weights="none", image_size=64)).fingerprint()
+    assert (
+        "position_embedding_size"
+        not in build_encoder(EncoderConfig(name="convnext_tiny", weights="none", image_size=64)).fingerprint()
+    )
 
 
 def test_a_timm_weights_file_goes_through_timm_with_its_position_embeddings_resampled(tmp_path: Path) -> None:
     source = timm.create_model("vit_tiny_patch16_224")  # the classifier at 224 px, as published
     path = tmp_path / "vit_tiny.pth"
     torch.save(source.state_dict(), path)
-    encoder = build_encoder(EncoderConfig(name="timm:vit_tiny_patch16_224", weights=str(path), image_size=64,
-                                          grid_size=0))
+    encoder = build_encoder(
+        EncoderConfig(name="timm:vit_tiny_patch16_224", weights=str(path), image_size=64, grid_size=0)
+    )
     model = encoder.backbone.model
     assert torch.equal(model.blocks[3].mlp.fc1.weight, source.blocks[3].mlp.fc1.weight)
     assert model.pos_embed.shape == (1, 1 + 16, 192) and source.pos_embed.shape == (1, 1 + 196, 192)
@@ -107,18 +132,26 @@ def test_a_torchvision_vit_file_at_another_size_gets_interpolated_position_embed
 def test_a_file_that_does_not_fit_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "resnet18.pth"
     torch.save(timm.create_model("resnet18").state_dict(), path)
-    with pytest.raises(EncoderWeightsError, match=r"resnet18.pth: weights do not fit timm:vit_tiny_patch16_224") as caught:
+    with pytest.raises(
+        EncoderWeightsError, match=r"resnet18.pth: weights do not fit timm:vit_tiny_patch16_224"
+    ) as caught:
         build_encoder(EncoderConfig(name="timm:vit_tiny_patch16_224", weights=str(path)))
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("timm:no_such_net", "timm has no model 'no_such_net'"),
-    ("timm:vit_tiny_patch16_224.no_such_tag", "no pretrained tag 'no_such_tag'"),
-    ("open_clip:ViT-B-99/openai", "no architecture 'ViT-B-99'"),
-    ("open_clip:ViT-B-32/no_such_tag", r"no pretrained tag 'no_such_tag' for ViT-B-32 \(known: openai"),
-    ("hub:resnet", r"vit_b_16, vit_l_16, or open_clip:<arch>/<pretrained tag>, timm:<model name>; got 'hub:resnet'"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("timm:no_such_net", "timm has no model 'no_such_net'"),
+        ("timm:vit_tiny_patch16_224.no_such_tag", "no pretrained tag 'no_such_tag'"),
+        ("open_clip:ViT-B-99/openai", "no architecture 'ViT-B-99'"),
+        ("open_clip:ViT-B-32/no_such_tag", r"no pretrained tag 'no_such_tag' for ViT-B-32 \(known: openai"),
+        (
+            "hub:resnet",
+            r"vit_b_16, vit_l_16, or open_clip:<arch>/<pretrained tag>, timm:<model name>; got 'hub:resnet'",
+        ),
+    ],
+)
 def test_bad_names_are_config_errors(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_encoder(EncoderConfig(name=name, weights="none"))
@@ -145,17 +178,25 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize(("name", "place"), [
-    ("vit_b_16", "hub/checkpoints/vit_b_16-c867db91.pth"),
-    ("swin_t", "hub/checkpoints/swin_t-704ceda3.pth"),
-    ("convnext_tiny", "hub/checkpoints/convnext_tiny-983f1562.pth"),
-    ("timm:vit_base_patch16_clip_224.openai",
-     "https://huggingface.co/timm/vit_base_patch16_clip_224.openai/resolve/main/model.safetensors"),
-    ("open_clip:ViT-B-32/openai",
-     "https://huggingface.co/timm/vit_base_patch32_clip_224.openai/resolve/main/open_clip_model.safetensors"),
-])
-def test_offline_pretrained_stops_within_seconds_naming_the_file_and_where(offline: Path, name: str,
-                                                                           place: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "place"),
+    [
+        ("vit_b_16", "hub/checkpoints/vit_b_16-c867db91.pth"),
+        ("swin_t", "hub/checkpoints/swin_t-704ceda3.pth"),
+        ("convnext_tiny", "hub/checkpoints/convnext_tiny-983f1562.pth"),
+        (
+            "timm:vit_base_patch16_clip_224.openai",
+            "https://huggingface.co/timm/vit_base_patch16_clip_224.openai/resolve/main/model.safetensors",
+        ),
+        (
+            "open_clip:ViT-B-32/openai",
+            "https://huggingface.co/timm/vit_base_patch32_clip_224.openai/resolve/main/open_clip_model.safetensors",
+        ),
+    ],
+)
+def test_offline_pretrained_stops_within_seconds_naming_the_file_and_where(
+    offline: Path, name: str, place: str
+) -> None:
     started = time.monotonic()
     with pytest.raises(EncoderWeightsError) as caught:
         build_encoder(EncoderConfig(name=name, weights="pretrained"))
@@ -180,8 +221,11 @@ def test_an_unreachable_hub_is_tried_once_with_a_bounded_wait(offline: Path, mon
         raise ConnectionError("connection timed out")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
-    with pytest.raises(EncoderWeightsError, match=r"downloading it failed \(open_clip_model.safetensors: "
-                                                  r"ConnectionError: connection timed out\)"):
+    with pytest.raises(
+        EncoderWeightsError,
+        match=r"downloading it failed \(open_clip_model.safetensors: "
+        r"ConnectionError: connection timed out\)",
+    ):
         build_encoder(EncoderConfig(name="open_clip:ViT-B-32/openai", weights="pretrained"))
     assert calls == [("timm/vit_base_patch32_clip_224.openai", "open_clip_model.safetensors", 15.0)]
 
@@ -190,15 +234,24 @@ def test_a_pretrained_file_in_the_hugging_face_cache_is_used_without_network(off
     import huggingface_hub
 
     source = timm.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k")
-    snapshot = Path(huggingface_hub.constants.HF_HUB_CACHE) / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    snapshot = (
+        Path(huggingface_hub.constants.HF_HUB_CACHE)
+        / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    )
     (snapshot / "refs").mkdir(parents=True)
     (snapshot / "refs" / "main").write_text("0" * 40)
     (snapshot / "snapshots" / ("0" * 40)).mkdir(parents=True)
     from safetensors.torch import save_file
 
     save_file(source.state_dict(), snapshot / "snapshots" / ("0" * 40) / "model.safetensors")
-    encoder = build_encoder(EncoderConfig(name="timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k", weights="pretrained",
-                                          image_size=224, grid_size=0))
+    encoder = build_encoder(
+        EncoderConfig(
+            name="timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+            weights="pretrained",
+            image_size=224,
+            grid_size=0,
+        )
+    )
     assert torch.equal(encoder.backbone.model.pos_embed, source.pos_embed)
     assert encoder.fingerprint()["weights"] == {"timm": "vit_tiny_patch16_224.augreg_in21k_ft_in1k"}
 
@@ -208,12 +261,23 @@ E2E = ["vit_b_16", "swin_t", "convnext_tiny", "timm:vit_tiny_patch16_224", "open
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", E2E)
-def test_a_tiny_shapes_run_trains_caches_decodes_draws_and_grounds(name: str, data_root: Path,  # noqa: F811
-                                                                    tmp_path: Path) -> None:
+def test_a_tiny_shapes_run_trains_caches_decodes_draws_and_grounds(
+    name: str,
+    data_root: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     run = tmp_path / "run"
-    overrides = tiny_overrides(data_root, run, **{
-        "model.encoder.name": name, "model.encoder.weights": "none", "train.epochs": 1,
-        "data.cache_dir": str(tmp_path / "features"), "decode.beam_size": 1})
+    overrides = tiny_overrides(
+        data_root,
+        run,
+        **{
+            "model.encoder.name": name,
+            "model.encoder.weights": "none",
+            "train.epochs": 1,
+            "data.cache_dir": str(tmp_path / "features"),
+            "decode.beam_size": 1,
+        },
+    )
     result = in_process("train.py", "--no-progress", *as_flags(overrides), cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -224,7 +288,9 @@ def test_a_tiny_shapes_run_trains_caches_decodes_draws_and_grounds(name: str, da
     assert fingerprint["name"] == name and fingerprint["image_size"] == 64
     assert len(fingerprint["normalisation"]["mean"]) == 3 and fingerprint["interpolation"]
     # The size the position embeddings were made for, recorded for transformers (built here at 64 px).
-    assert fingerprint.get("position_embedding_size") == (None if name in ("swin_t", "convnext_tiny") else 224)
+    assert fingerprint.get("position_embedding_size") == (
+        None if name in ("swin_t", "convnext_tiny") else 224
+    )
     results = json.loads((run / "test_results.json").read_text())
     assert len(results) == 8 and all(isinstance(r["caption"], str) for r in results)
     scores = json.loads((run / "test_scores.json").read_text())
@@ -237,10 +303,18 @@ def test_a_tiny_shapes_run_trains_caches_decodes_draws_and_grounds(name: str, da
 @pytest.mark.slow
 def test_a_tiny_run_fine_tunes_the_last_block_of_a_vit(data_root: Path, tmp_path: Path) -> None:  # noqa: F811
     run = tmp_path / "run"
-    overrides = tiny_overrides(data_root, run, **{
-        "model.encoder.name": "timm:vit_tiny_patch16_224", "model.encoder.weights": "none",
-        "model.encoder.fine_tune_stages": 1, "train.epochs": 1, "data.cache_dir": str(tmp_path / "features"),
-        "decode.beam_size": 1})
+    overrides = tiny_overrides(
+        data_root,
+        run,
+        **{
+            "model.encoder.name": "timm:vit_tiny_patch16_224",
+            "model.encoder.weights": "none",
+            "model.encoder.fine_tune_stages": 1,
+            "train.epochs": 1,
+            "data.cache_dir": str(tmp_path / "features"),
+            "decode.beam_size": 1,
+        },
+    )
     torch.manual_seed(0)
     result = in_process("train.py", "--no-progress", "--no-test", *as_flags(overrides), cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -253,4 +327,6 @@ def test_a_tiny_run_fine_tunes_the_last_block_of_a_vit(data_root: Path, tmp_path
     second = load_checkpoint(tmp_path / "again" / "checkpoints" / "last.pt")["encoder"]
     changed = {key for key in first if not torch.equal(first[key], second[key])}
     # The same seed, one more epoch: only the trainable stage (last block and final norm) moved.
-    assert changed and all(key.startswith(("backbone.model.blocks.11.", "backbone.model.norm.")) for key in changed)
+    assert changed and all(
+        key.startswith(("backbone.model.blocks.11.", "backbone.model.norm.")) for key in changed
+    )

@@ -24,23 +24,67 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEED = ROOT / "benchmarks" / "speed.py"
 
 POSITIVE_NUMBERS = (
-    "matmul_peak_gflops", "train_step_ms", "train_step_gflop", "train_gflops", "train_mfu",
-    "tutorial_train_step_ms", "tutorial_train_step_gflop", "speedup_train",
-    "speedup_beam_1", "speedup_beam_3", "speedup_beam_5",
-    "cache_build_s", "cache_epoch_s", "stream_epoch_s", "cache_speedup", "cache_grids_s", "stream_grids_s",
-    "cache_grids_speedup", "encoder_images_per_s", "folded_encoder_images_per_s", "fold_speedup",
-    "coco_step_ms", "coco_epoch_s", "coco_mean_words",
-    *(f"{prefix}_{key}" for prefix in ("transformer", "transformer6")
-      for key in ("train_step_ms", "train_step_gflop", "train_gflops", "train_mfu",
-                  "speedup_beam_1", "speedup_beam_3", "speedup_beam_5")),
+    "matmul_peak_gflops",
+    "train_step_ms",
+    "train_step_gflop",
+    "train_gflops",
+    "train_mfu",
+    "tutorial_train_step_ms",
+    "tutorial_train_step_gflop",
+    "speedup_train",
+    "speedup_beam_1",
+    "speedup_beam_3",
+    "speedup_beam_5",
+    "cache_build_s",
+    "cache_epoch_s",
+    "stream_epoch_s",
+    "cache_speedup",
+    "cache_grids_s",
+    "stream_grids_s",
+    "cache_grids_speedup",
+    "encoder_images_per_s",
+    "folded_encoder_images_per_s",
+    "fold_speedup",
+    "coco_step_ms",
+    "coco_epoch_s",
+    "coco_mean_words",
+    *(
+        f"{prefix}_{key}"
+        for prefix in ("transformer", "transformer6")
+        for key in (
+            "train_step_ms",
+            "train_step_gflop",
+            "train_gflops",
+            "train_mfu",
+            "speedup_beam_1",
+            "speedup_beam_3",
+            "speedup_beam_5",
+        )
+    ),
 )
-BEAM_RATES = ("beam_captions_per_s", "tutorial_beam_captions_per_s",
-              *(f"{prefix}_{key}" for prefix in ("transformer", "transformer6")
-                for key in ("beam_captions_per_s", "recompute_beam_captions_per_s")))
-MEMORY = ("matmul_peak_mem_mb", "train_peak_mem_mb", "tutorial_train_peak_mem_mb", "beam_peak_mem_mb",
-          "tutorial_beam_peak_mem_mb", "cache_peak_mem_mb", "stream_peak_mem_mb",
-          *(f"{prefix}_{key}" for prefix in ("transformer", "transformer6")
-            for key in ("train_peak_mem_mb", "beam_peak_mem_mb", "recompute_beam_peak_mem_mb")))
+BEAM_RATES = (
+    "beam_captions_per_s",
+    "tutorial_beam_captions_per_s",
+    *(
+        f"{prefix}_{key}"
+        for prefix in ("transformer", "transformer6")
+        for key in ("beam_captions_per_s", "recompute_beam_captions_per_s")
+    ),
+)
+MEMORY = (
+    "matmul_peak_mem_mb",
+    "train_peak_mem_mb",
+    "tutorial_train_peak_mem_mb",
+    "beam_peak_mem_mb",
+    "tutorial_beam_peak_mem_mb",
+    "cache_peak_mem_mb",
+    "stream_peak_mem_mb",
+    *(
+        f"{prefix}_{key}"
+        for prefix in ("transformer", "transformer6")
+        for key in ("train_peak_mem_mb", "beam_peak_mem_mb", "recompute_beam_peak_mem_mb")
+    ),
+)
 
 
 def _load_baseline(name: str = "tutorial_baseline"):
@@ -52,9 +96,22 @@ def _load_baseline(name: str = "tutorial_baseline"):
 
 @pytest.fixture(scope="module")
 def quick_results() -> dict:
-    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--coco",
-                                "--parts", "train,beam,cache,transformer"], check=False,
-                               cwd=ROOT, capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(SPEED),
+            "--quick",
+            "--json",
+            "--coco",
+            "--parts",
+            "train,beam,cache,transformer",
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout)
 
@@ -74,31 +131,69 @@ def test_quick_run_reports_finite_positive_numbers(quick_results):
 
 @pytest.mark.slow
 def test_quick_run_with_amp_on_cpu_times_the_bf16_step_beside_the_float32_one():
-    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--amp", "--parts", "train,beam"],
-                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(
+        [sys.executable, str(SPEED), "--quick", "--json", "--amp", "--parts", "train,beam"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(completed.stdout)
     assert results["amp"] is True and results["device"] == "cpu"
-    for key in ("matmul_peak_bf16_gflops", "train_step_ms", "train_step_ms_fp32", "amp_train_speedup",
-                "train_mfu", "train_mfu_fp32"):
+    for key in (
+        "matmul_peak_bf16_gflops",
+        "train_step_ms",
+        "train_step_ms_fp32",
+        "amp_train_speedup",
+        "train_mfu",
+        "train_mfu_fp32",
+    ):
         assert isinstance(results[key], float) and math.isfinite(results[key]) and results[key] > 0, key
     # Each MFU is against its own precision's measured peak.
     assert math.isclose(results["train_mfu"], results["train_gflops"] / results["matmul_peak_bf16_gflops"])
-    assert math.isclose(results["train_mfu_fp32"], results["train_gflops_fp32"] / results["matmul_peak_gflops"])
-    assert math.isclose(results["amp_train_speedup"], results["train_step_ms_fp32"] / results["train_step_ms"])
+    assert math.isclose(
+        results["train_mfu_fp32"], results["train_gflops_fp32"] / results["matmul_peak_gflops"]
+    )
+    assert math.isclose(
+        results["amp_train_speedup"], results["train_step_ms_fp32"] / results["train_step_ms"]
+    )
     assert set(results["beam_captions_per_s"]) == {"1", "3", "5"}
 
 
 @pytest.mark.slow
 def test_loader_part_reads_a_synthetic_cache_with_0_1_and_2_workers(tmp_path):
-    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
-                                "--loader-dir", str(tmp_path), "--loader-images", "70", "--loader-grid", "3x3x16"],
-                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(SPEED),
+            "--quick",
+            "--json",
+            "--parts",
+            "loader",
+            "--loader-dir",
+            str(tmp_path),
+            "--loader-images",
+            "70",
+            "--loader-grid",
+            "3x3x16",
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(completed.stdout)
     assert (results["loader_images"], results["loader_grid"]) == (70, "3x3x16")
-    for key in ("loader_captions_per_s", "loader_mb_per_s", "loader_first_pass_captions_per_s",
-                "loader_first_pass_mb_per_s"):
+    for key in (
+        "loader_captions_per_s",
+        "loader_mb_per_s",
+        "loader_first_pass_captions_per_s",
+        "loader_first_pass_mb_per_s",
+    ):
         assert set(results[key]) == {"0", "1", "2"}, key
         assert all(math.isfinite(v) and v > 0 for v in results[key].values()), key
     assert list(tmp_path.iterdir()) == []  # the synthetic cache is deleted afterwards
@@ -106,24 +201,52 @@ def test_loader_part_reads_a_synthetic_cache_with_0_1_and_2_workers(tmp_path):
 
 @pytest.mark.slow
 def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # noqa: F811
-    completed = subprocess.run([sys.executable, str(SPEED), "--quick", "--json", "--parts", "loader",
-                                "--loader-dir", str(small_disk), "--loader-images", "1000",
-                                "--loader-grid", "7x7x1280"],
-                               check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(SPEED),
+            "--quick",
+            "--json",
+            "--parts",
+            "loader",
+            "--loader-dir",
+            str(small_disk),
+            "--loader-images",
+            "1000",
+            "--loader-grid",
+            "7x7x1280",
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 1 and "Traceback" not in completed.stderr and completed.stdout == ""
     assert completed.stderr.strip().splitlines() == [
-        (f"--loader-dir {small_disk}: 0.0 GB free, the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
-         "choose a larger disk with --loader-dir or fewer rows with --loader-images")]
+        (
+            f"--loader-dir {small_disk}: 0.0 GB free, the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
+            "choose a larger disk with --loader-dir or fewer rows with --loader-images"
+        )
+    ]
     assert list(small_disk.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
-    completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], check=False, cwd=ROOT,
-                               capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # no GPU, even on a machine with one
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )  # no GPU, even on a machine with one
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.splitlines() == ["gpu_check: CUDA is not available on this machine; nothing was run"]
+    assert completed.stdout.splitlines() == [
+        "gpu_check: CUDA is not available on this machine; nothing was run"
+    ]
     assert completed.stderr == ""
 
 
@@ -146,8 +269,16 @@ def test_flop_count_of_the_reference_configuration():
 
 def _decoders(seed: int = 0):
     torch.manual_seed(seed)
-    config = DecoderConfig(scoring="additive", activation="relu", gate="channel", deep_output=False,
-                           embed_dim=12, hidden_dim=10, attention_dim=8, dropout=0.0)
+    config = DecoderConfig(
+        scoring="additive",
+        activation="relu",
+        gate="channel",
+        deep_output=False,
+        embed_dim=12,
+        hidden_dim=10,
+        attention_dim=8,
+        dropout=0.0,
+    )
     ours = ShowAttendTellDecoder.from_config(config, vocab_size=17, annotation_dim=6).eval()
     with torch.no_grad():  # larger weights than the initialisation: captions that differ per image
         for parameter in ours.parameters():
@@ -224,8 +355,9 @@ def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_s
     from captioning.models.transformer import TransformerDecoder
 
     torch.manual_seed(0)
-    decoder = TransformerDecoder(17, 6, (2, 3), d_model=16, num_heads=4, d_ff=32, encoder_layers=2,
-                                 decoder_layers=2, dropout=0.1).eval()
+    decoder = TransformerDecoder(
+        17, 6, (2, 3), d_model=16, num_heads=4, d_ff=32, encoder_layers=2, decoder_layers=2, dropout=0.1
+    ).eval()
     with torch.no_grad():  # <end> likely enough that some captions end and others run to the limit
         decoder.out.bias[2] += 0.5
     recomputing = _load_baseline("recompute_baseline").RecomputingDecoder(decoder)

@@ -34,8 +34,16 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_config(attention: str = "soft", scoring: str = "multihead") -> Config:
-    decoder = DecoderConfig(attention=attention, scoring=scoring, num_heads=2, embed_dim=16, hidden_dim=16,
-                            attention_dim=16, gate="channel", dropout=0.2)
+    decoder = DecoderConfig(
+        attention=attention,
+        scoring=scoring,
+        num_heads=2,
+        embed_dim=16,
+        hidden_dim=16,
+        attention_dim=16,
+        gate="channel",
+        dropout=0.2,
+    )
     return Config(model=ModelConfig(decoder=decoder))
 
 
@@ -87,8 +95,13 @@ def test_file_loads_with_plain_weights_only_torch_load(tmp_path):
     config, vocab = make_config(), make_vocab()
     decoder = ShowAttendTellDecoder.from_config(config.model.decoder, len(vocab), C)
     path = tmp_path / "checkpoint.pt"
-    save(path, config, vocab, decoder, training={"rng": rng_state(), "optimizer": torch.optim.Adam(
-        decoder.parameters()).state_dict()})
+    save(
+        path,
+        config,
+        vocab,
+        decoder,
+        training={"rng": rng_state(), "optimizer": torch.optim.Adam(decoder.parameters()).state_dict()},
+    )
     payload = torch.load(path, weights_only=True)
     assert payload["format"] == "captioning-checkpoint"
     assert set(payload["decoder"]) == set(decoder.state_dict())
@@ -126,13 +139,14 @@ def test_truncated_file_is_reported(tmp_path):
     path = tmp_path / "checkpoint.pt"
     save(path, config, vocab, decoder)
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
+    path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("content", [b"", b"PK\x03\x04", b"\x80\x02"],
-                         ids=["empty", "zip-header", "pickle-header"])
+@pytest.mark.parametrize(
+    "content", [b"", b"PK\x03\x04", b"\x80\x02"], ids=["empty", "zip-header", "pickle-header"]
+)
 def test_empty_or_garbage_file_is_reported(tmp_path, content):
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(content)
@@ -279,6 +293,7 @@ def test_a_checkpoint_refuses_an_encoder_with_other_weights(tmp_path):
     assert model.encoder.fingerprint() == encoder.fingerprint()
     other = {**encoder.fingerprint(), "weights": {"size": 1, "sha256": "0" * 64}}
     save(path, config, vocab, decoder, encoder_fingerprint=other)
-    with pytest.raises(CheckpointError, match=r"model\.pt: the encoder weights differ from those it was trained with"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.pt: the encoder weights differ from those it was trained with"
+    ):
         load_captioner(path, torch.device("cpu"))
-

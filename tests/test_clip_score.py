@@ -37,8 +37,14 @@ def clip_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.
 def images(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     folder = tmp_path_factory.mktemp("images")
     paths = {}
-    for image_id, (size, colour) in enumerate([((97, 41), (30, 30, 200)), ((40, 80), (220, 40, 40)),
-                                               ((64, 64), (20, 180, 60)), ((120, 90), (240, 240, 240))]):
+    for image_id, (size, colour) in enumerate(
+        [
+            ((97, 41), (30, 30, 200)),
+            ((40, 80), (220, 40, 40)),
+            ((64, 64), (20, 180, 60)),
+            ((120, 90), (240, 240, 240)),
+        ]
+    ):
         image = Image.new("RGB", size, colour)
         image.paste((255 - colour[0], 128, colour[2] // 2), (5, 5, size[0] // 2, size[1] // 2))
         paths[image_id] = folder / f"{image_id}.png"
@@ -46,18 +52,31 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     return paths
 
 
-CANDIDATES = {0: "a blue square", 1: "a red circle next to a line", 2: "green", 3: "a white picture of nothing"}
-REFERENCES = {0: ["a blue square on the left", "blue"], 1: ["a red shape"], 2: ["a green field", "grass", "lawn"],
-              3: ["white"]}
+CANDIDATES = {
+    0: "a blue square",
+    1: "a red circle next to a line",
+    2: "green",
+    3: "a white picture of nothing",
+}
+REFERENCES = {
+    0: ["a blue square on the left", "blue"],
+    1: ["a red shape"],
+    2: ["a green field", "grass", "lawn"],
+    3: ["white"],
+}
 
 
 def by_hand(model: torch.nn.Module, images: dict[int, Path]) -> dict[int, tuple[float, float]]:
     """Hessel et al. 2021, equations 1 and 2, written out: CLIP's preprocessing (resize the short side to
     224 bicubic, centre crop, OpenAI's mean and std), the prefix "A photo depicts", w = 2.5."""
-    preprocess = transforms.Compose([
-        transforms.Resize(224, interpolation=transforms.InterpolationMode.BICUBIC), transforms.CenterCrop(224),
-        transforms.ToTensor(),
-        transforms.Normalize((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))])
+    preprocess = transforms.Compose(
+        [
+            transforms.Resize(224, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+        ]
+    )
     tokenizer = open_clip.get_tokenizer("ViT-B-32")
     expected = {}
     with torch.no_grad():
@@ -75,7 +94,9 @@ def by_hand(model: torch.nn.Module, images: dict[int, Path]) -> dict[int, tuple[
 def test_clip_s_and_ref_clip_s_equal_a_hand_computation(clip_file, images) -> None:
     path, model = clip_file
     scorer = load_clip_scorer(str(path))  # reloaded from the file through the encoders' weights path
-    scores = clip_scores(scorer, images, CANDIDATES, REFERENCES, batch_size=3)  # batches of 3: across a boundary
+    scores = clip_scores(
+        scorer, images, CANDIDATES, REFERENCES, batch_size=3
+    )  # batches of 3: across a boundary
     expected = by_hand(model, images)
     for image_id, (clip_s, ref_clip_s) in expected.items():
         assert scores["per_image"][image_id]["CLIP-S"] == pytest.approx(clip_s, abs=1e-5)
@@ -90,43 +111,92 @@ def test_clip_s_and_ref_clip_s_equal_a_hand_computation(clip_file, images) -> No
 def test_clip_score_is_refused_without_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="--clip-score needs CLIP weights"):
         load_clip_scorer("none")
-    with pytest.raises(EncoderWeightsError, match=r"nowhere.pt: encoder weights file not found \(--clip-score"):
+    with pytest.raises(
+        EncoderWeightsError, match=r"nowhere.pt: encoder weights file not found \(--clip-score"
+    ):
         load_clip_scorer(str(tmp_path / "nowhere.pt"))
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(torch.hub, "download_url_to_file",
-                        lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("offline")))
+    monkeypatch.setattr(
+        torch.hub,
+        "download_url_to_file",
+        lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("offline")),
+    )
     with pytest.raises(EncoderWeightsError) as caught:
         load_clip_scorer("pretrained")
     message = str(caught.value)
-    assert "\n" not in message and "open_clip_model.safetensors" in message and "set --clip-score to its path" in message
+    assert (
+        "\n" not in message
+        and "open_clip_model.safetensors" in message
+        and "set --clip-score to its path" in message
+    )
 
 
 @pytest.mark.slow
-def test_evaluate_writes_clip_scores_per_image_and_signs_them(checkpoint: Path, clip_file,  # noqa: F811
-                                                              tmp_path: Path) -> None:
+def test_evaluate_writes_clip_scores_per_image_and_signs_them(
+    checkpoint: Path,
+    clip_file,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     path, _ = clip_file
     out = tmp_path / "scores.json"
-    result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--clip-score", path,
-                        "--no-java", "--no-progress", "--out", out, "--results", tmp_path / "results.json", cwd=ROOT)
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "test",
+        "--clip-score",
+        path,
+        "--no-java",
+        "--no-progress",
+        "--out",
+        out,
+        "--results",
+        tmp_path / "results.json",
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads(out.read_text())
     per_image = json.loads(out.with_name("scores.per_image.json").read_text())
-    assert len(per_image) == 4 and all(0 <= entry["CLIP-S"] <= 2.5 and "RefCLIP-S" in entry for entry in per_image)
+    assert len(per_image) == 4 and all(
+        0 <= entry["CLIP-S"] <= 2.5 and "RefCLIP-S" in entry for entry in per_image
+    )
     assert scores["CLIP-S"] == pytest.approx(sum(entry["CLIP-S"] for entry in per_image) / 4)
-    assert parse_signature(scores["signature"])["clip"] == f"ViT-B-32.openai.{file_identity(path)['sha256'][:12]}"
+    assert (
+        parse_signature(scores["signature"])["clip"]
+        == f"ViT-B-32.openai.{file_identity(path)['sha256'][:12]}"
+    )
     assert "CLIP-S" in result.stdout
 
 
 def test_evaluate_refuses_clip_score_before_decoding(checkpoint: Path, tmp_path: Path) -> None:  # noqa: F811
-    result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--clip-score",
-                        tmp_path / "missing.pt", "--no-progress", "--results", tmp_path / "results.json", cwd=ROOT)
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "test",
+        "--clip-score",
+        tmp_path / "missing.pt",
+        "--no-progress",
+        "--results",
+        tmp_path / "results.json",
+        cwd=ROOT,
+    )
     assert result.returncode != 0
     assert "missing.pt: encoder weights file not found (--clip-score" in result.stderr
     assert not (tmp_path / "results.json").exists()  # stopped before decoding
-    result = in_process("evaluate.py", "--annotations", tmp_path / "a.json", "--results", tmp_path / "r.json",
-                        "--clip-score", cwd=ROOT)
+    result = in_process(
+        "evaluate.py",
+        "--annotations",
+        tmp_path / "a.json",
+        "--results",
+        tmp_path / "r.json",
+        "--clip-score",
+        cwd=ROOT,
+    )
     assert result.returncode != 0 and "--clip-score scores the images of a split" in result.stderr

@@ -32,12 +32,30 @@ def test_groups_of_one_or_of_copies_are_the_paired_bootstrap():
     rng = np.random.default_rng(3)
     a, b = rng.gamma(2.0, 0.4, size=(2, 60))
     ratio_a, ratio_b = rng.integers(0, 3, size=(2, 60, 2)).astype(float)
-    single = paired_bootstrap({"CIDEr-D": a}, {"CIDEr-D": b}, resamples=500, seed=5,
-                              ratios_a={"CHAIR-i": ratio_a}, ratios_b={"CHAIR-i": ratio_b})
-    one = group_bootstrap([{"CIDEr-D": a}], [{"CIDEr-D": b}], resamples=500, seed=5,
-                          ratios_a=[{"CHAIR-i": ratio_a}], ratios_b=[{"CHAIR-i": ratio_b}])
-    copies = group_bootstrap([{"CIDEr-D": a}] * 3, [{"CIDEr-D": b}] * 2, resamples=500, seed=5,
-                             ratios_a=[{"CHAIR-i": ratio_a}] * 3, ratios_b=[{"CHAIR-i": ratio_b}] * 2)
+    single = paired_bootstrap(
+        {"CIDEr-D": a},
+        {"CIDEr-D": b},
+        resamples=500,
+        seed=5,
+        ratios_a={"CHAIR-i": ratio_a},
+        ratios_b={"CHAIR-i": ratio_b},
+    )
+    one = group_bootstrap(
+        [{"CIDEr-D": a}],
+        [{"CIDEr-D": b}],
+        resamples=500,
+        seed=5,
+        ratios_a=[{"CHAIR-i": ratio_a}],
+        ratios_b=[{"CHAIR-i": ratio_b}],
+    )
+    copies = group_bootstrap(
+        [{"CIDEr-D": a}] * 3,
+        [{"CIDEr-D": b}] * 2,
+        resamples=500,
+        seed=5,
+        ratios_a=[{"CHAIR-i": ratio_a}] * 3,
+        ratios_b=[{"CHAIR-i": ratio_b}] * 2,
+    )
     assert single == one
     for metric in single:  # identical seeds add no variance (equal up to the rounding of their mean)
         assert copies[metric].to_json() == pytest.approx(single[metric].to_json(), rel=1e-12)
@@ -61,18 +79,25 @@ def test_seeds_against_seeds_interval_holds_the_seed_variance():
 
 
 def test_per_image_grounding_adds_up_to_the_overall_score():
-    boxes = Instances({1: (40.0, 40.0), 2: (40.0, 40.0), 3: (40.0, 40.0)},
-                      {1: [ObjectBox("circle", (0, 0, 20, 20))], 2: [ObjectBox("square", (20, 20, 20, 20))], 3: []})
+    boxes = Instances(
+        {1: (40.0, 40.0), 2: (40.0, 40.0), 3: (40.0, 40.0)},
+        {1: [ObjectBox("circle", (0, 0, 20, 20))], 2: [ObjectBox("square", (20, 20, 20, 20))], 3: []},
+    )
     words = {1: ["a", "circle"], 2: ["a", "square", "and", "a", "square"], 3: ["a", "circle"]}
     top_left, everywhere = np.array([1.0, 0, 0, 0]), np.full(4, 0.25)
-    attention = {1: (np.stack([everywhere, top_left]), (2, 2)),
-                 2: (np.stack([everywhere, top_left, everywhere, everywhere, everywhere]), (2, 2)),
-                 3: (np.stack([everywhere, top_left]), (2, 2))}
+    attention = {
+        1: (np.stack([everywhere, top_left]), (2, 2)),
+        2: (np.stack([everywhere, top_left, everywhere, everywhere, everywhere]), (2, 2)),
+        3: (np.stack([everywhere, top_left]), (2, 2)),
+    }
     result = {"per_image": [{"image_id": i} for i in (1, 2, 3)]}
     add_boxed_scores(result, boxes, words, {1: [], 2: [], 3: []}, attention)
     per_image = {entry["image_id"]: entry for entry in result["per_image"]}
     assert per_image[1]["grounding-mass"] == 1.0 and per_image[1]["grounding-words"] == 1
-    assert per_image[2]["grounding-mass"] == pytest.approx((0.0 + 0.25) / 2) and per_image[2]["grounding-words"] == 2
+    assert (
+        per_image[2]["grounding-mass"] == pytest.approx((0.0 + 0.25) / 2)
+        and per_image[2]["grounding-words"] == 2
+    )
     assert per_image[3]["grounding-words"] == 0 and per_image[3]["grounding-mass"] is None
     assert result["grounding-mass"] == pytest.approx((1.0 + 0.0 + 0.25) / 3)  # every mention weighs the same
     assert per_image[2]["CHAIR-mentions"] == 2 and per_image[3]["hallucinated"] == ["circle"]
@@ -84,8 +109,16 @@ def write_system(folder: Path, captions: dict[int, str], grounding_mass: float |
     results = folder / "test_results.json"
     results.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in captions.items()]))
     if grounding_mass is not None:
-        entries = [{"image_id": i, "CIDEr-D": 0.0, "grounding-mass": grounding_mass, "grounding-pointing": 1.0,
-                    "grounding-words": 1} for i in captions]
+        entries = [
+            {
+                "image_id": i,
+                "CIDEr-D": 0.0,
+                "grounding-mass": grounding_mass,
+                "grounding-pointing": 1.0,
+                "grounding-words": 1,
+            }
+            for i in captions
+        ]
         (folder / "test_scores.per_image.json").write_text(json.dumps(entries))
     return results
 
@@ -95,8 +128,20 @@ def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path): 
     bad = {e["image_id"]: e["caption"] for e in json.loads(files["b"].read_text())}
     lstm, transformer = write_system(tmp_path / "lstm", good, 0.8), write_system(tmp_path / "tf", bad, 0.4)
     out = tmp_path / "comparison.json"
-    result = evaluate("--compare", str(lstm), str(transformer), "--annotations", str(files["refs"]),
-                      "--instances", str(files["instances"]), "--no-java", "--resamples", "300", "--out", str(out))
+    result = evaluate(
+        "--compare",
+        str(lstm),
+        str(transformer),
+        "--annotations",
+        str(files["refs"]),
+        "--instances",
+        str(files["instances"]),
+        "--no-java",
+        "--resamples",
+        "300",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     header = result.stdout.splitlines()[0].split()
     assert header[1:3] == ["lstm", "tf"]  # both files are test_results.json: their folders name them
@@ -108,29 +153,74 @@ def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path): 
     assert metrics["CHAIR-i"]["b"] == pytest.approx(0.5) and metrics["CHAIR-i"]["ci_low"] > 0
     assert all(m["p_holm"] >= m["p_value"] for m in metrics.values())
     assert f"adjusted for the {len(metrics)} metrics" in result.stdout
-    signature = parse_signature(comparison["signatures"]["a"])  # CHAIR from the captions: table and boxes named
+    signature = parse_signature(
+        comparison["signatures"]["a"]
+    )  # CHAIR from the captions: table and boxes named
     assert signature["chair"] == "released" and "inst" in signature and "words" in signature
-    extended = evaluate("--compare", str(lstm), str(transformer), "--annotations", str(files["refs"]),
-                        "--instances", str(files["instances"]), "--chair-table", "extended", "--no-java",
-                        "--resamples", "50", "--out", str(tmp_path / "extended.json"))
+    extended = evaluate(
+        "--compare",
+        str(lstm),
+        str(transformer),
+        "--annotations",
+        str(files["refs"]),
+        "--instances",
+        str(files["instances"]),
+        "--chair-table",
+        "extended",
+        "--no-java",
+        "--resamples",
+        "50",
+        "--out",
+        str(tmp_path / "extended.json"),
+    )
     assert extended.returncode == 0, extended.stderr[-2000:]
     other = parse_signature(json.loads((tmp_path / "extended.json").read_text())["signatures"]["a"])
     assert other["chair"] == "extended" and other["words"] != signature["words"]
-    named = evaluate("--compare", str(lstm), str(transformer), "--names", "LSTM", "Transformer", "--annotations",
-                     str(files["refs"]), "--no-java", "--resamples", "50")
+    named = evaluate(
+        "--compare",
+        str(lstm),
+        str(transformer),
+        "--names",
+        "LSTM",
+        "Transformer",
+        "--annotations",
+        str(files["refs"]),
+        "--no-java",
+        "--resamples",
+        "50",
+    )
     assert named.returncode == 0, named.stderr[-2000:]
     assert named.stdout.splitlines()[0].split()[1:3] == ["LSTM", "Transformer"]
-    assert "grounding-mass" in named.stdout and "CHAIR-s" not in named.stdout  # no CHAIR per image, no --instances
+    assert (
+        "grounding-mass" in named.stdout and "CHAIR-s" not in named.stdout
+    )  # no CHAIR per image, no --instances
 
 
 def test_per_image_chair_written_by_evaluate_is_compared(files, tmp_path):  # noqa: F811
     for name in ("a", "b"):
-        code, _, stderr = evaluate_in_process("--annotations", str(files["refs"]), "--results", str(files[name]),
-                                              "--instances", str(files["instances"]), "--no-java")
+        code, _, stderr = evaluate_in_process(
+            "--annotations",
+            str(files["refs"]),
+            "--results",
+            str(files[name]),
+            "--instances",
+            str(files["instances"]),
+            "--no-java",
+        )
         assert code == 0, stderr
     out = tmp_path / "comparison.json"
-    code, _, stderr = evaluate_in_process("--compare", str(files["a"]), str(files["b"]), "--annotations",
-                                               str(files["refs"]), "--no-java", "--resamples", "100", "--out", str(out))
+    code, _, stderr = evaluate_in_process(
+        "--compare",
+        str(files["a"]),
+        str(files["b"]),
+        "--annotations",
+        str(files["refs"]),
+        "--no-java",
+        "--resamples",
+        "100",
+        "--out",
+        str(out),
+    )
     assert code == 0, stderr
     metrics = json.loads(out.read_text())["metrics"]
     assert metrics["CHAIR-i"]["a"] == 0.0 and metrics["CHAIR-i"]["b"] == pytest.approx(0.5)
@@ -144,9 +234,19 @@ def test_seed_groups_through_the_command_line(files, tmp_path):  # noqa: F811
     runs_a = [write_system(tmp_path / "a1", good), write_system(tmp_path / "a2", slightly_off)]
     runs_b = [write_system(tmp_path / "b1", bad), write_system(tmp_path / "b2", good)]
     out = tmp_path / "seeds.json"
-    code, stdout, stderr = evaluate_in_process("--compare", *map(str, runs_a), "--against", *map(str, runs_b),
-                                               "--annotations", str(files["refs"]), "--no-java", "--resamples",
-                                               "200", "--out", str(out))
+    code, stdout, stderr = evaluate_in_process(
+        "--compare",
+        *map(str, runs_a),
+        "--against",
+        *map(str, runs_b),
+        "--annotations",
+        str(files["refs"]),
+        "--no-java",
+        "--resamples",
+        "200",
+        "--out",
+        str(out),
+    )
     assert code == 0, stderr
     comparison = json.loads(out.read_text())
     assert comparison["runs"] == {"a": 2, "b": 2} and comparison["names"] == {"a": "A", "b": "B"}
@@ -154,16 +254,22 @@ def test_seed_groups_through_the_command_line(files, tmp_path):  # noqa: F811
     per_run = comparison["per_run"]
     cider = comparison["metrics"]["CIDEr-D"]
     assert cider["a"] == pytest.approx(np.mean(per_run["a"]["CIDEr-D"]))
-    assert cider["difference"] == pytest.approx(np.mean(per_run["b"]["CIDEr-D"]) - np.mean(per_run["a"]["CIDEr-D"]))
+    assert cider["difference"] == pytest.approx(
+        np.mean(per_run["b"]["CIDEr-D"]) - np.mean(per_run["a"]["CIDEr-D"])
+    )
     assert cider["ci_low"] < cider["difference"] < cider["ci_high"]
     assert "2 runs of A, 2 of B" in stdout and "variance between seeds" in stdout
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (["--against", "b.json"], "--against goes with --compare"),
-    (["--compare", "a.json", "b.json", "c.json"], "--compare takes two results files (A B), got 3"),
-    (["--compare", "a.json", "--against", "a.json"], "a.json: given twice"),
-], ids=["against-alone", "three-files", "twice"])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--against", "b.json"], "--against goes with --compare"),
+        (["--compare", "a.json", "b.json", "c.json"], "--compare takes two results files (A B), got 3"),
+        (["--compare", "a.json", "--against", "a.json"], "a.json: given twice"),
+    ],
+    ids=["against-alone", "three-files", "twice"],
+)
 def test_compare_group_arguments_are_checked(files, tmp_path, extra, needle):  # noqa: F811
     args = [str(files[arg[0]]) if arg in ("a.json", "b.json") else arg for arg in extra]
     code, _, stderr = evaluate_in_process(*args, "--annotations", str(files["refs"]), "--no-java")
@@ -171,8 +277,10 @@ def test_compare_group_arguments_are_checked(files, tmp_path, extra, needle):  #
 
 
 def test_aggregate_interval_of_the_mean(tmp_path):
-    paths = [write_run(tmp_path / f"seed{seed}", seed, {"CIDEr-D": cider})
-             for seed, cider in ((1, 0.5), (2, 0.7), (3, 0.9))]
+    paths = [
+        write_run(tmp_path / f"seed{seed}", seed, {"CIDEr-D": cider})
+        for seed, cider in ((1, 0.5), (2, 0.7), (3, 0.9))
+    ]
     out = tmp_path / "aggregate.json"
     code, stdout, stderr = evaluate_in_process("--aggregate", *map(str, paths), "--out", str(out))
     assert code == 0, stderr
@@ -187,19 +295,36 @@ def test_aggregate_refusing_different_decoders_names_the_decoder_kind(tmp_path):
     paths[1].parent.mkdir()
     config = Config()
     decoder = DecoderConfig(kind="transformer", embed_dim=256)  # embed_dim sorts before kind, and differs too
-    save_config(replace(config, model=replace(config.model, decoder=decoder),
-                        train=replace(config.train, seed=2, output_dir=str(paths[1].parent))),
-                paths[1].parent / "config.yaml")
+    save_config(
+        replace(
+            config,
+            model=replace(config.model, decoder=decoder),
+            train=replace(config.train, seed=2, output_dir=str(paths[1].parent)),
+        ),
+        paths[1].parent / "config.yaml",
+    )
     paths[1].write_text(json.dumps({"CIDEr-D": 0.6}))
     code, _, stderr = evaluate_in_process("--aggregate", *map(str, paths))
-    assert_one_line_error(code, stderr, f"{paths[1]}: model.decoder.kind: 'transformer' here but 'lstm' in {paths[0]}",
-                          "--compare")
+    assert_one_line_error(
+        code,
+        stderr,
+        f"{paths[1]}: model.decoder.kind: 'transformer' here but 'lstm' in {paths[0]}",
+        "--compare",
+    )
 
 
 def test_seed_groups_refuse_runs_of_other_images(files, tmp_path):  # noqa: F811
     captions = {e["image_id"]: e["caption"] for e in json.loads(files["a"].read_text())}
     runs_a = [write_system(tmp_path / "a1", captions), write_system(tmp_path / "a2", captions)]
     fewer = write_system(tmp_path / "b2", {i: c for i, c in captions.items() if i != 7})
-    code, _, stderr = evaluate_in_process("--compare", *map(str, runs_a), "--against", str(files["b"]), str(fewer),
-                                          "--annotations", str(files["refs"]), "--no-java")
+    code, _, stderr = evaluate_in_process(
+        "--compare",
+        *map(str, runs_a),
+        "--against",
+        str(files["b"]),
+        str(fewer),
+        "--annotations",
+        str(files["refs"]),
+        "--no-java",
+    )
     assert_one_line_error(code, stderr, f"{runs_a[0]}: image_id 7: not in {fewer}")

@@ -37,7 +37,9 @@ def test_defaults_and_shipped_configs_load():
 def test_overrides_are_typed_and_win_over_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("train:\n  lr: 1.0e-3\n  epochs: 3\nmodel:\n  decoder:\n    gate: channel\n")
-    config = load_config(path, {"train.lr": "2e-4", "model.decoder.deep_output": "false", "data.annotations": "a.json,b.json"})
+    config = load_config(
+        path, {"train.lr": "2e-4", "model.decoder.deep_output": "false", "data.annotations": "a.json,b.json"}
+    )
     assert config.train.lr == pytest.approx(2e-4)
     assert config.train.epochs == 3
     assert config.model.decoder.gate == "channel"
@@ -45,16 +47,19 @@ def test_overrides_are_typed_and_win_over_the_file(tmp_path):
     assert config.data.annotations == ("a.json", "b.json")
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("decode.beam_size", "0", "decode.beam_size must be >= 1"),
-    ("train.lr", "-1", "train.lr must be > 0"),
-    ("model.decoder.scoring", "cosine", "model.decoder.scoring must be one of"),
-    ("train.epochs", "two", "train.epochs must be an integer"),
-    ("train.epochs", "2.5", "train.epochs must be an integer"),
-    ("model.decoder.deep_output", "maybe", "must be true or false"),
-    ("train.lrr", "1", "unknown configuration key 'train.lrr'"),
-    ("model.decoder.attention_dim", "100", "divisible"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("decode.beam_size", "0", "decode.beam_size must be >= 1"),
+        ("train.lr", "-1", "train.lr must be > 0"),
+        ("model.decoder.scoring", "cosine", "model.decoder.scoring must be one of"),
+        ("train.epochs", "two", "train.epochs must be an integer"),
+        ("train.epochs", "2.5", "train.epochs must be an integer"),
+        ("model.decoder.deep_output", "maybe", "must be true or false"),
+        ("train.lrr", "1", "unknown configuration key 'train.lrr'"),
+        ("model.decoder.attention_dim", "100", "divisible"),
+    ],
+)
 def test_bad_values_are_refused_with_the_key(key, value, message):
     overrides = {key: value}
     if key == "model.decoder.attention_dim":
@@ -88,8 +93,18 @@ def test_save_and_dict_round_trip(tmp_path):
 def test_command_line_flags_and_set(tmp_path):
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    args = parser.parse_args(["--config", str(REPO / "configs" / "flickr8k.yaml"), "--lr", "2e-4",
-                              "--set", "model.decoder.gate=none", "--set", "train.lr=9"])
+    args = parser.parse_args(
+        [
+            "--config",
+            str(REPO / "configs" / "flickr8k.yaml"),
+            "--lr",
+            "2e-4",
+            "--set",
+            "model.decoder.gate=none",
+            "--set",
+            "train.lr=9",
+        ]
+    )
     config = config_from_args(args)
     assert config.train.lr == pytest.approx(2e-4)  # the flag wins over --set and the file
     assert config.model.decoder.gate == "none"
@@ -120,11 +135,13 @@ def test_overrides_on_a_loaded_configuration():
 
 def test_overrides_are_checked_alone_before_they_meet_a_configuration():
     # Key names, sections and types fail at once; rules between fields wait for the real configuration.
-    for overrides, message in (({"decode.beams": "3"}, "unknown configuration key 'decode.beams' in decode."),
-                               ({"decode": "3"}, "decode is a section"),
-                               ({"decode.beam_size.x": "1"}, "'decode.beam_size' is not a section"),
-                               ({"decode.beam_size": "x"}, "decode.beam_size must be an integer"),
-                               ({"model.decoder.gate": "none"}, "only data.* and decode.* keys")):
+    for overrides, message in (
+        ({"decode.beams": "3"}, "unknown configuration key 'decode.beams' in decode."),
+        ({"decode": "3"}, "decode is a section"),
+        ({"decode.beam_size.x": "1"}, "'decode.beam_size' is not a section"),
+        ({"decode.beam_size": "x"}, "decode.beam_size must be an integer"),
+        ({"model.decoder.gate": "none"}, "only data.* and decode.* keys"),
+    ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             check_overrides(overrides, CHECKPOINT_SECTIONS)
     longer = {"decode.min_length": "25"}
@@ -137,6 +154,7 @@ def test_overrides_are_checked_alone_before_they_meet_a_configuration():
 
 def test_configuration_page_is_the_generated_table():
     page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert reference_markdown() in page, "docs/configuration.md is stale: " \
-        "paste the output of `python -m captioning.config_reference`"
+    assert reference_markdown() in page, (
+        "docs/configuration.md is stale: paste the output of `python -m captioning.config_reference`"
+    )
     assert page.count("| `") >= len(reference_markdown().splitlines()) - 2

@@ -60,16 +60,28 @@ def test_short_captions_are_padded(tmp_path, make_image, vocab):
 def test_caption_choice_covers_all_captions_over_epochs(tmp_path, vocab):
     seven = _record(1, tmp_path / "a.jpg", [f"caption {n}" for n in range(7)])
     two = _record(2, tmp_path / "b.jpg", ["one", "two"])
-    dataset = CaptionDataset([seven, two], vocab, max_length=5, captions_per_image=5,
-                             features=[np.zeros((4, 3), np.float32)] * 2, seed=1)
+    dataset = CaptionDataset(
+        [seven, two],
+        vocab,
+        max_length=5,
+        captions_per_image=5,
+        features=[np.zeros((4, 3), np.float32)] * 2,
+        seed=1,
+    )
     first = dataset.caption_choice(0)
     assert len(set(first.tolist())) == 5
     dataset.set_epoch(1)
     second = dataset.caption_choice(0)
     assert set(first.tolist()) | set(second.tolist()) == set(range(7))
     assert dataset.caption_choice(1).tolist() == [0, 1, 0, 1, 0]  # fewer captions: cycled
-    again = CaptionDataset([seven, two], vocab, max_length=5, captions_per_image=5,
-                           features=[np.zeros((4, 3), np.float32)] * 2, seed=1)
+    again = CaptionDataset(
+        [seven, two],
+        vocab,
+        max_length=5,
+        captions_per_image=5,
+        features=[np.zeros((4, 3), np.float32)] * 2,
+        seed=1,
+    )
     again.set_epoch(1)
     assert again.caption_choice(0).tolist() == second.tolist()  # a function of (seed, epoch, index)
 
@@ -90,8 +102,9 @@ def test_features_path_and_collate(records, vocab):
 
 def test_unreadable_feature_rows_are_skipped(records, vocab):
     grids = [np.ones((6, 4), dtype=np.float16)] * len(records)
-    dataset = CaptionDataset(records, vocab, max_length=5, features=grids,
-                             unreadable={2: "bad.jpg: truncated"})
+    dataset = CaptionDataset(
+        records, vocab, max_length=5, features=grids, unreadable={2: "bad.jpg: truncated"}
+    )
     assert dataset[2] is None and dataset.skipped == 1
     assert collate_captions([dataset[i] for i in range(4)])["indices"].tolist() == [0, 1, 3]
 
@@ -157,13 +170,21 @@ def test_dataset_refuses_bad_arguments(tmp_path, records, vocab):
 
 # load_records and summaries -------------------------------------------------------------------------
 
+
 def test_registry_covers_every_configurable_dataset():
     assert set(READERS) == set(DATASETS) == {"shapes", "karpathy", "coco", "imagefolder", "folder"}
 
 
 def test_load_records_shapes_generates_then_reads(tmp_path):
-    config = DataConfig(dataset="shapes", root=str(tmp_path / "shapes"), shapes_train=4, shapes_val=2,
-                        shapes_test=2, shapes_image_size=32, shapes_max_objects=2)
+    config = DataConfig(
+        dataset="shapes",
+        root=str(tmp_path / "shapes"),
+        shapes_train=4,
+        shapes_val=2,
+        shapes_test=2,
+        shapes_image_size=32,
+        shapes_max_objects=2,
+    )
     records = load_records(config, output_dir=tmp_path / "run")
     assert [r.split for r in records] == ["train"] * 4 + ["val"] * 2 + ["test"] * 2
     summary = json.loads((tmp_path / "run" / "data_summary.json").read_text())
@@ -172,12 +193,14 @@ def test_load_records_shapes_generates_then_reads(tmp_path):
 
 def test_load_records_karpathy_coco_and_folder(karpathy_dataset, coco_dataset):
     split_file, root = karpathy_dataset
-    karpathy = load_records(DataConfig(dataset="karpathy", root=str(root), split_file=str(split_file),
-                                       restval_to_train=False))
+    karpathy = load_records(
+        DataConfig(dataset="karpathy", root=str(root), split_file=str(split_file), restval_to_train=False)
+    )
     assert [r.split for r in karpathy] == ["train", "train", "restval", "val", "test"]
     annotation_files, coco_root = coco_dataset
-    coco = load_records(DataConfig(dataset="coco", root=str(coco_root),
-                                   annotations=tuple(str(p) for p in annotation_files)))
+    coco = load_records(
+        DataConfig(dataset="coco", root=str(coco_root), annotations=tuple(str(p) for p in annotation_files))
+    )
     assert [r.image_id for r in coco] == [9, 25, 30, 42, 73]
     folder = load_records(DataConfig(dataset="folder", root=str(coco_root / "val2014")))
     assert [r.image_id for r in folder] == [1, 2, 3]
@@ -191,8 +214,10 @@ def test_load_records_needs_its_files(tmp_path):
 
 
 def test_caption_length_summary(tmp_path):
-    records = [_record(1, tmp_path / "a.jpg", ["a b c", "a b c d e"]),
-               ImageRecord(2, tmp_path / "b.jpg", "test", (tuple("abcdefgh"),), ("",))]
+    records = [
+        _record(1, tmp_path / "a.jpg", ["a b c", "a b c d e"]),
+        ImageRecord(2, tmp_path / "b.jpg", "test", (tuple("abcdefgh"),), ("",)),
+    ]
     count, message = caption_length_summary(records, max_length=4)
     assert count == 1
     assert message == "1 of 2 training captions (50.0%) exceed 4 words and are cut"

@@ -15,20 +15,41 @@ from captioning.training.losses import caption_loss, hard_attention_loss
 
 C, P, V, HEADS = 12, 9, 11, 4  # annotation channels, grid positions, vocabulary, multihead heads
 
-SCORINGS = [("additive", "tanh"), ("additive", "relu"), ("dot", "tanh"), ("scaled_dot", "tanh"),
-            ("multihead", "tanh")]
+SCORINGS = [
+    ("additive", "tanh"),
+    ("additive", "relu"),
+    ("dot", "tanh"),
+    ("scaled_dot", "tanh"),
+    ("multihead", "tanh"),
+]
 SCORING_IDS = ["additive-tanh", "additive-relu", "dot", "scaled_dot", "multihead"]
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def make_decoder(scoring: str = "additive", activation: str = "tanh", attention: str = "soft",
-                 gate: str = "scalar", deep_output: bool = True, dropout: float = 0.0,
-                 expected_prob: float = 0.5) -> ShowAttendTellDecoder:
-    config = DecoderConfig(attention=attention, scoring=scoring, activation=activation, num_heads=HEADS,
-                           embed_dim=16, hidden_dim=24, attention_dim=16, gate=gate, deep_output=deep_output,
-                           dropout=dropout, hard_expected_prob=expected_prob)
+def make_decoder(
+    scoring: str = "additive",
+    activation: str = "tanh",
+    attention: str = "soft",
+    gate: str = "scalar",
+    deep_output: bool = True,
+    dropout: float = 0.0,
+    expected_prob: float = 0.5,
+) -> ShowAttendTellDecoder:
+    config = DecoderConfig(
+        attention=attention,
+        scoring=scoring,
+        activation=activation,
+        num_heads=HEADS,
+        embed_dim=16,
+        hidden_dim=24,
+        attention_dim=16,
+        gate=gate,
+        deep_output=deep_output,
+        dropout=dropout,
+        hard_expected_prob=expected_prob,
+    )
     return ShowAttendTellDecoder.from_config(config, V, C)
 
 
@@ -40,7 +61,7 @@ def make_batch(seed: int = 0):
     captions = torch.zeros(5, 9, dtype=torch.long)
     for i, length in enumerate(lengths.tolist()):
         captions[i, 0] = 1
-        captions[i, 1:length - 1] = torch.randint(4, V, (length - 2,), generator=generator)
+        captions[i, 1 : length - 1] = torch.randint(4, V, (length - 2,), generator=generator)
         captions[i, length - 1] = 2
     return annotations, captions, lengths, torch.tensor([0, 0, 1, 1, 1])
 
@@ -120,7 +141,7 @@ def test_padding_contributes_nothing_to_loss_or_gradients(deep_output, gate):
     after_end = torch.arange(captions.size(1)) >= lengths.unsqueeze(1)  # (N, L) positions after <end>
     garbage[after_end] = torch.randint(0, V, (int(after_end.sum()),))
     garbage = torch.cat([garbage, torch.randint(0, V, (5, 4))], dim=1)  # 4 more padding columns
-    assert not torch.equal(garbage[:, :captions.size(1)], captions)
+    assert not torch.equal(garbage[:, : captions.size(1)], captions)
     terms, grads = loss_and_grads(decoder, annotations, garbage, lengths, image_index)
 
     torch.testing.assert_close(terms.cross_entropy, reference.cross_entropy, rtol=0, atol=1e-6)
@@ -136,18 +157,19 @@ def step_by_step(decoder, annotations, captions, lengths, image_index):
     """Per caption, ``decoder.step`` from ``init_state``: log-probs, alphas and betas of real steps."""
     results = []
     for i in range(captions.size(0)):
-        image = image_index[i:i + 1]
+        image = image_index[i : i + 1]
         prepared = decoder.prepare(annotations).select(image)
         state = decoder.init_state(annotations).select(image)
         log_probs, alphas, betas = [], [], []
         for t in range(int(lengths[i]) - 1):
-            out = decoder.step(prepared, captions[i, t:t + 1], state)
+            out = decoder.step(prepared, captions[i, t : t + 1], state)
             state = out.state
             log_probs.append(out.log_probs[0])
             alphas.append(out.alpha[0])
             betas.append(None if out.beta is None else out.beta[0])
-        results.append((torch.stack(log_probs), torch.stack(alphas),
-                        None if betas[0] is None else torch.stack(betas)))
+        results.append(
+            (torch.stack(log_probs), torch.stack(alphas), None if betas[0] is None else torch.stack(betas))
+        )
     return results
 
 
@@ -206,10 +228,9 @@ def test_captions_of_one_image_share_it_and_order_does_not_matter():
 # ----------------------------------------------------------------------------- training
 def fixed_captions():
     """4 captions of 2 images with different lengths, words chosen so they must be memorised."""
-    captions = torch.tensor([[1, 4, 5, 6, 7, 2, 0],
-                             [1, 8, 9, 2, 0, 0, 0],
-                             [1, 10, 4, 4, 9, 8, 2],
-                             [1, 6, 2, 0, 0, 0, 0]])
+    captions = torch.tensor(
+        [[1, 4, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0, 0], [1, 10, 4, 4, 9, 8, 2], [1, 6, 2, 0, 0, 0, 0]]
+    )
     lengths = torch.tensor([6, 4, 7, 3])
     return captions, lengths, torch.tensor([0, 0, 1, 1])
 
@@ -264,8 +285,9 @@ def test_hard_attention_draws_expected_or_sampled_anew_for_every_pass():
     decoder = make_decoder(attention="hard").train()
     annotations = torch.randn(16, P, C)
     lengths = torch.full((64,), 5)
-    captions = torch.cat([torch.ones(64, 1, dtype=torch.long), torch.randint(4, V, (64, 3)),
-                          torch.full((64, 1), 2)], dim=1)
+    captions = torch.cat(
+        [torch.ones(64, 1, dtype=torch.long), torch.randint(4, V, (64, 3)), torch.full((64, 1), 2)], dim=1
+    )
     draws = []
     with torch.no_grad():
         decoder(annotations, captions, lengths, torch.arange(16).repeat_interleave(4))
@@ -309,7 +331,8 @@ def test_hard_attention_step_works_in_train_mode():
 
 def test_all_config_combinations_build():
     for attention, (scoring, activation), gate, deep in itertools.product(
-            ["soft", "hard"], SCORINGS, ["scalar", "channel", "none"], [True, False]):
+        ["soft", "hard"], SCORINGS, ["scalar", "channel", "none"], [True, False]
+    ):
         decoder = make_decoder(scoring, activation, attention, gate, deep)
         assert isinstance(decoder, HardAttentionDecoder) == (attention == "hard")
         assert decoder.vocab_size == V
@@ -332,7 +355,8 @@ def test_step_returns_normalised_log_probs():
 def test_compiled_step_gives_the_same_outputs():
     torch.manual_seed(0)
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), 20, 8).eval()
+        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), 20, 8
+    ).eval()
     annotations = torch.randn(3, 9, 8)
     captions = torch.randint(4, 20, (6, 7))
     captions[:, 0] = 1
@@ -378,11 +402,14 @@ def test_output_tanh_squashes_the_deep_output_before_the_output_layer():
     torch.testing.assert_close(squashed._logits(embedded, hidden, context), plain.out(torch.tanh(deep)))
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"init_layers": 0}, "model.decoder.init_layers must be >= 1"),
-    ({"output_tanh": True, "deep_output": False}, "output_tanh needs model.decoder.deep_output"),
-    ({"kind": "transformer", "init_layers": 2}, "are LSTM options"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"init_layers": 0}, "model.decoder.init_layers must be >= 1"),
+        ({"output_tanh": True, "deep_output": False}, "output_tanh needs model.decoder.deep_output"),
+        ({"kind": "transformer", "init_layers": 2}, "are LSTM options"),
+    ],
+)
 def test_authors_variant_keys_are_validated(changes, message):
     with pytest.raises(ValueError, match=message):
         DecoderConfig(**changes)

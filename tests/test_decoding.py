@@ -20,8 +20,14 @@ C, P, V = 8, 9, 11  # annotation channels, grid positions, vocabulary (4 special
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def make_decoder(seed: int = 0, vocab_size: int = V, scoring: str = "additive", gate: str = "scalar",
-                 gain: float = 3.0, end_bias: float | None = None) -> ShowAttendTellDecoder:
+def make_decoder(
+    seed: int = 0,
+    vocab_size: int = V,
+    scoring: str = "additive",
+    gate: str = "scalar",
+    gain: float = 3.0,
+    end_bias: float | None = None,
+) -> ShowAttendTellDecoder:
     """A random decoder in eval mode.
 
     ``gain`` scales every parameter: the default initialisation gives near-uniform word
@@ -29,8 +35,9 @@ def make_decoder(seed: int = 0, vocab_size: int = V, scoring: str = "additive", 
     per image and end at different lengths. ``end_bias`` sets the output bias of ``<end>``.
     """
     torch.manual_seed(seed)
-    config = DecoderConfig(scoring=scoring, num_heads=4, embed_dim=16, hidden_dim=16, attention_dim=16,
-                           gate=gate, dropout=0.0)
+    config = DecoderConfig(
+        scoring=scoring, num_heads=4, embed_dim=16, hidden_dim=16, attention_dim=16, gate=gate, dropout=0.0
+    )
     decoder = ShowAttendTellDecoder.from_config(config, vocab_size, C).eval()
     with torch.no_grad():
         for parameter in decoder.parameters():
@@ -71,8 +78,8 @@ def replay(decoder, annotations: torch.Tensor, tokens: list[int], finished: bool
         alphas.append(out.alpha[0])
         betas.append(None if out.beta is None else out.beta[0])
         state, previous = out.state, word
-    alphas = torch.stack(alphas[:len(tokens)]) if tokens else torch.zeros(0, P)
-    betas = betas[:len(tokens)]
+    alphas = torch.stack(alphas[: len(tokens)]) if tokens else torch.zeros(0, P)
+    betas = betas[: len(tokens)]
     betas = None if (betas and betas[0] is None) else (torch.stack(betas) if betas else torch.zeros(0))
     return log_prob, alphas, betas
 
@@ -90,7 +97,7 @@ def assert_same_caption(actual: Caption, expected: Caption, atol: float = 1e-5):
 
 
 def trigrams(tokens: list[int]) -> list[tuple[int, ...]]:
-    return [tuple(tokens[i:i + 3]) for i in range(len(tokens) - 2)]
+    return [tuple(tokens[i : i + 3]) for i in range(len(tokens) - 2)]
 
 
 # ----------------------------------------------------------------------------- beam 1 == greedy
@@ -107,8 +114,9 @@ def test_beam_size_one_equals_greedy(scoring, gate, min_length):
 
 # ----------------------------------------------------------------------------- exhaustive search
 @torch.no_grad()
-def exhaustive_best(decoder, annotations: torch.Tensor, max_length: int, min_length: int = 0,
-                    length_alpha: float = 0.0) -> tuple[list[int], float, bool]:
+def exhaustive_best(
+    decoder, annotations: torch.Tensor, max_length: int, min_length: int = 0, length_alpha: float = 0.0
+) -> tuple[list[int], float, bool]:
     """The best caption of one image (1, P, C) by enumerating every sequence of words (<end>, <pad>
     and <start> excluded: a caption never contains them).
 
@@ -140,9 +148,11 @@ def exhaustive_best(decoder, annotations: torch.Tensor, max_length: int, min_len
     return tokens, log_prob, False
 
 
-@pytest.mark.parametrize("min_length, length_alpha, end_bias", [
-    (0, 0.0, None), (0, 2.0, None), (2, 0.0, None), (0, 0.0, float("-inf"))],
-    ids=["plain", "length_alpha", "min_length", "no_end"])
+@pytest.mark.parametrize(
+    "min_length, length_alpha, end_bias",
+    [(0, 0.0, None), (0, 2.0, None), (2, 0.0, None), (0, 0.0, float("-inf"))],
+    ids=["plain", "length_alpha", "min_length", "no_end"],
+)
 def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias):
     vocab_size, max_length = 6, 3
     annotations = annotations_for(4, seed=3)
@@ -151,10 +161,11 @@ def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias)
     # image (without <end>, a small beam finds the best unfinished caption of every random decoder).
     for seed in range(20):
         decoder = make_decoder(seed=seed, vocab_size=vocab_size, end_bias=end_bias)
-        best = [exhaustive_best(decoder, annotations[i:i + 1], **options) for i in range(4)]
+        best = [exhaustive_best(decoder, annotations[i : i + 1], **options) for i in range(4)]
         small_beams = beam_search(decoder, annotations, beam_size=2, **options)
-        unnormalised = [exhaustive_best(decoder, annotations[i:i + 1], max_length, min_length)
-                        for i in range(4)]
+        unnormalised = [
+            exhaustive_best(decoder, annotations[i : i + 1], max_length, min_length) for i in range(4)
+        ]
         misses = any(small.tokens != b[0] for small, b in zip(small_beams, best))
         # with length_alpha, also a decoder for which the normalisation changes some image's best caption
         normalised = length_alpha == 0 or any(a[0] != b[0] for a, b in zip(unnormalised, best))
@@ -175,12 +186,19 @@ def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias)
 
 
 # ----------------------------------------------------------------------------- batching
-@pytest.mark.parametrize("strategy, options", [
-    ("greedy", {}), ("greedy", {"min_length": 2}),
-    ("beam", {"beam_size": 3}), ("beam", {"beam_size": 5}),
-    ("beam", {"beam_size": 3, "length_alpha": 0.7}), ("beam", {"beam_size": 5, "block_trigrams": True}),
-    ("beam", {"beam_size": 5, "length_alpha": 1.0, "block_trigrams": True, "min_length": 2}),
-], ids=["greedy", "greedy-min2", "beam3", "beam5", "beam3-alpha", "beam5-trigrams", "beam5-all"])
+@pytest.mark.parametrize(
+    "strategy, options",
+    [
+        ("greedy", {}),
+        ("greedy", {"min_length": 2}),
+        ("beam", {"beam_size": 3}),
+        ("beam", {"beam_size": 5}),
+        ("beam", {"beam_size": 3, "length_alpha": 0.7}),
+        ("beam", {"beam_size": 5, "block_trigrams": True}),
+        ("beam", {"beam_size": 5, "length_alpha": 1.0, "block_trigrams": True, "min_length": 2}),
+    ],
+    ids=["greedy", "greedy-min2", "beam3", "beam5", "beam3-alpha", "beam5-trigrams", "beam5-all"],
+)
 @pytest.mark.parametrize("scoring, gate", [("additive", "scalar"), ("multihead", "channel")])
 def test_batching_does_not_change_any_image(strategy, options, scoring, gate):
     annotations = annotations_for(5, seed=5)
@@ -189,20 +207,24 @@ def test_batching_does_not_change_any_image(strategy, options, scoring, gate):
     batched = search(decoder, annotations, max_length=10, **options)
     assert len(batched) == 5
     for i in range(5):
-        (alone,) = search(decoder, annotations[i:i + 1], max_length=10, **options)
+        (alone,) = search(decoder, annotations[i : i + 1], max_length=10, **options)
         assert_same_caption(batched[i], alone)
 
 
 # ----------------------------------------------------------------------------- no <end> reachable
-@pytest.mark.parametrize("search, options, end_bias", [
-    (greedy_search, {}, -1e9),
-    (beam_search, {"beam_size": 1}, -1e9),
-    (beam_search, {"beam_size": 3}, -1e9),
-    (beam_search, {"beam_size": 3, "block_trigrams": True, "length_alpha": 1.0}, -1e9),
-    (beam_search, {"beam_size": 4}, float("-inf")),
-    (beam_search, {"beam_size": 20}, float("-inf")),  # more beams than tokens
-    (beam_search, {"beam_size": 3, "min_length": 5}, float("-inf")),
-], ids=["greedy", "beam1", "beam3", "beam3-trigrams", "beam4-inf", "beam20-inf", "beam3-min-inf"])
+@pytest.mark.parametrize(
+    "search, options, end_bias",
+    [
+        (greedy_search, {}, -1e9),
+        (beam_search, {"beam_size": 1}, -1e9),
+        (beam_search, {"beam_size": 3}, -1e9),
+        (beam_search, {"beam_size": 3, "block_trigrams": True, "length_alpha": 1.0}, -1e9),
+        (beam_search, {"beam_size": 4}, float("-inf")),
+        (beam_search, {"beam_size": 20}, float("-inf")),  # more beams than tokens
+        (beam_search, {"beam_size": 3, "min_length": 5}, float("-inf")),
+    ],
+    ids=["greedy", "beam1", "beam3", "beam3-trigrams", "beam4-inf", "beam20-inf", "beam3-min-inf"],
+)
 def test_no_end_gives_best_unfinished_caption_of_max_length(search, options, end_bias):
     decoder = make_decoder(seed=6, end_bias=end_bias)
     annotations = annotations_for(3)
@@ -211,7 +233,7 @@ def test_no_end_gives_best_unfinished_caption_of_max_length(search, options, end
         assert not caption.finished
         assert len(caption.tokens) == 5 and END not in caption.tokens
         assert math.isfinite(caption.log_prob)
-        log_prob, alphas, _ = replay(decoder, annotations[i:i + 1], caption.tokens, finished=False)
+        log_prob, alphas, _ = replay(decoder, annotations[i : i + 1], caption.tokens, finished=False)
         assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
         torch.testing.assert_close(caption.attention, alphas, rtol=0, atol=1e-5)
 
@@ -230,9 +252,11 @@ def test_beam_never_raises_when_trigram_blocking_leaves_no_word():
 def test_min_length_is_respected(strategy):
     decoder = make_decoder(seed=8, end_bias=5.0)  # <end> is likely early
     annotations = annotations_for(6)
-    run = {"greedy": lambda **kw: greedy_search(decoder, annotations, max_length=8, **kw),
-           "beam": lambda **kw: beam_search(decoder, annotations, beam_size=3, max_length=8, **kw),
-           "sample": lambda **kw: sample_captions(decoder, annotations, max_length=8, **kw)}[strategy]
+    run = {
+        "greedy": lambda **kw: greedy_search(decoder, annotations, max_length=8, **kw),
+        "beam": lambda **kw: beam_search(decoder, annotations, beam_size=3, max_length=8, **kw),
+        "sample": lambda **kw: sample_captions(decoder, annotations, max_length=8, **kw),
+    }[strategy]
     torch.manual_seed(0)
     free = run()
     assert min(len(c.tokens) for c in free) < 4  # without the constraint, short captions occur
@@ -242,7 +266,7 @@ def test_min_length_is_respected(strategy):
     for i, caption in enumerate(constrained):
         assert len(caption.tokens) >= 4
         # the reported log-probability is the model's, not the constrained distribution's
-        log_prob, _, _ = replay(decoder, annotations[i:i + 1], caption.tokens, caption.finished)
+        log_prob, _, _ = replay(decoder, annotations[i : i + 1], caption.tokens, caption.finished)
         assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
 
 
@@ -277,21 +301,25 @@ def test_block_trigrams(beam_size):
     for i, caption in enumerate(blocked):
         assert len(caption.tokens) >= 4 and math.isfinite(caption.log_prob)
         assert len(set(trigrams(caption.tokens))) == len(trigrams(caption.tokens)), caption.tokens
-        log_prob, _, _ = replay(decoder, annotations[i:i + 1], caption.tokens, caption.finished)
+        log_prob, _, _ = replay(decoder, annotations[i : i + 1], caption.tokens, caption.finished)
         assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- returned captions
 def all_strategies(decoder, annotations):
     torch.manual_seed(10)
-    return {"greedy": greedy_search(decoder, annotations, max_length=7),
-            "beam3": beam_search(decoder, annotations, beam_size=3, max_length=7),
-            "beam4-alpha": beam_search(decoder, annotations, beam_size=4, max_length=7, length_alpha=1.0),
-            "sample": sample_captions(decoder, annotations, max_length=7, temperature=1.5)}
+    return {
+        "greedy": greedy_search(decoder, annotations, max_length=7),
+        "beam3": beam_search(decoder, annotations, beam_size=3, max_length=7),
+        "beam4-alpha": beam_search(decoder, annotations, beam_size=4, max_length=7, length_alpha=1.0),
+        "sample": sample_captions(decoder, annotations, max_length=7, temperature=1.5),
+    }
 
 
-@pytest.mark.parametrize("scoring, gate", [("additive", "scalar"), ("multihead", "channel"),
-                                           ("scaled_dot", "none"), ("dot", "scalar")])
+@pytest.mark.parametrize(
+    "scoring, gate",
+    [("additive", "scalar"), ("multihead", "channel"), ("scaled_dot", "none"), ("dot", "scalar")],
+)
 def test_captions_carry_their_attention_and_log_prob(scoring, gate):
     decoder = make_decoder(seed=11, scoring=scoring, gate=gate)
     annotations = annotations_for(4)
@@ -302,7 +330,9 @@ def test_captions_carry_their_attention_and_log_prob(scoring, gate):
             assert all(t != END for t in caption.tokens)
             assert caption.attention.shape == (n, P), name
             torch.testing.assert_close(caption.attention.sum(1), torch.ones(n))
-            log_prob, alphas, betas = replay(decoder, annotations[i:i + 1], caption.tokens, caption.finished)
+            log_prob, alphas, betas = replay(
+                decoder, annotations[i : i + 1], caption.tokens, caption.finished
+            )
             assert caption.log_prob == pytest.approx(log_prob, abs=1e-4), name
             torch.testing.assert_close(caption.attention, alphas, rtol=0, atol=1e-5, msg=name)
             if gate == "none":
@@ -323,7 +353,10 @@ def test_pad_and_start_are_never_emitted():
     annotations = annotations_for(4)
     for name, captions in all_strategies(decoder, annotations).items():
         for caption in captions:
-            assert len(caption.tokens) == 7 and not {PAD, START, END} & set(caption.tokens), (name, caption.tokens)
+            assert len(caption.tokens) == 7 and not {PAD, START, END} & set(caption.tokens), (
+                name,
+                caption.tokens,
+            )
     torch.manual_seed(0)
     sampled = rollout(decoder, annotations, sampler(), max_length=7, repeats=3)
     emitted = sampled.tokens[sampled.mask]
@@ -348,8 +381,9 @@ def test_certain_end_gives_empty_captions(gate):
 
 def test_caption_words():
     vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "a", "red", "circle"])
-    caption = Caption(tokens=[4, 5, 6], log_prob=-1.0, attention=torch.zeros(3, P), betas=None,
-                      finished=True, score=-1.0)
+    caption = Caption(
+        tokens=[4, 5, 6], log_prob=-1.0, attention=torch.zeros(3, P), betas=None, finished=True, score=-1.0
+    )
     assert caption.words(vocab) == ["a", "red", "circle"]
 
 
@@ -383,7 +417,7 @@ def test_top_k_restricts_sampled_words():
     torch.manual_seed(0)
     captions = sample_captions(decoder, annotations, max_length=6, top_k=2, temperature=3.0)
     for i, caption in enumerate(captions):
-        prepared, state = decoder.prepare(annotations[i:i + 1]), decoder.init_state(annotations[i:i + 1])
+        prepared, state = decoder.prepare(annotations[i : i + 1]), decoder.init_state(annotations[i : i + 1])
         previous = START
         for word in caption.tokens + ([END] if caption.finished else []):
             out = decoder.step(prepared, torch.tensor([previous]), state)
@@ -394,13 +428,30 @@ def test_top_k_restricts_sampled_words():
 
 
 # ----------------------------------------------------------------------------- decode()
-@pytest.mark.parametrize("config, strategy, arguments", [
-    (DecodeConfig(strategy="greedy", max_length=6, min_length=1), "greedy_search", (6, 1, True)),
-    (DecodeConfig(strategy="beam", beam_size=4, max_length=6, length_alpha=0.5, block_trigrams=True,
-                  forbid_unk=False), "beam_search", (4, 6, 0, 0.5, True, False)),
-    (DecodeConfig(strategy="sample", max_length=6, temperature=1.5, top_k=3),
-     "sample_captions", (6, 0, 1.5, 3, True)),
-], ids=["greedy", "beam", "sample"])
+@pytest.mark.parametrize(
+    "config, strategy, arguments",
+    [
+        (DecodeConfig(strategy="greedy", max_length=6, min_length=1), "greedy_search", (6, 1, True)),
+        (
+            DecodeConfig(
+                strategy="beam",
+                beam_size=4,
+                max_length=6,
+                length_alpha=0.5,
+                block_trigrams=True,
+                forbid_unk=False,
+            ),
+            "beam_search",
+            (4, 6, 0, 0.5, True, False),
+        ),
+        (
+            DecodeConfig(strategy="sample", max_length=6, temperature=1.5, top_k=3),
+            "sample_captions",
+            (6, 0, 1.5, 3, True),
+        ),
+    ],
+    ids=["greedy", "beam", "sample"],
+)
 def test_decode_dispatches_to_the_strategy(config, strategy, arguments, monkeypatch):
     decoder = make_decoder(seed=16)
     annotations = annotations_for(3)
@@ -436,4 +487,3 @@ def test_decoding_does_not_track_gradients():
     decoder = make_decoder(seed=17)
     for captions in all_strategies(decoder, annotations_for(2)).values():
         assert all(not c.attention.requires_grad for c in captions)
-

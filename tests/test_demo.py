@@ -22,8 +22,14 @@ from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
 
 STARTUP_S = 300  # importing gradio and torch on a busy 2-core machine can take minutes
-OFFLINE = {**ONE_THREAD, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
-           "SE_OFFLINE": "true", "NO_PROXY": "127.0.0.1,localhost"}
+OFFLINE = {
+    **ONE_THREAD,
+    "PYTHONPATH": str(REPO),
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "HF_HUB_OFFLINE": "1",
+    "SE_OFFLINE": "true",
+    "NO_PROXY": "127.0.0.1,localhost",
+}
 
 
 def free_port() -> int:
@@ -33,7 +39,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary) -> Path:
+def checkpoint(
+    tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary
+) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("demo") / "best.pt", tiny_shapes.root, shapes_vocab)
 
 
@@ -44,14 +52,29 @@ def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     with open(log, "w") as output:
-        process = subprocess.Popen([sys.executable, str(REPO / "visualize.py"), "--serve", str(checkpoint),
-                                    "--port", str(port), "--device", "cpu"], cwd=tmp_path_factory.mktemp("cwd"),
-                                   stdout=output, stderr=subprocess.STDOUT, env=OFFLINE)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "visualize.py"),
+                "--serve",
+                str(checkpoint),
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+            ],
+            cwd=tmp_path_factory.mktemp("cwd"),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=OFFLINE,
+        )
     try:
         deadline = time.monotonic() + STARTUP_S
         while "http://" not in log.read_text():
             if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the demo did not start (exit status {process.poll()}): {log.read_text()[-2000:]}")
+                pytest.fail(
+                    f"the demo did not start (exit status {process.poll()}): {log.read_text()[-2000:]}"
+                )
             time.sleep(1)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -82,8 +105,9 @@ def test_caption_through_gradio_client_equals_the_api(server, checkpoint, tmp_pa
     expected = captioning.load(checkpoint, device="cpu").caption([image], strategy="beam", beam_size=2)[0]
     assert text == expected.text
     assert Path(figure).is_file()
-    assert [item["caption"] for item in overlays] == [f"{word} (beta={beta:.2f})"
-                                                      for word, beta in zip(expected.words, expected.beta)]
+    assert [item["caption"] for item in overlays] == [
+        f"{word} (beta={beta:.2f})" for word, beta in zip(expected.words, expected.beta)
+    ]
     greedy, _, _ = client.predict(handle_file(str(image)), "greedy", 1, api_name="/caption")
     assert greedy == captioning.load(checkpoint, device="cpu").caption([image], strategy="greedy")[0].text
     with pytest.raises(Exception, match=r"notes\.png: not an image file PIL can read") as refused:
@@ -97,16 +121,27 @@ def _browser(tmp_path: Path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,1600"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--window-size=1280,1600",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                    reason="Debian's chromium and chromium-driver are not installed")
+@pytest.mark.skipif(
+    not (shutil.which("chromium") and shutil.which("chromedriver")),
+    reason="Debian's chromium and chromium-driver are not installed",
+)
 def test_page_shows_the_caption_after_an_upload(server, checkpoint, tmp_path, not_an_image):
     pytest.importorskip("selenium")
     from selenium.webdriver.common.by import By
@@ -120,7 +155,9 @@ def test_page_shows_the_caption_after_an_upload(server, checkpoint, tmp_path, no
     try:
         browser.get(server)
         wait = WebDriverWait(browser, 120)
-        upload = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#image input[type=file]")))
+        upload = wait.until(
+            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#image input[type=file]"))
+        )
         upload.send_keys(str(image))
 
         def caption_shown(driver) -> str | None:
@@ -129,12 +166,18 @@ def test_page_shows_the_caption_after_an_upload(server, checkpoint, tmp_path, no
 
         assert wait.until(caption_shown) == expected
         assert wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#figure img"))
-        assert len(wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#words img"))) == len(expected.split())
+        assert len(wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#words img"))) == len(
+            expected.split()
+        )
 
         browser.get(server)  # a fresh page: an upload that is not an image
-        upload = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#image input[type=file]")))
+        upload = wait.until(
+            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#image input[type=file]"))
+        )
         upload.send_keys(str(not_an_image))
-        wait.until(lambda driver: "not an image file PIL can read" in driver.find_element(By.TAG_NAME, "body").text)
+        wait.until(
+            lambda driver: "not an image file PIL can read" in driver.find_element(By.TAG_NAME, "body").text
+        )
         body = browser.find_element(By.TAG_NAME, "body").text
         assert "notes.png: not an image file PIL can read" in body and "Traceback" not in body
     finally:
@@ -149,7 +192,8 @@ def test_a_taken_port_is_refused_before_loading_anything(checkpoint):
         result = in_process("visualize.py", "--serve", checkpoint, "--port", port)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: --port {port}: 127.0.0.1:{port} is not free (Address already in use); give another port with --port N"]
+        f"error: --port {port}: 127.0.0.1:{port} is not free (Address already in use); give another port with --port N"
+    ]
 
 
 def test_a_bad_checkpoint_is_one_line(tmp_path):

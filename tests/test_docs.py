@@ -26,23 +26,41 @@ from captioning.config_files import CHECKPOINT_SECTIONS, check_overrides, parse_
 REPO = Path(__file__).resolve().parents[1]
 # The Markdown files a reader meets: the README, every page of the site, and the benchmarks' README
 # (the site includes it as its Benchmarks page).
-PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
-         "benchmarks/README.md"]
+PAGES = [
+    "README.md",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+    "benchmarks/README.md",
+]
 TOOLS = ("train.py", "evaluate.py", "visualize.py")
 SHELL_BLOCKS = ("bash", "sh", "shell")
 # What train.py's --set may change: any key; evaluate.py and visualize.py: data.* and decode.* only.
-SET_SECTIONS: dict[str, tuple[str, ...] | None] = {"train.py": None, "evaluate.py": CHECKPOINT_SECTIONS,
-                                                   "visualize.py": CHECKPOINT_SECTIONS}
-README_SECTIONS = ["Install and run the demo", "Train on COCO", "Train on your own images", "Caption your own images", "See where the model looks",
-                   "Compare systems", "Run on a cluster", "Read more", "Tests"]
+SET_SECTIONS: dict[str, tuple[str, ...] | None] = {
+    "train.py": None,
+    "evaluate.py": CHECKPOINT_SECTIONS,
+    "visualize.py": CHECKPOINT_SECTIONS,
+}
+README_SECTIONS = [
+    "Install and run the demo",
+    "Train on COCO",
+    "Train on your own images",
+    "Caption your own images",
+    "See where the model looks",
+    "Compare systems",
+    "Run on a cluster",
+    "Read more",
+    "Tests",
+]
 MKDOCS_ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
 
 
 def code_blocks(markdown: str) -> list[tuple[str, int, str]]:
     """Every code block of ``markdown`` as ``(language, first line number, content)``; an indented
     block has the language ``""``."""
-    return [(token.info.strip().split(" ")[0] if token.type == "fence" else "", token.map[0] + 1, token.content)
-            for token in MarkdownIt("commonmark").parse(markdown) if token.type in ("fence", "code_block")]
+    return [
+        (token.info.strip().split(" ")[0] if token.type == "fence" else "", token.map[0] + 1, token.content)
+        for token in MarkdownIt("commonmark").parse(markdown)
+        if token.type in ("fence", "code_block")
+    ]
 
 
 def tool_commands(markdown: str) -> list[tuple[int, str, list[str]]]:
@@ -87,7 +105,7 @@ def _joined_lines(content: str, first_line: int) -> list[tuple[int, str]]:
 def _invocation(line: int, tokens: list[str]) -> list[tuple[int, str, list[str]]]:
     for index, token in enumerate(tokens):
         if token in TOOLS or (token.startswith("benchmarks/") and token.endswith(".py")):
-            return [(line, token, tokens[index + 1:])]
+            return [(line, token, tokens[index + 1 :])]
     return []
 
 
@@ -131,8 +149,11 @@ def check_command(script: str, arguments: list[str]) -> str | None:
 @pytest.mark.parametrize("page", PAGES)
 def test_every_command_in_a_pages_shell_blocks_parses_with_its_tool(page: str) -> None:
     commands = tool_commands((REPO / page).read_text(encoding="utf-8"))
-    problems = [f"{page}:{line}: {script} {shlex.join(arguments)}: {problem}" for line, script, arguments in commands
-                if (problem := check_command(script, arguments)) is not None]
+    problems = [
+        f"{page}:{line}: {script} {shlex.join(arguments)}: {problem}"
+        for line, script, arguments in commands
+        if (problem := check_command(script, arguments)) is not None
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -147,7 +168,9 @@ def test_every_code_block_is_fenced_and_names_its_language(page: str) -> None:
 def test_the_readme_runs_every_tool_and_keeps_its_sections_in_order() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     tokens = MarkdownIt("commonmark").parse(readme)
-    headings = [(token.tag, tokens[i + 1].content) for i, token in enumerate(tokens) if token.type == "heading_open"]
+    headings = [
+        (token.tag, tokens[i + 1].content) for i, token in enumerate(tokens) if token.type == "heading_open"
+    ]
     assert headings[0] == ("h1", "captioning")
     assert [text for tag, text in headings if tag == "h2"] == README_SECTIONS
     assert len(readme.splitlines()) <= 300, "the README is the front page: the depth goes to docs/"
@@ -156,25 +179,36 @@ def test_the_readme_runs_every_tool_and_keeps_its_sections_in_order() -> None:
     assert "pytest" in readme and 'pytest -m "not slow"' in readme
 
 
-
 def test_the_readmes_links_and_images_reach_files_of_the_repository() -> None:
     # mkdocs checks the pages under docs/; the README lies outside them.
     tokens = MarkdownIt("commonmark").parse((REPO / "README.md").read_text(encoding="utf-8"))
-    targets = [child.attrGet("href") or child.attrGet("src") for token in tokens if token.type == "inline"
-               for child in token.children or [] if child.type in ("link_open", "image")]
+    targets = [
+        child.attrGet("href") or child.attrGet("src")
+        for token in tokens
+        if token.type == "inline"
+        for child in token.children or []
+        if child.type in ("link_open", "image")
+    ]
     local = [str(target).split("#")[0] for target in targets if "://" not in str(target)]
     assert "docs/shapes_attention.png" in local and "docs/coco.md" in local
     assert not [target for target in local if not (REPO / target).is_file()]
 
+
 def test_the_checks_find_a_wrong_flag_a_wrong_key_and_an_unlabelled_block() -> None:
-    page = ("```bash\npython train.py --epochs 2 --set train.bogus=1 && \\\n"
-            "    OMP_NUM_THREADS=1 python evaluate.py --checkpoint a.pt --nope  # comment\n"
-            "torchrun --nproc-per-node 2 train.py --set model.decoder.gate=none\n"
-            "python visualize.py x.jpg --checkpoint a.pt --set model.decoder.gate=none\n```\n\n"
-            "    python train.py --epochs 1\n")
+    page = (
+        "```bash\npython train.py --epochs 2 --set train.bogus=1 && \\\n"
+        "    OMP_NUM_THREADS=1 python evaluate.py --checkpoint a.pt --nope  # comment\n"
+        "torchrun --nproc-per-node 2 train.py --set model.decoder.gate=none\n"
+        "python visualize.py x.jpg --checkpoint a.pt --set model.decoder.gate=none\n```\n\n"
+        "    python train.py --epochs 1\n"
+    )
     commands = tool_commands(page)
     assert [(line, script) for line, script, _ in commands] == [
-        (2, "train.py"), (2, "evaluate.py"), (4, "train.py"), (5, "visualize.py")]
+        (2, "train.py"),
+        (2, "evaluate.py"),
+        (4, "train.py"),
+        (5, "visualize.py"),
+    ]
     problems = [check_command(script, arguments) for _, script, arguments in commands]
     assert "train.bogus" in problems[0] and "--nope" in problems[1]
     assert problems[2] is None  # train.py may change any key
@@ -183,8 +217,15 @@ def test_the_checks_find_a_wrong_flag_a_wrong_key_and_an_unlabelled_block() -> N
 
 
 def _mkdocs_build(folder: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=folder,
-                          capture_output=True, text=True, timeout=300, env=MKDOCS_ENV, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=MKDOCS_ENV,
+        check=False,
+    )
 
 
 def test_the_documentation_site_builds_strictly(tmp_path: Path) -> None:

@@ -70,14 +70,16 @@ def _batch_norms(module: nn.Module) -> list[nn.BatchNorm2d]:
 
 @pytest.mark.slow
 def test_set_trainable_unfreezes_last_stages_and_keeps_frozen_batchnorm_in_eval() -> None:
-    encoder = build_encoder(EncoderConfig(name="resnet50", weights="none", image_size=64, grid_size=2,
-                                          fine_tune_stages=2))
+    encoder = build_encoder(
+        EncoderConfig(name="resnet50", weights="none", image_size=64, grid_size=2, fine_tune_stages=2)
+    )
     stages = encoder.stages()
     frozen, trainable = stages[:3], stages[3:]
     assert all(p.requires_grad for stage in trainable for p in stage.parameters())
     assert not any(p.requires_grad for stage in frozen for p in stage.parameters())
-    assert sum(p.numel() for p in encoder.parameters() if p.requires_grad) == \
-        sum(p.numel() for stage in trainable for p in stage.parameters())
+    assert sum(p.numel() for p in encoder.parameters() if p.requires_grad) == sum(
+        p.numel() for stage in trainable for p in stage.parameters()
+    )
 
     encoder.train()
     assert encoder.training and all(m.training for stage in trainable for m in _batch_norms(stage))
@@ -128,8 +130,10 @@ def test_local_weights_file_round_trips(tmp_path: Path) -> None:
     torch.save(source.state_dict(), path)
     encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights=str(path), image_size=64))
     assert torch.equal(encoder.backbone._conv_stem.weight, source._conv_stem.weight)
-    assert encoder.fingerprint()["weights"] == {"size": path.stat().st_size,
-                                                "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert encoder.fingerprint()["weights"] == {
+        "size": path.stat().st_size,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
 
 
 def test_offline_pretrained_raises_quickly_naming_file_url_and_place(tmp_path: Path, monkeypatch) -> None:
@@ -177,8 +181,9 @@ def test_fingerprint_changes_with_weights_grid_and_image_size() -> None:
     # The native grid at 64 px is 2x2: grid_size 0 gives the same features, so the same key.
     assert Encoder("efficientnet_lite0", backbone, 64, 0).fingerprint() == base
     assert Encoder("efficientnet_lite0", backbone, 96, 2).fingerprint() != base
-    pretrained = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64,
-                                             grid_size=2))
+    pretrained = build_encoder(
+        EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64, grid_size=2)
+    )
     assert pretrained.fingerprint() != base
     assert len(pretrained.fingerprint()["weights"]["sha256"]) == 64
 
@@ -193,8 +198,9 @@ def test_a_moved_weights_file_keeps_its_fingerprint(tmp_path: Path) -> None:
     copy.write_bytes(original.read_bytes())
 
     def fingerprint(weights: str) -> dict:
-        return build_encoder(EncoderConfig(name="efficientnet_lite0", weights=weights, image_size=64,
-                                           grid_size=0)).fingerprint()
+        return build_encoder(
+            EncoderConfig(name="efficientnet_lite0", weights=weights, image_size=64, grid_size=0)
+        ).fingerprint()
 
     assert fingerprint(str(copy)) == fingerprint("pretrained")
     changed = tmp_path / "changed.pth"
@@ -218,8 +224,9 @@ def test_transform_resizes_to_a_square_without_cropping() -> None:
 
 @pytest.fixture(scope="module")
 def lite0() -> Encoder:
-    return build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=224,
-                                       grid_size=0)).eval()
+    return build_encoder(
+        EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=224, grid_size=0)
+    ).eval()
 
 
 def test_lite0_native_grid(lite0: Encoder) -> None:
@@ -228,8 +235,12 @@ def test_lite0_native_grid(lite0: Encoder) -> None:
 
 def test_lite0_pretrained_weights_classify_real_photos(lite0: Encoder) -> None:
     skimage_data = pytest.importorskip("skimage.data")
-    images = torch.stack([lite0.transform(Image.fromarray(skimage_data.chelsea())),
-                          lite0.transform(Image.fromarray(skimage_data.coffee()))])
+    images = torch.stack(
+        [
+            lite0.transform(Image.fromarray(skimage_data.chelsea())),
+            lite0.transform(Image.fromarray(skimage_data.coffee())),
+        ]
+    )
     with torch.inference_mode():
         probabilities = lite0.backbone.classify(images).softmax(-1)  # (2, 1000)
         grid_features = lite0(images)
@@ -245,14 +256,19 @@ def test_frozen_stages_compute_in_training_mode_what_they_compute_at_test_time()
     # stage must not, or training features differ from validation and test features.
     torch.manual_seed(0)
     images = torch.randn(2, 3, 64, 64)
-    frozen = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0))
+    frozen = build_encoder(
+        EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0)
+    )
     with torch.no_grad():
         expected = frozen.eval()(images)
         frozen.train()
         torch.testing.assert_close(frozen(images), expected)
         torch.testing.assert_close(frozen(images), expected)
-    tuned = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0,
-                                        fine_tune_stages=2)).train()
+    tuned = build_encoder(
+        EncoderConfig(
+            name="efficientnet_lite0", weights="none", image_size=64, grid_size=0, fine_tune_stages=2
+        )
+    ).train()
     layers = [[m for m in stage.modules() if not isinstance(m, nn.ModuleList)] for stage in tuned.stages()]
     assert not any(m.training for stage in layers[:-2] for m in stage)
     assert all(m.training for stage in layers[-2:] for m in stage)
@@ -261,21 +277,34 @@ def test_frozen_stages_compute_in_training_mode_what_they_compute_at_test_time()
 def test_random_weights_are_told_apart_by_the_cache_key():
     def fingerprint(seed: int) -> dict:
         torch.manual_seed(seed)
-        return build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64,
-                                           grid_size=0)).fingerprint()
+        return build_encoder(
+            EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0)
+        ).fingerprint()
 
     assert fingerprint(1) == fingerprint(1)
     assert fingerprint(1) != fingerprint(2)
 
 
 def test_a_grid_finer_than_the_native_one_is_refused():
-    with pytest.raises(ConfigError, match=r"model.encoder.grid_size 14 is finer than efficientnet_lite0's native 7x7"):
+    with pytest.raises(
+        ConfigError, match=r"model.encoder.grid_size 14 is finer than efficientnet_lite0's native 7x7"
+    ):
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=224, grid_size=14))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["efficientnet_lite0", "resnet50", "efficientnet_b0", "convnext_tiny",
-                                  "vit_b_16", "swin_t", *FAMILY_EXAMPLES])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "efficientnet_lite0",
+        "resnet50",
+        "efficientnet_b0",
+        "convnext_tiny",
+        "vit_b_16",
+        "swin_t",
+        *FAMILY_EXAMPLES,
+    ],
+)
 def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_features(name: str) -> None:
     # Networks without batch norms (ViT, Swin, ConvNeXt, CLIP) are copied untraced: torch.fx cannot
     # trace torchvision's ViT, and there is nothing to fold.
@@ -305,8 +334,12 @@ def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_feature
 @pytest.mark.slow
 def test_the_folded_lite0_still_recognises_real_photos(lite0: Encoder) -> None:
     skimage_data = pytest.importorskip("skimage.data")
-    images = torch.stack([lite0.transform(Image.fromarray(skimage_data.chelsea())),
-                          lite0.transform(Image.fromarray(skimage_data.coffee()))])
+    images = torch.stack(
+        [
+            lite0.transform(Image.fromarray(skimage_data.chelsea())),
+            lite0.transform(Image.fromarray(skimage_data.coffee())),
+        ]
+    )
     frozen = lite0.inference_copy()
     with torch.inference_mode():
         expected, features = lite0(images), frozen(images)
@@ -317,5 +350,6 @@ def test_the_folded_lite0_still_recognises_real_photos(lite0: Encoder) -> None:
 
 def test_folding_needs_eval_mode() -> None:
     from captioning.models import efficientnet_lite
+
     with pytest.raises(ValueError, match="eval mode"):
         efficientnet_lite.fold_batch_norms(efficientnet_lite.efficientnet_lite0().train())

@@ -25,26 +25,48 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 SHORT_DEMO = {
-    "data.shapes_train": 48, "data.shapes_val": 8, "data.shapes_test": 8, "data.shapes_image_size": 96,
-    "model.encoder.image_size": 96, "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 32,
-    "model.decoder.attention_dim": 16, "train.epochs": 1, "train.batch_size": 8, "train.scst_epochs": 1,
-    "train.scst_samples": 2, "decode.batch_size": 4, "decode.max_length": 10,
+    "data.shapes_train": 48,
+    "data.shapes_val": 8,
+    "data.shapes_test": 8,
+    "data.shapes_image_size": 96,
+    "model.encoder.image_size": 96,
+    "model.decoder.embed_dim": 16,
+    "model.decoder.hidden_dim": 32,
+    "model.decoder.attention_dim": 16,
+    "train.epochs": 1,
+    "train.batch_size": 8,
+    "train.scst_epochs": 1,
+    "train.scst_samples": 2,
+    "decode.batch_size": 4,
+    "decode.max_length": 10,
     "train.warmup_steps": 1,  # the demo's cosine schedule, warming up over 1 of these 6 steps
 }
 
 
 def run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, check=False)
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
     """``python train.py`` (the Shapes demo) shortened: few images, one epoch of each stage."""
     work = tmp_path_factory.mktemp("demo")
-    flags = [arg for key, value in {**SHORT_DEMO, "data.root": work / "shapes",
-                                    "train.output_dir": work / "run"}.items()
-             for arg in ("--set", f"{key}={value}")]
+    flags = [
+        arg
+        for key, value in {
+            **SHORT_DEMO,
+            "data.root": work / "shapes",
+            "train.output_dir": work / "run",
+        }.items()
+        for arg in ("--set", f"{key}={value}")
+    ]
     result = run("train.py", "--no-progress", *flags)
     assert result.returncode == 0, result.stderr[-3000:]
     (work / "stdout.txt").write_text(result.stdout)
@@ -54,12 +76,24 @@ def demo(tmp_path_factory) -> Path:
 def test_demo_writes_every_promised_file(demo):
     run_dir = demo / "run"
     stdout = (demo / "stdout.txt").read_text()
-    promised = ["checkpoints/best.pt", "checkpoints/best_scst.pt", "checkpoints/last.pt", "config.yaml",
-                "vocab.json", "steps.jsonl", "history.json", "test_results.json", "test_scores.json",
-                "test_scores.per_image.json", "report.html"]
+    promised = [
+        "checkpoints/best.pt",
+        "checkpoints/best_scst.pt",
+        "checkpoints/last.pt",
+        "config.yaml",
+        "vocab.json",
+        "steps.jsonl",
+        "history.json",
+        "test_results.json",
+        "test_scores.json",
+        "test_scores.per_image.json",
+        "report.html",
+    ]
     for name in promised:
         assert (run_dir / name).is_file(), name
-        assert str(run_dir / name) in stdout or name.startswith("checkpoints/best_scst"), f"{name} not in summary"
+        assert str(run_dir / name) in stdout or name.startswith("checkpoints/best_scst"), (
+            f"{name} not in summary"
+        )
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
     history = json.loads((run_dir / "history.json").read_text())["epochs"]
@@ -115,25 +149,48 @@ def test_demo_scores_carry_chair_and_signature(demo):
 def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     checkpoint = demo / "run" / "checkpoints" / "best.pt"
     out = tmp_path / "val_results.json"
-    result = run("evaluate.py", "--checkpoint", str(checkpoint), "--split", "val", "--results", str(out),
-                 "--no-progress", "--no-java", "--spice")
+    result = run(
+        "evaluate.py",
+        "--checkpoint",
+        str(checkpoint),
+        "--split",
+        "val",
+        "--results",
+        str(out),
+        "--no-progress",
+        "--no-java",
+        "--spice",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
     assert len(results) == 8
     scores = json.loads((tmp_path / "val_scores.json").read_text())
     assert scores["METEOR"] is None and "Java" in scores["unavailable"]["METEOR"]
-    assert scores["SPICE"] is None and "Java" in scores["unavailable"]["SPICE"]  # asked for, so not "not requested"
+    assert (
+        scores["SPICE"] is None and "Java" in scores["unavailable"]["SPICE"]
+    )  # asked for, so not "not requested"
     assert scores["CIDEr-D"] is not None
     assert "grounding-mass" in scores
     assert "CIDEr-D" in result.stdout and str(out) in result.stdout
     assert 0 <= scores["CHAIR-s"] <= 1  # Shapes' instances are found without --instances, as for grounding
     signature = parse_signature(scores["signature"])
-    assert signature["ckpt"] == file_hash(checkpoint) and signature["n"] == "8" and signature["tok"] == "python"
+    assert (
+        signature["ckpt"] == file_hash(checkpoint) and signature["n"] == "8" and signature["tok"] == "python"
+    )
 
 
 def test_evaluate_set_changes_decoding_but_never_the_model(demo, tmp_path):
     checkpoint = str(demo / "run" / "checkpoints" / "best.pt")
-    common = ["--checkpoint", checkpoint, "--split", "val", "--no-progress", "--no-java", "--strategy", "greedy"]
+    common = [
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "val",
+        "--no-progress",
+        "--no-java",
+        "--strategy",
+        "greedy",
+    ]
     lengths = {}
     for name, extra in (("default", []), ("short", ["--set", "decode.max_length=2"])):
         out = tmp_path / f"{name}.json"
@@ -142,11 +199,14 @@ def test_evaluate_set_changes_decoding_but_never_the_model(demo, tmp_path):
         lengths[name] = [len(c["caption"].split()) for c in json.loads(out.read_text())]
     assert max(lengths["default"]) > 2  # so that the limit below is the override's doing
     assert max(lengths["short"]) <= 2
-    refused = in_process("evaluate.py", *common, "--results", str(tmp_path / "x.json"),
-                  "--set", "model.decoder.hidden_dim=8")
+    refused = in_process(
+        "evaluate.py", *common, "--results", str(tmp_path / "x.json"), "--set", "model.decoder.hidden_dim=8"
+    )
     assert refused.returncode == 2
-    message = ("error: model.decoder.hidden_dim: only data.* and decode.* keys can be overridden here "
-               "(the rest is fixed, e.g. by the checkpoint)")
+    message = (
+        "error: model.decoder.hidden_dim: only data.* and decode.* keys can be overridden here "
+        "(the rest is fixed, e.g. by the checkpoint)"
+    )
     assert refused.stderr.strip().splitlines() == [message]
     assert not (tmp_path / "x.json").exists()
 
@@ -160,8 +220,16 @@ def test_evaluate_scores_a_results_file_against_coco_references(demo, tmp_path):
         first.setdefault(annotation["image_id"], annotation["caption"])
     results.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in first.items()]))
     out = tmp_path / "scores.json"
-    result = in_process("evaluate.py", "--annotations", str(references), "--results", str(results), "--out", str(out),
-                 "--no-java")
+    result = in_process(
+        "evaluate.py",
+        "--annotations",
+        str(references),
+        "--results",
+        str(results),
+        "--out",
+        str(out),
+        "--no-java",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads(out.read_text())
     assert scores["BLEU-1"] == pytest.approx(1.0)  # each candidate is one of its own references
@@ -174,8 +242,16 @@ def test_evaluate_captions_a_folder_of_images(demo, tmp_path):
     Image.new("RGB", (120, 80), (200, 30, 30)).save(folder / "red.jpg")
     Image.new("L", (64, 64), 128).save(folder / "gray.png")
     out = tmp_path / "captions.json"
-    result = in_process("evaluate.py", "--checkpoint", str(demo / "run" / "checkpoints" / "best.pt"),
-                 "--images", str(folder), "--results", str(out), "--no-progress")
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        str(demo / "run" / "checkpoints" / "best.pt"),
+        "--images",
+        str(folder),
+        "--results",
+        str(out),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     captions = json.loads(out.read_text())
     assert [c["image_id"] for c in captions] == [1, 2]
@@ -185,9 +261,20 @@ def test_evaluate_captions_a_folder_of_images(demo, tmp_path):
 
 
 def test_visualize_a_dataset_split_with_references(demo, tmp_path):
-    result = run("visualize.py", "--checkpoint", str(demo / "run" / "checkpoints" / "best.pt"), "--split", "test",
-                 "--num", "3", "--out-dir", str(tmp_path / "figs"), "--html", str(tmp_path / "page.html"),
-                 "--no-progress")
+    result = run(
+        "visualize.py",
+        "--checkpoint",
+        str(demo / "run" / "checkpoints" / "best.pt"),
+        "--split",
+        "test",
+        "--num",
+        "3",
+        "--out-dir",
+        str(tmp_path / "figs"),
+        "--html",
+        str(tmp_path / "page.html"),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(list((tmp_path / "figs").glob("*.png"))) == 3
     assert (tmp_path / "page.html").is_file()

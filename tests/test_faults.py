@@ -69,8 +69,18 @@ def assert_one_line_error(returncode: int, stderr: str, *needles: str, alone: bo
 
 def karpathy_flags(split_file: Path, root: Path, output_dir: Path, **extra) -> list[str]:
     """train.py flags for the tiny model on a Karpathy split file (not deterministic: some run in-process)."""
-    return as_flags(tiny_overrides(root, output_dir, **{"data.dataset": "karpathy", "data.split_file": split_file,
-                                                        "train.deterministic": False, **extra}))
+    return as_flags(
+        tiny_overrides(
+            root,
+            output_dir,
+            **{
+                "data.dataset": "karpathy",
+                "data.split_file": split_file,
+                "train.deterministic": False,
+                **extra,
+            },
+        )
+    )
 
 
 def edited_split(source: Path, destination: Path, edit) -> Path:
@@ -83,17 +93,22 @@ def edited_split(source: Path, destination: Path, edit) -> Path:
 def truncated_jpeg() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (64, 64), (200, 30, 30)).save(buffer, "JPEG")
-    return buffer.getvalue()[:len(buffer.getvalue()) // 2]
+    return buffer.getvalue()[: len(buffer.getvalue()) // 2]
 
 
 def bomb_png(side: int = 30000) -> bytes:
     """A valid PNG header claiming ``side`` x ``side`` pixels (900 M): PIL refuses it before decoding."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 BAD_IMAGES = {  # name -> (bytes, or None for no file; what the error says)
@@ -110,14 +125,19 @@ def write_odd_images(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     gray16 = Image.fromarray((np.arange(64 * 48).reshape(48, 64) * 21).astype(np.uint16))
     assert gray16.mode.startswith("I;16")
-    images = {"gray16.png": gray16, "cmyk.jpg": Image.new("CMYK", (64, 48), (0, 200, 200, 30)),
-              "palette.png": Image.new("P", (48, 64), 3), "rgba.png": Image.new("RGBA", (64, 48), (0, 0, 255, 128))}
+    images = {
+        "gray16.png": gray16,
+        "cmyk.jpg": Image.new("CMYK", (64, 48), (0, 200, 200, 30)),
+        "palette.png": Image.new("P", (48, 64), 3),
+        "rgba.png": Image.new("RGBA", (64, 48), (0, 0, 255, 128)),
+    }
     for name, image in images.items():
         image.save(folder / name)
     return [folder / name for name in images]
 
 
 # ------------------------------------------------------------------ shared data
+
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> SimpleNamespace:
@@ -126,10 +146,21 @@ def shapes(tmp_path_factory) -> SimpleNamespace:
     config = load_config(SHAPES_YAML, tiny_overrides(root, run, **{"train.epochs": 0}))
     _, model, _, _ = prepare_run(config, run, None, False, ProcessGroup(), torch.device("cpu"))
     checkpoint = run / "checkpoints" / "best.pt"
-    save_checkpoint(checkpoint, config=config, vocab=model.vocab, decoder_state=model.decoder.state_dict(),
-                    encoder_fingerprint=model.encoder.fingerprint())
-    return SimpleNamespace(root=root, split_file=root / "dataset_shapes.json", config=config,
-                           checkpoint=checkpoint, vocab=model.vocab, channels=model.encoder.channels)
+    save_checkpoint(
+        checkpoint,
+        config=config,
+        vocab=model.vocab,
+        decoder_state=model.decoder.state_dict(),
+        encoder_fingerprint=model.encoder.fingerprint(),
+    )
+    return SimpleNamespace(
+        root=root,
+        split_file=root / "dataset_shapes.json",
+        config=config,
+        checkpoint=checkpoint,
+        vocab=model.vocab,
+        channels=model.encoder.channels,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -160,34 +191,47 @@ def odd_dataset(shapes, tmp_path_factory) -> SimpleNamespace:
 
 # ------------------------------------------------------------------ 1. annotation and results files
 
+
 @pytest.mark.slow
 def test_train_refuses_an_image_path_that_climbs_out_of_the_root(shapes, tmp_path):
-    split_file = edited_split(shapes.split_file, tmp_path / "climbing.json",
-                              lambda d: d["images"][2].update(filename="../../../etc/passwd"))
+    split_file = edited_split(
+        shapes.split_file,
+        tmp_path / "climbing.json",
+        lambda d: d["images"][2].update(filename="../../../etc/passwd"),
+    )
     result = run_tool("train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run"))
-    assert_one_line_error(result.returncode, result.stderr, "climbing.json: image 2 (cocoid 3)",
-                          "must not contain '..'")
+    assert_one_line_error(
+        result.returncode, result.stderr, "climbing.json: image 2 (cocoid 3)", "must not contain '..'"
+    )
 
 
 def _pop_split(data):
     data["images"][3].pop("split")
 
 
-@pytest.mark.parametrize(("edit", "needles"), [
-    ("{oops", ["bad.json: not valid JSON"]),
-    ([1, 2], ["bad.json: expected a JSON object with an 'images' list"]),
-    (_pop_split, ["bad.json: image 3 (cocoid 4): missing field 'split'"]),
-    (lambda d: d["images"][4].update(cocoid=1), ["bad.json: image 4 (cocoid 1): duplicate image id 1"]),
-    (lambda d: d["images"][2].update(filepath="/etc"), ["bad.json: image 2 (cocoid 3)", "must be relative"]),
-], ids=["not-json", "wrong-schema", "missing-field", "duplicate-id", "absolute-path"])
+@pytest.mark.parametrize(
+    ("edit", "needles"),
+    [
+        ("{oops", ["bad.json: not valid JSON"]),
+        ([1, 2], ["bad.json: expected a JSON object with an 'images' list"]),
+        (_pop_split, ["bad.json: image 3 (cocoid 4): missing field 'split'"]),
+        (lambda d: d["images"][4].update(cocoid=1), ["bad.json: image 4 (cocoid 1): duplicate image id 1"]),
+        (
+            lambda d: d["images"][2].update(filepath="/etc"),
+            ["bad.json: image 2 (cocoid 3)", "must be relative"],
+        ),
+    ],
+    ids=["not-json", "wrong-schema", "missing-field", "duplicate-id", "absolute-path"],
+)
 def test_train_refuses_malformed_annotations(shapes, tmp_path, edit, needles):
     split_file = tmp_path / "bad.json"
     if callable(edit):
         edited_split(shapes.split_file, split_file, edit)
     else:
         split_file.write_text(edit if isinstance(edit, str) else json.dumps(edit), encoding="utf-8")
-    code, stderr = run_in_process("train.py", ["--no-progress", *karpathy_flags(split_file, shapes.root,
-                                                                                tmp_path / "run")])
+    code, stderr = run_in_process(
+        "train.py", ["--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run")]
+    )
     assert_one_line_error(code, stderr, *needles)
 
 
@@ -195,46 +239,82 @@ def test_train_keeps_odd_captions_and_skips_unreadable_images(odd_dataset, tmp_p
     """Empty captions dropped (2, and the 5 of image 10, which goes), a long one cut, other scripts kept,
     unreadable images skipped: all counted."""
     run = tmp_path / "run"
-    flags = karpathy_flags(odd_dataset.split_file, odd_dataset.root, run, **{
-        "data.skip_bad_images": True, "data.max_caption_length": 30, "data.cache_dir": tmp_path / "cache",
-        "train.epochs": 1, "train.max_steps": 2})
+    flags = karpathy_flags(
+        odd_dataset.split_file,
+        odd_dataset.root,
+        run,
+        **{
+            "data.skip_bad_images": True,
+            "data.max_caption_length": 30,
+            "data.cache_dir": tmp_path / "cache",
+            "train.epochs": 1,
+            "train.max_steps": 2,
+        },
+    )
     result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    assert "dataset_odd.json: skipped 7 empty captions (first: dataset_odd.json: image 0 (cocoid 1) sentence 0)" \
+    assert (
+        "dataset_odd.json: skipped 7 empty captions (first: dataset_odd.json: image 0 (cocoid 1) sentence 0)"
         in result.stderr
-    assert "dataset_odd.json: skipped 1 images with no caption (first: dataset_odd.json: image 10 (cocoid 11))" \
+    )
+    assert (
+        "dataset_odd.json: skipped 1 images with no caption (first: dataset_odd.json: image 10 (cocoid 11))"
         in result.stderr
+    )
     assert "1 of 153 training captions (0.7%) exceed 30 words and are cut" in result.stderr
     assert "4 of 31 images could not be read" in result.stderr  # truncated, text, missing, empty
     assert "1 of 8 images could not be read" in result.stderr  # the validation bomb
     summary = json.loads((run / "data_summary.json").read_text())
-    assert summary["splits"]["train"] == {"images": 31, "captions": 153} and summary["train_captions_cut"] == 1
+    assert (
+        summary["splits"]["train"] == {"images": 31, "captions": 153} and summary["train_captions_cut"] == 1
+    )
     vocab = Vocabulary.load(run / "vocab.json")
     assert {"кошка", "猫", "قطة", "ünïcödé", "w39"} <= set(vocab.itos)
     assert load_checkpoint(run / "checkpoints" / "last.pt")["training"]["state"]["global_step"] == 2
 
 
 def test_train_without_skipping_stops_at_the_first_unreadable_image(odd_dataset, tmp_path):
-    flags = karpathy_flags(odd_dataset.split_file, odd_dataset.root, tmp_path / "run",
-                           **{"data.cache_dir": tmp_path / "cache"})
+    flags = karpathy_flags(
+        odd_dataset.split_file, odd_dataset.root, tmp_path / "run", **{"data.cache_dir": tmp_path / "cache"}
+    )
     result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     # A missing file is found before any image is read; an unreadable one when the cache reaches it.
-    assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000007.png"),
-                          "(image 7)", "image file not found", alone=False)  # after the caption warnings
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        str(odd_dataset.root / "train" / "000007.png"),
+        "(image 7)",
+        "image file not found",
+        alone=False,
+    )  # after the caption warnings
     assert not list((tmp_path / "cache").glob("*/features.npy"))
-    (odd_dataset.root / "train" / "000007.png").write_bytes((odd_dataset.root / "train" / "000001.png").read_bytes())
+    (odd_dataset.root / "train" / "000007.png").write_bytes(
+        (odd_dataset.root / "train" / "000001.png").read_bytes()
+    )
     try:
         result = tool_in_repo("train.py", "--no-progress", "--no-test", *flags)
     finally:
         (odd_dataset.root / "train" / "000007.png").unlink()
-    assert_one_line_error(result.returncode, result.stderr, str(odd_dataset.root / "train" / "000003.png"),
-                          "(image 3)", "cannot decode image", alone=False)
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        str(odd_dataset.root / "train" / "000003.png"),
+        "(image 3)",
+        "cannot decode image",
+        alone=False,
+    )
 
 
 def test_a_cache_that_skipped_images_is_refused_by_a_run_that_does_not(odd_dataset, tmp_path, caplog):
-    config = load_config(SHAPES_YAML, tiny_overrides(odd_dataset.root, tmp_path, **{
-        "data.dataset": "karpathy", "data.split_file": odd_dataset.split_file}))
+    config = load_config(
+        SHAPES_YAML,
+        tiny_overrides(
+            odd_dataset.root,
+            tmp_path,
+            **{"data.dataset": "karpathy", "data.split_file": odd_dataset.split_file},
+        ),
+    )
     records = records_of_split(read_karpathy(odd_dataset.split_file, odd_dataset.root), "val")
     encoder = build_encoder(config.model.encoder)
     with caplog.at_level(logging.WARNING, logger="captioning.data.feature_cache"):
@@ -256,9 +336,12 @@ def results_files(shapes, tmp_path_factory) -> SimpleNamespace:
 def test_evaluate_refuses_a_results_file_with_repeated_ids(results_files, tmp_path):
     results = tmp_path / "results.json"
     results.write_text(json.dumps(results_files.good + [results_files.good[2]]))
-    result = tool_in_repo("evaluate.py", "--annotations", results_files.annotations, "--results", results, "--no-java")
-    assert_one_line_error(result.returncode, result.stderr,
-                          f"{results}: entry 8: image_id {results_files.ids[2]} appears twice")
+    result = tool_in_repo(
+        "evaluate.py", "--annotations", results_files.annotations, "--results", results, "--no-java"
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{results}: entry 8: image_id {results_files.ids[2]} appears twice"
+    )
     assert not list(tmp_path.glob("*.scores*"))
 
 
@@ -270,17 +353,33 @@ def _repeat_annotation_id(data):
     data["annotations"][3]["id"] = data["annotations"][2]["id"]
 
 
-@pytest.mark.parametrize(("which", "content", "needles"), [
-    ("results", "[{", ["results.json: not valid JSON"]),
-    ("results", {"image_id": 41}, ["results.json: expected a list of results, got dict"]),
-    ("results", [{"image_id": 41}], ["results.json: entry 0 has no 'caption'"]),
-    ("results", "unknown id", ["results.json: image_id 999999 has no reference captions in"]),
-    ("annotations", "nope", ["captions.json: not valid JSON"]),
-    ("annotations", {"images": []}, ["captions.json: missing the list 'annotations'"]),
-    ("annotations", _drop_caption, ["captions.json: annotations[3] has no 'caption'"]),
-    ("annotations", _repeat_annotation_id, ["captions.json: annotations[3]: duplicate id", "(also annotations[2])"]),
-], ids=["results-not-json", "results-not-list", "results-missing-key", "results-id-without-references",
-        "annotations-not-json", "annotations-wrong-schema", "annotations-missing-field", "annotations-duplicate-id"])
+@pytest.mark.parametrize(
+    ("which", "content", "needles"),
+    [
+        ("results", "[{", ["results.json: not valid JSON"]),
+        ("results", {"image_id": 41}, ["results.json: expected a list of results, got dict"]),
+        ("results", [{"image_id": 41}], ["results.json: entry 0 has no 'caption'"]),
+        ("results", "unknown id", ["results.json: image_id 999999 has no reference captions in"]),
+        ("annotations", "nope", ["captions.json: not valid JSON"]),
+        ("annotations", {"images": []}, ["captions.json: missing the list 'annotations'"]),
+        ("annotations", _drop_caption, ["captions.json: annotations[3] has no 'caption'"]),
+        (
+            "annotations",
+            _repeat_annotation_id,
+            ["captions.json: annotations[3]: duplicate id", "(also annotations[2])"],
+        ),
+    ],
+    ids=[
+        "results-not-json",
+        "results-not-list",
+        "results-missing-key",
+        "results-id-without-references",
+        "annotations-not-json",
+        "annotations-wrong-schema",
+        "annotations-missing-field",
+        "annotations-duplicate-id",
+    ],
+)
 def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, which, content, needles):
     annotations, results = tmp_path / "captions.json", tmp_path / "results.json"
     shutil.copy(results_files.annotations, annotations)
@@ -292,11 +391,14 @@ def test_evaluate_refuses_malformed_scoring_files(results_files, tmp_path, which
         edited_split(target, target, content)
     else:
         target.write_text(content if isinstance(content, str) else json.dumps(content))
-    code, stderr = run_in_process("evaluate.py", ["--annotations", annotations, "--results", results, "--no-java"])
+    code, stderr = run_in_process(
+        "evaluate.py", ["--annotations", annotations, "--results", results, "--no-java"]
+    )
     assert_one_line_error(code, stderr, *needles)
 
 
 # ------------------------------------------------------------------ 2. images
+
 
 @pytest.mark.parametrize("name", list(BAD_IMAGES))
 def test_visualize_names_an_unreadable_image(shapes, tmp_path, name):
@@ -304,8 +406,15 @@ def test_visualize_names_an_unreadable_image(shapes, tmp_path, name):
     image = tmp_path / name
     if content is not None:
         image.write_bytes(content)
-    result = tool_in_repo("visualize.py", image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "out",
-                      "--no-progress")
+    result = tool_in_repo(
+        "visualize.py",
+        image,
+        "--checkpoint",
+        shapes.checkpoint,
+        "--out-dir",
+        tmp_path / "out",
+        "--no-progress",
+    )
     assert_one_line_error(result.returncode, result.stderr, str(image), reason)
     assert not (tmp_path / "out").exists()
 
@@ -317,8 +426,17 @@ def test_evaluate_folder_captions_odd_modes_and_skips_bad_images_when_asked(shap
         if content is not None:
             (folder / name).write_bytes(content)
     results = tmp_path / "captions.json"
-    result = tool_in_repo("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder, "--results", results,
-                      "--skip-bad-images", "--no-progress")
+    result = tool_in_repo(
+        "evaluate.py",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--images",
+        folder,
+        "--results",
+        results,
+        "--skip-bad-images",
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped 4 of 8 images that could not be read" in result.stdout
     for name in ("zero.jpg", "truncated.jpg", "text.jpg", "bomb.png"):
@@ -335,8 +453,18 @@ def test_evaluate_folder_names_an_unreadable_image(shapes, tmp_path, name):
     folder = tmp_path / "images"
     write_odd_images(folder)
     (folder / name).write_bytes(content)
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, "--images", folder,
-                                                  "--results", tmp_path / "r.json", "--no-progress"])
+    code, stderr = run_in_process(
+        "evaluate.py",
+        [
+            "--checkpoint",
+            shapes.checkpoint,
+            "--images",
+            folder,
+            "--results",
+            tmp_path / "r.json",
+            "--no-progress",
+        ],
+    )
     assert_one_line_error(code, stderr, str(folder / name), reason)
     assert not (tmp_path / "r.json").exists()
 
@@ -344,13 +472,16 @@ def test_evaluate_folder_names_an_unreadable_image(shapes, tmp_path, name):
 @pytest.mark.slow
 def test_visualize_draws_odd_image_modes(shapes, tmp_path):
     images = write_odd_images(tmp_path / "images")
-    code, stderr = run_in_process("visualize.py", [*images, "--checkpoint", shapes.checkpoint,
-                                                   "--out-dir", tmp_path / "out", "--no-progress"])
+    code, stderr = run_in_process(
+        "visualize.py",
+        [*images, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "out", "--no-progress"],
+    )
     assert code == 0, stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem + ".png" for p in images)
 
 
 # ------------------------------------------------------------------ 3. checkpoints
+
 
 class WritesMarker:
     """Unpickling this object creates a file: proof that code ran."""
@@ -378,8 +509,9 @@ def test_evaluate_refuses_a_checkpoint_holding_pickled_code(shapes, tmp_path):
 
 
 def _other_sizes(shapes, path: Path) -> None:
-    decoder = ShowAttendTellDecoder.from_config(DecoderConfig(embed_dim=24, hidden_dim=48, attention_dim=16),
-                                                len(shapes.vocab), shapes.channels)
+    decoder = ShowAttendTellDecoder.from_config(
+        DecoderConfig(embed_dim=24, hidden_dim=48, attention_dim=16), len(shapes.vocab), shapes.channels
+    )
     save_checkpoint(path, config=shapes.config, vocab=shapes.vocab, decoder_state=decoder.state_dict())
 
 
@@ -391,15 +523,22 @@ def _other_vocabulary(shapes, path: Path) -> None:
 
 def _truncated(shapes, path: Path) -> None:
     data = shapes.checkpoint.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
+    path.write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize(("make", "needles"), [
-    (_truncated, ["truncated or corrupt checkpoint"]),
-    (_other_sizes, ["decoder weights do not fit the model configuration", "embedding.weight ({V}, 24) vs ({V}, 16)"]),
-    (_other_vocabulary, ["decoder weights do not fit", "embedding.weight ({V2}, 16) vs ({V}, 16)"]),
-    (None, ["checkpoint file not found"]),
-], ids=["truncated", "other-sizes", "other-vocabulary", "missing"])
+@pytest.mark.parametrize(
+    ("make", "needles"),
+    [
+        (_truncated, ["truncated or corrupt checkpoint"]),
+        (
+            _other_sizes,
+            ["decoder weights do not fit the model configuration", "embedding.weight ({V}, 24) vs ({V}, 16)"],
+        ),
+        (_other_vocabulary, ["decoder weights do not fit", "embedding.weight ({V2}, 16) vs ({V}, 16)"]),
+        (None, ["checkpoint file not found"]),
+    ],
+    ids=["truncated", "other-sizes", "other-vocabulary", "missing"],
+)
 def test_evaluate_refuses_unusable_checkpoints(shapes, tmp_path, make, needles):
     path = tmp_path / "model.pt"
     if make is not None:
@@ -411,13 +550,18 @@ def test_evaluate_refuses_unusable_checkpoints(shapes, tmp_path, make, needles):
 
 # ------------------------------------------------------------------ 4. command line
 
-@pytest.mark.parametrize(("args", "needles"), [
-    (["--beam-size", "0"], ["decode.beam_size must be >= 1, got 0"]),
-    (["--lr", "-1"], ["train.lr must be > 0, got -1.0"]),
-    (["--epochs", "-1"], ["train.epochs must be >= 0, got -1"]),
-    (["--config", "missing.yaml"], ["missing.yaml: cannot read configuration"]),
-    (["--set", "train.epochs"], ["--set expects KEY=VALUE"]),
-], ids=["beam-size-0", "negative-lr", "negative-epochs", "missing-config", "bad-set"])
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--beam-size", "0"], ["decode.beam_size must be >= 1, got 0"]),
+        (["--lr", "-1"], ["train.lr must be > 0, got -1.0"]),
+        (["--epochs", "-1"], ["train.epochs must be >= 0, got -1"]),
+        (["--config", "missing.yaml"], ["missing.yaml: cannot read configuration"]),
+        (["--set", "train.epochs"], ["--set expects KEY=VALUE"]),
+    ],
+    ids=["beam-size-0", "negative-lr", "negative-epochs", "missing-config", "bad-set"],
+)
 def test_train_refuses_bad_options(tmp_path, args, needles):
     result = run_tool("train.py", *args, "--output-dir", tmp_path / "run")
     line = assert_one_line_error(result.returncode, result.stderr, *needles)
@@ -434,14 +578,28 @@ def test_unknown_options_are_argparse_errors(script):
     assert "--frobnicate" in result.stderr
 
 
-@pytest.mark.parametrize(("args", "needles"), [
-    (["--images", "missing/"], ["missing: folder not found"]),
-    (["--split", "test", "--beam-size", "0"], ["decode.beam_size must be >= 1, got 0"]),
-    (["--split", "test", "--max-length", "0"], ["decode.max_length must be in [1, 500], got 0"]),
-    (["--split", "test", "--config", "missing.yaml"], ["missing.yaml: cannot read configuration"]),
-    (["--split", "test", "--set", "decode.beams=3"], ["unknown configuration key 'decode.beams'"]),
-    (["--split", "test", "--set", "model.decoder.gate=none"], ["model.decoder.gate: only data.* and decode.*"]),
-], ids=["missing-folder", "beam-size-0", "max-length-0", "missing-config", "set-unknown-key", "set-model-key"])
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--images", "missing/"], ["missing: folder not found"]),
+        (["--split", "test", "--beam-size", "0"], ["decode.beam_size must be >= 1, got 0"]),
+        (["--split", "test", "--max-length", "0"], ["decode.max_length must be in [1, 500], got 0"]),
+        (["--split", "test", "--config", "missing.yaml"], ["missing.yaml: cannot read configuration"]),
+        (["--split", "test", "--set", "decode.beams=3"], ["unknown configuration key 'decode.beams'"]),
+        (
+            ["--split", "test", "--set", "model.decoder.gate=none"],
+            ["model.decoder.gate: only data.* and decode.*"],
+        ),
+    ],
+    ids=[
+        "missing-folder",
+        "beam-size-0",
+        "max-length-0",
+        "missing-config",
+        "set-unknown-key",
+        "set-model-key",
+    ],
+)
 def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, monkeypatch, args, needles):
     from captioning.evaluation import commands
 

@@ -35,8 +35,11 @@ BATCH = 4  # batches of rows 0-3, 4-7, 8-9
 
 
 def _encoder(image_size: int = 64, grid_size: int = 2) -> Encoder:
-    return build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained",
-                                       image_size=image_size, grid_size=grid_size))
+    return build_encoder(
+        EncoderConfig(
+            name="efficientnet_lite0", weights="pretrained", image_size=image_size, grid_size=grid_size
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +114,15 @@ def test_built_once_then_reused(tmp_path: Path, encoder: Encoder, records, refer
     assert counter.calls == 3
     assert len(cache) == NUM_IMAGES and cache.shape == (NUM_IMAGES, 4, encoder.channels)
     assert cache[0].dtype == np.float16 and cache[0].shape == (4, encoder.channels)
-    np.testing.assert_allclose(np.stack([cache[i] for i in range(len(cache))]), reference,
-                               rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        np.stack([cache[i] for i in range(len(cache))]), reference, rtol=2e-3, atol=2e-3
+    )
     index = _index(tmp_path)
-    assert (index["capacity"], len(index["rows"]), index["key"]["dtype"]) == (NUM_IMAGES, NUM_IMAGES, "float16")
+    assert (index["capacity"], len(index["rows"]), index["key"]["dtype"]) == (
+        NUM_IMAGES,
+        NUM_IMAGES,
+        "float16",
+    )
     assert index["key"]["fingerprint"] == encoder.fingerprint() and index["bad"] == {}
     assert _computed_rows(tmp_path) == NUM_IMAGES and cache.computed == NUM_IMAGES
     assert np.load(cache.path / "features.npy", mmap_mode="r").shape == (NUM_IMAGES, 4, encoder.channels)
@@ -142,8 +150,9 @@ def test_changed_encoder_makes_new_caches(tmp_path: Path, encoder: Encoder, reco
 
 
 @pytest.mark.slow
-def test_resumes_after_interruption(tmp_path: Path, encoder: Encoder, records, reference,
-                                    monkeypatch) -> None:
+def test_resumes_after_interruption(
+    tmp_path: Path, encoder: Encoder, records, reference, monkeypatch
+) -> None:
     _interrupt_at_image(monkeypatch, 6)  # during the second batch
     with pytest.raises(KeyboardInterrupt):
         _build(tmp_path, encoder, records)
@@ -160,8 +169,9 @@ def test_resumes_after_interruption(tmp_path: Path, encoder: Encoder, records, r
     np.testing.assert_allclose(resumed, reference, rtol=2e-3, atol=2e-3)
 
 
-def test_full_disk_while_writing_the_index_keeps_the_previous_one(tmp_path: Path, encoder: Encoder,
-                                                                   records, monkeypatch) -> None:
+def test_full_disk_while_writing_the_index_keeps_the_previous_one(
+    tmp_path: Path, encoder: Encoder, records, monkeypatch
+) -> None:
     _build(tmp_path, encoder, records[:4])
     (index_path,) = tmp_path.glob("*/index.json")
     before = index_path.read_bytes()
@@ -181,8 +191,9 @@ def test_full_disk_while_writing_the_index_keeps_the_previous_one(tmp_path: Path
     counter.handle.remove()
 
 
-def test_full_disk_at_allocation_says_how_much_is_needed(tmp_path: Path, encoder: Encoder, records,
-                                                         monkeypatch) -> None:
+def test_full_disk_at_allocation_says_how_much_is_needed(
+    tmp_path: Path, encoder: Encoder, records, monkeypatch
+) -> None:
     if not hasattr(os, "posix_fallocate"):
         pytest.skip("no posix_fallocate on this platform")
 
@@ -208,11 +219,13 @@ def test_bad_image_stops_the_build_naming_the_file(tmp_path: Path, encoder, reco
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_bad_image_skipped_and_recorded(tmp_path: Path, encoder, records_with_bad_image, reference,
-                                        num_workers: int, caplog) -> None:
+def test_bad_image_skipped_and_recorded(
+    tmp_path: Path, encoder, records_with_bad_image, reference, num_workers: int, caplog
+) -> None:
     with caplog.at_level(logging.WARNING, logger="captioning.data.feature_cache"):
-        cache = _build(tmp_path, encoder, records_with_bad_image, skip_bad_images=True,
-                       num_workers=num_workers)
+        cache = _build(
+            tmp_path, encoder, records_with_bad_image, skip_bad_images=True, num_workers=num_workers
+        )
     assert "1 of 11 images could not be read" in caplog.text
     assert set(cache.bad) == {5} and "broken.png" in cache.bad[5]
     assert not cache[5].any()
@@ -231,8 +244,9 @@ def _wait_for(condition, timeout: float = 60.0) -> bool:
     return True
 
 
-def _build_in_child(cache_dir: Path, encoder: Encoder, records: list[ImageRecord], role: str,
-                    folder: Path) -> None:
+def _build_in_child(
+    cache_dir: Path, encoder: Encoder, records: list[ImageRecord], role: str, folder: Path
+) -> None:
     """Forked child: build the cache, counting forward passes and logging to ``folder/<role>.log``.
 
     "first" pauses in its second forward pass (rows 0-3 are on disk) until ``folder/go`` exists;
@@ -266,13 +280,18 @@ def test_concurrent_builds_take_turns(tmp_path: Path, encoder: Encoder, records,
     context = multiprocessing.get_context("fork")
     cache_dir, folder = tmp_path / "cache", tmp_path / "ipc"
     folder.mkdir()
-    children = {role: context.Process(target=_build_in_child, args=(cache_dir, encoder, records, role, folder))
-                for role in ("first", "second")}
+    children = {
+        role: context.Process(target=_build_in_child, args=(cache_dir, encoder, records, role, folder))
+        for role in ("first", "second")
+    }
 
     def second_waits_or_builds() -> bool:
         log = folder / "second.log"
-        return ((folder / "second_ran").exists() or not children["second"].is_alive()
-                or (log.exists() and "waiting" in log.read_text()))
+        return (
+            (folder / "second_ran").exists()
+            or not children["second"].is_alive()
+            or (log.exists() and "waiting" in log.read_text())
+        )
 
     try:
         for child in children.values():
@@ -292,8 +311,10 @@ def test_concurrent_builds_take_turns(tmp_path: Path, encoder: Encoder, records,
     first, second = (json.loads((folder / f"{role}.json").read_text()) for role in ("first", "second"))
     assert first["calls"] == 3 and second["calls"] == 0  # the second reused the first's cache
     assert first["path"] == second["path"]
-    assert "waiting for another process building the same feature cache in " + first["path"] \
+    assert (
+        "waiting for another process building the same feature cache in " + first["path"]
         in (folder / "second.log").read_text()
+    )
     assert "waiting" not in (folder / "first.log").read_text()
     assert _computed_rows(cache_dir) == NUM_IMAGES
 
@@ -312,13 +333,18 @@ def test_concurrent_builds_take_turns(tmp_path: Path, encoder: Encoder, records,
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_the_loader_reads_a_batch_of_cached_grids_into_one_float16_buffer(tmp_path: Path, encoder: Encoder,
-                                                                          records, workers: int) -> None:
+def test_the_loader_reads_a_batch_of_cached_grids_into_one_float16_buffer(
+    tmp_path: Path, encoder: Encoder, records, workers: int
+) -> None:
     cache = _build(tmp_path, encoder, records)
     captioned = [dataclasses.replace(r, captions=(("a", "red", "shape"), ("a", "shape"))) for r in records]
     vocab = Vocabulary.build([c for r in captioned for c in r.captions], min_count=1)
-    dataset = CaptionDataset(captioned, vocab, max_length=5, captions_per_image=2, features=cache, unreadable={3})
-    loader = DataLoader(dataset, batch_sampler=[[5, 0, 3, 7]], collate_fn=collate_captions, num_workers=workers)
+    dataset = CaptionDataset(
+        captioned, vocab, max_length=5, captions_per_image=2, features=cache, unreadable={3}
+    )
+    loader = DataLoader(
+        dataset, batch_sampler=[[5, 0, 3, 7]], collate_fn=collate_captions, num_workers=workers
+    )
     batch = next(iter(loader))
     assert batch["indices"].tolist() == [5, 0, 7]  # the unreadable image is left out
     # float16 as stored: the float32 copy is made once per batch, on the device (annotations_of)

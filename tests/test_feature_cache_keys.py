@@ -32,7 +32,9 @@ NUM_IMAGES = 6
 
 @pytest.fixture(scope="module")
 def encoder() -> Encoder:
-    return build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64, grid_size=2))
+    return build_encoder(
+        EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64, grid_size=2)
+    )
 
 
 def _write_images(folder: Path, count: int = NUM_IMAGES) -> list[ImageRecord]:
@@ -75,6 +77,7 @@ class _Counter:
 
 # ------------------------------------------------------------------ images checked first
 
+
 def test_missing_images_are_refused_before_anything_is_created(tmp_path, encoder, caplog) -> None:
     records = _write_images(tmp_path / "images")
     records[2].path.unlink()
@@ -83,10 +86,14 @@ def test_missing_images_are_refused_before_anything_is_created(tmp_path, encoder
     records[5].path.mkdir()  # a folder where an image should be: not a regular file
     with pytest.raises(ImageError) as caught:
         _build(tmp_path / "cache", encoder, records)
-    assert str(caught.value) == (f"{records[2].path} (image 102): image file not found (and 2 more of the 6 images "
-                                 "are missing or not files; is data.root right?)")
+    assert str(caught.value) == (
+        f"{records[2].path} (image 102): image file not found (and 2 more of the 6 images "
+        "are missing or not files; is data.root right?)"
+    )
     assert not (tmp_path / "cache").exists()
-    with caplog.at_level(logging.WARNING, logger="captioning.data.feature_cache"):  # skipping: zero grids, no row
+    with caplog.at_level(
+        logging.WARNING, logger="captioning.data.feature_cache"
+    ):  # skipping: zero grids, no row
         cache = _build(tmp_path / "cache", encoder, records, skip_bad_images=True)
     assert "3 of 6 images could not be read" in caplog.text
     assert set(cache.bad) == {2, 4, 5} and "is a directory" in cache.bad[5] and not cache[4].any()
@@ -101,13 +108,19 @@ def test_train_with_a_mistyped_root_names_the_first_missing_image(karpathy_datas
     assert_one_line_error(result.returncode, result.stderr, f"error: {wrong_root}: data.root: no such folder")
     wrong_root.mkdir()  # a folder without the images
     result = in_process("train.py", "--no-progress", "--no-test", *flags)
-    assert_one_line_error(result.returncode, result.stderr,
-                          f"error: {wrong_root / 'train2014' / 'COCO_train2014_000000000009.jpg'} (image 9): "
-                          "image file not found (", "data.root", alone=False)
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        f"error: {wrong_root / 'train2014' / 'COCO_train2014_000000000009.jpg'} (image 9): "
+        "image file not found (",
+        "data.root",
+        alone=False,
+    )
     assert not list((tmp_path / "cache").glob("*/features.npy"))  # nothing reserved (only the dataset index)
 
 
 # ------------------------------------------------------------------ rows that survive moves
+
 
 def test_moved_and_copied_images_reuse_every_row(tmp_path, encoder, monkeypatch) -> None:
     records = _write_images(tmp_path / "images")
@@ -128,7 +141,10 @@ def test_moved_and_copied_images_reuse_every_row(tmp_path, encoder, monkeypatch)
     moved = _build(tmp_path / "cache", encoder, _moved(records, tmp_path / "images", tmp_path / "moved"))
     shutil.copytree(tmp_path / "moved", tmp_path / "copy", copy_function=shutil.copy)  # new times
     copied_records = _moved(records, tmp_path / "images", tmp_path / "copy")
-    assert os.stat(copied_records[0].path).st_mtime_ns != os.stat(tmp_path / "moved" / "sub" / "000.png").st_mtime_ns
+    assert (
+        os.stat(copied_records[0].path).st_mtime_ns
+        != os.stat(tmp_path / "moved" / "sub" / "000.png").st_mtime_ns
+    )
     copied = _build(tmp_path / "cache", encoder, copied_records)
     counter.handle.remove()
     assert counter.images == 0 and again.computed == moved.computed == copied.computed == 0
@@ -136,7 +152,9 @@ def test_moved_and_copied_images_reuse_every_row(tmp_path, encoder, monkeypatch)
     assert first.path == moved.path == copied.path
     np.testing.assert_array_equal(_grids(copied), _grids(first))
     index = json.loads((first.path / "index.json").read_text())
-    assert sorted(index["files"]) == sorted(os.path.abspath(r.path) for r in copied_records)  # moved ones dropped
+    assert sorted(index["files"]) == sorted(
+        os.path.abspath(r.path) for r in copied_records
+    )  # moved ones dropped
 
 
 def test_other_orders_and_subsets_reuse_rows_and_new_images_are_appended(tmp_path, encoder) -> None:
@@ -158,8 +176,9 @@ def test_other_orders_and_subsets_reuse_rows_and_new_images_are_appended(tmp_pat
     assert np.load(first.path / "features.npy", mmap_mode="r").shape[0] == 8
 
 
-def test_the_official_annotations_reuse_the_rows_of_karpathys_file(karpathy_dataset, coco_dataset, tmp_path,
-                                                                    encoder) -> None:
+def test_the_official_annotations_reuse_the_rows_of_karpathys_file(
+    karpathy_dataset, coco_dataset, tmp_path, encoder
+) -> None:
     split_file, root = karpathy_dataset
     annotation_files, coco_root = coco_dataset
     assert coco_root == root  # the same image files, described by the official annotations
@@ -188,6 +207,7 @@ def test_a_changed_image_recomputes_only_its_row(tmp_path, encoder) -> None:
 
 # ------------------------------------------------------------------ damaged caches
 
+
 @pytest.fixture
 def built(tmp_path, encoder) -> tuple[list[ImageRecord], FeatureCache, np.ndarray]:
     records = _write_images(tmp_path / "images")
@@ -207,7 +227,8 @@ def test_a_truncated_features_file_recomputes_the_rows_it_lost(built, tmp_path, 
     counter.handle.remove()
     size = 128 + 2 * row_bytes + row_bytes // 2
     assert [r.getMessage() for r in caplog.records] == [
-        f"{features}: truncated: {size} bytes, 6 rows need {128 + 6 * row_bytes}; recomputing the 4 rows it lost"]
+        f"{features}: truncated: {size} bytes, 6 rows need {128 + 6 * row_bytes}; recomputing the 4 rows it lost"
+    ]
     assert counter.images == 4 and repaired.computed == 4
     np.testing.assert_array_equal(_grids(repaired), grids)
 
@@ -228,14 +249,25 @@ def test_rows_beyond_the_features_file_are_recomputed(built, tmp_path, encoder, 
     np.testing.assert_array_equal(_grids(repaired), grids)
 
 
-@pytest.mark.parametrize(("edit", "what"), [
-    (lambda text: text[: text.index('"rows"') + 3], "not valid JSON (Unterminated string"),  # cut inside a key
-    (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "rows"}), "missing field 'rows'"),
-    (lambda text: json.dumps({**json.loads(text), "capacity": "6"}), "field 'capacity' must be int"),
-    (lambda text: json.dumps({**json.loads(text), "capacity": 3}), "rows outside the 3 allocated ones"),
-    (lambda text: json.dumps({**json.loads(text), "capacity": 10 ** 13}),
-     f"capacity {10 ** 13} does not match its rows (the last is row 5)"),
-])
+@pytest.mark.parametrize(
+    ("edit", "what"),
+    [
+        (
+            lambda text: text[: text.index('"rows"') + 3],
+            "not valid JSON (Unterminated string",
+        ),  # cut inside a key
+        (
+            lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "rows"}),
+            "missing field 'rows'",
+        ),
+        (lambda text: json.dumps({**json.loads(text), "capacity": "6"}), "field 'capacity' must be int"),
+        (lambda text: json.dumps({**json.loads(text), "capacity": 3}), "rows outside the 3 allocated ones"),
+        (
+            lambda text: json.dumps({**json.loads(text), "capacity": 10**13}),
+            f"capacity {10**13} does not match its rows (the last is row 5)",
+        ),
+    ],
+)
 def test_a_damaged_index_is_refused_saying_how_to_clear_it(built, tmp_path, encoder, edit, what) -> None:
     records, cache, _ = built
     index_path = cache.path / "index.json"
@@ -290,14 +322,21 @@ def test_two_torchrun_processes_fill_one_cache_together(tmp_path, encoder) -> No
     result = run_two_processes(script, tmp_path / "images", tmp_path / "cache", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [report["computed"] for report in reports] == [2, 3]  # each rank its share of the five missing rows
+    assert [report["computed"] for report in reports] == [
+        2,
+        3,
+    ]  # each rank its share of the five missing rows
     # each new file was read once, by one rank: rank 0 did not hash them all while rank 1 waited
     hashed = [sorted(Path(path).name for path in report["hashed"]) for report in reports]
     assert hashed == [["002.png", "004.png", "006.png"], ["003.png", "005.png"]]
     single = _grids(_build(tmp_path / "single", encoder, records))
     for rank in (0, 1):
-        np.testing.assert_allclose(np.load(tmp_path / f"rank{rank}.npy").astype(np.float32),
-                                   single.astype(np.float32), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(
+            np.load(tmp_path / f"rank{rank}.npy").astype(np.float32),
+            single.astype(np.float32),
+            rtol=1e-3,
+            atol=1e-3,
+        )
     counter = _Counter(encoder)
     reopened = _build(tmp_path / "cache", encoder, records)
     counter.handle.remove()

@@ -43,11 +43,14 @@ def test_peak_and_entropy_of_known_maps():
     assert zero_peak[0] == 0.0 and zero_entropy[0] == 0.0
 
 
-@pytest.mark.parametrize("normalize, tops", [
-    ("figure", [1.0, 1.0, 1.0]),
-    ("absolute", [1.0, 1.0, 1.0]),
-    ("word", [1.0, 1 / CELLS, 0.4]),
-])
+@pytest.mark.parametrize(
+    "normalize, tops",
+    [
+        ("figure", [1.0, 1.0, 1.0]),
+        ("absolute", [1.0, 1.0, 1.0]),
+        ("word", [1.0, 1 / CELLS, 0.4]),
+    ],
+)
 def test_display_ranges(normalize, tops):
     assert display_range(sharp_flat_and_split(), normalize) == [(0.0, pytest.approx(top)) for top in tops]
     # Without the sharp word, the figure's scale tops at the largest remaining weight, 0.4.
@@ -59,7 +62,9 @@ def test_display_ranges(normalize, tops):
 
 def test_default_figure_shares_one_scale_with_a_colour_bar():
     words = ["flat", "split"]
-    result = attention_figure(Image.new("RGB", (90, 60), (90, 140, 60)), words, sharp_flat_and_split()[1:], GRID)
+    result = attention_figure(
+        Image.new("RGB", (90, 60), (90, 140, 60)), words, sharp_flat_and_split()[1:], GRID
+    )
     assert result.normalize == "figure"
     for image in overlays(result):
         assert (image.norm.vmin, image.norm.vmax) == (0.0, pytest.approx(0.4))  # the figure's largest weight
@@ -70,20 +75,25 @@ def test_default_figure_shares_one_scale_with_a_colour_bar():
     # The flat map stays dim on the shared scale: 1/49 of 0.4 is about 5% of the bar.
     assert result.maps[0].max() == pytest.approx(1 / CELLS / 0.4, rel=0.05)
     texts = [[text.get_text() for text in ax.texts] for ax in result.axes[1:]]
-    assert texts == [[f"peak 0.02 \u00b7 H {math.log(CELLS):.2f} (49.0 cells)"], ["peak 0.40 \u00b7 H 1.09 (3.0 cells)"]]
+    assert texts == [
+        [f"peak 0.02 \u00b7 H {math.log(CELLS):.2f} (49.0 cells)"],
+        ["peak 0.40 \u00b7 H 1.09 (3.0 cells)"],
+    ]
     np.testing.assert_allclose(result.peaks, [1 / CELLS, 0.4])
 
 
 def test_word_and_absolute_scales_and_another_colour_map():
     attention = sharp_flat_and_split()
-    word = attention_figure(Image.new("RGB", (60, 60)), ["a", "b", "c"], attention, GRID, normalize="word",
-                            cmap="jet")
+    word = attention_figure(
+        Image.new("RGB", (60, 60)), ["a", "b", "c"], attention, GRID, normalize="word", cmap="jet"
+    )
     assert [image.norm.vmax for image in overlays(word)] == pytest.approx([1.0, 1 / CELLS, 0.4])
     assert {image.get_cmap().name for image in overlays(word)} == {"jet"}
     assert (word.colorbar.norm.vmin, word.colorbar.norm.vmax) == (0.0, 1.0)
     assert "peak" in word.colorbar.ax.get_ylabel()  # a share of each word's own peak, not a weight
-    absolute = attention_figure(Image.new("RGB", (60, 60)), ["b", "c"], attention[1:], GRID, normalize="absolute",
-                                cmap="magma")
+    absolute = attention_figure(
+        Image.new("RGB", (60, 60)), ["b", "c"], attention[1:], GRID, normalize="absolute", cmap="magma"
+    )
     assert [image.norm.vmax for image in overlays(absolute)] == [1.0, 1.0]
     assert absolute.colorbar.cmap.name == "magma"
     with pytest.raises(ValueError, match="unknown colour map"):
@@ -94,8 +104,9 @@ def test_word_and_absolute_scales_and_another_colour_map():
 
 def test_boxes_are_drawn_scaled_to_the_drawn_image():
     image = Image.new("RGB", (1024, 512))  # drawn at 512 x 256: boxes halve too
-    result = attention_figure(image, ["red", "circle"], sharp_flat_and_split()[:2], GRID,
-                              boxes=[[], [(100.0, 50.0, 200.0, 100.0)]])
+    result = attention_figure(
+        image, ["red", "circle"], sharp_flat_and_split()[:2], GRID, boxes=[[], [(100.0, 50.0, 200.0, 100.0)]]
+    )
     assert result.image_size == (512, 256)
     assert not [p for p in result.axes[1].patches if isinstance(p, Rectangle)]
     (box,) = [p for p in result.axes[2].patches if isinstance(p, Rectangle)]
@@ -106,12 +117,26 @@ def test_boxes_are_drawn_scaled_to_the_drawn_image():
 
 
 def test_word_boxes_follow_grounding_mentions():
-    instances = Instances({5: (64.0, 64.0)}, {5: [ObjectBox("circle", (1, 2, 10, 12), {"color": "red"}),
-                                                  ObjectBox("square", (30, 30, 8, 8), {"color": "blue"}),
-                                                  ObjectBox("square", (0, 0, 0, 5), {"color": "green"})]})
+    instances = Instances(
+        {5: (64.0, 64.0)},
+        {
+            5: [
+                ObjectBox("circle", (1, 2, 10, 12), {"color": "red"}),
+                ObjectBox("square", (30, 30, 8, 8), {"color": "blue"}),
+                ObjectBox("square", (0, 0, 0, 5), {"color": "green"}),
+            ]
+        },
+    )
     words = ["a", "red", "circle", "and", "two", "squares"]
     boxes = word_boxes(words, 5, instances)
-    assert boxes == [[], [(1, 2, 10, 12)], [(1, 2, 10, 12)], [], [], [(30, 30, 8, 8)]]  # zero-width box left out
+    assert boxes == [
+        [],
+        [(1, 2, 10, 12)],
+        [(1, 2, 10, 12)],
+        [],
+        [],
+        [(30, 30, 8, 8)],
+    ]  # zero-width box left out
     assert word_boxes(words, 6, instances) == [[]] * len(words)
     assert word_boxes(words, 5, None) == [[]] * len(words)
 
@@ -139,14 +164,25 @@ def test_write_figures_passes_each_words_boxes(tmp_path, monkeypatch):
 
     picture = tmp_path / "shapes.png"
     Image.new("RGB", (64, 64)).save(picture)
-    caption = Caption(tokens=[4, 5, 6], log_prob=-1.0, attention=torch.full((3, CELLS), 1 / CELLS), betas=None,
-                      finished=True, score=-1.0)
+    caption = Caption(
+        tokens=[4, 5, 6],
+        log_prob=-1.0,
+        attention=torch.full((3, CELLS), 1 / CELLS),
+        betas=None,
+        finished=True,
+        score=-1.0,
+    )
     item = Captioned(ImageRecord(image_id=5, path=picture, split="test"), caption, ["a", "blue", "square"])
     instances = Instances({5: (64.0, 64.0)}, {5: [ObjectBox("square", (30, 30, 8, 8), {"color": "blue"})]})
     drawn = []
-    monkeypatch.setattr(report, "attention_figure",
-                        lambda *args, **kwargs: drawn.append(kwargs) or attention_figure(*args, **kwargs))
-    report.write_figures([item], tmp_path / "figures", GRID, boxes=instances, normalize="absolute", cmap="magma")
+    monkeypatch.setattr(
+        report,
+        "attention_figure",
+        lambda *args, **kwargs: drawn.append(kwargs) or attention_figure(*args, **kwargs),
+    )
+    report.write_figures(
+        [item], tmp_path / "figures", GRID, boxes=instances, normalize="absolute", cmap="magma"
+    )
     assert drawn[0]["boxes"] == [[], [(30, 30, 8, 8)], [(30, 30, 8, 8)]]
     assert (drawn[0]["normalize"], drawn[0]["cmap"]) == ("absolute", "magma")
     assert (tmp_path / "figures" / "5.png").is_file()

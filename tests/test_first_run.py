@@ -45,16 +45,26 @@ def decoding_only(monkeypatch, change) -> None:
 
 
 def test_a_run_whose_captions_are_empty_says_so_in_the_epoch_line_and_in_its_summary(
-        data_root, tmp_path, monkeypatch):  # noqa: F811
+    data_root, tmp_path, monkeypatch
+):  # noqa: F811
     # As an under-trained decoder does: <end> first, for every image.
-    decoding_only(monkeypatch, lambda captions: [dataclasses.replace(
-        c, tokens=[], attention=c.attention[:0], betas=None if c.betas is None else c.betas[:0]) for c in captions])
+    decoding_only(
+        monkeypatch,
+        lambda captions: [
+            dataclasses.replace(
+                c, tokens=[], attention=c.attention[:0], betas=None if c.betas is None else c.betas[:0]
+            )
+            for c in captions
+        ],
+    )
     result = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "run", **{"train.epochs": 1})))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     epochs = [line for line in lines if line.startswith("[xe] epoch ")]
     assert len(epochs) == 1 and "  warning: 8 of 8 validation captions are empty; " in epochs[0], epochs
-    assert lines[-1].startswith("warning: 8 of 8 validation captions are empty; "), lines[-3:]  # the summary's last
+    assert lines[-1].startswith("warning: 8 of 8 validation captions are empty; "), lines[
+        -3:
+    ]  # the summary's last
 
 
 @pytest.mark.slow  # scores the test split and draws its figures
@@ -64,7 +74,9 @@ def test_a_run_whose_test_captions_are_all_the_same_says_so_in_its_summary(data_
     result = in_process_with_test(as_flags(tiny_overrides(data_root, run, **{"train.epochs": 1})))
     assert result.returncode == 0, result.stderr[-2000:]
     first = json.loads((run / "test_results.json").read_text())[0]["caption"]
-    assert result.stdout.splitlines()[-1].startswith(f"warning: 8 of 8 test captions are the same, {first!r}; ")
+    assert result.stdout.splitlines()[-1].startswith(
+        f"warning: 8 of 8 test captions are the same, {first!r}; "
+    )
 
 
 def in_process_with_test(args: list[str]):
@@ -90,20 +102,27 @@ def test_an_epochs_mean_loss_after_a_mid_epoch_resume_covers_the_whole_epoch(dat
 
 def test_cache_only_says_its_plan_and_lists_only_what_it_wrote(data_root, tmp_path):  # noqa: F811
     cache = tmp_path / "cache"
-    args = ["--cache-only", *as_flags(tiny_overrides(data_root, tmp_path / "run", **{"data.cache_dir": cache}))]
+    args = [
+        "--cache-only",
+        *as_flags(tiny_overrides(data_root, tmp_path / "run", **{"data.cache_dir": cache})),
+    ]
     first = in_process_with_test(args)
     assert first.returncode == 0, first.stderr[-2000:]
     (plan,) = [line for line in first.stdout.splitlines() if line.startswith("plan: ")]
-    assert plan.startswith("plan: cache the efficientnet_lite0 features (2x2 grid, 1280 channels) of every split "
-                           f"(train 32, val 8, test 8 images) in the feature cache in {cache}; ")
+    assert plan.startswith(
+        "plan: cache the efficientnet_lite0 features (2x2 grid, 1280 channels) of every split "
+        f"(train 32, val 8, test 8 images) in the feature cache in {cache}; "
+    )
     (folder,) = cache.iterdir()
     written = first.stdout.split("files written:")[1]
     assert all(f"{split} features" in written for split in ("train", "val", "test"))
     again = in_process_with_test(args)  # everything is cached: nothing of it is listed as written
     assert again.returncode == 0, again.stderr[-2000:]
     lines = again.stdout.splitlines()
-    assert all(f"{split} features: already cached in {folder}, nothing computed" in lines
-               for split in ("train", "val", "test"))
+    assert all(
+        f"{split} features: already cached in {folder}, nothing computed" in lines
+        for split in ("train", "val", "test")
+    )
     assert "features" not in again.stdout.split("files written:")[1]
 
 
@@ -113,8 +132,13 @@ def test_a_symlinked_data_root_has_its_feature_cache_location_in_the_plan(data_r
     result = train_in_process(as_flags(tiny_overrides(linked, tmp_path / "run", **{"train.max_steps": 1})))
     assert result.returncode == 0, result.stderr[-2000:]
     (plan,) = [line for line in result.stdout.splitlines() if line.startswith("plan: ")]
-    assert f"; feature cache in {linked / 'features'} (which resolves to {data_root.resolve() / 'features'}); " in plan
-    assert not any(line.startswith("configuration: ") for line in result.stdout.splitlines())  # in config.yaml only
+    assert (
+        f"; feature cache in {linked / 'features'} (which resolves to {data_root.resolve() / 'features'}); "
+        in plan
+    )
+    assert not any(
+        line.startswith("configuration: ") for line in result.stdout.splitlines()
+    )  # in config.yaml only
     assert (tmp_path / "run" / "config.yaml").is_file()
 
 
@@ -122,7 +146,9 @@ def test_the_busy_machine_warning_compares_threads_with_the_idle_cores():
     assert busy_machine_warning(threads=2, cores=2, load=0.2) is None  # an idle machine: a thread per core
     assert busy_machine_warning(threads=1, cores=2, load=6.0) is None  # one thread cannot oversubscribe
     warning = busy_machine_warning(threads=2, cores=2, load=1.3)
-    assert warning.startswith("warning: the machine is busy (load average 1.3 on 2 cores) and torch runs 2 threads")
+    assert warning.startswith(
+        "warning: the machine is busy (load average 1.3 on 2 cores) and torch runs 2 threads"
+    )
     assert warning.endswith("start it with OMP_NUM_THREADS=1 (docs/first-run-notes.md)")
     assert "OMP_NUM_THREADS=4 " in busy_machine_warning(threads=16, cores=16, load=12.0)
 
@@ -139,7 +165,9 @@ def test_a_cpu_run_on_a_busy_machine_says_so_before_it_starts(data_root, tmp_pat
     assert lines[1].startswith("plan: ")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     torch.set_num_threads(1)
-    quiet = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "quiet", **{"train.max_steps": 1})))
+    quiet = train_in_process(
+        as_flags(tiny_overrides(data_root, tmp_path / "quiet", **{"train.max_steps": 1}))
+    )
     assert quiet.returncode == 0 and "machine is busy" not in quiet.stdout
 
 
@@ -147,13 +175,18 @@ def test_a_resumes_length_note_names_what_it_keeps_adds_or_cannot_change():
     stored = load_config(None, {"train.epochs": 3, "train.scst_epochs": 2})
     repeated = load_config(None, {"train.epochs": 20, "train.scst_epochs": 2})  # the configuration file's 20
     kept, note = resumed_length(repeated, stored, given=set())
-    assert kept.train.epochs == 3 and note == ("resume: keeps the checkpoint's train.epochs=3 (the configuration "
-                                               "says 20; pass --epochs 20 to change it)")
+    assert kept.train.epochs == 3 and note == (
+        "resume: keeps the checkpoint's train.epochs=3 (the configuration "
+        "says 20; pass --epochs 20 to change it)"
+    )
     longer, note = resumed_length(repeated, stored, given={"train.epochs"})
     assert longer.train.epochs == 20 and note == "resume: adds 17 cross-entropy epochs (train.epochs 3 -> 20)"
     _, note = resumed_length(repeated, stored, given={"train.epochs"}, stage="scst")
-    assert note == "resume: train.epochs 3 -> 20 changes nothing: the checkpoint is in its self-critical stage"
-    shorter, note = resumed_length(load_config(None, {"train.epochs": 3, "train.scst_epochs": 1}), stored,
-                                   given={"train.scst_epochs"})
+    assert (
+        note == "resume: train.epochs 3 -> 20 changes nothing: the checkpoint is in its self-critical stage"
+    )
+    shorter, note = resumed_length(
+        load_config(None, {"train.epochs": 3, "train.scst_epochs": 1}), stored, given={"train.scst_epochs"}
+    )
     assert shorter.train.scst_epochs == 1 and note == "resume: shortens the run: train.scst_epochs 2 -> 1"
     assert resumed_length(stored, stored, given=set()) == (stored, None)

@@ -59,8 +59,9 @@ def test_box_over_half_a_cell_gets_half_its_mass_and_argmax_outside_misses():
 
 
 def test_argmax_inside_a_box_that_misses_most_of_the_mass_is_a_hit():
-    result = score(one_image(DOG), ["dog"], [peak((4, 4), (1, 1, 0.3), (0, 0, 0.25), (3, 3, 0.25), (2, 0, 0.2))],
-                   (4, 4))
+    result = score(
+        one_image(DOG), ["dog"], [peak((4, 4), (1, 1, 0.3), (0, 0, 0.25), (3, 3, 0.25), (2, 0, 0.2))], (4, 4)
+    )
     assert result["grounding-mass"] == pytest.approx(0.3) and result["grounding-pointing"] == 1.0
 
 
@@ -87,7 +88,9 @@ def test_unnormalised_attention_is_taken_as_shares():
 
 
 def test_overlapping_instances_count_their_union_once():
-    people = one_image(ObjectBox("person", (0.0, 0.0, 50.0, 50.0)), ObjectBox("person", (25.0, 25.0, 50.0, 50.0)))
+    people = one_image(
+        ObjectBox("person", (0.0, 0.0, 50.0, 50.0)), ObjectBox("person", (25.0, 25.0, 50.0, 50.0))
+    )
     result = score(people, ["men"], [np.full((4, 4), 1 / 16)], (4, 4))
     assert result["grounding-mass"] == pytest.approx((2 * 50 * 50 - 25 * 25) / 100**2)
 
@@ -120,7 +123,9 @@ def test_flat_and_grid_attention_agree():
     maps = np.random.default_rng(0).random((2, 3, 5))
     box = ObjectBox("dog", (13.0, 7.0, 41.0, 66.0))
     grid_result = grounding_scores([(1, ["dog", "dogs"], maps, (3, 5))], one_image(box), WordMatcher())
-    flat_result = grounding_scores([(1, ["dog", "dogs"], maps.reshape(2, 15), (3, 5))], one_image(box), WordMatcher())
+    flat_result = grounding_scores(
+        [(1, ["dog", "dogs"], maps.reshape(2, 15), (3, 5))], one_image(box), WordMatcher()
+    )
     assert grid_result == flat_result and grid_result["grounding-words"] == 2
 
 
@@ -136,14 +141,37 @@ def named(words: list[str], objects: list[ObjectBox], matcher: WordMatcher | Non
     return [obj for _, objs in (matcher or WordMatcher()).mentions(words, objects) for obj in objs]
 
 
-@pytest.mark.parametrize(("words", "category"), [
-    ("man", "person"), ("women", "person"), ("kids", "person"), ("people", "person"), ("player", "person"),
-    ("puppy", "dog"), ("puppies", "dog"), ("dogs", "dog"), ("bike", "bicycle"), ("motorbike", "motorcycle"),
-    ("plane", "airplane"), ("jets", "airplane"), ("television", "tv"), ("buses", "bus"), ("knives", "knife"),
-    ("skis", "skis"), ("sandwiches", "sandwich"), ("benches", "bench"), ("ponies", "horse"),
-    ("traffic lights", "traffic light"), ("stop sign", "stop sign"), ("wine glasses", "wine glass"),
-    ("bat", "baseball bat"), ("meters", "parking meter"), ("baseball glove", "baseball glove"), ("boxes", "box"),
-])
+@pytest.mark.parametrize(
+    ("words", "category"),
+    [
+        ("man", "person"),
+        ("women", "person"),
+        ("kids", "person"),
+        ("people", "person"),
+        ("player", "person"),
+        ("puppy", "dog"),
+        ("puppies", "dog"),
+        ("dogs", "dog"),
+        ("bike", "bicycle"),
+        ("motorbike", "motorcycle"),
+        ("plane", "airplane"),
+        ("jets", "airplane"),
+        ("television", "tv"),
+        ("buses", "bus"),
+        ("knives", "knife"),
+        ("skis", "skis"),
+        ("sandwiches", "sandwich"),
+        ("benches", "bench"),
+        ("ponies", "horse"),
+        ("traffic lights", "traffic light"),
+        ("stop sign", "stop sign"),
+        ("wine glasses", "wine glass"),
+        ("bat", "baseball bat"),
+        ("meters", "parking meter"),
+        ("baseball glove", "baseball glove"),
+        ("boxes", "box"),
+    ],
+)
 def test_synonyms_and_plurals(words: str, category: str):
     target = ObjectBox(category, (0.0, 0.0, 10.0, 10.0))
     other = ObjectBox("toaster", (0.0, 0.0, 10.0, 10.0))
@@ -186,10 +214,17 @@ def test_a_hot_dog_is_not_a_dog():
     assert score(one_image(hot_dog, dog), ["a", "hot", "dog"], maps, (4, 4))["grounding-pointing"] == 1.0
 
 
-@pytest.mark.parametrize(("words", "category"), [
-    (["a", "man", "in", "glasses"], "wine glass"), (["a", "sign"], "stop sign"), (["a", "light"], "traffic light"),
-    (["the", "lights"], "traffic light"), (["a", "glove"], "baseball glove"), (["a", "dryer"], "hair drier"),
-])
+@pytest.mark.parametrize(
+    ("words", "category"),
+    [
+        (["a", "man", "in", "glasses"], "wine glass"),
+        (["a", "sign"], "stop sign"),
+        (["a", "light"], "traffic light"),
+        (["the", "lights"], "traffic light"),
+        (["a", "glove"], "baseball glove"),
+        (["a", "dryer"], "hair drier"),
+    ],
+)
 def test_ambiguous_head_nouns_alone_are_not_scored(words: list[str], category: str):
     instances = one_image(ObjectBox(category, (25.0, 25.0, 25.0, 25.0)))
     result = score(instances, words, [peak((4, 4), (1, 1, 1.0))] * len(words), (4, 4))
@@ -199,7 +234,10 @@ def test_ambiguous_head_nouns_alone_are_not_scored(words: list[str], category: s
 def test_a_datasets_own_category_names_win():
     # A dataset's own category names name their objects even where the COCO table reads the word otherwise.
     sign = ObjectBox("sign", (25.0, 25.0, 25.0, 25.0))
-    assert score(one_image(sign), ["two", "signs"], [peak((4, 4), (1, 1, 1.0))] * 2, (4, 4))["grounding-words"] == 1
+    assert (
+        score(one_image(sign), ["two", "signs"], [peak((4, 4), (1, 1, 1.0))] * 2, (4, 4))["grounding-words"]
+        == 1
+    )
 
 
 def brute_force_coverage(boxes, size, grid, samples: int = 240) -> np.ndarray:
@@ -218,8 +256,11 @@ box_strategy = st.tuples(st.floats(-20, 130), st.floats(-20, 130), st.floats(0, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(box_strategy, max_size=4), st.sampled_from([(1, 1), (2, 3), (4, 4), (6, 8), (5, 6)]),
-       st.sampled_from([(100.0, 100.0), (320.0, 240.0), (90.0, 150.0)]))
+@given(
+    st.lists(box_strategy, max_size=4),
+    st.sampled_from([(1, 1), (2, 3), (4, 4), (6, 8), (5, 6)]),
+    st.sampled_from([(100.0, 100.0), (320.0, 240.0), (90.0, 150.0)]),
+)
 def test_coverage_matches_a_brute_force_estimate(boxes, grid, size):
     coverage = box_coverage(boxes, size, grid)
     assert coverage.shape == grid and (coverage >= 0).all() and (coverage <= 1).all()
@@ -242,26 +283,62 @@ def test_shapes_instances_file(tiny_shapes):
         obj = image_objects[0]
         x, y, w, h = obj.bbox
         row, col = int((y + h / 2) / height * grid[0]), int((x + w / 2) / width * grid[1])
-        items.append((image_id, [obj.category, obj.attributes["color"]], np.stack([peak(grid, (row, col, 1.0))] * 2),
-                      grid))
+        items.append(
+            (
+                image_id,
+                [obj.category, obj.attributes["color"]],
+                np.stack([peak(grid, (row, col, 1.0))] * 2),
+                grid,
+            )
+        )
     result = grounding_scores(items, instances, WordMatcher())
     assert result["grounding-words"] >= 2 * len(items) and result["grounding-pointing"] == 1.0
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ([], "expected a COCO JSON object"),
-    ({"images": [], "categories": []}, "missing the list 'annotations'"),
-    ({"images": [{"id": 1, "width": 10}], "categories": [], "annotations": []}, r"images\[0\] has no 'height'"),
-    ({"images": [{"id": 1, "width": 10, "height": 0}], "categories": [], "annotations": []}, "positive"),
-    ({"images": [{"id": 1, "width": 10, "height": 10}], "categories": [{"id": 1, "name": "dog"}],
-      "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 5]}]}, r"annotations\[0\]: bbox"),
-    ({"images": [{"id": 1, "width": 10, "height": 10}], "categories": [{"id": 1, "name": "dog"}],
-      "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, -5, 5]}]}, "width, height >= 0"),
-    ({"images": [{"id": 1, "width": 10, "height": 10}], "categories": [{"id": 1, "name": "dog"}],
-      "annotations": [{"id": 1, "image_id": 2, "category_id": 1, "bbox": [0, 0, 5, 5]}]}, "image_id 2 is not in"),
-    ({"images": [{"id": 1, "width": 10, "height": 10}], "categories": [{"id": 1, "name": "dog"}],
-      "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [0, 0, 5, 5]}]}, "category_id 3 is not in"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "expected a COCO JSON object"),
+        ({"images": [], "categories": []}, "missing the list 'annotations'"),
+        (
+            {"images": [{"id": 1, "width": 10}], "categories": [], "annotations": []},
+            r"images\[0\] has no 'height'",
+        ),
+        ({"images": [{"id": 1, "width": 10, "height": 0}], "categories": [], "annotations": []}, "positive"),
+        (
+            {
+                "images": [{"id": 1, "width": 10, "height": 10}],
+                "categories": [{"id": 1, "name": "dog"}],
+                "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 5]}],
+            },
+            r"annotations\[0\]: bbox",
+        ),
+        (
+            {
+                "images": [{"id": 1, "width": 10, "height": 10}],
+                "categories": [{"id": 1, "name": "dog"}],
+                "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, -5, 5]}],
+            },
+            "width, height >= 0",
+        ),
+        (
+            {
+                "images": [{"id": 1, "width": 10, "height": 10}],
+                "categories": [{"id": 1, "name": "dog"}],
+                "annotations": [{"id": 1, "image_id": 2, "category_id": 1, "bbox": [0, 0, 5, 5]}],
+            },
+            "image_id 2 is not in",
+        ),
+        (
+            {
+                "images": [{"id": 1, "width": 10, "height": 10}],
+                "categories": [{"id": 1, "name": "dog"}],
+                "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [0, 0, 5, 5]}],
+            },
+            "category_id 3 is not in",
+        ),
+    ],
+)
 def test_load_instances_errors(tmp_path: Path, data, message: str):
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(data))

@@ -35,14 +35,28 @@ __all__ = ["shapes"]  # the module-scoped fixture of test_faults
 
 
 def start_in(cwd: Path, script: str, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], cwd=cwd, env=ONE_THREAD,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        cwd=cwd,
+        env=ONE_THREAD,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def short_run(shapes, output_dir: Path, **extra) -> list[str]:
     """train.py flags for a few steps of the tiny model on the shared Shapes data."""
-    return ["--no-progress", *as_flags(tiny_overrides(shapes.root, output_dir, **{
-        "train.epochs": 1, "train.max_steps": 2, "train.deterministic": False, **extra}))]
+    return [
+        "--no-progress",
+        *as_flags(
+            tiny_overrides(
+                shapes.root,
+                output_dir,
+                **{"train.epochs": 1, "train.max_steps": 2, "train.deterministic": False, **extra},
+            )
+        ),
+    ]
 
 
 def with_stored(source: Path, destination: Path, edit) -> Path:
@@ -77,21 +91,49 @@ def copy_run(trained_run: Path, tmp_path: Path) -> Path:
 
 # ------------------------------------------------------------------ A. where files are written
 
+
 @pytest.mark.slow
 def test_evaluate_never_writes_where_a_checkpoints_paths_point(shapes, tmp_path):
     elsewhere = tmp_path / "elsewhere"
-    checkpoint = with_stored(shapes.checkpoint, tmp_path / "run" / "checkpoints" / "best.pt", lambda p: p["config"]["data"].update(
-        root=str(elsewhere / "data"), cache_dir=str(elsewhere / "cache")))
-    result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-progress", "--no-java", cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, str(elsewhere / "data"), "only read",
-                          "--set data.root=")
+    checkpoint = with_stored(
+        shapes.checkpoint,
+        tmp_path / "run" / "checkpoints" / "best.pt",
+        lambda p: p["config"]["data"].update(
+            root=str(elsewhere / "data"), cache_dir=str(elsewhere / "cache")
+        ),
+    )
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "test",
+        "--no-progress",
+        "--no-java",
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, str(elsewhere / "data"), "only read", "--set data.root="
+    )
     assert not elsewhere.exists()  # no Shapes generated there
 
     # The stored root holds the data but the stored cache folder does not exist: images are decoded, no cache built.
-    checkpoint = with_stored(shapes.checkpoint, checkpoint, lambda p: p["config"]["data"].update(
-        root=str(shapes.root), cache_dir=str(elsewhere / "cache")))
+    checkpoint = with_stored(
+        shapes.checkpoint,
+        checkpoint,
+        lambda p: p["config"]["data"].update(root=str(shapes.root), cache_dir=str(elsewhere / "cache")),
+    )
     before = tree(shapes.root)
-    result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-progress", "--no-java", cwd=tmp_path)
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "test",
+        "--no-progress",
+        "--no-java",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert not elsewhere.exists()
     assert tree(shapes.root) == before
@@ -107,8 +149,15 @@ def test_default_outputs_go_to_the_run_folder_else_the_current_one(shapes, tmp_p
     work.mkdir()
     result = in_process("evaluate.py", "--checkpoint", loose, "--images", images, "--no-progress", cwd=work)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in work.iterdir()) == ["eval_model_images_files.json", "eval_model_images_results.json"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["downloads", "images", "work"]  # nothing beside them
+    assert sorted(p.name for p in work.iterdir()) == [
+        "eval_model_images_files.json",
+        "eval_model_images_results.json",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "downloads",
+        "images",
+        "work",
+    ]  # nothing beside them
 
 
 def test_symlinked_images_are_followed(shapes, tmp_path):
@@ -116,8 +165,17 @@ def test_symlinked_images_are_followed(shapes, tmp_path):
     write_odd_images(outside)
     folder.mkdir()
     (folder / "linked.png").symlink_to(outside / "rgba.png")  # points outside the image folder
-    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", folder,
-                    "--results", tmp_path / "captions.json", "--no-progress", cwd=tmp_path)
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--images",
+        folder,
+        "--results",
+        tmp_path / "captions.json",
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     files = json.loads((tmp_path / "captions_files.json").read_text())
     assert list(files.values()) == [str(folder / "linked.png")]
@@ -125,11 +183,13 @@ def test_symlinked_images_are_followed(shapes, tmp_path):
 
 # ------------------------------------------------------------------ C. runs never mix
 
+
 @pytest.mark.slow
 def test_one_run_per_folder_and_a_killed_run_leaves_no_lock(shapes, tmp_path):
     run = tmp_path / "run"
-    first = start_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{
-        "train.epochs": 50, "train.max_steps": 0}))
+    first = start_in(
+        REPO, "train.py", "--no-test", *short_run(shapes, run, **{"train.epochs": 50, "train.max_steps": 0})
+    )
     try:
         for _ in range(1200):  # the first run holds the lock once it has written its configuration
             if (run / "config.yaml").exists() or first.poll() is not None:
@@ -137,12 +197,20 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_lock(shapes, tmp_path):
             time.sleep(0.1)
         assert first.poll() is None, first.communicate()[1]
         second = run_tool("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
-        assert_one_line_error(second.returncode, second.stderr, str(run), "another train.py run is using this folder",
-                              f"pid {first.pid}", alone=False)
+        assert_one_line_error(
+            second.returncode,
+            second.stderr,
+            str(run),
+            "another train.py run is using this folder",
+            f"pid {first.pid}",
+            alone=False,
+        )
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    third = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO)
+    third = in_process(
+        "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO
+    )
     assert third.returncode == 0, third.stderr  # the kernel dropped the killed run's lock
 
 
@@ -151,8 +219,9 @@ def test_a_run_that_ends_in_this_process_leaves_its_folder_free(trained_run, sha
     from captioning.training.trainer import Trainer
 
     run = copy_run(trained_run, tmp_path)
-    resumed = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 3}), "--resume",
-                         cwd=REPO)
+    resumed = in_process(
+        "train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 3}), "--resume", cwd=REPO
+    )
     assert resumed.returncode == 0, resumed.stderr
     RunLock(run).acquire().release()  # a notebook's second run is not refused by its own finished one
 
@@ -160,8 +229,9 @@ def test_a_run_that_ends_in_this_process_leaves_its_folder_free(trained_run, sha
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Trainer, "fit", full_disk)
-    failed = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume",
-                        cwd=REPO)
+    failed = in_process(
+        "train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume", cwd=REPO
+    )
     assert_one_line_error(failed.returncode, failed.stderr, "No space left on device")
     RunLock(run).acquire().release()  # nor by one that failed after taking the lock
 
@@ -178,22 +248,42 @@ def test_a_refused_resume_changes_nothing(trained_run, shapes, tmp_path):
     assert tree(run) == before  # config.yaml and data_summary.json were not rewritten
 
     other = tmp_path / "other"
-    result = in_process("train.py", "--no-test", *short_run(shapes, other),
-                    "--resume", run / "checkpoints" / "last.pt", cwd=REPO)
-    assert_one_line_error(result.returncode, result.stderr, "last.pt: --resume continues a run in its own folder",
-                          f"--output-dir {run}")
+    result = in_process(
+        "train.py",
+        "--no-test",
+        *short_run(shapes, other),
+        "--resume",
+        run / "checkpoints" / "last.pt",
+        cwd=REPO,
+    )
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        "last.pt: --resume continues a run in its own folder",
+        f"--output-dir {run}",
+    )
     assert not other.exists() and tree(run) == before
 
 
 def test_overwrite_removes_every_output_of_the_earlier_run_and_only_those(trained_run, shapes, tmp_path):
     run = copy_run(trained_run, tmp_path)
-    earlier = ["test_results.json", "test_scores.json", "test_scores.per_image.json", "report.html", "figures/7.png",
-               "eval_best_test_results.json", "eval_best_test_scores.json", "eval_best_images_files.json"]
+    earlier = [
+        "test_results.json",
+        "test_scores.json",
+        "test_scores.per_image.json",
+        "report.html",
+        "figures/7.png",
+        "eval_best_test_results.json",
+        "eval_best_test_scores.json",
+        "eval_best_images_files.json",
+    ]
     for name in earlier:
         (run / name).parent.mkdir(exist_ok=True)
         (run / name).write_text("from the earlier run")
     (run / "notes.txt").write_text("the user's own")
-    result = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO)
+    result = in_process(
+        "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     assert not [name for name in earlier if (run / name).exists()]
     assert (run / "notes.txt").read_text() == "the user's own"
@@ -207,7 +297,11 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
     first = in_process("evaluate.py", *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert (run / "test_results.json").read_text() == "[] "
-    written = ["eval_last_test_results.json", "eval_last_test_scores.json", "eval_last_test_scores.per_image.json"]
+    written = [
+        "eval_last_test_results.json",
+        "eval_last_test_scores.json",
+        "eval_last_test_scores.per_image.json",
+    ]
     assert all((run / name).is_file() for name in written)
     assert "replaced" not in first.stdout
     second = in_process("evaluate.py", *args, cwd=tmp_path)
@@ -217,17 +311,38 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
 
 # ------------------------------------------------------------------ D. every input checked, before any writing
 
-@pytest.mark.parametrize(("flags", "needles"), [
-    (["--set", "train.metric=CIDEr"], ["train.metric must be one of BLEU-1, BLEU-2, BLEU-3, BLEU-4, ROUGE-L, CIDEr-D"]),
-    (["--set", "decode.length_alpha=inf"], ["decode.length_alpha must be a finite number"]),
-    (["--set", "decode.temperature=1e-300"], ["decode.temperature must be in [0.001, 1000]"]),
-    (["--set", "train.lr=nan"], ["train.lr must be a finite number"]),
-    (["--seed", "-1"], ["train.seed must be in [0, 2**32 - 1], got -1"]),
-    (["--encoder", "nonexistent"], ["model.encoder.name must be one of"]),
-    (["--device", "meta"], ["device must be auto, cpu, cuda or cuda:N, got 'meta'"]),
-    (["--set", "model.encoder.weights=missing.pt"], ["missing.pt"]),
-    (["--set", "data.dataset=karpathy", "--set", "data.split_file=missing.json"], ["missing.json: data.split_file: no such file"]),
-], ids=["metric", "alpha-inf", "temperature-tiny", "lr-nan", "seed", "encoder", "device-meta", "weights", "split-file"])
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (
+            ["--set", "train.metric=CIDEr"],
+            ["train.metric must be one of BLEU-1, BLEU-2, BLEU-3, BLEU-4, ROUGE-L, CIDEr-D"],
+        ),
+        (["--set", "decode.length_alpha=inf"], ["decode.length_alpha must be a finite number"]),
+        (["--set", "decode.temperature=1e-300"], ["decode.temperature must be in [0.001, 1000]"]),
+        (["--set", "train.lr=nan"], ["train.lr must be a finite number"]),
+        (["--seed", "-1"], ["train.seed must be in [0, 2**32 - 1], got -1"]),
+        (["--encoder", "nonexistent"], ["model.encoder.name must be one of"]),
+        (["--device", "meta"], ["device must be auto, cpu, cuda or cuda:N, got 'meta'"]),
+        (["--set", "model.encoder.weights=missing.pt"], ["missing.pt"]),
+        (
+            ["--set", "data.dataset=karpathy", "--set", "data.split_file=missing.json"],
+            ["missing.json: data.split_file: no such file"],
+        ),
+    ],
+    ids=[
+        "metric",
+        "alpha-inf",
+        "temperature-tiny",
+        "lr-nan",
+        "seed",
+        "encoder",
+        "device-meta",
+        "weights",
+        "split-file",
+    ],
+)
 def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, flags, needles):
     run = tmp_path / "run"
     code, stderr = run_in_process("train.py", [*short_run(shapes, run), *flags])
@@ -249,7 +364,9 @@ def test_train_refuses_unusable_paths_and_files_through_the_tool(shapes, tmp_pat
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    result = in_process("train.py", "--no-progress", *karpathy_flags(deep, shapes.root, tmp_path / "run"), cwd=tmp_path)
+    result = in_process(
+        "train.py", "--no-progress", *karpathy_flags(deep, shapes.root, tmp_path / "run"), cwd=tmp_path
+    )
     assert_one_line_error(result.returncode, result.stderr, f"{deep}: JSON nested too deeply")
     assert not (tmp_path / "run").exists()
 
@@ -262,22 +379,38 @@ def test_a_nul_byte_in_a_path_is_named(shapes):
 
 
 def test_train_refuses_an_image_id_beyond_64_bits(shapes, tmp_path):
-    split_file = edited_split(shapes.split_file, tmp_path / "huge_id.json",
-                              lambda d: d["images"][4].update(cocoid=2 ** 63))
-    result = in_process("train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run"), cwd=REPO)
-    assert_one_line_error(result.returncode, result.stderr, "huge_id.json", f"image id {2 ** 63} does not fit")
+    split_file = edited_split(
+        shapes.split_file, tmp_path / "huge_id.json", lambda d: d["images"][4].update(cocoid=2**63)
+    )
+    result = in_process(
+        "train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run"), cwd=REPO
+    )
+    assert_one_line_error(result.returncode, result.stderr, "huge_id.json", f"image id {2**63} does not fit")
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("image_id", ["1", None], ids=["string", "null"])
 def test_evaluate_refuses_a_reference_whose_image_id_is_not_an_integer(tmp_path, image_id):
     annotations = tmp_path / "refs.json"
-    annotations.write_text(json.dumps({"images": [{"id": 1}], "annotations": [
-        {"image_id": 1, "caption": "a red circle"}, {"image_id": image_id, "caption": "a blue square"}]}))
+    annotations.write_text(
+        json.dumps(
+            {
+                "images": [{"id": 1}],
+                "annotations": [
+                    {"image_id": 1, "caption": "a red circle"},
+                    {"image_id": image_id, "caption": "a blue square"},
+                ],
+            }
+        )
+    )
     results = tmp_path / "results.json"
     results.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
-    result = in_process("evaluate.py", "--annotations", annotations, "--results", results, "--no-java", cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, f"{annotations}: annotations[1]: image_id must be an integer")
+    result = in_process(
+        "evaluate.py", "--annotations", annotations, "--results", results, "--no-java", cwd=tmp_path
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{annotations}: annotations[1]: image_id must be an integer"
+    )
 
 
 def test_grounding_refuses_huge_boxes(shapes, tmp_path):
@@ -285,9 +418,21 @@ def test_grounding_refuses_huge_boxes(shapes, tmp_path):
     instances["annotations"][0]["bbox"] = [0, 0, 1e308, 1e308]
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(instances))
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, "--split", "test", "--instances",
-                                                  path, "--results", tmp_path / "r.json", "--no-java",
-                                                  "--no-progress"])
+    code, stderr = run_in_process(
+        "evaluate.py",
+        [
+            "--checkpoint",
+            shapes.checkpoint,
+            "--split",
+            "test",
+            "--instances",
+            path,
+            "--results",
+            tmp_path / "r.json",
+            "--no-java",
+            "--no-progress",
+        ],
+    )
     assert_one_line_error(code, stderr, f"{path}: annotations[0]: bbox values must be within")
 
 
@@ -305,13 +450,26 @@ def _crc_damage(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(("edit", "needles"), [
-    (_nan_weight, ["decoder weights", "holds NaN or infinite values"]),
-    ("crc", ["corrupt checkpoint", "fails its CRC check"]),
-    (lambda p: p["decoder"].pop("init_h.weight"), ["decoder weights do not fit", "missing init_h.weight"]),
-    (lambda p: p.update(encoder_fingerprint=[1]), ["'encoder_fingerprint' must be a mapping or null, got list"]),
-    (lambda p: p["decoder"].update({"init_h.weight": "text"}), ["decoder weights: entry 'init_h.weight' is not a tensor"]),
-], ids=["nan", "crc", "missing-weight", "fingerprint-list", "weight-not-a-tensor"])
+@pytest.mark.parametrize(
+    ("edit", "needles"),
+    [
+        (_nan_weight, ["decoder weights", "holds NaN or infinite values"]),
+        ("crc", ["corrupt checkpoint", "fails its CRC check"]),
+        (
+            lambda p: p["decoder"].pop("init_h.weight"),
+            ["decoder weights do not fit", "missing init_h.weight"],
+        ),
+        (
+            lambda p: p.update(encoder_fingerprint=[1]),
+            ["'encoder_fingerprint' must be a mapping or null, got list"],
+        ),
+        (
+            lambda p: p["decoder"].update({"init_h.weight": "text"}),
+            ["decoder weights: entry 'init_h.weight' is not a tensor"],
+        ),
+    ],
+    ids=["nan", "crc", "missing-weight", "fingerprint-list", "weight-not-a-tensor"],
+)
 def test_evaluate_refuses_a_damaged_checkpoint_in_one_line(shapes, tmp_path, edit, needles):
     path = tmp_path / "damaged.pt"
     if edit == "crc":
@@ -319,8 +477,10 @@ def test_evaluate_refuses_a_damaged_checkpoint_in_one_line(shapes, tmp_path, edi
         _crc_damage(path)
     else:
         with_stored(shapes.checkpoint, path, edit)
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test", "--no-progress",
-                                                  "--results", tmp_path / "r.json"])
+    code, stderr = run_in_process(
+        "evaluate.py",
+        ["--checkpoint", path, "--split", "test", "--no-progress", "--results", tmp_path / "r.json"],
+    )
     line = assert_one_line_error(code, stderr, str(path), *needles)
     assert "KeyError" not in line and "TypeError" not in line and "AttributeError" not in line
 
@@ -331,9 +491,15 @@ def test_a_damaged_checkpoint_through_the_tool(shapes, tmp_path):
     assert_one_line_error(result.returncode, result.stderr, str(path), "holds NaN or infinite values")
 
 
-@pytest.mark.parametrize(("script", "option"), [
-    ("evaluate.py", "--results"), ("evaluate.py", "--out"), ("visualize.py", "--html"), ("visualize.py", "--out-dir"),
-])
+@pytest.mark.parametrize(
+    ("script", "option"),
+    [
+        ("evaluate.py", "--results"),
+        ("evaluate.py", "--out"),
+        ("visualize.py", "--html"),
+        ("visualize.py", "--out-dir"),
+    ],
+)
 def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, monkeypatch, script, option):
     from captioning.evaluation import commands, runner
 
@@ -352,11 +518,21 @@ def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, monkey
 
 
 def test_the_output_checks_hold_through_the_tool(shapes, tmp_path):
-    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--split", "test", "--results", tmp_path, cwd=tmp_path)
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--split",
+        "test",
+        "--results",
+        tmp_path,
+        cwd=tmp_path,
+    )
     assert_one_line_error(result.returncode, result.stderr, f"{tmp_path}: --results: is a folder")
 
 
 # ------------------------------------------------------------------ B. temporary files and text that is not text
+
 
 def _package_files() -> set[Path]:
     from pycocoevalcap.tokenizer import ptbtokenizer
@@ -378,10 +554,16 @@ def test_a_lone_surrogate_neither_crashes_nor_writes_inside_installed_packages(s
     assert "\\ud800" in split_file.read_text()  # JSON escapes: valid JSON, not valid text
     run = tmp_path / "run"
     before = _package_files()
-    result = in_process("train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, run, **{
-        "train.epochs": 1, "train.max_steps": 2}), cwd=REPO)
+    result = in_process(
+        "train.py",
+        "--no-progress",
+        *karpathy_flags(split_file, shapes.root, run, **{"train.epochs": 1, "train.max_steps": 2}),
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
-    assert "cannot write the dataset index" not in result.stderr  # its captions are cleaned as the vocabulary's
+    assert (
+        "cannot write the dataset index" not in result.stderr
+    )  # its captions are cleaned as the vocabulary's
     assert "\ufffd" in json.loads((run / "vocab.json").read_text(encoding="utf-8"))["words"]
     assert json.loads((run / "test_scores.json").read_text())["tokenizer"] == "ptb"
     assert _package_files() == before
@@ -395,38 +577,71 @@ def test_java_that_never_answers_times_out_to_the_java_less_path(tmp_path):
     java.write_text("#!/bin/sh\nexec sleep 600\n")
     java.chmod(0o755)
     annotations, results = tmp_path / "refs.json", tmp_path / "run_results.json"
-    annotations.write_text(json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": "a red circle"}]}))
+    annotations.write_text(
+        json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": "a red circle"}]})
+    )
     results.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
     environment = {**ONE_THREAD, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "--annotations", annotations, "--results", results,
-                             "--java-timeout", "2"], capture_output=True, text=True, timeout=120, env=environment,
-                            check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "evaluate.py"),
+            "--annotations",
+            annotations,
+            "--results",
+            results,
+            "--java-timeout",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == "warning: the PTB tokenizer (Java) did not finish in 2 s; scoring without Java (no METEOR)"
+    assert (
+        result.stderr.strip()
+        == "warning: the PTB tokenizer (Java) did not finish in 2 s; scoring without Java (no METEOR)"
+    )
     scores = json.loads((tmp_path / "run_scores.json").read_text())
     assert scores["tokenizer"] == "python" and scores["METEOR"] is None and scores["CIDEr-D"] is not None
 
 
 def test_a_write_removes_only_its_own_temporary_file(tmp_path):
     annotations, results = tmp_path / "refs.json", tmp_path / "results.json"
-    annotations.write_text(json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": "a red circle"}]}))
+    annotations.write_text(
+        json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": "a red circle"}]})
+    )
     results.write_text(json.dumps([{"image_id": 1, "caption": "a red circle"}]))
     folder = tmp_path / "g"
     folder.mkdir()
     (folder / ".notes.backup.tmp").write_text("the user's")
-    result = in_process("evaluate.py", "--annotations", annotations, "--results", results, "--out", "g/*",
-                    "--no-java", cwd=tmp_path)
+    result = in_process(
+        "evaluate.py",
+        "--annotations",
+        annotations,
+        "--results",
+        results,
+        "--out",
+        "g/*",
+        "--no-java",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in folder.iterdir()) == sorted([".notes.backup.tmp", "*", "*.per_image.json"])
 
 
 # ------------------------------------------------------------------ E. messages
 
+
 def test_resume_trims_a_half_written_last_line_of_the_step_log(trained_run, shapes, tmp_path):
     run = copy_run(trained_run, tmp_path)
     with (run / "steps.jsonl").open("a") as log:
         log.write('{"step": 3, "epoch": 1, "stage": "xe", "lo')  # the disk filled up mid-append
-    result = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume", cwd=REPO)
+    result = in_process(
+        "train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume", cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     steps = [json.loads(line)["step"] for line in (run / "steps.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
@@ -437,15 +652,21 @@ def small_disk(tmp_path):
     """A real 4 MiB tmpfs mounted at tmp_path/disk (root only)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
-                             text=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'})")
     yield disk
     subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def test_a_real_full_disk_while_checkpointing_says_so_and_keeps_the_previous_checkpoint(trained_run, shapes, small_disk):
+def test_a_real_full_disk_while_checkpointing_says_so_and_keeps_the_previous_checkpoint(
+    trained_run, shapes, small_disk
+):
     run = small_disk / "run"
     shutil.copytree(trained_run, run)
     last = run / "checkpoints" / "last.pt"
@@ -454,7 +675,9 @@ def test_a_real_full_disk_while_checkpointing_says_so_and_keeps_the_previous_che
     room = len(previous) // 2  # the small files a resumed run rewrites fit; a checkpoint does not
     with (small_disk / "filler").open("wb") as filler:
         filler.write(b"\0" * (free - room))
-    result = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume", cwd=REPO)
+    result = in_process(
+        "train.py", "--no-test", *short_run(shapes, run, **{"train.max_steps": 4}), "--resume", cwd=REPO
+    )
     assert_one_line_error(result.returncode, result.stderr, f"{last}: no space left on device", alone=False)
     assert "enforce fail" not in result.stderr
     assert last.read_bytes() == previous
@@ -462,6 +685,7 @@ def test_a_real_full_disk_while_checkpointing_says_so_and_keeps_the_previous_che
 
 
 # ------------------------------------------------------------------ F. nothing hangs
+
 
 def test_visualize_names_a_fifo_instead_of_waiting_on_it(shapes, tmp_path):
     fifo = tmp_path / "pipe.png"
@@ -477,9 +701,13 @@ def test_a_fifo_or_a_folder_as_a_data_file_is_named_for_what_it_is(shapes, tmp_p
     result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=120)
     assert_one_line_error(result.returncode, result.stderr, f"{fifo}: data.split_file: a FIFO, not a file")
     assert not (tmp_path / "run").exists()
-    flags = karpathy_flags(tmp_path, shapes.root, tmp_path / "run", **{"train.epochs": 1, "train.max_steps": 1})
+    flags = karpathy_flags(
+        tmp_path, shapes.root, tmp_path / "run", **{"train.epochs": 1, "train.max_steps": 1}
+    )
     result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=120)
-    assert_one_line_error(result.returncode, result.stderr, f"{tmp_path}: data.split_file: a folder, not a file")
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{tmp_path}: data.split_file: a folder, not a file"
+    )
 
 
 def test_a_fifo_in_a_dataset_is_skipped_when_asked(shapes, tmp_path):
@@ -487,8 +715,12 @@ def test_a_fifo_in_a_dataset_is_skipped_when_asked(shapes, tmp_path):
     shutil.copytree(shapes.root, root, ignore=shutil.ignore_patterns("features"))
     (root / "train" / "000002.png").unlink()
     os.mkfifo(root / "train" / "000002.png")
-    flags = karpathy_flags(root / "dataset_shapes.json", root, tmp_path / "run", **{
-        "train.epochs": 1, "train.max_steps": 1, "data.skip_bad_images": True})
+    flags = karpathy_flags(
+        root / "dataset_shapes.json",
+        root,
+        tmp_path / "run",
+        **{"train.epochs": 1, "train.max_steps": 1, "data.skip_bad_images": True},
+    )
     result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=240)
     assert result.returncode == 0, result.stderr
     # One line like the project's other warnings, not Python's UserWarning with a source line.

@@ -31,17 +31,26 @@ def never(*args, **kwargs):
 
 # ------------------------------------------------------------------ decoding
 
+
 def test_a_runaway_max_length_is_refused_from_the_flag_and_from_a_checkpoint(shapes, tmp_path, monkeypatch):
     from captioning.evaluation import commands
 
     args = ["--split", "test", "--no-java", "--no-progress"]
     monkeypatch.setattr(commands, "load_trained_captioner", never)
-    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, *args, "--max-length", 10**9, cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr,
-                          f"decode.max_length must be in [1, {MAX_DECODE_LENGTH}], got 1000000000")
+    result = in_process(
+        "evaluate.py", "--checkpoint", shapes.checkpoint, *args, "--max-length", 10**9, cwd=tmp_path
+    )
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        f"decode.max_length must be in [1, {MAX_DECODE_LENGTH}], got 1000000000",
+    )
     monkeypatch.undo()
-    stored = with_stored(shapes.checkpoint, tmp_path / "run" / "checkpoints" / "long.pt",
-                         lambda payload: payload["config"]["decode"].update(max_length=10**9))
+    stored = with_stored(
+        shapes.checkpoint,
+        tmp_path / "run" / "checkpoints" / "long.pt",
+        lambda payload: payload["config"]["decode"].update(max_length=10**9),
+    )
     result = in_process("evaluate.py", "--checkpoint", stored, *args, cwd=tmp_path)
     assert_one_line_error(result.returncode, result.stderr, str(stored), "decode.max_length must be in")
     assert not list((tmp_path / "run").glob("eval_*"))
@@ -51,27 +60,60 @@ def test_a_beam_wider_than_the_vocabulary_is_refused_before_decoding(shapes, tmp
     from captioning.evaluation import runner
 
     monkeypatch.setattr(runner, "generate_captions", never)
-    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--split", "test", "--no-java",
-                        "--no-progress", "--beam-size", 10**8, cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr,
-                          f"decode.beam_size (--beam-size) must be at most the vocabulary's {len(shapes.vocab)} "
-                          "words, got 100000000")
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--split",
+        "test",
+        "--no-java",
+        "--no-progress",
+        "--beam-size",
+        10**8,
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        f"decode.beam_size (--beam-size) must be at most the vocabulary's {len(shapes.vocab)} "
+        "words, got 100000000",
+    )
 
 
 def test_resamples_beyond_the_memory_are_refused_before_scoring(files, tmp_path, monkeypatch):
     from captioning.evaluation import compare
 
     monkeypatch.setattr(compare, "score_captions", never)
-    result = in_process("evaluate.py", "--compare", files["a"], files["b"], "--annotations", files["refs"],
-                        "--no-java", "--resamples", 10**9, cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, "--resamples: 1000000000 resamples of 40 images need",
-                          "available; at most")
+    result = in_process(
+        "evaluate.py",
+        "--compare",
+        files["a"],
+        files["b"],
+        "--annotations",
+        files["refs"],
+        "--no-java",
+        "--resamples",
+        10**9,
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        "--resamples: 1000000000 resamples of 40 images need",
+        "available; at most",
+    )
 
 
-@pytest.mark.parametrize(("overrides", "needle"), [
-    ({"model.decoder.kind": "transformer", "model.decoder.num_heads": 0}, "model.decoder.num_heads must be >= 1, got 0"),
-    ({"train.scst_epochs": 1, "train.scst_samples": 0}, "train.scst_samples must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (
+            {"model.decoder.kind": "transformer", "model.decoder.num_heads": 0},
+            "model.decoder.num_heads must be >= 1, got 0",
+        ),
+        ({"train.scst_epochs": 1, "train.scst_samples": 0}, "train.scst_samples must be >= 1, got 0"),
+    ],
+)
 def test_sizes_that_cannot_work_are_refused_before_the_data_are_read(shapes, tmp_path, overrides, needle):
     result = in_process("train.py", "--no-test", *short_run(shapes, tmp_path / "run", **overrides), cwd=REPO)
     assert_one_line_error(result.returncode, result.stderr, needle)
@@ -79,6 +121,7 @@ def test_sizes_that_cannot_work_are_refused_before_the_data_are_read(shapes, tmp
 
 
 # ------------------------------------------------------------------ a feature cache in odd states
+
 
 def cache_copy(shapes, tmp_path):
     """A copy of the Shapes feature cache, and the folder of its one encoder key."""
@@ -93,19 +136,36 @@ def test_a_fifo_in_a_feature_cache_is_named_instead_of_waited_on(shapes, tmp_pat
     (folder / "features.npy").unlink()
     os.mkfifo(folder / "features.npy")
     needle = f"{folder / 'features.npy'}: not a regular file (a FIFO); delete the folder {folder}"
-    result = in_process("train.py", "--no-test", *short_run(shapes, tmp_path / "run", **{"data.cache_dir": cache}),
-                        cwd=REPO, timeout=120)
+    result = in_process(
+        "train.py",
+        "--no-test",
+        *short_run(shapes, tmp_path / "run", **{"data.cache_dir": cache}),
+        cwd=REPO,
+        timeout=120,
+    )
     assert_one_line_error(result.returncode, result.stderr, needle)
-    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--split", "test", "--no-java",
-                        "--no-progress", "--set", f"data.cache_dir={cache}", cwd=tmp_path, timeout=120)
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--split",
+        "test",
+        "--no-java",
+        "--no-progress",
+        "--set",
+        f"data.cache_dir={cache}",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(result.returncode, result.stderr, needle)
 
 
 def test_damaged_row_states_are_recomputed_not_blamed_on_a_healthy_image(shapes, tmp_path):
     cache, folder = cache_copy(shapes, tmp_path)
     (folder / "state.bin").write_bytes(b"\x02\x02")  # cut to two bytes that say "unreadable"
-    result = in_process("train.py", "--no-test", *short_run(shapes, tmp_path / "run", **{"data.cache_dir": cache}),
-                        cwd=REPO)
+    result = in_process(
+        "train.py", "--no-test", *short_run(shapes, tmp_path / "run", **{"data.cache_dir": cache}), cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     assert f"{folder / 'state.bin'}" in result.stderr and "recomputing" in result.stderr
     assert "unreadable when its features were computed" not in result.stderr + result.stdout
@@ -114,27 +174,43 @@ def test_damaged_row_states_are_recomputed_not_blamed_on_a_healthy_image(shapes,
 
 # ------------------------------------------------------------------ benchmarks/speed.py
 
+
 @pytest.mark.slow
 def test_speed_flags_out_of_bounds_are_refused_in_one_line_before_measuring(read_only_mount, monkeypatch):
     speed = _import_benchmark("speed")
     monkeypatch.setattr(speed, "matmul_peak", never)  # the first measurement
     cores = len(os.sched_getaffinity(0))
-    cases = [(["--device", "tpu"], "--device: must be cpu, cuda or cuda:N, got 'tpu'"),
-             (["--threads", "-1"], f"--threads: must be between 0 (all usable cores) and the {cores} usable cores"),
-             (["--threads", "100000"], "got 100000"),
-             (["--repeats", "0"], "--repeats: must be at least 1, got 0"),
-             (["--parts", "loader", "--loader-dir", str(read_only_mount)],
-              f"{read_only_mount}: --loader-dir: cannot write in it (read-only file system)")]
+    cases = [
+        (["--device", "tpu"], "--device: must be cpu, cuda or cuda:N, got 'tpu'"),
+        (
+            ["--threads", "-1"],
+            f"--threads: must be between 0 (all usable cores) and the {cores} usable cores",
+        ),
+        (["--threads", "100000"], "got 100000"),
+        (["--repeats", "0"], "--repeats: must be at least 1, got 0"),
+        (
+            ["--parts", "loader", "--loader-dir", str(read_only_mount)],
+            f"{read_only_mount}: --loader-dir: cannot write in it (read-only file system)",
+        ),
+    ]
     for flags, needle in cases:
         with pytest.raises(SystemExit) as stop:
             speed.run_parts(speed.get_args_parser().parse_args(["--quick", *flags]))
         message = str(stop.value.code)
         assert needle in message and "\n" not in message, (flags, message)
     # The real tool: refused in one line, where OpenMP crashed on that many threads.
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speed.py"), "--quick", "--threads", "100000"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300, env=ONE_THREAD, check=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "speed.py"), "--quick", "--threads", "100000"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ONE_THREAD,
+        check=False,
+    )
     assert result.returncode == 1 and result.stderr.strip().splitlines() == [
-        f"--threads: must be between 0 (all usable cores) and the {cores} usable cores, got 100000"], result.stderr
+        f"--threads: must be between 0 (all usable cores) and the {cores} usable cores, got 100000"
+    ], result.stderr
 
 
 def _import_benchmark(name: str):

@@ -27,8 +27,12 @@ def read_only_mount(tmp_path) -> Iterator[Path]:
     """A real read-only tmpfs at tmp_path/ro (root only: chmod does not stop root's writes)."""
     folder = tmp_path / "ro"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)],
-                             capture_output=True, text=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'})")
     yield folder
@@ -50,15 +54,27 @@ def test_resume_auto_refuses_a_finished_run_that_kept_only_best_pt(trained_run, 
     run = finished_run(trained_run, tmp_path)
     before = digests(run)
     result = in_process("train.py", "--no-test", *short_run(shapes, run), "--resume", "auto", cwd=REPO)
-    assert_one_line_error(result.returncode, result.stderr, f"{run}: --resume auto: no checkpoints/last.pt",
-                          "checkpoints/best.pt", "report.html", "train.overwrite=true")
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        f"{run}: --resume auto: no checkpoints/last.pt",
+        "checkpoints/best.pt",
+        "report.html",
+        "train.overwrite=true",
+    )
     assert "plan:" not in result.stdout
     assert digests(run) == before
     plain = in_process("train.py", "--no-test", *short_run(shapes, run), cwd=REPO)  # refused the same way
     assert_one_line_error(plain.returncode, plain.stderr, "holds an earlier run's checkpoints (best.pt)")
     assert {name: digest for name, digest in digests(run).items() if name != ".train.lock"} == before
-    replaced = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}),
-                          "--resume", "auto", cwd=REPO)
+    replaced = in_process(
+        "train.py",
+        "--no-test",
+        *short_run(shapes, run, **{"train.overwrite": True}),
+        "--resume",
+        "auto",
+        cwd=REPO,
+    )
     assert replaced.returncode == 0, replaced.stderr  # asked for by name: the run is replaced
     assert not (run / "test_scores.json").exists() and (run / "checkpoints" / "last.pt").is_file()
 
@@ -69,7 +85,9 @@ def test_resume_auto_refuses_a_last_pt_that_is_not_a_file(trained_run, shapes, t
     last = run / "checkpoints" / "last.pt"
     os.mkfifo(last) if kind == "a FIFO" else last.mkdir()
     before = digests(run)
-    result = in_process("train.py", "--no-test", *short_run(shapes, run), "--resume", "auto", cwd=REPO, timeout=120)
+    result = in_process(
+        "train.py", "--no-test", *short_run(shapes, run), "--resume", "auto", cwd=REPO, timeout=120
+    )
     assert_one_line_error(result.returncode, result.stderr, f"{last}: is {kind}, not a checkpoint")
     assert digests(run) == before
     assert (stat.S_ISFIFO if kind == "a FIFO" else stat.S_ISDIR)(os.stat(last).st_mode)
@@ -79,7 +97,9 @@ def test_an_output_dir_that_is_a_file_is_refused_before_the_data_are_read(shapes
     output_dir = tmp_path / "a-file"
     output_dir.write_text("not a folder")
     result = in_process("train.py", "--no-test", *short_run(shapes, output_dir), "--resume", "auto", cwd=REPO)
-    assert_one_line_error(result.returncode, result.stderr, f"{output_dir}: train.output_dir: exists and is not a folder")
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{output_dir}: train.output_dir: exists and is not a folder"
+    )
     assert "plan:" not in result.stdout
     assert output_dir.read_text() == "not a folder"
 
@@ -88,6 +108,10 @@ def test_an_output_dir_on_a_read_only_mount_is_refused_before_the_data_are_read(
     for output_dir in (read_only_mount, read_only_mount / "run"):
         for extra in ([], ["--cache-only"]):
             result = in_process("train.py", "--no-test", *short_run(shapes, output_dir), *extra, cwd=REPO)
-            assert_one_line_error(result.returncode, result.stderr, f"{output_dir}: train.output_dir: cannot write in",
-                                  "(read-only file system)")
+            assert_one_line_error(
+                result.returncode,
+                result.stderr,
+                f"{output_dir}: train.output_dir: cannot write in",
+                "(read-only file system)",
+            )
             assert "plan:" not in result.stdout

@@ -22,7 +22,9 @@ __all__ = ["shapes"]  # the module-scoped fixture of test_faults
 
 def _references(tmp_path):
     annotations, results = tmp_path / "refs.json", tmp_path / "run_results.json"
-    annotations.write_text(json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": "a circle"}]}))
+    annotations.write_text(
+        json.dumps({"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": "a circle"}]})
+    )
     results.write_text(json.dumps([{"image_id": 1, "caption": "a circle"}]))
     return annotations, results
 
@@ -31,10 +33,25 @@ def test_evaluate_names_a_fifo_given_as_annotations_or_instances_instead_of_wait
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)
     _, results = _references(tmp_path)
-    result = in_process("evaluate.py", "--no-java", "--annotations", fifo, "--results", results, cwd=tmp_path, timeout=120)
+    result = in_process(
+        "evaluate.py", "--no-java", "--annotations", fifo, "--results", results, cwd=tmp_path, timeout=120
+    )
     assert_one_line_error(result.returncode, result.stderr, f"{fifo}: not a regular file (a FIFO)")
-    result = in_process("evaluate.py", "--no-progress", "--no-java", "--checkpoint", shapes.checkpoint,
-                    "--split", "test", "--instances", fifo, "--results", tmp_path / "r.json", cwd=tmp_path, timeout=120)
+    result = in_process(
+        "evaluate.py",
+        "--no-progress",
+        "--no-java",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--split",
+        "test",
+        "--instances",
+        fifo,
+        "--results",
+        tmp_path / "r.json",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(result.returncode, result.stderr, f"{fifo}: not a regular file (a FIFO)")
     assert not (tmp_path / "r.json").exists()
 
@@ -50,13 +67,16 @@ def test_a_special_file_given_as_a_checkpoint_or_results_is_named_for_what_it_is
     # A folder given as a checkpoint is read as a model folder (save_pretrained), and this one is none.
     as_checkpoint = what if special == "fifo" else f"{path}: a folder but not a model folder: no config.json"
     image = min((shapes.root / "test").iterdir())
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", path, "--split", "test",
-                                                  "--results", tmp_path / "r.json"])
+    code, stderr = run_in_process(
+        "evaluate.py", ["--checkpoint", path, "--split", "test", "--results", tmp_path / "r.json"]
+    )
     assert_one_line_error(code, stderr, as_checkpoint)
     code, stderr = run_in_process("visualize.py", [image, "--checkpoint", path, "--out-dir", tmp_path / "v"])
     assert_one_line_error(code, stderr, as_checkpoint)
     annotations, _ = _references(tmp_path)
-    code, stderr = run_in_process("evaluate.py", ["--no-java", "--annotations", annotations, "--results", path])
+    code, stderr = run_in_process(
+        "evaluate.py", ["--no-java", "--annotations", annotations, "--results", path]
+    )
     assert_one_line_error(code, stderr, what)
 
 
@@ -66,8 +86,9 @@ def test_a_fifo_as_a_dataset_image_is_named_as_a_fifo(shapes, tmp_path):
     fifo = root / "train" / "000002.png"
     fifo.unlink()
     os.mkfifo(fifo)
-    flags = karpathy_flags(root / "dataset_shapes.json", root, tmp_path / "run",
-                           **{"train.epochs": 1, "train.max_steps": 1})
+    flags = karpathy_flags(
+        root / "dataset_shapes.json", root, tmp_path / "run", **{"train.epochs": 1, "train.max_steps": 1}
+    )
     result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=240)
     assert_one_line_error(result.returncode, result.stderr, f"{fifo} (image 2): not a regular file (a FIFO)")
     assert not (tmp_path / "run").exists()
@@ -81,7 +102,15 @@ def test_evaluate_images_names_a_fifo_in_the_folder_or_skips_and_counts_it(shape
     fifo = folder / "pipe.png"
     os.mkfifo(fifo)
     (folder / "notes.txt").write_text("not an image name: not read, as in any folder dataset")
-    flags = ["--no-progress", "--checkpoint", shapes.checkpoint, "--images", folder, "--results", tmp_path / "r.json"]
+    flags = [
+        "--no-progress",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--images",
+        folder,
+        "--results",
+        tmp_path / "r.json",
+    ]
     result = in_process("evaluate.py", *flags, cwd=tmp_path, timeout=120)
     assert_one_line_error(result.returncode, result.stderr, str(fifo), "not a regular file (a FIFO)")
     result = in_process("evaluate.py", *flags, "--skip-bad-images", cwd=tmp_path, timeout=120)
@@ -92,15 +121,22 @@ def test_evaluate_images_names_a_fifo_in_the_folder_or_skips_and_counts_it(shape
 
 
 def test_control_characters_in_a_data_files_paths_are_escaped_in_messages(shapes, tmp_path):
-    split_file = edited_split(shapes.split_file, tmp_path / "nul.json",
-                              lambda d: d["images"][4].update(filename="000005\x00.png"))
-    result = in_process("train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run"), cwd=REPO)
+    split_file = edited_split(
+        shapes.split_file, tmp_path / "nul.json", lambda d: d["images"][4].update(filename="000005\x00.png")
+    )
+    result = in_process(
+        "train.py", "--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run"), cwd=REPO
+    )
     line = assert_one_line_error(result.returncode, result.stderr, "contains a NUL character")
     assert "\x00" not in result.stderr and "000005\\x00.png" in line
-    split_file = edited_split(shapes.split_file, tmp_path / "escape.json",
-                              lambda d: d["images"][4].update(filename="000005\x1b[2J.png"))
-    code, stderr = run_in_process("train.py", ["--no-progress", *karpathy_flags(split_file, shapes.root,
-                                                                               tmp_path / "run")])
+    split_file = edited_split(
+        shapes.split_file,
+        tmp_path / "escape.json",
+        lambda d: d["images"][4].update(filename="000005\x1b[2J.png"),
+    )
+    code, stderr = run_in_process(
+        "train.py", ["--no-progress", *karpathy_flags(split_file, shapes.root, tmp_path / "run")]
+    )
     line = assert_one_line_error(code, stderr, "image file not found")
     assert "\x1b" not in stderr and "000005\\x1b[2J.png (image" in line
 
@@ -111,12 +147,16 @@ def test_a_feature_cache_index_with_an_absurd_capacity_is_refused_naming_the_fol
     (index_path,) = (root / "features").glob("*/index.json")
     index = json.loads(index_path.read_text())
     features = index_path.with_name("features.npy").read_bytes()
-    index["capacity"] = 10 ** 13
+    index["capacity"] = 10**13
     index_path.write_text(json.dumps(index))
     flags = karpathy_flags(root / "dataset_shapes.json", root, tmp_path / "run", **{"train.max_steps": 1})
     result = in_process("train.py", "--no-test", "--no-progress", *flags, cwd=REPO, timeout=240)
-    assert_one_line_error(result.returncode, result.stderr, f"{index_path}: damaged feature cache index: capacity "
-                          f"{10 ** 13} does not match its rows", f"delete the folder {index_path.parent}")
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        f"{index_path}: damaged feature cache index: capacity {10**13} does not match its rows",
+        f"delete the folder {index_path.parent}",
+    )
     assert index_path.with_name("features.npy").read_bytes() == features
 
 
@@ -126,8 +166,19 @@ def test_control_characters_in_warnings_are_escaped_too(shapes, tmp_path):
     for image in sorted((shapes.root / "test").iterdir())[:2]:
         shutil.copy(image, folder / image.name)
     (folder / "bad\x1b[2J.png").write_bytes(b"")  # an empty file: unreadable, skipped with a warning
-    result = in_process("evaluate.py", "--no-progress", "--checkpoint", shapes.checkpoint, "--images", folder,
-                    "--results", tmp_path / "r.json", "--skip-bad-images", cwd=tmp_path, timeout=120)
+    result = in_process(
+        "evaluate.py",
+        "--no-progress",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--images",
+        folder,
+        "--results",
+        tmp_path / "r.json",
+        "--skip-bad-images",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped 1 of 3 images that could not be read" in result.stdout
     warnings = [line for line in result.stderr.splitlines() if "bad" in line]

@@ -31,8 +31,10 @@ __all__ = ["files", "shapes", "trained_run"]  # fixtures of other test modules
 
 def seed_runs(tmp_path: Path) -> list[Path]:
     """The test_scores.json of two runs that differ only in their seed."""
-    return [write_run(tmp_path / f"seed{seed}", seed, {"CIDEr-D": cider, "images": 8})
-            for seed, cider in ((1, 0.5), (2, 0.7))]
+    return [
+        write_run(tmp_path / f"seed{seed}", seed, {"CIDEr-D": cider, "images": 8})
+        for seed, cider in ((1, 0.5), (2, 0.7))
+    ]
 
 
 @contextmanager
@@ -61,6 +63,7 @@ def drained(fifo: Path) -> Iterator[bytearray]:
 
 # ------------------------------------------------------------------ devices, FIFOs, links
 
+
 @pytest.mark.parametrize("device", ["/dev/null", "/dev/full"])
 def test_a_device_as_out_is_written_into_and_stays_a_device(tmp_path, device):
     before = os.stat(device)
@@ -79,8 +82,18 @@ def test_a_fifo_as_out_is_written_into_and_stays_a_fifo(files, tmp_path):
     fifo = tmp_path / "scores.fifo"
     os.mkfifo(fifo)
     with drained(fifo) as received:
-        result = in_process("evaluate.py", "--no-java", "--annotations", files["refs"], "--results", files["a"],
-                            "--out", fifo, cwd=tmp_path, timeout=120)
+        result = in_process(
+            "evaluate.py",
+            "--no-java",
+            "--annotations",
+            files["refs"],
+            "--results",
+            files["a"],
+            "--out",
+            fifo,
+            cwd=tmp_path,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert json.loads(bytes(received))["images"] == 40
@@ -90,8 +103,18 @@ def test_a_fifo_as_out_is_written_into_and_stays_a_fifo(files, tmp_path):
 def test_a_fifo_as_results_to_score_is_named_and_stays_a_fifo(files, tmp_path):
     fifo = tmp_path / "results.json"
     os.mkfifo(fifo)
-    result = in_process("evaluate.py", "--no-java", "--annotations", files["refs"], "--results", fifo,
-                        "--out", tmp_path / "s.json", cwd=tmp_path, timeout=60)
+    result = in_process(
+        "evaluate.py",
+        "--no-java",
+        "--annotations",
+        files["refs"],
+        "--results",
+        fifo,
+        "--out",
+        tmp_path / "s.json",
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert_one_line_error(result.returncode, result.stderr, f"{fifo}: not a regular file (a FIFO)")
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
@@ -100,8 +123,19 @@ def test_a_fifo_as_visualize_html_is_written_into(shapes, tmp_path, make_image):
     image, fifo = make_image(tmp_path / "photo.png", size=(64, 64)), tmp_path / "page.html"
     os.mkfifo(fifo)
     with drained(fifo) as received:
-        result = in_process("visualize.py", image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "v",
-                            "--html", fifo, "--no-progress", cwd=tmp_path, timeout=120)
+        result = in_process(
+            "visualize.py",
+            image,
+            "--checkpoint",
+            shapes.checkpoint,
+            "--out-dir",
+            tmp_path / "v",
+            "--html",
+            fifo,
+            "--no-progress",
+            cwd=tmp_path,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert bytes(received).lstrip().lower().startswith(b"<!doctype html")
@@ -121,16 +155,23 @@ def test_a_link_as_out_keeps_pointing_at_the_replaced_file(tmp_path):
 def test_outputs_take_the_users_umask(tmp_path):
     previous = os.umask(0o027)
     try:
-        result = in_process("evaluate.py", "--aggregate", *seed_runs(tmp_path), "--out", tmp_path / "a.json",
-                            cwd=tmp_path)
+        result = in_process(
+            "evaluate.py", "--aggregate", *seed_runs(tmp_path), "--out", tmp_path / "a.json", cwd=tmp_path
+        )
     finally:
         os.umask(previous)
     assert result.returncode == 0, result.stderr
     assert stat.S_IMODE(os.stat(tmp_path / "a.json").st_mode) == 0o640
     previous = os.umask(0o002)
     try:
-        result = in_process("evaluate.py", "--aggregate", *seed_runs(tmp_path / "again"), "--out", tmp_path / "a.json",
-                            cwd=tmp_path)
+        result = in_process(
+            "evaluate.py",
+            "--aggregate",
+            *seed_runs(tmp_path / "again"),
+            "--out",
+            tmp_path / "a.json",
+            cwd=tmp_path,
+        )
     finally:
         os.umask(previous)
     assert result.returncode == 0, result.stderr
@@ -139,13 +180,16 @@ def test_outputs_take_the_users_umask(tmp_path):
 
 # ------------------------------------------------------------------ inputs and a run's own files
 
+
 def test_compare_and_aggregate_never_write_onto_a_runs_files(files, tmp_path):
     runs = seed_runs(tmp_path)
     before = {path: path.read_bytes() for path in [*runs, runs[0].parent / "config.yaml"]}
-    targets = [("--aggregate", runs, runs[0].parent / "config.yaml", "is an input of this command"),
-               ("--aggregate", runs, tmp_path / "seed2" / "test_scores.json", "is an input of this command"),
-               ("--compare", [files["a"], files["b"]], runs[0], "is the main job's own file"),
-               ("--compare", [files["a"], files["b"]], files["refs"], "is an input of this command")]
+    targets = [
+        ("--aggregate", runs, runs[0].parent / "config.yaml", "is an input of this command"),
+        ("--aggregate", runs, tmp_path / "seed2" / "test_scores.json", "is an input of this command"),
+        ("--compare", [files["a"], files["b"]], runs[0], "is the main job's own file"),
+        ("--compare", [files["a"], files["b"]], files["refs"], "is an input of this command"),
+    ]
     for option, inputs, out, needle in targets:
         extra = ["--annotations", files["refs"], "--no-java"] if option == "--compare" else []
         result = in_process("evaluate.py", option, *inputs, *extra, "--out", out, cwd=tmp_path)
@@ -157,19 +201,48 @@ def test_scoring_a_runs_test_results_never_replaces_its_scores(trained_run, file
     run = copy_run(trained_run, tmp_path)
     (run / "test_results.json").write_bytes(files["a"].read_bytes())
     (run / "test_scores.json").write_text('{"from": "the main job"}')
-    result = in_process("evaluate.py", "--no-java", "--annotations", files["refs"],
-                        "--results", run / "test_results.json", cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, f"{run / 'test_scores.json'}: --out: is the main job's")
+    result = in_process(
+        "evaluate.py",
+        "--no-java",
+        "--annotations",
+        files["refs"],
+        "--results",
+        run / "test_results.json",
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{run / 'test_scores.json'}: --out: is the main job's"
+    )
     assert (run / "test_scores.json").read_text() == '{"from": "the main job"}'
     mine = tmp_path / "mine.json"
-    result = in_process("evaluate.py", "--no-java", "--annotations", files["refs"],
-                        "--results", run / "test_results.json", "--out", mine, cwd=tmp_path)
+    result = in_process(
+        "evaluate.py",
+        "--no-java",
+        "--annotations",
+        files["refs"],
+        "--results",
+        run / "test_results.json",
+        "--out",
+        mine,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(mine.read_text())["images"] == 40
     # the results being scored are an input, whatever --out calls them
-    result = in_process("evaluate.py", "--no-java", "--annotations", files["refs"], "--results", files["a"],
-                        "--out", files["a"], cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, f"{files['a']}: --out: is an input of this command")
+    result = in_process(
+        "evaluate.py",
+        "--no-java",
+        "--annotations",
+        files["refs"],
+        "--results",
+        files["a"],
+        "--out",
+        files["a"],
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{files['a']}: --out: is an input of this command"
+    )
 
 
 @pytest.mark.parametrize("name", ["last.pt", "best.pt"])
@@ -179,9 +252,21 @@ def test_evaluate_never_writes_onto_the_checkpoint_it_evaluates(trained_run, tmp
     if not checkpoint.exists():  # a run of two steps keeps no best.pt
         shutil.copyfile(run / "checkpoints" / "last.pt", checkpoint)
     before = digests(run)
-    result = in_process("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--results", checkpoint,
-                        "--no-java", "--no-progress", cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, f"{checkpoint}: --results: is an input of this command")
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "test",
+        "--results",
+        checkpoint,
+        "--no-java",
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{checkpoint}: --results: is an input of this command"
+    )
     assert digests(run) == before
 
 
@@ -195,24 +280,47 @@ def test_a_per_image_path_that_is_a_folder_is_refused_before_decoding(trained_ru
     run = copy_run(trained_run, tmp_path)
     folder = tmp_path / "mine_scores.per_image.json"
     folder.mkdir()
-    result = in_process("evaluate.py", "--checkpoint", run / "checkpoints" / "last.pt", "--split", "test",
-                        "--out", tmp_path / "mine_scores.json", "--no-java", cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, f"{folder}: --out (per-image scores): is a folder")
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        run / "checkpoints" / "last.pt",
+        "--split",
+        "test",
+        "--out",
+        tmp_path / "mine_scores.json",
+        "--no-java",
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{folder}: --out (per-image scores): is a folder"
+    )
 
 
 def test_visualize_never_writes_a_figure_onto_its_own_image(shapes, tmp_path, make_image):
     image = make_image(tmp_path / "photo.png", size=(64, 64))
     before = image.read_bytes()
-    result = in_process("visualize.py", image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path,
-                        "--no-progress", cwd=tmp_path)
-    assert_one_line_error(result.returncode, result.stderr, f"{image}: --out-dir: is an input of this command")
+    result = in_process(
+        "visualize.py",
+        image,
+        "--checkpoint",
+        shapes.checkpoint,
+        "--out-dir",
+        tmp_path,
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, f"{image}: --out-dir: is an input of this command"
+    )
     assert image.read_bytes() == before
 
 
 # ------------------------------------------------------------------ train.overwrite removes the run's names only
 
-def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_users_files(trained_run, shapes,
-                                                                                        tmp_path):
+
+def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_users_files(
+    trained_run, shapes, tmp_path
+):
     run = copy_run(trained_run, tmp_path)
     outside = tmp_path / "outside"
     (outside / "figures").mkdir(parents=True)
@@ -223,7 +331,9 @@ def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_user
     (run / "checkpoints" / "linked.pt").symlink_to(outside / "old.pt")
     (run / "plots").mkdir()
     (run / "plots" / "loss.png").write_text("the user's own")
-    result = in_process("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO)
+    result = in_process(
+        "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     assert (outside / "figures" / "7.png").read_text() == "a figure of another project"
     assert (outside / "old.pt").read_text() == "somebody's checkpoint"
@@ -235,8 +345,16 @@ def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_user
 
 def test_visualize_says_which_files_it_replaced(shapes, tmp_path, make_image):
     image = make_image(tmp_path / "photo.png", size=(64, 64))
-    args = [image, "--checkpoint", shapes.checkpoint, "--out-dir", tmp_path / "v", "--html", tmp_path / "page.html",
-            "--no-progress"]
+    args = [
+        image,
+        "--checkpoint",
+        shapes.checkpoint,
+        "--out-dir",
+        tmp_path / "v",
+        "--html",
+        tmp_path / "page.html",
+        "--no-progress",
+    ]
     first = in_process("visualize.py", *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "replaced" not in first.stdout
@@ -248,13 +366,31 @@ def test_visualize_says_which_files_it_replaced(shapes, tmp_path, make_image):
 
 def test_nothing_is_written_beside_a_device(shapes, files, tmp_path, make_image):
     before = sorted(os.listdir("/dev"))
-    result = in_process("evaluate.py", "--no-java", "--annotations", files["refs"], "--results", files["a"],
-                        "--out", "/dev/null", cwd=tmp_path)
+    result = in_process(
+        "evaluate.py",
+        "--no-java",
+        "--annotations",
+        files["refs"],
+        "--results",
+        files["a"],
+        "--out",
+        "/dev/null",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "per-image" not in result.stdout.split("wrote:")[1]
     make_image(tmp_path / "photos" / "one.png", size=(64, 64))
-    result = in_process("evaluate.py", "--checkpoint", shapes.checkpoint, "--images", tmp_path / "photos",
-                        "--results", "/dev/null", "--no-progress", cwd=tmp_path)
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        shapes.checkpoint,
+        "--images",
+        tmp_path / "photos",
+        "--results",
+        "/dev/null",
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "image id -> file" not in result.stdout
     assert sorted(os.listdir("/dev")) == before  # no /dev/null.per_image.json, no /dev/null_files.json

@@ -29,8 +29,11 @@ __all__ = ["shapes", "trained_run"]  # module-scoped fixtures of test_faults and
 
 def digests(folder: Path) -> dict[str, str]:
     """The md5 of every file under ``folder`` (hidden ones included), by relative path."""
-    return {str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _first_moment(payload: dict) -> dict:
@@ -38,44 +41,70 @@ def _first_moment(payload: dict) -> dict:
 
 
 DAMAGE = {
-    "state-not-a-mapping": (lambda p: p["training"]["optimizer"].update(state="x"),
-                            "training.optimizer.state: must be a mapping, got str"),
-    "moment-a-string": (lambda p: _first_moment(p).update(exp_avg="x"),
-                        "training.optimizer.state[0].exp_avg: must be a floating-point tensor, got str"),
-    "moment-nan": (lambda p: _first_moment(p)["exp_avg_sq"].fill_(float("nan")),
-                   "training.optimizer.state[0].exp_avg_sq: holds NaN or infinite values"),
-    "group-without-params": (lambda p: p["training"]["optimizer"].update(param_groups=[{"lr": "x"}]),
-                             "training.optimizer.param_groups[0].params: must be a list of parameter numbers"),
-    "lr-not-a-number": (lambda p: p["training"]["optimizer"]["param_groups"][0].update(lr="x"),
-                        "training.optimizer.param_groups[0].lr: must be a number, got str"),
-    "state-of-no-parameter": (lambda p: p["training"]["optimizer"]["state"].update({999: _first_moment(p)}),
-                              "training.optimizer.state[999]: belongs to no parameter"),
-    "rng-per-rank-a-string": (lambda p: p["training"].update(rng_per_rank="x"),
-                              "training.rng_per_rank: must be a non-empty list, got str"),
-    "rng-torch-a-string": (lambda p: p["training"]["rng"].update(torch="x"),
-                           "training.rng.torch: must be a byte tensor, got str"),
-    "unknown-stage": (lambda p: p["training"]["state"].update(stage="zz"),
-                      "training.state.stage: must be one of xe, scst, got 'zz'"),
-    "negative-step": (lambda p: p["training"]["state"].update(global_step=-3),
-                      "training.state.global_step: must be an integer >= 0, got -3"),
+    "state-not-a-mapping": (
+        lambda p: p["training"]["optimizer"].update(state="x"),
+        "training.optimizer.state: must be a mapping, got str",
+    ),
+    "moment-a-string": (
+        lambda p: _first_moment(p).update(exp_avg="x"),
+        "training.optimizer.state[0].exp_avg: must be a floating-point tensor, got str",
+    ),
+    "moment-nan": (
+        lambda p: _first_moment(p)["exp_avg_sq"].fill_(float("nan")),
+        "training.optimizer.state[0].exp_avg_sq: holds NaN or infinite values",
+    ),
+    "group-without-params": (
+        lambda p: p["training"]["optimizer"].update(param_groups=[{"lr": "x"}]),
+        "training.optimizer.param_groups[0].params: must be a list of parameter numbers",
+    ),
+    "lr-not-a-number": (
+        lambda p: p["training"]["optimizer"]["param_groups"][0].update(lr="x"),
+        "training.optimizer.param_groups[0].lr: must be a number, got str",
+    ),
+    "state-of-no-parameter": (
+        lambda p: p["training"]["optimizer"]["state"].update({999: _first_moment(p)}),
+        "training.optimizer.state[999]: belongs to no parameter",
+    ),
+    "rng-per-rank-a-string": (
+        lambda p: p["training"].update(rng_per_rank="x"),
+        "training.rng_per_rank: must be a non-empty list, got str",
+    ),
+    "rng-torch-a-string": (
+        lambda p: p["training"]["rng"].update(torch="x"),
+        "training.rng.torch: must be a byte tensor, got str",
+    ),
+    "unknown-stage": (
+        lambda p: p["training"]["state"].update(stage="zz"),
+        "training.state.stage: must be one of xe, scst, got 'zz'",
+    ),
+    "negative-step": (
+        lambda p: p["training"]["state"].update(global_step=-3),
+        "training.state.global_step: must be an integer >= 0, got -3",
+    ),
 }
 
 
-def test_a_damaged_optimizer_moment_is_refused_naming_it_and_the_folder_stays_byte_identical(trained_run, shapes,
-                                                                                             tmp_path):
+def test_a_damaged_optimizer_moment_is_refused_naming_it_and_the_folder_stays_byte_identical(
+    trained_run, shapes, tmp_path
+):
     run = copy_run(trained_run, tmp_path)
     last = run / "checkpoints" / "last.pt"
     shape = tuple(_first_moment(torch.load(last, weights_only=True))["exp_avg"].shape)
     with_stored(last, last, lambda p: _first_moment(p).update(exp_avg=torch.zeros(3)))
     before = digests(run)
     result = in_process("train.py", "--no-test", *short_run(shapes, run), "--resume", cwd=REPO)
-    assert_one_line_error(result.returncode, result.stderr, f"{last}: training.optimizer.state[0].exp_avg: "
-                          f"shape (3,) does not match the parameter's {shape}")
+    assert_one_line_error(
+        result.returncode,
+        result.stderr,
+        f"{last}: training.optimizer.state[0].exp_avg: shape (3,) does not match the parameter's {shape}",
+    )
     assert digests(run) == before  # config.yaml, data_summary.json, the step log: all as they were
 
 
 @pytest.mark.parametrize(("edit", "needle"), DAMAGE.values(), ids=DAMAGE.keys())
-def test_damaged_training_state_is_refused_in_one_line_before_any_write(trained_run, shapes, tmp_path, edit, needle):
+def test_damaged_training_state_is_refused_in_one_line_before_any_write(
+    trained_run, shapes, tmp_path, edit, needle
+):
     run = copy_run(trained_run, tmp_path)
     last = run / "checkpoints" / "last.pt"
     with_stored(last, last, edit)
@@ -98,13 +127,18 @@ def test_decoder_weights_of_another_shape_are_refused_before_any_write(trained_r
 
 # ------------------------------------------------------------------ one run per folder, before any work
 
+
 @pytest.mark.slow
 def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(shapes, tmp_path):
     run, cache = tmp_path / "run", tmp_path / "cache"
     # Random encoder weights key their own cache folder: --cache-only must draw the run's.
     random_encoder = {"model.encoder.weights": "none", "data.cache_dir": cache}
-    first = start_in(REPO, "train.py", "--no-test", *short_run(shapes, run, **{
-        "train.epochs": 50, "train.max_steps": 0, **random_encoder}))
+    first = start_in(
+        REPO,
+        "train.py",
+        "--no-test",
+        *short_run(shapes, run, **{"train.epochs": 50, "train.max_steps": 0, **random_encoder}),
+    )
     try:
         for _ in range(3000):  # training (its step log): the lock is held and the feature cache is complete
             if (run / "steps.jsonl").exists() or first.poll() is not None:
@@ -116,9 +150,16 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
         first.send_signal(signal.SIGSTOP)
         assert first.poll() is None, first.communicate()[1]
         before = digests(run)
-        caching = run_tool("train.py", "--cache-only", *short_run(shapes, run, **{"data.max_caption_length": 5}))
-        assert_one_line_error(caching.returncode, caching.stderr, str(run), "another train.py run is using this folder",
-                              f"pid {first.pid}")
+        caching = run_tool(
+            "train.py", "--cache-only", *short_run(shapes, run, **{"data.max_caption_length": 5})
+        )
+        assert_one_line_error(
+            caching.returncode,
+            caching.stderr,
+            str(run),
+            "another train.py run is using this folder",
+            f"pid {first.pid}",
+        )
         second = run_tool("train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}))
         assert_one_line_error(second.returncode, second.stderr, "another train.py run is using this folder")
         assert "plan:" not in second.stdout  # refused before the data were read
@@ -132,21 +173,33 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
     summary = json.loads((run / "data_summary.json").read_text())
     assert summary["train_captions_cut"] == 0  # the refused cache-only run did not rewrite it
 
-    caching = in_process("train.py", "--cache-only", *short_run(shapes, run, **{
-        "data.max_caption_length": 5, **random_encoder}), cwd=REPO)
+    caching = in_process(
+        "train.py",
+        "--cache-only",
+        *short_run(shapes, run, **{"data.max_caption_length": 5, **random_encoder}),
+        cwd=REPO,
+    )
     assert caching.returncode == 0, caching.stderr
     listed = caching.stdout.split("files written:")[1]
-    assert str(run / "data_summary.json") in listed and "test features" in listed  # the run cached no test split
+    assert (
+        str(run / "data_summary.json") in listed and "test features" in listed
+    )  # the run cached no test split
     assert json.loads((run / "data_summary.json").read_text())["train_captions_cut"] > 0
     assert len(list(cache.iterdir())) == 1, list(cache.iterdir())  # the run's cache folder, not a new one
 
 
 # ------------------------------------------------------------------ --set values as YAML reads them
 
+
 @pytest.mark.parametrize("value", ["null", "~", "NULL", ""])
 def test_a_null_output_dir_from_set_is_refused_as_in_a_yaml_file(shapes, tmp_path, monkeypatch, value):
     monkeypatch.chdir(tmp_path)
-    flags = [*short_run(shapes, tmp_path), "--no-test", "--set", f"train.output_dir={value}"]  # the last one wins
+    flags = [
+        *short_run(shapes, tmp_path),
+        "--no-test",
+        "--set",
+        f"train.output_dir={value}",
+    ]  # the last one wins
     code, stderr = run_in_process("train.py", flags)
     assert_one_line_error(code, stderr, "train.output_dir must be a string, got null")
     assert not list(tmp_path.iterdir())  # no folder named null, ~ or None
@@ -166,8 +219,9 @@ def test_a_home_relative_path_is_expanded_as_a_shell_does(tmp_path, monkeypatch)
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    args = parser.parse_args(["--set", "train.output_dir=~/runs/a", "--set", "data.split_file=null",
-                                         "--set", "data.cache_dir=~"])
+    args = parser.parse_args(
+        ["--set", "train.output_dir=~/runs/a", "--set", "data.split_file=null", "--set", "data.cache_dir=~"]
+    )
     config = config_from_args(args)
     assert config.train.output_dir == str(tmp_path / "home" / "runs" / "a")
     assert config.data.split_file is None and config.data.cache_dir is None

@@ -50,7 +50,11 @@ def test_jsonl_rows_merge_per_image_and_the_rule_makes_val_and_test(jsonl_folder
     assert [r.split for r in records] == ["train"] * 8 + ["val", "test", "train", "train"]
     first = records[0]
     assert first.raw == ("A red square number 1.", "Two words", "and three more")
-    assert first.captions == (("a", "red", "square", "number", "1"), ("two", "words"), ("and", "three", "more"))
+    assert first.captions == (
+        ("a", "red", "square", "number", "1"),
+        ("two", "words"),
+        ("and", "three", "more"),
+    )
     assert split_rule(DataConfig(dataset="imagefolder", root=str(jsonl_folder))) == SPLIT_RULE
 
 
@@ -59,11 +63,19 @@ def test_csv_in_split_folders_keeps_ids_and_takes_the_folders_splits(tmp_path, m
     for split, ids in (("train", [10, 11]), ("validation", [20]), ("test", [30])):
         for image_id in ids:
             make_image(root / split / "photos" / f"{image_id}.jpg")
-        write_csv(root / split / "metadata.csv", ["image_id", "file_name", "caption", "extra"],
-                  [[i, f"photos/{i}.jpg", f"caption of {i}", "ignored"] for i in ids]
-                  + [[ids[0], f"photos/{ids[0]}.jpg", "a second, with a comma", ""]])
+        write_csv(
+            root / split / "metadata.csv",
+            ["image_id", "file_name", "caption", "extra"],
+            [[i, f"photos/{i}.jpg", f"caption of {i}", "ignored"] for i in ids]
+            + [[ids[0], f"photos/{ids[0]}.jpg", "a second, with a comma", ""]],
+        )
     records = read_imagefolder(root)
-    assert [(r.image_id, r.split) for r in records] == [(10, "train"), (11, "train"), (20, "val"), (30, "test")]
+    assert [(r.image_id, r.split) for r in records] == [
+        (10, "train"),
+        (11, "train"),
+        (20, "val"),
+        (30, "test"),
+    ]
     assert records[0].path == root / "train" / "photos" / "10.jpg"
     assert records[0].raw == ("caption of 10", "a second, with a comma")
     assert split_rule(DataConfig(dataset="imagefolder", root=str(root))) is None
@@ -71,7 +83,10 @@ def test_csv_in_split_folders_keeps_ids_and_takes_the_folders_splits(tmp_path, m
 
 def test_the_tokenizer_makes_the_training_tokens(tmp_path, make_image):
     make_image(tmp_path / "a.png")
-    write_jsonl(tmp_path / "metadata.jsonl", [{"file_name": "a.png", "caption": "一只狗在草地上跑。", "split": "train"}])
+    write_jsonl(
+        tmp_path / "metadata.jsonl",
+        [{"file_name": "a.png", "caption": "一只狗在草地上跑。", "split": "train"}],
+    )
     (record,) = read_imagefolder(tmp_path, tokenize_characters)
     assert record.captions == (("一", "只", "狗", "在", "草", "地", "上", "跑"),)
     assert record.raw == ("一只狗在草地上跑。",)
@@ -89,24 +104,27 @@ def test_load_records_reads_it_and_states_the_rule_in_the_summary(jsonl_folder, 
 ROW = {"file_name": "a.png", "caption": "a cat", "split": "train", "image_id": 1}
 
 
-@pytest.mark.parametrize(("second", "message"), [
-    ({**ROW, "file_name": "missing.png", "image_id": 2}, "image file 'missing.png' not found"),
-    ({**ROW, "caption": "  "}, "empty caption"),
-    ({**ROW, "caption": "..."}, "caption '...' has no words"),
-    ({**ROW, "caption": []}, "must be a string or a non-empty list of strings"),
-    ({**ROW, "caption": 3}, "must be a string or a non-empty list of strings"),
-    ({**ROW, "split": "dev"}, "unknown split 'dev'"),
-    ({**ROW, "file_name": "b.png", "image_id": 1}, "image_id 1 names 'b.png', but 'a.png' at"),
-    ({**ROW, "image_id": 7}, "'a.png' has image_id 7, but 1 at"),
-    ({**ROW, "split": "test"}, "'a.png' in split 'test', but 'train' at"),
-    ({**ROW, "image_id": "x"}, "field 'image_id' must be an integer"),
-    ({"file_name": "b.png", "caption": "a dog", "image_id": 2}, "no 'split', unlike the rows before it"),
-    ({**ROW, "file_name": "../a.png"}, "must not contain '..'"),
-    ({"caption": "a cat"}, "missing field 'file_name'"),
-    ({"file_name": "a.png"}, "missing field 'caption' (or 'text')"),
-    ({**ROW, "text": "a cat"}, "both 'caption' and 'text'"),
-    ([1, 2], "expected an object, got list"),
-])
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        ({**ROW, "file_name": "missing.png", "image_id": 2}, "image file 'missing.png' not found"),
+        ({**ROW, "caption": "  "}, "empty caption"),
+        ({**ROW, "caption": "..."}, "caption '...' has no words"),
+        ({**ROW, "caption": []}, "must be a string or a non-empty list of strings"),
+        ({**ROW, "caption": 3}, "must be a string or a non-empty list of strings"),
+        ({**ROW, "split": "dev"}, "unknown split 'dev'"),
+        ({**ROW, "file_name": "b.png", "image_id": 1}, "image_id 1 names 'b.png', but 'a.png' at"),
+        ({**ROW, "image_id": 7}, "'a.png' has image_id 7, but 1 at"),
+        ({**ROW, "split": "test"}, "'a.png' in split 'test', but 'train' at"),
+        ({**ROW, "image_id": "x"}, "field 'image_id' must be an integer"),
+        ({"file_name": "b.png", "caption": "a dog", "image_id": 2}, "no 'split', unlike the rows before it"),
+        ({**ROW, "file_name": "../a.png"}, "must not contain '..'"),
+        ({"caption": "a cat"}, "missing field 'file_name'"),
+        ({"file_name": "a.png"}, "missing field 'caption' (or 'text')"),
+        ({**ROW, "text": "a cat"}, "both 'caption' and 'text'"),
+        ([1, 2], "expected an object, got list"),
+    ],
+)
 def test_a_bad_jsonl_row_is_refused_naming_file_and_line(tmp_path, make_image, second, message):
     make_image(tmp_path / "a.png")
     make_image(tmp_path / "b.png")
@@ -140,14 +158,17 @@ def test_bad_json_and_bad_csv_lines_are_named(tmp_path, make_image):
 def test_a_bad_row_in_a_split_folder_names_that_folders_file(tmp_path, make_image):
     make_image(tmp_path / "train" / "a.png")
     write_csv(tmp_path / "train" / "metadata.csv", ["file_name", "caption"], [["a.png", "a cat"]])
-    metadata = write_csv(tmp_path / "val" / "metadata.csv", ["file_name", "caption", "split"],
-                         [["a.png", "a cat", "train"]])
+    metadata = write_csv(
+        tmp_path / "val" / "metadata.csv", ["file_name", "caption", "split"], [["a.png", "a cat", "train"]]
+    )
     with pytest.raises(DatasetError, match=rf"^{metadata}: line 2: split 'train' in the val folder"):
         read_imagefolder(tmp_path)
 
 
 def test_layout_errors(tmp_path, make_image):
-    with pytest.raises(DatasetError, match="no metadata.jsonl or metadata.csv there or in a split sub-folder"):
+    with pytest.raises(
+        DatasetError, match="no metadata.jsonl or metadata.csv there or in a split sub-folder"
+    ):
         read_imagefolder(tmp_path)
     write_jsonl(tmp_path / "metadata.jsonl", [ROW])
     write_csv(tmp_path / "metadata.csv", ["file_name", "caption"], [["a.png", "a cat"]])
@@ -165,7 +186,9 @@ def test_layout_errors(tmp_path, make_image):
 def test_a_folder_named_as_an_image_is_refused(tmp_path):
     (tmp_path / "a.png").mkdir()
     metadata = write_jsonl(tmp_path / "metadata.jsonl", [ROW])
-    with pytest.raises(DatasetError, match=rf"^{metadata}: line 1: image file 'a.png' is a folder, not a file"):
+    with pytest.raises(
+        DatasetError, match=rf"^{metadata}: line 1: image file 'a.png' is a folder, not a file"
+    ):
         read_imagefolder(tmp_path)
 
 

@@ -12,7 +12,7 @@ from tool_runs import in_process, run_tool
 from captioning.runtime.checkpoint import load_checkpoint
 
 # A user's encoder in a dozen lines: torchvision's MobileNetV3-Small trunk (576 channels), random weights.
-USER_ENCODER = '''
+USER_ENCODER = """
 import torchvision
 from torchvision.transforms import InterpolationMode
 
@@ -26,14 +26,27 @@ def user_mobilenet(weights: str, image_size: int) -> Backbone:
     trunk = torchvision.models.mobilenet_v3_small(weights=None).features
     return Backbone(trunk, tuple(trunk.children()), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
                     interpolation=InterpolationMode.BILINEAR, weights={"none": True})
-'''
+"""
 
 TINY_RUN = {
-    "model.encoder.name": "user_mobilenet", "model.encoder.weights": "none", "model.encoder.image_size": 64,
-    "model.encoder.grid_size": 0, "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 16,
-    "model.decoder.attention_dim": 16, "data.shapes_train": 12, "data.shapes_val": 4, "data.shapes_test": 4,
-    "data.shapes_image_size": 64, "train.epochs": 1, "train.scst_epochs": 0, "train.batch_size": 4,
-    "train.schedule": "plateau", "train.ema_decay": 0.0, "decode.beam_size": 2, "decode.max_length": 6,
+    "model.encoder.name": "user_mobilenet",
+    "model.encoder.weights": "none",
+    "model.encoder.image_size": 64,
+    "model.encoder.grid_size": 0,
+    "model.decoder.embed_dim": 16,
+    "model.decoder.hidden_dim": 16,
+    "model.decoder.attention_dim": 16,
+    "data.shapes_train": 12,
+    "data.shapes_val": 4,
+    "data.shapes_test": 4,
+    "data.shapes_image_size": 64,
+    "train.epochs": 1,
+    "train.scst_epochs": 0,
+    "train.batch_size": 4,
+    "train.schedule": "plateau",
+    "train.ema_decay": 0.0,
+    "decode.beam_size": 2,
+    "decode.max_length": 6,
 }
 
 
@@ -54,52 +67,103 @@ def test_an_encoder_a_user_module_registers_works_through_all_three_tools(tmp_pa
     module.write_text(USER_ENCODER)
     run = tmp_path / "run"
     overrides = {**TINY_RUN, "data.root": tmp_path / "shapes"}
-    trained = run_tool("train.py", "--import", module, "--output-dir", run, "--device", "cpu", "--no-test",
-                       "--no-progress", *[arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")])
+    trained = run_tool(
+        "train.py",
+        "--import",
+        module,
+        "--output-dir",
+        run,
+        "--device",
+        "cpu",
+        "--no-test",
+        "--no-progress",
+        *[arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")],
+    )
     assert trained.returncode == 0, trained.stderr
     checkpoint = run / "checkpoints" / "best.pt"
     stored = load_checkpoint(checkpoint)  # this process has not imported the user module: the raw entries
     assert stored["config"]["model"]["encoder"]["name"] == "user_mobilenet"
     assert stored["encoder_fingerprint"]["channels"] == 576
 
-    refused = run_tool("evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress")
+    refused = run_tool(
+        "evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"
+    )
     assert refused.returncode == 2
     assert "user_mobilenet" in refused.stderr.strip().splitlines()[-1]
 
-    evaluated = run_tool("evaluate.py", "--import", module, "--checkpoint", checkpoint, "--split", "test",
-                         "--no-java", "--no-progress", "--device", "cpu", "--out", tmp_path / "scores.json")
+    evaluated = run_tool(
+        "evaluate.py",
+        "--import",
+        module,
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "test",
+        "--no-java",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        tmp_path / "scores.json",
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     assert "CIDEr-D" in json.loads((tmp_path / "scores.json").read_text())
 
     image = min((tmp_path / "shapes").rglob("*.png"))
     figures = tmp_path / "figures"
-    drawn = run_tool("visualize.py", image, "--import", module, "--checkpoint", checkpoint, "--out-dir", figures,
-                     "--no-progress", "--device", "cpu")
+    drawn = run_tool(
+        "visualize.py",
+        image,
+        "--import",
+        module,
+        "--checkpoint",
+        checkpoint,
+        "--out-dir",
+        figures,
+        "--no-progress",
+        "--device",
+        "cpu",
+    )
     assert drawn.returncode == 0, drawn.stderr
     assert list(figures.glob("*.png"))
 
 
 def test_the_module_is_imported_before_the_configuration_is_checked(tmp_path, fresh_imports):
-    (tmp_path / "marks_its_import.py").write_text("from pathlib import Path\nPath('imported').write_text('yes')\n")
+    (tmp_path / "marks_its_import.py").write_text(
+        "from pathlib import Path\nPath('imported').write_text('yes')\n"
+    )
     result = in_process("train.py", "--import", "marks_its_import", "--set", "train.epochs=-1", cwd=tmp_path)
     assert result.returncode == 2
     assert (tmp_path / "imported").read_text() == "yes"  # found in the current folder, imported first
     assert "train.epochs" in result.stderr  # then the configuration was refused
 
 
-@pytest.mark.parametrize(("module_text", "argument", "expected"), [
-    (None, "no_such_module_here", "--import no_such_module_here: no module named 'no_such_module_here'"),
-    (None, "missing/encoders.py", "--import missing/encoders.py: no such file"),
-    ("1 / 0\n", "broken_user_module.py", "--import broken_user_module.py: ZeroDivisionError: division by zero"),
-    ("import no_such_dependency_here\n", "needs_a_dependency.py",
-     "--import needs_a_dependency.py: ModuleNotFoundError: No module named 'no_such_dependency_here'"),
-    ("", "json.py", "--import"),  # a file that would replace a module already imported
-])
-def test_a_module_that_cannot_be_imported_is_a_one_line_error(tmp_path, fresh_imports, module_text, argument,
-                                                              expected):
+@pytest.mark.parametrize(
+    ("module_text", "argument", "expected"),
+    [
+        (None, "no_such_module_here", "--import no_such_module_here: no module named 'no_such_module_here'"),
+        (None, "missing/encoders.py", "--import missing/encoders.py: no such file"),
+        (
+            "1 / 0\n",
+            "broken_user_module.py",
+            "--import broken_user_module.py: ZeroDivisionError: division by zero",
+        ),
+        (
+            "import no_such_dependency_here\n",
+            "needs_a_dependency.py",
+            "--import needs_a_dependency.py: ModuleNotFoundError: No module named 'no_such_dependency_here'",
+        ),
+        ("", "json.py", "--import"),  # a file that would replace a module already imported
+    ],
+)
+def test_a_module_that_cannot_be_imported_is_a_one_line_error(
+    tmp_path, fresh_imports, module_text, argument, expected
+):
     if module_text is not None:
         (tmp_path / argument).write_text(module_text)
-    result = in_process("evaluate.py", "--import", argument, "--checkpoint", tmp_path / "never.pt", cwd=tmp_path)
+    result = in_process(
+        "evaluate.py", "--import", argument, "--checkpoint", tmp_path / "never.pt", cwd=tmp_path
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr
@@ -109,8 +173,10 @@ def test_a_module_that_cannot_be_imported_is_a_one_line_error(tmp_path, fresh_im
 
 def test_a_file_imported_by_an_earlier_run_in_the_process_is_not_run_again(tmp_path, fresh_imports):
     module = tmp_path / "counts_its_runs.py"
-    module.write_text("from pathlib import Path\nmark = Path(__file__).with_suffix('.runs')\n"
-                      "mark.write_text(mark.read_text() + 'x' if mark.exists() else 'x')\n")
+    module.write_text(
+        "from pathlib import Path\nmark = Path(__file__).with_suffix('.runs')\n"
+        "mark.write_text(mark.read_text() + 'x' if mark.exists() else 'x')\n"
+    )
     for _ in range(2):
         result = in_process("train.py", "--import", module, "--set", "train.epochs=-1", cwd=tmp_path)
         assert result.returncode == 2 and "train.epochs" in result.stderr

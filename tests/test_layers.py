@@ -21,8 +21,15 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """``lint-imports`` over the package found under ``root`` with ``root``'s contract (no cache written)."""
     script = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
     environment = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([sys.executable, "-c", script, str(root / ".importlinter"), "--no-cache"],
-                          check=False, cwd=root, env=environment, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(root / ".importlinter"), "--no-cache"],
+        check=False,
+        cwd=root,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_package_keeps_its_layer_order():
@@ -31,11 +38,14 @@ def test_the_package_keeps_its_layer_order():
     assert "Layers point down KEPT" in result.stdout
 
 
-@pytest.mark.parametrize(("importer", "imported"), [
-    ("runtime/device.py", "captioning.training.engine"),  # the run machinery reaching up into training
-    ("data/feature_cache.py", "captioning.models.encoders"),  # data reaching up into the models
-    ("training/engine.py", "captioning.visualization.overlay"),  # between independent siblings
-])
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("runtime/device.py", "captioning.training.engine"),  # the run machinery reaching up into training
+        ("data/feature_cache.py", "captioning.models.encoders"),  # data reaching up into the models
+        ("training/engine.py", "captioning.visualization.overlay"),  # between independent siblings
+    ],
+)
 def test_an_import_that_points_up_breaks_the_contract(tmp_path, importer, imported):
     shutil.copytree(PACKAGE, tmp_path / "captioning", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPOSITORY / ".importlinter", tmp_path / ".importlinter")

@@ -26,9 +26,17 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def make_decoder(attention: str = "soft", expected_prob: float = 0.5, dropout: float = 0.0) -> ShowAttendTellDecoder:
-    config = DecoderConfig(attention=attention, embed_dim=16, hidden_dim=24, attention_dim=16, dropout=dropout,
-                           hard_expected_prob=expected_prob)
+def make_decoder(
+    attention: str = "soft", expected_prob: float = 0.5, dropout: float = 0.0
+) -> ShowAttendTellDecoder:
+    config = DecoderConfig(
+        attention=attention,
+        embed_dim=16,
+        hidden_dim=24,
+        attention_dim=16,
+        dropout=dropout,
+        hard_expected_prob=expected_prob,
+    )
     return ShowAttendTellDecoder.from_config(config, V, C)
 
 
@@ -45,8 +53,10 @@ def per_caption_terms(output, captions, lengths):
 
 def grads(value, module):
     params = [p for p in module.parameters() if p.requires_grad]
-    return [g if g is not None else torch.zeros_like(p)
-            for g, p in zip(torch.autograd.grad(value, params, retain_graph=True, allow_unused=True), params)]
+    return [
+        g if g is not None else torch.zeros_like(p)
+        for g, p in zip(torch.autograd.grad(value, params, retain_graph=True, allow_unused=True), params)
+    ]
 
 
 # ----------------------------------------------------------------------------- equation 14
@@ -63,7 +73,10 @@ def test_caption_loss_is_equation_14_summed_over_captions_per_token():
     torch.testing.assert_close(terms.cross_entropy, nll.sum() / tokens)
     torch.testing.assert_close(terms.attention_penalty, penalty.sum() / tokens)
     # The two terms' gradients stand in equation 14's ratio: both are eq. 14's, scaled by one number.
-    for ours, direct in ((terms.cross_entropy, nll.sum()), (lam * terms.attention_penalty, lam * penalty.sum())):
+    for ours, direct in (
+        (terms.cross_entropy, nll.sum()),
+        (lam * terms.attention_penalty, lam * penalty.sum()),
+    ):
         for mine, reference in zip(grads(ours, decoder), grads(direct, decoder)):
             torch.testing.assert_close(mine * tokens, reference, rtol=1e-4, atol=1e-6)
     assert any(g.abs().sum() > 0 for g in grads(terms.attention_penalty, decoder))
@@ -79,12 +92,14 @@ def test_doubly_stochastic_penalty_known_values():
     # the second caption has 2 real steps; its padding steps hold garbage that must be ignored
     mask[1, 2:] = False
     alphas[1, 2:] = 5.0
-    torch.testing.assert_close(doubly_stochastic_penalty(alphas, mask),
-                               torch.tensor(expected + P * (1 - 2 / P) ** 2))
+    torch.testing.assert_close(
+        doubly_stochastic_penalty(alphas, mask), torch.tensor(expected + P * (1 - 2 / P) ** 2)
+    )
     # attention spread so that every position sums to exactly 1: no penalty
     perfect = torch.eye(P).unsqueeze(0)  # (1, T = P, P)
-    torch.testing.assert_close(doubly_stochastic_penalty(perfect, torch.ones(1, P, dtype=torch.bool)),
-                               torch.tensor(0.0))
+    torch.testing.assert_close(
+        doubly_stochastic_penalty(perfect, torch.ones(1, P, dtype=torch.bool)), torch.tensor(0.0)
+    )
 
 
 # ----------------------------------------------------------------------------- label smoothing
@@ -96,7 +111,9 @@ def test_label_smoothing_spreads_mass_over_producible_tokens_only():
     loss = token_negative_log_likelihood(logits, targets, eps)
     log_probs = torch.log_softmax(logits, -1)
     producible = [v for v in range(V) if v not in (Vocabulary.pad_id, Vocabulary.start_id)]
-    expected = (1 - eps) * -log_probs.gather(1, targets[:, None]).squeeze(1) - eps * log_probs[:, producible].mean(1)
+    expected = (1 - eps) * -log_probs.gather(1, targets[:, None]).squeeze(1) - eps * log_probs[
+        :, producible
+    ].mean(1)
     torch.testing.assert_close(loss, expected)
     # the target distribution puts nothing on <pad> and <start>: their logits are only pushed down
     loss.sum().backward()
@@ -104,8 +121,9 @@ def test_label_smoothing_spreads_mass_over_producible_tokens_only():
     for special in (Vocabulary.pad_id, Vocabulary.start_id):
         torch.testing.assert_close(logits.grad[:, special], probs[:, special])
     # no smoothing: plain cross-entropy
-    torch.testing.assert_close(token_negative_log_likelihood(logits, targets),
-                               -log_probs.gather(1, targets[:, None]).squeeze(1))
+    torch.testing.assert_close(
+        token_negative_log_likelihood(logits, targets), -log_probs.gather(1, targets[:, None]).squeeze(1)
+    )
 
 
 # ----------------------------------------------------------------------------- equation 12
@@ -118,14 +136,22 @@ def test_hard_attention_loss_gradient_is_equation_12(reinforce_weight, entropy_w
     baseline = -12.5
     decoder.reward_baseline.fill_(baseline)
     lam = 0.4
-    terms = hard_attention_loss(decoder, output, captions, penalty_weight=lam, entropy_weight=entropy_weight,
-                                reinforce_weight=reinforce_weight)
+    terms = hard_attention_loss(
+        decoder,
+        output,
+        captions,
+        penalty_weight=lam,
+        entropy_weight=entropy_weight,
+        reinforce_weight=reinforce_weight,
+    )
     nll, penalty = per_caption_terms(output, captions, lengths)
     reward = -nll.detach()  # log p(y | s, a), summed over the caption's words as in the paper
     mask = output.mask.float()
     location = (output.location_log_probs * mask).sum(1)
     entropy = (output.entropies * mask).sum(1)
-    per_caption = nll - reinforce_weight * (reward - baseline) * location - entropy_weight * entropy + lam * penalty
+    per_caption = (
+        nll - reinforce_weight * (reward - baseline) * location - entropy_weight * entropy + lam * penalty
+    )
     tokens = float((lengths - 1).sum())
     direct = per_caption.sum() / tokens
     torch.testing.assert_close(terms.total, direct)
@@ -133,7 +159,9 @@ def test_hard_attention_loss_gradient_is_equation_12(reinforce_weight, entropy_w
         torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-7)
     # the baseline moved towards the batch's mean reward
     decay = decoder.baseline_decay
-    torch.testing.assert_close(decoder.reward_baseline, torch.tensor(decay * baseline + (1 - decay) * float(reward.mean())))
+    torch.testing.assert_close(
+        decoder.reward_baseline, torch.tensor(decay * baseline + (1 - decay) * float(reward.mean()))
+    )
 
 
 BASELINE_WORKER = """
@@ -179,8 +207,18 @@ def test_hard_attention_baseline_is_the_mean_reward_of_the_global_batch(tmp_path
     result = run_two_processes(script, tmp_path, REPO / "tests")
     assert result.returncode == 0, result.stderr[-3000:]
     torch.manual_seed(0)
-    decoder = ShowAttendTellDecoder.from_config(DecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,
-                                                attention_dim=16, dropout=0.0, hard_expected_prob=1.0), V, C).train()
+    decoder = ShowAttendTellDecoder.from_config(
+        DecoderConfig(
+            attention="hard",
+            embed_dim=16,
+            hidden_dim=24,
+            attention_dim=16,
+            dropout=0.0,
+            hard_expected_prob=1.0,
+        ),
+        V,
+        C,
+    ).train()
     expected = []
     for step in range(2):
         annotations, captions, lengths, image_index = make_batch(step)
@@ -211,12 +249,16 @@ def test_self_critical_rollouts_obey_the_decoding_constraints():
 
     batch = {"features": torch.randn(3, P, C), "image_ids": torch.tensor([1, 2, 3])}
     train = TrainConfig(scst_samples=4, scst_baseline="greedy")
-    scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(min_length=3, max_length=6, forbid_unk=True))
+    scst_loss(
+        _Model(decoder), batch, rewarder, train, DecodeConfig(min_length=3, max_length=6, forbid_unk=True)
+    )
     assert len(seen) == 3 * 4 + 3  # the samples and the greedy baseline
     assert all(3 <= len(row) <= 6 for row in seen), seen
     assert all(Vocabulary.unk_id not in row for row in seen), seen
     seen.clear()
-    scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(min_length=0, max_length=6, forbid_unk=False))
+    scst_loss(
+        _Model(decoder), batch, rewarder, train, DecodeConfig(min_length=0, max_length=6, forbid_unk=False)
+    )
     assert all(len(row) == 0 for row in seen)  # unconstrained, the model stops at once
 
 

@@ -29,16 +29,27 @@ from captioning.evaluation.metrics import (
 )
 from captioning.text import tokenize
 
-needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="needs a Java runtime (PTBTokenizer, METEOR)")
-OFFICIAL_KEYS = {"BLEU-1": "Bleu_1", "BLEU-2": "Bleu_2", "BLEU-3": "Bleu_3", "BLEU-4": "Bleu_4",
-                 "METEOR": "METEOR", "ROUGE-L": "ROUGE_L", "CIDEr-D": "CIDEr"}
+needs_java = pytest.mark.skipif(
+    shutil.which("java") is None, reason="needs a Java runtime (PTBTokenizer, METEOR)"
+)
+OFFICIAL_KEYS = {
+    "BLEU-1": "Bleu_1",
+    "BLEU-2": "Bleu_2",
+    "BLEU-3": "Bleu_3",
+    "BLEU-4": "Bleu_4",
+    "METEOR": "METEOR",
+    "ROUGE-L": "ROUGE_L",
+    "CIDEr-D": "CIDEr",
+}
 IMAGES_PER_DATASET = 100  # of each of Flickr8k and Flickr30k test: METEOR on Java takes some seconds
 
 
 def flickr_captions_file() -> Path | None:
     """The shared Flickr test captions: $CAPTIONING_FLICKR_CAPTIONS or ../shared/data beside the repo."""
-    candidates = [os.environ.get("CAPTIONING_FLICKR_CAPTIONS"),
-                  Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr_test_captions.json"]
+    candidates = [
+        os.environ.get("CAPTIONING_FLICKR_CAPTIONS"),
+        Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr_test_captions.json",
+    ]
     return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
 
 
@@ -49,13 +60,17 @@ def flickr_images() -> dict[str, dict[int, list[str]]]:
         pytest.skip("flickr_test_captions.json not found (set CAPTIONING_FLICKR_CAPTIONS)")
     datasets = json.loads(path.read_text(encoding="utf-8"))["datasets"]
     # Ids of the second dataset shifted so the two can be scored as one set.
-    return {name: {offset + image["id"]: image["captions"] for image in images}
-            for offset, (name, images) in zip((0, 100_000), sorted(datasets.items()))}
+    return {
+        name: {offset + image["id"]: image["captions"] for image in images}
+        for offset, (name, images) in zip((0, 100_000), sorted(datasets.items()))
+    }
 
 
 def first_against_rest(images: dict[int, list[str]]) -> tuple[dict[int, list[str]], dict[int, str]]:
     """Each image's first human caption as the candidate, the other four as references."""
-    return {i: captions[1:] for i, captions in images.items()}, {i: captions[0] for i, captions in images.items()}
+    return {i: captions[1:] for i, captions in images.items()}, {
+        i: captions[0] for i, captions in images.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +95,14 @@ def official_coco_eval(references: dict[int, list[str]], candidates: dict[int, s
         def method(self):
             return "SPICE"
 
-    ground_truth = {"images": [{"id": i} for i in references],
-                    "annotations": [{"image_id": i, "id": len(references) * k + n, "caption": caption}
-                                    for n, (i, captions) in enumerate(references.items())
-                                    for k, caption in enumerate(captions)]}
+    ground_truth = {
+        "images": [{"id": i} for i in references],
+        "annotations": [
+            {"image_id": i, "id": len(references) * k + n, "caption": caption}
+            for n, (i, captions) in enumerate(references.items())
+            for k, caption in enumerate(captions)
+        ],
+    }
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()):
         patch.setattr(coco_eval, "Spice", NoSpice)
         coco = COCO()
@@ -116,7 +135,10 @@ def test_java_path_equals_official_toolkit(flickr_subset, official, monkeypatch)
     for ours, theirs in OFFICIAL_KEYS.items():
         assert scores.overall[ours] == pytest.approx(overall[theirs], abs=1e-9), ours
         for image_id, values in per_image.items():
-            assert scores.per_image[image_id][ours] == pytest.approx(values[theirs], abs=1e-9), (ours, image_id)
+            assert scores.per_image[image_id][ours] == pytest.approx(values[theirs], abs=1e-9), (
+                ours,
+                image_id,
+            )
     empty = [i for i, candidate in flickr_subset[1].items() if candidate in ("", "...")]
     assert all(scores.per_image[i][name] == 0.0 for i in empty for name in OFFICIAL_KEYS)
     assert scores.tokenizer == "ptb" and scores.overall[NLTK_BLEU] is not None
@@ -131,20 +153,26 @@ def test_javaless_path_is_within_one_percent_of_official(flickr_subset, official
     scores = score_captions(*flickr_subset, use_java=False)
     for name in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr-D"):
         relative = abs(scores.overall[name] - overall[OFFICIAL_KEYS[name]]) / overall[OFFICIAL_KEYS[name]]
-        print(f"{name}: Java-less {scores.overall[name]:.6f}, official {overall[OFFICIAL_KEYS[name]]:.6f}, "
-              f"relative difference {relative:.2e}")
+        print(
+            f"{name}: Java-less {scores.overall[name]:.6f}, official {overall[OFFICIAL_KEYS[name]]:.6f}, "
+            f"relative difference {relative:.2e}"
+        )
         assert relative < 0.01, name
 
 
 def test_meteor_and_spice_unavailable_without_java():
-    scores = score_captions({1: ["a dog runs on grass", "a brown dog"], 2: ["a cat on a sofa"]},
-                            {1: "a dog runs", 2: "a cat sleeps"}, use_java=False, spice=True)
+    scores = score_captions(
+        {1: ["a dog runs on grass", "a brown dog"], 2: ["a cat on a sofa"]},
+        {1: "a dog runs", 2: "a cat sleeps"},
+        use_java=False,
+        spice=True,
+    )
     assert scores.overall["METEOR"] is None and scores.overall["SPICE"] is None
     assert "Java" in scores.unavailable["METEOR"] and "Java" in scores.unavailable["SPICE"]
     assert all(scores.overall[name] is not None for name in METRICS if name not in ("METEOR", "SPICE"))
     assert all("METEOR" not in values for values in scores.per_image.values())
     data = scores.to_json()
-    assert list(data)[:len(METRICS)] == list(METRICS)
+    assert list(data)[: len(METRICS)] == list(METRICS)
     assert data["METEOR"] is None and data["unavailable"] == scores.unavailable
     assert json.loads(json.dumps(data)) == data
     table = scores.table()
@@ -153,7 +181,10 @@ def test_meteor_and_spice_unavailable_without_java():
 
 def test_spice_not_computed_unless_asked():
     scores = score_captions({1: ["a dog"]}, {1: "a dog"}, use_java=False)
-    assert scores.overall["SPICE"] is None and "not requested (evaluate.py --spice" in scores.unavailable["SPICE"]
+    assert (
+        scores.overall["SPICE"] is None
+        and "not requested (evaluate.py --spice" in scores.unavailable["SPICE"]
+    )
 
 
 def test_use_java_without_java_is_an_error(monkeypatch):
@@ -164,30 +195,40 @@ def test_use_java_without_java_is_an_error(monkeypatch):
 
 
 def test_empty_candidate_scores_zero():
-    scores = score_captions({1: ["a dog runs on the grass"], 2: ["a cat sits on a sofa"]},
-                            {1: "", 2: "a cat sits on a sofa"}, use_java=False)
+    scores = score_captions(
+        {1: ["a dog runs on the grass"], 2: ["a cat sits on a sofa"]},
+        {1: "", 2: "a cat sits on a sofa"},
+        use_java=False,
+    )
     assert all(scores.per_image[1][name] == 0.0 for name in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"))
     assert scores.per_image[2]["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_nltk_corpus_bleu_is_reported_under_its_own_key():
-    references = {1: ["a dog runs on the green grass", "a brown dog running outside"],
-                  2: ["a cat sits on a red sofa", "the cat is on the couch"]}
+    references = {
+        1: ["a dog runs on the green grass", "a brown dog running outside"],
+        2: ["a cat sits on a red sofa", "the cat is on the couch"],
+    }
     candidates = {1: "a dog runs on the grass", 2: "a cat sits on the sofa"}
     scores = score_captions(references, candidates, use_java=False)
-    expected = corpus_bleu([[tokenize(r) for r in references[i]] for i in (1, 2)], [tokenize(candidates[i]) for i in (1, 2)])
+    expected = corpus_bleu(
+        [[tokenize(r) for r in references[i]] for i in (1, 2)], [tokenize(candidates[i]) for i in (1, 2)]
+    )
     assert scores.overall[NLTK_BLEU] == pytest.approx(expected, abs=1e-12)
 
 
-@pytest.mark.parametrize(("references", "candidates", "message"), [
-    ({}, {}, "no images to score"),
-    ({1: ["a dog"]}, {1: "a dog", 2: "a cat"}, "image 2 has no references"),
-    ({1: ["a dog"], 2: ["a cat"]}, {1: "a dog"}, "no candidate for image 2"),
-    ({1: []}, {1: "a dog"}, "image 1"),
-    ({1: "a dog"}, {1: "a dog"}, "image 1"),
-    ({1: ["a dog"]}, {1: None}, "not a string"),
-    ({1: ["a dog", 3]}, {1: "a dog"}, "not a string"),
-])
+@pytest.mark.parametrize(
+    ("references", "candidates", "message"),
+    [
+        ({}, {}, "no images to score"),
+        ({1: ["a dog"]}, {1: "a dog", 2: "a cat"}, "image 2 has no references"),
+        ({1: ["a dog"], 2: ["a cat"]}, {1: "a dog"}, "no candidate for image 2"),
+        ({1: []}, {1: "a dog"}, "image 1"),
+        ({1: "a dog"}, {1: "a dog"}, "image 1"),
+        ({1: ["a dog"]}, {1: None}, "not a string"),
+        ({1: ["a dog", 3]}, {1: "a dog"}, "not a string"),
+    ],
+)
 def test_invalid_references_or_candidates(references, candidates, message):
     with pytest.raises(EvaluationInputError, match=message):
         score_captions(references, candidates, use_java=False)
@@ -203,8 +244,26 @@ def test_write_json_and_per_image(tmp_path: Path):
 
 # ------------------------------------------------------------------ properties
 
-words = st.sampled_from(["a", "dog", "cat", "runs", "on", "the", "grass", "red", "ball", "man", "rides", "horse",
-                         "two", "birds", "sit", "wire"])
+words = st.sampled_from(
+    [
+        "a",
+        "dog",
+        "cat",
+        "runs",
+        "on",
+        "the",
+        "grass",
+        "red",
+        "ball",
+        "man",
+        "rides",
+        "horse",
+        "two",
+        "birds",
+        "sit",
+        "wire",
+    ]
+)
 captions = st.lists(words, min_size=4, max_size=12).map(" ".join)
 
 
@@ -219,8 +278,13 @@ def test_identical_candidate_scores_the_maximum(texts: list[str]):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.text(max_size=40), min_size=1, max_size=3), st.text(max_size=40)),
-                min_size=1, max_size=4))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.text(max_size=40), min_size=1, max_size=3), st.text(max_size=40)),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_any_unicode_scores_in_range(images):
     references = {i: refs for i, (refs, _) in enumerate(images)}
     candidates = {i: candidate for i, (_, candidate) in enumerate(images)}
@@ -238,24 +302,31 @@ def test_any_unicode_scores_in_range(images):
 
 # ------------------------------------------------------------------ files
 
+
 def test_load_results_round_trip(tmp_path: Path):
     path = tmp_path / "results.json"
     path.write_text(json.dumps([{"image_id": 3, "caption": "a dog"}, {"image_id": 1, "caption": ""}]))
     assert load_results(path) == {3: "a dog", 1: ""}
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("not json", "not valid JSON"),
-    ('{"image_id": 1, "caption": "a"}', "expected a list"),
-    ('[{"image_id": 1}]', "entry 0 has no 'caption'"),
-    ('[{"caption": "a"}]', "entry 0 has no 'image_id'"),
-    ('[{"image_id": 1, "caption": "a"}, {"image_id": 1, "caption": "b"}]', "entry 1: image_id 1 appears twice"),
-    ('[{"image_id": "1", "caption": "a"}]', "entry 0: image_id must be an integer"),
-    ('[{"image_id": 1.0, "caption": "a"}]', "entry 0: image_id must be an integer"),
-    ('[{"image_id": true, "caption": "a"}]', "entry 0: image_id must be an integer"),
-    ('[{"image_id": 1, "caption": ["a"]}]', "entry 0: caption must be a string"),
-    ('["a dog"]', "entry 0 is not an object"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "not valid JSON"),
+        ('{"image_id": 1, "caption": "a"}', "expected a list"),
+        ('[{"image_id": 1}]', "entry 0 has no 'caption'"),
+        ('[{"caption": "a"}]', "entry 0 has no 'image_id'"),
+        (
+            '[{"image_id": 1, "caption": "a"}, {"image_id": 1, "caption": "b"}]',
+            "entry 1: image_id 1 appears twice",
+        ),
+        ('[{"image_id": "1", "caption": "a"}]', "entry 0: image_id must be an integer"),
+        ('[{"image_id": 1.0, "caption": "a"}]', "entry 0: image_id must be an integer"),
+        ('[{"image_id": true, "caption": "a"}]', "entry 0: image_id must be an integer"),
+        ('[{"image_id": 1, "caption": ["a"]}]', "entry 0: caption must be a string"),
+        ('["a dog"]', "entry 0 is not an object"),
+    ],
+)
 def test_load_results_errors(tmp_path: Path, content: str, message: str):
     path = tmp_path / "results.json"
     path.write_text(content)
@@ -271,18 +342,23 @@ def test_load_results_missing_file(tmp_path: Path):
 
 def test_load_coco_references(coco_dataset):
     (train, val), _ = coco_dataset
-    assert load_coco_references(train) == {9: ["A dog runs on the grass.", "A brown dog, running!"],
-                                           25: ["A cat sleeps on a sofa."]}
+    assert load_coco_references(train) == {
+        9: ["A dog runs on the grass.", "A brown dog, running!"],
+        25: ["A cat sleeps on a sofa."],
+    }
     assert load_coco_references(val)[73] == ["A red bus on a street."]
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ([], "expected a COCO JSON object"),
-    ({"images": []}, "missing the list 'annotations'"),
-    ({"annotations": [{"image_id": 1}]}, r"annotations\[0\] has no 'caption'"),
-    ({"annotations": [{"caption": "a dog"}]}, r"annotations\[0\] has no 'image_id'"),
-    ({"annotations": [{"image_id": 1, "caption": 5}]}, "caption is not a string"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "expected a COCO JSON object"),
+        ({"images": []}, "missing the list 'annotations'"),
+        ({"annotations": [{"image_id": 1}]}, r"annotations\[0\] has no 'caption'"),
+        ({"annotations": [{"caption": "a dog"}]}, r"annotations\[0\] has no 'image_id'"),
+        ({"annotations": [{"image_id": 1, "caption": 5}]}, "caption is not a string"),
+    ],
+)
 def test_load_coco_references_errors(tmp_path: Path, data, message: str):
     path = tmp_path / "captions.json"
     path.write_text(json.dumps(data))
@@ -292,6 +368,7 @@ def test_load_coco_references_errors(tmp_path: Path, data, message: str):
 
 
 # ------------------------------------------------------------------ CIDEr-D for SCST
+
 
 def official_cider(references: dict[int, list[list[str]]], candidates: dict[int, list[str]]) -> np.ndarray:
     gts = {i: [" ".join(ref) for ref in refs] for i, refs in references.items()}
@@ -308,12 +385,19 @@ def test_cider_d_scorer_equals_pycocoevalcap_on_flickr(flickr_images):
     np.testing.assert_allclose(ours, official_cider(references, candidates), rtol=0, atol=1e-9)
     # Several samples per image, in any order, score as each would alone.
     ids = [i for i in reversed(references) for _ in range(3)]
-    np.testing.assert_allclose(scorer.scores(ids, [candidates[i] for i in ids]), np.repeat(ours[::-1], 3), atol=1e-12)
+    np.testing.assert_allclose(
+        scorer.scores(ids, [candidates[i] for i in ids]), np.repeat(ours[::-1], 3), atol=1e-12
+    )
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.lists(words, max_size=9), min_size=1, max_size=4), st.lists(words, max_size=9)),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.lists(words, max_size=9), min_size=1, max_size=4), st.lists(words, max_size=9)),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_cider_d_scorer_equals_pycocoevalcap(images):
     assume(any(ref for refs, _ in images for ref in refs))  # pycocoevalcap fails on a corpus without words
     references = {i: refs for i, (refs, _) in enumerate(images)}

@@ -27,9 +27,14 @@ def shapes_root(tmp_path_factory):
 
 
 def _losses(root, output_dir, amp: str) -> list[float]:
-    overrides = tiny_overrides(root, output_dir, **{"train.amp": amp, "train.device": "cpu", "train.epochs": 1,
-                                                    "train.val_images": 4})
-    completed = run_train(as_flags(overrides), env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    overrides = tiny_overrides(
+        root,
+        output_dir,
+        **{"train.amp": amp, "train.device": "cpu", "train.epochs": 1, "train.val_images": 4},
+    )
+    completed = run_train(
+        as_flags(overrides), env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     return [step["loss"] for step in read_steps(output_dir)]
 
@@ -66,8 +71,9 @@ def test_autocast_refuses_fp16_on_cpu_and_casts_bf16():
 def test_bf16_beam_search_on_cpu_returns_valid_captions():
     torch.manual_seed(0)
     vocab_size, channels = 40, 24
-    decoder = ShowAttendTellDecoder.from_config(DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16),
-                                                vocab_size, channels).eval()
+    decoder = ShowAttendTellDecoder.from_config(
+        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16), vocab_size, channels
+    ).eval()
     annotations = torch.rand(3, 9, channels)  # (B, P, C)
     with torch.inference_mode():
         reference = beam_search(decoder, annotations, 3, 10)
@@ -77,10 +83,17 @@ def test_bf16_beam_search_on_cpu_returns_valid_captions():
     for caption, exact in zip(captions, reference):
         assert 1 <= len(caption.tokens) <= 10
         assert all(Vocabulary.end_id != t and t >= 4 and t < vocab_size for t in caption.tokens[:-1])
-        assert caption.attention.dtype == torch.float32 and caption.attention.shape == (len(caption.tokens), 9)
-        torch.testing.assert_close(caption.attention.sum(1), torch.ones(len(caption.tokens)), atol=2e-2, rtol=0)
+        assert caption.attention.dtype == torch.float32 and caption.attention.shape == (
+            len(caption.tokens),
+            9,
+        )
+        torch.testing.assert_close(
+            caption.attention.sum(1), torch.ones(len(caption.tokens)), atol=2e-2, rtol=0
+        )
         assert isinstance(caption.log_prob, float) and caption.log_prob < 0
-        if caption.tokens == exact.tokens:  # float32 sums of bf16-rounded log-probabilities: close to float32's
+        if (
+            caption.tokens == exact.tokens
+        ):  # float32 sums of bf16-rounded log-probabilities: close to float32's
             assert abs(caption.log_prob - exact.log_prob) <= 0.05 * abs(exact.log_prob)
     assert sum(c.tokens == e.tokens for c, e in zip(captions, reference)) >= 2
     assert any(c.log_prob != e.log_prob for c, e in zip(captions, reference))  # decoded in bf16

@@ -17,8 +17,9 @@ class _Model(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.decoder = ShowAttendTellDecoder.from_config(DecoderConfig(embed_dim=16, hidden_dim=32,
-                                                                       attention_dim=16), 40, 24)
+        self.decoder = ShowAttendTellDecoder.from_config(
+            DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16), 40, 24
+        )
         self.encoder = torch.nn.Linear(3, 3).requires_grad_(False)
 
 
@@ -29,7 +30,9 @@ def test_the_trainers_adam_is_fused_on_cpu_and_steps_as_the_loop_implementation(
     fused = optimizer_for(model, 1e-3, 1e-4, Config())
     assert fused.defaults["fused"] is True
     reference_model = copy.deepcopy(model)
-    reference = torch.optim.Adam(reference_model.decoder.parameters(), lr=1e-3, betas=(0.9, 0.999), foreach=False)
+    reference = torch.optim.Adam(
+        reference_model.decoder.parameters(), lr=1e-3, betas=(0.9, 0.999), foreach=False
+    )
     for step in range(20):
         for side in (model, reference_model):
             for number, parameter in enumerate(side.decoder.parameters()):

@@ -24,9 +24,18 @@ from captioning.text import tokenizer_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 CONFIG = REPO / "configs" / "imagefolder.yaml"
-TINY = {"model.encoder.weights": "none", "model.encoder.image_size": 64, "model.decoder.embed_dim": 16,
-        "model.decoder.hidden_dim": 32, "model.decoder.attention_dim": 16, "train.epochs": 1, "train.batch_size": 4,
-        "decode.beam_size": 2, "decode.batch_size": 8, "decode.max_length": 12}
+TINY = {
+    "model.encoder.weights": "none",
+    "model.encoder.image_size": 64,
+    "model.decoder.embed_dim": 16,
+    "model.decoder.hidden_dim": 32,
+    "model.decoder.attention_dim": 16,
+    "train.epochs": 1,
+    "train.batch_size": 4,
+    "decode.beam_size": 2,
+    "decode.batch_size": 8,
+    "decode.max_length": 12,
+}
 COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
 
 
@@ -39,8 +48,14 @@ def tool(cwd: Path, script: str, *args) -> subprocess.CompletedProcess:
 
 
 def train(cwd: Path, root: str, run: str, *args, **values) -> subprocess.CompletedProcess:
-    return tool(cwd, "train.py", "--config", CONFIG, *flags({**TINY, "data.root": root, "train.output_dir": run,
-                                                             **values}), *args)
+    return tool(
+        cwd,
+        "train.py",
+        "--config",
+        CONFIG,
+        *flags({**TINY, "data.root": root, "train.output_dir": run, **values}),
+        *args,
+    )
 
 
 def make_images(folder: Path, names: list[str]) -> None:
@@ -54,8 +69,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def assert_run_outputs(run: Path, test_images: int) -> dict:
-    for name in ("checkpoints/best.pt", "config.yaml", "vocab.json", "data_summary.json", "test_results.json",
-                 "test_scores.json", "report.html"):
+    for name in (
+        "checkpoints/best.pt",
+        "config.yaml",
+        "vocab.json",
+        "data_summary.json",
+        "test_results.json",
+        "test_scores.json",
+        "report.html",
+    ):
         assert (run / name).is_file(), name
     assert len(json.loads((run / "test_results.json").read_text())) == test_images
     assert list((run / "figures").glob("*.png"))
@@ -66,12 +88,19 @@ def test_a_jsonl_folder_without_splits_trains_evaluates_and_visualises(tmp_path)
     names = [f"photo{k:02d}.jpg" for k in range(20)]
     make_images(tmp_path / "mine", names)
     colours = ["red", "green", "blue", "yellow", "cyan", "purple"]
-    write_jsonl(tmp_path / "mine" / "metadata.jsonl",
-                [{"file_name": name, "caption": [f"A {colours[k % 6]} picture.", f"The {colours[k % 6]} one"]}
-                 for k, name in enumerate(names)])
+    write_jsonl(
+        tmp_path / "mine" / "metadata.jsonl",
+        [
+            {"file_name": name, "caption": [f"A {colours[k % 6]} picture.", f"The {colours[k % 6]} one"]}
+            for k, name in enumerate(names)
+        ],
+    )
     result = train(tmp_path, "mine", "run")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"images: train 16, val 2 (validating on 2), test 2 (scored at the end); {SPLIT_RULE};" in result.stdout
+    assert (
+        f"images: train 16, val 2 (validating on 2), test 2 (scored at the end); {SPLIT_RULE};"
+        in result.stdout
+    )
     assert json.loads((tmp_path / "run" / "data_summary.json").read_text())["split_rule"] == SPLIT_RULE
     scores = assert_run_outputs(tmp_path / "run", test_images=2)
     assert scores["tokenizer"] in ("ptb", "python")  # English: the Java tokenizer when there is Java
@@ -83,8 +112,18 @@ def test_a_jsonl_folder_without_splits_trains_evaluates_and_visualises(tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     val = json.loads((tmp_path / "run" / "eval_best_val_scores.json").read_text())
     assert val["images"] == 2 and val["CIDEr-D"] is not None
-    result = tool(tmp_path, "visualize.py", "--checkpoint", checkpoint, "--split", "test", "--num", "2",
-                  "--out-dir", tmp_path / "figures")
+    result = tool(
+        tmp_path,
+        "visualize.py",
+        "--checkpoint",
+        checkpoint,
+        "--split",
+        "test",
+        "--num",
+        "2",
+        "--out-dir",
+        tmp_path / "figures",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(list((tmp_path / "figures").glob("*.png"))) == 2
 
@@ -98,8 +137,9 @@ def test_csv_files_in_split_folders_train_and_evaluate(tmp_path):
             writer.writerow(["file_name", "text", "image_id"])
             for k, name in enumerate(names):
                 image_id = 1000 * len(split) + k
-                writer.writerows([[name, f"a small picture, number {k % 3}", image_id],
-                                  [name, "a picture", image_id]])
+                writer.writerows(
+                    [[name, f"a small picture, number {k % 3}", image_id], [name, "a picture", image_id]]
+                )
     result = train(tmp_path, "mine", "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "images: train 8, val 2 (validating on 2), test 3 (scored at the end);" in result.stdout
@@ -107,26 +147,57 @@ def test_csv_files_in_split_folders_train_and_evaluate(tmp_path):
     assert_run_outputs(tmp_path / "run", test_images=3)
     tested = {r["image_id"] for r in json.loads((tmp_path / "run" / "test_results.json").read_text())}
     assert tested == {4000, 4001, 4002}
-    result = tool(tmp_path, "evaluate.py", "--checkpoint", tmp_path / "run" / "checkpoints" / "best.pt",
-                  "--split", "test", "--no-java")
+    result = tool(
+        tmp_path,
+        "evaluate.py",
+        "--checkpoint",
+        tmp_path / "run" / "checkpoints" / "best.pt",
+        "--split",
+        "test",
+        "--no-java",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-CHINESE = ["一只红色的狗在草地上跑。", "两只绿色的猫坐在沙发上。", "一个蓝色的球在桌子上。", "黄色的花开在花园里。",
-           "一辆红色的车停在路边。", "绿色的树下有一个人。"]
-VIETNAMESE = ["một con_chó màu đỏ đang chạy .", "hai con_mèo màu xanh ngồi trên ghế .", "một quả_bóng màu xanh_dương",
-              "những bông_hoa màu vàng", "một chiếc xe_hơi màu đỏ", "một người dưới cây xanh"]
+CHINESE = [
+    "一只红色的狗在草地上跑。",
+    "两只绿色的猫坐在沙发上。",
+    "一个蓝色的球在桌子上。",
+    "黄色的花开在花园里。",
+    "一辆红色的车停在路边。",
+    "绿色的树下有一个人。",
+]
+VIETNAMESE = [
+    "một con_chó màu đỏ đang chạy .",
+    "hai con_mèo màu xanh ngồi trên ghế .",
+    "một quả_bóng màu xanh_dương",
+    "những bông_hoa màu vàng",
+    "một chiếc xe_hơi màu đỏ",
+    "một người dưới cây xanh",
+]
 
 
 @pytest.mark.parametrize(("tokenizer", "captions"), [("characters", CHINESE), ("whitespace", VIETNAMESE)])
 def test_captions_in_other_languages_train_and_score_on_their_tokens(tmp_path, tokenizer, captions):
     names = [f"{k:02d}.png" for k in range(20)]
     make_images(tmp_path / "mine", names)
-    write_jsonl(tmp_path / "mine" / "metadata.jsonl",
-                [{"file_name": name, "caption": captions[k % 6], "split": "test" if k >= 17 else
-                  "val" if k >= 15 else "train"} for k, name in enumerate(names)])
-    result = train(tmp_path, "mine", "run", **{"data.tokenizer": tokenizer, "train.epochs": 2, "train.scst_epochs": 1,
-                                               "train.scst_samples": 2})
+    write_jsonl(
+        tmp_path / "mine" / "metadata.jsonl",
+        [
+            {
+                "file_name": name,
+                "caption": captions[k % 6],
+                "split": "test" if k >= 17 else "val" if k >= 15 else "train",
+            }
+            for k, name in enumerate(names)
+        ],
+    )
+    result = train(
+        tmp_path,
+        "mine",
+        "run",
+        **{"data.tokenizer": tokenizer, "train.epochs": 2, "train.scst_epochs": 1, "train.scst_samples": 2},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     scores = assert_run_outputs(run, test_images=3)
@@ -140,7 +211,9 @@ def test_captions_in_other_languages_train_and_score_on_their_tokens(tmp_path, t
         assert all(len(word) == 1 for word in words)
     else:
         assert {"con_chó", "xanh_dương"} <= set(words)
-    config, _ = checkpoint_config(load_checkpoint(run / "checkpoints" / "best.pt"), run / "checkpoints" / "best.pt")
+    config, _ = checkpoint_config(
+        load_checkpoint(run / "checkpoints" / "best.pt"), run / "checkpoints" / "best.pt"
+    )
     assert config.data.tokenizer == tokenizer
 
     # BLEU and CIDEr-D are the toolkit's, computed on the tokenizer's tokens of results and references.
@@ -160,12 +233,16 @@ def test_captions_in_other_languages_train_and_score_on_their_tokens(tmp_path, t
 
 def test_a_bad_row_is_refused_before_any_work(tmp_path):
     make_images(tmp_path / "mine", ["a.png"])
-    write_jsonl(tmp_path / "mine" / "metadata.jsonl",
-                [{"file_name": "a.png", "caption": "a cat"}, {"file_name": "b.png", "caption": "a dog"}])
+    write_jsonl(
+        tmp_path / "mine" / "metadata.jsonl",
+        [{"file_name": "a.png", "caption": "a cat"}, {"file_name": "b.png", "caption": "a dog"}],
+    )
     result = train(tmp_path, "mine", "run")
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip() == (f"error: {Path('mine') / 'metadata.jsonl'}: line 2: image file 'b.png' not found "
-                                     f"({Path('mine') / 'b.png'})")
+    assert result.stderr.strip() == (
+        f"error: {Path('mine') / 'metadata.jsonl'}: line 2: image file 'b.png' not found "
+        f"({Path('mine') / 'b.png'})"
+    )
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "mine" / "features").exists()
 
 

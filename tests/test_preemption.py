@@ -32,20 +32,35 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def torchrun(*args: str, restarts: int = 0) -> list[str]:
     """``torchrun`` with 2 CPU processes on this machine."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", str(restarts), "--monitor-interval", "0.1", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(restarts),
+        "--monitor-interval",
+        "0.1",
+        *args,
+    ]
 
 
 def train_command(output_dir: Path, data_root: Path, cache_dir: Path, **extra) -> list[str]:
     """train.py's arguments for the tiny 2-epoch run with dropout, checkpointing every 3 steps."""
-    overrides = tiny_overrides(data_root, output_dir, **{
-        "data.cache_dir": cache_dir, "model.decoder.dropout": 0.3, "train.checkpoint_every": 3, **extra})
+    overrides = tiny_overrides(
+        data_root,
+        output_dir,
+        **{"data.cache_dir": cache_dir, "model.decoder.dropout": 0.3, "train.checkpoint_every": 3, **extra},
+    )
     return [str(REPO / "train.py"), "--no-test", "--no-progress", "--device", "cpu", *as_flags(overrides)]
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=ONE_THREAD,
-                          check=False)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=REPO, env=ONE_THREAD, check=False
+    )
 
 
 def run_here(command: list[str]) -> subprocess.CompletedProcess:
@@ -119,8 +134,11 @@ def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
 
 def stopped_step(log: str) -> int:
     """The step named by the SIGTERM message (printed by rank 0)."""
-    match = re.search(r"stopped by SIGTERM after step (\d+) \(xe epoch \d\): (\S+) holds the run; run the same "
-                      r"command with --resume auto to continue it \(exit status 75\)", log)
+    match = re.search(
+        r"stopped by SIGTERM after step (\d+) \(xe epoch \d\): (\S+) holds the run; run the same "
+        r"command with --resume auto to continue it \(exit status 75\)",
+        log,
+    )
     assert match, log[-3000:]
     return int(match.group(1))
 
@@ -134,7 +152,9 @@ def test_a_worker_killed_under_torchrun_restarts_and_ends_with_the_same_weights(
     os.kill(worker_pid(launcher, 1), signal.SIGKILL)
     assert launcher.wait(timeout=600) == 0, (tmp_path / "log").read_text()[-3000:]
     log = (tmp_path / "log").read_text()
-    resumed = re.search(rf"resumed from {killed / 'checkpoints' / 'last.pt'}: stage xe, epoch \d, step (\d+)", log)
+    resumed = re.search(
+        rf"resumed from {killed / 'checkpoints' / 'last.pt'}: stage xe, epoch \d, step (\d+)", log
+    )
     assert resumed and 3 <= int(resumed.group(1)) < 16, log[-3000:]
     assert read_steps(killed) == read_steps(straight)  # every step once, with the same losses
     assert_same_weights(killed, straight)
@@ -142,7 +162,8 @@ def test_a_worker_killed_under_torchrun_restarts_and_ends_with_the_same_weights(
 
 @pytest.mark.slow
 def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_then_resume_auto_ends_with_the_same_weights(
-        two_process, tmp_path):
+    two_process, tmp_path
+):
     command, straight = two_process
     stopped = tmp_path / "stopped"
     launcher = start(torchrun(*command(stopped), "--resume", "auto"), tmp_path / "log")
@@ -165,7 +186,8 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_then_resume_auto_ends_
 
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_with_exit_status_75_then_resume_auto_ends_with_the_same_weights(
-        data_root, tmp_path):
+    data_root, tmp_path
+):
     straight = run(single(tmp_path / "straight", data_root))
     assert straight.returncode == 0, straight.stderr
     stopped = tmp_path / "stopped"
@@ -185,11 +207,15 @@ def test_sigterm_to_one_process_stops_with_exit_status_75_then_resume_auto_ends_
 
 def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = tiny_overrides(data_root, run_dir, **{"train.epochs": 1, "train.scst_epochs": 1,
-                                                      "train.scst_samples": 2})
+    overrides = tiny_overrides(
+        data_root, run_dir, **{"train.epochs": 1, "train.scst_epochs": 1, "train.scst_samples": 2}
+    )
     outputs = train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
     outputs.lock.release()  # the run is over; a run holds its folder until its process ends, and this one is pytest
-    assert [h["stage"] for h in outputs.state.history] == ["xe", "scst"]  # self-critical from best.pt's weights
+    assert [h["stage"] for h in outputs.state.history] == [
+        "xe",
+        "scst",
+    ]  # self-critical from best.pt's weights
     checkpoints = run_dir / "checkpoints"
     last = load_checkpoint(checkpoints / "last.pt")["training"]
     assert last["optimizer"]["state"] and last["rng_per_rank"]  # resume needs them
@@ -198,12 +224,24 @@ def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_pa
         assert set(payload["training"]) == {"state"}, name
         assert payload["decoder"].keys() == weights(run_dir).keys()
         assert (checkpoints / f"{name}.pt").stat().st_size < (checkpoints / "last.pt").stat().st_size / 2
-    result = run_here([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress",
-                       *as_flags(overrides), "--resume", str(checkpoints / "best.pt")])
+    result = run_here(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--no-test",
+            "--no-progress",
+            *as_flags(overrides),
+            "--resume",
+            str(checkpoints / "best.pt"),
+        ]
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        (f"error: {checkpoints / 'best.pt'}: holds weights only, without the optimizer state a resumed run needs; "
-        "resume from checkpoints/last.pt")]
+        (
+            f"error: {checkpoints / 'best.pt'}: holds weights only, without the optimizer state a resumed run needs; "
+            "resume from checkpoints/last.pt"
+        )
+    ]
 
 
 # ----------------------------------------------------------------------------- --resume auto
@@ -222,12 +260,17 @@ def test_resume_auto_starts_a_new_run_then_continues_it(data_root, tmp_path):
     assert again.returncode == 0, again.stderr
     assert f"resumed from {run_dir / 'checkpoints' / 'last.pt'}: stage xe, epoch 1, step 2" in again.stdout
     assert [s["step"] for s in read_steps(run_dir)] == [1, 2, 3]
-    changed = run_here(single(run_dir, data_root, "--resume", "auto", "--lr", "0.5", **{"train.max_steps": 4}))
+    changed = run_here(
+        single(run_dir, data_root, "--resume", "auto", "--lr", "0.5", **{"train.max_steps": 4})
+    )
     assert changed.returncode == 2
     assert changed.stderr.strip().splitlines() == [
-        (f"error: {run_dir / 'checkpoints' / 'last.pt'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now; a resumed "
-        "run keeps its configuration (pass the same --config and flags), apart from its length, logging, paths "
-        "and decoding")]
+        (
+            f"error: {run_dir / 'checkpoints' / 'last.pt'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now; a resumed "
+            "run keeps its configuration (pass the same --config and flags), apart from its length, logging, paths "
+            "and decoding"
+        )
+    ]
 
 
 @pytest.mark.slow
@@ -248,8 +291,11 @@ def test_resume_auto_starts_over_in_a_folder_left_without_a_checkpoint(data_root
 
     changed = run_here([*command, "--lr", "0.5"])
     assert changed.returncode == 2
-    assert changed.stderr.strip().splitlines()[0].startswith(
-        f"error: {run_dir / 'config.yaml'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now")
+    assert (
+        changed.stderr.strip()
+        .splitlines()[0]
+        .startswith(f"error: {run_dir / 'config.yaml'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now")
+    )
     result = run_here(command)
     assert result.returncode == 0, result.stderr
     assert f"resume auto: no checkpoint in {run_dir} yet; starting the run over" in result.stdout

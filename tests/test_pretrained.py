@@ -25,10 +25,14 @@ FILES = {"model.safetensors", "config.json", "vocab.json", "README.md"}
 
 
 @pytest.fixture(scope="module")
-def untrained(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary) -> dict:
+def untrained(
+    tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary
+) -> dict:
     folder = tmp_path_factory.mktemp("untrained")
-    return {kind: tiny_checkpoint(folder / kind / "best.pt", tiny_shapes.root, shapes_vocab, kind)
-            for kind in ("lstm", "transformer")}
+    return {
+        kind: tiny_checkpoint(folder / kind / "best.pt", tiny_shapes.root, shapes_vocab, kind)
+        for kind in ("lstm", "transformer")
+    }
 
 
 @pytest.mark.slow
@@ -68,10 +72,19 @@ def test_folder_reloads_elsewhere_without_run_folder_data_or_cache(tmp_path):
     folder = model.save_pretrained(tmp_path / "shared" / "tiny-shapes")
     assert {name.split(".")[0] for name in load_file(folder / "model.safetensors")} == {"decoder"}
     (tmp_path / "work").rename(tmp_path / "moved")  # run folder, Shapes data and its feature cache
-    code = ("import json, sys, captioning; model = captioning.load(sys.argv[1], device='cpu'); "
-            "print(json.dumps([c.text for c in model.caption(sorted(__import__('pathlib').Path(sys.argv[2]).iterdir()))]))")
-    result = subprocess.run([sys.executable, "-c", code, str(folder), str(photos)], capture_output=True, text=True,
-                            check=False, cwd=tmp_path / "shared", timeout=300, env={**ONE_THREAD, "PYTHONPATH": str(REPO)})
+    code = (
+        "import json, sys, captioning; model = captioning.load(sys.argv[1], device='cpu'); "
+        "print(json.dumps([c.text for c in model.caption(sorted(__import__('pathlib').Path(sys.argv[2]).iterdir()))]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(folder), str(photos)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path / "shared",
+        timeout=300,
+        env={**ONE_THREAD, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == expected
 
@@ -82,12 +95,21 @@ def test_evaluate_and_visualize_take_a_folder(untrained, tmp_path):
     images = tmp_path / "images"
     photo(images / "cat.jpg")
     results = tmp_path / "out" / "captions_results.json"
-    run = in_process("evaluate.py", "--checkpoint", folder, "--images", images, "--results", results, "--no-progress")
+    run = in_process(
+        "evaluate.py", "--checkpoint", folder, "--images", images, "--results", results, "--no-progress"
+    )
     assert run.returncode == 0, run.stderr
     expected = captioning.load(folder, device="cpu").caption([images / "cat.jpg"])[0].text
     assert json.loads(results.read_text()) == [{"image_id": 1, "caption": expected}]
-    run = in_process("visualize.py", images / "cat.jpg", "--checkpoint", folder, "--out-dir", tmp_path / "figures",
-                     "--no-progress")
+    run = in_process(
+        "visualize.py",
+        images / "cat.jpg",
+        "--checkpoint",
+        folder,
+        "--out-dir",
+        tmp_path / "figures",
+        "--no-progress",
+    )
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "figures" / "cat.png").is_file()
 
@@ -100,6 +122,7 @@ def _edit_json(path: Path, change) -> None:
 
 def _bad_folders(folder: Path, tmp_path: Path) -> list[tuple[Path, str]]:
     """Broken copies of a good model folder, each with the message its loading must give."""
+
     def copy(name: str) -> Path:
         return Path(shutil.copytree(folder, tmp_path / name))
 
@@ -121,7 +144,9 @@ def _bad_folders(folder: Path, tmp_path: Path) -> list[tuple[Path, str]]:
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "best.pt").write_bytes(b"")
-    cases.append((run, r"run: a run folder, not a model folder: give one of its checkpoints, e\.g\. .*best\.pt"))
+    cases.append(
+        (run, r"run: a run folder, not a model folder: give one of its checkpoints, e\.g\. .*best\.pt")
+    )
     unfit = copy("unfit")
     _edit_json(unfit / "config.json", lambda d: d["config"]["model"]["decoder"].update(hidden_dim=24))
     cases.append((unfit, r"unfit: decoder weights do not fit the model configuration: shape"))
@@ -141,15 +166,19 @@ def test_bad_folders_fail_in_one_line_before_any_work(untrained, tmp_path):
     from safetensors.torch import save_file
 
     (tmp_path / "lone").mkdir()
-    save_file({k: v for k, v in load_file(folder / "model.safetensors").items() if k.startswith("decoder.")},
-              str(tmp_path / "lone" / "model.safetensors"))
+    save_file(
+        {k: v for k, v in load_file(folder / "model.safetensors").items() if k.startswith("decoder.")},
+        str(tmp_path / "lone" / "model.safetensors"),
+    )
     images = tmp_path / "images"
     photo(images / "cat.jpg")
     for bad, message in _bad_folders(folder, tmp_path):
         with pytest.raises(CheckpointError, match=message):
             captioning.load(bad, device="cpu")
         results = tmp_path / "results" / f"{bad.name}.json"
-        run = in_process("evaluate.py", "--checkpoint", bad, "--images", images, "--results", results, "--no-progress")
+        run = in_process(
+            "evaluate.py", "--checkpoint", bad, "--images", images, "--results", results, "--no-progress"
+        )
         assert run.returncode == 2
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and bad.name in lines[0], run.stderr
@@ -159,8 +188,10 @@ def test_bad_folders_fail_in_one_line_before_any_work(untrained, tmp_path):
 def test_missing_encoder_weights_file_is_named(untrained, tmp_path):
     """An encoder trained from a weights file that this machine lacks: the file is named."""
     folder = captioning.load(untrained["lstm"], device="cpu").save_pretrained(tmp_path / "model")
-    _edit_json(folder / "config.json",
-               lambda d: d["config"]["model"]["encoder"].update(weights="/elsewhere/lite0.pth", fine_tune_stages=1))
+    _edit_json(
+        folder / "config.json",
+        lambda d: d["config"]["model"]["encoder"].update(weights="/elsewhere/lite0.pth", fine_tune_stages=1),
+    )
     with pytest.raises(EncoderWeightsError, match=r"/elsewhere/lite0\.pth: encoder weights file not found"):
         captioning.load(folder, device="cpu")
 
@@ -170,8 +201,14 @@ def test_card_has_the_test_scores_signed_with_the_checkpoint(untrained, tmp_path
     checkpoint = run / "checkpoints" / "best.pt"
     checkpoint.parent.mkdir(parents=True)
     shutil.copy(untrained["lstm"], checkpoint)
-    scores = {"BLEU-4": 0.4321, "CIDEr-D": 1.2345, "METEOR": None, "images": 8, "tokenizer": "python",
-              "signature": f"refs:abc|n:8|tok:python|decode:beam2.max5|ckpt:{file_hash(checkpoint)}"}
+    scores = {
+        "BLEU-4": 0.4321,
+        "CIDEr-D": 1.2345,
+        "METEOR": None,
+        "images": 8,
+        "tokenizer": "python",
+        "signature": f"refs:abc|n:8|tok:python|decode:beam2.max5|ckpt:{file_hash(checkpoint)}",
+    }
     (run / "test_scores.json").write_text(json.dumps(scores))
     model = captioning.load(checkpoint, device="cpu")
     card = (model.save_pretrained(tmp_path / "signed") / "README.md").read_text()

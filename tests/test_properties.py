@@ -28,7 +28,10 @@ separators = st.sampled_from([" ", "  ", "\t", ", ", " ; ", " - ", " : ", "\n"])
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(plain_words, separators), min_size=1, max_size=10), st.sampled_from(["", "?", "!", " !!"]))
+@given(
+    st.lists(st.tuples(plain_words, separators), min_size=1, max_size=10),
+    st.sampled_from(["", "?", "!", " !!"]),
+)
 def test_plain_words_come_back_lower_cased_whatever_the_spacing_and_punctuation(pieces, ending):
     text = "".join(word + separator for word, separator in pieces).rstrip() + ending
     expected = [word.lower() for word, _ in pieces] + (["!!"] if ending == " !!" else [])
@@ -43,7 +46,9 @@ def test_surrounding_whitespace_does_not_change_the_tokens(text: str):
 
 # ------------------------------------------------------------------ vocabulary
 
-common_words = st.sampled_from(["a", "dog", "red", "circle", "über", "猫", "кошка", "<end>", "<pad>", "<unk>"])
+common_words = st.sampled_from(
+    ["a", "dog", "red", "circle", "über", "猫", "кошка", "<end>", "<pad>", "<unk>"]
+)
 any_word = st.text(min_size=1, max_size=6)
 word = st.one_of(common_words, common_words, any_word)  # repeats, so that min_count matters
 token_lists = st.lists(st.lists(word, max_size=12), min_size=1, max_size=8)
@@ -54,8 +59,8 @@ token_lists = st.lists(st.lists(word, max_size=12), min_size=1, max_size=8)
 def test_build_keeps_frequent_words_in_count_order(captions, min_count):
     vocab = Vocabulary.build(captions, min_count)
     counts = Counter(token for caption in captions for token in caption)
-    words = vocab.itos[len(SPECIALS):]
-    assert tuple(vocab.itos[:len(SPECIALS)]) == SPECIALS
+    words = vocab.itos[len(SPECIALS) :]
+    assert tuple(vocab.itos[: len(SPECIALS)]) == SPECIALS
     assert len(set(vocab.itos)) == len(vocab)
     assert set(words) == {w for w, n in counts.items() if n >= min_count and w not in SPECIALS}
     assert words == sorted(words, key=lambda w: (-counts[w], w))
@@ -87,6 +92,7 @@ def test_json_round_trip(captions):
 
 
 # ------------------------------------------------------------------ metrics
+
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text(max_size=50), min_size=1, max_size=4))

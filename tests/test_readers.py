@@ -29,6 +29,7 @@ def _edit_karpathy(split_file: Path, edit) -> Path:
 
 # Karpathy split files -------------------------------------------------------------------------------
 
+
 def test_karpathy_reads_ids_paths_splits_and_captions(karpathy_dataset):
     split_file, root = karpathy_dataset
     records = read_karpathy(split_file, root)
@@ -49,11 +50,25 @@ def test_karpathy_keeps_restval_when_asked(karpathy_dataset):
 
 
 def test_karpathy_flickr_schema_uses_imgid_and_no_filepath(tmp_path, write_json):
-    data = {"dataset": "flickr8k", "images": [
-        {"filename": "1000268201_693b08cb0e.jpg", "imgid": 0, "split": "test", "sentids": [0],
-         "sentences": [{"tokens": ["A", "child", "in", "pink"], "raw": "A child in pink .", "imgid": 0,
-                        "sentid": 0}]},
-    ]}
+    data = {
+        "dataset": "flickr8k",
+        "images": [
+            {
+                "filename": "1000268201_693b08cb0e.jpg",
+                "imgid": 0,
+                "split": "test",
+                "sentids": [0],
+                "sentences": [
+                    {
+                        "tokens": ["A", "child", "in", "pink"],
+                        "raw": "A child in pink .",
+                        "imgid": 0,
+                        "sentid": 0,
+                    }
+                ],
+            },
+        ],
+    }
     split_file = write_json(tmp_path / "dataset_flickr8k.json", data)
     records = read_karpathy(split_file, tmp_path / "Flicker8k_Dataset")
     assert records[0].image_id == 0
@@ -118,17 +133,24 @@ def test_karpathy_missing_field_names_file_and_entry(karpathy_dataset):
     assert str(error.value) == "dataset_coco.json: image 3 (cocoid 42): missing field 'sentences'"
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda d: d["images"][1].update(cocoid=9),
-     r"image 1 \(cocoid 9\): duplicate image id 9 \(also image 0\)"),
-    (lambda d: d["images"][1].update(split="holdout"), r"image 1 \(cocoid 25\): unknown split 'holdout'"),
-    (lambda d: d["images"][2].update(cocoid="30"), r"image 2: field 'cocoid' must be an integer"),
-    (lambda d: d["images"][0]["sentences"][1].pop("tokens"),
-     r"cocoid 9\) sentence 1: missing field 'tokens'"),
-    (lambda d: d["images"][0]["sentences"][1].update(tokens="a dog"), r"field 'tokens' must be a list"),
-    (lambda d: d["images"][0].update(filename="../../etc/passwd"), r"must not contain '\.\.'"),
-    (lambda d: d["images"][0].update(filepath="/abs/train2014"), r"must be relative to the image root"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda d: d["images"][1].update(cocoid=9),
+            r"image 1 \(cocoid 9\): duplicate image id 9 \(also image 0\)",
+        ),
+        (lambda d: d["images"][1].update(split="holdout"), r"image 1 \(cocoid 25\): unknown split 'holdout'"),
+        (lambda d: d["images"][2].update(cocoid="30"), r"image 2: field 'cocoid' must be an integer"),
+        (
+            lambda d: d["images"][0]["sentences"][1].pop("tokens"),
+            r"cocoid 9\) sentence 1: missing field 'tokens'",
+        ),
+        (lambda d: d["images"][0]["sentences"][1].update(tokens="a dog"), r"field 'tokens' must be a list"),
+        (lambda d: d["images"][0].update(filename="../../etc/passwd"), r"must not contain '\.\.'"),
+        (lambda d: d["images"][0].update(filepath="/abs/train2014"), r"must be relative to the image root"),
+    ],
+)
 def test_karpathy_bad_entries(karpathy_dataset, edit, message):
     split_file, root = karpathy_dataset
     with pytest.raises(DatasetError, match=message):
@@ -137,22 +159,32 @@ def test_karpathy_bad_entries(karpathy_dataset, edit, message):
 
 # COCO caption annotations ---------------------------------------------------------------------------
 
+
 def test_coco_reads_standard_layout(coco_dataset, capsys):
     annotation_files, root = coco_dataset
     records = read_coco(annotation_files, root)
     assert capsys.readouterr().out == ""  # pycocotools' progress prints are silenced
-    assert [(r.image_id, r.split) for r in records] == [(9, "train"), (25, "train"), (30, "val"), (42, "val"),
-                                                        (73, "val")]
+    assert [(r.image_id, r.split) for r in records] == [
+        (9, "train"),
+        (25, "train"),
+        (30, "val"),
+        (42, "val"),
+        (73, "val"),
+    ]
     assert records[0].path == root / "train2014" / "COCO_train2014_000000000009.jpg"
-    assert records[0].captions == (("a", "dog", "runs", "on", "the", "grass"),
-                                   ("a", "brown", "dog", "running"))
+    assert records[0].captions == (
+        ("a", "dog", "runs", "on", "the", "grass"),
+        ("a", "brown", "dog", "running"),
+    )
     assert records[0].raw[1] == "A brown dog, running!"
     assert all(r.path.is_file() for r in records)
 
 
 def test_coco_2017_layout_takes_folder_from_file_name(tmp_path, write_json):
-    data = {"images": [{"id": 397133, "file_name": "000000397133.jpg"}],
-            "annotations": [{"id": 1, "image_id": 397133, "caption": "A man in a kitchen."}]}
+    data = {
+        "images": [{"id": 397133, "file_name": "000000397133.jpg"}],
+        "annotations": [{"id": 1, "image_id": 397133, "caption": "A man in a kitchen."}],
+    }
     records = read_coco([write_json(tmp_path / "captions_val2017.json", data)], tmp_path / "coco")
     assert records[0].path == tmp_path / "coco" / "val2017" / "000000397133.jpg"
     assert records[0].split == "val"
@@ -164,8 +196,12 @@ def test_coco_karpathy_resplit(coco_dataset, karpathy_dataset, caplog):
     _edit_karpathy(split_file, lambda data: data["images"].pop(1))  # cocoid 25 is not in the split file
     with caplog.at_level(logging.WARNING):
         records = read_coco(annotation_files, root, karpathy_split_file=split_file)
-    assert [(r.image_id, r.split) for r in records] == [(9, "train"), (30, "train"), (42, "val"),
-                                                        (73, "test")]
+    assert [(r.image_id, r.split) for r in records] == [
+        (9, "train"),
+        (30, "train"),
+        (42, "val"),
+        (73, "test"),
+    ]
     assert "skipped 1 images not in the Karpathy split file" in caplog.text
 
 
@@ -186,15 +222,20 @@ def test_coco_skips_empty_captions(coco_dataset, write_json, caplog):
     assert len(nine.captions) == 1 and nine.raw == ("A dog runs on the grass.", "...")  # kept for scoring
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda d: d.pop("annotations"), r"captions_val2014\.json: missing field 'annotations'"),
-    (lambda d: d["annotations"][0].update(image_id=5),
-     r"annotation 0 \(id 3000\): image_id 5 is not in 'images'"),
-    (lambda d: d["annotations"][1].pop("caption"), r"annotation 1 \(id 4200\): missing field 'caption'"),
-    (lambda d: d["images"][0].pop("file_name"), r"image 30: missing field 'file_name'"),
-    (lambda d: d["images"][1].update(id=30), r"image 1: duplicate image id 30"),
-    (lambda d: d["images"][0].update(file_name="../../secret.jpg"), r"must not contain '\.\.'"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("annotations"), r"captions_val2014\.json: missing field 'annotations'"),
+        (
+            lambda d: d["annotations"][0].update(image_id=5),
+            r"annotation 0 \(id 3000\): image_id 5 is not in 'images'",
+        ),
+        (lambda d: d["annotations"][1].pop("caption"), r"annotation 1 \(id 4200\): missing field 'caption'"),
+        (lambda d: d["images"][0].pop("file_name"), r"image 30: missing field 'file_name'"),
+        (lambda d: d["images"][1].update(id=30), r"image 1: duplicate image id 30"),
+        (lambda d: d["images"][0].update(file_name="../../secret.jpg"), r"must not contain '\.\.'"),
+    ],
+)
 def test_coco_bad_entries(coco_dataset, write_json, edit, message):
     annotation_files, root = coco_dataset
     data = json.loads(annotation_files[1].read_text())
@@ -220,6 +261,7 @@ def test_coco_bad_files(coco_dataset, tmp_path, write_json):
 
 # Image folders --------------------------------------------------------------------------------------
 
+
 def test_folder_lists_images_sorted_with_ids(tmp_path, make_image):
     for name in ("b.PNG", "a.jpg", "c.JpEg", "d.webp"):
         make_image(tmp_path / name)
@@ -228,7 +270,11 @@ def test_folder_lists_images_sorted_with_ids(tmp_path, make_image):
     make_image(tmp_path / "sub" / "e.jpg")
     records = read_folder(tmp_path)
     assert [(r.image_id, r.path.name, r.split, r.captions) for r in records] == [
-        (1, "a.jpg", "", ()), (2, "b.PNG", "", ()), (3, "c.JpEg", "", ()), (4, "d.webp", "", ())]
+        (1, "a.jpg", "", ()),
+        (2, "b.PNG", "", ()),
+        (3, "c.JpEg", "", ()),
+        (4, "d.webp", "", ()),
+    ]
 
 
 def test_folder_errors(tmp_path):
@@ -240,6 +286,7 @@ def test_folder_errors(tmp_path):
 
 
 # Image loading: 16-bit grayscale --------------------------------------------------------------------
+
 
 def _load_gray16(tmp_path: Path, values) -> np.ndarray:
     """Write ``values`` as a 16-bit grayscale PNG, load it with ``load_image``: its (one) RGB channel."""
@@ -284,14 +331,18 @@ def test_load_image_32bit_gray_is_read_as_16bit_and_clipped(tmp_path):
 
 # Per-split dataset index ------------------------------------------------------------------------------
 
+
 def _index_folders(cache_dir: Path) -> list[Path]:
     return sorted((cache_dir / "records").glob("*-*"))
 
 
-def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_parsing(karpathy_dataset, tmp_path,
-                                                                                    monkeypatch):
+def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_parsing(
+    karpathy_dataset, tmp_path, monkeypatch
+):
     split_file, root = karpathy_dataset
-    config = DataConfig(dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c"))
+    config = DataConfig(
+        dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c")
+    )
     assert load_records(config) == read_karpathy(split_file, root)
     assert _index_folders(tmp_path / "c") == []  # tools without a run folder (evaluate.py) only read an index
     first = load_records(config, output_dir=tmp_path / "run")
@@ -304,13 +355,21 @@ def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_par
     monkeypatch.setattr("captioning.data.karpathy.read_json", no_parsing)
     assert load_records(config) == first
     assert load_records(config, splits=("test",)) == records_of_split(first, "test")
-    moved = DataConfig(dataset="karpathy", split_file=str(split_file), root=str(tmp_path / "moved"),
-                       cache_dir=str(tmp_path / "c"))
+    moved = DataConfig(
+        dataset="karpathy",
+        split_file=str(split_file),
+        root=str(tmp_path / "moved"),
+        cache_dir=str(tmp_path / "c"),
+    )
     (tmp_path / "moved").mkdir()  # the images' new home (data paths are checked before the index answers)
-    assert [r.path for r in load_records(moved)] == [tmp_path / "moved" / r.path.relative_to(root) for r in first]
+    assert [r.path for r in load_records(moved)] == [
+        tmp_path / "moved" / r.path.relative_to(root) for r in first
+    ]
     monkeypatch.undo()
 
-    _edit_karpathy(split_file, lambda data: data["images"][4]["sentences"][0].update(tokens=["A", "new", "bus"]))
+    _edit_karpathy(
+        split_file, lambda data: data["images"][4]["sentences"][0].update(tokens=["A", "new", "bus"])
+    )
     changed = load_records(config, output_dir=tmp_path / "run")
     assert changed[4].captions[0] == ("a", "new", "bus") and changed[:4] == first[:4]
     assert len(_index_folders(tmp_path / "c")) == 2  # a new index for the changed file
@@ -319,7 +378,9 @@ def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_par
 def test_karpathy_index_repeats_the_readers_warnings(karpathy_dataset, tmp_path, caplog):
     split_file, root = karpathy_dataset
     _edit_karpathy(split_file, lambda data: data["images"][0]["sentences"][0].update(tokens=[" "]))
-    config = DataConfig(dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c"))
+    config = DataConfig(
+        dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c")
+    )
     for _ in range(2):  # the first read parses, the second reads the index
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="captioning.data"):
@@ -330,8 +391,12 @@ def test_karpathy_index_repeats_the_readers_warnings(karpathy_dataset, tmp_path,
 
 def test_coco_index_keeps_the_tokenization(coco_dataset, tmp_path, write_json, monkeypatch):
     annotation_files, root = coco_dataset
-    config = DataConfig(dataset="coco", annotations=tuple(map(str, annotation_files)), root=str(root),
-                        cache_dir=str(tmp_path / "c"))
+    config = DataConfig(
+        dataset="coco",
+        annotations=tuple(map(str, annotation_files)),
+        root=str(root),
+        cache_dir=str(tmp_path / "c"),
+    )
     calls = {"n": 0}
     real_tokenize = coco.tokenize
 

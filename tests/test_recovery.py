@@ -43,8 +43,15 @@ CACHE_BATCH = cache_batch_size(torch.device("cpu"))  # rows the cache computes a
 def cache_shapes(tmp_path_factory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("cache_shapes")
     generate_shapes(root, seed=0, num_train=CACHE_IMAGES, num_val=4, num_test=4, image_size=64)
-    overrides = {"data.root": root, "data.shapes_train": CACHE_IMAGES, "data.shapes_val": 4, "data.shapes_test": 4,
-                 "data.shapes_image_size": 64, "model.encoder.image_size": 64, "model.encoder.grid_size": 0}
+    overrides = {
+        "data.root": root,
+        "data.shapes_train": CACHE_IMAGES,
+        "data.shapes_val": 4,
+        "data.shapes_test": 4,
+        "data.shapes_image_size": 64,
+        "model.encoder.image_size": 64,
+        "model.encoder.grid_size": 0,
+    }
     return SimpleNamespace(root=root, overrides=overrides)
 
 
@@ -58,10 +65,14 @@ def _computed_rows(cache_dir: Path) -> tuple[Path, int] | None:
 @pytest.mark.slow
 def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, tmp_path):
     cache_dir = tmp_path / "cache"
-    flags = as_flags({**cache_shapes.overrides, "data.cache_dir": cache_dir, "train.output_dir": tmp_path / "run"})
+    flags = as_flags(
+        {**cache_shapes.overrides, "data.cache_dir": cache_dir, "train.output_dir": tmp_path / "run"}
+    )
     command = [sys.executable, str(REPO / "train.py"), "--cache-only", *flags]
     with open(tmp_path / "killed.log", "w") as log:
-        process = subprocess.Popen([*command, "--no-progress"], cwd=REPO, stdout=log, stderr=log, env=ONE_THREAD)
+        process = subprocess.Popen(
+            [*command, "--no-progress"], cwd=REPO, stdout=log, stderr=log, env=ONE_THREAD
+        )
     deadline, completed = time.time() + 240, 0
     while time.time() < deadline and process.poll() is None:
         found = _computed_rows(cache_dir)
@@ -74,12 +85,17 @@ def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, 
     folder, completed = _computed_rows(cache_dir)
     assert 0 < completed < CACHE_IMAGES and completed % CACHE_BATCH == 0
 
-    result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env=ONE_THREAD)  # with progress bars
+    result = subprocess.run(
+        command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300, env=ONE_THREAD
+    )  # with progress bars
     assert result.returncode == 0, result.stderr
     bars = result.stderr.replace("\r", "\n")
-    assert re.search(rf"\| {completed}/{CACHE_IMAGES} \[", bars), bars  # the bar starts where the kill left off
-    assert not re.search(rf"\| 0/{CACHE_IMAGES} \[", bars), bars  # ... and not at 0: done rows are not recomputed
+    assert re.search(rf"\| {completed}/{CACHE_IMAGES} \[", bars), (
+        bars
+    )  # the bar starts where the kill left off
+    assert not re.search(rf"\| 0/{CACHE_IMAGES} \[", bars), (
+        bars
+    )  # ... and not at 0: done rows are not recomputed
     assert _computed_rows(cache_dir)[1] == CACHE_IMAGES + 8  # train, then val and test appended
 
     config = load_config(SHAPES_YAML, cache_shapes.overrides)
@@ -88,8 +104,10 @@ def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, 
     straight = FeatureCache.build_or_open(tmp_path / "straight", encoder, records, progress=False)
     resumed = FeatureCache.build_or_open(cache_dir, encoder, records, progress=False)
     assert straight.path.name == folder.name and resumed.computed == 0  # the same key, nothing left to do
-    assert np.array_equal(np.stack([resumed[i] for i in range(CACHE_IMAGES)]),
-                          np.stack([straight[i] for i in range(CACHE_IMAGES)]))
+    assert np.array_equal(
+        np.stack([resumed[i] for i in range(CACHE_IMAGES)]),
+        np.stack([straight[i] for i in range(CACHE_IMAGES)]),
+    )
 
 
 _SAVE_HANGS = """
@@ -119,12 +137,21 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.mark.slow
 def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(shapes, tmp_path):
     run = tmp_path / "run"
-    flags = ["--no-test", "--no-progress", *as_flags(tiny_overrides(shapes.root, run, **{
-        "train.epochs": 2, "train.checkpoint_every": 4}))]
+    flags = [
+        "--no-test",
+        "--no-progress",
+        *as_flags(tiny_overrides(shapes.root, run, **{"train.epochs": 2, "train.checkpoint_every": 4})),
+    ]
     script = tmp_path / "save_hangs.py"
     script.write_text(_SAVE_HANGS)
-    process = subprocess.Popen([sys.executable, str(script), str(REPO / "train.py"), *flags], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ONE_THREAD)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(REPO / "train.py"), *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=ONE_THREAD,
+    )
     previous = None
     for line in process.stdout:
         if line.startswith("inside save_checkpoint"):
@@ -177,8 +204,22 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp
         real_save(obj, destination, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint_module.torch, "save", save)
-    args = ["--no-test", "--no-progress", *as_flags(tiny_overrides(shapes.root, run, **{
-        "train.epochs": 1, "train.checkpoint_every": 2, "train.max_steps": 4, "train.deterministic": False}))]
+    args = [
+        "--no-test",
+        "--no-progress",
+        *as_flags(
+            tiny_overrides(
+                shapes.root,
+                run,
+                **{
+                    "train.epochs": 1,
+                    "train.checkpoint_every": 2,
+                    "train.max_steps": 4,
+                    "train.deterministic": False,
+                },
+            )
+        ),
+    ]
     code, stderr = run_in_process("train.py", args)
     monkeypatch.undo()
     assert_one_line_error(code, stderr, f"{last}: no space left on device")
@@ -202,8 +243,10 @@ def test_full_disk_while_writing_results_keeps_the_previous_file(shapes, tmp_pat
         return real_write_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "write_text", write_text)
-    code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, "--images", folder,
-                                                  "--results", results, "--no-progress"])
+    code, stderr = run_in_process(
+        "evaluate.py",
+        ["--checkpoint", shapes.checkpoint, "--images", folder, "--results", results, "--no-progress"],
+    )
     monkeypatch.undo()
     assert_one_line_error(code, stderr, f"{results}: no space left on device")
     assert results.read_bytes() == previous
@@ -218,15 +261,29 @@ def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path
         (path,) = cache_dir.glob("*/index.json")
         previous["path"], previous["bytes"] = path, path.read_bytes()
 
-    fail = _full_disk_after(2, remember_index)  # the first batch's rows and states, then the second's rows fail
+    fail = _full_disk_after(
+        2, remember_index
+    )  # the first batch's rows and states, then the second's rows fail
     monkeypatch.setattr(np.memmap, "flush", lambda self: fail())  # the features.npy and state.bin writers
-    args = ["--cache-only", "--no-progress", *as_flags({**cache_shapes.overrides, "data.cache_dir": cache_dir,
-                                                        "train.output_dir": tmp_path / "run"})]
+    args = [
+        "--cache-only",
+        "--no-progress",
+        *as_flags(
+            {**cache_shapes.overrides, "data.cache_dir": cache_dir, "train.output_dir": tmp_path / "run"}
+        ),
+    ]
     code, stderr = run_in_process("train.py", args)
     monkeypatch.undo()
-    line = assert_one_line_error(code, stderr, "no space left on device writing the feature cache",
-                                 str(previous["path"].parent / "features.npy"))
+    line = assert_one_line_error(
+        code,
+        stderr,
+        "no space left on device writing the feature cache",
+        str(previous["path"].parent / "features.npy"),
+    )
     assert "data.cache_dir" in line
     assert previous["path"].read_bytes() == previous["bytes"]
-    assert len(json.loads(previous["bytes"])["rows"]) == CACHE_IMAGES and _computed_rows(cache_dir)[1] == CACHE_BATCH
+    assert (
+        len(json.loads(previous["bytes"])["rows"]) == CACHE_IMAGES
+        and _computed_rows(cache_dir)[1] == CACHE_BATCH
+    )
     assert not list(cache_dir.glob("*/*.tmp"))

@@ -26,16 +26,38 @@ def coco_like_corpus(images: int = 300, seed: int = 0) -> dict[int, list[list[st
     the surfer's references agree up to "on top of a" and then name what the man rides differently."""
     rng = random.Random(seed)
     subjects = ["a man", "a woman", "a boy", "a girl", "a person", "a dog", "a surfer", "a child"]
-    actions = ["riding a wave", "sitting", "standing", "laying", "walking", "jumping", "holding a kite", "playing"]
-    places = ["on top of a surfboard", "on top of a bench", "on top of a table", "on top of a bed",
-              "on top of a hill", "on top of a car", "in front of a building", "next to a tree", "in the water",
-              "on a beach"]
+    actions = [
+        "riding a wave",
+        "sitting",
+        "standing",
+        "laying",
+        "walking",
+        "jumping",
+        "holding a kite",
+        "playing",
+    ]
+    places = [
+        "on top of a surfboard",
+        "on top of a bench",
+        "on top of a table",
+        "on top of a bed",
+        "on top of a hill",
+        "on top of a car",
+        "in front of a building",
+        "next to a tree",
+        "in the water",
+        "on a beach",
+    ]
     corpus = {}
     for image in range(images):
         subject, action, place = rng.choice(subjects), rng.choice(actions), rng.choice(places)
-        corpus[image] = [f"{rng.choice([subject, rng.choice(subjects)])} {action} {place}".split() for _ in range(5)]
-    corpus[SURFER] = [f"a man riding a wave on top of a {end}".split()
-                      for end in ("surfboard", "wave", "board", "surf board", "big wave")]
+        corpus[image] = [
+            f"{rng.choice([subject, rng.choice(subjects)])} {action} {place}".split() for _ in range(5)
+        ]
+    corpus[SURFER] = [
+        f"a man riding a wave on top of a {end}".split()
+        for end in ("surfboard", "wave", "board", "surf board", "big wave")
+    ]
     return corpus
 
 
@@ -58,8 +80,11 @@ def test_the_end_token_is_a_word_on_both_sides_and_in_the_document_frequencies()
     expected = CiderDScorer(with_end).scores([3, 7, 9], [[*words, END_WORD] for words in candidates])
     np.testing.assert_allclose(CiderDReward(corpus)([3, 7, 9], candidates), expected, rtol=1e-12)
     # Off: exactly the plain CIDEr-D of the words.
-    np.testing.assert_allclose(CiderDReward(corpus, end_token=False)([3, 7, 9], candidates),
-                               CiderDScorer(corpus).scores([3, 7, 9], candidates), rtol=1e-12)
+    np.testing.assert_allclose(
+        CiderDReward(corpus, end_token=False)([3, 7, 9], candidates),
+        CiderDScorer(corpus).scores([3, 7, 9], candidates),
+        rtol=1e-12,
+    )
 
 
 def test_a_caption_cut_by_the_length_limit_gets_no_end_token():
@@ -91,7 +116,8 @@ def test_the_self_critical_step_tells_the_reward_which_captions_ended():
     torch.manual_seed(0)
     vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "a", "dog"])
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0), len(vocab), 4).train()
+        DecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0), len(vocab), 4
+    ).train()
     calls = []
 
     def rewarder(image_ids, rows, finished):
@@ -108,8 +134,13 @@ def test_the_self_critical_step_tells_the_reward_which_captions_ended():
             decoder.out.bias.zero_()
             decoder.out.bias[vocab.end_id] = end_bias
         calls.clear()
-        scst_loss(Model(decoder), batch, rewarder, TrainConfig(scst_samples=2),
-                  DecodeConfig(min_length=1, max_length=3, forbid_unk=False))
+        scst_loss(
+            Model(decoder),
+            batch,
+            rewarder,
+            TrainConfig(scst_samples=2),
+            DecodeConfig(min_length=1, max_length=3, forbid_unk=False),
+        )
         for rows, finished in calls:  # the samples, then the greedy baseline
             assert finished == [ended] * len(rows)
             assert all(vocab.end_id not in row for row in rows)

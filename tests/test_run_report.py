@@ -17,9 +17,25 @@ from captioning.evaluation.grounding import Instances, ObjectBox
 from captioning.visualization.run_report import curve_keys, curves_png, write_run_report
 
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-HISTORY = [{"stage": "xe", "epoch": 1, "train_loss": 3.2, "train_cross_entropy": 3.0, "val_CIDEr-D": 0.21, "lr": 1e-3},
-           {"stage": "xe", "epoch": 2, "train_loss": 2.6, "train_cross_entropy": 2.5, "val_CIDEr-D": 0.43, "lr": 1e-3},
-           {"stage": "scst", "epoch": 1, "train_reward": 0.5, "val_CIDEr-D": 0.52, "lr": 1e-5}]
+HISTORY = [
+    {
+        "stage": "xe",
+        "epoch": 1,
+        "train_loss": 3.2,
+        "train_cross_entropy": 3.0,
+        "val_CIDEr-D": 0.21,
+        "lr": 1e-3,
+    },
+    {
+        "stage": "xe",
+        "epoch": 2,
+        "train_loss": 2.6,
+        "train_cross_entropy": 2.5,
+        "val_CIDEr-D": 0.43,
+        "lr": 1e-3,
+    },
+    {"stage": "scst", "epoch": 1, "train_reward": 0.5, "val_CIDEr-D": 0.52, "lr": 1e-5},
+]
 # image id -> (CIDEr-D, grounding mass, CHAIR-i); image 12 has no boxes, so no grounding or CHAIR.
 PER_IMAGE = {10: (0.9, 0.2, 0.0), 11: (0.1, 0.8, 0.5), 12: (0.5, None, None), 13: (1.4, 0.5, 1.0)}
 
@@ -28,30 +44,66 @@ PER_IMAGE = {10: (0.9, 0.2, 0.0), 11: (0.1, 0.8, 0.5), 12: (0.5, None, None), 13
 def run_items(tmp_path: Path):
     picture = tmp_path / "grey.png"
     Image.new("RGB", (60, 40), (128, 128, 128)).save(picture)
-    items = [captioned_item(picture, image_id, ["a", "red", "circle"],
-                            torch.cat([torch.full((1, 49), 1 / 49), one_hot(GRID, (1, 1), (2, 2))]))
-             for image_id in PER_IMAGE]
+    items = [
+        captioned_item(
+            picture,
+            image_id,
+            ["a", "red", "circle"],
+            torch.cat([torch.full((1, 49), 1 / 49), one_hot(GRID, (1, 1), (2, 2))]),
+        )
+        for image_id in PER_IMAGE
+    ]
     per_image = []
     for image_id, (cider, mass, chair_i) in PER_IMAGE.items():
         entry = {"image_id": image_id, "CIDEr-D": cider}
         if mass is not None:
-            entry.update({"grounding-mass": mass, "grounding-pointing": 1.0, "grounding-words": 1,
-                          "CHAIR-i": chair_i, "CHAIR-s": float(chair_i > 0), "CHAIR-mentions": 2,
-                          "hallucinated": ["square"] * int(2 * chair_i)})
+            entry.update(
+                {
+                    "grounding-mass": mass,
+                    "grounding-pointing": 1.0,
+                    "grounding-words": 1,
+                    "CHAIR-i": chair_i,
+                    "CHAIR-s": float(chair_i > 0),
+                    "CHAIR-mentions": 2,
+                    "hallucinated": ["square"] * int(2 * chair_i),
+                }
+            )
         per_image.append(entry)
-    scores = {"CIDEr-D": 0.725, "grounding-mass": 0.5, "grounding-pointing": 1.0, "grounding-words": 3,
-              "grounding-images": 3, "CHAIR-i": 0.5, "CHAIR-s": 0.67, "CHAIR-mentions": 6, "CHAIR-hallucinated": 3,
-              "CHAIR-images": 3, "signature": "refs:abc|n:4|tok:python|ckpt:1234", "table": "metric  x100\nCIDEr-D  72.50",
-              "per_image": per_image}
-    boxes = Instances({i: (60.0, 40.0) for i in PER_IMAGE},
-                      {i: [ObjectBox("circle", (5, 5, 20, 20), {"color": "red"})] for i in PER_IMAGE})
+    scores = {
+        "CIDEr-D": 0.725,
+        "grounding-mass": 0.5,
+        "grounding-pointing": 1.0,
+        "grounding-words": 3,
+        "grounding-images": 3,
+        "CHAIR-i": 0.5,
+        "CHAIR-s": 0.67,
+        "CHAIR-mentions": 6,
+        "CHAIR-hallucinated": 3,
+        "CHAIR-images": 3,
+        "signature": "refs:abc|n:4|tok:python|ckpt:1234",
+        "table": "metric  x100\nCIDEr-D  72.50",
+        "per_image": per_image,
+    }
+    boxes = Instances(
+        {i: (60.0, 40.0) for i in PER_IMAGE},
+        {i: [ObjectBox("circle", (5, 5, 20, 20), {"color": "red"})] for i in PER_IMAGE},
+    )
     return items, scores, boxes
 
 
 def test_report_holds_config_scores_curves_and_a_row_per_image(tmp_path, run_items):
     items, scores, boxes = run_items
-    path = write_run_report(tmp_path / "report.html", items, GRID, scores, config_text="train:\n  seed: 3 # <b>\n",
-                            checkpoint=tmp_path / "best.pt", history=HISTORY, boxes=boxes, total_images=9)
+    path = write_run_report(
+        tmp_path / "report.html",
+        items,
+        GRID,
+        scores,
+        config_text="train:\n  seed: 3 # <b>\n",
+        checkpoint=tmp_path / "best.pt",
+        history=HISTORY,
+        boxes=boxes,
+        total_images=9,
+    )
     page = path.read_text(encoding="utf-8")
     assert "seed: 3 # &lt;b&gt;" in page and str(tmp_path / "best.pt") in page
     assert "refs:abc|n:4|tok:python|ckpt:1234" in page and "CIDEr-D  72.50" in page
@@ -60,7 +112,10 @@ def test_report_holds_config_scores_curves_and_a_row_per_image(tmp_path, run_ite
     assert 'alt="training and validation curves per epoch" src="data:image/png;base64,' in page
     assert "<th>train_loss</th>" in page and "<th>val_CIDEr-D</th>" in page and 'data-value="0.43"' in page
     assert len(re.findall(r'<tr data-index="\d+">', page)) == 4
-    assert "image 11 &middot; CIDEr-D 0.100, grounding mass 0.800, pointing 1.000, CHAIR-i 0.500, CHAIR-s 1.000" in page
+    assert (
+        "image 11 &middot; CIDEr-D 0.100, grounding mass 0.800, pointing 1.000, CHAIR-i 0.500, CHAIR-s 1.000"
+        in page
+    )
     assert "image 12 &middot; CIDEr-D 0.500</h2>" in page
     assert "http://" not in page and "https://" not in page and "<link" not in page  # nothing fetched
 
@@ -70,8 +125,10 @@ def test_curves_leave_out_what_is_not_a_curve():
     assert curves_png(HISTORY).startswith(b"\x89PNG") and curves_png([]) == b""
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None or not Path(CHROMEDRIVER).is_file(),
-                    reason="headless Chromium and chromedriver are not installed")
+@pytest.mark.skipif(
+    shutil.which("chromium") is None or not Path(CHROMEDRIVER).is_file(),
+    reason="headless Chromium and chromedriver are not installed",
+)
 def test_table_sorts_worst_first_and_an_image_opens(tmp_path, run_items):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -81,16 +138,24 @@ def test_table_sorts_worst_first_and_an_image_opens(tmp_path, run_items):
     path = write_run_report(tmp_path / "report.html", items, GRID, scores, history=HISTORY, boxes=boxes)
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,800"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1000,800",
+    ):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
         driver.get(path.as_uri())
 
         def order() -> list[str]:
-            return [row.find_element(By.TAG_NAME, "a").get_attribute("href").rsplit("#", 1)[1]
-                    for row in driver.find_elements(By.CSS_SELECTOR, "table.images tbody tr")]
+            return [
+                row.find_element(By.TAG_NAME, "a").get_attribute("href").rsplit("#", 1)[1]
+                for row in driver.find_elements(By.CSS_SELECTOR, "table.images tbody tr")
+            ]
 
         def click(header: str) -> None:
             driver.find_element(By.XPATH, f"//table[@class='images']//th/button[text()='{header}']").click()
@@ -116,7 +181,8 @@ def test_table_sorts_worst_first_and_an_image_opens(tmp_path, run_items):
         maps = sections[1].find_elements(By.CSS_SELECTOR, "img.map")
         assert [m.value_of_css_property("visibility") for m in maps] == ["hidden", "hidden", "visible"]
         driver.get(path.as_uri() + "#img3-w1")  # a word's fragment opens its image too
-        assert [section.is_displayed() for section in driver.find_elements(By.CSS_SELECTOR, "section.item")] == \
-            [False, False, False, True]
+        assert [
+            section.is_displayed() for section in driver.find_elements(By.CSS_SELECTOR, "section.item")
+        ] == [False, False, False, True]
     finally:
         driver.quit()

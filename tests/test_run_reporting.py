@@ -21,14 +21,19 @@ from test_training import (  # noqa: F401 (data_root: a fixture)
 )
 
 REPO = Path(__file__).resolve().parents[1]
-EPOCH_LINE = re.compile(r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\d.]+) \+ 0\.5 x attention penalty "
-                        r"([\d.]+)  CIDEr-D", re.MULTILINE)
+EPOCH_LINE = re.compile(
+    r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\d.]+) \+ 0\.5 x attention penalty "
+    r"([\d.]+)  CIDEr-D",
+    re.MULTILINE,
+)
 
 
 @pytest.mark.slow
 def test_cross_entropy_and_attention_penalty_are_logged_apart(data_root, tmp_path):  # noqa: F811
     run = tmp_path / "run"
-    result = train_in_process(as_flags(tiny_overrides(data_root, run, **{"model.decoder.doubly_stochastic": 0.5})))
+    result = train_in_process(
+        as_flags(tiny_overrides(data_root, run, **{"model.decoder.doubly_stochastic": 0.5}))
+    )
     assert result.returncode == 0, result.stderr
     lines = EPOCH_LINE.findall(result.stdout)
     assert [int(epoch) for epoch, *_ in lines] == [1, 2], result.stdout
@@ -115,8 +120,14 @@ def test_validation_is_shared_out_over_processes_and_scores_as_one_process(tmp_p
 @pytest.mark.slow
 def test_two_processes_validate_as_one_and_warn_once(data_root, tmp_path):  # noqa: F811
     cores = len(os.sched_getaffinity(0))
-    common = {"model.decoder.dropout": 0.0, "train.batch_size": 8, "train.epochs": 1, "decode.batch_size": 2,
-              "data.max_caption_length": 6, "data.num_workers": cores + 1}
+    common = {
+        "model.decoder.dropout": 0.0,
+        "train.batch_size": 8,
+        "train.epochs": 1,
+        "decode.batch_size": 2,
+        "data.max_caption_length": 6,
+        "data.num_workers": cores + 1,
+    }
     single = tmp_path / "single"
     result = run_train(as_flags(tiny_overrides(data_root, single, **common)))
     assert result.returncode == 0, result.stderr
@@ -126,9 +137,13 @@ def test_two_processes_validate_as_one_and_warn_once(data_root, tmp_path):  # no
     one = json.loads((single / "history.json").read_text())["epochs"]
     two = json.loads((double / "history.json").read_text())["epochs"]
     scores = [key for key in one[0] if key.startswith("val_")]
-    assert scores and [two[0][key] for key in scores] == pytest.approx([one[0][key] for key in scores], rel=1e-6)
+    assert scores and [two[0][key] for key in scores] == pytest.approx(
+        [one[0][key] for key in scores], rel=1e-6
+    )
     # Both processes read the same data; each warning is printed by rank 0 alone, the cap once.
-    capped = f"data.num_workers is {cores + 1} but this process may use {cores} CPU cores: using {cores} workers"
+    capped = (
+        f"data.num_workers is {cores + 1} but this process may use {cores} CPU cores: using {cores} workers"
+    )
     assert result.stderr.count(capped) == 1, result.stderr
     assert result.stderr.count("training captions") == 1, result.stderr  # the captions cut to 6 words
     assert "worker processes in total" not in result.stderr  # the DataLoader's own warning of too many

@@ -35,11 +35,15 @@ def test_train_py_follows_the_cosine_schedule_and_resumes_it_exactly(data_root, 
     assert [step["step"] for step in whole] == list(range(1, STEPS + 1))
     history = json.loads((tmp_path / "whole" / "history.json").read_text())["epochs"]
     # Each epoch reports the rate of its last step (steps 8 and 16), not the one after it.
-    assert [epoch["lr"] for epoch in history] == pytest.approx([2e-3 * cosine_factor(s, 4, STEPS) for s in (7, 15)])
+    assert [epoch["lr"] for epoch in history] == pytest.approx(
+        [2e-3 * cosine_factor(s, 4, STEPS) for s in (7, 15)]
+    )
     stopped = as_flags(tiny_overrides(data_root, tmp_path / "resumed", **COSINE))
     result = train_in_process([*stopped, "--set", "train.max_steps=6"])  # mid-epoch, after the warm-up
     assert result.returncode == 0, result.stderr[-3000:]
-    lr = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["training"]["optimizer"]["param_groups"][0]["lr"]
+    lr = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["training"]["optimizer"][
+        "param_groups"
+    ][0]["lr"]
     assert math.isclose(lr, 2e-3 * cosine_factor(6, 4, STEPS))  # stepped once per batch, ready for step 7
     result = run_train([*stopped, "--resume"])  # a new process: nothing carries over in memory
     assert result.returncode == 0, result.stderr[-3000:]
@@ -57,21 +61,37 @@ def test_a_warm_up_longer_than_the_run_is_clipped_with_a_note(data_root, tmp_pat
     # configs/coco_transformer.yaml's 20,000: the run trains, and says what it did instead.
     warmup = STEPS + 100
     output = tmp_path / "run"
-    result = train_in_process(as_flags(tiny_overrides(data_root, output, **{
-        **COSINE, "train.schedule": schedule, "train.warmup_steps": warmup})))
+    result = train_in_process(
+        as_flags(
+            tiny_overrides(
+                data_root, output, **{**COSINE, "train.schedule": schedule, "train.warmup_steps": warmup}
+            )
+        )
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     clipped = int(STEPS * MAX_WARMUP_FRACTION)
     notes = [line for line in result.stdout.splitlines() if line.startswith("note: train.warmup_steps")]
     assert len(notes) == 1, result.stdout
     assert f"train.warmup_steps={warmup}" in notes[0] and f"{STEPS} steps" in notes[0]
     assert f"warms up over {clipped} steps" in notes[0]
-    factor = (lambda s: cosine_factor(s, clipped, STEPS)) if schedule == "cosine" else (lambda s: noam_factor(s, clipped))
+    factor = (
+        (lambda s: cosine_factor(s, clipped, STEPS))
+        if schedule == "cosine"
+        else (lambda s: noam_factor(s, clipped))
+    )
     history = json.loads((output / "history.json").read_text())["epochs"]
     assert [epoch["lr"] for epoch in history] == pytest.approx([2e-3 * factor(s) for s in (7, 15)])
 
 
 def test_a_warm_up_within_its_share_of_the_run_is_kept_without_a_note(data_root, tmp_path):  # noqa: F811
-    result = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "run", **{
-        **COSINE, "train.warmup_steps": int(STEPS * MAX_WARMUP_FRACTION), "train.max_steps": 1})))
+    result = train_in_process(
+        as_flags(
+            tiny_overrides(
+                data_root,
+                tmp_path / "run",
+                **{**COSINE, "train.warmup_steps": int(STEPS * MAX_WARMUP_FRACTION), "train.max_steps": 1},
+            )
+        )
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "note: train.warmup_steps" not in result.stdout

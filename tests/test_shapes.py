@@ -28,8 +28,14 @@ from captioning.data.shapes import (
 
 SMALL = {"num_train": 10, "num_val": 3, "num_test": 3, "image_size": 64}
 # The word of a relation phrase that tells which relation it is.
-RELATION_OF_WORD = {"left": "left", "right": "right", "above": "above", "over": "above", "below": "below",
-                    "under": "below"}
+RELATION_OF_WORD = {
+    "left": "left",
+    "right": "right",
+    "above": "above",
+    "over": "above",
+    "below": "below",
+    "under": "below",
+}
 
 
 def test_relation_words_cover_every_phrase():
@@ -39,8 +45,11 @@ def test_relation_words_cover_every_phrase():
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _objects_by_image(instances_file: Path) -> dict[int, list[ShapeObject]]:
@@ -111,7 +120,7 @@ def test_relations_in_captions_agree_with_boxes(tiny_shapes, shapes_records):
                 continue
             (spot,) = spots
             before = [by_words[pair] for pair in pairwise(caption[:spot]) if pair in by_words]
-            after = [by_words[pair] for pair in pairwise(caption[spot + 1:]) if pair in by_words]
+            after = [by_words[pair] for pair in pairwise(caption[spot + 1 :]) if pair in by_words]
             assert relation(before[-1], after[0]) == RELATION_OF_WORD[caption[spot]], caption
             checked += 1
     assert checked > 10
@@ -132,7 +141,7 @@ def test_boxes_inside_image_and_apart(tiny_shapes):
             assert 0 <= x and 0 <= y and x + w <= 64 and y + h <= 64
             assert obj.shape in SHAPE_WORDS and obj.color in COLOR_WORDS
         for i, a in enumerate(boxes):
-            for b in boxes[i + 1:]:
+            for b in boxes[i + 1 :]:
                 (ax, ay, aw, ah), (bx, by, bw, bh) = a.box, b.box
                 assert ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay
 
@@ -151,7 +160,8 @@ def test_instances_and_captions_files_load_with_pycocotools(tiny_shapes, shapes_
 def test_coco_reader_on_captions_files_matches_karpathy_reader(tiny_shapes, shapes_records):
     from_coco = read_coco(tiny_shapes.captions.values(), tiny_shapes.root)
     assert [(r.image_id, r.path, r.split, r.captions) for r in from_coco] == [
-        (r.image_id, r.path, r.split, r.captions) for r in shapes_records]
+        (r.image_id, r.path, r.split, r.captions) for r in shapes_records
+    ]
 
 
 def test_single_object_images(tmp_path):

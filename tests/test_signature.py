@@ -42,23 +42,26 @@ def test_same_inputs_same_signature(checkpoint: Path, tmp_path: Path):
     assert base(checkpoint) == base(checkpoint, decode=DecodeConfig(batch_size=7))  # batching changes nothing
 
 
-@pytest.mark.parametrize("change", [
-    {"references": {**REFERENCES, 2: ["a blue circle"]}},
-    {"references": {1: REFERENCES[1]}},
-    {"tokenizer": "python"},
-    {"decode": DecodeConfig(beam_size=5)},
-    {"decode": DecodeConfig(strategy="greedy")},
-    {"decode": DecodeConfig(max_length=16)},
-    {"decode": DecodeConfig(min_length=3)},
-    {"decode": DecodeConfig(length_alpha=0.7)},
-    {"decode": DecodeConfig(block_trigrams=True)},
-    {"decode": DecodeConfig(forbid_unk=False)},
-    {"decode": None},
-    {"checkpoint": None},
-    {"chair": "released"},
-    {"chair": "extended"},
-    {"reward": "cider-d.eos"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"references": {**REFERENCES, 2: ["a blue circle"]}},
+        {"references": {1: REFERENCES[1]}},
+        {"tokenizer": "python"},
+        {"decode": DecodeConfig(beam_size=5)},
+        {"decode": DecodeConfig(strategy="greedy")},
+        {"decode": DecodeConfig(max_length=16)},
+        {"decode": DecodeConfig(min_length=3)},
+        {"decode": DecodeConfig(length_alpha=0.7)},
+        {"decode": DecodeConfig(block_trigrams=True)},
+        {"decode": DecodeConfig(forbid_unk=False)},
+        {"decode": None},
+        {"checkpoint": None},
+        {"chair": "released"},
+        {"chair": "extended"},
+        {"reward": "cider-d.eos"},
+    ],
+)
 def test_each_listed_input_changes_the_signature(checkpoint: Path, change: dict):
     assert base(checkpoint, **change) != base(checkpoint)
 
@@ -72,10 +75,12 @@ def test_checkpoint_bytes_change_the_signature(checkpoint: Path):
 
 def test_sampling_settings_only_count_when_sampling():
     sample = DecodeConfig(strategy="sample")
-    assert make_signature(REFERENCES, "ptb", replace(sample, temperature=0.5)) != make_signature(REFERENCES, "ptb",
-                                                                                                 sample)
-    assert make_signature(REFERENCES, "ptb", DecodeConfig(temperature=0.5)) == make_signature(REFERENCES, "ptb",
-                                                                                              DecodeConfig())
+    assert make_signature(REFERENCES, "ptb", replace(sample, temperature=0.5)) != make_signature(
+        REFERENCES, "ptb", sample
+    )
+    assert make_signature(REFERENCES, "ptb", DecodeConfig(temperature=0.5)) == make_signature(
+        REFERENCES, "ptb", DecodeConfig()
+    )
 
 
 def test_fields_and_differences(checkpoint: Path):
@@ -100,22 +105,37 @@ def test_chair_table_and_self_critical_reward_fields(checkpoint: Path):
     assert reward_description(TrainConfig(scst_reward_eos=False)) == "cider-d.noeos"
 
 
-@pytest.mark.parametrize(("stage", "eos", "expected"), [
-    ("scst", True, "cider-d.eos"), ("scst", False, "cider-d.noeos"), ("xe", True, None),
-])
+@pytest.mark.parametrize(
+    ("stage", "eos", "expected"),
+    [
+        ("scst", True, "cider-d.eos"),
+        ("scst", False, "cider-d.noeos"),
+        ("xe", True, None),
+    ],
+)
 def test_a_checkpoint_names_the_reward_its_weights_were_tuned_with(tmp_path: Path, stage, eos, expected):
     from captioning.evaluation.runner import load_trained_captioner
     from captioning.models.captioner import Captioner
     from captioning.runtime.checkpoint import save_checkpoint
 
-    config = Config(model=ModelConfig(encoder=EncoderConfig(weights="none", image_size=32),
-                                      decoder=DecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8)),
-                    train=TrainConfig(scst_epochs=1, scst_reward_eos=eos))
+    config = Config(
+        model=ModelConfig(
+            encoder=EncoderConfig(weights="none", image_size=32),
+            decoder=DecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8),
+        ),
+        train=TrainConfig(scst_epochs=1, scst_reward_eos=eos),
+    )
     model = Captioner.build(config.model, Vocabulary.build([["a", "dog"]], min_count=1))
     path = tmp_path / "best_scst.pt"
-    save_checkpoint(path, config=config, vocab=model.vocab, decoder_state=model.decoder.state_dict(),
-                    encoder_state=model.encoder.state_dict(), encoder_fingerprint=model.encoder.fingerprint(),
-                    training={"state": TrainState(stage=stage).to_dict()})
+    save_checkpoint(
+        path,
+        config=config,
+        vocab=model.vocab,
+        decoder_state=model.decoder.state_dict(),
+        encoder_state=model.encoder.state_dict(),
+        encoder_fingerprint=model.encoder.fingerprint(),
+        training={"state": TrainState(stage=stage).to_dict()},
+    )
     assert load_trained_captioner(path, torch.device("cpu"))[2] == expected
 
 

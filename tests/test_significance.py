@@ -19,8 +19,12 @@ GTS = {
     3: ["a plate of food with broccoli", "broccoli and rice on a plate"],
     4: ["a red circle above a blue square", "a small red circle"],
 }
-RES = {1: ["a dog running on grass"], 2: ["people on bikes"], 3: ["a plate with broccoli and rice on it"],
-       4: ["a red circle"]}
+RES = {
+    1: ["a dog running on grass"],
+    2: ["people on bikes"],
+    3: ["a plate with broccoli and rice on it"],
+    4: ["a red circle"],
+}
 
 
 def test_identical_systems_interval_covers_zero_about_95_percent():
@@ -84,10 +88,13 @@ def test_each_resample_bleu_equals_rescoring_the_resampled_text():
 def test_bleu_is_compared_at_corpus_level():
     ids = list(GTS)
     worse = {i: [RES[i][0].split()[0]] for i in ids}  # one word each: matches, but a short corpus
-    result = paired_bootstrap({}, {}, bleu_statistics(GTS, RES, ids), bleu_statistics(GTS, worse, ids),
-                              resamples=100, seed=0)
+    result = paired_bootstrap(
+        {}, {}, bleu_statistics(GTS, RES, ids), bleu_statistics(GTS, worse, ids), resamples=100, seed=0
+    )
     assert list(result) == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4"]
     expected_a, _ = Bleu(4).compute_score(GTS, RES, verbose=0)
     expected_b, _ = Bleu(4).compute_score(GTS, worse, verbose=0)
-    assert result["BLEU-4"].a == pytest.approx(expected_a[3]) and result["BLEU-4"].b == pytest.approx(expected_b[3])
+    assert result["BLEU-4"].a == pytest.approx(expected_a[3]) and result["BLEU-4"].b == pytest.approx(
+        expected_b[3]
+    )
     assert result["BLEU-1"].difference < 0

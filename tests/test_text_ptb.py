@@ -19,7 +19,7 @@ needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="needs a Ja
 # Captions with the PTB tokenizer's behaviour that plain Treebank rules lack, and what it gives.
 PTB_CASES = {
     "A man wearing all white ( including a bandanna ) cooking": "a man wearing all white -lrb- including a "
-                                                                 "bandanna -rrb- cooking",
+    "bandanna -rrb- cooking",
     "a (red) [blue] {green} ball": "a -lrb- red -rrb- -lsb- blue -rsb- -lcb- green -rcb- ball",
     "A man sits beneath a 'no child left behind ' sign .": "a man sits beneath a no child left behind sign",
     "the 'best' day, 'hello' and \"quoted\" words": "the best day hello and quoted words",
@@ -33,11 +33,11 @@ PTB_CASES = {
     "don’t stop, the dog’s “ball” — ‘now’": "do n't stop the dog 's ball now",
     "A man's hat, isn't it? I cannot, gonna go": "a man 's hat is n't it i can not gon na go",
     "The dogs' bowls at 3 o'clock, 1,000 people and 3.5 miles": "the dogs bowls at 3 o'clock 1,000 people and "
-                                                               "3.5 miles",
+    "3.5 miles",
     "a t-shirt -- a half-empty glass ; a: b ... fine": "a t-shirt a half-empty glass a b fine",
     "a <unk> dog <end> <pad>": "a <unk> dog <end> <pad>",
     "a cat.. tennis player- w/ a+b": "a cat tennis player w / a + b",
-    'The word "Stop." is rock \'n\' roll': "the word stop is rock 'n' roll",
+    "The word \"Stop.\" is rock 'n' roll": "the word stop is rock 'n' roll",
 }
 
 # Inputs on which the Stanford lexer's own rules once gave other tokens than ours: one token for
@@ -47,25 +47,64 @@ PTB_CASES = {
 # in Java), "#a" / "@a" (hashtag-like tokens), "a/b/c/d" (Java joins 3 parts at most), a curly
 # "’n’" (kept curly in Java, ASCII here), smileys like ":)".
 PTB_REGRESSION_CASES = [
-    "a <unk> dog", "<start> a <UNK> dog <end> <pad> <pad>", "a<unk>dog", "a <unk>. dog", "a </s> <s>",
-    "a cat..", "a cat.. Dog", "a dog.. a cat", "a cat....", "etc.. and the u.s..", "a cat..!",
-    "tennis player-", "a player- dog", "a -player dog", "pre- and post-war, pro- and anti-war",
-    "a -5 degree day, 5-", "a U.S.-led team", "a player-'s ball", "x--y and x-- y",
-    'The word "Stop." is', "the word 'Stop.' is", 'He said "go." then', "a (stop.) sign",
-    "a (etc.) and (b.) sign", 'a suit marked, " Seattle Police. "', "a dog.'s bowl", "a dog., a cat.",
-    "it is 3.5. it is 5 p.m.", ".a dog",
-    "w/", "a man w/ a hat w/o a coat", "a/b and and/or, a / b/", "12/ and /12",
-    "a+b", "A+B and AT&T", "1+1 and a+5", "a++ and c++", "a=b, a*b, a**b, a~b, a^b, a|b",
-    "rock 'n' roll", "rock'n'roll", "rock 'N' Roll", "fish 'n chips", "the 'n' word", "'n' sync",
-    "the 'nice' dog", "the 'n- dog", "rock n' roll",
-    "see http://x.com/a/b. then", "a dog. http://x.com",
+    "a <unk> dog",
+    "<start> a <UNK> dog <end> <pad> <pad>",
+    "a<unk>dog",
+    "a <unk>. dog",
+    "a </s> <s>",
+    "a cat..",
+    "a cat.. Dog",
+    "a dog.. a cat",
+    "a cat....",
+    "etc.. and the u.s..",
+    "a cat..!",
+    "tennis player-",
+    "a player- dog",
+    "a -player dog",
+    "pre- and post-war, pro- and anti-war",
+    "a -5 degree day, 5-",
+    "a U.S.-led team",
+    "a player-'s ball",
+    "x--y and x-- y",
+    'The word "Stop." is',
+    "the word 'Stop.' is",
+    'He said "go." then',
+    "a (stop.) sign",
+    "a (etc.) and (b.) sign",
+    'a suit marked, " Seattle Police. "',
+    "a dog.'s bowl",
+    "a dog., a cat.",
+    "it is 3.5. it is 5 p.m.",
+    ".a dog",
+    "w/",
+    "a man w/ a hat w/o a coat",
+    "a/b and and/or, a / b/",
+    "12/ and /12",
+    "a+b",
+    "A+B and AT&T",
+    "1+1 and a+5",
+    "a++ and c++",
+    "a=b, a*b, a**b, a~b, a^b, a|b",
+    "rock 'n' roll",
+    "rock'n'roll",
+    "rock 'N' Roll",
+    "fish 'n chips",
+    "the 'n' word",
+    "'n' sync",
+    "the 'nice' dog",
+    "the 'n- dog",
+    "rock n' roll",
+    "see http://x.com/a/b. then",
+    "a dog. http://x.com",
 ]
 
 
 def flickr_captions_file() -> Path | None:
     """The shared Flickr test captions: $CAPTIONING_FLICKR_CAPTIONS or ../shared/data beside the repo."""
-    candidates = [os.environ.get("CAPTIONING_FLICKR_CAPTIONS"),
-                  Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr_test_captions.json"]
+    candidates = [
+        os.environ.get("CAPTIONING_FLICKR_CAPTIONS"),
+        Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr_test_captions.json",
+    ]
     return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
 
 
@@ -147,5 +186,7 @@ def test_retokenizing_a_tokenized_caption_is_stable(flickr_tokens: list[list[str
 @given(st.text())
 def test_any_unicode_gives_clean_tokens(text: str):
     tokens = tokenize(text)
-    assert all(token and not any(ch.isspace() for ch in token) and token not in PUNCTUATION for token in tokens)
+    assert all(
+        token and not any(ch.isspace() for ch in token) and token not in PUNCTUATION for token in tokens
+    )
     assert all(token == token.lower() for token in tokens)

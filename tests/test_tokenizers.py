@@ -14,14 +14,23 @@ from captioning.evaluation.metrics import score_captions
 from captioning.evaluation.signature import make_signature, parse_signature
 from captioning.text import TOKENIZERS, detokenize, tokenize_characters, tokenize_whitespace, tokenizer_for
 
-CAPTIONS = ["一只狗在草地上跑。", "两只猫在ＴＶ前，3个人", "Một con_chó đang chạy .", "A dog's ball (red), isn't it?",
-            "  tabs\tand\nnewlines  ", "Ünïcödé ÉTÉ café", "!!! ... ,"]
+CAPTIONS = [
+    "一只狗在草地上跑。",
+    "两只猫在ＴＶ前，3个人",
+    "Một con_chó đang chạy .",
+    "A dog's ball (red), isn't it?",
+    "  tabs\tand\nnewlines  ",
+    "Ünïcödé ÉTÉ café",
+    "!!! ... ,",
+]
 
 
 def test_the_configuration_names_every_tokenizer():
     assert tuple(TOKENIZERS) == CONFIG_TOKENIZERS
     assert DataConfig(tokenizer="characters").tokenizer == "characters"
-    with pytest.raises(ConfigError, match="data.tokenizer must be one of ptb, whitespace, characters, got 'jieba'"):
+    with pytest.raises(
+        ConfigError, match="data.tokenizer must be one of ptb, whitespace, characters, got 'jieba'"
+    ):
         DataConfig(tokenizer="jieba")
     with pytest.raises(ValueError, match="unknown tokenizer 'jieba'"):
         tokenizer_for("jieba")
@@ -30,13 +39,28 @@ def test_the_configuration_names_every_tokenizer():
 def test_whitespace_keeps_pre_tokenised_words_whole_and_drops_punctuation_tokens():
     assert tokenize_whitespace("Một con_chó đang chạy .") == ["một", "con_chó", "đang", "chạy"]
     assert tokenize_whitespace("狗 在 草地 上 跑 。") == ["狗", "在", "草地", "上", "跑"]
-    assert tokenize_whitespace("a dog's\u00a0ball,\tred") == ["a", "dog's", "ball,", "red"]  # only whole tokens go
+    assert tokenize_whitespace("a dog's\u00a0ball,\tred") == [
+        "a",
+        "dog's",
+        "ball,",
+        "red",
+    ]  # only whole tokens go
     assert tokenize_whitespace(" .. ") == []
 
 
 def test_characters_splits_every_character_but_latin_words_and_numbers():
     assert tokenize_characters("一只狗在草地上跑。") == ["一", "只", "狗", "在", "草", "地", "上", "跑"]
-    assert tokenize_characters("两只猫在ＴＶ前，32个人") == ["两", "只", "猫", "在", "tv", "前", "32", "个", "人"]
+    assert tokenize_characters("两只猫在ＴＶ前，32个人") == [
+        "两",
+        "只",
+        "猫",
+        "在",
+        "tv",
+        "前",
+        "32",
+        "个",
+        "人",
+    ]
     assert tokenize_characters("犬が走っている") == ["犬", "が", "走", "っ", "て", "い", "る"]
     assert tokenize_characters("「」、。") == []
 
@@ -51,8 +75,11 @@ def test_a_results_caption_gives_back_its_tokens(name, caption):
 
 
 def test_bleu_and_cider_d_are_the_toolkits_on_the_characters():
-    references = {1: ["一只狗在草地上跑。", "草地上有一只狗"], 2: ["两只猫坐在沙发上", "沙发上的两只猫"],
-                  3: ["一个人在骑自行车", "男人骑着自行车"]}
+    references = {
+        1: ["一只狗在草地上跑。", "草地上有一只狗"],
+        2: ["两只猫坐在沙发上", "沙发上的两只猫"],
+        3: ["一个人在骑自行车", "男人骑着自行车"],
+    }
     candidates = {1: "一 只 狗 在 跑", 2: "两只猫在沙发上", 3: "一个人骑车"}
     scores = score_captions(references, candidates, use_java=False, tokenizer="characters")
 
@@ -63,7 +90,9 @@ def test_bleu_and_cider_d_are_the_toolkits_on_the_characters():
     res = {i: [spaced(c)] for i, c in candidates.items()}
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     cider, _ = Cider().compute_score(gts, res)
-    assert scores.overall["BLEU-1"] == pytest.approx(bleu[0]) and scores.overall["BLEU-4"] == pytest.approx(bleu[3])
+    assert scores.overall["BLEU-1"] == pytest.approx(bleu[0]) and scores.overall["BLEU-4"] == pytest.approx(
+        bleu[3]
+    )
     assert scores.overall["CIDEr-D"] == pytest.approx(cider) and cider > 0
     assert scores.tokenizer == "characters"
     for metric in ("METEOR", "SPICE"):
@@ -83,9 +112,19 @@ def test_whitespace_scores_count_a_pre_tokenised_word_once():
 
 def test_karpathy_files_are_retokenized_from_raw_with_another_tokenizer(tmp_path, write_json, make_image):
     make_image(tmp_path / "a.jpg")
-    split_file = write_json(tmp_path / "dataset.json", {"images": [
-        {"filename": "a.jpg", "imgid": 0, "split": "train",
-         "sentences": [{"tokens": ["一只狗"], "raw": "一只狗。"}]}]})
+    split_file = write_json(
+        tmp_path / "dataset.json",
+        {
+            "images": [
+                {
+                    "filename": "a.jpg",
+                    "imgid": 0,
+                    "split": "train",
+                    "sentences": [{"tokens": ["一只狗"], "raw": "一只狗。"}],
+                }
+            ]
+        },
+    )
     (ptb,) = read_karpathy(split_file, tmp_path)
     (characters,) = read_karpathy(split_file, tmp_path, tokenizer=tokenize_characters)
     assert ptb.captions == (("一只狗",),) and characters.captions == (("一", "只", "狗"),)

@@ -31,18 +31,31 @@ REPO = Path(__file__).resolve().parents[1]
 def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
     """A Shapes run small enough for a test: 64 px images, a 2x2 grid, a tiny decoder."""
     values = {
-        "data.root": str(data_root), "data.shapes_train": 32, "data.shapes_val": 8, "data.shapes_test": 8,
-        "data.shapes_image_size": 64, "model.encoder.image_size": 64, "model.encoder.grid_size": 0,
-        "model.decoder.embed_dim": 16, "model.decoder.hidden_dim": 32, "model.decoder.attention_dim": 16,
-        "model.decoder.dropout": 0.2, "train.output_dir": str(output_dir), "train.epochs": 2,
-        "train.batch_size": 4, "train.deterministic": True, "train.log_every": 1, "decode.beam_size": 2,
+        "data.root": str(data_root),
+        "data.shapes_train": 32,
+        "data.shapes_val": 8,
+        "data.shapes_test": 8,
+        "data.shapes_image_size": 64,
+        "model.encoder.image_size": 64,
+        "model.encoder.grid_size": 0,
+        "model.decoder.embed_dim": 16,
+        "model.decoder.hidden_dim": 32,
+        "model.decoder.attention_dim": 16,
+        "model.decoder.dropout": 0.2,
+        "train.output_dir": str(output_dir),
+        "train.epochs": 2,
+        "train.batch_size": 4,
+        "train.deterministic": True,
+        "train.log_every": 1,
+        "decode.beam_size": 2,
         "decode.max_length": 12,
         # The demo's cosine schedule warms up over one of its epochs, longer than a tiny run: these runs
         # keep a per-epoch schedule (tests/test_schedules.py runs the cosine one).
         "train.schedule": "plateau",
         # One stage, the plain weights: runs that test self-critical epochs or weight averaging ask for
         # them (the shortened demo in tests/test_end_to_end.py keeps the demo's).
-        "train.scst_epochs": 0, "train.ema_decay": 0.0,
+        "train.scst_epochs": 0,
+        "train.ema_decay": 0.0,
     }
     values.update(extra)
     return values
@@ -56,8 +69,10 @@ def as_flags(overrides: dict) -> list[str]:
 def data_root(tmp_path_factory) -> Path:
     """Shapes data and its feature cache, made once and shared by the runs of this module."""
     root = tmp_path_factory.mktemp("shapes")
-    config = load_config(REPO / "configs" / "shapes.yaml",
-                         tiny_overrides(root, tmp_path_factory.mktemp("warmup"), **{"train.epochs": 0}))
+    config = load_config(
+        REPO / "configs" / "shapes.yaml",
+        tiny_overrides(root, tmp_path_factory.mktemp("warmup"), **{"train.epochs": 0}),
+    )
     from captioning.runtime.device import resolve_device
     from captioning.runtime.distributed import ProcessGroup
     from captioning.training.run import prepare_run
@@ -72,8 +87,15 @@ def read_steps(output_dir: Path) -> list[dict]:
 
 
 def run_train(args: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=600, cwd=REPO, check=False, **kwargs)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        check=False,
+        **kwargs,
+    )
 
 
 def train_in_process(args: list[str]) -> subprocess.CompletedProcess:
@@ -85,9 +107,23 @@ def train_in_process(args: list[str]) -> subprocess.CompletedProcess:
 def run_two_processes(script: Path, *args: str | Path) -> subprocess.CompletedProcess:
     """``script`` under ``torchrun`` with 2 CPU processes (gloo), one thread each, the package importable."""
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-         *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )
 
 
 def run_train_two_processes(args: list[str]) -> subprocess.CompletedProcess:
@@ -102,7 +138,9 @@ def one_and_two_process_runs(data_root: Path, tmp_path: Path, overrides: dict) -
     assert result.returncode == 0, result.stderr[-3000:]
     result = run_train_two_processes(as_flags(tiny_overrides(data_root, double, **overrides)))
     assert result.returncode == 0, result.stderr[-3000:]
-    return load_checkpoint(single / "checkpoints" / "last.pt"), load_checkpoint(double / "checkpoints" / "last.pt")
+    return load_checkpoint(single / "checkpoints" / "last.pt"), load_checkpoint(
+        double / "checkpoints" / "last.pt"
+    )
 
 
 @pytest.mark.slow
@@ -133,8 +171,12 @@ def test_resume_after_sigkill_equals_uninterrupted_run(data_root, tmp_path):
 
     killed = tmp_path / "killed"
     flags = as_flags(tiny_overrides(data_root, killed, **common))
-    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *flags],
-                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "--no-test", "--no-progress", *flags],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         log = killed / "steps.jsonl"
@@ -176,22 +218,28 @@ def _poison_after(monkeypatch, step: int) -> None:
 
 @pytest.mark.slow
 def test_nonfinite_loss_stops_without_writing_a_checkpoint(data_root, tmp_path, monkeypatch):
-    config = load_config(REPO / "configs" / "shapes.yaml",
-                         tiny_overrides(data_root, tmp_path / "run", **{"train.checkpoint_every": 2}))
+    config = load_config(
+        REPO / "configs" / "shapes.yaml",
+        tiny_overrides(data_root, tmp_path / "run", **{"train.checkpoint_every": 2}),
+    )
     _poison_after(monkeypatch, 4)
     with pytest.raises(NonFiniteLossError, match="non-finite loss"):
         train(config, progress=False)
     payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert payload["training"]["state"]["global_step"] == 2  # the checkpoint before the NaN, not after
-    assert all(torch.isfinite(v).all() for v in payload["decoder"].values() if v.is_floating_point()
-               and v.numel() > 1)
+    assert all(
+        torch.isfinite(v).all()
+        for v in payload["decoder"].values()
+        if v.is_floating_point() and v.numel() > 1
+    )
 
 
 @pytest.mark.slow
 def test_nonfinite_loss_skip_continues(data_root, tmp_path, monkeypatch):
-    config = load_config(REPO / "configs" / "shapes.yaml",
-                         tiny_overrides(data_root, tmp_path / "run", **{"train.nonfinite": "skip",
-                                                                        "train.epochs": 1}))
+    config = load_config(
+        REPO / "configs" / "shapes.yaml",
+        tiny_overrides(data_root, tmp_path / "run", **{"train.nonfinite": "skip", "train.epochs": 1}),
+    )
     _poison_after(monkeypatch, 6)
     outputs = train(config, progress=False)
     assert outputs.state.skipped_batches == 3  # batches 6, 7 and 8 of 8
@@ -205,14 +253,19 @@ def test_self_critical_training_raises_the_reward():
     torch.manual_seed(0)
     words = ["<pad>", "<start>", "<end>", "<unk>", "red", "blue", "circle", "square", "a", "small"]
     vocab = Vocabulary(words)
-    references = {1: [["a", "red", "circle"]] * 3, 2: [["a", "blue", "square"]] * 3, 3: [["a", "small", "circle"]] * 3}
+    references = {
+        1: [["a", "red", "circle"]] * 3,
+        2: [["a", "blue", "square"]] * 3,
+        3: [["a", "small", "circle"]] * 3,
+    }
     reward = CiderDReward(references)
 
     def rewarder(ids, token_ids, finished):
         return reward(ids, [[vocab.itos[t] for t in row] for row in token_ids], finished)
 
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), len(vocab), 8)
+        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), len(vocab), 8
+    )
     annotations = torch.randn(3, 4, 8)
     batch = {"features": annotations, "image_ids": torch.tensor([1, 2, 3])}
     config = load_config(None, {"train.scst_samples": 5, "train.scst_baseline": "mean"}).train
@@ -233,7 +286,9 @@ def test_self_critical_training_raises_the_reward():
     optimizer = torch.optim.Adam(decoder.parameters(), lr=5e-3)
     decoder.train()
     for _ in range(150):
-        loss, _ = scst_loss(Model(decoder), batch, rewarder, config, DecodeConfig(max_length=6, forbid_unk=False))
+        loss, _ = scst_loss(
+            Model(decoder), batch, rewarder, config, DecodeConfig(max_length=6, forbid_unk=False)
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -244,15 +299,20 @@ def test_self_critical_training_raises_the_reward():
 
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_root, tmp_path):
-    one, two = one_and_two_process_runs(data_root, tmp_path, {"train.max_steps": 3, "model.decoder.dropout": 0.0,
-                                                              "train.batch_size": 8})
+    one, two = one_and_two_process_runs(
+        data_root, tmp_path, {"train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8}
+    )
     assert one["training"]["state"]["global_step"] == two["training"]["state"]["global_step"] == 3
-    start = ShowAttendTellDecoder.from_config(DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16),
-                                              one["decoder"]["embedding.weight"].shape[0], 1280)
+    start = ShowAttendTellDecoder.from_config(
+        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16),
+        one["decoder"]["embedding.weight"].shape[0],
+        1280,
+    )
     moved = False
     for key, value in one["decoder"].items():
-        torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=1e-5,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            two["decoder"][key], value, rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
+        )
         moved |= key in start.state_dict() and not torch.equal(value, start.state_dict()[key])
     assert moved
 
@@ -313,16 +373,27 @@ def test_two_processes_keep_one_model_through_fine_tuning_and_self_critical_step
     script.write_text(SYNC_WORKER)
     result = run_two_processes(script, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    snaps = {(name, rank): torch.load(tmp_path / f"{name}_rank{rank}.pt", weights_only=True)
-             for name in ("start", "xe", "scst") for rank in (0, 1)}
+    snaps = {
+        (name, rank): torch.load(tmp_path / f"{name}_rank{rank}.pt", weights_only=True)
+        for name in ("start", "xe", "scst")
+        for rank in (0, 1)
+    }
     for name in ("start", "xe", "scst"):
         for key, value in snaps[name, 0].items():
-            torch.testing.assert_close(snaps[name, 1][key], value, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m, key=key, name=name: f"{name} {key}: {m}")
+            torch.testing.assert_close(
+                snaps[name, 1][key],
+                value,
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m, key=key, name=name: f"{name} {key}: {m}",
+            )
 
     def moved(before, after, prefix):
-        return [k for k in snaps[before, 0] if k.startswith(prefix)
-                and not torch.equal(snaps[before, 0][k], snaps[after, 0][k])]
+        return [
+            k
+            for k in snaps[before, 0]
+            if k.startswith(prefix) and not torch.equal(snaps[before, 0][k], snaps[after, 0][k])
+        ]
 
     assert moved("start", "xe", "encoder."), "the cross-entropy step did not train the encoder"
     assert moved("xe", "scst", "decoder."), "the self-critical step did not train the decoder"
@@ -330,8 +401,11 @@ def test_two_processes_keep_one_model_through_fine_tuning_and_self_critical_step
 
 @pytest.mark.slow
 def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, tmp_path):
-    overrides = tiny_overrides(data_root, tmp_path / "run", **{
-        "model.encoder.fine_tune_stages": 1, "train.encoder_lr": 1e-2, "train.max_steps": 2})
+    overrides = tiny_overrides(
+        data_root,
+        tmp_path / "run",
+        **{"model.encoder.fine_tune_stages": 1, "train.encoder_lr": 1e-2, "train.max_steps": 2},
+    )
     config = load_config(REPO / "configs" / "shapes.yaml", overrides)
     from captioning.models.encoders import build_encoder
 
@@ -340,7 +414,9 @@ def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, t
     payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     after = payload["encoder"]
     assert after is not None, "a fine-tuned encoder must be saved in the checkpoint"
-    changed = {key for key in before if before[key].is_floating_point() and not torch.equal(before[key], after[key])}
+    changed = {
+        key for key in before if before[key].is_floating_point() and not torch.equal(before[key], after[key])
+    }
     last_stage = build_encoder(config.model.encoder)
     last_stage.set_trainable(1)
     trainable = {name for name, p in last_stage.named_parameters() if p.requires_grad}
@@ -355,9 +431,20 @@ def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, t
 @pytest.mark.slow
 def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_root, tmp_path):
     # lr ~ 0: epoch 2 cannot beat epoch 1, so patience 1 ends cross-entropy early; SCST must still run.
-    overrides = tiny_overrides(data_root, tmp_path / "run", **{
-        "train.epochs": 4, "train.early_stop_patience": 1, "train.lr": 1e-12, "train.scst_epochs": 1,
-        "train.scst_samples": 2, "train.schedule": "step", "train.step_size": 1, "train.gamma": 0.5})
+    overrides = tiny_overrides(
+        data_root,
+        tmp_path / "run",
+        **{
+            "train.epochs": 4,
+            "train.early_stop_patience": 1,
+            "train.lr": 1e-12,
+            "train.scst_epochs": 1,
+            "train.scst_samples": 2,
+            "train.schedule": "step",
+            "train.step_size": 1,
+            "train.gamma": 0.5,
+        },
+    )
     outputs = train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
     history = outputs.state.history
     assert [h["stage"] for h in history] == ["xe", "xe", "scst"]
@@ -374,8 +461,10 @@ def test_a_new_run_refuses_a_folder_holding_another_runs_checkpoints(data_root, 
     assert train_in_process(flags).returncode == 0
     second = train_in_process(flags)
     assert second.returncode == 2
-    message = (f"error: {run}: holds an earlier run's checkpoints (last.pt); continue it with --resume, replace it "
-               "with --set train.overwrite=true, or choose another --output-dir")
+    message = (
+        f"error: {run}: holds an earlier run's checkpoints (last.pt); continue it with --resume, replace it "
+        "with --set train.overwrite=true, or choose another --output-dir"
+    )
     assert second.stderr.strip().splitlines() == [message]
     replaced = train_in_process([*flags, "--set", "train.max_steps=1", "--set", "train.overwrite=true"])
     assert replaced.returncode == 0, replaced.stderr
@@ -393,17 +482,32 @@ def test_resume_refuses_a_changed_configuration(data_root, tmp_path):
     message = changed.stderr.strip().splitlines()
     demo_lr = load_config(REPO / "configs" / "shapes.yaml").train.lr
     assert len(message) == 1 and f"last.pt: train.lr is {demo_lr} in the checkpoint but 0.5 now" in message[0]
-    longer = train_in_process([*flags, "--set", "train.max_steps=3", "--set", "decode.beam_size=1", "--resume"])
+    longer = train_in_process(
+        [*flags, "--set", "train.max_steps=3", "--set", "decode.beam_size=1", "--resume"]
+    )
     assert longer.returncode == 0, longer.stderr  # length and decoding may change
     assert [s["step"] for s in read_steps(run)] == [1, 2, 3]
 
 
 @pytest.mark.slow
 def test_self_critical_stage_scales_a_fine_tuned_encoders_rate(data_root, tmp_path):
-    overrides = tiny_overrides(data_root, tmp_path / "run", **{
-        "model.encoder.fine_tune_stages": 1, "train.epochs": 1, "train.scst_epochs": 1, "train.scst_samples": 2,
-        "train.lr": 1e-3, "train.encoder_lr": 1e-4, "train.scst_lr": 1e-5, "train.schedule": "none",
-        "data.shapes_train": 8})
+    overrides = tiny_overrides(
+        data_root,
+        tmp_path / "run",
+        **{
+            "model.encoder.fine_tune_stages": 1,
+            "train.epochs": 1,
+            "train.scst_epochs": 1,
+            "train.scst_samples": 2,
+            "train.lr": 1e-3,
+            "train.encoder_lr": 1e-4,
+            "train.scst_lr": 1e-5,
+            "train.schedule": "none",
+            "data.shapes_train": 8,
+        },
+    )
     train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
-    groups = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["optimizer"]["param_groups"]
+    groups = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["optimizer"][
+        "param_groups"
+    ]
     assert {g["name"]: g["lr"] for g in groups} == pytest.approx({"decoder": 1e-5, "encoder": 1e-6})

@@ -43,15 +43,34 @@ from captioning.training.optim import noam_factor
 
 REPO = Path(__file__).resolve().parents[1]
 V, C, GRID = 13, 6, (2, 3)
-TRANSFORMER = {"model.decoder.kind": "transformer", "model.decoder.d_model": 16, "model.decoder.num_heads": 2,
-               "model.decoder.d_ff": 32, "model.decoder.encoder_layers": 1, "model.decoder.decoder_layers": 2,
-               "model.decoder.dropout": 0.1, "train.lr": 3e-3, "train.schedule": "noam", "train.warmup_steps": 4}
+TRANSFORMER = {
+    "model.decoder.kind": "transformer",
+    "model.decoder.d_model": 16,
+    "model.decoder.num_heads": 2,
+    "model.decoder.d_ff": 32,
+    "model.decoder.encoder_layers": 1,
+    "model.decoder.decoder_layers": 2,
+    "model.decoder.dropout": 0.1,
+    "train.lr": 3e-3,
+    "train.schedule": "noam",
+    "train.warmup_steps": 4,
+}
 
 
 def make_decoder(pre_norm: bool = False, encoder_layers: int = 2, seed: int = 0) -> TransformerDecoder:
     torch.manual_seed(seed)
-    return TransformerDecoder(V, C, GRID, d_model=16, num_heads=4, d_ff=32, encoder_layers=encoder_layers,
-                              decoder_layers=2, dropout=0.1, pre_norm=pre_norm).eval()
+    return TransformerDecoder(
+        V,
+        C,
+        GRID,
+        d_model=16,
+        num_heads=4,
+        d_ff=32,
+        encoder_layers=encoder_layers,
+        decoder_layers=2,
+        dropout=0.1,
+        pre_norm=pre_norm,
+    ).eval()
 
 
 CAPTIONS = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0], [1, 9, 10, 2, 0], [1, 4, 4, 2, 0]])
@@ -73,8 +92,9 @@ def test_teacher_forced_forward_equals_step_by_step_decoding(pre_norm, encoder_l
             step = decoder.step(prepared, CAPTIONS[:, t], state)
             state = step.state
             real = output.mask[:, t]
-            torch.testing.assert_close(step.log_probs[real], torch.log_softmax(output.logits[real, t], -1),
-                                       rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                step.log_probs[real], torch.log_softmax(output.logits[real, t], -1), rtol=0, atol=1e-5
+            )
             torch.testing.assert_close(step.alpha[real], output.alphas[real, t], rtol=0, atol=1e-5)
     assert torch.allclose(output.alphas.sum(-1)[output.mask], torch.ones(int(output.mask.sum())))
     assert not output.alphas[~output.mask].any()  # zero after each caption's end
@@ -91,11 +111,16 @@ def test_cached_steps_equal_recomputing_the_prefix_after_reordering():
         for t in range(5):
             step = decoder.step(prepared, tokens, state)
             recomputed = decoder(annotations, prefix, torch.full((4,), t + 2))  # the whole prefix again
-            torch.testing.assert_close(step.log_probs, torch.log_softmax(recomputed.logits[:, -1], -1),
-                                       rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                step.log_probs, torch.log_softmax(recomputed.logits[:, -1], -1), rtol=0, atol=1e-5
+            )
             tokens = step.log_probs[:, 4:].argmax(1) + 4
             # Reorder the rows as beam search does: the caches must follow their hypotheses.
-            state, prepared, annotations = step.state.select(order), prepared.select(order), annotations[order]
+            state, prepared, annotations = (
+                step.state.select(order),
+                prepared.select(order),
+                annotations[order],
+            )
             tokens, prefix = tokens[order], torch.cat([prefix, tokens.unsqueeze(1)], 1)[order]
             assert state.length == t + 1
 
@@ -112,7 +137,7 @@ def test_beam_one_equals_greedy_and_batched_beam_equals_per_image():
         torch.testing.assert_close(ours.attention, theirs.attention, rtol=0, atol=1e-6)
     batched = beam_search(decoder, annotations, beam_size=3, max_length=8, length_alpha=0.7)
     for i in range(annotations.size(0)):
-        single = beam_search(decoder, annotations[i:i + 1], beam_size=3, max_length=8, length_alpha=0.7)[0]
+        single = beam_search(decoder, annotations[i : i + 1], beam_size=3, max_length=8, length_alpha=0.7)[0]
         assert batched[i].tokens == single.tokens
         assert math.isclose(batched[i].score, single.score, abs_tol=1e-5)
         torch.testing.assert_close(batched[i].attention, single.attention, rtol=0, atol=1e-5)
@@ -121,7 +146,9 @@ def test_beam_one_equals_greedy_and_batched_beam_equals_per_image():
 def test_the_grid_is_encoded_once_per_image_for_all_its_beams_and_samples():
     decoder = make_decoder()
     rows = []
-    decoder.grid_projection.register_forward_hook(lambda module, inputs, output: rows.append(inputs[0].size(0)))
+    decoder.grid_projection.register_forward_hook(
+        lambda module, inputs, output: rows.append(inputs[0].size(0))
+    )
     annotations = torch.randn(3, 6, C)
     beam_search(decoder, annotations, beam_size=4, max_length=6)
     with torch.no_grad():
@@ -176,7 +203,9 @@ def test_config_validation_and_old_checkpoints_load_as_lstm():
     stored = to_dict(load_config(None))
     del stored["model"]["decoder"]["kind"]  # a configuration saved before the key existed
     assert from_dict(stored).model.decoder.kind == "lstm"
-    result = train_in_process(["--set", "model.decoder.kind=transformer", "--set", "model.decoder.d_model=30"])
+    result = train_in_process(
+        ["--set", "model.decoder.kind=transformer", "--set", "model.decoder.d_model=30"]
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "d_model" in result.stderr
 
 
@@ -184,18 +213,26 @@ def test_config_validation_and_old_checkpoints_load_as_lstm():
 def trained(data_root, tmp_path_factory) -> Path:  # noqa: F811
     """A tiny Transformer trained with train.py on the Shapes features the LSTM tests cached."""
     output = tmp_path_factory.mktemp("transformer") / "run"
-    result = train_in_process(as_flags(tiny_overrides(data_root, output, **TRANSFORMER, **{"train.epochs": 3})))
+    result = train_in_process(
+        as_flags(tiny_overrides(data_root, output, **TRANSFORMER, **{"train.epochs": 3}))
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return output
 
 
 def test_shapes_transformer_config_reuses_the_lstm_demos_feature_cache():
-    lstm, transformer = load_config(REPO / "configs" / "shapes.yaml"), load_config(REPO / "configs" / "shapes_transformer.yaml")
+    lstm, transformer = (
+        load_config(REPO / "configs" / "shapes.yaml"),
+        load_config(REPO / "configs" / "shapes_transformer.yaml"),
+    )
     assert transformer.model.decoder.kind == "transformer" and transformer.train.schedule == "noam"
     assert transformer.model.encoder == lstm.model.encoder and transformer.data == lstm.data  # same cache key
     assert transformer.train.output_dir != lstm.train.output_dir
     coco = load_config(REPO / "configs" / "coco_transformer.yaml")
-    assert coco.model.decoder.kind == "transformer" and coco.model.decoder.d_model % coco.model.decoder.num_heads == 0
+    assert (
+        coco.model.decoder.kind == "transformer"
+        and coco.model.decoder.d_model % coco.model.decoder.num_heads == 0
+    )
 
 
 @pytest.mark.slow
@@ -219,8 +256,9 @@ def test_checkpoint_round_trip_rebuilds_the_transformer(trained):
         assert torch.equal(value, payload["decoder"][key]), key
     records = split_records(config, "val")[:4]
     first = caption_records(model, config, records, torch.device("cpu"), progress=False)
-    again = caption_records(load_captioner(path, torch.device("cpu"))[0], config, records, torch.device("cpu"),
-                            progress=False)
+    again = caption_records(
+        load_captioner(path, torch.device("cpu"))[0], config, records, torch.device("cpu"), progress=False
+    )
     assert [c.words for c in first] == [c.words for c in again]
 
 
@@ -230,10 +268,15 @@ def test_grounding_scores_the_transformer_cross_attention(trained):
     path = trained / "checkpoints" / "best.pt"
     model, config = load_captioner(path, torch.device("cpu"))
     # Straight from the images, as the recomputation below: the same grids for both.
-    config = replace(config, data=replace(config.data, use_cache=False), decode=replace(config.decode, strategy="greedy"))
+    config = replace(
+        config, data=replace(config.data, use_cache=False), decode=replace(config.decode, strategy="greedy")
+    )
     records = split_records(config, "val")[:6]
-    captioned = [item for item in caption_records(model, config, records, torch.device("cpu"), progress=False)
-                 if item.words]
+    captioned = [
+        item
+        for item in caption_records(model, config, records, torch.device("cpu"), progress=False)
+        if item.words
+    ]
     assert captioned
     images = torch.stack([model.encoder.transform(load_image(item.record.path)) for item in captioned])
     with torch.no_grad():
@@ -241,10 +284,13 @@ def test_grounding_scores_the_transformer_cross_attention(trained):
         for item, grid in zip(captioned, grids):
             tokens = [Vocabulary.start_id, *item.caption.tokens, Vocabulary.end_id]
             output = model(grid[None], torch.tensor([tokens]), torch.tensor([len(tokens)]))
-            torch.testing.assert_close(item.caption.attention, output.alphas[0, :len(item.words)],
-                                       rtol=0, atol=1e-4)
+            torch.testing.assert_close(
+                item.caption.attention, output.alphas[0, : len(item.words)], rtol=0, atol=1e-4
+            )
     instances = load_boxes(default_instances(config))
-    items = [(item.record.image_id, item.words, item.caption.attention.numpy(), model.grid) for item in captioned]
+    items = [
+        (item.record.image_id, item.words, item.caption.attention.numpy(), model.grid) for item in captioned
+    ]
     scores = grounding_scores(items, instances, WordMatcher())
     assert set(scores) >= {"grounding-mass", "grounding-pointing", "grounding-words"}
 
@@ -254,25 +300,52 @@ def test_visualize_draws_the_chosen_layer_and_head(trained, tmp_path):
     checkpoint = trained / "checkpoints" / "best.pt"
 
     def visualize(*options: str) -> subprocess.CompletedProcess:
-        return in_process("visualize.py", "--checkpoint", checkpoint, "--split", "val", "--num", "2", "--no-progress",
-                          *options, cwd=REPO)
+        return in_process(
+            "visualize.py",
+            "--checkpoint",
+            checkpoint,
+            "--split",
+            "val",
+            "--num",
+            "2",
+            "--no-progress",
+            *options,
+            cwd=REPO,
+        )
 
     from captioning.visualization.api import visualize_images
 
     last = visualize_images(checkpoint, split="val", num=2, out_dir=tmp_path / "last", progress=False)
-    first = visualize_images(checkpoint, split="val", num=2, out_dir=tmp_path / "first", layer=1, head=2,
-                             html=tmp_path / "first.html", progress=False)
+    first = visualize_images(
+        checkpoint,
+        split="val",
+        num=2,
+        out_dir=tmp_path / "first",
+        layer=1,
+        head=2,
+        html=tmp_path / "first.html",
+        progress=False,
+    )
     assert [c.words for c in last.captioned] == [c.words for c in first.captioned]
-    differs = [not torch.allclose(a.caption.attention, b.caption.attention)
-               for a, b in zip(last.captioned, first.captioned) if a.words]
+    differs = [
+        not torch.allclose(a.caption.attention, b.caption.attention)
+        for a, b in zip(last.captioned, first.captioned)
+        if a.words
+    ]
     assert differs and all(differs)  # another layer's and head's map, for the same words
     assert "layer 1 of 2, head 2 of 2" in (tmp_path / "first.html").read_text()
     result = visualize("--layer", "mean", "--head", "mean", "--out-dir", str(tmp_path / "mean"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(list((tmp_path / "mean").glob("*.png"))) == 2
-    for options, words in ((("--layer", "3"), "layer 3"), (("--head", "0"), "--head"), (("--layer", "x"), "--layer")):
+    for options, words in (
+        (("--layer", "3"), "layer 3"),
+        (("--head", "0"), "--head"),
+        (("--layer", "x"), "--layer"),
+    ):
         result = visualize(*options, "--out-dir", str(tmp_path / "bad"))
-        assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
+        assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr, (
+            result.stderr
+        )
     assert not (tmp_path / "bad").exists()
 
 
@@ -282,7 +355,10 @@ def test_resume_mid_epoch_continues_the_noam_schedule_exactly(trained, data_root
     flags = as_flags(tiny_overrides(data_root, tmp_path / "run", **TRANSFORMER, **{"train.epochs": 3}))
     result = train_in_process([*flags, "--set", "train.max_steps=10"])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["state"]["global_step"] == 10
+    assert (
+        load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["training"]["state"]["global_step"]
+        == 10
+    )
     result = run_train([*flags, "--resume"])  # a new process: nothing carries over in memory
     assert result.returncode == 0, result.stderr[-3000:]
     expected, resumed = read_steps(trained), read_steps(tmp_path / "run")
@@ -296,12 +372,19 @@ def test_resume_mid_epoch_continues_the_noam_schedule_exactly(trained, data_root
 
 @pytest.mark.slow
 def test_two_process_transformer_training_matches_one_process(data_root, tmp_path):  # noqa: F811
-    one, two = one_and_two_process_runs(data_root, tmp_path, {
-        **TRANSFORMER, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8})
+    one, two = one_and_two_process_runs(
+        data_root,
+        tmp_path,
+        {**TRANSFORMER, "train.max_steps": 3, "model.decoder.dropout": 0.0, "train.batch_size": 8},
+    )
     assert one["training"]["state"]["global_step"] == two["training"]["state"]["global_step"] == 3
-    assert one["training"]["optimizer"]["param_groups"][0]["lr"] == two["training"]["optimizer"]["param_groups"][0]["lr"]
+    assert (
+        one["training"]["optimizer"]["param_groups"][0]["lr"]
+        == two["training"]["optimizer"]["param_groups"][0]["lr"]
+    )
     # Adam turns rounding differences of near-zero gradients (feature channels that are almost always
     # 0) into updates of up to ~1e-5; a wrong gradient average would move weights by ~lr = 1e-3.
     for key, value in one["decoder"].items():
-        torch.testing.assert_close(two["decoder"][key], value, rtol=1e-4, atol=5e-5,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            two["decoder"][key], value, rtol=1e-4, atol=5e-5, msg=lambda m, key=key: f"{key}: {m}"
+        )

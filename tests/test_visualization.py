@@ -32,7 +32,9 @@ def one_hot(grid: tuple[int, int], *cells: tuple[int, int]) -> torch.Tensor:
     return attention
 
 
-def cell_masks(grid: tuple[int, int], cell: tuple[int, int], size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+def cell_masks(
+    grid: tuple[int, int], cell: tuple[int, int], size: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
     """(H, W) masks of the cell's pixel rectangle and of its 3x3-cell neighbourhood."""
     (gh, gw), (row, column), (height, width) = grid, cell, size
     pixel_rows = np.floor(np.arange(height)[:, None] * gh / height)  # the grid row of each pixel row
@@ -44,13 +46,17 @@ def cell_masks(grid: tuple[int, int], cell: tuple[int, int], size: tuple[int, in
 
 # ----------------------------------------------------------------------------- overlay
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("grid, cell, size", [
-    ((7, 7), (2, 5), (224, 224)),
-    ((7, 7), (2, 5), (180, 300)),  # a 300 x 180 image: the grid is stretched, not cropped
-    ((14, 14), (9, 3), (180, 300)),
-    ((14, 14), (0, 13), (41, 97)),  # a corner cell of a small odd-sized image
-    ((4, 6), (3, 0), (50, 200)),  # a non-square grid
-], ids=["7x7-square", "7x7-300x180", "14x14-300x180", "14x14-corner", "4x6"])
+@pytest.mark.parametrize(
+    "grid, cell, size",
+    [
+        ((7, 7), (2, 5), (224, 224)),
+        ((7, 7), (2, 5), (180, 300)),  # a 300 x 180 image: the grid is stretched, not cropped
+        ((14, 14), (9, 3), (180, 300)),
+        ((14, 14), (0, 13), (41, 97)),  # a corner cell of a small odd-sized image
+        ((4, 6), (3, 0), (50, 200)),  # a non-square grid
+    ],
+    ids=["7x7-square", "7x7-300x180", "14x14-300x180", "14x14-corner", "4x6"],
+)
 def test_peak_lies_in_its_cell(grid, cell, size, mode):
     maps = upsample_attention(one_hot(grid, cell), grid, size, mode, normalize=False)
     assert maps.shape == (1, *size) and maps.dtype == np.float32
@@ -79,7 +85,11 @@ def test_an_image_smaller_than_the_grid_loses_no_cell(mode):
             heat = upsample_attention(one_hot(grid, (row, column)), grid, (5, 5), mode, normalize=False)[0]
             assert heat.max() > 0, (row, column)
             peak = np.unravel_index(heat.argmax(), heat.shape)
-            assert abs(peak[0] - row * 5 / 14) <= 1.5 and abs(peak[1] - column * 5 / 14) <= 1.5, (row, column, peak)
+            assert abs(peak[0] - row * 5 / 14) <= 1.5 and abs(peak[1] - column * 5 / 14) <= 1.5, (
+                row,
+                column,
+                peak,
+            )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -120,8 +130,21 @@ def test_blend_and_colorize():
 
 # ----------------------------------------------------------------------------- figures
 def test_figure_panels_wrap_and_formats(tmp_path: Path):
-    words = ["a", "small", "red", "circle", "above", "a", "large", "blue", "square", "near", "the", "left",
-             "edge"]  # 13 words: three rows of five panels with the image
+    words = [
+        "a",
+        "small",
+        "red",
+        "circle",
+        "above",
+        "a",
+        "large",
+        "blue",
+        "square",
+        "near",
+        "the",
+        "left",
+        "edge",
+    ]  # 13 words: three rows of five panels with the image
     attention = torch.softmax(torch.randn(len(words), 49, generator=torch.Generator().manual_seed(1)), dim=1)
     image = Image.new("RGB", (300, 180), (90, 140, 60))
     result = attention_figure(image, words, attention, (7, 7), references=["a red circle and a blue square"])
@@ -146,8 +169,9 @@ def test_figure_panels_wrap_and_formats(tmp_path: Path):
 
 def test_caption_title_columns_and_formats(tmp_path: Path):
     words = ["one", "two", "three"]
-    result = attention_figure(Image.new("RGB", (40, 40)), words, one_hot((2, 2), (0, 0), (0, 1), (1, 1)), (2, 2),
-                              columns=2)
+    result = attention_figure(
+        Image.new("RGB", (40, 40)), words, one_hot((2, 2), (0, 0), (0, 1), (1, 1)), (2, 2), columns=2
+    )
     assert (result.panels, result.rows, result.columns) == (4, 2, 2)
     assert result.axes[0].get_title() == "one two three"
     assert save_figure(result.figure, tmp_path / "figure.pdf").read_bytes().startswith(b"%PDF")
@@ -159,7 +183,9 @@ def test_caption_title_columns_and_formats(tmp_path: Path):
 @pytest.mark.parametrize("mode", MODES)
 def test_one_word_zero_words_grayscale_and_betas(tmp_path: Path, mode):
     gray = Image.new("L", (33, 80), 90)
-    one = attention_figure(gray, ["circle"], one_hot((7, 7), (6, 0)), (7, 7), betas=torch.tensor([0.734]), mode=mode)
+    one = attention_figure(
+        gray, ["circle"], one_hot((7, 7), (6, 0)), (7, 7), betas=torch.tensor([0.734]), mode=mode
+    )
     assert one.panels == 2 and one.axes[1].get_title() == "circle (beta=0.73)"
     assert one.axes[0].get_title() == "circle"
     none = attention_figure(gray, [], torch.zeros(0, 49), (7, 7), mode=mode)
@@ -192,10 +218,17 @@ IMAGE_SIZE = (300, 180)  # W, H
 FIRST_CELL, SECOND_CELL = (2, 5), (5, 1)
 
 
-def captioned_item(path: Path, image_id: int, words: list[str], attention: torch.Tensor,
-                   references: tuple[str, ...] = ()) -> Captioned:
-    caption = Caption(tokens=list(range(4, 4 + len(words))), log_prob=-1.0, attention=attention,
-                      betas=torch.full((len(words),), 0.5), finished=True, score=-1.0)
+def captioned_item(
+    path: Path, image_id: int, words: list[str], attention: torch.Tensor, references: tuple[str, ...] = ()
+) -> Captioned:
+    caption = Caption(
+        tokens=list(range(4, 4 + len(words))),
+        log_prob=-1.0,
+        attention=attention,
+        betas=torch.full((len(words),), 0.5),
+        finished=True,
+        score=-1.0,
+    )
     record = ImageRecord(image_id=image_id, path=path, split="test", captions=(), raw=references)
     return Captioned(record, caption, list(words))
 
@@ -207,9 +240,13 @@ def report_items(tmp_path: Path) -> list[Captioned]:
     small = tmp_path / "small.jpg"
     Image.new("L", (41, 97), 60).save(small)
     return [
-        captioned_item(grey, 7, ["circle", "square", "flat"],
-                       torch.cat([one_hot(GRID, FIRST_CELL, SECOND_CELL), torch.full((1, 49), 1 / 49)]),
-                       ("a red circle", "a circle & a <square>")),
+        captioned_item(
+            grey,
+            7,
+            ["circle", "square", "flat"],
+            torch.cat([one_hot(GRID, FIRST_CELL, SECOND_CELL), torch.full((1, 49), 1 / 49)]),
+            ("a red circle", "a circle & a <square>"),
+        ),
         captioned_item(small, 8, ["<unk>"], one_hot(GRID, (0, 0))),
         captioned_item(small, 9, [], torch.zeros(0, 49)),
     ]
@@ -231,10 +268,22 @@ def test_report_is_self_contained(tmp_path: Path, report_items):
 
 def screenshot(page: str, out: Path, profile: Path) -> np.ndarray:
     """Render ``page`` (a file:// URL) in headless Chromium; (H, W, 3) uint8 pixels."""
-    command = [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
-               "--disable-background-networking", "--no-first-run", "--disable-component-update", "--disable-sync",
-               f"--user-data-dir={profile}", "--hide-scrollbars", "--force-device-scale-factor=1",
-               "--window-size=800,600", f"--screenshot={out}", page]
+    command = [
+        shutil.which("chromium"),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        "--window-size=800,600",
+        f"--screenshot={out}",
+        page,
+    ]
     subprocess.run(command, check=True, timeout=60, capture_output=True)
     with Image.open(out) as image:
         return np.asarray(image.convert("RGB")).astype(np.int32)
@@ -245,14 +294,17 @@ def test_report_overlay_in_browser(tmp_path: Path, report_items):
     """The shown word's jet overlay is hot (red/yellow) exactly where its attention peak is."""
     path = write_report(report_items, tmp_path / "report.html", GRID, cmap="jet")
     for fragment, cell in (("", FIRST_CELL), ("#img0-w1", SECOND_CELL)):  # default: the first word
-        pixels = screenshot(path.as_uri() + fragment, tmp_path / f"shot{len(fragment)}.png",
-                            tmp_path / f"profile{len(fragment)}")
+        pixels = screenshot(
+            path.as_uri() + fragment,
+            tmp_path / f"shot{len(fragment)}.png",
+            tmp_path / f"profile{len(fragment)}",
+        )
         red, blue = pixels[..., 0], pixels[..., 2]
         hot, cold = red - blue > 50, blue - red > 50  # jet's red/yellow end, and its blue end
         # The first image is the topmost coloured area: its box is where hot or cold pixels are.
         coloured_rows = np.flatnonzero((hot | cold).any(axis=1))
         top = coloured_rows[0]
-        block = (hot | cold)[top:top + IMAGE_SIZE[1] + 20]
+        block = (hot | cold)[top : top + IMAGE_SIZE[1] + 20]
         ys, xs = np.nonzero(block)
         left, bottom, right = xs.min(), top + ys.max(), xs.max()
         assert abs((right - left + 1) - IMAGE_SIZE[0]) <= 2 and abs((bottom - top + 1) - IMAGE_SIZE[1]) <= 2
@@ -293,10 +345,14 @@ def test_chinese_words_are_drawn_with_an_installed_cjk_font(tmp_path):
         assert font_families()[1:] and set(font_families()[1:]) <= set(CJK_FONTS)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # "Glyph 19968 missing from font(s) DejaVu Sans" fails the test
-            result = attention_figure(Image.new("RGB", (40, 30)), ["一", "只", "狗", "tv"], np.full((4, 4), 0.25),
-                                      (2, 2), references=["一只狗在TV前跑。"])
+            result = attention_figure(
+                Image.new("RGB", (40, 30)),
+                ["一", "只", "狗", "tv"],
+                np.full((4, 4), 0.25),
+                (2, 2),
+                references=["一只狗在TV前跑。"],
+            )
             save_figure(result.figure, tmp_path / "figure.png")
         assert result.panels == 5
     finally:
         font_families.cache_clear()
-

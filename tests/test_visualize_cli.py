@@ -29,22 +29,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles,
-               shapes_vocab: Vocabulary) -> Path:
+def checkpoint(
+    tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary
+) -> Path:
     """An untrained but seeded tiny captioner on the tiny Shapes data; captions of 3 or 4 words."""
     torch.manual_seed(0)
-    model_config = ModelConfig(encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64,
-                                                     grid_size=0),
-                               decoder=DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16))
+    model_config = ModelConfig(
+        encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0),
+        decoder=DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
+    )
     model = Captioner.build(model_config, shapes_vocab)
-    data = DataConfig(dataset="shapes", root=str(tiny_shapes.root), shapes_train=12, shapes_val=4, shapes_test=4,
-                      shapes_image_size=64)
-    config = Config(data=data, model=model_config,
-                    decode=DecodeConfig(strategy="greedy", beam_size=2, min_length=3, max_length=4))
+    data = DataConfig(
+        dataset="shapes",
+        root=str(tiny_shapes.root),
+        shapes_train=12,
+        shapes_val=4,
+        shapes_test=4,
+        shapes_image_size=64,
+    )
+    config = Config(
+        data=data,
+        model=model_config,
+        decode=DecodeConfig(strategy="greedy", beam_size=2, min_length=3, max_length=4),
+    )
     path = tmp_path_factory.mktemp("checkpoint") / "best.pt"
-    save_checkpoint(path, config=config, vocab=shapes_vocab, decoder_state=model.decoder.state_dict(),
-                    encoder_state=model.encoder.state_dict(),  # random weights: saved, as training does
-                    encoder_fingerprint=model.encoder.fingerprint())
+    save_checkpoint(
+        path,
+        config=config,
+        vocab=shapes_vocab,
+        decoder_state=model.decoder.state_dict(),
+        encoder_state=model.encoder.state_dict(),  # random weights: saved, as training does
+        encoder_fingerprint=model.encoder.fingerprint(),
+    )
     return path
 
 
@@ -82,16 +98,26 @@ def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Pa
 
 def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     missing = tmp_path / "no_such_image.jpg"
-    result = run_tool("visualize.py", odd_images[0], missing, "--checkpoint", checkpoint, "--out-dir", tmp_path / "out",
-                      "--no-progress")  # a real process: the tool's error path, from a shell
+    result = run_tool(
+        "visualize.py",
+        odd_images[0],
+        missing,
+        "--checkpoint",
+        checkpoint,
+        "--out-dir",
+        tmp_path / "out",
+        "--no-progress",
+    )  # a real process: the tool's error path, from a shell
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and str(missing) in lines[0]
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("problem", ["not an image", "missing checkpoint", "images and split", "nothing",
-                                     "model key set", "colour map"])
+@pytest.mark.parametrize(
+    "problem",
+    ["not an image", "missing checkpoint", "images and split", "nothing", "model key set", "colour map"],
+)
 def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Path], problem):
     text_file = tmp_path / "notes.png"
     text_file.write_text("not a picture")
@@ -101,8 +127,13 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
         "images and split": [str(odd_images[0]), "--split", "val", "--checkpoint", str(checkpoint)],
         "nothing": ["--checkpoint", str(checkpoint)],
         # Checked before the checkpoint is read: the error names the key, not the missing file.
-        "model key set": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt"),
-                          "--set", "model.decoder.gate=none"],
+        "model key set": [
+            str(odd_images[0]),
+            "--checkpoint",
+            str(tmp_path / "none.pt"),
+            "--set",
+            "model.decoder.gate=none",
+        ],
         "colour map": [str(odd_images[0]), "--checkpoint", str(tmp_path / "none.pt"), "--cmap", "rainbowish"],
     }[problem]
     result = in_process("visualize.py", *argv, "--out-dir", tmp_path / "out")
@@ -121,9 +152,18 @@ def test_bad_input_exits_2(tmp_path: Path, checkpoint: Path, odd_images: list[Pa
 
 @pytest.mark.slow
 def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path):
-    result = visualize_images(checkpoint, split="val", num=3, out_dir=tmp_path / "figures", mode="gaussian",
-                              file_format="pdf", html=tmp_path / "val.html", progress=False, normalize="word",
-                              cmap="jet")
+    result = visualize_images(
+        checkpoint,
+        split="val",
+        num=3,
+        out_dir=tmp_path / "figures",
+        mode="gaussian",
+        file_format="pdf",
+        html=tmp_path / "val.html",
+        progress=False,
+        normalize="word",
+        cmap="jet",
+    )
     assert len(result.captioned) == len(result.figures) == 3
     for item, figure, panels in zip(result.captioned, result.figures, result.panels):
         assert 3 <= len(item.words) <= 4 and panels == len(item.words) + 1
@@ -141,8 +181,9 @@ def test_image_figures_panel_count(tmp_path: Path, checkpoint: Path, odd_images:
     duplicate = tmp_path / "again" / "wide.png"
     duplicate.parent.mkdir()
     duplicate.write_bytes(odd_images[0].read_bytes())
-    result = visualize_images(checkpoint, [*odd_images, duplicate], out_dir=tmp_path / "out", beam_size=1,
-                              progress=False)
+    result = visualize_images(
+        checkpoint, [*odd_images, duplicate], out_dir=tmp_path / "out", beam_size=1, progress=False
+    )
     assert [p.name for p in result.figures] == ["wide-1.png", "tall.png", "wide-2.png"]
     assert result.panels == [len(item.words) + 1 for item in result.captioned]
     assert all(panels >= 4 for panels in result.panels)
@@ -174,8 +215,12 @@ def test_visualization_config(checkpoint: Path):
 def test_figure_names_never_collide():
     from captioning.visualization.api import _unique_stems
 
-    cases = [["a/cat.jpg", "b/cat.jpg", "cat-2.png"], ["a/cat.jpg", "b/Cat.jpg", "c/CAT.png"],
-             ["cat-1.png", "a/cat.jpg", "b/cat.jpg"], ["x.jpg", "y.png"]]
+    cases = [
+        ["a/cat.jpg", "b/cat.jpg", "cat-2.png"],
+        ["a/cat.jpg", "b/Cat.jpg", "c/CAT.png"],
+        ["cat-1.png", "a/cat.jpg", "b/cat.jpg"],
+        ["x.jpg", "y.png"],
+    ]
     for case in cases:
         names = _unique_stems([Path(name) for name in case])
         assert len({name.casefold() for name in names}) == len(case), (case, names)

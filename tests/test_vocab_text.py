@@ -14,12 +14,15 @@ from captioning.text import detokenize, tokenize
 
 
 def _records(captions_by_split: dict[str, list[str]]) -> list[ImageRecord]:
-    return [ImageRecord(i, Path(f"{i}.jpg"), split, (tuple(caption.split()),), (caption,))
-            for i, (split, caption) in enumerate((s, c) for s, cs in captions_by_split.items() for c in cs)]
+    return [
+        ImageRecord(i, Path(f"{i}.jpg"), split, (tuple(caption.split()),), (caption,))
+        for i, (split, caption) in enumerate((s, c) for s, cs in captions_by_split.items() for c in cs)
+    ]
 
 
-RECORDS = _records({"train": ["a dog runs", "a dog sits", "a cat sits"], "val": ["a zebra runs"],
-                    "test": ["a giraffe"]})
+RECORDS = _records(
+    {"train": ["a dog runs", "a dog sits", "a cat sits"], "val": ["a zebra runs"], "test": ["a giraffe"]}
+)
 
 
 def test_vocabulary_counts_train_only():

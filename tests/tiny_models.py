@@ -27,29 +27,51 @@ from captioning.runtime.checkpoint import save_checkpoint
 
 DECODERS = {
     "lstm": DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
-    "transformer": DecoderConfig(kind="transformer", d_model=16, num_heads=2, d_ff=32, encoder_layers=1,
-                                 decoder_layers=2, gate="none"),
+    "transformer": DecoderConfig(
+        kind="transformer", d_model=16, num_heads=2, d_ff=32, encoder_layers=1, decoder_layers=2, gate="none"
+    ),
 }
 
 
-def tiny_checkpoint(path: Path, shapes_root: Path, vocab: Vocabulary, kind: str = "lstm",
-                    encoder_weights: str = "none", seed: int = 0) -> Path:
+def tiny_checkpoint(
+    path: Path,
+    shapes_root: Path,
+    vocab: Vocabulary,
+    kind: str = "lstm",
+    encoder_weights: str = "none",
+    seed: int = 0,
+) -> Path:
     """A seeded untrained captioner on the tiny Shapes data, saved as ``train.py`` saves one."""
     generator_state = torch.get_rng_state()
     torch.manual_seed(seed)
-    model_config = ModelConfig(encoder=EncoderConfig(name="efficientnet_lite0", weights=encoder_weights,
-                                                     image_size=64, grid_size=0),
-                               decoder=DECODERS[kind])
+    model_config = ModelConfig(
+        encoder=EncoderConfig(name="efficientnet_lite0", weights=encoder_weights, image_size=64, grid_size=0),
+        decoder=DECODERS[kind],
+    )
     model = Captioner.build(model_config, vocab)
     torch.set_rng_state(generator_state)
-    data = DataConfig(dataset="shapes", root=str(shapes_root), shapes_train=12, shapes_val=4, shapes_test=4,
-                      shapes_image_size=64)
-    config = Config(data=data, model=model_config,
-                    decode=DecodeConfig(strategy="beam", beam_size=2, min_length=3, max_length=5))
+    data = DataConfig(
+        dataset="shapes",
+        root=str(shapes_root),
+        shapes_train=12,
+        shapes_val=4,
+        shapes_test=4,
+        shapes_image_size=64,
+    )
+    config = Config(
+        data=data,
+        model=model_config,
+        decode=DecodeConfig(strategy="beam", beam_size=2, min_length=3, max_length=5),
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(path, config=config, vocab=vocab, decoder_state=model.decoder.state_dict(),
-                    encoder_state=model.encoder.state_dict() if encoder_weights == "none" else None,
-                    encoder_fingerprint=model.encoder.fingerprint())
+    save_checkpoint(
+        path,
+        config=config,
+        vocab=vocab,
+        decoder_state=model.decoder.state_dict(),
+        encoder_state=model.encoder.state_dict() if encoder_weights == "none" else None,
+        encoder_fingerprint=model.encoder.fingerprint(),
+    )
     return path
 
 
@@ -77,12 +99,26 @@ def trained_checkpoint(folder: Path) -> tuple[Path, list[Path]]:
     from captioning.training.run import train
 
     values = {
-        "data.root": str(folder / "shapes"), "data.shapes_train": 32, "data.shapes_val": 8, "data.shapes_test": 8,
-        "data.shapes_image_size": 64, "model.encoder.image_size": 64, "model.decoder.embed_dim": 16,
-        "model.decoder.hidden_dim": 32, "model.decoder.attention_dim": 16, "model.decoder.dropout": 0.2,
-        "train.output_dir": str(folder / "run"), "train.epochs": 12, "train.lr": 0.005, "train.batch_size": 4,
-        "train.deterministic": True, "train.schedule": "plateau", "train.scst_epochs": 0, "train.ema_decay": 0.0,
-        "decode.beam_size": 2, "decode.max_length": 8,
+        "data.root": str(folder / "shapes"),
+        "data.shapes_train": 32,
+        "data.shapes_val": 8,
+        "data.shapes_test": 8,
+        "data.shapes_image_size": 64,
+        "model.encoder.image_size": 64,
+        "model.decoder.embed_dim": 16,
+        "model.decoder.hidden_dim": 32,
+        "model.decoder.attention_dim": 16,
+        "model.decoder.dropout": 0.2,
+        "train.output_dir": str(folder / "run"),
+        "train.epochs": 12,
+        "train.lr": 0.005,
+        "train.batch_size": 4,
+        "train.deterministic": True,
+        "train.schedule": "plateau",
+        "train.scst_epochs": 0,
+        "train.ema_decay": 0.0,
+        "decode.beam_size": 2,
+        "decode.max_length": 8,
     }
     with kept_process_state():  # training seeds the generators and sets torch's deterministic mode
         train(load_config(REPO / "configs" / "shapes.yaml", values), progress=False)

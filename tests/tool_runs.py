@@ -40,8 +40,15 @@ ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 def run_tool(script: str, *args, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """The real command-line tool in a subprocess started in ``cwd``."""
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], check=False, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=ONE_THREAD)
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ONE_THREAD,
+    )
 
 
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
@@ -55,8 +62,10 @@ def kept_process_state() -> Iterator[None]:
     and manages the root logger's handlers.)"""
     folder = os.getcwd()
     generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    deterministic = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())
+    deterministic = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     cudnn_benchmark, threads = torch.backends.cudnn.benchmark, torch.get_num_threads()
     handlers = {number: signal.getsignal(number) for number in _HANDLED_SIGNALS}
     package_handlers = list(logging.getLogger("captioning").handlers)
@@ -93,8 +102,9 @@ def _out_of_time(signum: int, frame: object) -> None:
     raise TimeoutError("the tool did not finish in time (SIGALRM)")
 
 
-def in_process(script: str, *args, cwd: Path | None = None,
-               timeout: float | None = None) -> subprocess.CompletedProcess:
+def in_process(
+    script: str, *args, cwd: Path | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     """What ``python <script> args`` started in ``cwd`` does, run in this process: its exit status and
     what it printed on ``sys.stdout`` and ``sys.stderr``, as ``subprocess.run`` would give them.
 

@@ -27,18 +27,39 @@ from captioning.data.vocab import Vocabulary
 from captioning.files import atomic_write, path_kind
 from captioning.text import replace_lone_surrogates, tokenizer_for
 
-__all__ = ["READERS", "DatasetError", "ImageRecord", "build_vocabulary", "caption_length_summary",
-           "check_data_paths", "divide_official_val", "generate_shapes", "load_records", "read_coco", "read_folder",
-           "read_imagefolder", "read_karpathy", "read_shapes", "split_rule", "write_data_summary"]
+__all__ = [
+    "READERS",
+    "DatasetError",
+    "ImageRecord",
+    "build_vocabulary",
+    "caption_length_summary",
+    "check_data_paths",
+    "divide_official_val",
+    "generate_shapes",
+    "load_records",
+    "read_coco",
+    "read_folder",
+    "read_imagefolder",
+    "read_karpathy",
+    "read_shapes",
+    "split_rule",
+    "write_data_summary",
+]
 
 logger = logging.getLogger(__name__)
 
 
 def _load_shapes(config: DataConfig) -> list[ImageRecord]:
     check_data_paths(config)
-    generate_shapes(config.root, seed=config.shapes_seed, num_train=config.shapes_train,
-                    num_val=config.shapes_val, num_test=config.shapes_test,
-                    image_size=config.shapes_image_size, max_objects=config.shapes_max_objects)
+    generate_shapes(
+        config.root,
+        seed=config.shapes_seed,
+        num_train=config.shapes_train,
+        num_val=config.shapes_val,
+        num_test=config.shapes_test,
+        image_size=config.shapes_image_size,
+        max_objects=config.shapes_max_objects,
+    )
     return read_shapes(config.root, _own_tokenizer(config))
 
 
@@ -49,8 +70,9 @@ def _own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
 
 def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
     if config.split_file is None:
-        raise ConfigError("data.split_file is required for data.dataset=karpathy "
-                          "(e.g. dataset_flickr8k.json)")
+        raise ConfigError(
+            "data.split_file is required for data.dataset=karpathy (e.g. dataset_flickr8k.json)"
+        )
     check_data_paths(config)
     return read_karpathy(config.split_file, config.root, config.restval_to_train, _own_tokenizer(config))
 
@@ -59,8 +81,9 @@ def _load_coco(config: DataConfig) -> list[ImageRecord]:
     if not config.annotations:
         raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
     check_data_paths(config)
-    records = read_coco(config.annotations, config.root, config.split_file, config.restval_to_train,
-                        _own_tokenizer(config))
+    records = read_coco(
+        config.annotations, config.root, config.split_file, config.restval_to_train, _own_tokenizer(config)
+    )
     return records if config.split_file is not None else divide_official_val(records)
 
 
@@ -71,8 +94,10 @@ def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
     file already gives a test split (``captions_test....json``)."""
     if any(record.split == "test" for record in records):
         return records
-    return [replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
-            for record in records]
+    return [
+        replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
+        for record in records
+    ]
 
 
 def split_rule(config: DataConfig) -> str | None:
@@ -86,7 +111,9 @@ def split_rule(config: DataConfig) -> str | None:
     splits = {path: split_of_file(path) for path in config.annotations}
     if "test" in splits.values():
         return None
-    val_files = ", ".join(Path(path).name for path, split in splits.items() if split == "val") or "the val files"
+    val_files = (
+        ", ".join(Path(path).name for path, split in splits.items() if split == "val") or "the val files"
+    )
     return f"val and test both from {val_files}: even image ids -> val, odd -> test"
 
 
@@ -136,14 +163,22 @@ def check_data_paths(config: DataConfig) -> None:
             exists = path.is_dir() if kind == "folder" else path.is_file()
             if not exists:
                 if path.exists():  # a folder for a file, a FIFO (reading one would wait forever), ...
-                    raise ConfigError(f"{path}: data.{key}: {path_kind(path)}, not a {kind}; "
-                                      f"set data.{key}=... to a {kind}")
+                    raise ConfigError(
+                        f"{path}: data.{key}: {path_kind(path)}, not a {kind}; set data.{key}=... to a {kind}"
+                    )
                 where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
-                raise ConfigError(f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is")
+                raise ConfigError(
+                    f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is"
+                )
 
 
-def load_records(config: DataConfig, output_dir: Path | None = None, generate: bool = True,
-                 splits: Collection[str] | None = None, write_index: bool | None = None) -> list[ImageRecord]:
+def load_records(
+    config: DataConfig,
+    output_dir: Path | None = None,
+    generate: bool = True,
+    splits: Collection[str] | None = None,
+    write_index: bool | None = None,
+) -> list[ImageRecord]:
     """Read the dataset named by ``config.dataset`` (generating Shapes under ``config.root`` if needed).
 
     Karpathy and COCO datasets are read from their per-split index when it is current
@@ -165,15 +200,18 @@ def load_records(config: DataConfig, output_dir: Path | None = None, generate: b
             data missing where it may not be generated.
     """
     if config.dataset == "shapes" and not generate and not shapes_files(config.root).manifest.is_file():
-        raise DatasetError(f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
-                           "never written to); pass --set data.root=DIR to read or generate it in DIR")
+        raise DatasetError(
+            f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
+            "never written to); pass --set data.root=DIR to read or generate it in DIR"
+        )
     if config.dataset in INDEXED_READERS:
         check_data_paths(config)  # also when the index answers without the reader
         writable = output_dir is not None if write_index is None else write_index
         # Cleaned before indexing: the index is UTF-8, which cannot hold a lone surrogate.
         reader = READERS[config.dataset]
-        records = load_indexed(config, lambda data: [_clean_text(r) for r in reader(data)], splits,
-                               writable=writable)
+        records = load_indexed(
+            config, lambda data: [_clean_text(r) for r in reader(data)], splits, writable=writable
+        )
     else:
         records = READERS[config.dataset](config)
         records = records if splits is None else [r for r in records if r.split in splits]
@@ -187,7 +225,7 @@ def load_records(config: DataConfig, output_dir: Path | None = None, generate: b
     return records
 
 
-INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _clean_text(record: ImageRecord) -> ImageRecord:
@@ -206,16 +244,28 @@ def write_data_summary(records: list[ImageRecord], config: DataConfig, output_di
     captions = Counter()
     for record in records:
         captions[record.split] += len(record.captions)
-    summary = {split or "(no split)": {"images": images[split], "captions": captions[split]}
-               for split in images}
-    logger.info("%s: %s", config.dataset, ", ".join(f"{split} {counts['images']} images"
-                                                    for split, counts in summary.items()))
+    summary = {
+        split or "(no split)": {"images": images[split], "captions": captions[split]} for split in images
+    }
+    logger.info(
+        "%s: %s",
+        config.dataset,
+        ", ".join(f"{split} {counts['images']} images" for split, counts in summary.items()),
+    )
     cut, message = caption_length_summary(records, config.max_caption_length)
     if cut:  # kept, but cut to data.max_caption_length words when encoded: say so once
         logger.warning("%s (data.max_caption_length)", message)
     rule = split_rule(config)
-    text = json.dumps({"dataset": config.dataset, "splits": summary, "train_captions_cut": cut,
-                       **({"split_rule": rule} if rule else {})}, indent=2, sort_keys=True)
+    text = json.dumps(
+        {
+            "dataset": config.dataset,
+            "splits": summary,
+            "train_captions_cut": cut,
+            **({"split_rule": rule} if rule else {}),
+        },
+        indent=2,
+        sort_keys=True,
+    )
     path = output_dir / "data_summary.json"
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return path
@@ -239,5 +289,6 @@ def caption_length_summary(records: list[ImageRecord], max_length: int) -> tuple
     lengths = [len(caption) for record in records_of_split(records, "train") for caption in record.captions]
     cut = sum(length > max_length for length in lengths)
     share = 100.0 * cut / len(lengths) if lengths else 0.0
-    return cut, (f"{cut} of {len(lengths)} training captions ({share:.1f}%) exceed {max_length} words "
-                 "and are cut")
+    return cut, (
+        f"{cut} of {len(lengths)} training captions ({share:.1f}%) exceed {max_length} words and are cut"
+    )

@@ -49,9 +49,12 @@ class FeatureCacheError(ValueError):
 
 
 def no_space(what: Path, needed: str = "") -> OSError:
-    return OSError(errno.ENOSPC, f"no space left on device writing the feature cache {what}{needed}; "
-                                 "free space or set data.cache_dir to another disk (the previous "
-                                 "index is intact and the build resumes from it)")
+    return OSError(
+        errno.ENOSPC,
+        f"no space left on device writing the feature cache {what}{needed}; "
+        "free space or set data.cache_dir to another disk (the previous "
+        "index is intact and the build resumes from it)",
+    )
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
@@ -114,18 +117,27 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     if index["key"] != key:
         raise _damaged(path, "its key is not this cache's (encoder, weights, image size, grid)")
     capacity, rows = index["capacity"], index["rows"]
-    bad_rows = [f"{name} -> {row!r}" for name, row in rows.items()
-                if not isinstance(row, int) or isinstance(row, bool) or not 0 <= row < capacity]
+    bad_rows = [
+        f"{name} -> {row!r}"
+        for name, row in rows.items()
+        if not isinstance(row, int) or isinstance(row, bool) or not 0 <= row < capacity
+    ]
     if capacity < 0 or bad_rows:
-        raise _damaged(path, f"rows outside the {capacity} allocated ones ({bad_rows[0] if bad_rows else capacity})")
+        raise _damaged(
+            path, f"rows outside the {capacity} allocated ones ({bad_rows[0] if bad_rows else capacity})"
+        )
     if len(set(rows.values())) != len(rows):
         raise _damaged(path, "two images own the same row")
     # Rows are handed out in order, so the last one ends the allocation: a larger capacity is not
     # one this code wrote, and acting on it would try to reserve that many rows on disk.
     if capacity != max(rows.values(), default=-1) + 1:
-        raise _damaged(path, f"capacity {capacity} does not match its rows (the last is row "
-                             f"{max(rows.values(), default=-1)})")
-    malformed = [name for name, entry in index["files"].items() if not (isinstance(entry, list) and len(entry) == 5)]
+        raise _damaged(
+            path,
+            f"capacity {capacity} does not match its rows (the last is row {max(rows.values(), default=-1)})",
+        )
+    malformed = [
+        name for name, entry in index["files"].items() if not (isinstance(entry, list) and len(entry) == 5)
+    ]
     if malformed:
         raise _damaged(path, f"file entry {malformed[0]!r} is not [image id, size, mtime, ctime, identity]")
     if not all(isinstance(message, str) for message in index["bad"].values()):
@@ -134,15 +146,21 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _damaged(path: Path, what: str) -> FeatureCacheError:
-    return FeatureCacheError(f"{path}: damaged feature cache index: {what}; delete the folder {path.parent} "
-                             "to rebuild this cache")
+    return FeatureCacheError(
+        f"{path}: damaged feature cache index: {what}; delete the folder {path.parent} to rebuild this cache"
+    )
 
 
 def _npy_header(capacity: int, positions: int, channels: int) -> bytes:
     buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, {"descr": np.lib.format.dtype_to_descr(np.dtype(DTYPE)),
-                                                  "fortran_order": False,
-                                                  "shape": (capacity, positions, channels)})
+    np.lib.format.write_array_header_1_0(
+        buffer,
+        {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(DTYPE)),
+            "fortran_order": False,
+            "shape": (capacity, positions, channels),
+        },
+    )
     return buffer.getvalue()
 
 
@@ -160,13 +178,18 @@ def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> t
     for name in ("features.npy", "state.bin"):  # opening a FIFO would wait for a writer forever
         kind = not_a_regular_file(folder / name)
         if kind is not None:
-            raise FeatureCacheError(f"{folder / name}: {kind}; delete the folder {folder} to rebuild this cache")
+            raise FeatureCacheError(
+                f"{folder / name}: {kind}; delete the folder {folder} to rebuild this cache"
+            )
     path = folder / "features.npy"
     try:
         with open(path, "rb") as handle:
             version = np.lib.format.read_magic(handle)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
             shape, fortran_order, dtype = read_header(handle)
             offset = handle.tell()
             size = os.fstat(handle.fileno()).st_size
@@ -174,7 +197,12 @@ def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> t
         return 0, f"{path}: missing" if capacity else ""
     except (OSError, ValueError) as error:
         return 0, f"{path}: unreadable header ({error})"
-    if dtype != np.dtype(DTYPE) or fortran_order or len(shape) != 3 or tuple(shape[1:]) != (positions, channels):
+    if (
+        dtype != np.dtype(DTYPE)
+        or fortran_order
+        or len(shape) != 3
+        or tuple(shape[1:]) != (positions, channels)
+    ):
         return 0, f"{path}: holds {dtype} {tuple(shape)}, expected float16 (rows, {positions}, {channels})"
     if offset != len(_npy_header(capacity, positions, channels)):
         return 0, f"{path}: unexpected header length {offset}"
@@ -184,7 +212,9 @@ def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> t
     if rows < capacity:
         problem = f"{path}: " + (
             f"truncated: {size} bytes, {capacity} rows need {offset + capacity * _row_bytes(positions, channels)}"
-            if whole_rows < min(shape[0], capacity) else f"holds {shape[0]} rows, the index describes {capacity}")
+            if whole_rows < min(shape[0], capacity)
+            else f"holds {shape[0]} rows, the index describes {capacity}"
+        )
     state_path = folder / "state.bin"
     state_size = state_path.stat().st_size if state_path.exists() else 0
     if state_size < capacity and not problem:
@@ -192,8 +222,9 @@ def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> t
     return min(rows, state_size), problem
 
 
-def resize(folder: Path, old_capacity: int, capacity: int, positions: int, channels: int,
-           intact: int | None = None) -> None:
+def resize(
+    folder: Path, old_capacity: int, capacity: int, positions: int, channels: int, intact: int | None = None
+) -> None:
     """Make ``features.npy`` and ``state.bin`` hold ``capacity`` rows, reserving the disk space now.
 
     Rows from ``intact`` on (default: ``old_capacity``) are marked not computed. Writing through a
@@ -214,8 +245,9 @@ def resize(folder: Path, old_capacity: int, capacity: int, positions: int, chann
             if error.errno == errno.ENOSPC:
                 raise no_space(path, f" (needs {size / 2**30:.1f} GiB)") from error
             if error.errno == errno.EFBIG:  # beyond the file system's (or ulimit -f's) largest file
-                raise FeatureCacheError(f"{path}: cannot hold {capacity} rows ({size} bytes: "
-                                        f"{error.strerror})") from None
+                raise FeatureCacheError(
+                    f"{path}: cannot hold {capacity} rows ({size} bytes: {error.strerror})"
+                ) from None
             if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate on this filesystem
                 raise
             os.ftruncate(descriptor, max(size, os.fstat(descriptor).st_size))
@@ -238,7 +270,7 @@ def read_states(folder: Path, capacity: int) -> np.ndarray:
     states = np.zeros(capacity, dtype=np.uint8)
     if capacity and (folder / "state.bin").is_file():
         stored = np.fromfile(folder / "state.bin", dtype=np.uint8, count=capacity)
-        states[:len(stored)] = stored
+        states[: len(stored)] = stored
     return states
 
 
@@ -274,8 +306,11 @@ def build_lock(path: Path) -> Iterator[None]:
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             os.close(descriptor)
             raise
-        logger.warning("cannot lock %s (%s): processes building this feature cache at the same time are "
-                       "not kept apart", path / _LOCK_NAME, error.strerror)
+        logger.warning(
+            "cannot lock %s (%s): processes building this feature cache at the same time are not kept apart",
+            path / _LOCK_NAME,
+            error.strerror,
+        )
     try:
         yield
     finally:

@@ -34,9 +34,13 @@ _FOLDER_IN_NAME = re.compile(r"((?:train|val|test)\d{4})")
 _COCO_FILE_PREFIX = re.compile(r"COCO_((?:train|val|test)\d{4})_")
 
 
-def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
-              karpathy_split_file: str | Path | None = None, restval_to_train: bool = True,
-              tokenizer: Callable[[str], list[str]] | None = None) -> list[ImageRecord]:
+def read_coco(
+    annotation_files: Iterable[str | Path],
+    image_root: str | Path,
+    karpathy_split_file: str | Path | None = None,
+    restval_to_train: bool = True,
+    tokenizer: Callable[[str], list[str]] | None = None,
+) -> list[ImageRecord]:
     """Read COCO caption annotation files into one record per image.
 
     Args:
@@ -55,8 +59,9 @@ def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
     image_root = Path(image_root)
     karpathy_split = None
     if karpathy_split_file is not None:
-        karpathy_split = {r.image_id: r.split
-                          for r in read_karpathy(karpathy_split_file, image_root, restval_to_train)}
+        karpathy_split = {
+            r.image_id: r.split for r in read_karpathy(karpathy_split_file, image_root, restval_to_train)
+        }
     records: list[ImageRecord] = []
     file_of_id: dict[int, str] = {}
     for annotation_file in annotation_files:
@@ -64,8 +69,10 @@ def read_coco(annotation_files: Iterable[str | Path], image_root: str | Path,
         skipped = SkipLog(annotation_file.name, logger)
         for record in _read_annotation_file(annotation_file, image_root, karpathy_split, skipped, tokenizer):
             if record.image_id in file_of_id:
-                raise DatasetError(f"{annotation_file.name}: image id {record.image_id} is also in "
-                                   f"{file_of_id[record.image_id]}")
+                raise DatasetError(
+                    f"{annotation_file.name}: image id {record.image_id} is also in "
+                    f"{file_of_id[record.image_id]}"
+                )
             file_of_id[record.image_id] = annotation_file.name
             records.append(record)
         skipped.report()
@@ -78,16 +85,23 @@ def split_of_file(annotation_file: str | Path) -> str | None:
     return match.group(1) if match else None
 
 
-def _read_annotation_file(annotation_file: Path, image_root: Path, karpathy_split: dict[int, str] | None,
-                          skipped: SkipLog, tokenizer: Callable[[str], list[str]] | None) -> list[ImageRecord]:
+def _read_annotation_file(
+    annotation_file: Path,
+    image_root: Path,
+    karpathy_split: dict[int, str] | None,
+    skipped: SkipLog,
+    tokenizer: Callable[[str], list[str]] | None,
+) -> list[ImageRecord]:
     source = annotation_file.name
     tokenizer = tokenizer or tokenize
     file_split = None
     if karpathy_split is None:
         file_split = split_of_file(annotation_file)
         if file_split is None:
-            raise DatasetError(f"{source}: cannot tell the split from the file name (expected train, val or "
-                               "test in it); pass a Karpathy split file instead")
+            raise DatasetError(
+                f"{source}: cannot tell the split from the file name (expected train, val or "
+                "test in it); pass a Karpathy split file instead"
+            )
     coco = _index(annotation_file, source)
     folder_match = _FOLDER_IN_NAME.search(annotation_file.stem)
     file_folder = folder_match.group(1) if folder_match else ""
@@ -112,8 +126,9 @@ def _read_annotation_file(annotation_file: Path, image_root: Path, karpathy_spli
         if not captions:
             skipped.skip("images with no caption", where)
             continue
-        records.append(ImageRecord(image_id=image_id, path=path, split=split,
-                                   captions=tuple(captions), raw=tuple(raws)))
+        records.append(
+            ImageRecord(image_id=image_id, path=path, split=split, captions=tuple(captions), raw=tuple(raws))
+        )
     return records
 
 
@@ -121,8 +136,9 @@ def _index(annotation_file: Path, source: str) -> COCO:
     """Check the file entry by entry (for messages naming the entry), then index it with pycocotools."""
     data = read_json(annotation_file)
     if not isinstance(data, dict):
-        raise DatasetError(f"{source}: expected a JSON object with 'images' and 'annotations', "
-                           f"got {type(data).__name__}")
+        raise DatasetError(
+            f"{source}: expected a JSON object with 'images' and 'annotations', got {type(data).__name__}"
+        )
     image_ids = set()
     for position, image in enumerate(require_field(data, "images", list, source)):
         image_id = require_field(image, "id", int, f"{source}: image {position}")
@@ -145,8 +161,9 @@ def _index(annotation_file: Path, source: str) -> COCO:
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress lines
             coco.createIndex()
     except (AssertionError, KeyError, TypeError) as error:
-        raise DatasetError(f"{source}: not a COCO annotation file "
-                           f"({type(error).__name__}: {error})") from None
+        raise DatasetError(
+            f"{source}: not a COCO annotation file ({type(error).__name__}: {error})"
+        ) from None
     return coco
 
 

@@ -34,10 +34,16 @@ def usable_workers(requested: int) -> int:
     process, says so): more workers than cores only compete, and the DataLoader warns each time."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if requested > cores:
-        logger.warning("data.num_workers is %d but this process may use %d CPU cores: using %d workers",
-                       requested, cores, cores)
+        logger.warning(
+            "data.num_workers is %d but this process may use %d CPU cores: using %d workers",
+            requested,
+            cores,
+            cores,
+        )
         return cores
     return requested
+
+
 Item = dict[str, Any]
 
 
@@ -99,10 +105,18 @@ class CaptionDataset(_ImageItems):
         ``lengths`` int64 (K,) = n + 2. None for a skipped image.
     """
 
-    def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, max_length: int,
-                 captions_per_image: int = 5, features: FeatureSource | None = None,
-                 transform: Transform | None = None, seed: int = 0, skip_bad_images: bool = False,
-                 unreadable: Collection[int] = ()):
+    def __init__(
+        self,
+        records: Sequence[ImageRecord],
+        vocab: Vocabulary,
+        max_length: int,
+        captions_per_image: int = 5,
+        features: FeatureSource | None = None,
+        transform: Transform | None = None,
+        seed: int = 0,
+        skip_bad_images: bool = False,
+        unreadable: Collection[int] = (),
+    ):
         super().__init__(records, transform, skip_bad_images)
         if features is None and transform is None:
             raise ValueError("CaptionDataset needs either features or an image transform")
@@ -110,8 +124,10 @@ class CaptionDataset(_ImageItems):
             raise ValueError(f"captions_per_image must be >= 1, got {captions_per_image}")
         uncaptioned = next((r for r in self.records if not r.captions), None)
         if uncaptioned is not None:
-            raise ValueError(f"image_id {uncaptioned.image_id} has no caption; use ImageOnlyDataset for "
-                             "images without captions")
+            raise ValueError(
+                f"image_id {uncaptioned.image_id} has no caption; use ImageOnlyDataset for "
+                "images without captions"
+            )
         self.features = features
         self.unreadable = unreadable
         self.captions_per_image = captions_per_image
@@ -119,11 +135,12 @@ class CaptionDataset(_ImageItems):
         self.epoch = 0
         # Encode every caption once: ids (N_captions, max_length + 2), lengths (N_captions,),
         # and record i owns rows caption_offsets[i]:caption_offsets[i + 1].
-        encoded = [vocab.encode(caption, max_length)
-                   for record in self.records for caption in record.captions]
+        encoded = [
+            vocab.encode(caption, max_length) for record in self.records for caption in record.captions
+        ]
         self.caption_ids = np.full((len(encoded), max_length + 2), vocab.pad_id, dtype=np.int64)
         for row, ids in enumerate(encoded):
-            self.caption_ids[row, :len(ids)] = ids
+            self.caption_ids[row, : len(ids)] = ids
         self.caption_lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
         self.caption_offsets = np.cumsum([0] + [len(r.captions) for r in self.records])
 
@@ -151,7 +168,9 @@ class CaptionDataset(_ImageItems):
             # Kept in the cache's float16: half the bytes through workers, pinning and the copy to
             # the device, and numpy's float16 -> float32 conversion (scalar, about 4 ns a value) was
             # half of the loader's time; the batch is made float32 on the device (``annotations_of``).
-            return self._item(index, "features", torch.from_numpy(grid))  # (P, C), float16 or float32 as stored
+            return self._item(
+                index, "features", torch.from_numpy(grid)
+            )  # (P, C), float16 or float32 as stored
         image = self._image(index)
         return None if image is None else self._item(index, "image", image)  # (3, H, W)
 
@@ -176,9 +195,13 @@ class CaptionDataset(_ImageItems):
     def _item(self, index: int, key: str, value: torch.Tensor) -> Item:
         """Item ``index`` holding ``value`` under ``key`` (``features`` or ``image``), with its captions."""
         rows = self.caption_offsets[index] + self.caption_choice(index)
-        return {"index": index, "image_id": self.records[index].image_id, key: value,
-                "captions": torch.from_numpy(self.caption_ids[rows]),  # (K, max_length + 2)
-                "lengths": torch.from_numpy(self.caption_lengths[rows])}  # (K,)
+        return {
+            "index": index,
+            "image_id": self.records[index].image_id,
+            key: value,
+            "captions": torch.from_numpy(self.caption_ids[rows]),  # (K, max_length + 2)
+            "lengths": torch.from_numpy(self.caption_lengths[rows]),
+        }  # (K,)
 
 
 class ImageOnlyDataset(_ImageItems):
@@ -190,8 +213,13 @@ class ImageOnlyDataset(_ImageItems):
     records then only name and number them.
     """
 
-    def __init__(self, records: Sequence[ImageRecord], transform: Transform, skip_bad_images: bool = False,
-                 pictures: Sequence[Image.Image] | None = None):
+    def __init__(
+        self,
+        records: Sequence[ImageRecord],
+        transform: Transform,
+        skip_bad_images: bool = False,
+        pictures: Sequence[Image.Image] | None = None,
+    ):
         super().__init__(records, transform, skip_bad_images)
         if pictures is not None and len(pictures) != len(self.records):
             raise ValueError(f"{len(pictures)} pictures for {len(self.records)} records")
@@ -217,8 +245,10 @@ def collate_captions(items: list[Item | None]) -> dict[str, torch.Tensor] | None
     kept = [item for item in items if item is not None]
     if not kept:
         return None
-    batch = {"indices": torch.tensor([item["index"] for item in kept], dtype=torch.long),
-             "image_ids": torch.tensor([item["image_id"] for item in kept], dtype=torch.long)}
+    batch = {
+        "indices": torch.tensor([item["index"] for item in kept], dtype=torch.long),
+        "image_ids": torch.tensor([item["image_id"] for item in kept], dtype=torch.long),
+    }
     for item_key, batch_key in (("features", "features"), ("image", "images")):
         if item_key in kept[0]:
             batch[batch_key] = _stacked([item[item_key] for item in kept])
@@ -237,10 +267,14 @@ def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
     first = tensors[0]
     storage = first.untyped_storage()
     size = first.numel()
-    whole = (storage.nbytes() == len(tensors) * size * first.element_size()
-             and all(tensor.is_contiguous() and tensor.dtype == first.dtype and tensor.shape == first.shape
-                     and tensor.untyped_storage().data_ptr() == storage.data_ptr()
-                     and tensor.storage_offset() == number * size for number, tensor in enumerate(tensors)))
+    whole = storage.nbytes() == len(tensors) * size * first.element_size() and all(
+        tensor.is_contiguous()
+        and tensor.dtype == first.dtype
+        and tensor.shape == first.shape
+        and tensor.untyped_storage().data_ptr() == storage.data_ptr()
+        and tensor.storage_offset() == number * size
+        for number, tensor in enumerate(tensors)
+    )
     if whole:
         return first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
     return torch.stack(tensors)

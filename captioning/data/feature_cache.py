@@ -96,8 +96,9 @@ def _sha256_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _row_keys(records: list[ImageRecord], states: list[os.stat_result | None],
-              files: dict[str, list]) -> tuple[list[str | None], dict[str, list]]:
+def _row_keys(
+    records: list[ImageRecord], states: list[os.stat_result | None], files: dict[str, list]
+) -> tuple[list[str | None], dict[str, list]]:
     """``"<image id>:<content identity>"`` per record (None for a missing file).
 
     ``files`` maps an absolute path to ``[image id, size, mtime_ns, ctime_ns, identity]``; a file whose
@@ -166,8 +167,15 @@ class FeatureCache:
         computed: rows this process computed while opening it.
     """
 
-    def __init__(self, path: Path, rows: np.ndarray, grid_shape: tuple[int, int], bad: dict[int, str],
-                 fingerprint: dict[str, Any], computed: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        rows: np.ndarray,
+        grid_shape: tuple[int, int],
+        bad: dict[int, str],
+        fingerprint: dict[str, Any],
+        computed: int = 0,
+    ) -> None:
         self.path = path
         self.rows = rows  # (N,) int64: the row of each record in features.npy, -1 for none
         self.shape: tuple[int, int, int] = (len(rows), *grid_shape)
@@ -205,10 +213,20 @@ class FeatureCache:
         return {**self.__dict__, "_features": None}
 
     @classmethod
-    def build_or_open(cls, directory: str | Path, encoder: GridEncoder, records: list[ImageRecord],
-                      batch_size: int | None = None, device: str | torch.device = "cpu", num_workers: int = 0,
-                      progress: bool = True, skip_bad_images: bool = False, rank: int = 0,
-                      world_size: int = 1, build: bool = True) -> FeatureCache | None:
+    def build_or_open(
+        cls,
+        directory: str | Path,
+        encoder: GridEncoder,
+        records: list[ImageRecord],
+        batch_size: int | None = None,
+        device: str | torch.device = "cpu",
+        num_workers: int = 0,
+        progress: bool = True,
+        skip_bad_images: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        build: bool = True,
+    ) -> FeatureCache | None:
         """Open the cache of ``encoder`` over ``records``, computing whatever rows are missing.
 
         Every image file is checked (one ``stat``) before anything is created. A cache holding all
@@ -248,8 +266,15 @@ class FeatureCache:
         stats, missing = stat_images(records, allow_missing=skip_bad_images)
         fingerprint = encoder.fingerprint()
         key = {"fingerprint": fingerprint, "dtype": np.dtype(DTYPE).name}
-        builder = _Build(Path(directory) / _sha256_json(key)[:16], key, records, stats, missing,
-                         (encoder.grid[0] * encoder.grid[1], encoder.channels), skip_bad_images)
+        builder = _Build(
+            Path(directory) / _sha256_json(key)[:16],
+            key,
+            records,
+            stats,
+            missing,
+            (encoder.grid[0] * encoder.grid[1], encoder.channels),
+            skip_bad_images,
+        )
         if world_size <= 1 or not build:
             cache = builder.open_complete()
             if cache is not None or not build:
@@ -268,9 +293,15 @@ class FeatureCache:
                     error = caught
             _agree(error, world_size)
             try:
-                computed = builder.compute_share(encoder, batch_size or cache_batch_size(torch.device(device)),
-                                                 torch.device(device), num_workers,
-                                                 progress, rank, world_size)
+                computed = builder.compute_share(
+                    encoder,
+                    batch_size or cache_batch_size(torch.device(device)),
+                    torch.device(device),
+                    num_workers,
+                    progress,
+                    rank,
+                    world_size,
+                )
             except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
                 error = caught
             _agree(error, world_size)
@@ -280,16 +311,25 @@ class FeatureCache:
         if rank != 0:
             builder.index = store.read_index(builder.folder, builder.key)
         if world_size > 1:
-            logger.info("feature cache %s: rank %d of %d computed %d rows", builder.folder, rank, world_size, computed)
+            logger.info(
+                "feature cache %s: rank %d of %d computed %d rows", builder.folder, rank, world_size, computed
+            )
         return builder.cache(computed)
 
 
 class _Build:
     """Opening or extending the cache in ``folder`` for ``records`` (see ``FeatureCache.build_or_open``)."""
 
-    def __init__(self, folder: Path, key: dict[str, Any], records: list[ImageRecord],
-                 stats: list[os.stat_result | None], missing: dict[int, str], grid_shape: tuple[int, int],
-                 skip_bad_images: bool) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        key: dict[str, Any],
+        records: list[ImageRecord],
+        stats: list[os.stat_result | None],
+        missing: dict[int, str],
+        grid_shape: tuple[int, int],
+        skip_bad_images: bool,
+    ) -> None:
         self.folder, self.key, self.records, self.stats = folder, key, records, stats
         self.missing, self.grid_shape, self.skip_bad_images = missing, grid_shape, skip_bad_images
         self.index: dict[str, Any] | None = None
@@ -313,9 +353,12 @@ class _Build:
             return None
         rows = self._identify(index)
         states = store.read_states(self.folder, index["capacity"])
-        unfinished = any(states[row] not in (COMPUTED, UNREADABLE)  # or unreadable, its message not yet in the index
-                         or (states[row] == UNREADABLE and key not in index["bad"])
-                         for row, key in zip(rows, self.keys) if row >= 0)
+        unfinished = any(
+            states[row] not in (COMPUTED, UNREADABLE)  # or unreadable, its message not yet in the index
+            or (states[row] == UNREADABLE and key not in index["bad"])
+            for row, key in zip(rows, self.keys)
+            if row >= 0
+        )
         if self.hashed or unfinished or any(row < 0 and key is not None for row, key in zip(rows, self.keys)):
             return None
         self.index = index
@@ -346,7 +389,9 @@ class _Build:
         dist.all_gather_object(shares, hashed)
         for share in shares:
             self.hashed.update(share)
-        logger.info("feature cache %s: rank %d of %d hashed %d new files", self.folder, rank, world_size, len(hashed))
+        logger.info(
+            "feature cache %s: rank %d of %d hashed %d new files", self.folder, rank, world_size, len(hashed)
+        )
 
     def plan(self) -> None:
         """Under the lock: validate and repair the files, give new images rows, write the index."""
@@ -362,8 +407,12 @@ class _Build:
         self.index = index
         doubtful = self._doubtful_rows(rows, store.read_states(self.folder, capacity))
         if doubtful:
-            logger.warning("%s: %d row states that neither the index nor the images bear out (a damaged file); "
-                           "recomputing those rows", self.folder / "state.bin", len(doubtful))
+            logger.warning(
+                "%s: %d row states that neither the index nor the images bear out (a damaged file); "
+                "recomputing those rows",
+                self.folder / "state.bin",
+                len(doubtful),
+            )
             store.mark_not_computed(self.folder, doubtful)
         self._refuse_recorded_bad(store.read_states(self.folder, capacity))
         new = [key for key, row in dict.fromkeys(zip(self.keys, rows)) if key is not None and row < 0]
@@ -373,8 +422,11 @@ class _Build:
             index["capacity"] = capacity + len(new)
         if new or self.hashed or problem:
             moved = {record.image_id: os.path.abspath(record.path) for record in self.records}
-            index["files"] = {path: entry for path, entry in index["files"].items()  # forget moved files
-                              if moved.get(entry[0], path) == path}
+            index["files"] = {
+                path: entry
+                for path, entry in index["files"].items()  # forget moved files
+                if moved.get(entry[0], path) == path
+            }
             index["files"].update(self.hashed)
             store.write_json_atomic(self.folder / "index.json", index)
             self.hashed = {}
@@ -397,11 +449,21 @@ class _Build:
             row = self.index["rows"].get(key, -1) if key is not None else -1
             if row >= 0 and states[row] == UNREADABLE:
                 message = self.index["bad"].get(key) or _message_of(record)
-                raise ImageError(f"{message} (recorded in {self.folder / 'index.json'}; set "
-                                 "data.skip_bad_images to skip such images)")
+                raise ImageError(
+                    f"{message} (recorded in {self.folder / 'index.json'}; set "
+                    "data.skip_bad_images to skip such images)"
+                )
 
-    def compute_share(self, encoder: GridEncoder, batch_size: int, device: torch.device, num_workers: int,
-                      progress: bool, rank: int, world_size: int) -> int:
+    def compute_share(
+        self,
+        encoder: GridEncoder,
+        batch_size: int,
+        device: torch.device,
+        num_workers: int,
+        progress: bool,
+        rank: int,
+        world_size: int,
+    ) -> int:
         """Compute this rank's share of the records' rows not computed yet; returns how many."""
         if rank != 0:
             self.index = store.read_index(self.folder, self.key)  # as rank 0 wrote it
@@ -409,10 +471,15 @@ class _Build:
         states = store.read_states(self.folder, self.index["capacity"])
         needed = sorted({row: record for row, record in zip(rows, self.records) if row >= 0}.items())
         pending = [(row, record) for row, record in needed if states[row] == NOT_COMPUTED]
-        share = pending[rank * len(pending) // world_size:(rank + 1) * len(pending) // world_size]
+        share = pending[rank * len(pending) // world_size : (rank + 1) * len(pending) // world_size]
         done = len(needed) - len(pending) if world_size == 1 else 0
-        bar = tqdm(total=done + len(share), initial=done, disable=not progress or not share, unit="img",
-                   desc=f"caching {encoder.name} features")
+        bar = tqdm(
+            total=done + len(share),
+            initial=done,
+            disable=not progress or not share,
+            unit="img",
+            desc=f"caching {encoder.name} features",
+        )
         try:
             if share:
                 self._fill(share, encoder, batch_size, device, num_workers, bar)
@@ -420,13 +487,25 @@ class _Build:
             bar.close()
         return len(share)
 
-    def _fill(self, share: list[tuple[int, ImageRecord]], encoder: GridEncoder, batch_size: int,
-              device: torch.device, num_workers: int, bar: tqdm) -> None:
+    def _fill(
+        self,
+        share: list[tuple[int, ImageRecord]],
+        encoder: GridEncoder,
+        batch_size: int,
+        device: torch.device,
+        num_workers: int,
+        bar: tqdm,
+    ) -> None:
         """Compute the rows of ``share`` in place; rows reach the disk before their states say so."""
         features = np.load(self.folder / "features.npy", mmap_mode="r+")  # (R, P, C) float16
         states = np.memmap(self.folder / "state.bin", dtype=np.uint8, mode="r+")  # (R,)
-        loader = DataLoader(_ImageFiles(share, encoder.transform, encoder.image_size), batch_size=batch_size,
-                            shuffle=False, num_workers=num_workers, pin_memory=device.type == "cuda")
+        loader = DataLoader(
+            _ImageFiles(share, encoder.transform, encoder.image_size),
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=num_workers,
+            pin_memory=device.type == "cuda",
+        )
         network = encoder.inference_copy().to(device)  # batch norms folded: the same features, faster
         try:
             with torch.inference_mode():
@@ -465,14 +544,24 @@ class _Build:
     def cache(self, computed: int) -> FeatureCache:
         """The ``FeatureCache`` over the records, warning about images without features."""
         index = self.index
-        rows = np.array([index["rows"].get(key, -1) if key is not None else -1 for key in self.keys],
-                        dtype=np.int64)
+        rows = np.array(
+            [index["rows"].get(key, -1) if key is not None else -1 for key in self.keys], dtype=np.int64
+        )
         bad = dict(self.missing)
-        bad.update({position: index["bad"][key] for position, key in enumerate(self.keys)
-                    if key is not None and key in index["bad"]})
+        bad.update(
+            {
+                position: index["bad"][key]
+                for position, key in enumerate(self.keys)
+                if key is not None and key in index["bad"]
+            }
+        )
         if bad:
-            logger.warning("%d of %d images could not be read and have zero features (listed under 'bad' in %s)",
-                           len(bad), len(self.records), self.folder / "index.json")
+            logger.warning(
+                "%d of %d images could not be read and have zero features (listed under 'bad' in %s)",
+                len(bad),
+                len(self.records),
+                self.folder / "index.json",
+            )
         return FeatureCache(self.folder, rows, self.grid_shape, bad, self.key["fingerprint"], computed)
 
 

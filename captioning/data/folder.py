@@ -26,8 +26,11 @@ def read_folder(folder: str | Path) -> list[ImageRecord]:
     if not folder.is_dir():
         raise DatasetError(f"{folder}: " + ("not a folder" if folder.exists() else "folder not found"))
     paths = sorted(
-        (p for p in folder.iterdir()
-         if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and not p.is_dir()),
+        (
+            p
+            for p in folder.iterdir()
+            if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and not p.is_dir()
+        ),
         key=lambda p: p.name,
     )
     if not paths:

@@ -21,8 +21,9 @@ from captioning.files import kind_of
 HASH_SPAN = 64 * 1024  # bytes hashed at each end of a file
 
 
-def stat_images(records: list[ImageRecord],
-                allow_missing: bool = False) -> tuple[list[os.stat_result | None], dict[int, str]]:
+def stat_images(
+    records: list[ImageRecord], allow_missing: bool = False
+) -> tuple[list[os.stat_result | None], dict[int, str]]:
     """``os.stat`` of every record's image, refusing missing files and anything but regular files.
 
     Args:
@@ -55,8 +56,14 @@ def stat_images(records: list[ImageRecord],
             state = None
         states.append(state)
     if problems and (not allow_missing or len(problems) == len(records)):
-        more = (f" (and {len(problems) - 1} more of the {len(records)} images are missing or not files; "
-                "is data.root right?)") if len(problems) > 1 else ""
+        more = (
+            (
+                f" (and {len(problems) - 1} more of the {len(records)} images are missing or not files; "
+                "is data.root right?)"
+            )
+            if len(problems) > 1
+            else ""
+        )
         raise ImageError(next(iter(problems.values())) + more)
     return states, problems
 

@@ -43,7 +43,9 @@ from captioning.text import tokenize
 
 METADATA_NAMES = ("metadata.jsonl", "metadata.csv")
 SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
-SPLIT_RULE = "no split given: in reading order, the 9th image of every 10 -> val, the 10th -> test, the rest -> train"
+SPLIT_RULE = (
+    "no split given: in reading order, the 9th image of every 10 -> val, the 10th -> test, the rest -> train"
+)
 
 
 @dataclass
@@ -78,13 +80,20 @@ def metadata_files(root: str | Path) -> list[tuple[Path, str | None]]:
     """
     root = Path(root)
     own = _metadata_in(root)
-    folders: list[tuple[Path, str | None]] = [(path, SPLIT_NAMES[name]) for name in SPLIT_NAMES
-               if (root / name).is_dir() and (path := _metadata_in(root / name)) is not None]
+    folders: list[tuple[Path, str | None]] = [
+        (path, SPLIT_NAMES[name])
+        for name in SPLIT_NAMES
+        if (root / name).is_dir() and (path := _metadata_in(root / name)) is not None
+    ]
     if own is not None and folders:
-        raise DatasetError(f"{own}: metadata at the root and in split sub-folders ({folders[0][0]}); keep one layout")
+        raise DatasetError(
+            f"{own}: metadata at the root and in split sub-folders ({folders[0][0]}); keep one layout"
+        )
     if own is None and not folders:
-        raise DatasetError(f"{root}: no {' or '.join(METADATA_NAMES)} there or in a split sub-folder "
-                           f"({', '.join(name + '/' for name in SPLIT_NAMES)})")
+        raise DatasetError(
+            f"{root}: no {' or '.join(METADATA_NAMES)} there or in a split sub-folder "
+            f"({', '.join(name + '/' for name in SPLIT_NAMES)})"
+        )
     return [(own, None)] if own is not None else folders
 
 
@@ -118,16 +127,21 @@ def read_imagefolder(root: str | Path, tokenizer: Callable[[str], list[str]] = t
                 image = images[path] = _Image(path, row.where, split, row.image_id)
                 _check_image_file(path, row)
             elif image.split != split:
-                raise DatasetError(f"{row.where}: {row.file_name!r} in split {split!r}, but {image.split!r} "
-                                   f"at {image.where}")
+                raise DatasetError(
+                    f"{row.where}: {row.file_name!r} in split {split!r}, but {image.split!r} at {image.where}"
+                )
             elif image.image_id != row.image_id:
-                raise DatasetError(f"{row.where}: {row.file_name!r} has image_id {row.image_id}, but "
-                                   f"{image.image_id} at {image.where}")
+                raise DatasetError(
+                    f"{row.where}: {row.file_name!r} has image_id {row.image_id}, but "
+                    f"{image.image_id} at {image.where}"
+                )
             if row.image_id is not None:
                 other, other_where = path_of_id.setdefault(row.image_id, (path, row.where))
                 if other != path:
-                    raise DatasetError(f"{row.where}: image_id {row.image_id} names {row.file_name!r}, but "
-                                       f"{other.name!r} at {other_where}")
+                    raise DatasetError(
+                        f"{row.where}: image_id {row.image_id} names {row.file_name!r}, but "
+                        f"{other.name!r} at {other_where}"
+                    )
             for caption in row.captions:
                 tokens = tokenizer(caption)
                 if not tokens:
@@ -135,10 +149,19 @@ def read_imagefolder(root: str | Path, tokenizer: Callable[[str], list[str]] = t
                 image.raw.append(caption)
                 image.captions.append(tuple(tokens))
     if not images:
-        raise DatasetError(f"{', '.join(str(path) for path, _ in files)}: no rows (one per image or per caption)")
-    records = [ImageRecord(image_id=number if image.image_id is None else image.image_id, path=image.path,
-                           split=image.split or "", captions=tuple(image.captions), raw=tuple(image.raw))
-               for number, image in enumerate(images.values(), start=1)]
+        raise DatasetError(
+            f"{', '.join(str(path) for path, _ in files)}: no rows (one per image or per caption)"
+        )
+    records = [
+        ImageRecord(
+            image_id=number if image.image_id is None else image.image_id,
+            path=image.path,
+            split=image.split or "",
+            captions=tuple(image.captions),
+            raw=tuple(image.raw),
+        )
+        for number, image in enumerate(images.values(), start=1)
+    ]
     splits_given = files[0][1] is not None or any(record.split for record in records)
     return records if splits_given else assign_splits(records)
 
@@ -174,7 +197,9 @@ def _check_optional(seen: list[bool], given: bool, name: str, where: str) -> Non
         seen.append(given)
     elif seen[0] != given:
         state = "no" if not given else "a"
-        raise DatasetError(f"{where}: {state} {name!r}, unlike the rows before it (give it on every row or on none)")
+        raise DatasetError(
+            f"{where}: {state} {name!r}, unlike the rows before it (give it on every row or on none)"
+        )
 
 
 def _check_image_file(path: Path, row: _Row) -> None:
@@ -218,11 +243,13 @@ def _csv_entries(file: Any, metadata: Path) -> Iterator[tuple[int, Any]]:
         header = len(reader.fieldnames or ())  # reads the header line
         for entry in reader:
             if None in entry:
-                raise DatasetError(f"{metadata}: line {reader.line_num}: more fields than the header's "
-                                   f"{header}")
+                raise DatasetError(
+                    f"{metadata}: line {reader.line_num}: more fields than the header's {header}"
+                )
             if None in entry.values():
-                raise DatasetError(f"{metadata}: line {reader.line_num}: fewer fields than the header's "
-                                   f"{header}")
+                raise DatasetError(
+                    f"{metadata}: line {reader.line_num}: fewer fields than the header's {header}"
+                )
             yield reader.line_num, {key: value for key, value in entry.items() if value != ""}
     except csv.Error as error:
         raise DatasetError(f"{metadata}: line {reader.line_num}: not valid CSV ({error})") from None
@@ -234,8 +261,14 @@ def _row(entry: Any, where: str, lists: bool) -> _Row:
         raise DatasetError(f"{where}: expected an object, got {type(entry).__name__}")
     file_name = entry.get("file_name")
     if not isinstance(file_name, str) or not file_name.strip():
-        raise DatasetError(f"{where}: " + ("missing field 'file_name'" if file_name is None
-                                           else f"field 'file_name' must be a non-empty string, got {file_name!r:.60}"))
+        raise DatasetError(
+            f"{where}: "
+            + (
+                "missing field 'file_name'"
+                if file_name is None
+                else f"field 'file_name' must be a non-empty string, got {file_name!r:.60}"
+            )
+        )
     if "caption" in entry and "text" in entry:
         raise DatasetError(f"{where}: both 'caption' and 'text'; give one")
     name = "caption" if "caption" in entry else "text"
@@ -245,14 +278,17 @@ def _row(entry: Any, where: str, lists: bool) -> _Row:
     if isinstance(captions, str) or not lists:
         captions = [captions]
     if not isinstance(captions, list) or not captions or not all(isinstance(c, str) for c in captions):
-        raise DatasetError(f"{where}: field {name!r} must be a string or a non-empty list of strings, "
-                           f"got {captions!r:.60}")
+        raise DatasetError(
+            f"{where}: field {name!r} must be a string or a non-empty list of strings, got {captions!r:.60}"
+        )
     if any(not caption.strip() for caption in captions):
         raise DatasetError(f"{where}: empty caption")
     split = entry.get("split")
     if split is not None and split not in SPLIT_NAMES:
         raise DatasetError(f"{where}: unknown split {split!r:.40} (expected {', '.join(SPLIT_NAMES)})")
-    return _Row(where, file_name, captions, None if split is None else SPLIT_NAMES[split], _image_id(entry, where))
+    return _Row(
+        where, file_name, captions, None if split is None else SPLIT_NAMES[split], _image_id(entry, where)
+    )
 
 
 def _image_id(entry: dict, where: str) -> int | None:

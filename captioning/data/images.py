@@ -124,18 +124,24 @@ def as_rgb_image(value: object, entry: str) -> Image.Image:
     elif isinstance(value, np.ndarray):
         layout = "an (H, W, C) array"
     else:
-        raise ImageError(f"{entry}: expected an image path, a PIL image, a (C, H, W) tensor or an (H, W, C) "
-                         f"array, got {type(value).__name__}")
+        raise ImageError(
+            f"{entry}: expected an image path, a PIL image, a (C, H, W) tensor or an (H, W, C) "
+            f"array, got {type(value).__name__}"
+        )
     pixels = value[:, :, None] if value.ndim == 2 else value  # (H, W, C)
     if pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4) or min(pixels.shape[:2]) < 1:
-        raise ImageError(f"{entry}: as {layout}, an image needs 1, 3 or 4 channels and a size of at least 1x1, "
-                         f"got shape {tuple(value.shape)}")
+        raise ImageError(
+            f"{entry}: as {layout}, an image needs 1, 3 or 4 channels and a size of at least 1x1, "
+            f"got shape {tuple(value.shape)}"
+        )
     if pixels.dtype == np.uint8:
         data = pixels
     elif np.issubdtype(pixels.dtype, np.floating):
         if not np.isfinite(pixels).all() or pixels.min() < 0 or pixels.max() > 1:
-            raise ImageError(f"{entry}: floating-point pixels must be finite and in [0, 1], got values in "
-                             f"[{np.nanmin(pixels):.3g}, {np.nanmax(pixels):.3g}]")
+            raise ImageError(
+                f"{entry}: floating-point pixels must be finite and in [0, 1], got values in "
+                f"[{np.nanmin(pixels):.3g}, {np.nanmax(pixels):.3g}]"
+            )
         data = np.rint(pixels.astype(np.float64) * 255).astype(np.uint8)
     else:
         raise ImageError(f"{entry}: pixels must be uint8 (0-255) or floating point (0-1), got {pixels.dtype}")

@@ -81,9 +81,10 @@ def image_path_under(image_root: Path, relative: str, where: str) -> Path:
     if "\x00" in relative:  # no file can have such a name; say so rather than "not found"
         raise DatasetError(f"{where}: image path {relative!r} contains a NUL character")
     posix = PurePosixPath(relative.replace("\\", "/"))
-    if (not relative or posix.is_absolute() or PureWindowsPath(relative).drive or ".." in posix.parts):
-        raise DatasetError(f"{where}: image path {relative!r} must be relative to the image root "
-                           "and must not contain '..'")
+    if not relative or posix.is_absolute() or PureWindowsPath(relative).drive or ".." in posix.parts:
+        raise DatasetError(
+            f"{where}: image path {relative!r} must be relative to the image root and must not contain '..'"
+        )
     return image_root / posix
 
 
@@ -102,12 +103,17 @@ class SkipLog:
 
     def report(self) -> None:
         for reason, count in self.counts.items():
-            self.log.warning("%s: skipped %d %s (first: %s)", self.source, count, reason,
-                           self.first_entry[reason])
+            self.log.warning(
+                "%s: skipped %d %s (first: %s)", self.source, count, reason, self.first_entry[reason]
+            )
 
 
-def read_karpathy(split_file: str | Path, image_root: str | Path, restval_to_train: bool = True,
-                  tokenizer: Callable[[str], list[str]] | None = None) -> list[ImageRecord]:
+def read_karpathy(
+    split_file: str | Path,
+    image_root: str | Path,
+    restval_to_train: bool = True,
+    tokenizer: Callable[[str], list[str]] | None = None,
+) -> list[ImageRecord]:
     """Read a Karpathy split file into one record per image, in file order.
 
     Args:
@@ -128,8 +134,9 @@ def read_karpathy(split_file: str | Path, image_root: str | Path, restval_to_tra
     source = split_file.name
     data = read_json(split_file)
     if not isinstance(data, dict):
-        raise DatasetError(f"{source}: expected a JSON object with an 'images' list, "
-                           f"got {type(data).__name__}")
+        raise DatasetError(
+            f"{source}: expected a JSON object with an 'images' list, got {type(data).__name__}"
+        )
     images = require_field(data, "images", list, source)
     skipped = SkipLog(source)
     records: list[ImageRecord] = []
@@ -137,8 +144,9 @@ def read_karpathy(split_file: str | Path, image_root: str | Path, restval_to_tra
     for position, entry in enumerate(images):
         image_id, where = _image_id(entry, f"{source}: image {position}")
         if image_id in position_of_id:
-            raise DatasetError(f"{where}: duplicate image id {image_id} "
-                               f"(also image {position_of_id[image_id]})")
+            raise DatasetError(
+                f"{where}: duplicate image id {image_id} (also image {position_of_id[image_id]})"
+            )
         position_of_id[image_id] = position
         record = _read_image(entry, image_id, where, image_root, restval_to_train, skipped, tokenizer)
         if record is not None:
@@ -154,8 +162,15 @@ def _image_id(entry: Any, where: str) -> tuple[int, str]:
     return image_id, f"{where} ({id_field} {image_id})"
 
 
-def _read_image(entry: dict, image_id: int, where: str, image_root: Path, restval_to_train: bool,
-                skipped: SkipLog, tokenizer: Callable[[str], list[str]] | None) -> ImageRecord | None:
+def _read_image(
+    entry: dict,
+    image_id: int,
+    where: str,
+    image_root: Path,
+    restval_to_train: bool,
+    skipped: SkipLog,
+    tokenizer: Callable[[str], list[str]] | None,
+) -> ImageRecord | None:
     filename = require_field(entry, "filename", str, where)
     if not filename.strip():
         raise DatasetError(f"{where}: empty field 'filename'")

@@ -96,13 +96,23 @@ def _pack_split(records: list[tuple[int, ImageRecord]], image_root: Path) -> dic
         raws_per_image.append(len(record.raw))
     words_blob, word_ends = _pack_text(list(word_ids))
     raw_blob, raw_ends = _pack_text(raws)
-    paths_blob, path_ends = _pack_text([record.path.relative_to(image_root).as_posix() for _, record in records])
-    return {"positions": np.array([p for p, _ in records], dtype=np.int64),
-            "image_ids": np.array([r.image_id for _, r in records], dtype=np.int64),
-            "paths": paths_blob, "path_ends": path_ends, "words": words_blob, "word_ends": word_ends,
-            "tokens": np.frombuffer(tokens, dtype=np.int32), "caption_ends": np.array(caption_ends, dtype=np.int64),
-            "captions_per_image": np.array(captions_per_image, dtype=np.int64),
-            "raw": raw_blob, "raw_ends": raw_ends, "raws_per_image": np.array(raws_per_image, dtype=np.int64)}
+    paths_blob, path_ends = _pack_text(
+        [record.path.relative_to(image_root).as_posix() for _, record in records]
+    )
+    return {
+        "positions": np.array([p for p, _ in records], dtype=np.int64),
+        "image_ids": np.array([r.image_id for _, r in records], dtype=np.int64),
+        "paths": paths_blob,
+        "path_ends": path_ends,
+        "words": words_blob,
+        "word_ends": word_ends,
+        "tokens": np.frombuffer(tokens, dtype=np.int32),
+        "caption_ends": np.array(caption_ends, dtype=np.int64),
+        "captions_per_image": np.array(captions_per_image, dtype=np.int64),
+        "raw": raw_blob,
+        "raw_ends": raw_ends,
+        "raws_per_image": np.array(raws_per_image, dtype=np.int64),
+    }
 
 
 def _unpack_split(arrays: Any, split: str, image_root: Path) -> list[tuple[int, ImageRecord]]:
@@ -114,11 +124,21 @@ def _unpack_split(arrays: Any, split: str, image_root: Path) -> list[tuple[int, 
     caption_bounds = np.cumsum(np.concatenate([[0], arrays["captions_per_image"]])).tolist()
     raw_bounds = np.cumsum(np.concatenate([[0], arrays["raws_per_image"]])).tolist()
     paths = _unpack_text(arrays["paths"], arrays["path_ends"])
-    return [(position, ImageRecord(image_id=image_id, path=image_root / path, split=split,
-                                   captions=tuple(captions[caption_bounds[i]:caption_bounds[i + 1]]),
-                                   raw=tuple(raws[raw_bounds[i]:raw_bounds[i + 1]])))
-            for i, (position, image_id, path) in enumerate(zip(arrays["positions"].tolist(),
-                                                               arrays["image_ids"].tolist(), paths))]
+    return [
+        (
+            position,
+            ImageRecord(
+                image_id=image_id,
+                path=image_root / path,
+                split=split,
+                captions=tuple(captions[caption_bounds[i] : caption_bounds[i + 1]]),
+                raw=tuple(raws[raw_bounds[i] : raw_bounds[i + 1]]),
+            ),
+        )
+        for i, (position, image_id, path) in enumerate(
+            zip(arrays["positions"].tolist(), arrays["image_ids"].tolist(), paths)
+        )
+    ]
 
 
 class _Remember(logging.Handler):
@@ -151,8 +171,12 @@ def _read_meta(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and meta.get("key") == key else None
 
 
-def load_indexed(config: DataConfig, read: Callable[[DataConfig], list[ImageRecord]],
-                 splits: Collection[str] | None, writable: bool) -> list[ImageRecord]:
+def load_indexed(
+    config: DataConfig,
+    read: Callable[[DataConfig], list[ImageRecord]],
+    splits: Collection[str] | None,
+    writable: bool,
+) -> list[ImageRecord]:
     """The records of ``splits`` (all when None), from the index when it is current, else from ``read``.
 
     Args:
@@ -162,11 +186,19 @@ def load_indexed(config: DataConfig, read: Callable[[DataConfig], list[ImageReco
         writable: write the index after reading the source (training and caching runs).
     """
     try:
-        key = {"format": FORMAT_VERSION, "dataset": config.dataset, "restval_to_train": config.restval_to_train,
-               "tokenizer": config.tokenizer, "sources": [_file_hash(path) for path in source_files(config)], "code": _code_hash()}
+        key = {
+            "format": FORMAT_VERSION,
+            "dataset": config.dataset,
+            "restval_to_train": config.restval_to_train,
+            "tokenizer": config.tokenizer,
+            "sources": [_file_hash(path) for path in source_files(config)],
+            "code": _code_hash(),
+        }
     except OSError:
         return _select(read(config), splits)  # the reader names the missing or unreadable file
-    folder = records_dir(config) / f"{config.dataset}-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}"
+    folder = (
+        records_dir(config) / f"{config.dataset}-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}"
+    )
     root = Path(config.root)
     meta = _read_meta(folder, key)
     if meta is not None:
@@ -190,7 +222,7 @@ def load_indexed(config: DataConfig, read: Callable[[DataConfig], list[ImageReco
     finally:
         data_logger.removeHandler(remember)
     # Ids beyond 64 bits cannot be indexed; load_records refuses them, naming the source file.
-    if writable and all(-(2 ** 63) <= record.image_id < 2 ** 63 for record in records):
+    if writable and all(-(2**63) <= record.image_id < 2**63 for record in records):
         _write(folder, key, records, root, remember.lines)
     return _select(records, splits)
 
@@ -210,7 +242,10 @@ def _write(folder: Path, key: dict[str, Any], records: list[ImageRecord], root: 
             atomic_write(folder / f"{split}.npz", write)
         meta = json.dumps({"key": key, "splits": list(by_split), "warnings": warnings})
         atomic_write(folder / "meta.json", lambda path: path.write_text(meta, encoding="utf-8"))
-    except (OSError, ValueError) as error:  # a read-only data root: the run goes on, the next start reads again
+    except (
+        OSError,
+        ValueError,
+    ) as error:  # a read-only data root: the run goes on, the next start reads again
         logger.warning("cannot write the dataset index in %s (%s)", folder, str(error).splitlines()[0])
 
 

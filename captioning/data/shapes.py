@@ -51,8 +51,13 @@ SPLITS = ("train", "val", "test")
 CAPTIONS_PER_IMAGE = 5
 FORMAT_VERSION = 2  # raise when the output for given parameters changes, so old folders are regenerated
 
-_COLOR_RGB = {"red": (214, 39, 40), "green": (44, 160, 44), "blue": (31, 90, 200),
-              "yellow": (232, 186, 20), "purple": (140, 70, 180)}
+_COLOR_RGB = {
+    "red": (214, 39, 40),
+    "green": (44, 160, 44),
+    "blue": (31, 90, 200),
+    "yellow": (232, 186, 20),
+    "purple": (140, 70, 180),
+}
 _SIZE_FRACTION = {"small": 0.20, "large": 0.38}  # side of the shape's box / side of the image
 _SIZE_JITTER = 0.06  # relative spread of the side within a size class
 _GAP_FRACTION = 0.04  # least free space between two boxes, and between a box and the border
@@ -64,11 +69,22 @@ _NOISE = 5  # grey levels of uniform noise, on 2x2 pixel blocks
 # without) and which relation phrase it uses. The variety between an image's five captions comes
 # from the templates; within one template the caption follows from the image alone, so a model
 # can learn to say exactly what a reference says.
-_SINGLE_TEMPLATES = ("{a}", "there is one {w}", "a picture of {a_}", "one {w} on a plain background",
-                     "a single {w_}", "an image showing {a}")
-_GROUP_TEMPLATES = (("{a} {rel} {b}{rest}", 0), ("there is {a_} {rel} {b_}{rest_}", 1),
-                    ("{a} is {rel} {b}{rest}", 0), ("{all}", 0), ("{count} shapes: {all_}", 0),
-                    ("{a_} sits {rel} {b_}{rest_}", 1))
+_SINGLE_TEMPLATES = (
+    "{a}",
+    "there is one {w}",
+    "a picture of {a_}",
+    "one {w} on a plain background",
+    "a single {w_}",
+    "an image showing {a}",
+)
+_GROUP_TEMPLATES = (
+    ("{a} {rel} {b}{rest}", 0),
+    ("there is {a_} {rel} {b_}{rest_}", 1),
+    ("{a} is {rel} {b}{rest}", 0),
+    ("{all}", 0),
+    ("{count} shapes: {all_}", 0),
+    ("{a_} sits {rel} {b_}{rest_}", 1),
+)
 _COUNT_WORDS = {2: "two", 3: "three"}
 MAX_OBJECTS = 3
 
@@ -118,14 +134,24 @@ def relation(first: ShapeObject, second: ShapeObject) -> str:
 def shapes_files(root: str | Path) -> ShapesFiles:
     """The file paths of a Shapes folder (generated or not)."""
     root = Path(root)
-    return ShapesFiles(root=root, split_file=root / "dataset_shapes.json",
-                       instances=root / "instances_shapes.json",
-                       captions={split: root / f"captions_{split}.json" for split in SPLITS},
-                       manifest=root / "shapes_manifest.json")
+    return ShapesFiles(
+        root=root,
+        split_file=root / "dataset_shapes.json",
+        instances=root / "instances_shapes.json",
+        captions={split: root / f"captions_{split}.json" for split in SPLITS},
+        manifest=root / "shapes_manifest.json",
+    )
 
 
-def generate_shapes(root: str | Path, seed: int = 0, num_train: int = 2000, num_val: int = 200,
-                    num_test: int = 200, image_size: int = 224, max_objects: int = 3) -> ShapesFiles:
+def generate_shapes(
+    root: str | Path,
+    seed: int = 0,
+    num_train: int = 2000,
+    num_val: int = 200,
+    num_test: int = 200,
+    image_size: int = 224,
+    max_objects: int = 3,
+) -> ShapesFiles:
     """Write the Shapes dataset under ``root``, or reuse it if it was written with the same parameters.
 
     Args:
@@ -143,8 +169,13 @@ def generate_shapes(root: str | Path, seed: int = 0, num_train: int = 2000, num_
         raise ValueError(f"image_size must be >= 32, got {image_size}")
     files = shapes_files(root)
     counts = {"train": num_train, "val": num_val, "test": num_test}
-    parameters = {"format_version": FORMAT_VERSION, "seed": seed, "image_size": image_size,
-                  "max_objects": max_objects, **{f"num_{split}": n for split, n in counts.items()}}
+    parameters = {
+        "format_version": FORMAT_VERSION,
+        "seed": seed,
+        "image_size": image_size,
+        "max_objects": max_objects,
+        **{f"num_{split}": n for split, n in counts.items()},
+    }
     layout = _image_layout(counts)
     if _is_complete(files, parameters, layout):
         return files
@@ -284,54 +315,94 @@ def _captions(objects: list[ShapeObject], rng: np.random.Generator) -> list[str]
     captions = []
     for template_id in rng.permutation(len(_GROUP_TEMPLATES))[:CAPTIONS_PER_IMAGE]:
         template, relation_choice = _GROUP_TEMPLATES[template_id]
-        captions.append(template.format(
-            a=full[0], b=full[1], a_=short[0], b_=short[1], rel=options[relation_choice],
-            rest="".join(f" and {phrase}" for phrase in full[2:]),
-            rest_="".join(f" and {phrase}" for phrase in short[2:]),
-            all=" and ".join([", ".join(full[:-1]), full[-1]]),
-            all_=" and ".join([", ".join(short[:-1]), short[-1]]), count=_COUNT_WORDS[len(objects)]))
+        captions.append(
+            template.format(
+                a=full[0],
+                b=full[1],
+                a_=short[0],
+                b_=short[1],
+                rel=options[relation_choice],
+                rest="".join(f" and {phrase}" for phrase in full[2:]),
+                rest_="".join(f" and {phrase}" for phrase in short[2:]),
+                all=" and ".join([", ".join(full[:-1]), full[-1]]),
+                all_=" and ".join([", ".join(short[:-1]), short[-1]]),
+                count=_COUNT_WORDS[len(objects)],
+            )
+        )
     return captions
 
 
 def _karpathy_json(images: list[_GeneratedImage]) -> dict:
     entries, sentence_id = [], 0
     for position, (image_id, split, _, captions) in enumerate(images):
-        sentences = [{"tokens": tokenize(raw), "raw": raw, "imgid": position, "sentid": sentence_id + k}
-                     for k, raw in enumerate(captions)]
-        entries.append({"filepath": split, "filename": _file_name(image_id),
-                        "imgid": position, "cocoid": image_id, "split": split,
-                        "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
+        sentences = [
+            {"tokens": tokenize(raw), "raw": raw, "imgid": position, "sentid": sentence_id + k}
+            for k, raw in enumerate(captions)
+        ]
+        entries.append(
+            {
+                "filepath": split,
+                "filename": _file_name(image_id),
+                "imgid": position,
+                "cocoid": image_id,
+                "split": split,
+                "sentids": [s["sentid"] for s in sentences],
+                "sentences": sentences,
+            }
+        )
         sentence_id += len(sentences)
     return {"dataset": "shapes", "images": entries}
 
 
 def _coco_image(image_id: int, split: str, image_size: int) -> dict:
-    return {"id": image_id, "file_name": _relative_path(split, image_id), "width": image_size,
-            "height": image_size}
+    return {
+        "id": image_id,
+        "file_name": _relative_path(split, image_id),
+        "width": image_size,
+        "height": image_size,
+    }
 
 
 def _instances_json(images: list[_GeneratedImage], image_size: int) -> dict:
     annotations = []
     for image_id, _, objects, _ in images:
         for obj in objects:
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id,
-                                "category_id": SHAPE_WORDS.index(obj.shape) + 1, "bbox": list(obj.box),
-                                "area": round(_shape_area(obj), 2), "iscrowd": 0,
-                                "color": obj.color, "size": obj.size})
-    return {"info": {"description": "Shapes synthetic dataset: object boxes"}, "licenses": [],
-            "images": [_coco_image(image_id, split, image_size) for image_id, split, _, _ in images],
-            "annotations": annotations,
-            "categories": [{"id": i + 1, "name": name, "supercategory": "shape"}
-                           for i, name in enumerate(SHAPE_WORDS)]}
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": SHAPE_WORDS.index(obj.shape) + 1,
+                    "bbox": list(obj.box),
+                    "area": round(_shape_area(obj), 2),
+                    "iscrowd": 0,
+                    "color": obj.color,
+                    "size": obj.size,
+                }
+            )
+    return {
+        "info": {"description": "Shapes synthetic dataset: object boxes"},
+        "licenses": [],
+        "images": [_coco_image(image_id, split, image_size) for image_id, split, _, _ in images],
+        "annotations": annotations,
+        "categories": [
+            {"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPE_WORDS)
+        ],
+    }
 
 
 def _captions_json(images: list[_GeneratedImage], split: str, image_size: int) -> dict:
     in_split = [(image_id, captions) for image_id, image_split, _, captions in images if image_split == split]
-    annotations = [{"id": image_id * CAPTIONS_PER_IMAGE + k, "image_id": image_id, "caption": caption}
-                   for image_id, captions in in_split for k, caption in enumerate(captions)]
-    return {"info": {"description": f"Shapes synthetic dataset: {split} captions"}, "licenses": [],
-            "images": [_coco_image(image_id, split, image_size) for image_id, _ in in_split],
-            "annotations": annotations}
+    annotations = [
+        {"id": image_id * CAPTIONS_PER_IMAGE + k, "image_id": image_id, "caption": caption}
+        for image_id, captions in in_split
+        for k, caption in enumerate(captions)
+    ]
+    return {
+        "info": {"description": f"Shapes synthetic dataset: {split} captions"},
+        "licenses": [],
+        "images": [_coco_image(image_id, split, image_size) for image_id, _ in in_split],
+        "annotations": annotations,
+    }
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -20,7 +20,20 @@ from captioning.evaluation.metrics import (
 )
 
 __all__ = [
-    "COCO_WORDS", "METRICS", "NLTK_BLEU", "CategoryWords", "CiderDScorer", "EvaluationInputError", "Instances",
-    "ObjectBox", "Scores", "WordMatcher", "grounding_scores", "load_coco_references", "load_instances",
-    "load_results", "mentioned_categories", "score_captions",
+    "COCO_WORDS",
+    "METRICS",
+    "NLTK_BLEU",
+    "CategoryWords",
+    "CiderDScorer",
+    "EvaluationInputError",
+    "Instances",
+    "ObjectBox",
+    "Scores",
+    "WordMatcher",
+    "grounding_scores",
+    "load_coco_references",
+    "load_instances",
+    "load_results",
+    "mentioned_categories",
+    "score_captions",
 ]

@@ -29,8 +29,9 @@ from captioning.files import atomic_write, not_a_regular_file, output_note, same
 # and how it was started (a run resumed after preemption computes what an uninterrupted one does).
 SEED_KEYS = frozenset(["train.seed", "train.output_dir", "train.resume", "train.overwrite"])
 # Numbers of a scores file that count things rather than measure the captions.
-COUNT_KEYS = frozenset(["images", "grounding-words", "grounding-images", "CHAIR-mentions", "CHAIR-hallucinated",
-                        "CHAIR-images"])
+COUNT_KEYS = frozenset(
+    ["images", "grounding-words", "grounding-images", "CHAIR-mentions", "CHAIR-hallucinated", "CHAIR-images"]
+)
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -50,7 +51,9 @@ def run_configuration(scores_path: Path) -> dict[str, Any]:
     if not_a_regular_file(config_path):
         raise ConfigError(f"{config_path}: {not_a_regular_file(config_path)}")
     if not config_path.is_file():
-        raise ConfigError(f"{scores_path}: no config.yaml beside it (aggregate the test_scores.json of run folders)")
+        raise ConfigError(
+            f"{scores_path}: no config.yaml beside it (aggregate the test_scores.json of run folders)"
+        )
     return flatten(to_dict(load_config(config_path)))
 
 
@@ -68,13 +71,17 @@ def check_same_configuration(paths: Sequence[Path], configs: Sequence[Mapping[st
     first = configs[0]
     for path, config in zip(paths[1:], configs[1:]):
         if first.get(DECODER_KIND) != config.get(DECODER_KIND):
-            raise ConfigError(f"{path}: {DECODER_KIND}: {config.get(DECODER_KIND)!r} here but "
-                              f"{first.get(DECODER_KIND)!r} in {paths[0]}; runs of different decoders do not "
-                              "aggregate (compare them with --compare ... --against ...)")
+            raise ConfigError(
+                f"{path}: {DECODER_KIND}: {config.get(DECODER_KIND)!r} here but "
+                f"{first.get(DECODER_KIND)!r} in {paths[0]}; runs of different decoders do not "
+                "aggregate (compare them with --compare ... --against ...)"
+            )
         for key in sorted(set(first) | set(config)):
             if key not in SEED_KEYS and first.get(key) != config.get(key):
-                raise ConfigError(f"{path}: {key}: {config.get(key)!r} here but {first.get(key)!r} in {paths[0]}; "
-                                  "runs aggregate only when they differ in train.seed alone")
+                raise ConfigError(
+                    f"{path}: {key}: {config.get(key)!r} here but {first.get(key)!r} in {paths[0]}; "
+                    "runs aggregate only when they differ in train.seed alone"
+                )
 
 
 def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -86,6 +93,7 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     Returns:
         metric -> ``{"mean", "std", "min", "max", "ci_low", "ci_high"}``, in the first run's key order.
     """
+
     def number(value: Any) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -97,8 +105,14 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
         half = float(student_t.ppf(0.975, len(values) - 1)) * std / math.sqrt(len(values))
-        summary[key] = {"mean": mean, "std": std, "min": min(values), "max": max(values),
-                        "ci_low": mean - half, "ci_high": mean + half}
+        summary[key] = {
+            "mean": mean,
+            "std": std,
+            "min": min(values),
+            "max": max(values),
+            "ci_low": mean - half,
+            "ci_high": mean + half,
+        }
     return summary
 
 
@@ -114,11 +128,15 @@ def check_metrics(paths: Sequence[Path], runs: Sequence[Mapping[str, Any]]) -> N
     Raises:
         EvaluationInputError: ``<file>: <metric>: <what it is> (a number in <another file>)``.
     """
+
     def numeric(value: Any) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool)
 
-    metrics = [key for key in dict.fromkeys(key for run in runs for key in run)
-               if key not in COUNT_KEYS and any(numeric(run.get(key)) for run in runs)]
+    metrics = [
+        key
+        for key in dict.fromkeys(key for run in runs for key in run)
+        if key not in COUNT_KEYS and any(numeric(run.get(key)) for run in runs)
+    ]
     if not metrics:
         raise EvaluationInputError(f"{paths[0]}: holds no metric (nor does any other scores file given)")
     for key in metrics:
@@ -133,8 +151,9 @@ def check_metrics(paths: Sequence[Path], runs: Sequence[Mapping[str, Any]]) -> N
                 what = f"{value!r} is not a finite score within +-{MAX_METRIC:g}"
             else:
                 continue
-            raise EvaluationInputError(f"{path}: {key}: {what} (a number in {reference}); every run must "
-                                       "report the same metrics")
+            raise EvaluationInputError(
+                f"{path}: {key}: {what} (a number in {reference}); every run must report the same metrics"
+            )
 
 
 def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
@@ -161,14 +180,19 @@ def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise EvaluationInputError(f"{path}: expected a scores JSON object, got {type(data).__name__}")
         if not isinstance(data.get("signature", ""), str):
-            raise EvaluationInputError(f"{path}: signature must be a string, got {type(data['signature']).__name__}")
+            raise EvaluationInputError(
+                f"{path}: signature must be a string, got {type(data['signature']).__name__}"
+            )
         scores.append(data)
     check_metrics(paths, scores)
     configs = [run_configuration(Path(path)) for path in paths]
     check_same_configuration(list(paths), configs)
-    return {"metrics": summarise(scores), "runs": [str(p) for p in paths],
-            "seeds": [config["train.seed"] for config in configs],
-            "signatures": [run.get("signature", "") for run in scores]}
+    return {
+        "metrics": summarise(scores),
+        "runs": [str(p) for p in paths],
+        "seeds": [config["train.seed"] for config in configs],
+        "signatures": [run.get("signature", "") for run in scores],
+    }
 
 
 def aggregate_table(aggregate: Mapping[str, Any]) -> str:
@@ -178,10 +202,14 @@ def aggregate_table(aggregate: Mapping[str, Any]) -> str:
     header = f"{'metric':<{width}}  {'mean':>7}  {'std':>6}  {'min':>7}  {'max':>7}  {'95% interval':>18}"
     lines = [header, "-" * len(header)]
     for name, s in metrics.items():
-        lines.append(f"{name:<{width}}  {100 * s['mean']:7.2f}  {100 * s['std']:6.2f}  {100 * s['min']:7.2f}  "
-                     f"{100 * s['max']:7.2f}  [{100 * s['ci_low']:7.2f}, {100 * s['ci_high']:7.2f}]")
-    lines.append(f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; std over runs (n - 1); "
-                 "interval of the mean over seeds (Student's t)")
+        lines.append(
+            f"{name:<{width}}  {100 * s['mean']:7.2f}  {100 * s['std']:6.2f}  {100 * s['min']:7.2f}  "
+            f"{100 * s['max']:7.2f}  [{100 * s['ci_low']:7.2f}, {100 * s['ci_high']:7.2f}]"
+        )
+    lines.append(
+        f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; std over runs (n - 1); "
+        "interval of the mean over seeds (Student's t)"
+    )
     return "\n".join(lines)
 
 

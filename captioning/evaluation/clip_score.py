@@ -52,8 +52,9 @@ class ClipScorer:
     description: str
 
 
-def load_clip_scorer(weights: str = "pretrained", name: str = CLIP_MODEL,
-                     device: torch.device | None = None) -> ClipScorer:
+def load_clip_scorer(
+    weights: str = "pretrained", name: str = CLIP_MODEL, device: torch.device | None = None
+) -> ClipScorer:
     """The CLIP model of CLIP-S with ``weights`` ("pretrained" or a file; "none" is refused).
 
     Raises:
@@ -65,20 +66,29 @@ def load_clip_scorer(weights: str = "pretrained", name: str = CLIP_MODEL,
     model, resolved, open_clip = load_clip(name, weights, setting="--clip-score")
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
-    preprocess = image_transform_v2(PreprocessCfg(**open_clip.get_model_preprocess_cfg(model)), is_train=False)
+    preprocess = image_transform_v2(
+        PreprocessCfg(**open_clip.get_model_preprocess_cfg(model)), is_train=False
+    )
     architecture, tag = parse_clip_name(name)
     digest = file_identity(resolved.path)["sha256"][:12] if resolved.path is not None else "none"
-    return ClipScorer(model.to(device or torch.device("cpu")).eval(), preprocess,
-                      open_clip.get_tokenizer(architecture), f"{architecture}.{tag or 'untagged'}.{digest}")
+    return ClipScorer(
+        model.to(device or torch.device("cpu")).eval(),
+        preprocess,
+        open_clip.get_tokenizer(architecture),
+        f"{architecture}.{tag or 'untagged'}.{digest}",
+    )
 
 
 @torch.inference_mode()
 def _text_embeddings(scorer: ClipScorer, captions: Sequence[str], batch_size: int) -> torch.Tensor:
     """(N,) captions -> (N, D) L2-normalised embeddings of ``TEXT_PREFIX + " " + caption``."""
     device = next(scorer.model.parameters()).device
-    chunks = [scorer.model.encode_text(scorer.tokenize([f"{TEXT_PREFIX} {c}" for c in captions[i:i + batch_size]])
-                                       .to(device)).float()
-              for i in range(0, len(captions), batch_size)]
+    chunks = [
+        scorer.model.encode_text(
+            scorer.tokenize([f"{TEXT_PREFIX} {c}" for c in captions[i : i + batch_size]]).to(device)
+        ).float()
+        for i in range(0, len(captions), batch_size)
+    ]
     return nn.functional.normalize(torch.cat(chunks), dim=-1)
 
 
@@ -88,7 +98,9 @@ def _image_embeddings(scorer: ClipScorer, images: Sequence[Path], batch_size: in
     device = next(scorer.model.parameters()).device
     chunks = []
     for start in range(0, len(images), batch_size):
-        pixels = torch.stack([scorer.preprocess(load_image(path)) for path in images[start:start + batch_size]])
+        pixels = torch.stack(
+            [scorer.preprocess(load_image(path)) for path in images[start : start + batch_size]]
+        )
         chunks.append(scorer.model.encode_image(pixels.to(device)).float())  # (b, D)
     return nn.functional.normalize(torch.cat(chunks), dim=-1)
 
@@ -99,8 +111,13 @@ def harmonic_mean(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, 2 * first * second / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
 
 
-def clip_scores(scorer: ClipScorer, images: Mapping[int, Path], candidates: Mapping[int, str],
-                references: Mapping[int, Sequence[str]] | None = None, batch_size: int = 64) -> dict[str, Any]:
+def clip_scores(
+    scorer: ClipScorer,
+    images: Mapping[int, Path],
+    candidates: Mapping[int, str],
+    references: Mapping[int, Sequence[str]] | None = None,
+    batch_size: int = 64,
+) -> dict[str, Any]:
     """CLIP-S (and RefCLIP-S when ``references`` are given) of each image's candidate caption.
 
     Args:

@@ -36,14 +36,74 @@ from typing import NamedTuple
 
 # Category -> the singular words and phrases that name it (the category's own name is added).
 COCO_SYNONYMS: Mapping[str, tuple[str, ...]] = {
-    "person": ("man", "woman", "boy", "girl", "child", "kid", "baby", "toddler", "teenager", "teen", "adult",
-               "guy", "lady", "gentleman", "people", "persons", "player", "skier", "surfer", "skateboarder",
-               "snowboarder", "skater", "rider", "biker", "cyclist", "bicyclist", "motorcyclist",
-               "pedestrian", "passenger", "tourist", "crowd", "worker", "chef", "umpire", "catcher",
-               "referee", "officer", "policeman", "firefighter", "soldier", "student", "teacher", "mother",
-               "father", "mom", "dad", "son", "daughter", "bride", "groom", "family", "friend", "spectator",
-               "athlete", "swimmer", "driver", "hiker", "dancer", "performer", "musician", "jockey", "cowboy",
-               "someone", "somebody", "male", "female"),
+    "person": (
+        "man",
+        "woman",
+        "boy",
+        "girl",
+        "child",
+        "kid",
+        "baby",
+        "toddler",
+        "teenager",
+        "teen",
+        "adult",
+        "guy",
+        "lady",
+        "gentleman",
+        "people",
+        "persons",
+        "player",
+        "skier",
+        "surfer",
+        "skateboarder",
+        "snowboarder",
+        "skater",
+        "rider",
+        "biker",
+        "cyclist",
+        "bicyclist",
+        "motorcyclist",
+        "pedestrian",
+        "passenger",
+        "tourist",
+        "crowd",
+        "worker",
+        "chef",
+        "umpire",
+        "catcher",
+        "referee",
+        "officer",
+        "policeman",
+        "firefighter",
+        "soldier",
+        "student",
+        "teacher",
+        "mother",
+        "father",
+        "mom",
+        "dad",
+        "son",
+        "daughter",
+        "bride",
+        "groom",
+        "family",
+        "friend",
+        "spectator",
+        "athlete",
+        "swimmer",
+        "driver",
+        "hiker",
+        "dancer",
+        "performer",
+        "musician",
+        "jockey",
+        "cowboy",
+        "someone",
+        "somebody",
+        "male",
+        "female",
+    ),
     "bicycle": ("bike", "cycle"),
     "car": ("automobile", "taxi", "cab", "suv", "sedan", "van", "minivan", "jeep"),
     "motorcycle": ("motorbike", "motor bike", "motor cycle", "dirt bike", "scooter", "moped"),
@@ -51,19 +111,66 @@ COCO_SYNONYMS: Mapping[str, tuple[str, ...]] = {
     "bus": ("double decker",),
     "train": ("locomotive", "train car", "tram", "streetcar"),
     "truck": ("lorry", "firetruck"),
-    "boat": ("ship", "sailboat", "canoe", "kayak", "yacht", "ferry", "raft", "motorboat", "speedboat",
-             "rowboat", "tugboat", "barge"),
+    "boat": (
+        "ship",
+        "sailboat",
+        "canoe",
+        "kayak",
+        "yacht",
+        "ferry",
+        "raft",
+        "motorboat",
+        "speedboat",
+        "rowboat",
+        "tugboat",
+        "barge",
+    ),
     "traffic light": ("traffic signal", "stop light", "stoplight"),
     "fire hydrant": ("hydrant", "firehydrant"),
     "stop sign": ("stopsign",),
     "parking meter": ("meter",),  # in captions of street scenes a meter is a parking meter
     "bench": ("pew",),
-    "bird": ("duck", "goose", "seagull", "gull", "pigeon", "parrot", "owl", "swan", "eagle", "hawk", "rooster",
-             "sparrow", "flamingo", "pelican", "penguin", "heron", "finch"),
+    "bird": (
+        "duck",
+        "goose",
+        "seagull",
+        "gull",
+        "pigeon",
+        "parrot",
+        "owl",
+        "swan",
+        "eagle",
+        "hawk",
+        "rooster",
+        "sparrow",
+        "flamingo",
+        "pelican",
+        "penguin",
+        "heron",
+        "finch",
+    ),
     "cat": ("kitten", "kitty", "feline"),
-    "dog": ("puppy", "pup", "doggy", "doggie", "canine", "terrier", "poodle", "labrador", "retriever", "bulldog",
-            "chihuahua", "dachshund", "collie", "beagle", "pug", "greyhound", "dalmatian", "german shepherd",
-            "pit bull"),
+    "dog": (
+        "puppy",
+        "pup",
+        "doggy",
+        "doggie",
+        "canine",
+        "terrier",
+        "poodle",
+        "labrador",
+        "retriever",
+        "bulldog",
+        "chihuahua",
+        "dachshund",
+        "collie",
+        "beagle",
+        "pug",
+        "greyhound",
+        "dalmatian",
+        "german shepherd",
+        "pit bull",
+    ),
     "horse": ("pony", "foal", "colt", "stallion", "mare"),
     "sheep": ("lamb", "ewe"),
     "cow": ("cattle", "calf", "bull", "ox", "heifer"),
@@ -130,30 +237,150 @@ COCO_SYNONYMS: Mapping[str, tuple[str, ...]] = {
 }
 
 # Phrases consumed without naming a category: their words would otherwise name one.
-NOT_OBJECTS: tuple[str, ...] = ("jet ski", "toilet paper", "oven mitt", "flower bed", "truck bed", "river bed")
+NOT_OBJECTS: tuple[str, ...] = (
+    "jet ski",
+    "toilet paper",
+    "oven mitt",
+    "flower bed",
+    "truck bed",
+    "river bed",
+)
 
 # Words that name their category only as a noun, not when they qualify the next word.
-MODIFIER_WORDS: frozenset[str] = frozenset(["baby", "adult", "mother", "passenger", "family", "male", "female",
-                                            "ski", "computer", "bus", "train", "ball", "orange"])
+MODIFIER_WORDS: frozenset[str] = frozenset(
+    [
+        "baby",
+        "adult",
+        "mother",
+        "passenger",
+        "family",
+        "male",
+        "female",
+        "ski",
+        "computer",
+        "bus",
+        "train",
+        "ball",
+        "orange",
+    ]
+)
 
 # Singular -> plural where adding -s / -es / -ies is wrong; a word that is its own plural maps to itself.
 IRREGULAR_PLURALS: Mapping[str, str] = {
-    "person": "people", "people": "people", "persons": "persons", "child": "children", "mouse": "mice",
-    "knife": "knives", "calf": "calves", "ox": "oxen", "goose": "geese", "sheep": "sheep", "cattle": "cattle",
-    "skis": "skis", "scissors": "scissors", "broccoli": "broccoli", "luggage": "luggage",
+    "person": "people",
+    "people": "people",
+    "persons": "persons",
+    "child": "children",
+    "mouse": "mice",
+    "knife": "knives",
+    "calf": "calves",
+    "ox": "oxen",
+    "goose": "geese",
+    "sheep": "sheep",
+    "cattle": "cattle",
+    "skis": "skis",
+    "scissors": "scissors",
+    "broccoli": "broccoli",
+    "luggage": "luggage",
     "aircraft": "aircraft",
 }
 
 # A modifier word followed by one of these (or by punctuation, or an -ing verb) is the noun.
-_FUNCTION_WORDS = frozenset(["a", "an", "the", "and", "or", "but", "of", "on", "in", "into", "onto", "with",
-                             "without", "at", "by", "near", "next", "beside", "behind", "under", "over", "above",
-                             "below", "from", "to", "for", "is", "are", "was", "were", "be", "has", "have", "that",
-                             "which", "who", "while", "as", "its", "his", "her", "their", "sits", "stands", "lies",
-                             "there", "here", "together", "alone", "up", "down", "out", "off", "around"])
-_COLOUR_WORDS = frozenset(["white", "black", "brown", "red", "blue", "green", "yellow", "gray", "grey", "pink",
-                           "purple", "orange", "tan", "silver", "gold", "beige"])
-_DETERMINERS = frozenset(["a", "an", "the", "one", "this", "that", "each", "another", "half", "whole", "single",
-                          "sliced", "peeled"])
+_FUNCTION_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "of",
+        "on",
+        "in",
+        "into",
+        "onto",
+        "with",
+        "without",
+        "at",
+        "by",
+        "near",
+        "next",
+        "beside",
+        "behind",
+        "under",
+        "over",
+        "above",
+        "below",
+        "from",
+        "to",
+        "for",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "has",
+        "have",
+        "that",
+        "which",
+        "who",
+        "while",
+        "as",
+        "its",
+        "his",
+        "her",
+        "their",
+        "sits",
+        "stands",
+        "lies",
+        "there",
+        "here",
+        "together",
+        "alone",
+        "up",
+        "down",
+        "out",
+        "off",
+        "around",
+    ]
+)
+_COLOUR_WORDS = frozenset(
+    [
+        "white",
+        "black",
+        "brown",
+        "red",
+        "blue",
+        "green",
+        "yellow",
+        "gray",
+        "grey",
+        "pink",
+        "purple",
+        "orange",
+        "tan",
+        "silver",
+        "gold",
+        "beige",
+    ]
+)
+_DETERMINERS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "one",
+        "this",
+        "that",
+        "each",
+        "another",
+        "half",
+        "whole",
+        "single",
+        "sliced",
+        "peeled",
+    ]
+)
 _NEEDS_DETERMINER = frozenset(["orange"])  # a colour as often as a fruit
 
 
@@ -193,8 +420,12 @@ class CategoryWords:
         modifiers: words that name their category only when they are the noun (see the module).
     """
 
-    def __init__(self, synonyms: Mapping[str, Iterable[str]], not_objects: Iterable[str] = (),
-                 modifiers: Collection[str] = ()):
+    def __init__(
+        self,
+        synonyms: Mapping[str, Iterable[str]],
+        not_objects: Iterable[str] = (),
+        modifiers: Collection[str] = (),
+    ):
         self.synonyms = {category.lower(): tuple(words) for category, words in synonyms.items()}
         self.not_objects = tuple(not_objects)
         self.modifiers = frozenset(modifiers)
@@ -241,12 +472,12 @@ class CategoryWords:
         found: list[Mention] = []
         for length in range(self._longest, 0, -1):
             for start in range(len(words) - length + 1):
-                key = tuple(words[start:start + length])
-                if key not in self.forms or any(taken[start:start + length]):
+                key = tuple(words[start : start + length])
+                if key not in self.forms or any(taken[start : start + length]):
                     continue
                 if length == 1 and key[0] in self.modifiers and not _is_noun(words, start):
                     continue
-                taken[start:start + length] = [True] * length
+                taken[start : start + length] = [True] * length
                 category = self.forms[key]
                 if category is not None:
                     found.append(Mention((start, start + length), category))

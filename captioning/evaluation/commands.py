@@ -59,7 +59,9 @@ def _outputs(*named: tuple[str, Path | None]) -> list[tuple[str, Path]]:
     return [(option, path) for option, path in named if path is not None]
 
 
-def _user_chose_paths(args: argparse.Namespace, overrides: dict[str, str], config: Config) -> tuple[bool, bool]:
+def _user_chose_paths(
+    args: argparse.Namespace, overrides: dict[str, str], config: Config
+) -> tuple[bool, bool]:
     """(may generate data under data.root, may build a feature cache): only where the user's own
     ``--config``/``--set`` put them, never where the checkpoint's stored paths point."""
     if args.config is not None:
@@ -72,8 +74,11 @@ def _user_chose_paths(args: argparse.Namespace, overrides: dict[str, str], confi
 def _report_skipped(records: list, captioned: list) -> None:
     """One line saying how many images were left out as unreadable (``data.skip_bad_images``)."""
     if len(captioned) < len(records):
-        print(f"skipped {len(records) - len(captioned)} of {len(records)} images that could not be read "
-              "(data.skip_bad_images); they are not in the results", flush=True)
+        print(
+            f"skipped {len(records) - len(captioned)} of {len(records)} images that could not be read "
+            "(data.skip_bad_images); they are not in the results",
+            flush=True,
+        )
 
 
 def scores_text(scores: dict, images: int) -> str:
@@ -88,18 +93,24 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     one of the inputs.
     """
     if args.checkpoint is not None or args.images is not None or args.results is not None:
-        raise ConfigError("--compare and --aggregate read existing files: give no --checkpoint/--images/--results")
+        raise ConfigError(
+            "--compare and --aggregate read existing files: give no --checkpoint/--images/--results"
+        )
     if args.aggregate and args.compare:
         raise ConfigError("give one of --compare or --aggregate")
     if args.aggregate and (args.annotations is not None or args.instances):
         option = "--annotations" if args.annotations is not None else "--instances"
-        raise ConfigError(f"{option}: not used by --aggregate (it reads the runs' scores files); leave it out")
+        raise ConfigError(
+            f"{option}: not used by --aggregate (it reads the runs' scores files); leave it out"
+        )
     groups = _compare_groups(args) if args.compare else None
     option = "--compare" if args.compare else "--aggregate"
-    inputs = [*((option, path) for path in args.compare or args.aggregate),
-              *(("--against", path) for path in getattr(args, "against", None) or ()),
-              ("--annotations", args.annotations),
-              *(("--aggregate", path.parent / "config.yaml") for path in args.aggregate or ())]
+    inputs = [
+        *((option, path) for path in args.compare or args.aggregate),
+        *(("--against", path) for path in getattr(args, "against", None) or ()),
+        ("--annotations", args.annotations),
+        *(("--aggregate", path.parent / "config.yaml") for path in args.aggregate or ()),
+    ]
     if args.out is not None:
         check_outputs([("--out", args.out)], inputs)
     if args.aggregate:
@@ -111,9 +122,20 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     from captioning.evaluation.compare import compare_command
 
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
-    return compare_command(args.annotations, *groups, args.out, use_java, args.spice, args.resamples,
-                           args.seed, args.java_timeout, getattr(args, "names", None), boxes,
-                           tokenizer=args.tokenizer, chair=args.chair_table or "released")
+    return compare_command(
+        args.annotations,
+        *groups,
+        args.out,
+        use_java,
+        args.spice,
+        args.resamples,
+        args.seed,
+        args.java_timeout,
+        getattr(args, "names", None),
+        boxes,
+        tokenizer=args.tokenizer,
+        chair=args.chair_table or "released",
+    )
 
 
 def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
@@ -121,16 +143,22 @@ def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     against = getattr(args, "against", None)
     if against is None:
         if len(args.compare) != 2:
-            raise ConfigError(f"--compare takes two results files (A B), got {len(args.compare)}; to compare "
-                              "several runs a side give A's after --compare and B's after --against")
+            raise ConfigError(
+                f"--compare takes two results files (A B), got {len(args.compare)}; to compare "
+                "several runs a side give A's after --compare and B's after --against"
+            )
         if same_file(*args.compare):
-            raise ConfigError(f"--compare: {args.compare[0]} and {args.compare[1]} are the same file; give two "
-                              "systems' results")
+            raise ConfigError(
+                f"--compare: {args.compare[0]} and {args.compare[1]} are the same file; give two "
+                "systems' results"
+            )
         return [args.compare[0]], [args.compare[1]]
     runs = [*args.compare, *against]
     for index, path in enumerate(runs):
-        if any(same_file(path, earlier) or Path(path).resolve() == Path(earlier).resolve()
-               for earlier in runs[:index]):
+        if any(
+            same_file(path, earlier) or Path(path).resolve() == Path(earlier).resolve()
+            for earlier in runs[:index]
+        ):
             raise ConfigError(f"{path}: given twice: each run counts once")
     return list(args.compare), list(against)
 
@@ -151,17 +179,33 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         raise ConfigError("--clip-score scores the images of a split: give it with --checkpoint and --split")
     if args.annotations is not None:
         if args.results is None or args.checkpoint is not None or args.images is not None:
-            raise ConfigError("--annotations scores an existing file: give --results and no --checkpoint/--images")
+            raise ConfigError(
+                "--annotations scores an existing file: give --results and no --checkpoint/--images"
+            )
         if not args.results.is_file():
-            raise ConfigError(f"{args.results}: {not_a_regular_file(args.results) or 'results file not found'}")
+            raise ConfigError(
+                f"{args.results}: {not_a_regular_file(args.results) or 'results file not found'}"
+            )
         scores_path = _scores_paths(args.out, args.results)
-        check_outputs(_outputs(("--out", scores_path), ("--out (per-image scores)", per_image_path(scores_path))),
-                      [("--annotations", args.annotations), ("--results", args.results),
-                       *(("--instances", path) for path in args.instances or ())])
+        check_outputs(
+            _outputs(("--out", scores_path), ("--out (per-image scores)", per_image_path(scores_path))),
+            [
+                ("--annotations", args.annotations),
+                ("--results", args.results),
+                *(("--instances", path) for path in args.instances or ()),
+            ],
+        )
         boxes = load_boxes(args.instances or ())  # read before scoring: a bad file fails at once
-        scores = score_results_file(args.annotations, args.results, use_java=use_java, spice=args.spice,
-                                    java_timeout=args.java_timeout, boxes=boxes,
-                                    chair=args.chair_table or "released", tokenizer=args.tokenizer)
+        scores = score_results_file(
+            args.annotations,
+            args.results,
+            use_java=use_java,
+            spice=args.spice,
+            java_timeout=args.java_timeout,
+            boxes=boxes,
+            chair=args.chair_table or "released",
+            tokenizer=args.tokenizer,
+        )
         print(scores_text(scores, len(scores["per_image"])))
         notes = _notes(scores_path, per_image_path(scores_path))
         scores_path, per_image = write_scores(scores_path, scores)
@@ -172,8 +216,13 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         raise ConfigError("give --checkpoint (with --split or --images), or --annotations with --results")
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
-    decoding = {"strategy": args.strategy, "beam_size": args.beam_size, "max_length": args.max_length,
-                "length_alpha": args.length_alpha, "block_trigrams": args.block_trigrams}
+    decoding = {
+        "strategy": args.strategy,
+        "beam_size": args.beam_size,
+        "max_length": args.max_length,
+        "length_alpha": args.length_alpha,
+        "block_trigrams": args.block_trigrams,
+    }
     overrides = parse_overrides(args.overrides)
     # Cheap checks first, so that a typo fails in a moment rather than after loading the model.
     check_overrides(overrides, CHECKPOINT_SECTIONS)
@@ -187,20 +236,34 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     results = args.results or run_dir / f"{prefix}_results.json"
     if records is not None:
         # Beside the results file; none beside a device or a FIFO (/dev/null, a pipe).
-        index = (None if writes_in_place(results)
-                 else results.with_name(results.stem.removesuffix("_results") + "_files.json"))
+        index = (
+            None
+            if writes_in_place(results)
+            else results.with_name(results.stem.removesuffix("_results") + "_files.json")
+        )
         outputs = _outputs(("--results", results), ("--results (image id -> file)", index))
     else:
         scores_target = _scores_paths(args.out, results)
-        outputs = _outputs(("--results", results), ("--out", scores_target),
-                           ("--out (per-image scores)", per_image_path(scores_target)))
-    check_outputs(outputs, [("--checkpoint", args.checkpoint), ("--config", args.config),
-                            *(("--instances", path) for path in args.instances or ()),
-                            *(("--images", record.path) for record in records or ())])
+        outputs = _outputs(
+            ("--results", results),
+            ("--out", scores_target),
+            ("--out (per-image scores)", per_image_path(scores_target)),
+        )
+    check_outputs(
+        outputs,
+        [
+            ("--checkpoint", args.checkpoint),
+            ("--config", args.config),
+            *(("--instances", path) for path in args.instances or ()),
+            *(("--images", record.path) for record in records or ()),
+        ],
+    )
     outputs = [path for _, path in outputs]
     device = resolve_device(args.device)
     clip_scorer = None
-    if getattr(args, "clip_score", None) is not None:  # its weights before any decoding: a missing file stops now
+    if (
+        getattr(args, "clip_score", None) is not None
+    ):  # its weights before any decoding: a missing file stops now
         from captioning.evaluation.clip_score import load_clip_scorer
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
@@ -223,8 +286,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         write_results(results, captioned)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
         if index is not None:
-            atomic_write(index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8",
-                                                       errors="replace"))
+            atomic_write(
+                index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8", errors="replace")
+            )
         for item in captioned[:10]:
             print(f"{item.record.path.name}: {' '.join(item.words)}")
         _print_summary({"captions": results, "image id -> file": index}, notes)
@@ -233,15 +297,26 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     records = split_records(config, args.split, generate=generate)
     # Every input before decoding: the boxes are read now, and ground only the images they cover.
     boxes = load_boxes(args.instances or default_instances(config))
-    captioned = caption_records(model, config, records, device, decode_config, progress, output_dir=run_dir,
-                                build_cache=build_cache)
+    captioned = caption_records(
+        model, config, records, device, decode_config, progress, output_dir=run_dir, build_cache=build_cache
+    )
     _report_skipped(records, captioned)
     notes = _notes(*outputs)
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
-    scores = score_captioned(captioned, model.grid, boxes, use_java=use_java, spice=args.spice,
-                             java_timeout=args.java_timeout, decode=decode_config, checkpoint=args.checkpoint,
-                             chair=config.data.chair_table, reward=reward, clip_scorer=clip_scorer,
-                             tokenizer=config.data.tokenizer)
+    scores = score_captioned(
+        captioned,
+        model.grid,
+        boxes,
+        use_java=use_java,
+        spice=args.spice,
+        java_timeout=args.java_timeout,
+        decode=decode_config,
+        checkpoint=args.checkpoint,
+        chair=config.data.chair_table,
+        reward=reward,
+        clip_scorer=clip_scorer,
+        tokenizer=config.data.tokenizer,
+    )
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)

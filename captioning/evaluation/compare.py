@@ -47,14 +47,21 @@ def read_pair(annotations: Path, results_a: Path, results_b: Path) -> tuple[dict
     """
     references = load_coco_references(annotations)
     a, b = load_results(results_a), load_results(results_b)
-    for first, second, first_path, second_path in ((a, b, results_a, results_b), (b, a, results_b, results_a)):
+    for first, second, first_path, second_path in (
+        (a, b, results_a, results_b),
+        (b, a, results_b, results_a),
+    ):
         extra = sorted(set(first) - set(second))
         if extra:
-            raise EvaluationInputError(f"{first_path}: image_id {extra[0]}: not in {second_path} (a paired "
-                                       "comparison needs both systems' captions of the same images)")
+            raise EvaluationInputError(
+                f"{first_path}: image_id {extra[0]}: not in {second_path} (a paired "
+                "comparison needs both systems' captions of the same images)"
+            )
     missing = sorted(set(a) - set(references))
     if missing:
-        raise EvaluationInputError(f"{results_a}: image_id {missing[0]}: no reference captions in {annotations}")
+        raise EvaluationInputError(
+            f"{results_a}: image_id {missing[0]}: no reference captions in {annotations}"
+        )
     if not a:
         raise EvaluationInputError(f"{results_a}: no results to compare")
     image_ids = sorted(a)
@@ -76,11 +83,14 @@ def read_groups(annotations: Path, runs_a: Sequence[Path], runs_b: Sequence[Path
             run = first if path == runs_a[0] else load_results(path)
             extra, missing = sorted(set(run) - set(first)), sorted(set(first) - set(run))
             if extra:
-                raise EvaluationInputError(f"{path}: image_id {extra[0]}: not in {runs_a[0]} (runs compare "
-                                           "only on the same images)")
+                raise EvaluationInputError(
+                    f"{path}: image_id {extra[0]}: not in {runs_a[0]} (runs compare only on the same images)"
+                )
             if missing:
-                raise EvaluationInputError(f"{runs_a[0]}: image_id {missing[0]}: not in {path} (runs compare "
-                                           "only on the same images)")
+                raise EvaluationInputError(
+                    f"{runs_a[0]}: image_id {missing[0]}: not in {path} (runs compare "
+                    "only on the same images)"
+                )
             captions[group].append(run)
     return references, captions[0], captions[1]
 
@@ -96,11 +106,20 @@ def default_names(runs_a: Sequence[Path], runs_b: Sequence[Path]) -> tuple[str, 
     return "A", "B"
 
 
-def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
-                          use_java: bool | None = None, spice: bool = False, resamples: int = 1000, seed: int = 0,
-                          java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
-                          instances: Instances | None = None, tokenizer: str = "ptb",
-                          chair: str = "released") -> dict[str, Any]:
+def compare_results_files(
+    annotations: Path,
+    results_a: Path | Sequence[Path],
+    results_b: Path | Sequence[Path],
+    use_java: bool | None = None,
+    spice: bool = False,
+    resamples: int = 1000,
+    seed: int = 0,
+    java_timeout: float = DEFAULT_TIMEOUT_S,
+    names: Sequence[str] | None = None,
+    instances: Instances | None = None,
+    tokenizer: str = "ptb",
+    chair: str = "released",
+) -> dict[str, Any]:
     """Score two systems' results files on the same images and compare them metric by metric.
 
     Each side is one results file, or several (one per training seed): the comparison is then
@@ -129,41 +148,79 @@ def compare_results_files(annotations: Path, results_a: Path | Sequence[Path], r
     for runs, captions in ((runs_a, captions_a), (runs_b, captions_b)):
         side = {"per_image": [], "bleu": [], "ratios": [], "signatures": []}
         for path, run in zip(runs, captions):
-            scores = score_captions(references, run, use_java=use_java, spice=spice, java_timeout=java_timeout,
-                                    tokenizer=tokenizer)
-            side["per_image"].append({metric: np.array([scores.per_image[i][metric] for i in image_ids])
-                                      for metric in PER_IMAGE_METRICS if scores.overall.get(metric) is not None})
+            scores = score_captions(
+                references,
+                run,
+                use_java=use_java,
+                spice=spice,
+                java_timeout=java_timeout,
+                tokenizer=tokenizer,
+            )
+            side["per_image"].append(
+                {
+                    metric: np.array([scores.per_image[i][metric] for i in image_ids])
+                    for metric in PER_IMAGE_METRICS
+                    if scores.overall.get(metric) is not None
+                }
+            )
             # BLEU's statistics from each run's own tokens: the Java tokenizer may have timed out for one only.
             gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
             side["bleu"].append(bleu_statistics(gts, res, image_ids))
             ratios = read_ratio_statistics(path, image_ids)
             if instances is not None:
-                ratios.update(chair_statistics({i: tokenize(c) for i, c in run.items()},
-                                               {i: [tokenize(r) for r in references[i]] for i in image_ids},
-                                               instances, image_ids, chair))
+                ratios.update(
+                    chair_statistics(
+                        {i: tokenize(c) for i, c in run.items()},
+                        {i: [tokenize(r) for r in references[i]] for i in image_ids},
+                        instances,
+                        image_ids,
+                        chair,
+                    )
+                )
             side["ratios"].append(ratios)
-            side["signatures"].append(make_signature(
-                references, scores.tokenizer, results=path, chair=chair if instances is not None else None,
-                boxes=instances, table=chair_table(chair) if instances is not None else None))
+            side["signatures"].append(
+                make_signature(
+                    references,
+                    scores.tokenizer,
+                    results=path,
+                    chair=chair if instances is not None else None,
+                    boxes=instances,
+                    table=chair_table(chair) if instances is not None else None,
+                )
+            )
         sides.append(side)
-    shared = [metric for metric in RATIO_METRICS
-              if all(metric in ratios for side in sides for ratios in side["ratios"])]
+    shared = [
+        metric
+        for metric in RATIO_METRICS
+        if all(metric in ratios for side in sides for ratios in side["ratios"])
+    ]
     a, b = sides
-    comparisons = group_bootstrap(a["per_image"], b["per_image"], a["bleu"], b["bleu"], resamples, seed,
-                                  [{m: r[m] for m in shared} for r in a["ratios"]],
-                                  [{m: r[m] for m in shared} for r in b["ratios"]])
+    comparisons = group_bootstrap(
+        a["per_image"],
+        b["per_image"],
+        a["bleu"],
+        b["bleu"],
+        resamples,
+        seed,
+        [{m: r[m] for m in shared} for r in a["ratios"]],
+        [{m: r[m] for m in shared} for r in b["ratios"]],
+    )
 
     def one_or_all(values: list) -> Any:
         return values[0] if len(values) == 1 else values
 
-    return {"metrics": {metric: c.to_json() for metric, c in comparisons.items()},
-            "names": {"a": names[0], "b": names[1]}, "images": len(image_ids),
-            "resamples": resamples, "seed": seed,
-            "signatures": {"a": one_or_all(a["signatures"]), "b": one_or_all(b["signatures"])},
-            "results": {"a": one_or_all([str(p) for p in runs_a]), "b": one_or_all([str(p) for p in runs_b])},
-            "runs": {"a": len(runs_a), "b": len(runs_b)},
-            "per_run": {"a": run_scores(a, comparisons), "b": run_scores(b, comparisons)},
-            "table": comparison_table(comparisons, names)}
+    return {
+        "metrics": {metric: c.to_json() for metric, c in comparisons.items()},
+        "names": {"a": names[0], "b": names[1]},
+        "images": len(image_ids),
+        "resamples": resamples,
+        "seed": seed,
+        "signatures": {"a": one_or_all(a["signatures"]), "b": one_or_all(b["signatures"])},
+        "results": {"a": one_or_all([str(p) for p in runs_a]), "b": one_or_all([str(p) for p in runs_b])},
+        "runs": {"a": len(runs_a), "b": len(runs_b)},
+        "per_run": {"a": run_scores(a, comparisons), "b": run_scores(b, comparisons)},
+        "table": comparison_table(comparisons, names),
+    }
 
 
 def run_scores(side: dict, comparisons: Mapping[str, Any]) -> dict[str, list[float]]:
@@ -193,29 +250,60 @@ def check_bootstrap_fits(resamples: int, images: int) -> None:
     needed = resamples * images * 24  # int64 draws, their flat index and float64 counts
     free = available_bytes()
     if free is not None and needed > free:
-        raise EvaluationInputError(f"--resamples: {resamples} resamples of {images} images need about {gib(needed)}, "
-                                   f"more than the {gib(free)} available; at most {free // (24 * images)}")
+        raise EvaluationInputError(
+            f"--resamples: {resamples} resamples of {images} images need about {gib(needed)}, "
+            f"more than the {gib(free)} available; at most {free // (24 * images)}"
+        )
 
 
-def compare_command(annotations: Path, results_a: Path | Sequence[Path], results_b: Path | Sequence[Path],
-                    out: Path | None, use_java: bool | None, spice: bool, resamples: int, seed: int,
-                    java_timeout: float = DEFAULT_TIMEOUT_S, names: Sequence[str] | None = None,
-                    instances: Instances | None = None, tokenizer: str = "ptb", chair: str = "released") -> dict[str, Any]:
+def compare_command(
+    annotations: Path,
+    results_a: Path | Sequence[Path],
+    results_b: Path | Sequence[Path],
+    out: Path | None,
+    use_java: bool | None,
+    spice: bool,
+    resamples: int,
+    seed: int,
+    java_timeout: float = DEFAULT_TIMEOUT_S,
+    names: Sequence[str] | None = None,
+    instances: Instances | None = None,
+    tokenizer: str = "ptb",
+    chair: str = "released",
+) -> dict[str, Any]:
     """Print the comparison table (and signatures, warning when they differ), write ``out`` if given."""
-    comparison = compare_results_files(annotations, results_a, results_b, use_java, spice, resamples, seed,
-                                       java_timeout, names, instances, tokenizer, chair)
+    comparison = compare_results_files(
+        annotations,
+        results_a,
+        results_b,
+        use_java,
+        spice,
+        resamples,
+        seed,
+        java_timeout,
+        names,
+        instances,
+        tokenizer,
+        chair,
+    )
     print(comparison["table"])
     name_a, name_b = comparison["names"]["a"], comparison["names"]["b"]
     runs = comparison["runs"]
-    print(f"{comparison['images']} images, {resamples} paired bootstrap resamples (seed {seed}); "
-          f"B - A = {name_b} - {name_a}, x100; p: two-sided; p Holm: adjusted for the "
-          f"{len(comparison['metrics'])} metrics tested at once")
+    print(
+        f"{comparison['images']} images, {resamples} paired bootstrap resamples (seed {seed}); "
+        f"B - A = {name_b} - {name_a}, x100; p: two-sided; p Holm: adjusted for the "
+        f"{len(comparison['metrics'])} metrics tested at once"
+    )
     if runs["a"] > 1 or runs["b"] > 1:
-        print(f"{runs['a']} runs of {name_a}, {runs['b']} of {name_b}: the means over runs, the interval "
-              "resampling runs as well as images (it includes the variance between seeds)")
+        print(
+            f"{runs['a']} runs of {name_a}, {runs['b']} of {name_b}: the means over runs, the interval "
+            "resampling runs as well as images (it includes the variance between seeds)"
+        )
     elif runs["a"] == runs["b"] == 1:
-        print("one run a side: the interval holds the images' variance only, not the seeds' "
-              "(give several runs a side with --against to include it)")
+        print(
+            "one run a side: the interval holds the images' variance only, not the seeds' "
+            "(give several runs a side with --against to include it)"
+        )
     signatures = {name: comparison["signatures"][name] for name in ("a", "b")}
     listed = {name: value if isinstance(value, list) else [value] for name, value in signatures.items()}
     for name in ("a", "b"):
@@ -236,6 +324,8 @@ def warn_if_signatures_differ(first: str, second: str, what: str = "the two sets
     """Print a warning naming each field, other than the system's, where two signatures differ."""
     differences = signature_differences(first, second)
     if differences:
-        print(f"warning: {what} were not computed the same way ({'; '.join(differences)}): "
-              "their numbers are not comparable")
+        print(
+            f"warning: {what} were not computed the same way ({'; '.join(differences)}): "
+            "their numbers are not comparable"
+        )
     return differences

@@ -12,11 +12,15 @@ from collections.abc import Sequence
 
 MOSTLY = 0.8  # the share of captions from which "empty" or "the same" is worth a warning
 
-_EMPTY_CAUSE = ("the decoder ends each caption at once: usually too few training steps, or too high a "
-                "learning rate; train longer (more epochs or images) or lower train.lr")
-_SAME_CAUSE = ("the decoder ignores the image and writes the commonest caption: usually too few training "
-               "steps, too high a learning rate, or features that do not depend on the image "
-               "(model.encoder.weights=none)")
+_EMPTY_CAUSE = (
+    "the decoder ends each caption at once: usually too few training steps, or too high a "
+    "learning rate; train longer (more epochs or images) or lower train.lr"
+)
+_SAME_CAUSE = (
+    "the decoder ignores the image and writes the commonest caption: usually too few training "
+    "steps, too high a learning rate, or features that do not depend on the image "
+    "(model.encoder.weights=none)"
+)
 
 
 def degenerate_captions(captions: Sequence[str], split: str) -> str | None:

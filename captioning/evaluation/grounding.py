@@ -32,8 +32,9 @@ from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
 from captioning.evaluation.metrics import EvaluationInputError, read_coco_file
 
 # Annotation fields of the COCO format; any other field is an attribute (Shapes writes color, size).
-_COCO_FIELDS = frozenset(["id", "image_id", "category_id", "bbox", "area", "iscrowd", "segmentation",
-                          "keypoints", "num_keypoints"])
+_COCO_FIELDS = frozenset(
+    ["id", "image_id", "category_id", "bbox", "area", "iscrowd", "segmentation", "keypoints", "num_keypoints"]
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Instances:
     categories: tuple[str, ...] = ()
 
 
-MAX_PIXELS = 10 ** 7  # image sides and box coordinates beyond this are not images
+MAX_PIXELS = 10**7  # image sides and box coordinates beyond this are not images
 
 
 def load_instances(instances_file: str | Path) -> Instances:
@@ -76,33 +77,56 @@ def load_instances(instances_file: str | Path) -> Instances:
         EvaluationInputError: one line naming the file and the entry: not JSON, missing lists or
             keys, a box that is not four numbers with non-negative size, an unknown image or category.
     """
-    coco = read_coco_file(instances_file, {"images": ["id", "width", "height"], "categories": ["id", "name"],
-                                           "annotations": ["image_id", "category_id", "bbox"]})
+    coco = read_coco_file(
+        instances_file,
+        {
+            "images": ["id", "width", "height"],
+            "categories": ["id", "name"],
+            "annotations": ["image_id", "category_id", "bbox"],
+        },
+    )
     _check_categories(instances_file, coco.dataset["categories"])
     image_sizes: dict[int, tuple[float, float]] = {}
     for image_id, image in coco.imgs.items():
         size = (image["width"], image["height"])
         if not all(_is_number(v) and 0 < v <= MAX_PIXELS for v in size):
-            raise EvaluationInputError(f"{instances_file}: image {image_id}: width and height must be positive "
-                                       f"and at most {MAX_PIXELS}, got {size[0]!r:.40} x {size[1]!r:.40}")
+            raise EvaluationInputError(
+                f"{instances_file}: image {image_id}: width and height must be positive "
+                f"and at most {MAX_PIXELS}, got {size[0]!r:.40} x {size[1]!r:.40}"
+            )
         image_sizes[image_id] = (float(size[0]), float(size[1]))
     objects: dict[int, list[ObjectBox]] = {image_id: [] for image_id in image_sizes}
     for index, annotation in enumerate(coco.dataset["annotations"]):
         where = f"{instances_file}: annotations[{index}]"
         bbox = annotation["bbox"]
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)
-                and bbox[2] >= 0 and bbox[3] >= 0):
+        if not (
+            isinstance(bbox, list)
+            and len(bbox) == 4
+            and all(_is_number(v) for v in bbox)
+            and bbox[2] >= 0
+            and bbox[3] >= 0
+        ):
             raise EvaluationInputError(f"{where}: bbox must be [x, y, width, height] with width, height >= 0")
-        if not all(abs(v) <= MAX_PIXELS for v in bbox):  # sums of such values overflow to inf, then NaN scores
-            raise EvaluationInputError(f"{where}: bbox values must be within +-{MAX_PIXELS} pixels, "
-                                       f"got {bbox!r:.80}")
+        if not all(
+            abs(v) <= MAX_PIXELS for v in bbox
+        ):  # sums of such values overflow to inf, then NaN scores
+            raise EvaluationInputError(
+                f"{where}: bbox values must be within +-{MAX_PIXELS} pixels, got {bbox!r:.80}"
+            )
         if annotation["image_id"] not in image_sizes:
             raise EvaluationInputError(f"{where}: image_id {annotation['image_id']!r} is not in 'images'")
         if annotation["category_id"] not in coco.cats:
-            raise EvaluationInputError(f"{where}: category_id {annotation['category_id']!r} is not in 'categories'")
+            raise EvaluationInputError(
+                f"{where}: category_id {annotation['category_id']!r} is not in 'categories'"
+            )
         attributes = {k: v for k, v in annotation.items() if k not in _COCO_FIELDS}
-        objects[annotation["image_id"]].append(ObjectBox(str(coco.cats[annotation["category_id"]]["name"]).lower(),
-                                                         tuple(float(v) for v in bbox), attributes))
+        objects[annotation["image_id"]].append(
+            ObjectBox(
+                str(coco.cats[annotation["category_id"]]["name"]).lower(),
+                tuple(float(v) for v in bbox),
+                attributes,
+            )
+        )
     categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
     return Instances(image_sizes, objects, categories)
 
@@ -121,7 +145,9 @@ def _check_categories(instances_file: str | Path, categories: Sequence[Mapping[s
         if not isinstance(name, str) or not name.strip():
             raise EvaluationInputError(f"{where}: name must be a non-empty string, got {name!r:.40}")
         if category_id in seen:
-            raise EvaluationInputError(f"{where}: id {category_id!r:.40} is also the id of categories[{seen[category_id]}]")
+            raise EvaluationInputError(
+                f"{where}: id {category_id!r:.40} is also the id of categories[{seen[category_id]}]"
+            )
         seen[category_id] = index
 
 
@@ -149,7 +175,9 @@ class WordMatcher:
         self.attributes = tuple(attributes)
         self._tables: dict[frozenset[str], CategoryWords] = {}
 
-    def mentions(self, words: Sequence[str], objects: Sequence[ObjectBox]) -> list[tuple[int, list[ObjectBox]]]:
+    def mentions(
+        self, words: Sequence[str], objects: Sequence[ObjectBox]
+    ) -> list[tuple[int, list[ObjectBox]]]:
         """The mentions in ``words`` (one caption) of objects among ``objects``.
 
         Returns:
@@ -169,15 +197,19 @@ class WordMatcher:
                 found[end - 1] = named
         for index, word in enumerate(lowered):
             if index not in in_mentions:
-                named = [obj for obj in objects
-                         if any(str(obj.attributes.get(key, "")).lower() == word for key in self.attributes)]
+                named = [
+                    obj
+                    for obj in objects
+                    if any(str(obj.attributes.get(key, "")).lower() == word for key in self.attributes)
+                ]
                 if named:
                     found[index] = named
         return sorted(found.items())
 
 
-def word_boxes(words: Sequence[str], image_id: int, instances: Instances | None,
-               matcher: WordMatcher | None = None) -> list[list[tuple[float, float, float, float]]]:
+def word_boxes(
+    words: Sequence[str], image_id: int, instances: Instances | None, matcher: WordMatcher | None = None
+) -> list[list[tuple[float, float, float, float]]]:
     """The ground-truth boxes each word of a caption names (as grounding measures them), for drawing.
 
     Args:
@@ -196,8 +228,9 @@ def word_boxes(words: Sequence[str], image_id: int, instances: Instances | None,
     return boxes
 
 
-def box_coverage(boxes: Sequence[tuple[float, float, float, float]], image_size: tuple[float, float],
-                 grid: tuple[int, int]) -> np.ndarray:
+def box_coverage(
+    boxes: Sequence[tuple[float, float, float, float]], image_size: tuple[float, float], grid: tuple[int, int]
+) -> np.ndarray:
     """Fraction of each grid cell's area covered by the union of ``boxes``.
 
     Args:
@@ -259,8 +292,10 @@ def grounding_per_image(
         if maps.ndim == 2 and maps.shape[1] == rows * cols:
             maps = maps.reshape(-1, rows, cols)  # (T, gh, gw)
         if maps.shape != (len(words), rows, cols):
-            raise ValueError(f"image {image_id!r}: attention of shape {tuple(np.shape(attention))} does not hold "
-                             f"one {rows}x{cols} map per word for {len(words)} words")
+            raise ValueError(
+                f"image {image_id!r}: attention of shape {tuple(np.shape(attention))} does not hold "
+                f"one {rows}x{cols} map per word for {len(words)} words"
+            )
         image_size = instances.image_sizes[image_id]
         width, height = image_size
         masses: list[float] = []
@@ -275,8 +310,16 @@ def grounding_per_image(
             masses.append(float(inside / total) if total > 0 else 0.0)
             peak_rows, peak_cols = np.nonzero(weights >= weights.max() - 1e-9 * abs(weights.max()))
             centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows)
-            hits.append(float(np.mean([any(x <= cx <= x + w and y <= cy <= y + h for x, y, w, h in boxes)
-                                       for cx, cy in centres])))
+            hits.append(
+                float(
+                    np.mean(
+                        [
+                            any(x <= cx <= x + w and y <= cy <= y + h for x, y, w, h in boxes)
+                            for cx, cy in centres
+                        ]
+                    )
+                )
+            )
         per_image[image_id] = (masses, hits)
     return per_image
 
@@ -284,9 +327,11 @@ def grounding_per_image(
 def image_grounding_json(masses: Sequence[float], hits: Sequence[float]) -> dict[str, float | int | None]:
     """``grounding-mass`` and ``grounding-pointing``, the means over the mentions (None without any),
     and ``grounding-words``, how many mentions there are."""
-    return {"grounding-mass": float(np.mean(masses)) if masses else None,
-            "grounding-pointing": float(np.mean(hits)) if hits else None,
-            "grounding-words": len(masses)}
+    return {
+        "grounding-mass": float(np.mean(masses)) if masses else None,
+        "grounding-pointing": float(np.mean(hits)) if hits else None,
+        "grounding-words": len(masses),
+    }
 
 
 def grounding_scores(

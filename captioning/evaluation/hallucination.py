@@ -45,8 +45,12 @@ class ImageHallucination:
         """Per-image fields: ``CHAIR-i`` (None without mentions), ``CHAIR-s`` (0 or 1), ``hallucinated``,
         and ``CHAIR-mentions`` (how many mentions CHAIR-i divides by)."""
         chair_i = len(self.hallucinated) / len(self.mentioned) if self.mentioned else None
-        return {"CHAIR-i": chair_i, "CHAIR-s": float(bool(self.hallucinated)), "hallucinated": list(self.hallucinated),
-                "CHAIR-mentions": len(self.mentioned)}
+        return {
+            "CHAIR-i": chair_i,
+            "CHAIR-s": float(bool(self.hallucinated)),
+            "hallucinated": list(self.hallucinated),
+            "CHAIR-mentions": len(self.mentioned),
+        }
 
 
 @dataclass
@@ -118,13 +122,21 @@ def chair(
 
 def add_per_image(per_image: list[dict[str, Any]], hallucination: Hallucination) -> list[dict[str, Any]]:
     """The per-image score entries (``{"image_id": ..., ...}``) with each image's CHAIR fields added."""
-    return [{**entry, **hallucination.per_image[entry["image_id"]].to_json()}
-            if entry.get("image_id") in hallucination.per_image else entry for entry in per_image]
+    return [
+        {**entry, **hallucination.per_image[entry["image_id"]].to_json()}
+        if entry.get("image_id") in hallucination.per_image
+        else entry
+        for entry in per_image
+    ]
 
 
-def add_chair(scores: dict[str, Any], captions: Mapping[int, Sequence[str]],
-              references: Mapping[int, Sequence[str]], instances: Instances,
-              table: WordTable | None = None) -> None:
+def add_chair(
+    scores: dict[str, Any],
+    captions: Mapping[int, Sequence[str]],
+    references: Mapping[int, Sequence[str]],
+    instances: Instances,
+    table: WordTable | None = None,
+) -> None:
     """Add CHAIR to a scores dict in place: the overall fields, and each ``per_image`` entry's.
 
     Args:
@@ -136,8 +148,9 @@ def add_chair(scores: dict[str, Any], captions: Mapping[int, Sequence[str]],
     """
     from captioning.text import tokenize
 
-    result = chair(captions, {i: [tokenize(ref) for ref in refs] for i, refs in references.items()}, instances,
-                   table)
+    result = chair(
+        captions, {i: [tokenize(ref) for ref in refs] for i, refs in references.items()}, instances, table
+    )
     scores.update(result.to_json())
     if "per_image" in scores:
         scores["per_image"] = add_per_image(scores["per_image"], result)
@@ -150,5 +163,7 @@ def chair_line(scores: Mapping[str, Any]) -> str | None:
     if scores["CHAIR-s"] is None:  # no scored image is in the instances files
         return "object hallucination: none of the images has boxes in the instances files"
     chair_i = "n/a" if scores["CHAIR-i"] is None else f"{scores['CHAIR-i']:.4f}"
-    return (f"object hallucination: CHAIR-i {chair_i}, CHAIR-s {scores['CHAIR-s']:.4f} "
-            f"({scores['CHAIR-hallucinated']} of {scores['CHAIR-mentions']} object mentions not in the image)")
+    return (
+        f"object hallucination: CHAIR-i {chair_i}, CHAIR-s {scores['CHAIR-s']:.4f} "
+        f"({scores['CHAIR-hallucinated']} of {scores['CHAIR-mentions']} object mentions not in the image)"
+    )

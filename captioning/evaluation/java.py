@@ -18,8 +18,9 @@ from captioning.text import replace_lone_surrogates
 
 DEFAULT_TIMEOUT_S = 600.0  # the COCO test split (5,000 images) takes well under a minute per call
 # The punctuation tokens pycocoevalcap's PTBTokenizer removes after tokenizing.
-_PUNCTUATION = frozenset(["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":", "-",
-                          "--", "...", ";"])
+_PUNCTUATION = frozenset(
+    ["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":", "-", "--", "...", ";"]
+)
 
 
 class JavaTimeout(RuntimeError):
@@ -44,30 +45,44 @@ def ptb_tokenize(captions: dict[int, list[str]], timeout: float = DEFAULT_TIMEOU
     jar = Path(ptbtokenizer.__file__).resolve().parent / ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR
     image_ids = [image_id for image_id, texts in captions.items() for _ in texts]
     # Lone surrogates cannot be written as UTF-8; they are replaced (U+FFFD) like any undecodable byte.
-    lines = [replace_lone_surrogates(text).replace("\n", " ") for texts in captions.values() for text in texts]
+    lines = [
+        replace_lone_surrogates(text).replace("\n", " ") for texts in captions.values() for text in texts
+    ]
     with tempfile.TemporaryDirectory(prefix="captioning-ptb-") as folder:
         source = Path(folder) / "captions.txt"
         source.write_text("\n".join(lines), encoding="utf-8")
-        command = ["java", "-cp", str(jar), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines",
-                   "-lowerCase", str(source)]
+        command = [
+            "java",
+            "-cp",
+            str(jar),
+            "edu.stanford.nlp.process.PTBTokenizer",
+            "-preserveLines",
+            "-lowerCase",
+            str(source),
+        ]
         try:
             finished = subprocess.run(command, capture_output=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             raise JavaTimeout(f"the PTB tokenizer (Java) did not finish in {timeout:g} s") from None
     if finished.returncode != 0:
         detail = finished.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
-        raise RuntimeError(f"the PTB tokenizer (Java) failed with exit status {finished.returncode}: {detail[0]}")
+        raise RuntimeError(
+            f"the PTB tokenizer (Java) failed with exit status {finished.returncode}: {detail[0]}"
+        )
     output = finished.stdout.decode("utf-8", "replace").split("\n")
-    if len(output) < len(lines) or any(output[len(lines):]):
+    if len(output) < len(lines) or any(output[len(lines) :]):
         raise RuntimeError("the PTB tokenizer returned a different number of captions than it was given")
     tokenized: dict[int, list[str]] = {image_id: [] for image_id in captions}
     for image_id, line in zip(image_ids, output, strict=False):
-        tokenized[image_id].append(" ".join(word for word in line.rstrip().split(" ") if word not in _PUNCTUATION))
+        tokenized[image_id].append(
+            " ".join(word for word in line.rstrip().split(" ") if word not in _PUNCTUATION)
+        )
     return tokenized
 
 
-def meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]],
-                 timeout: float = DEFAULT_TIMEOUT_S) -> tuple[float, list[float]]:
+def meteor_score(
+    gts: dict[int, list[str]], res: dict[int, list[str]], timeout: float = DEFAULT_TIMEOUT_S
+) -> tuple[float, list[float]]:
     """pycocoevalcap's METEOR 1.5 (Java) over tokenized captions, killed after ``timeout`` seconds.
 
     Raises:

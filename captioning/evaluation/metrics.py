@@ -73,8 +73,12 @@ class Scores:
 
     def to_json(self) -> dict[str, Any]:
         """The scores JSON: metric keys at the top level (null where unavailable) and ``unavailable``."""
-        return {**self.overall, "unavailable": dict(self.unavailable), "tokenizer": self.tokenizer,
-                "images": len(self.per_image)}
+        return {
+            **self.overall,
+            "unavailable": dict(self.unavailable),
+            "tokenizer": self.tokenizer,
+            "images": len(self.per_image),
+        }
 
     def per_image_json(self) -> list[dict[str, Any]]:
         """Per-image scores as a list of ``{"image_id": id, metric: score, ...}``."""
@@ -173,16 +177,22 @@ def score_captions(
     else:
         unavailable["SPICE"] = spice_missing
     overall[NLTK_BLEU] = _nltk_corpus_bleu(gts, res, image_ids)
-    return Scores(overall, unavailable, per_image, tokenizer if not english else "ptb" if use_java else "python")
+    return Scores(
+        overall, unavailable, per_image, tokenizer if not english else "ptb" if use_java else "python"
+    )
 
 
 def _english_only(tokenizer: str) -> str:
     return f"English only (data.tokenizer ptb); these captions were scored with the {tokenizer} tokenizer"
 
 
-def tokenize_captions(references: Mapping[int, Sequence[str]], candidates: Mapping[int, str],
-                      use_java: bool, java_timeout: float = DEFAULT_TIMEOUT_S, tokenizer: str = "ptb"
-                      ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+def tokenize_captions(
+    references: Mapping[int, Sequence[str]],
+    candidates: Mapping[int, str],
+    use_java: bool,
+    java_timeout: float = DEFAULT_TIMEOUT_S,
+    tokenizer: str = "ptb",
+) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """Tokenize as the metrics do: ``(image id -> references, image id -> [candidate])``, each caption
     one string of space-separated lower-case tokens (PTB via Java when ``use_java`` and ``tokenizer`` is
     ptb, else the named tokenizer of :data:`captioning.text.TOKENIZERS`).
@@ -217,12 +227,17 @@ def _validate(references: Mapping[int, Sequence[str]], candidates: Mapping[int, 
 
 
 def _ptb_tokenize(
-    references: Mapping[int, Sequence[str]], candidates: Mapping[int, str], image_ids: list[int], timeout: float
+    references: Mapping[int, Sequence[str]],
+    candidates: Mapping[int, str],
+    image_ids: list[int],
+    timeout: float,
 ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """Tokenize as COCOEvalCap does: one PTB tokenizer (Java) call for references, one for candidates."""
+
     def run(captions: dict[int, list[str]]) -> dict[int, list[str]]:
-        tokenized = ptb_tokenize({i: [c.translate(_LINE_BREAKS) for c in caps] for i, caps in captions.items()},
-                                 timeout)
+        tokenized = ptb_tokenize(
+            {i: [c.translate(_LINE_BREAKS) for c in caps] for i, caps in captions.items()}, timeout
+        )
         if any(len(tokenized.get(i, ())) != len(caps) for i, caps in captions.items()):
             raise RuntimeError("the PTB tokenizer returned a different number of captions than it was given")
         return tokenized
@@ -234,7 +249,9 @@ def _ptb_tokenize(
 
 def _cider_d(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[float, list[float]]:
     if not any(ref.split() for refs in gts.values() for ref in refs):
-        return 0.0, [0.0] * len(gts)  # pycocoevalcap fails on references without a single word; all would be 0
+        return 0.0, [0.0] * len(
+            gts
+        )  # pycocoevalcap fails on references without a single word; all would be 0
     return Cider().compute_score(gts, res)
 
 
@@ -258,7 +275,9 @@ def _spice_unavailable(requested: bool, use_java: bool) -> str | None:
     return None
 
 
-def _spice(gts: dict[int, list[str]], res: dict[int, list[str]], image_ids: list[int]) -> tuple[float, list[float]]:
+def _spice(
+    gts: dict[int, list[str]], res: dict[int, list[str]], image_ids: list[int]
+) -> tuple[float, list[float]]:
     from pycocoevalcap.spice.spice import Spice
 
     score, scores = Spice().compute_score(gts, res)
@@ -304,11 +323,15 @@ def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> C
             if isinstance(entry, dict) and "id" in entry:
                 entry_id = entry["id"]
                 if not isinstance(entry_id, (int, str)) or isinstance(entry_id, bool):
-                    raise EvaluationInputError(f"{path}: {list_key}[{index}]: id must be an integer or a "
-                                               f"string, got {entry_id!r:.60}")
+                    raise EvaluationInputError(
+                        f"{path}: {list_key}[{index}]: id must be an integer or a "
+                        f"string, got {entry_id!r:.60}"
+                    )
                 if entry_id in first_index:
-                    raise EvaluationInputError(f"{path}: {list_key}[{index}]: duplicate id {entry_id!r} "
-                                               f"(also {list_key}[{first_index[entry_id]}])")
+                    raise EvaluationInputError(
+                        f"{path}: {list_key}[{index}]: duplicate id {entry_id!r} "
+                        f"(also {list_key}[{first_index[entry_id]}])"
+                    )
                 first_index[entry_id] = index
     annotations = [a for a in data.get("annotations") or [] if isinstance(a, dict)]
     free_id = 1 + max((a["id"] for a in annotations if isinstance(a.get("id"), int)), default=0)
@@ -332,8 +355,9 @@ def load_coco_references(annotation_file: str | Path) -> dict[int, list[str]]:
     for index, annotation in enumerate(coco.dataset["annotations"]):
         image_id = annotation["image_id"]
         if isinstance(image_id, bool) or not isinstance(image_id, int):  # would match no result: dropped
-            raise EvaluationInputError(f"{annotation_file}: annotations[{index}]: image_id must be an integer, "
-                                       f"got {image_id!r:.60}")
+            raise EvaluationInputError(
+                f"{annotation_file}: annotations[{index}]: image_id must be an integer, got {image_id!r:.60}"
+            )
     references: dict[int, list[str]] = {}
     for image_id, image_annotations in coco.imgToAnns.items():
         captions = [annotation["caption"] for annotation in image_annotations]
@@ -401,7 +425,9 @@ class CiderDScorer:
         sigma: width of the length penalty.
     """
 
-    def __init__(self, references_by_image: Mapping[int, Sequence[Sequence[str]]], n: int = 4, sigma: float = 6.0):
+    def __init__(
+        self, references_by_image: Mapping[int, Sequence[Sequence[str]]], n: int = 4, sigma: float = 6.0
+    ):
         if not references_by_image:
             raise EvaluationInputError("CiderDScorer needs at least one image with references")
         corpus = CiderScorer(n=n, sigma=sigma)
@@ -415,7 +441,9 @@ class CiderDScorer:
         self.n, self.sigma = n, sigma
         self.ref_len = np.log(float(len(corpus.crefs)))  # log of the corpus size, as CiderScorer
         # tf-idf weight of each n-gram seen in the corpus; an unseen one weighs ref_len (df taken as 1)
-        self._idf = {gram: float(self.ref_len - np.log(max(1.0, df))) for gram, df in corpus.document_frequency.items()}
+        self._idf = {
+            gram: float(self.ref_len - np.log(max(1.0, df))) for gram, df in corpus.document_frequency.items()
+        }
 
     def scores(self, image_ids: Sequence[int], candidates: Sequence[Sequence[str]]) -> np.ndarray:
         """CIDEr-D of each candidate against its image's references.
@@ -435,7 +463,9 @@ class CiderDScorer:
             if refs is None:  # an image's reference vectors, once per call
                 if image_id not in self._references:
                     raise KeyError(f"image {image_id!r} is not in the CIDEr-D reference corpus")
-                refs = references[image_id] = [self._tf_idf(ref.split()) for ref in self._references[image_id]]
+                refs = references[image_id] = [
+                    self._tf_idf(ref.split()) for ref in self._references[image_id]
+                ]
             out[index] = self._score(self._tf_idf(" ".join(candidate).split()), refs)
         return out
 
@@ -472,6 +502,14 @@ class CiderDScorer:
 
 
 __all__ = [
-    "METRICS", "NLTK_BLEU", "CiderDScorer", "EvaluationInputError", "Scores", "load_coco_references",
-    "load_results", "read_coco_file", "score_captions", "tokenize_captions",
+    "METRICS",
+    "NLTK_BLEU",
+    "CiderDScorer",
+    "EvaluationInputError",
+    "Scores",
+    "load_coco_references",
+    "load_results",
+    "read_coco_file",
+    "score_captions",
+    "tokenize_captions",
 ]

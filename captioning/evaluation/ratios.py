@@ -25,8 +25,12 @@ from captioning.run_folder import scores_path_for
 
 # metric -> (per-image field that says the image was measured, how to get (sum, count) from an entry)
 RATIO_METRICS = ("grounding-mass", "grounding-pointing", "CHAIR-i", "CHAIR-s")
-_PRESENCE = {"grounding-mass": "grounding-words", "grounding-pointing": "grounding-words",
-             "CHAIR-i": "CHAIR-mentions", "CHAIR-s": "CHAIR-s"}
+_PRESENCE = {
+    "grounding-mass": "grounding-words",
+    "grounding-pointing": "grounding-words",
+    "CHAIR-i": "CHAIR-mentions",
+    "CHAIR-s": "CHAIR-s",
+}
 
 
 def _sum_and_count(metric: str, entry: Mapping[str, Any]) -> tuple[float, float]:
@@ -40,8 +44,9 @@ def _sum_and_count(metric: str, entry: Mapping[str, Any]) -> tuple[float, float]
     return float(entry["CHAIR-s"]), 1.0
 
 
-def ratio_statistics(entries: Sequence[Mapping[str, Any]], image_ids: Sequence[int],
-                     where: str = "per-image scores") -> dict[str, np.ndarray]:
+def ratio_statistics(
+    entries: Sequence[Mapping[str, Any]], image_ids: Sequence[int], where: str = "per-image scores"
+) -> dict[str, np.ndarray]:
     """Per-image (sum, count) of each ratio metric that ``entries`` hold.
 
     Args:
@@ -56,7 +61,9 @@ def ratio_statistics(entries: Sequence[Mapping[str, Any]], image_ids: Sequence[i
     by_id = {entry.get("image_id"): entry for entry in entries if isinstance(entry, Mapping)}
     missing = [image_id for image_id in image_ids if image_id not in by_id]
     if missing:
-        raise EvaluationInputError(f"{where}: image_id {missing[0]}: no per-image scores (they belong to other results)")
+        raise EvaluationInputError(
+            f"{where}: image_id {missing[0]}: no per-image scores (they belong to other results)"
+        )
     result = {}
     for metric in RATIO_METRICS:
         if not any(_PRESENCE[metric] in by_id[image_id] for image_id in image_ids):
@@ -66,7 +73,9 @@ def ratio_statistics(entries: Sequence[Mapping[str, Any]], image_ids: Sequence[i
             try:
                 rows[row] = _sum_and_count(metric, by_id[image_id])
             except (TypeError, ValueError, KeyError) as error:
-                raise EvaluationInputError(f"{where}: image_id {image_id}: {metric}: malformed ({error})") from None
+                raise EvaluationInputError(
+                    f"{where}: image_id {image_id}: {metric}: malformed ({error})"
+                ) from None
         result[metric] = rows
     return result
 
@@ -91,12 +100,19 @@ def read_ratio_statistics(results: str | Path, image_ids: Sequence[int]) -> dict
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise EvaluationInputError(f"{path}: not a readable per-image scores file ({error})") from None
     if not isinstance(entries, list):
-        raise EvaluationInputError(f"{path}: expected a list of per-image scores, got {type(entries).__name__}")
+        raise EvaluationInputError(
+            f"{path}: expected a list of per-image scores, got {type(entries).__name__}"
+        )
     return ratio_statistics(entries, image_ids, str(path))
 
 
-def chair_statistics(captions: Mapping[int, Sequence[str]], references: Mapping[int, Sequence[Sequence[str]]],
-                     instances: Instances, image_ids: Sequence[int], table: str = "released") -> dict[str, np.ndarray]:
+def chair_statistics(
+    captions: Mapping[int, Sequence[str]],
+    references: Mapping[int, Sequence[Sequence[str]]],
+    instances: Instances,
+    image_ids: Sequence[int],
+    table: str = "released",
+) -> dict[str, np.ndarray]:
     """CHAIR-i and CHAIR-s (sum, count) per image, computed from tokenised captions (images the
     instances do not cover count nothing).
 
@@ -111,5 +127,11 @@ def chair_statistics(captions: Mapping[int, Sequence[str]], references: Mapping[
     """
     covered = {i: captions[i] for i in image_ids if i in instances.image_sizes}
     result = chair(covered, references, instances, chair_table(table))
-    entries = [{"image_id": i, **(result.per_image[i].to_json() if i in result.per_image else {})} for i in image_ids]
-    return {metric: rows for metric, rows in ratio_statistics(entries, image_ids).items() if metric.startswith("CHAIR")}
+    entries = [
+        {"image_id": i, **(result.per_image[i].to_json() if i in result.per_image else {})} for i in image_ids
+    ]
+    return {
+        metric: rows
+        for metric, rows in ratio_statistics(entries, image_ids).items()
+        if metric.startswith("CHAIR")
+    }

@@ -62,7 +62,9 @@ def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captio
     return model, config
 
 
-def load_trained_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captioner, Config, str | None]:
+def load_trained_captioner(
+    checkpoint: str | Path, device: torch.device
+) -> tuple[Captioner, Config, str | None]:
     """:func:`load_captioner`, and the self-critical reward its weights were tuned with
     (:func:`captioning.evaluation.signature.reward_description`; None after cross-entropy only)."""
     from captioning.pretrained import is_model_folder, load_folder
@@ -71,26 +73,41 @@ def load_trained_captioner(checkpoint: str | Path, device: torch.device) -> tupl
     config, vocab = checkpoint_config(payload, checkpoint)
     model = Captioner.build(config.model, vocab)
     input_weight = payload["decoder"].get(model.decoder.input_weight)
-    if input_weight is not None and input_weight.dim() == 2 and model.encoder.channels != input_weight.shape[1]:
-        raise CheckpointError(f"{checkpoint}: decoder expects {input_weight.shape[1]} channels "
-                              f"but encoder {model.encoder.name} gives {model.encoder.channels}")
+    if (
+        input_weight is not None
+        and input_weight.dim() == 2
+        and model.encoder.channels != input_weight.shape[1]
+    ):
+        raise CheckpointError(
+            f"{checkpoint}: decoder expects {input_weight.shape[1]} channels "
+            f"but encoder {model.encoder.name} gives {model.encoder.channels}"
+        )
     load_state_checked(model.decoder, payload["decoder"], "decoder", checkpoint)
     if payload.get("encoder") is not None:
         load_state_checked(model.encoder, payload["encoder"], "encoder", checkpoint)
     trained = (payload.get("encoder_fingerprint") or {}).get("weights")
     now = model.encoder.fingerprint()["weights"]
     if trained is not None and trained != now:  # other features than the decoder learned from
-        raise CheckpointError(f"{checkpoint}: the encoder weights differ from those it was trained with "
-                              f"({json.dumps(trained, sort_keys=True)} then, {json.dumps(now, sort_keys=True)} now)")
+        raise CheckpointError(
+            f"{checkpoint}: the encoder weights differ from those it was trained with "
+            f"({json.dumps(trained, sort_keys=True)} then, {json.dumps(now, sort_keys=True)} now)"
+        )
     state = (payload.get("training") or {}).get("state") or {}
     reward = reward_description(config.train) if state.get("stage") == "scst" else None
     return model.to(device).eval(), config, reward
 
 
-def caption_records(model: Captioner, config: Config, records: list[ImageRecord], device: torch.device,
-                    decode_config: DecodeConfig | None = None, progress: bool = True,
-                    output_dir: Path | None = None, build_cache: bool = True,
-                    pictures: Sequence[Image.Image] | None = None) -> list[Captioned]:
+def caption_records(
+    model: Captioner,
+    config: Config,
+    records: list[ImageRecord],
+    device: torch.device,
+    decode_config: DecodeConfig | None = None,
+    progress: bool = True,
+    output_dir: Path | None = None,
+    build_cache: bool = True,
+    pictures: Sequence[Image.Image] | None = None,
+) -> list[Captioned]:
     """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions).
 
     ``build_cache`` False: only an existing complete cache is used; nothing is written.
@@ -102,12 +119,17 @@ def caption_records(model: Captioner, config: Config, records: list[ImageRecord]
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     if pictures is None and all(r.captions for r in records) and uses_cache(config):
-        dataset = caption_dataset(records, model, config, device, output_dir or Path("."), progress, 1,
-                                  build_cache=build_cache)
+        dataset = caption_dataset(
+            records, model, config, device, output_dir or Path("."), progress, 1, build_cache=build_cache
+        )
     else:
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images, pictures)
-    loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
-                        num_workers=usable_workers(config.data.num_workers))
+    loader = DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate_captions,
+        num_workers=usable_workers(config.data.num_workers),
+    )
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
     return [Captioned(records[i], caption, caption.words(model.vocab)) for i, _, caption in triples]
 
@@ -154,9 +176,14 @@ def load_boxes(paths: Sequence[str | Path]) -> Instances | None:
     return merged
 
 
-def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequence[str]],
-                     references: Mapping[int, Sequence[str]], attention: Mapping[int, tuple] | None = None,
-                     chair: str = "released") -> None:
+def add_boxed_scores(
+    result: dict,
+    boxes: Instances,
+    words: Mapping[int, Sequence[str]],
+    references: Mapping[int, Sequence[str]],
+    attention: Mapping[int, tuple] | None = None,
+    chair: str = "released",
+) -> None:
     """Add attention grounding (when ``attention`` is given) and CHAIR to ``result`` in place, over the
     images ``boxes`` cover; ``grounding-images`` and ``CHAIR-images`` count them (the others are left
     out of these two only). Each covered image's ``per_image`` entry gets its own grounding fields
@@ -176,21 +203,40 @@ def add_boxed_scores(result: dict, boxes: Instances, words: Mapping[int, Sequenc
     if attention is not None:
         items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
         per_image = grounding_per_image(items, boxes, matcher)
-        result.update(image_grounding_json([m for masses, _ in per_image.values() for m in masses],
-                                           [h for _, hits in per_image.values() for h in hits]))
+        result.update(
+            image_grounding_json(
+                [m for masses, _ in per_image.values() for m in masses],
+                [h for _, hits in per_image.values() for h in hits],
+            )
+        )
         result["grounding-images"] = len(covered)
         if "per_image" in result:
-            result["per_image"] = [{**entry, **image_grounding_json(*per_image[entry["image_id"]])}
-                                   if entry.get("image_id") in per_image else entry for entry in result["per_image"]]
-    add_chair(result, {image_id: words[image_id] for image_id in covered}, references, boxes, chair_table(chair))
+            result["per_image"] = [
+                {**entry, **image_grounding_json(*per_image[entry["image_id"]])}
+                if entry.get("image_id") in per_image
+                else entry
+                for entry in result["per_image"]
+            ]
+    add_chair(
+        result, {image_id: words[image_id] for image_id in covered}, references, boxes, chair_table(chair)
+    )
     result["CHAIR-images"] = len(covered)
 
 
-def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: Instances | None = None,
-                    use_java: bool | None = None, spice: bool = False,
-                    java_timeout: float = DEFAULT_TIMEOUT_S, decode: DecodeConfig | None = None,
-                    checkpoint: Path | None = None, chair: str = "released", reward: str | None = None,
-                    clip_scorer: ClipScorer | None = None, tokenizer: str = "ptb") -> dict:
+def score_captioned(
+    captioned: list[Captioned],
+    grid: tuple[int, int],
+    boxes: Instances | None = None,
+    use_java: bool | None = None,
+    spice: bool = False,
+    java_timeout: float = DEFAULT_TIMEOUT_S,
+    decode: DecodeConfig | None = None,
+    checkpoint: Path | None = None,
+    chair: str = "released",
+    reward: str | None = None,
+    clip_scorer: ClipScorer | None = None,
+    tokenizer: str = "ptb",
+) -> dict:
     """Caption metrics against each record's references, plus attention grounding and CHAIR (with the
     word table ``chair``) on the images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of
     them; the others are left out of these only), CLIP-S and RefCLIP-S with ``clip_scorer`` (also per
@@ -199,26 +245,44 @@ def score_captioned(captioned: list[Captioned], grid: tuple[int, int], boxes: In
     metrics tokenize with."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: detokenize(item.words) for item in captioned}
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout,
-                            tokenizer=tokenizer)
+    scores = score_captions(
+        references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout, tokenizer=tokenizer
+    )
     result = scores.to_json()
     result["per_image"] = scores.per_image_json()
     result["table"] = scores.table()
     if boxes is not None:
-        add_boxed_scores(result, boxes, {item.record.image_id: item.words for item in captioned}, references,
-                         {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned}, chair)
+        add_boxed_scores(
+            result,
+            boxes,
+            {item.record.image_id: item.words for item in captioned},
+            references,
+            {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned},
+            chair,
+        )
     if clip_scorer is not None:
         from captioning.evaluation.clip_score import clip_scores
 
-        clip = clip_scores(clip_scorer, {item.record.image_id: item.record.path for item in captioned},
-                           candidates, references)
+        clip = clip_scores(
+            clip_scorer,
+            {item.record.image_id: item.record.path for item in captioned},
+            candidates,
+            references,
+        )
         result["CLIP-S"], result["RefCLIP-S"] = clip["CLIP-S"], clip["RefCLIP-S"]
         for entry in result["per_image"]:
             entry.update(clip["per_image"][entry["image_id"]])
-    result["signature"] = make_signature(references, scores.tokenizer, decode, checkpoint,
-                                         chair=chair if boxes is not None else None, reward=reward,
-                                         clip=clip_scorer.description if clip_scorer is not None else None,
-                                         boxes=boxes, table=chair_table(chair) if boxes is not None else None)
+    result["signature"] = make_signature(
+        references,
+        scores.tokenizer,
+        decode,
+        checkpoint,
+        chair=chair if boxes is not None else None,
+        reward=reward,
+        clip=clip_scorer.description if clip_scorer is not None else None,
+        boxes=boxes,
+        table=chair_table(chair) if boxes is not None else None,
+    )
     return result
 
 
@@ -226,8 +290,10 @@ def clip_line(scores: dict) -> str | None:
     """The summary line of CLIP-S and RefCLIP-S (None when they were not computed)."""
     if scores.get("CLIP-S") is None:
         return None
-    return (f"CLIP-S {scores['CLIP-S']:.4f}, RefCLIP-S {scores['RefCLIP-S']:.4f} "
-            f"(Hessel et al. 2021: CLIP {parse_signature(scores['signature']).get('clip', '?')})")
+    return (
+        f"CLIP-S {scores['CLIP-S']:.4f}, RefCLIP-S {scores['RefCLIP-S']:.4f} "
+        f"(Hessel et al. 2021: CLIP {parse_signature(scores['signature']).get('clip', '?')})"
+    )
 
 
 def grounding_line(scores: dict, images: int) -> str | None:
@@ -239,15 +305,20 @@ def grounding_line(scores: dict, images: int) -> str | None:
         return f"grounding: none of the {images} images has boxes in the instances files"
     if not scores["grounding-words"]:
         return f"grounding: no generated word names an annotated object ({covered} of {images} images with boxes)"
-    return (f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
-            f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "
-            f"{images} images with boxes")
+    return (
+        f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
+        f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "
+        f"{images} images with boxes"
+    )
 
 
 def summary_lines(scores: dict, images: int) -> list[str]:
     """The lines printed under the scores table: grounding and CHAIR when measured, the signature last."""
-    lines = [line for line in (grounding_line(scores, images), chair_line(scores), clip_line(scores))
-             if line is not None]
+    lines = [
+        line
+        for line in (grounding_line(scores, images), chair_line(scores), clip_line(scores))
+        if line is not None
+    ]
     return [*lines, f"signature: {scores['signature']}"]
 
 
@@ -266,7 +337,9 @@ def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path | None]:
     overall = {k: v for k, v in scores.items() if k not in ("per_image", "table")}
     atomic_write(path, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
     if per_image is not None:
-        atomic_write(per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8"))
+        atomic_write(
+            per_image, lambda p: p.write_text(json.dumps(scores.get("per_image", [])), encoding="utf-8")
+        )
     return path, per_image
 
 
@@ -280,7 +353,6 @@ def per_image_path(scores_path: str | Path) -> Path | None:
     return scores_path.with_name(scores_path.stem + ".per_image.json")
 
 
-
 def decode_config_with(config: Config, **changes) -> DecodeConfig:
     """The checkpoint's decoding options with the non-None ``changes`` applied (validated)."""
     from dataclasses import asdict
@@ -290,9 +362,16 @@ def decode_config_with(config: Config, **changes) -> DecodeConfig:
     return DecodeConfig(**values)
 
 
-def score_results_file(annotations: str | Path, results: str | Path, use_java: bool | None = None,
-                       spice: bool = False, java_timeout: float = DEFAULT_TIMEOUT_S,
-                       boxes: Instances | None = None, chair: str = "released", tokenizer: str = "ptb") -> dict:
+def score_results_file(
+    annotations: str | Path,
+    results: str | Path,
+    use_java: bool | None = None,
+    spice: bool = False,
+    java_timeout: float = DEFAULT_TIMEOUT_S,
+    boxes: Instances | None = None,
+    chair: str = "released",
+    tokenizer: str = "ptb",
+) -> dict:
     """Score a COCO results file against COCO-format reference captions, as the official toolkit does
     (``tokenizer``: as for :func:`score_captions`), with CHAIR (word table ``chair``) on the images
     ``boxes`` cover (:func:`load_boxes`) when given."""
@@ -305,13 +384,24 @@ def score_results_file(annotations: str | Path, results: str | Path, use_java: b
     if missing:
         raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")
     references = {image_id: references[image_id] for image_id in candidates}
-    scores = score_captions(references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout,
-                            tokenizer=tokenizer)
+    scores = score_captions(
+        references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout, tokenizer=tokenizer
+    )
     result = {**scores.to_json(), "per_image": scores.per_image_json(), "table": scores.table()}
     if boxes is not None:
-        add_boxed_scores(result, boxes, {i: tokenize(caption) for i, caption in candidates.items()}, references,
-                         chair=chair)
-    result["signature"] = make_signature(references, scores.tokenizer, results=results,
-                                         chair=chair if boxes is not None else None, boxes=boxes,
-                                         table=chair_table(chair) if boxes is not None else None)
+        add_boxed_scores(
+            result,
+            boxes,
+            {i: tokenize(caption) for i, caption in candidates.items()},
+            references,
+            chair=chair,
+        )
+    result["signature"] = make_signature(
+        references,
+        scores.tokenizer,
+        results=results,
+        chair=chair if boxes is not None else None,
+        boxes=boxes,
+        table=chair_table(chair) if boxes is not None else None,
+    )
     return result

@@ -65,9 +65,17 @@ def _canonical_hash(value: Any) -> str:
 
 def boxes_hash(boxes: Instances) -> str:
     """sha256 (first 12 hex digits) of the boxes grounding and CHAIR read, independent of file order."""
-    images = sorted((str(image_id), list(size), sorted([box.category, list(box.bbox), dict(box.attributes)]
-                                                      for box in boxes.objects.get(image_id, ())))
-                    for image_id, size in boxes.image_sizes.items())
+    images = sorted(
+        (
+            str(image_id),
+            list(size),
+            sorted(
+                [box.category, list(box.bbox), dict(box.attributes)]
+                for box in boxes.objects.get(image_id, ())
+            ),
+        )
+        for image_id, size in boxes.image_sizes.items()
+    )
     return _canonical_hash([images, sorted(boxes.categories)])
 
 
@@ -90,8 +98,10 @@ def file_hash(path: str | Path) -> str:
 
 def decode_description(decode: DecodeConfig) -> str:
     """The decoding settings that change the captions, e.g. ``beam3.max20`` or ``sample.max16.t0.7.k5``."""
-    parts = [decode.strategy + (str(decode.beam_size) if decode.strategy == "beam" else ""),
-             f"max{decode.max_length}"]
+    parts = [
+        decode.strategy + (str(decode.beam_size) if decode.strategy == "beam" else ""),
+        f"max{decode.max_length}",
+    ]
     if decode.min_length:
         parts.append(f"min{decode.min_length}")
     if decode.length_alpha:
@@ -118,10 +128,18 @@ def _implementation() -> str:
     return f"pycocoevalcap-{toolkit},captioning-{captioning.__version__}"
 
 
-def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, decode: DecodeConfig | None = None,
-                   checkpoint: str | Path | None = None, results: str | Path | None = None,
-                   chair: str | None = None, reward: str | None = None, clip: str | None = None,
-                   boxes: Instances | None = None, table: CategoryWords | ReleasedChairTable | None = None) -> str:
+def make_signature(
+    references: Mapping[int, Sequence[str]],
+    tokenizer: str,
+    decode: DecodeConfig | None = None,
+    checkpoint: str | Path | None = None,
+    results: str | Path | None = None,
+    chair: str | None = None,
+    reward: str | None = None,
+    clip: str | None = None,
+    boxes: Instances | None = None,
+    table: CategoryWords | ReleasedChairTable | None = None,
+) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
     Args:
@@ -139,8 +157,12 @@ def make_signature(references: Mapping[int, Sequence[str]], tokenizer: str, deco
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
-    fields = {"refs": references_hash(references), "n": str(len(references)), "tok": tokenizer,
-              "impl": _implementation()}
+    fields = {
+        "refs": references_hash(references),
+        "n": str(len(references)),
+        "tok": tokenizer,
+        "impl": _implementation(),
+    }
     if chair is not None:
         fields["chair"] = chair
     if decode is not None:

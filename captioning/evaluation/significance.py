@@ -65,8 +65,9 @@ class Comparison:
         return asdict(self)
 
 
-def bleu_statistics(gts: Mapping[int, Sequence[str]], res: Mapping[int, Sequence[str]],
-                    image_ids: Sequence[int]) -> np.ndarray:
+def bleu_statistics(
+    gts: Mapping[int, Sequence[str]], res: Mapping[int, Sequence[str]], image_ids: Sequence[int]
+) -> np.ndarray:
     """Per-image BLEU statistics as pycocoevalcap's ``BleuScorer`` keeps them (option ``closest``).
 
     Args:
@@ -97,7 +98,9 @@ def corpus_bleu(sums: np.ndarray, order: int) -> np.ndarray:
     Returns:
         (R,) scores.
     """
-    precisions = (sums[:, _CORRECT:_CORRECT + order] + _TINY) / (sums[:, _GUESS:_GUESS + order] + _SMALL)  # (R, n)
+    precisions = (sums[:, _CORRECT : _CORRECT + order] + _TINY) / (
+        sums[:, _GUESS : _GUESS + order] + _SMALL
+    )  # (R, n)
     score = np.prod(precisions, axis=1) ** (1.0 / order)
     ratio = (sums[:, _TESTLEN] + _TINY) / (sums[:, _REFLEN] + _SMALL)
     penalty = np.where(ratio < 1, np.exp(1 - 1 / np.minimum(ratio, 1)), 1.0)
@@ -112,8 +115,9 @@ def resample_counts(images: int, resamples: int, seed: int) -> np.ndarray:
     return np.bincount(flat, minlength=resamples * images).reshape(resamples, images).astype(np.float64)
 
 
-def compare_statistic(counts: np.ndarray, stats_a: np.ndarray, stats_b: np.ndarray,
-                      score: Callable[[np.ndarray], np.ndarray]) -> Comparison:
+def compare_statistic(
+    counts: np.ndarray, stats_a: np.ndarray, stats_b: np.ndarray, score: Callable[[np.ndarray], np.ndarray]
+) -> Comparison:
     """Paired bootstrap of one metric.
 
     Args:
@@ -135,8 +139,13 @@ def run_draws(runs: int, resamples: int, seed: int, group: int) -> np.ndarray:
     return np.random.default_rng([seed, group + 1]).integers(0, runs, size=(resamples, runs))
 
 
-def compare_groups(counts: np.ndarray, stats_a: Sequence[np.ndarray], stats_b: Sequence[np.ndarray],
-                   score: Callable[[np.ndarray], np.ndarray], seed: int = 0) -> Comparison:
+def compare_groups(
+    counts: np.ndarray,
+    stats_a: Sequence[np.ndarray],
+    stats_b: Sequence[np.ndarray],
+    score: Callable[[np.ndarray], np.ndarray],
+    seed: int = 0,
+) -> Comparison:
     """Bootstrap of one metric between k runs of A and k' runs of B on the same N images.
 
     Args:
@@ -164,7 +173,9 @@ def compare_groups(counts: np.ndarray, stats_a: Sequence[np.ndarray], stats_b: S
         return Comparison(score_a, score_b, difference, nan, nan, nan)
     low, high = np.percentile(boot, [2.5, 97.5])
     extreme = np.count_nonzero(np.abs(boot - difference) >= abs(difference) - _RESOLUTION)
-    return Comparison(score_a, score_b, difference, float(low), float(high), float((1 + extreme) / (len(boot) + 1)))
+    return Comparison(
+        score_a, score_b, difference, float(low), float(high), float((1 + extreme) / (len(boot) + 1))
+    )
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -198,11 +209,16 @@ def mean_score(images: int) -> Callable[[np.ndarray], np.ndarray]:
     return lambda sums: sums[:, 0] / images
 
 
-def paired_bootstrap(per_image_a: Mapping[str, np.ndarray], per_image_b: Mapping[str, np.ndarray],
-                     bleu_a: np.ndarray | None = None, bleu_b: np.ndarray | None = None,
-                     resamples: int = 1000, seed: int = 0,
-                     ratios_a: Mapping[str, np.ndarray] | None = None,
-                     ratios_b: Mapping[str, np.ndarray] | None = None) -> dict[str, Comparison]:
+def paired_bootstrap(
+    per_image_a: Mapping[str, np.ndarray],
+    per_image_b: Mapping[str, np.ndarray],
+    bleu_a: np.ndarray | None = None,
+    bleu_b: np.ndarray | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+    ratios_a: Mapping[str, np.ndarray] | None = None,
+    ratios_b: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, Comparison]:
     """Compare two systems on the same N images, metric by metric, with Holm-adjusted p-values.
 
     Args:
@@ -216,16 +232,28 @@ def paired_bootstrap(per_image_a: Mapping[str, np.ndarray], per_image_b: Mapping
         metric -> :class:`Comparison`, BLEU-1..4 first when given, then the per-image metrics, then
         the ratio metrics.
     """
-    return group_bootstrap([per_image_a], [per_image_b], None if bleu_a is None else [bleu_a],
-                           None if bleu_b is None else [bleu_b], resamples, seed,
-                           None if ratios_a is None else [ratios_a], None if ratios_b is None else [ratios_b])
+    return group_bootstrap(
+        [per_image_a],
+        [per_image_b],
+        None if bleu_a is None else [bleu_a],
+        None if bleu_b is None else [bleu_b],
+        resamples,
+        seed,
+        None if ratios_a is None else [ratios_a],
+        None if ratios_b is None else [ratios_b],
+    )
 
 
-def group_bootstrap(per_image_a: Sequence[Mapping[str, np.ndarray]], per_image_b: Sequence[Mapping[str, np.ndarray]],
-                    bleu_a: Sequence[np.ndarray] | None = None, bleu_b: Sequence[np.ndarray] | None = None,
-                    resamples: int = 1000, seed: int = 0,
-                    ratios_a: Sequence[Mapping[str, np.ndarray]] | None = None,
-                    ratios_b: Sequence[Mapping[str, np.ndarray]] | None = None) -> dict[str, Comparison]:
+def group_bootstrap(
+    per_image_a: Sequence[Mapping[str, np.ndarray]],
+    per_image_b: Sequence[Mapping[str, np.ndarray]],
+    bleu_a: Sequence[np.ndarray] | None = None,
+    bleu_b: Sequence[np.ndarray] | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+    ratios_a: Sequence[Mapping[str, np.ndarray]] | None = None,
+    ratios_b: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, Comparison]:
     """Compare k runs of A with k' runs of B on the same N images (see the module docstring).
 
     Args:
@@ -246,14 +274,25 @@ def group_bootstrap(per_image_a: Sequence[Mapping[str, np.ndarray]], per_image_b
 
     if bleu_a is not None and bleu_b is not None:
         for order in range(1, BLEU_ORDERS + 1):
-            result[f"BLEU-{order}"] = compare_groups(counts, bleu_a, bleu_b,
-                                                     lambda sums, n=order: corpus_bleu(sums, n), seed)
+            result[f"BLEU-{order}"] = compare_groups(
+                counts, bleu_a, bleu_b, lambda sums, n=order: corpus_bleu(sums, n), seed
+            )
     for metric in first:
-        result[metric] = compare_groups(counts, [column(run[metric]) for run in per_image_a],
-                                        [column(run[metric]) for run in per_image_b], mean_score(images), seed)
+        result[metric] = compare_groups(
+            counts,
+            [column(run[metric]) for run in per_image_a],
+            [column(run[metric]) for run in per_image_b],
+            mean_score(images),
+            seed,
+        )
     for metric in (ratios_a or [{}])[0]:
-        result[metric] = compare_groups(counts, [column(run[metric]) for run in ratios_a],
-                                        [column(run[metric]) for run in ratios_b], ratio_score, seed)
+        result[metric] = compare_groups(
+            counts,
+            [column(run[metric]) for run in ratios_a],
+            [column(run[metric]) for run in ratios_b],
+            ratio_score,
+            seed,
+        )
     adjusted = holm([c.p_value for c in result.values()])
     return {metric: replace(c, p_holm=p) for (metric, c), p in zip(result.items(), adjusted)}
 
@@ -263,12 +302,16 @@ def comparison_table(comparisons: Mapping[str, Comparison], names: tuple[str, st
     Holm-adjusted p-value (scores x100; columns as wide as the names)."""
     width = max([len("metric"), *map(len, comparisons)])
     a_width, b_width = (max(9, len(name)) for name in names)
-    header = (f"{'metric':<{width}}  {names[0]:>{a_width}}  {names[1]:>{b_width}}  {'B - A':>8}  "
-              f"{'95% interval':>20}  {'p':>6}  {'p Holm':>6}")
+    header = (
+        f"{'metric':<{width}}  {names[0]:>{a_width}}  {names[1]:>{b_width}}  {'B - A':>8}  "
+        f"{'95% interval':>20}  {'p':>6}  {'p Holm':>6}"
+    )
     lines = [header, "-" * len(header)]
     for metric, c in comparisons.items():
         holm_text = "" if c.p_holm is None else f"{c.p_holm:6.4f}"
-        lines.append(f"{metric:<{width}}  {100 * c.a:{a_width}.2f}  {100 * c.b:{b_width}.2f}  "
-                     f"{100 * c.difference:+8.2f}  [{100 * c.ci_low:+8.2f}, {100 * c.ci_high:+8.2f}]  "
-                     f"{c.p_value:6.4f}  {holm_text:>6}")
+        lines.append(
+            f"{metric:<{width}}  {100 * c.a:{a_width}.2f}  {100 * c.b:{b_width}.2f}  "
+            f"{100 * c.difference:+8.2f}  [{100 * c.ci_low:+8.2f}, {100 * c.ci_high:+8.2f}]  "
+            f"{c.p_value:6.4f}  {holm_text:>6}"
+        )
     return "\n".join(lines)

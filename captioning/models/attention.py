@@ -73,7 +73,9 @@ class Attention(nn.Module):
             # whole (B, P, D) grid at every step, and on CPU a bf16 product with a few rows per image
             # runs slower than the float32 one.
             with torch.autocast(values.device.type, enabled=False):
-                return torch.bmm(weights.view(-1, group, weights.size(-1)).to(values.dtype), values).flatten(0, 1)
+                return torch.bmm(weights.view(-1, group, weights.size(-1)).to(values.dtype), values).flatten(
+                    0, 1
+                )
         heads = weights.view(-1, group, *weights.shape[1:]).transpose(1, 2)  # (B, nh, G, P)
         context = torch.matmul(heads, values).transpose(1, 2)  # (B, G, nh, dv)
         return context.flatten(2).flatten(0, 1)  # (N, nh*dv)
@@ -103,7 +105,9 @@ class AdditiveAttention(Attention):
         return Prepared(self.annotation_proj(annotations), annotations)  # (B, P, A), (B, P, C)
 
     def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
-        query = self.query_proj(query).view(-1, prepared.group, 1, self.query_proj.out_features)  # (B, G, 1, A)
+        query = self.query_proj(query).view(
+            -1, prepared.group, 1, self.query_proj.out_features
+        )  # (B, G, 1, A)
         hidden = self.activation(prepared.keys.unsqueeze(1) + query)  # (B, G, P, A), in place
         return self.score(hidden.flatten(0, 1)).squeeze(-1).unsqueeze(1)  # (N, 1, P)
 
@@ -181,8 +185,14 @@ class ScaledDotAttention(Attention):
         return self.output_proj(super().combine(weights, prepared))  # (N, A)
 
 
-def build_attention(scoring: str, annotation_dim: int, hidden_dim: int, attention_dim: int,
-                    activation: str = "tanh", num_heads: int = 8) -> Attention:
+def build_attention(
+    scoring: str,
+    annotation_dim: int,
+    hidden_dim: int,
+    attention_dim: int,
+    activation: str = "tanh",
+    num_heads: int = 8,
+) -> Attention:
     """The scorer named ``scoring`` (additive | dot | scaled_dot | multihead) with the given sizes."""
     builders: dict[str, Callable[[], Attention]] = {
         "additive": lambda: AdditiveAttention(annotation_dim, hidden_dim, attention_dim, activation),

@@ -43,7 +43,9 @@ class StepOutput(NamedTuple):
     state: NamedTuple  # the decoder's state, with ``select(index)``
     alpha: Tensor  # (N, P)
     beta: Tensor | None  # (N,)
-    location_log_prob: Tensor | None = None  # (N,) hard attention in training: log alpha of the sampled location
+    location_log_prob: Tensor | None = (
+        None  # (N,) hard attention in training: log alpha of the sampled location
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,11 @@ class AttentionView:
 
     def describe(self, layers: int, heads: int) -> str:
         """Words for a figure, e.g. ``layer 3 of 3, mean of 8 heads``; empty with one layer of one head."""
-        layer = f"mean of {layers} layers" if self.layer is None else f"layer {self.layer % layers + 1} of {layers}"
+        layer = (
+            f"mean of {layers} layers"
+            if self.layer is None
+            else f"layer {self.layer % layers + 1} of {layers}"
+        )
         head = f"mean of {heads} heads" if self.head is None else f"head {self.head + 1} of {heads}"
         return ", ".join(([layer] if layers > 1 else []) + ([head] if heads > 1 else []))
 
@@ -88,11 +94,15 @@ class CaptionDecoder(nn.Module):
         Raises:
             ValueError: a layer or head this decoder does not have.
         """
-        for name, index, count in (("layer", view.layer, self.attention_layers),
-                                   ("head", view.head, self.attention_heads)):
+        for name, index, count in (
+            ("layer", view.layer, self.attention_layers),
+            ("head", view.head, self.attention_heads),
+        ):
             if index is not None and not -count <= index < count:
-                raise ValueError(f"attention {name} {index + 1 if index >= 0 else index} does not exist: "
-                                 f"the decoder has {count} {name}{'s' if count > 1 else ''}")
+                raise ValueError(
+                    f"attention {name} {index + 1 if index >= 0 else index} does not exist: "
+                    f"the decoder has {count} {name}{'s' if count > 1 else ''}"
+                )
         self.attention_view = view
 
     def describe_attention(self) -> str:

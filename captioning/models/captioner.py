@@ -15,12 +15,16 @@ from captioning.models.transformer import TransformerDecoder
 
 # model.decoder.kind -> builder(config, vocab_size, annotation_dim C, grid (gh, gw)).
 DECODERS: dict[str, Callable[[DecoderConfig, int, int, tuple[int, int]], CaptionDecoder]] = {
-    "lstm": lambda config, vocab_size, channels, grid: ShowAttendTellDecoder.from_config(config, vocab_size, channels),
+    "lstm": lambda config, vocab_size, channels, grid: ShowAttendTellDecoder.from_config(
+        config, vocab_size, channels
+    ),
     "transformer": TransformerDecoder.from_config,
 }
 
 
-def build_decoder(config: DecoderConfig, vocab_size: int, annotation_dim: int, grid: tuple[int, int]) -> CaptionDecoder:
+def build_decoder(
+    config: DecoderConfig, vocab_size: int, annotation_dim: int, grid: tuple[int, int]
+) -> CaptionDecoder:
     """The decoder family ``config.kind`` names, for V words and a (gh, gw) grid of C-channel annotations."""
     return DECODERS[config.kind](config, vocab_size, annotation_dim, grid)
 
@@ -38,7 +42,9 @@ class Captioner(nn.Module):
     def __init__(self, encoder: Encoder, decoder: CaptionDecoder, vocab: Vocabulary, config: ModelConfig):
         super().__init__()
         if decoder.annotation_dim != encoder.channels:
-            raise ValueError(f"decoder expects {decoder.annotation_dim} channels, encoder gives {encoder.channels}")
+            raise ValueError(
+                f"decoder expects {decoder.annotation_dim} channels, encoder gives {encoder.channels}"
+            )
         if decoder.vocab_size != len(vocab):
             raise ValueError(f"decoder has {decoder.vocab_size} words, vocabulary {len(vocab)}")
         self.encoder = encoder
@@ -61,7 +67,8 @@ class Captioner(nn.Module):
         """(B, 3, S, S) normalised images -> (B, P, C) annotation grid."""
         return self.encoder(images)
 
-    def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor,
-                image_index: Tensor | None = None) -> DecoderOutput:
+    def forward(
+        self, annotations: Tensor, captions: Tensor, lengths: Tensor, image_index: Tensor | None = None
+    ) -> DecoderOutput:
         """Teacher-forced decoding from annotation grids (see the decoder's ``forward``)."""
         return self.decoder(annotations, captions, lengths, image_index)

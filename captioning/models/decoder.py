@@ -59,9 +59,19 @@ class ShowAttendTellDecoder(CaptionDecoder):
 
     input_weight = "init_h.weight"
 
-    def __init__(self, vocab_size: int, annotation_dim: int, attention: Attention, embed_dim: int = 512,
-                 hidden_dim: int = 512, gate: str = "scalar", deep_output: bool = True, dropout: float = 0.5,
-                 init_layers: int = 1, output_tanh: bool = False):
+    def __init__(
+        self,
+        vocab_size: int,
+        annotation_dim: int,
+        attention: Attention,
+        embed_dim: int = 512,
+        hidden_dim: int = 512,
+        gate: str = "scalar",
+        deep_output: bool = True,
+        dropout: float = 0.5,
+        init_layers: int = 1,
+        output_tanh: bool = False,
+    ):
         super().__init__()
         if output_tanh and not deep_output:
             raise ValueError("output_tanh needs the deep output")
@@ -73,9 +83,12 @@ class ShowAttendTellDecoder(CaptionDecoder):
         context_dim = attention.context_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         # Extra layers of the authors' initial-state MLP, shared by h_0 and c_0 (none by default).
-        self.init_mlp = nn.Sequential(*[
-            nn.Sequential(nn.Linear(annotation_dim, annotation_dim), nn.ReLU(), nn.Dropout(dropout))
-            for _ in range(init_layers - 1)])
+        self.init_mlp = nn.Sequential(
+            *[
+                nn.Sequential(nn.Linear(annotation_dim, annotation_dim), nn.ReLU(), nn.Dropout(dropout))
+                for _ in range(init_layers - 1)
+            ]
+        )
         self.init_h = nn.Linear(annotation_dim, hidden_dim)
         self.init_c = nn.Linear(annotation_dim, hidden_dim)
         gate_dims = {"scalar": 1, "channel": context_dim, "none": 0}
@@ -99,20 +112,37 @@ class ShowAttendTellDecoder(CaptionDecoder):
         nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
         with torch.no_grad():  # forget-gate bias 1: remember by default early in training
             self.embed_to_gates.bias.zero_()
-            self.embed_to_gates.bias[self.hidden_dim:2 * self.hidden_dim].fill_(1.0)
+            self.embed_to_gates.bias[self.hidden_dim : 2 * self.hidden_dim].fill_(1.0)
 
     @classmethod
-    def from_config(cls, config: DecoderConfig, vocab_size: int, annotation_dim: int) -> ShowAttendTellDecoder:
+    def from_config(
+        cls, config: DecoderConfig, vocab_size: int, annotation_dim: int
+    ) -> ShowAttendTellDecoder:
         """The decoder (soft or hard attention) described by ``config``."""
-        attention = build_attention(config.scoring, annotation_dim, config.hidden_dim, config.attention_dim,
-                                    config.activation, config.num_heads)
-        kwargs = {"vocab_size": vocab_size, "annotation_dim": annotation_dim, "attention": attention,
-                  "embed_dim": config.embed_dim, "hidden_dim": config.hidden_dim, "gate": config.gate,
-                  "deep_output": config.deep_output, "dropout": config.dropout,
-                  "init_layers": config.init_layers, "output_tanh": config.output_tanh}
+        attention = build_attention(
+            config.scoring,
+            annotation_dim,
+            config.hidden_dim,
+            config.attention_dim,
+            config.activation,
+            config.num_heads,
+        )
+        kwargs = {
+            "vocab_size": vocab_size,
+            "annotation_dim": annotation_dim,
+            "attention": attention,
+            "embed_dim": config.embed_dim,
+            "hidden_dim": config.hidden_dim,
+            "gate": config.gate,
+            "deep_output": config.deep_output,
+            "dropout": config.dropout,
+            "init_layers": config.init_layers,
+            "output_tanh": config.output_tanh,
+        }
         if config.attention == "hard":
-            return HardAttentionDecoder(**kwargs, expected_prob=config.hard_expected_prob,
-                                        baseline_decay=config.hard_baseline_decay)
+            return HardAttentionDecoder(
+                **kwargs, expected_prob=config.hard_expected_prob, baseline_decay=config.hard_baseline_decay
+            )
         return cls(**kwargs)
 
     def compile_step(self, backend: str = "inductor") -> None:
@@ -183,12 +213,14 @@ class ShowAttendTellDecoder(CaptionDecoder):
         """
         embedded = self.embedding(tokens)  # (N, m)
         state, context, alpha, beta, location_log_prob, _ = self._cell(
-            self.embed_to_gates(embedded), prepared, state)
+            self.embed_to_gates(embedded), prepared, state
+        )
         logits = self._logits(embedded, state.h, context)  # (N, V)
         return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, alpha, beta, location_log_prob)
 
-    def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor,
-                image_index: Tensor | None = None) -> DecoderOutput:
+    def forward(
+        self, annotations: Tensor, captions: Tensor, lengths: Tensor, image_index: Tensor | None = None
+    ) -> DecoderOutput:
         """Teacher-forced decoding of N captions.
 
         Args:
@@ -217,8 +249,11 @@ class ShowAttendTellDecoder(CaptionDecoder):
         inputs = (captions if in_order else captions.index_select(0, order))[:, :steps]  # (N, T)
         embedded = self.embedding(inputs)  # (N, T, m)
         embed_gates = self.embed_to_gates(embedded).unbind(1)  # T x (N, 4H), all steps in one product
-        active = (decode_lengths.index_select(0, order).unsqueeze(1)
-                  > torch.arange(steps, device=captions.device)).sum(0).tolist()  # rows alive per step
+        active = (
+            (decode_lengths.index_select(0, order).unsqueeze(1) > torch.arange(steps, device=captions.device))
+            .sum(0)
+            .tolist()
+        )  # rows alive per step
 
         # Per-step results are collected and stacked once: writing each step into a preallocated
         # (N, T, ...) buffer would make backward copy the whole buffer once per step.
@@ -227,7 +262,8 @@ class ShowAttendTellDecoder(CaptionDecoder):
             if n < state.h.size(0):  # slice only when rows end: a no-op slice still costs a backward copy
                 state, prepared = DecoderState(state.h[:n], state.c[:n]), prepared.head(n)
             state, context, alpha, beta, location_log_prob, entropy = self._cell(
-                embed_gates[t][:n] if n < num_captions else embed_gates[t], prepared, state)
+                embed_gates[t][:n] if n < num_captions else embed_gates[t], prepared, state
+            )
             hiddens.append(state.h)
             contexts.append(context)
             alphas.append(alpha)
@@ -253,10 +289,14 @@ class ShowAttendTellDecoder(CaptionDecoder):
         else:
             logits = self._logits(None, hiddens, None)  # (N, T, V), one product for all steps
         mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
-        return DecoderOutput(logits, padded(alphas, prepared.keys.shape[-2]), mask,
-                             padded(betas) if self.gate is not None else None,
-                             padded(location_log_probs) if sampled_locations else None,
-                             padded(entropies) if sampled_locations else None)
+        return DecoderOutput(
+            logits,
+            padded(alphas, prepared.keys.shape[-2]),
+            mask,
+            padded(betas) if self.gate is not None else None,
+            padded(location_log_probs) if sampled_locations else None,
+            padded(entropies) if sampled_locations else None,
+        )
 
 
 def _stack_steps(values: list[Tensor], rows: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -266,8 +306,10 @@ def _stack_steps(values: list[Tensor], rows: int, shape: tuple[int, ...], like: 
     """
     if not values:
         return like.new_zeros(rows, 0, *shape)
-    columns = [F.pad(value, (0, 0) * len(shape) + (0, rows - value.size(0))) if value.size(0) < rows else value
-               for value in (value.to(like.dtype) for value in values)]
+    columns = [
+        F.pad(value, (0, 0) * len(shape) + (0, rows - value.size(0))) if value.size(0) < rows else value
+        for value in (value.to(like.dtype) for value in values)
+    ]
     return torch.stack(columns, dim=1)
 
 
@@ -306,10 +348,14 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
         if self._use_expected is None or self._use_expected.numel() < weights.size(0):
             # At the first step after prepare() every row is active. The draws are i.i.d. per row,
             # so the length-sorted order of the teacher-forced pass does not matter.
-            self._use_expected = torch.rand(weights.size(0), device=weights.device) < self.expected_prob  # (n,)
+            self._use_expected = (
+                torch.rand(weights.size(0), device=weights.device) < self.expected_prob
+            )  # (n,)
         alpha = weights.mean(dim=1)  # (n, P)
         location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)  # (n,)
-        one_hot = torch.zeros_like(weights).scatter_(2, location.view(-1, 1, 1).expand(-1, weights.size(1), 1), 1.0)
+        one_hot = torch.zeros_like(weights).scatter_(
+            2, location.view(-1, 1, 1).expand(-1, weights.size(1), 1), 1.0
+        )
         sampled = self.attention.combine(one_hot, prepared)  # (n, D)
         use_expected = self._use_expected[: alpha.size(0)].unsqueeze(1)  # (n, 1)
         context = torch.where(use_expected, expected, sampled)

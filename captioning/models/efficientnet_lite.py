@@ -73,11 +73,13 @@ class Conv2dSame(nn.Conv2d):
     the convolution itself; only strided convolutions pad in ``forward``.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
-                 groups: int = 1) -> None:
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, groups: int = 1
+    ) -> None:
         static = (kernel_size - 1) // 2 if stride == 1 else 0
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding=static, groups=groups,
-                         bias=False)
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding=static, groups=groups, bias=False
+        )
         self.dynamic_padding = stride > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,8 +104,15 @@ class MBConvBlock(nn.Module):
     the stride and the channel count.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int,
-                 expand_ratio: int, drop_connect_rate: float = 0.0) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int,
+        expand_ratio: int,
+        drop_connect_rate: float = 0.0,
+    ) -> None:
         super().__init__()
         hidden = in_channels * expand_ratio
         if expand_ratio != 1:
@@ -148,8 +157,13 @@ class EfficientNetLite(nn.Module):
     stem_channels = 32
     head_channels = 1280
 
-    def __init__(self, blocks: tuple[BlockArgs, ...] = LITE0_BLOCKS, num_classes: int = 1000,
-                 dropout: float = 0.2, drop_connect_rate: float = 0.2) -> None:
+    def __init__(
+        self,
+        blocks: tuple[BlockArgs, ...] = LITE0_BLOCKS,
+        num_classes: int = 1000,
+        dropout: float = 0.2,
+        drop_connect_rate: float = 0.2,
+    ) -> None:
         super().__init__()
         self._conv_stem = Conv2dSame(3, self.stem_channels, 3, stride=2)
         self._bn0 = _batch_norm(self.stem_channels)
@@ -158,10 +172,16 @@ class EfficientNetLite(nn.Module):
         self.stage_ends: list[int] = []  # index in _blocks after each stage's last block
         for stage in blocks:
             for repeat in range(stage.repeats):
-                layers.append(MBConvBlock(
-                    stage.in_channels if repeat == 0 else stage.out_channels, stage.out_channels,
-                    stage.kernel_size, stage.stride if repeat == 0 else 1, stage.expand_ratio,
-                    drop_connect_rate * len(layers) / total))
+                layers.append(
+                    MBConvBlock(
+                        stage.in_channels if repeat == 0 else stage.out_channels,
+                        stage.out_channels,
+                        stage.kernel_size,
+                        stage.stride if repeat == 0 else 1,
+                        stage.expand_ratio,
+                        drop_connect_rate * len(layers) / total,
+                    )
+                )
             self.stage_ends.append(len(layers))
         self._blocks = nn.ModuleList(layers)
         self._conv_head = Conv2dSame(blocks[-1].out_channels, self.head_channels, 1)
@@ -186,8 +206,11 @@ class EfficientNetLite(nn.Module):
         """Stem, the seven MBConv stages and the head, input to output (the classifier excluded)."""
         starts = [0] + self.stage_ends[:-1]
         groups = [nn.ModuleList(self._blocks[a:b]) for a, b in zip(starts, self.stage_ends)]
-        return [nn.ModuleList([self._conv_stem, self._bn0]), *groups,
-                nn.ModuleList([self._conv_head, self._bn1])]
+        return [
+            nn.ModuleList([self._conv_stem, self._bn0]),
+            *groups,
+            nn.ModuleList([self._conv_head, self._bn1]),
+        ]
 
 
 def fold_batch_norms(model: EfficientNetLite) -> EfficientNetLite:

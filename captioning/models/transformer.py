@@ -29,8 +29,9 @@ from captioning.models.base import CaptionDecoder, DecoderOutput, StepOutput
 
 def sinusoids(positions: Tensor, dim: int) -> Tensor:
     """The sine/cosine position code of Vaswani et al.: (L,) positions -> (L, dim)."""
-    frequencies = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
-                            * (-math.log(10000.0) / dim))  # (ceil(dim/2),)
+    frequencies = torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) * (-math.log(10000.0) / dim)
+    )  # (ceil(dim/2),)
     angles = positions.float().unsqueeze(1) * frequencies  # (L, ceil(dim/2))
     code = torch.zeros(positions.numel(), dim, device=positions.device)
     code[:, 0::2] = torch.sin(angles)
@@ -44,8 +45,13 @@ def grid_positions(grid: tuple[int, int], dim: int, device: torch.device | None 
     row_dim = dim // 2
     row_code = sinusoids(torch.arange(rows, device=device), row_dim)  # (gh, dim/2)
     column_code = sinusoids(torch.arange(columns, device=device), dim - row_dim)  # (gw, dim/2)
-    return torch.cat([row_code.unsqueeze(1).expand(rows, columns, row_dim),
-                      column_code.unsqueeze(0).expand(rows, columns, dim - row_dim)], dim=2).flatten(0, 1)
+    return torch.cat(
+        [
+            row_code.unsqueeze(1).expand(rows, columns, row_dim),
+            column_code.unsqueeze(0).expand(rows, columns, dim - row_dim),
+        ],
+        dim=2,
+    ).flatten(0, 1)
 
 
 class TransformerPrepared(NamedTuple):
@@ -63,8 +69,10 @@ class TransformerPrepared(NamedTuple):
         return self.keys[0].shape[-2]
 
     def select(self, index: Tensor) -> TransformerPrepared:
-        return self._replace(keys=tuple(k.index_select(0, index) for k in self.keys),
-                             values=tuple(v.index_select(0, index) for v in self.values))
+        return self._replace(
+            keys=tuple(k.index_select(0, index) for k in self.keys),
+            values=tuple(v.index_select(0, index) for v in self.values),
+        )
 
     def head(self, n: int) -> TransformerPrepared:
         return self._replace(keys=tuple(k[:n] for k in self.keys), values=tuple(v[:n] for v in self.values))
@@ -82,8 +90,10 @@ class TransformerState(NamedTuple):
 
     def select(self, index: Tensor) -> TransformerState:
         """Rows ``index`` of every layer's cache (beam reordering, repeating an image's rows)."""
-        return TransformerState(tuple(k.index_select(0, index) for k in self.keys),
-                                tuple(v.index_select(0, index) for v in self.values))
+        return TransformerState(
+            tuple(k.index_select(0, index) for k in self.keys),
+            tuple(v.index_select(0, index) for v in self.values),
+        )
 
 
 class MultiHeadAttention(nn.Module):
@@ -114,8 +124,9 @@ class MultiHeadAttention(nn.Module):
         """softmax(q k^T / sqrt(dk)): (..., nh, T, dk), (..., nh, S, dk) -> (..., nh, T, S)."""
         return torch.softmax(queries @ keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)
 
-    def forward(self, x: Tensor, keys: Tensor, values: Tensor, causal: bool = False,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, keys: Tensor, values: Tensor, causal: bool = False, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """Queries from x (N, T, d) over keys and values (N, nh, S, dk) -> (N, T, d) and, with
         ``need_weights`` (never together with ``causal``), the weights (N, nh, T, S)."""
         queries = self.heads(self.query(x))  # (N, nh, T, dk)
@@ -133,8 +144,9 @@ class Block(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float, pre_norm: bool, sublayers: int):
         super().__init__()
         self.pre_norm = pre_norm
-        self.feed_forward = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
-                                          nn.Linear(d_ff, d_model))
+        self.feed_forward = nn.Sequential(
+            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
+        )
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(sublayers))
         self.dropout = nn.Dropout(dropout)
 
@@ -171,12 +183,16 @@ class DecoderBlock(Block):
         """Cross-attention keys and values (B, nh, P, dk) of the encoded grid (B, P, d)."""
         return self.cross_attention.keys_values(encoded)
 
-    def forward(self, x: Tensor, keys: Tensor, values: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, keys: Tensor, values: Tensor, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """All T steps of N captions at once: x (N, T, d), memory (N, nh, P, dk).
 
         Returns the new x and, with ``need_weights``, the cross-attention weights (N, nh, T, P).
         """
-        x = self.residual(x, 0, lambda h: self.self_attention(h, *self.self_attention.keys_values(h), causal=True)[0])
+        x = self.residual(
+            x, 0, lambda h: self.self_attention(h, *self.self_attention.keys_values(h), causal=True)[0]
+        )
         weights = None
 
         def cross(h: Tensor) -> Tensor:
@@ -187,8 +203,9 @@ class DecoderBlock(Block):
         x = self.residual(x, 1, cross)
         return self.residual(x, 2, self.feed_forward), weights
 
-    def step(self, x: Tensor, cache_keys: Tensor, cache_values: Tensor, memory_keys: Tensor,
-             memory_values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def step(
+        self, x: Tensor, cache_keys: Tensor, cache_values: Tensor, memory_keys: Tensor, memory_values: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One new word of N rows: x (N, d), caches (N, nh, t, dk), memory (B, nh, P, dk) with N = B * G.
 
         Returns the new x, the caches with this word appended (N, nh, t+1, dk) and the
@@ -199,7 +216,10 @@ class DecoderBlock(Block):
         def self_attention(h: Tensor) -> Tensor:
             nonlocal new_keys, new_values
             keys, values = self.self_attention.keys_values(h.unsqueeze(1))  # (N, nh, 1, dk)
-            new_keys, new_values = torch.cat([cache_keys, keys], dim=2), torch.cat([cache_values, values], dim=2)
+            new_keys, new_values = (
+                torch.cat([cache_keys, keys], dim=2),
+                torch.cat([cache_values, values], dim=2),
+            )
             # The cache holds only this and earlier words: no mask is needed.
             return self.self_attention(h.unsqueeze(1), new_keys, new_values)[0].squeeze(1)
 
@@ -238,23 +258,41 @@ class TransformerDecoder(CaptionDecoder):
 
     input_weight = "grid_projection.weight"
 
-    def __init__(self, vocab_size: int, annotation_dim: int, grid: tuple[int, int], d_model: int = 512,
-                 num_heads: int = 8, d_ff: int = 2048, encoder_layers: int = 3, decoder_layers: int = 3,
-                 dropout: float = 0.1, pre_norm: bool = False, tie_embeddings: bool = True):
+    def __init__(
+        self,
+        vocab_size: int,
+        annotation_dim: int,
+        grid: tuple[int, int],
+        d_model: int = 512,
+        num_heads: int = 8,
+        d_ff: int = 2048,
+        encoder_layers: int = 3,
+        decoder_layers: int = 3,
+        dropout: float = 0.1,
+        pre_norm: bool = False,
+        tie_embeddings: bool = True,
+    ):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
-        self.vocab_size, self.annotation_dim, self.grid, self.d_model = vocab_size, annotation_dim, tuple(grid), d_model
+        self.vocab_size, self.annotation_dim, self.grid, self.d_model = (
+            vocab_size,
+            annotation_dim,
+            tuple(grid),
+            d_model,
+        )
         self.attention_layers, self.attention_heads = decoder_layers, num_heads
         self.grid_projection = nn.Linear(annotation_dim, d_model)
         self.register_buffer("grid_code", grid_positions(self.grid, d_model), persistent=False)  # (P, d)
-        self.grid_encoder = nn.ModuleList(EncoderBlock(d_model, num_heads, d_ff, dropout, pre_norm)
-                                          for _ in range(encoder_layers))
+        self.grid_encoder = nn.ModuleList(
+            EncoderBlock(d_model, num_heads, d_ff, dropout, pre_norm) for _ in range(encoder_layers)
+        )
         # Pre-norm leaves the residual stream unnormalised: one LayerNorm after each stack.
         self.grid_norm = nn.LayerNorm(d_model) if pre_norm and encoder_layers else nn.Identity()
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(DecoderBlock(d_model, num_heads, d_ff, dropout, pre_norm)
-                                    for _ in range(decoder_layers))
+        self.blocks = nn.ModuleList(
+            DecoderBlock(d_model, num_heads, d_ff, dropout, pre_norm) for _ in range(decoder_layers)
+        )
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(d_model, vocab_size)
@@ -267,15 +305,26 @@ class TransformerDecoder(CaptionDecoder):
         for name, parameter in self.named_parameters():
             if parameter.dim() > 1 and not name.startswith("embedding"):
                 nn.init.xavier_uniform_(parameter)
-        nn.init.normal_(self.embedding.weight, 0.0, self.d_model ** -0.5)
+        nn.init.normal_(self.embedding.weight, 0.0, self.d_model**-0.5)
 
     @classmethod
-    def from_config(cls, config: DecoderConfig, vocab_size: int, annotation_dim: int,
-                    grid: tuple[int, int]) -> TransformerDecoder:
+    def from_config(
+        cls, config: DecoderConfig, vocab_size: int, annotation_dim: int, grid: tuple[int, int]
+    ) -> TransformerDecoder:
         """The Transformer described by ``config`` for a (gh, gw) grid of C-channel annotations."""
-        return cls(vocab_size, annotation_dim, grid, config.d_model, config.num_heads, config.d_ff,
-                   config.encoder_layers, config.decoder_layers, config.dropout, config.pre_norm,
-                   config.tie_embeddings)
+        return cls(
+            vocab_size,
+            annotation_dim,
+            grid,
+            config.d_model,
+            config.num_heads,
+            config.d_ff,
+            config.encoder_layers,
+            config.decoder_layers,
+            config.dropout,
+            config.pre_norm,
+            config.tie_embeddings,
+        )
 
     def compile_step(self, backend: str = "inductor") -> None:
         """``torch.compile`` the blocks' incremental step (dynamic batch and prefix length)."""
@@ -285,8 +334,10 @@ class TransformerDecoder(CaptionDecoder):
     def encode_grid(self, annotations: Tensor) -> Tensor:
         """(B, P, C) annotations -> (B, P, d) encoded grid."""
         if annotations.size(1) != self.grid_code.size(0):
-            raise ValueError(f"the decoder was built for a {self.grid[0]}x{self.grid[1]} grid "
-                             f"({self.grid_code.size(0)} positions), got {annotations.size(1)} positions")
+            raise ValueError(
+                f"the decoder was built for a {self.grid[0]}x{self.grid[1]} grid "
+                f"({self.grid_code.size(0)} positions), got {annotations.size(1)} positions"
+            )
         encoded = self.dropout(self.grid_projection(annotations) + self.grid_code)  # (B, P, d)
         for block in self.grid_encoder:
             encoded = block(encoded)
@@ -300,15 +351,18 @@ class TransformerDecoder(CaptionDecoder):
 
     def init_state(self, annotations: Tensor) -> TransformerState:
         """Empty caches (B, nh, 0, dk) per layer: no word yet."""
-        empty = annotations.new_zeros(annotations.size(0), self.attention_heads, 0,
-                                      self.d_model // self.attention_heads)
+        empty = annotations.new_zeros(
+            annotations.size(0), self.attention_heads, 0, self.d_model // self.attention_heads
+        )
         return TransformerState((empty,) * len(self.blocks), (empty,) * len(self.blocks))
 
     # ----------------------------------------------------------------- the attention view
     def _reported(self, weights: list[Tensor | None]) -> Tensor:
         """The view's map from per-layer weights (N, nh, ..., P): one layer or the mean, one head or the mean."""
         layer, head = self.attention_view.layer, self.attention_view.head
-        chosen = torch.stack([w for w in weights if w is not None]).mean(0) if layer is None else weights[layer]
+        chosen = (
+            torch.stack([w for w in weights if w is not None]).mean(0) if layer is None else weights[layer]
+        )
         return chosen.mean(dim=1) if head is None else chosen[:, head]
 
     def _needs_weights(self, index: int) -> bool:
@@ -323,8 +377,9 @@ class TransformerDecoder(CaptionDecoder):
 
     def _step_blocks(self, x: Tensor, state: TransformerState, prepared: TransformerPrepared):
         keys, values, weights = [], [], []
-        for block, cache_k, cache_v, memory_k, memory_v in zip(self.blocks, state.keys, state.values,
-                                                               prepared.keys, prepared.values):
+        for block, cache_k, cache_v, memory_k, memory_v in zip(
+            self.blocks, state.keys, state.values, prepared.keys, prepared.values
+        ):
             x, k, v, w = block.step(x, cache_k, cache_v, memory_k, memory_v)
             keys.append(k)
             values.append(v)
@@ -339,8 +394,9 @@ class TransformerDecoder(CaptionDecoder):
         logits = self.out(x)  # (N, V)
         return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, self._reported(weights), None)
 
-    def forward(self, annotations: Tensor, captions: Tensor, lengths: Tensor,
-                image_index: Tensor | None = None) -> DecoderOutput:
+    def forward(
+        self, annotations: Tensor, captions: Tensor, lengths: Tensor, image_index: Tensor | None = None
+    ) -> DecoderOutput:
         """Teacher-forced decoding of N captions, all steps at once (see ``ShowAttendTellDecoder.forward``).
 
         Args:

@@ -29,8 +29,18 @@ FORMAT = "captioning-checkpoint"
 VERSION = 1
 
 
-__all__ = ["CheckpointError", "atomic_write", "check_payload", "check_state_fits", "checkpoint_config", "load_checkpoint",
-           "load_state_checked", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = [
+    "CheckpointError",
+    "atomic_write",
+    "check_payload",
+    "check_state_fits",
+    "checkpoint_config",
+    "load_checkpoint",
+    "load_state_checked",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 
 class CheckpointError(ValueError):
@@ -61,9 +71,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: str | Path, *, config: Config, vocab: Vocabulary, decoder_state: dict,
-                    encoder_state: dict | None = None, encoder_fingerprint: dict | None = None,
-                    training: dict | None = None) -> None:
+def save_checkpoint(
+    path: str | Path,
+    *,
+    config: Config,
+    vocab: Vocabulary,
+    decoder_state: dict,
+    encoder_state: dict | None = None,
+    encoder_fingerprint: dict | None = None,
+    training: dict | None = None,
+) -> None:
     """Write a checkpoint atomically.
 
     Args:
@@ -75,8 +92,13 @@ def save_checkpoint(path: str | Path, *, config: Config, vocab: Vocabulary, deco
         training: optimizer/scheduler/epoch/step/RNG state for ``--resume``.
     """
     payload = {
-        "format": FORMAT, "version": VERSION, "config": to_dict(config), "vocab": vocab.to_dict(),
-        "decoder": decoder_state, "encoder": encoder_state, "encoder_fingerprint": encoder_fingerprint,
+        "format": FORMAT,
+        "version": VERSION,
+        "config": to_dict(config),
+        "vocab": vocab.to_dict(),
+        "decoder": decoder_state,
+        "encoder": encoder_state,
+        "encoder_fingerprint": encoder_fingerprint,
         "training": training,
     }
     try:
@@ -102,7 +124,7 @@ class _WholeWrites:
         view = memoryview(data).cast("B")
         try:
             while view:  # a full disk first writes short, then fails with ENOSPC on the next call
-                view = view[self.stream.write(view):]
+                view = view[self.stream.write(view) :]
         except OSError as error:
             self.error = error
             raise
@@ -137,8 +159,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        raise CheckpointError(f"{path}: refused: the checkpoint holds objects other than tensors and plain "
-                              f"types ({_unpickling_detail(error)})") from None
+        raise CheckpointError(
+            f"{path}: refused: the checkpoint holds objects other than tensors and plain "
+            f"types ({_unpickling_detail(error)})"
+        ) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError) as error:
         detail = _first_sentence(str(error)) or type(error).__name__
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({detail})") from None
@@ -156,15 +180,19 @@ def check_payload(payload: Any, path: str | Path) -> None:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a captioning checkpoint")
     if payload.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {payload.get('version')} is not supported "
-                              f"(this code reads version {VERSION})")
+        raise CheckpointError(
+            f"{path}: checkpoint version {payload.get('version')} is not supported "
+            f"(this code reads version {VERSION})"
+        )
     for key in ("config", "vocab", "decoder"):
         if not isinstance(payload.get(key), dict):
             raise CheckpointError(f"{path}: checkpoint has no '{key}' section")
     for key in ("encoder", "encoder_fingerprint", "training"):
         if not isinstance(payload.get(key), (dict, type(None))):
-            raise CheckpointError(f"{path}: checkpoint entry '{key}' must be a mapping or null, "
-                                  f"got {type(payload[key]).__name__}")
+            raise CheckpointError(
+                f"{path}: checkpoint entry '{key}' must be a mapping or null, "
+                f"got {type(payload[key]).__name__}"
+            )
     for section in ("decoder", "encoder"):
         _check_weights(payload.get(section) or {}, section, path)
 
@@ -177,7 +205,9 @@ def _check_crc(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({_first_sentence(str(error))})") from None
+        raise CheckpointError(
+            f"{path}: truncated or corrupt checkpoint ({_first_sentence(str(error))})"
+        ) from None
     if damaged is not None:
         raise CheckpointError(f"{path}: corrupt checkpoint: {damaged} fails its CRC check")
 
@@ -186,11 +216,14 @@ def _check_weights(state: dict, section: str, path: Path) -> None:
     """Every entry a tensor, every floating-point value finite: else decoding gives empty captions."""
     for name, value in state.items():
         if not isinstance(name, str) or not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"{path}: {section} weights: entry {name!r} is not a tensor "
-                                  f"({type(value).__name__})")
+            raise CheckpointError(
+                f"{path}: {section} weights: entry {name!r} is not a tensor ({type(value).__name__})"
+            )
         if value.layout != torch.strided or value.is_quantized:  # torch's own messages run to kilobytes
-            raise CheckpointError(f"{path}: {section} weights: {name} is a {str(value.layout).removeprefix('torch.')} "
-                                  f"{'quantized ' * value.is_quantized}tensor; a checkpoint holds dense tensors")
+            raise CheckpointError(
+                f"{path}: {section} weights: {name} is a {str(value.layout).removeprefix('torch.')} "
+                f"{'quantized ' * value.is_quantized}tensor; a checkpoint holds dense tensors"
+            )
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise CheckpointError(f"{path}: {section} weights: {name} holds NaN or infinite values")
 
@@ -230,19 +263,25 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
     try:  # a registered name, or <family>:<model> of a known family (timm:, open_clip:)
         encoder_builder(config.model.encoder.name)
     except ConfigError:
-        raise CheckpointError(f"{path}: stored model.encoder.name {config.model.encoder.name!r:.60} is not an "
-                              f"encoder of this code ({', '.join(sorted(ENCODERS))}, or a timm: or open_clip: "
-                              "name; a user module's encoder needs --import)") from None
+        raise CheckpointError(
+            f"{path}: stored model.encoder.name {config.model.encoder.name!r:.60} is not an "
+            f"encoder of this code ({', '.join(sorted(ENCODERS))}, or a timm: or open_clip: "
+            "name; a user module's encoder needs --import)"
+        ) from None
     return config, vocab
 
 
-def load_state_checked(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path) -> None:
+def load_state_checked(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path
+) -> None:
     """``load_state_dict(strict=True)`` with a one-line message saying what differs."""
     check_state_fits(module, state, what, path)
     module.load_state_dict(state, strict=True)
 
 
-def check_state_fits(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path) -> None:
+def check_state_fits(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, path: str | Path
+) -> None:
     """Refuse, without loading them, weights whose names or shapes differ from ``module``'s.
 
     Raises:
@@ -251,8 +290,11 @@ def check_state_fits(module: torch.nn.Module, state: dict[str, torch.Tensor], wh
     own = module.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
-    mismatched = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
-                  for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    mismatched = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+        for k in own
+        if k in state and tuple(own[k].shape) != tuple(state[k].shape)
+    ]
     problems = []
     if missing:
         problems.append(f"missing {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else ""))
@@ -261,4 +303,6 @@ def check_state_fits(module: torch.nn.Module, state: dict[str, torch.Tensor], wh
     if mismatched:
         problems.append(f"shape {', '.join(mismatched[:3])}" + (" ..." if len(mismatched) > 3 else ""))
     if problems:
-        raise CheckpointError(f"{path}: {what} weights do not fit the model configuration: {'; '.join(problems)}")
+        raise CheckpointError(
+            f"{path}: {what} weights do not fit the model configuration: {'; '.join(problems)}"
+        )

@@ -72,7 +72,9 @@ def _store_of_this_attempt(world_size: int) -> dist.Store | None:
     shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     if not (shared and restarts > 0 and os.environ.get("GROUP_WORLD_SIZE") == "1"):
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False
+    )
     return dist.PrefixStore(f"captioning/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 

@@ -23,11 +23,20 @@ class EpochBatches:
     global batch (``rank::world_size``).
     """
 
-    def __init__(self, num_images: int, batch_size: int, seed: int, epoch: int, skip: int = 0,
-                 rank: int = 0, world_size: int = 1, shuffle: bool = True):
+    def __init__(
+        self,
+        num_images: int,
+        batch_size: int,
+        seed: int,
+        epoch: int,
+        skip: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+    ):
         generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
         order = torch.randperm(num_images, generator=generator) if shuffle else torch.arange(num_images)
-        self.batches = [order[i:i + batch_size].tolist() for i in range(0, num_images, batch_size)]
+        self.batches = [order[i : i + batch_size].tolist() for i in range(0, num_images, batch_size)]
         self.batches = [batch[rank::world_size] for batch in self.batches[skip:]]
         self.batches = [batch for batch in self.batches if batch]
 
@@ -52,9 +61,15 @@ def annotations_of(model: Captioner, batch: dict) -> Tensor:
 
 
 @torch.inference_mode()
-def generate_captions(model: Captioner, loader: Iterable[dict], decode_config: DecodeConfig, device: torch.device,
-                      progress: bool = True, desc: str = "decoding", amp: str = "none",
-                      ) -> list[tuple[int, int, Caption]]:
+def generate_captions(
+    model: Captioner,
+    loader: Iterable[dict],
+    decode_config: DecodeConfig,
+    device: torch.device,
+    progress: bool = True,
+    desc: str = "decoding",
+    amp: str = "none",
+) -> list[tuple[int, int, Caption]]:
     """Caption every image of ``loader``: a list of (dataset index, image id, Caption).
 
     ``amp`` (``train.amp``) decodes under autocast, as training ran; scores and log-probabilities

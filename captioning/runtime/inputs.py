@@ -28,9 +28,17 @@ def uses_cache(config: Config) -> bool:
     return config.data.use_cache and config.model.encoder.fine_tune_stages == 0
 
 
-def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config, device: torch.device,
-                    output_dir: Path, progress: bool, captions_per_image: int,
-                    group: distributed.ProcessGroup | None = None, build_cache: bool = True) -> CaptionDataset:
+def caption_dataset(
+    records: list[ImageRecord],
+    model: Captioner,
+    config: Config,
+    device: torch.device,
+    output_dir: Path,
+    progress: bool,
+    captions_per_image: int,
+    group: distributed.ProcessGroup | None = None,
+    build_cache: bool = True,
+) -> CaptionDataset:
     """A dataset over ``records``: cached grids for a frozen encoder, images otherwise.
 
     With several processes (``group``), every rank must call this: they fill the cache together.
@@ -38,22 +46,35 @@ def caption_dataset(records: list[ImageRecord], model: Captioner, config: Config
     is written); for a cache folder named by a checkpoint rather than by the user.
     """
     group = group or distributed.ProcessGroup()
-    common = {"vocab": model.vocab, "max_length": config.data.max_caption_length,
-              "captions_per_image": captions_per_image, "seed": config.train.seed,
-              "skip_bad_images": config.data.skip_bad_images}
+    common = {
+        "vocab": model.vocab,
+        "max_length": config.data.max_caption_length,
+        "captions_per_image": captions_per_image,
+        "seed": config.train.seed,
+        "skip_bad_images": config.data.skip_bad_images,
+    }
     cache = None
     if uses_cache(config):
-        cache = FeatureCache.build_or_open(feature_cache_dir(config, output_dir), model.encoder, records,
-                                           device=device,
-                                           num_workers=usable_workers(config.data.num_workers),
-                                           progress=progress, skip_bad_images=config.data.skip_bad_images,
-                                           rank=group.rank, world_size=group.world_size, build=build_cache)
+        cache = FeatureCache.build_or_open(
+            feature_cache_dir(config, output_dir),
+            model.encoder,
+            records,
+            device=device,
+            num_workers=usable_workers(config.data.num_workers),
+            progress=progress,
+            skip_bad_images=config.data.skip_bad_images,
+            rank=group.rank,
+            world_size=group.world_size,
+            build=build_cache,
+        )
     if cache is not None:
         return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
     return CaptionDataset(records, transform=model.encoder.transform, **common)
 
 
-def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[str], source: str = "") -> Counter[str]:
+def check_splits(
+    records: Sequence[ImageRecord], dataset: str, needed: Sequence[str], source: str = ""
+) -> Counter[str]:
     """Images per split, after checking that every split in ``needed`` has some.
 
     Args:
@@ -64,11 +85,19 @@ def check_splits(records: Sequence[ImageRecord], dataset: str, needed: Sequence[
     counts = Counter(record.split for record in records)
     for split in needed:
         if not counts[split]:
-            have = ", ".join(f"{name or '(none)'} {count}" for name, count in sorted(counts.items())) or "no images"
-            hint = ("; train.py scores the test split after training: give data with one, or pass --no-test"
-                    if split == "test" else "")
-            raise DatasetError(f"{source}: " * bool(source) +
-                               f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}")
+            have = (
+                ", ".join(f"{name or '(none)'} {count}" for name, count in sorted(counts.items()))
+                or "no images"
+            )
+            hint = (
+                "; train.py scores the test split after training: give data with one, or pass --no-test"
+                if split == "test"
+                else ""
+            )
+            raise DatasetError(
+                f"{source}: " * bool(source)
+                + f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}"
+            )
     return counts
 
 

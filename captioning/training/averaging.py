@@ -18,8 +18,12 @@ from torch import nn
 
 def trainable_parameters(modules: dict[str, nn.Module]) -> dict[str, nn.Parameter]:
     """The trainable parameters of ``modules`` by ``<module name>.<parameter name>``."""
-    return {f"{prefix}.{name}": parameter for prefix, module in modules.items()
-            for name, parameter in module.named_parameters() if parameter.requires_grad}
+    return {
+        f"{prefix}.{name}": parameter
+        for prefix, module in modules.items()
+        for name, parameter in module.named_parameters()
+        if parameter.requires_grad
+    }
 
 
 class WeightAverage:

@@ -25,9 +25,11 @@ def claim_output_dir(output_dir: Path, overwrite: bool) -> None:
     """
     earlier = sorted((output_dir / CHECKPOINTS).glob("*.pt"))
     if earlier and not overwrite:
-        raise CheckpointError(f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
-                              "continue it with --resume, replace it with --set train.overwrite=true, or choose "
-                              "another --output-dir")
+        raise CheckpointError(
+            f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
+            "continue it with --resume, replace it with --set train.overwrite=true, or choose "
+            "another --output-dir"
+        )
     remove_outputs(output_dir, "overwrite: deleted the earlier run's {count} files in " + str(output_dir))
 
 
@@ -38,8 +40,9 @@ def remove_outputs(output_dir: Path, message: str) -> None:
         print(message.replace("{count}", str(len(removed))), flush=True)
 
 
-def auto_resume_point(config: Config, output_dir: Path,
-                       group: distributed.ProcessGroup) -> tuple[Path | None, bool]:
+def auto_resume_point(
+    config: Config, output_dir: Path, group: distributed.ProcessGroup
+) -> tuple[Path | None, bool]:
     """``--resume auto``: the folder's ``last.pt`` when there is one, else None (a new run).
 
     Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
@@ -63,13 +66,17 @@ def auto_resume_point(config: Config, output_dir: Path,
     if last_kind == "a file":
         return last, False
     if last_kind is not None:
-        raise CheckpointError(f"{last}: is {last_kind}, not a checkpoint; --resume auto neither continues nor "
-                              "replaces the run: move it away, or choose another --output-dir")
+        raise CheckpointError(
+            f"{last}: is {last_kind}, not a checkpoint; --resume auto neither continues nor "
+            "replaces the run: move it away, or choose another --output-dir"
+        )
     if beyond and not config.train.overwrite:
         shown = ", ".join(beyond[:4]) + (f" and {len(beyond) - 4} more" if len(beyond) > 4 else "")
-        raise CheckpointError(f"{output_dir}: --resume auto: no checkpoints/last.pt to continue, and the folder "
-                              f"holds more than a launch that died before its first checkpoint leaves ({shown}); "
-                              "replace that run with --set train.overwrite=true, or choose another --output-dir")
+        raise CheckpointError(
+            f"{output_dir}: --resume auto: no checkpoints/last.pt to continue, and the folder "
+            f"holds more than a launch that died before its first checkpoint leaves ({shown}); "
+            "replace that run with --set train.overwrite=true, or choose another --output-dir"
+        )
     if not has_config or beyond:  # nothing to start over from, or a run train.overwrite replaces
         return None, False
     check_resumable(load_config(stored), config, "xe", stored)

@@ -22,8 +22,9 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_machine_warning(threads: int | None = None, cores: int | None = None,
-                         load: float | None = None) -> str | None:
+def busy_machine_warning(
+    threads: int | None = None, cores: int | None = None, load: float | None = None
+) -> str | None:
     """One warning line when this process's torch threads outnumber the cores other processes leave
     idle (the 1-minute load average), else None.
 
@@ -42,9 +43,11 @@ def busy_machine_warning(threads: int | None = None, cores: int | None = None,
     idle = max(1, math.floor(cores - load + 0.5))
     if threads <= idle:
         return None
-    return (f"warning: the machine is busy (load average {load:.1f} on {cores} cores) and torch runs {threads} "
-            f"threads per process: waiting threads spin, which can make a run several times slower; start it "
-            f"with OMP_NUM_THREADS={idle} (docs/first-run-notes.md)")
+    return (
+        f"warning: the machine is busy (load average {load:.1f} on {cores} cores) and torch runs {threads} "
+        f"threads per process: waiting threads spin, which can make a run several times slower; start it "
+        f"with OMP_NUM_THREADS={idle} (docs/first-run-notes.md)"
+    )
 
 
 def say_if_busy(device: torch.device) -> None:

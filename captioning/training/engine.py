@@ -68,8 +68,9 @@ def flatten_captions(batch: dict) -> tuple[Tensor, Tensor, Tensor]:
     return captions.reshape(b * k, t), lengths.reshape(b * k), image_index
 
 
-def xe_loss(model: Captioner, batch: dict, config: TrainConfig, decoder_config: DecoderConfig,
-            world_size: int = 1) -> LossTerms:
+def xe_loss(
+    model: Captioner, batch: dict, config: TrainConfig, decoder_config: DecoderConfig, world_size: int = 1
+) -> LossTerms:
     """The cross-entropy objective of one batch (equation 14; equation 12 with hard attention)."""
     captions, lengths, image_index = flatten_captions(batch)
     output = model(annotations_of(model, batch), captions, lengths, image_index)
@@ -78,15 +79,31 @@ def xe_loss(model: Captioner, batch: dict, config: TrainConfig, decoder_config: 
         num_tokens = float(distributed.all_reduce_sum((lengths - 1).sum().float())) / world_size
     decoder = distributed.unwrap(model.decoder)
     if isinstance(decoder, HardAttentionDecoder):
-        return hard_attention_loss(decoder, output, captions, decoder_config.doubly_stochastic,
-                                   decoder_config.hard_entropy, decoder_config.hard_reinforce,
-                                   config.label_smoothing, num_tokens)
-    return caption_loss(output, captions, decoder_config.doubly_stochastic, config.label_smoothing, num_tokens)
+        return hard_attention_loss(
+            decoder,
+            output,
+            captions,
+            decoder_config.doubly_stochastic,
+            decoder_config.hard_entropy,
+            decoder_config.hard_reinforce,
+            config.label_smoothing,
+            num_tokens,
+        )
+    return caption_loss(
+        output, captions, decoder_config.doubly_stochastic, config.label_smoothing, num_tokens
+    )
 
 
-def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Optimizer, config: TrainConfig,
-                      scaler: torch.amp.GradScaler | None, where: str, average: Sequence[torch.nn.Parameter] = (),
-                      world_size: int = 1) -> bool:
+def optimisation_step(
+    loss: Tensor,
+    model: Captioner,
+    optimizer: torch.optim.Optimizer,
+    config: TrainConfig,
+    scaler: torch.amp.GradScaler | None,
+    where: str,
+    average: Sequence[torch.nn.Parameter] = (),
+    world_size: int = 1,
+) -> bool:
     """Backward, average ``average``'s gradients over processes, clip and step.
 
     Returns False when the batch was skipped for a non-finite value.
@@ -102,14 +119,18 @@ def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Opt
         if scaler is not None:
             scaler.unscale_(optimizer)
         parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip if config.grad_clip else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(
+            parameters, config.grad_clip if config.grad_clip else float("inf")
+        )
         finite = bool(torch.isfinite(norm)) or scaler is not None  # the scaler skips inf steps itself
     if not finite:
         optimizer.zero_grad(set_to_none=True)
         if config.nonfinite == "stop":
-            raise NonFiniteLossError(f"non-finite loss or gradient ({float(loss.detach()):.4g}) at {where}; "
-                                     "stopped without writing a checkpoint (set train.nonfinite=skip to skip "
-                                     "such batches)")
+            raise NonFiniteLossError(
+                f"non-finite loss or gradient ({float(loss.detach()):.4g}) at {where}; "
+                "stopped without writing a checkpoint (set train.nonfinite=skip to skip "
+                "such batches)"
+            )
         return False
     if scaler is not None:
         scaler.step(optimizer)
@@ -119,8 +140,14 @@ def optimisation_step(loss: Tensor, model: Captioner, optimizer: torch.optim.Opt
     return True
 
 
-def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainConfig, decode_config: DecodeConfig,
-              world_size: int = 1) -> tuple[Tensor, dict]:
+def scst_loss(
+    model: Captioner,
+    batch: dict,
+    rewarder: Rewarder,
+    config: TrainConfig,
+    decode_config: DecodeConfig,
+    world_size: int = 1,
+) -> tuple[Tensor, dict]:
     """Self-critical loss of one batch (Rennie et al. 2017).
 
     ``scst_samples`` captions are sampled per image; each one's advantage is its reward (the
@@ -142,22 +169,33 @@ def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainCo
     annotations = annotations_of(model, batch)
     image_ids = batch["image_ids"].tolist()
     n = config.scst_samples
-    limits = {"max_length": decode_config.max_length, "min_length": decode_config.min_length,
-              "forbid_unk": decode_config.forbid_unk}
+    limits = {
+        "max_length": decode_config.max_length,
+        "min_length": decode_config.min_length,
+        "forbid_unk": decode_config.forbid_unk,
+    }
     sampled = rollout(decoder, annotations, sampler(), repeats=n, **limits)
     # One device-to-host copy per rollout, not one per caption.
-    sample_words = [row[:length] for row, length in zip(sampled.tokens.tolist(), sampled.lengths.tolist(), strict=True)]
+    sample_words = [
+        row[:length] for row, length in zip(sampled.tokens.tolist(), sampled.lengths.tolist(), strict=True)
+    ]
     sample_ids, finished = [i for i in image_ids for _ in range(n)], sampled.finished.tolist()
     if config.scst_baseline == "greedy":
         decoder.eval()
         with torch.no_grad():
             greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), **limits)
         decoder.train()
-        greedy_words = [row[:length] for row, length in zip(greedy.tokens.tolist(), greedy.lengths.tolist(), strict=True)]
+        greedy_words = [
+            row[:length] for row, length in zip(greedy.tokens.tolist(), greedy.lengths.tolist(), strict=True)
+        ]
         # One reward call for samples and baseline: each image's reference vectors are built once a step.
-        scored = rewarder([*sample_ids, *image_ids], [*sample_words, *greedy_words],
-                          [*finished, *greedy.finished.tolist()])
-        rewards, baseline = scored[:len(sample_ids)].reshape(len(image_ids), n), scored[len(sample_ids):, None]
+        scored = rewarder(
+            [*sample_ids, *image_ids], [*sample_words, *greedy_words], [*finished, *greedy.finished.tolist()]
+        )
+        rewards, baseline = (
+            scored[: len(sample_ids)].reshape(len(image_ids), n),
+            scored[len(sample_ids) :, None],
+        )
     else:
         rewards = rewarder(sample_ids, sample_words, finished).reshape(len(image_ids), n)
         baseline = (rewards.sum(1, keepdims=True) - rewards) / (n - 1)
@@ -173,11 +211,23 @@ def scst_loss(model: Captioner, batch: dict, rewarder: Rewarder, config: TrainCo
     return loss, {"reward": float(rewards.mean()), "baseline": float(np.mean(baseline))}
 
 
-def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.optim.Optimizer,
-                    config: TrainConfig, state: TrainState, device: torch.device, *, decoder_config: DecoderConfig,
-                    decode_config: DecodeConfig | None = None, rewarder: Rewarder | None = None,
-                    scaler: torch.amp.GradScaler | None = None, on_step=None, world_size: int = 1,
-                    progress: bool = True, stop: Callable[[], bool] | None = None) -> dict[str, float]:
+def train_one_epoch(
+    model: Captioner,
+    loader: Iterable[dict],
+    optimizer: torch.optim.Optimizer,
+    config: TrainConfig,
+    state: TrainState,
+    device: torch.device,
+    *,
+    decoder_config: DecoderConfig,
+    decode_config: DecodeConfig | None = None,
+    rewarder: Rewarder | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    on_step=None,
+    world_size: int = 1,
+    progress: bool = True,
+    stop: Callable[[], bool] | None = None,
+) -> dict[str, float]:
     """One pass over ``loader``; calls ``on_step(state, numbers)`` after each optimisation step.
 
     ``decoder_config`` holds the loss weights; ``decode_config`` the constraints of self-critical
@@ -194,10 +244,18 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
     by_hand = [p for p in model.encoder.parameters() if p.requires_grad]
     if state.stage == "scst":
         by_hand += list(distributed.unwrap(model.decoder).parameters())
-    if state.batch_in_epoch == 0:  # a new epoch; else one resumed mid-way, whose sums come from the checkpoint
+    if (
+        state.batch_in_epoch == 0
+    ):  # a new epoch; else one resumed mid-way, whose sums come from the checkpoint
         state.epoch_sums, state.epoch_steps = {}, 0
-    bar = tqdm(loader, desc=f"{state.stage} epoch {state.epoch + 1}", leave=False, disable=not progress,
-               dynamic_ncols=True, unit="batch")
+    bar = tqdm(
+        loader,
+        desc=f"{state.stage} epoch {state.epoch + 1}",
+        leave=False,
+        disable=not progress,
+        dynamic_ncols=True,
+        unit="batch",
+    )
     for batch in bar:
         if batch is None:  # every image of the batch was unreadable and skipped
             state.batch_in_epoch += 1
@@ -206,11 +264,16 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
         where = f"epoch {state.epoch + 1}, step {state.global_step + 1}"
         with autocast(device, config.amp):
             if state.stage == "scst":
-                loss, numbers = scst_loss(model, batch, rewarder, config, decode_config or DecodeConfig(), world_size)
+                loss, numbers = scst_loss(
+                    model, batch, rewarder, config, decode_config or DecodeConfig(), world_size
+                )
             else:
                 terms = xe_loss(model, batch, config, decoder_config, world_size)
                 loss = terms.total
-                numbers = {"cross_entropy": terms.cross_entropy.item(), "attention_penalty": terms.attention_penalty.item()}
+                numbers = {
+                    "cross_entropy": terms.cross_entropy.item(),
+                    "attention_penalty": terms.attention_penalty.item(),
+                }
         stepped = optimisation_step(loss, model, optimizer, config, scaler, where, by_hand, world_size)
         state.batch_in_epoch += 1
         if not stepped:
@@ -230,5 +293,3 @@ def train_one_epoch(model: Captioner, loader: Iterable[dict], optimizer: torch.o
         if stop is not None and stop():
             break
     return {key: value / max(state.epoch_steps, 1) for key, value in state.epoch_sums.items()}
-
-

@@ -85,8 +85,13 @@ def token_negative_log_likelihood(logits: Tensor, targets: Tensor, label_smoothi
     return (1.0 - label_smoothing) * nll + label_smoothing * uniform
 
 
-def caption_loss(output: DecoderOutput, captions: Tensor, penalty_weight: float, label_smoothing: float = 0.0,
-                 num_tokens: float | None = None) -> LossTerms:
+def caption_loss(
+    output: DecoderOutput,
+    captions: Tensor,
+    penalty_weight: float,
+    label_smoothing: float = 0.0,
+    num_tokens: float | None = None,
+) -> LossTerms:
     """Equation 14 summed over the captions, divided by the number of target tokens.
 
     Args:
@@ -102,17 +107,26 @@ def caption_loss(output: DecoderOutput, captions: Tensor, penalty_weight: float,
         captions divided by ``num_tokens``) and their weighted sum.
     """
     steps = output.logits.size(1)
-    targets = captions[:, 1:steps + 1]  # (N, T)
+    targets = captions[:, 1 : steps + 1]  # (N, T)
     logits = output.logits[output.mask]  # (M, V), real steps only
     denominator = num_tokens if num_tokens is not None else logits.size(0)
-    cross_entropy = token_negative_log_likelihood(logits, targets[output.mask], label_smoothing).sum() / denominator
+    cross_entropy = (
+        token_negative_log_likelihood(logits, targets[output.mask], label_smoothing).sum() / denominator
+    )
     penalty = doubly_stochastic_penalty(output.alphas, output.mask) / denominator
     return LossTerms(cross_entropy + penalty_weight * penalty, cross_entropy, penalty)
 
 
-def hard_attention_loss(decoder: HardAttentionDecoder, output: DecoderOutput, captions: Tensor,
-                        penalty_weight: float, entropy_weight: float, reinforce_weight: float = 1.0,
-                        label_smoothing: float = 0.0, num_tokens: float | None = None) -> LossTerms:
+def hard_attention_loss(
+    decoder: HardAttentionDecoder,
+    output: DecoderOutput,
+    captions: Tensor,
+    penalty_weight: float,
+    entropy_weight: float,
+    reinforce_weight: float = 1.0,
+    label_smoothing: float = 0.0,
+    num_tokens: float | None = None,
+) -> LossTerms:
     """The estimator of equation 12 (section 4.1), as a loss whose gradient it is.
 
     Per caption n with sampled locations s^n:
@@ -133,13 +147,17 @@ def hard_attention_loss(decoder: HardAttentionDecoder, output: DecoderOutput, ca
     """
     terms = caption_loss(output, captions, penalty_weight, label_smoothing, num_tokens)
     steps = output.logits.size(1)
-    targets = captions[:, 1:steps + 1]
-    token_log_probs = -F.cross_entropy(output.logits.float().transpose(1, 2), targets, reduction="none")  # (N, T)
+    targets = captions[:, 1 : steps + 1]
+    token_log_probs = -F.cross_entropy(
+        output.logits.float().transpose(1, 2), targets, reduction="none"
+    )  # (N, T)
     mask = output.mask.float()
     reward = (token_log_probs * mask).sum(1).detach()  # (N,)
     with torch.no_grad():
         # The mean over the global batch: one all-reduce of (sum, count).
-        total = distributed.all_reduce_sum(torch.stack([reward.sum(), reward.new_tensor(float(reward.numel()))]))
+        total = distributed.all_reduce_sum(
+            torch.stack([reward.sum(), reward.new_tensor(float(reward.numel()))])
+        )
         batch_mean = total[0] / total[1]
         if torch.isnan(decoder.reward_baseline):  # first step: start the average at the first reward
             decoder.reward_baseline.copy_(batch_mean)

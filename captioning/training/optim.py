@@ -15,7 +15,9 @@ from captioning.models.captioner import Captioner
 
 def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config) -> torch.optim.Optimizer:
     """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
-    groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}]
+    groups = [
+        {"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}
+    ]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params:
         groups.append({"params": encoder_params, "lr": encoder_lr, "name": "encoder"})
@@ -34,8 +36,11 @@ def adam(parameters: Iterable[torch.nn.Parameter] | list[dict], **options) -> to
     groups = list(parameters)
     if groups and not isinstance(groups[0], dict):
         groups = [{"params": groups}]
-    fused = all(p.is_floating_point() and p.device.type in _FUSED_ADAM_DEVICES
-                for group in groups for p in group["params"])
+    fused = all(
+        p.is_floating_point() and p.device.type in _FUSED_ADAM_DEVICES
+        for group in groups
+        for p in group["params"]
+    )
     return torch.optim.Adam(groups, fused=fused or None, **options)
 
 
@@ -86,14 +91,24 @@ def scheduler_for(optimizer: torch.optim.Optimizer, config: Config, stage: str =
     """
     warmup = warmup_for(config.train.warmup_steps, total_steps)
     builders = {
-        "noam": lambda: (torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup))
-                         if stage == "xe" else None),
-        "cosine": lambda: (torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: cosine_factor(step, warmup, max(total_steps, warmup + 1)))
-            if stage == "xe" else None),
+        "noam": lambda: (
+            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_factor(step, warmup))
+            if stage == "xe"
+            else None
+        ),
+        "cosine": lambda: (
+            torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: cosine_factor(step, warmup, max(total_steps, warmup + 1))
+            )
+            if stage == "xe"
+            else None
+        ),
         "none": lambda: None,
-        "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, config.train.step_size, config.train.gamma),
+        "step": lambda: torch.optim.lr_scheduler.StepLR(
+            optimizer, config.train.step_size, config.train.gamma
+        ),
         "plateau": lambda: torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="max", factor=config.train.gamma, patience=config.train.plateau_patience),
+            optimizer, mode="max", factor=config.train.gamma, patience=config.train.plateau_patience
+        ),
     }
     return builders[config.train.schedule]()

@@ -31,9 +31,11 @@ def check_images_exist(records: Sequence[ImageRecord], skip_bad_images: bool) ->
         first = missing[0]
         # A FIFO or a folder where an image should be is there, just not a file: name it as such.
         what = not_a_regular_file(first.path) or "image file not found"
-        raise DatasetError(f"{first.path} (image {first.image_id}): {what} ({len(missing)} of "
-                           f"{len(records)} images are missing or not files; set data.root=... to the image "
-                           "folder, or data.skip_bad_images=true to leave them out)")
+        raise DatasetError(
+            f"{first.path} (image {first.image_id}): {what} ({len(missing)} of "
+            f"{len(records)} images are missing or not files; set data.root=... to the image "
+            "folder, or data.skip_bad_images=true to leave them out)"
+        )
 
 
 def warmup_note(config: Config, train_images: int) -> str | None:
@@ -48,17 +50,20 @@ def warmup_note(config: Config, train_images: int) -> str | None:
     if warmup == train.warmup_steps:
         return None
     epochs = f"{train.epochs} epoch{'s' * (train.epochs != 1)}"
-    return (f"note: train.warmup_steps={train.warmup_steps} is more than {MAX_WARMUP_FRACTION:.0%} of the "
-            f"cross-entropy stage's {steps} steps ({epochs} x {per_epoch}); the {train.schedule} schedule warms "
-            f"up over {warmup} steps instead")
+    return (
+        f"note: train.warmup_steps={train.warmup_steps} is more than {MAX_WARMUP_FRACTION:.0%} of the "
+        f"cross-entropy stage's {steps} steps ({epochs} x {per_epoch}); the {train.schedule} schedule warms "
+        f"up over {warmup} steps instead"
+    )
 
 
 # A run's length, and the flag that sets each key.
 LENGTH_FLAGS = {"train.epochs": "--epochs", "train.scst_epochs": "--scst-epochs"}
 
 
-def resumed_length(config: Config, stored: Config, given: Collection[str],
-                   stage: str = "xe") -> tuple[Config, str | None]:
+def resumed_length(
+    config: Config, stored: Config, given: Collection[str], stage: str = "xe"
+) -> tuple[Config, str | None]:
     """The configuration a resumed run goes on with: its length from the checkpoint's run unless
     ``given``, and a one-line note of what that keeps or changes (None when nothing differs).
 
@@ -80,10 +85,14 @@ def resumed_length(config: Config, stored: Config, given: Collection[str],
             continue
         if key not in given:
             changes[name] = before
-            notes.append(f"keeps the checkpoint's {key}={before} (the configuration says {now}; "
-                         f"pass {flag} {now} to change it)")
+            notes.append(
+                f"keeps the checkpoint's {key}={before} (the configuration says {now}; "
+                f"pass {flag} {now} to change it)"
+            )
         elif name == "epochs" and stage == "scst":
-            notes.append(f"{key} {before} -> {now} changes nothing: the checkpoint is in its self-critical stage")
+            notes.append(
+                f"{key} {before} -> {now} changes nothing: the checkpoint is in its self-critical stage"
+            )
         elif now > before:
             added = now - before
             notes.append(f"adds {added} {stage_name} epoch{'s' * (added != 1)} ({key} {before} -> {now})")
@@ -108,17 +117,25 @@ def cache_location(cache_dir: Path) -> str:
     return str(cache_dir)
 
 
-def describe_cache_plan(counts: Counter[str], encoder: str, grid: tuple[int, int], channels: int,
-                        cache_dir: Path) -> str:
+def describe_cache_plan(
+    counts: Counter[str], encoder: str, grid: tuple[int, int], channels: int, cache_dir: Path
+) -> str:
     """One line saying what ``train.py --cache-only`` will do: which encoder's grids, of how many
     images per split, where; before any image is read."""
     images = ", ".join(f"{split} {counts[split]}" for split in ("train", "val", "test") if counts[split])
-    return (f"plan: cache the {encoder} features ({grid[0]}x{grid[1]} grid, {channels} channels) of every "
-            f"split ({images} images) in the feature cache in {cache_location(cache_dir)}; nothing is trained")
+    return (
+        f"plan: cache the {encoder} features ({grid[0]}x{grid[1]} grid, {channels} channels) of every "
+        f"split ({images} images) in the feature cache in {cache_location(cache_dir)}; nothing is trained"
+    )
 
 
-def describe_plan(config: Config, counts: Counter[str], state: dict | None = None, test: bool = True,
-                  cache_dir: Path | None = None) -> str:
+def describe_plan(
+    config: Config,
+    counts: Counter[str],
+    state: dict | None = None,
+    test: bool = True,
+    cache_dir: Path | None = None,
+) -> str:
     """One line saying what a run will do: each stage's epochs, steps per epoch, images per split,
     and where a resumed run continues.
 
@@ -136,14 +153,18 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
     stopped_early = stage == "xe" and patience > 0 and state.get("epochs_without_improvement", 0) >= patience
     xe = _epochs(epoch + 1, train.epochs)
     if state and (stage == "scst" or epoch >= train.epochs or stopped_early):
-        xe = f"done (stopped early after {epoch} epochs)" if stopped_early and epoch < train.epochs else "done"
+        xe = (
+            f"done (stopped early after {epoch} epochs)" if stopped_early and epoch < train.epochs else "done"
+        )
     scst = _epochs(epoch + 1 if stage == "scst" else 1, train.scst_epochs)
     steps = steps_per_epoch(counts["train"], train.batch_size)
     validated = min(train.val_images, counts["val"]) if train.val_images else counts["val"]
-    parts = [f"plan: cross-entropy {xe}, then self-critical {scst}",
-             f"{steps} steps per epoch ({counts['train']} training images, batch {train.batch_size})",
-             f"images: train {counts['train']}, val {counts['val']} (validating on {validated})"
-             + (f", test {counts['test']} (scored at the end)" if test else "")]
+    parts = [
+        f"plan: cross-entropy {xe}, then self-critical {scst}",
+        f"{steps} steps per epoch ({counts['train']} training images, batch {train.batch_size})",
+        f"images: train {counts['train']}, val {counts['val']} (validating on {validated})"
+        + (f", test {counts['test']} (scored at the end)" if test else ""),
+    ]
     rule = split_rule(config.data)
     if rule:
         parts.append(rule)
@@ -154,8 +175,10 @@ def describe_plan(config: Config, counts: Counter[str], state: dict | None = Non
     if not state:
         parts.append("a new run")
     else:
-        where = (f"resuming from step {state.get('global_step', 0)}: stage {stage} ({STAGE_NAMES[stage]}), "
-                 f"{epoch} epoch{'s' * (epoch != 1)} done")
+        where = (
+            f"resuming from step {state.get('global_step', 0)}: stage {stage} ({STAGE_NAMES[stage]}), "
+            f"{epoch} epoch{'s' * (epoch != 1)} done"
+        )
         if state.get("batch_in_epoch"):
             where += f", {state['batch_in_epoch']} batches into epoch {epoch + 1}"
         parts.append(where)

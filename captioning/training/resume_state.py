@@ -30,7 +30,14 @@ from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.plan import STAGE_NAMES
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's two moment estimates, one per parameter
-COUNTERS = ("epoch", "batch_in_epoch", "global_step", "epochs_without_improvement", "skipped_batches", "epoch_steps")
+COUNTERS = (
+    "epoch",
+    "batch_in_epoch",
+    "global_step",
+    "epochs_without_improvement",
+    "skipped_batches",
+    "epoch_steps",
+)
 
 
 def _refuse(path: str | Path, entry: str, what: str) -> CheckpointError:
@@ -70,7 +77,9 @@ def check_training_entries(training: dict, path: str | Path) -> None:
     _mapping(optimizer.get("state"), path, "training.optimizer.state")
     groups = optimizer.get("param_groups")
     if not isinstance(groups, list) or not groups:
-        raise _refuse(path, "training.optimizer.param_groups", f"must be a non-empty list, got {_kind(groups)}")
+        raise _refuse(
+            path, "training.optimizer.param_groups", f"must be a non-empty list, got {_kind(groups)}"
+        )
     for index, group in enumerate(groups):
         _check_group(group, path, f"training.optimizer.param_groups[{index}]")
     for name in ("scheduler", "scaler"):
@@ -114,7 +123,9 @@ def _check_state(state: dict, path: str | Path) -> None:
 def _check_group(group: Any, path: str | Path, entry: str) -> None:
     group = _mapping(group, path, entry)
     params = group.get("params")
-    if not isinstance(params, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in params):
+    if not isinstance(params, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in params
+    ):
         raise _refuse(path, f"{entry}.params", f"must be a list of parameter numbers, got {_kind(params)}")
     if "lr" not in group:
         raise _refuse(path, f"{entry}.lr", "is missing")
@@ -170,8 +181,9 @@ def _check_rng(state: Any, path: str | Path, entry: str) -> None:
                 raise _refuse(path, f"{entry}.torch", f"not a torch random state ({error})") from None
 
 
-def check_training_fits(payload: dict, training: dict, model: Captioner, config: Config,
-                        path: str | Path) -> None:
+def check_training_fits(
+    payload: dict, training: dict, model: Captioner, config: Config, path: str | Path
+) -> None:
     """The stored weights and optimizer state against the model this run built (nothing is changed).
 
     Raises:
@@ -182,19 +194,28 @@ def check_training_fits(payload: dict, training: dict, model: Captioner, config:
     if payload.get("encoder") is not None:
         check_state_fits(model.encoder, payload["encoder"], "encoder", path)
     if config.train.ema_decay:
-        check_average_state(training.get("average"), trainable_parameters({"decoder": model.decoder,
-                                                                          "encoder": model.encoder}), path)
+        check_average_state(
+            training.get("average"),
+            trainable_parameters({"decoder": model.decoder, "encoder": model.encoder}),
+            path,
+        )
     reference = optimizer_for(model, config.train.lr, config.train.encoder_lr, config)
     stored = training["optimizer"]
     groups = [group["params"] for group in reference.param_groups]
     if len(stored["param_groups"]) != len(groups):
-        raise _refuse(path, "training.optimizer.param_groups",
-                      f"{len(stored['param_groups'])} groups, but this model trains {len(groups)}")
+        raise _refuse(
+            path,
+            "training.optimizer.param_groups",
+            f"{len(stored['param_groups'])} groups, but this model trains {len(groups)}",
+        )
     parameters: dict[int, torch.Tensor] = {}
     for index, (group, own) in enumerate(zip(stored["param_groups"], groups, strict=True)):
         if len(group["params"]) != len(own):
-            raise _refuse(path, f"training.optimizer.param_groups[{index}].params",
-                          f"{len(group['params'])} parameters, but this model has {len(own)} in the group")
+            raise _refuse(
+                path,
+                f"training.optimizer.param_groups[{index}].params",
+                f"{len(group['params'])} parameters, but this model has {len(own)} in the group",
+            )
         parameters.update(zip(group["params"], own, strict=True))
     for key, moments in stored["state"].items():
         entry = f"training.optimizer.state[{key}]"
@@ -207,7 +228,9 @@ def check_training_fits(payload: dict, training: dict, model: Captioner, config:
         if scheduler is not None and training.get("scheduler"):
             scheduler.load_state_dict(training["scheduler"])
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
-        raise _refuse(path, "training.optimizer", f"cannot be loaded ({str(error).splitlines()[0]})") from None
+        raise _refuse(
+            path, "training.optimizer", f"cannot be loaded ({str(error).splitlines()[0]})"
+        ) from None
 
 
 def _check_moments(moments: dict, parameter: torch.Tensor, path: str | Path, entry: str) -> None:
@@ -222,8 +245,11 @@ def _check_moments(moments: dict, parameter: torch.Tensor, path: str | Path, ent
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             raise _refuse(path, f"{entry}.{name}", f"must be a floating-point tensor, got {_kind(tensor)}")
         if tuple(tensor.shape) != tuple(parameter.shape):
-            raise _refuse(path, f"{entry}.{name}", f"shape {_shape(tensor.shape)} does not match the parameter's "
-                                                   f"{_shape(parameter.shape)}")
+            raise _refuse(
+                path,
+                f"{entry}.{name}",
+                f"shape {_shape(tensor.shape)} does not match the parameter's {_shape(parameter.shape)}",
+            )
         if not bool(torch.isfinite(tensor).all()):
             raise _refuse(path, f"{entry}.{name}", "holds NaN or infinite values")
 
@@ -239,22 +265,30 @@ def check_average_state(state: Any, parameters: dict[str, torch.nn.Parameter], p
         CheckpointError: ``<path>: training.average...: <what is wrong>`` for the first bad entry.
     """
     if state is None:
-        raise _refuse(path, "training.average", "missing; a run with train.ema_decay > 0 resumes from a "
-                                                "last.pt that such a run wrote")
+        raise _refuse(
+            path,
+            "training.average",
+            "missing; a run with train.ema_decay > 0 resumes from a last.pt that such a run wrote",
+        )
     state = _mapping(state, path, "training.average")
     updates = state.get("updates")
     if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
         raise _refuse(path, "training.average.updates", f"must be an integer >= 0, got {updates!r}")
     optimised = _mapping(state.get("optimised"), path, "training.average.optimised")
     for name in sorted(set(optimised) - set(parameters), key=str):
-        raise _refuse(path, "training.average.optimised", f"{name!r} is not a trainable parameter of this model")
+        raise _refuse(
+            path, "training.average.optimised", f"{name!r} is not a trainable parameter of this model"
+        )
     for name, parameter in parameters.items():
         entry = f"training.average.optimised.{name}"
         tensor = optimised.get(name)
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             raise _refuse(path, entry, f"missing or not a floating-point tensor, got {_kind(tensor)}")
         if tensor.shape != parameter.shape:
-            raise _refuse(path, entry, f"shape {_shape(tensor.shape)} does not match the parameter's "
-                                       f"{_shape(parameter.shape)}")
+            raise _refuse(
+                path,
+                entry,
+                f"shape {_shape(tensor.shape)} does not match the parameter's {_shape(parameter.shape)}",
+            )
         if not bool(torch.isfinite(tensor).all()):
             raise _refuse(path, entry, "holds NaN or infinite values")

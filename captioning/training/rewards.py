@@ -16,7 +16,9 @@ import numpy as np
 
 from captioning.evaluation.metrics import CiderDScorer
 
-END_WORD = "<end>"  # the vocabulary's end token; the tokenizer keeps it whole, so no caption word is split into it
+END_WORD = (
+    "<end>"  # the vocabulary's end token; the tokenizer keeps it whole, so no caption word is split into it
+)
 
 
 class CiderDReward:
@@ -37,11 +39,19 @@ class CiderDReward:
     def __init__(self, references: Mapping[int, Sequence[Sequence[str]]], end_token: bool = True):
         self.end_token = end_token
         self._suffix = [END_WORD] if end_token else []
-        self.scorer = CiderDScorer({image_id: [[*words, *self._suffix] for words in captions]
-                                    for image_id, captions in references.items()})
+        self.scorer = CiderDScorer(
+            {
+                image_id: [[*words, *self._suffix] for words in captions]
+                for image_id, captions in references.items()
+            }
+        )
 
-    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]],
-                 finished: Sequence[bool] | None = None) -> np.ndarray:
+    def __call__(
+        self,
+        image_ids: Sequence[int],
+        captions: Sequence[Sequence[str]],
+        finished: Sequence[bool] | None = None,
+    ) -> np.ndarray:
         """CIDEr-D of each caption against its image's references.
 
         Args:

@@ -66,11 +66,20 @@ class RunOutputs:
     test_scores: dict | None = None
     state: TrainState | None = None
     lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
-    caption_warning: str | None = None  # the last captions were mostly empty or the same (degenerate_captions)
+    caption_warning: str | None = (
+        None  # the last captions were mostly empty or the same (degenerate_captions)
+    )
 
 
-def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress: bool,
-                group: distributed.ProcessGroup, device: torch.device, test: bool = False):
+def prepare_run(
+    config: Config,
+    output_dir: Path,
+    resume: Path | None,
+    progress: bool,
+    group: distributed.ProcessGroup,
+    device: torch.device,
+    test: bool = False,
+):
     """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
     records, model = build_run_model(config, resume, device, group, test)
     write_data_summary(records, config.data, output_dir)
@@ -78,8 +87,13 @@ def prepare_run(config: Config, output_dir: Path, resume: Path | None, progress:
     return records, model, train_set, val_set
 
 
-def build_run_model(config: Config, resume: Path | None, device: torch.device, group: distributed.ProcessGroup,
-                    test: bool = False) -> tuple[list[ImageRecord], Captioner]:
+def build_run_model(
+    config: Config,
+    resume: Path | None,
+    device: torch.device,
+    group: distributed.ProcessGroup,
+    test: bool = False,
+) -> tuple[list[ImageRecord], Captioner]:
     """The dataset's records and the model (vocabulary from ``resume`` when given), writing nothing
     in the output folder: an unknown encoder, a missing weights or split file fails here.
 
@@ -112,15 +126,30 @@ def build_run_model(config: Config, resume: Path | None, device: torch.device, g
     return records, model
 
 
-def run_datasets(records: list[ImageRecord], model: Captioner, config: Config, output_dir: Path, progress: bool,
-                 device: torch.device, group: distributed.ProcessGroup | None = None,
-                 ) -> tuple[CaptionDataset, CaptionDataset]:
+def run_datasets(
+    records: list[ImageRecord],
+    model: Captioner,
+    config: Config,
+    output_dir: Path,
+    progress: bool,
+    device: torch.device,
+    group: distributed.ProcessGroup | None = None,
+) -> tuple[CaptionDataset, CaptionDataset]:
     """The training and validation datasets (filling the feature cache where needed; every rank of
     ``group`` calls this, and they fill it together)."""
-    train_set = caption_dataset(records_of_split(records, "train"), model, config, device, output_dir, progress,
-                                config.train.captions_per_image, group)
-    val_set = caption_dataset(records_of_split(records, "val"), model, config, device, output_dir, progress, 1,
-                              group)
+    train_set = caption_dataset(
+        records_of_split(records, "train"),
+        model,
+        config,
+        device,
+        output_dir,
+        progress,
+        config.train.captions_per_image,
+        group,
+    )
+    val_set = caption_dataset(
+        records_of_split(records, "val"), model, config, device, output_dir, progress, 1, group
+    )
     return train_set, val_set
 
 
@@ -135,15 +164,19 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
     """
 
     if Path(os.path.abspath(resume)).parent != Path(os.path.abspath(output_dir)) / CHECKPOINTS:
-        raise CheckpointError(f"{resume}: --resume continues a run in its own folder, but this run writes to "
-                              f"{output_dir}; pass --output-dir {Path(os.path.abspath(resume)).parent.parent}")
+        raise CheckpointError(
+            f"{resume}: --resume continues a run in its own folder, but this run writes to "
+            f"{output_dir}; pass --output-dir {Path(os.path.abspath(resume)).parent.parent}"
+        )
     payload = load_checkpoint(resume)
     training = payload.get("training")
     if not training:
         raise CheckpointError(f"{resume}: has no training state to resume from")
     if "optimizer" not in training:  # best.pt and best_scst.pt keep the weights only
-        raise CheckpointError(f"{resume}: holds weights only, without the optimizer state a resumed run needs; "
-                              "resume from checkpoints/last.pt")
+        raise CheckpointError(
+            f"{resume}: holds weights only, without the optimizer state a resumed run needs; "
+            "resume from checkpoints/last.pt"
+        )
     check_training_entries(training, resume)
     stored, _ = checkpoint_config(payload, resume)
     check_resumable(stored, config, training["state"].get("stage", "xe"), resume)
@@ -177,10 +210,20 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
-    by_split = {split: [r for r in records_of_split(records, split) if r.captions] for split in ("train", "val", "test")}
-    print(describe_cache_plan(Counter({split: len(items) for split, items in by_split.items()}), model.encoder.name,
-                              model.encoder.grid, model.encoder.channels, feature_cache_dir(config, output_dir)),
-          flush=True)
+    by_split = {
+        split: [r for r in records_of_split(records, split) if r.captions]
+        for split in ("train", "val", "test")
+    }
+    print(
+        describe_cache_plan(
+            Counter({split: len(items) for split, items in by_split.items()}),
+            model.encoder.name,
+            model.encoder.grid,
+            model.encoder.channels,
+            feature_cache_dir(config, output_dir),
+        ),
+        flush=True,
+    )
     output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
     lock = RunLock(output_dir).acquire()
     try:  # caching that fails lets go of the folder, as a failed run does
@@ -190,19 +233,28 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
             written["dataset index"] = index
         for split, split_records in by_split.items():
             if split_records:
-                features = caption_dataset(split_records, model, config, device, output_dir, progress, 1).features
+                features = caption_dataset(
+                    split_records, model, config, device, output_dir, progress, 1
+                ).features
                 if features.computed:
                     written[f"{split} features"] = Path(features.path)
                 else:  # an existing cache is not listed as written
-                    print(f"{split} features: already cached in {features.path}, nothing computed", flush=True)
+                    print(
+                        f"{split} features: already cached in {features.path}, nothing computed", flush=True
+                    )
     except BaseException:
         lock.release()
         raise
     return written, lock
 
 
-def train(config: Config, resume: str | Path | None = None, progress: bool = True, test: bool = False,
-          length_given: Collection[str] | None = None) -> RunOutputs:
+def train(
+    config: Config,
+    resume: str | Path | None = None,
+    progress: bool = True,
+    test: bool = False,
+    length_given: Collection[str] | None = None,
+) -> RunOutputs:
     """Train as configured; returns what was written where.
 
     Args:
@@ -239,8 +291,12 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
         stored = check_resume(config, output_dir, resume)
         if length_given is not None:
-            config, note = resumed_length(config, checkpoint_config(stored, resume)[0], length_given,
-                                          stored["training"]["state"].get("stage", "xe"))
+            config, note = resumed_length(
+                config,
+                checkpoint_config(stored, resume)[0],
+                length_given,
+                stored["training"]["state"].get("stage", "xe"),
+            )
             if note and group.is_main:
                 print(note, flush=True)
     if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
@@ -256,8 +312,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             output_dir.mkdir(parents=True, exist_ok=True)
             outputs.lock = RunLock(output_dir).acquire()
             if start_over:
-                remove_outputs(output_dir, f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
-                                            "(deleted the {count} files an earlier launch left)")
+                remove_outputs(
+                    output_dir,
+                    f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+                    "(deleted the {count} files an earlier launch left)",
+                )
             elif resume is None:
                 claim_output_dir(output_dir, config.train.overwrite)
                 if auto:
@@ -267,18 +326,25 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             outputs.files["configuration"] = output_dir / "config.yaml"
             outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
             distributed.barrier()  # the data are read (generated) and the folder is claimed: the other ranks go on
-        train_set, val_set = run_datasets(records, model, config, output_dir, progress and group.is_main, device, group)
+        train_set, val_set = run_datasets(
+            records, model, config, output_dir, progress and group.is_main, device, group
+        )
         if group.is_main:
             model.vocab.save(output_dir / "vocab.json")
             outputs.files["vocabulary"] = output_dir / "vocab.json"
-            print(f"data: {len(train_set)} training and {len(val_set)} validation images, "
-                  f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
-                  f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
-                  f"device {device}", flush=True)
+            print(
+                f"data: {len(train_set)} training and {len(val_set)} validation images, "
+                f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
+                f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
+                f"device {device}",
+                flush=True,
+            )
         if config.train.compile:
             model.decoder.compile_step()
         if group.world_size > 1 and config.model.encoder.fine_tune_stages:
-            distributed.broadcast_parameters(model.encoder)  # one starting point, as the wrap gives the decoder
+            distributed.broadcast_parameters(
+                model.encoder
+            )  # one starting point, as the wrap gives the decoder
         model.decoder = distributed.wrap(model.decoder, group, device)
         trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
         # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
@@ -289,8 +355,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         if resume is not None:
             trainer.resume(resume)
             if group.is_main:
-                print(f"resumed from {resume}: stage {trainer.state.stage}, epoch {trainer.state.epoch + 1}, "
-                      f"step {trainer.state.global_step}", flush=True)
+                print(
+                    f"resumed from {resume}: stage {trainer.state.stage}, epoch {trainer.state.epoch + 1}, "
+                    f"step {trainer.state.global_step}",
+                    flush=True,
+                )
         try:
             outputs.state = trainer.fit()
             outputs.caption_warning = trainer.caption_warning
@@ -336,4 +405,3 @@ def best_checkpoint(output_dir: Path) -> Path:
     if last.exists():
         return last
     raise CheckpointError(f"{output_dir / 'checkpoints'}: no checkpoint found")
-

@@ -41,29 +41,60 @@ from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopp
 def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.device) -> DataLoader:
     # An own generator: creating the loader's iterator must not draw from the global RNG, or a
     # resumed run (whose iterator starts mid-epoch) would see different dropout masks.
-    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_captions,
-                      num_workers=usable_workers(config.data.num_workers), pin_memory=device.type == "cuda",
-                      generator=torch.Generator().manual_seed(config.train.seed))
+    return DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate_captions,
+        num_workers=usable_workers(config.data.num_workers),
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(config.train.seed),
+    )
 
 
-def decode_records(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
-                   limit: int = 0, progress: bool = True, desc: str = "decoding",
-                   group: distributed.ProcessGroup = distributed.SINGLE_PROCESS):
+def decode_records(
+    model: Captioner,
+    dataset: CaptionDataset,
+    config: Config,
+    device: torch.device,
+    limit: int = 0,
+    progress: bool = True,
+    desc: str = "decoding",
+    group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
+):
     """Caption the first ``limit`` (0 = all) images of ``dataset``: (index, image id, Caption) triples.
 
     With several processes each decodes its own share (whole batches of ``decode.batch_size``)
     and returns only those.
     """
     count = len(dataset) if not limit else min(limit, len(dataset))
-    batches = EpochBatches(count, config.decode.batch_size * group.world_size, seed=0, epoch=0, shuffle=False,
-                           rank=group.rank, world_size=group.world_size)
-    return generate_captions(model, loader_for(dataset, batches, config, device), config.decode, device,
-                             progress=progress, desc=desc, amp=config.train.amp)
+    batches = EpochBatches(
+        count,
+        config.decode.batch_size * group.world_size,
+        seed=0,
+        epoch=0,
+        shuffle=False,
+        rank=group.rank,
+        world_size=group.world_size,
+    )
+    return generate_captions(
+        model,
+        loader_for(dataset, batches, config, device),
+        config.decode,
+        device,
+        progress=progress,
+        desc=desc,
+        amp=config.train.amp,
+    )
 
 
-def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config, device: torch.device,
-                      progress: bool, group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
-                      ) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]], str | None]:
+def validation_scores(
+    model: Captioner,
+    dataset: CaptionDataset,
+    config: Config,
+    device: torch.device,
+    progress: bool,
+    group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
+) -> tuple[dict[str, float | None], list[tuple[int, str, list[str]]], str | None]:
     """Decode the validation images for real and score them (CIDEr-D, BLEU-4 ...; no Java needed).
 
     Returns the scores, three (image id, caption, references) examples, and a warning line when
@@ -72,7 +103,9 @@ def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config,
     With several processes the images are shared out, the captions gathered and scored on rank 0,
     and its scores given to every process (they all take the same schedule and stopping decisions).
     """
-    triples = decode_records(model, dataset, config, device, config.train.val_images, progress, "validating", group)
+    triples = decode_records(
+        model, dataset, config, device, config.train.val_images, progress, "validating", group
+    )
     mine = [(index, image_id, detokenize(caption.words(model.vocab))) for index, image_id, caption in triples]
     gathered = distributed.gather_to_main(mine, group)
     result = None
@@ -89,15 +122,37 @@ def validation_scores(model: Captioner, dataset: CaptionDataset, config: Config,
 # What may differ between a checkpoint's configuration and the run that resumes it: how long and
 # where to run, logging, and decoding (it only changes validation). The self-critical settings may
 # still change while the checkpoint is in its cross-entropy stage.
-RESUMABLE_KEYS = frozenset([
-    "train.epochs", "train.scst_epochs", "train.max_steps", "train.early_stop_patience", "train.checkpoint_every",
-    "train.log_every", "train.val_images", "train.output_dir", "train.device", "train.amp", "train.compile",
-    "train.deterministic", "train.nonfinite", "train.overwrite", "data.root", "data.cache_dir", "data.split_file",
-    "data.annotations", "data.instances", "data.chair_table", "data.num_workers", "data.use_cache",
-    "data.skip_bad_images", "train.resume",
-])
-RESUMABLE_BEFORE_SCST = frozenset(["train.scst_lr", "train.scst_samples", "train.scst_baseline",
-                                   "train.scst_reward_eos"])
+RESUMABLE_KEYS = frozenset(
+    [
+        "train.epochs",
+        "train.scst_epochs",
+        "train.max_steps",
+        "train.early_stop_patience",
+        "train.checkpoint_every",
+        "train.log_every",
+        "train.val_images",
+        "train.output_dir",
+        "train.device",
+        "train.amp",
+        "train.compile",
+        "train.deterministic",
+        "train.nonfinite",
+        "train.overwrite",
+        "data.root",
+        "data.cache_dir",
+        "data.split_file",
+        "data.annotations",
+        "data.instances",
+        "data.chair_table",
+        "data.num_workers",
+        "data.use_cache",
+        "data.skip_bad_images",
+        "train.resume",
+    ]
+)
+RESUMABLE_BEFORE_SCST = frozenset(
+    ["train.scst_lr", "train.scst_samples", "train.scst_baseline", "train.scst_reward_eos"]
+)
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -118,13 +173,19 @@ def check_resumable(stored: Config, config: Config, stage: str, path: Path) -> N
     """
     allowed = RESUMABLE_KEYS | (RESUMABLE_BEFORE_SCST if stage == "xe" else frozenset())
     old, new = _flat(to_dict(stored)), _flat(to_dict(config))
-    changed = [key for key in new if old.get(key) != new[key] and key not in allowed and not key.startswith("decode.")]
+    changed = [
+        key
+        for key in new
+        if old.get(key) != new[key] and key not in allowed and not key.startswith("decode.")
+    ]
     if changed:
         key = changed[0]
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise CheckpointError(f"{path}: {key} is {old.get(key)!r} in the checkpoint but {new[key]!r} now{more}; "
-                              "a resumed run keeps its configuration (pass the same --config and flags), "
-                              "apart from its length, logging, paths and decoding")
+        raise CheckpointError(
+            f"{path}: {key} is {old.get(key)!r} in the checkpoint but {new[key]!r} now{more}; "
+            "a resumed run keeps its configuration (pass the same --config and flags), "
+            "apart from its length, logging, paths and decoding"
+        )
 
 
 def _logged_step(line: str) -> float:
@@ -140,8 +201,17 @@ def _logged_step(line: str) -> float:
 class Trainer:
     """Holds a run's parts; ``fit`` runs the cross-entropy then the self-critical stage."""
 
-    def __init__(self, config: Config, output_dir: Path, model: Captioner, train_set: CaptionDataset,
-                 val_set: CaptionDataset, device: torch.device, group: distributed.ProcessGroup, progress: bool):
+    def __init__(
+        self,
+        config: Config,
+        output_dir: Path,
+        model: Captioner,
+        train_set: CaptionDataset,
+        val_set: CaptionDataset,
+        device: torch.device,
+        group: distributed.ProcessGroup,
+        progress: bool,
+    ):
         self.config, self.output_dir, self.model = config, output_dir, model
         self.train_set, self.val_set, self.device, self.group = train_set, val_set, device, group
         self.progress = progress and group.is_main
@@ -154,10 +224,13 @@ class Trainer:
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
         self._step_lr: float | None = None  # the rate the latest step of this process used
         self.caption_warning: str | None = None  # the latest validation's, when its captions say nothing
-        self.average = (WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay
-                        else None)
+        self.average = (
+            WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay else None
+        )
         self._new_stage("xe")
-        self.scaler = torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
+        self.scaler = (
+            torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
+        )
 
     # ------------------------------------------------------------------ state
     def _new_stage(self, stage: str) -> None:
@@ -171,10 +244,14 @@ class Trainer:
             # document frequencies once, from the training references
             reward = CiderDReward(references, end_token=train.scst_reward_eos)
             itos = self.model.vocab.itos
-            self.rewarder = lambda ids, rows, finished: reward(ids, [[itos[t] for t in row] for row in rows], finished)
+            self.rewarder = lambda ids, rows, finished: reward(
+                ids, [[itos[t] for t in row] for row in rows], finished
+            )
 
     def _trainable(self) -> dict[str, torch.nn.Parameter]:
-        return trainable_parameters({"decoder": distributed.unwrap(self.model.decoder), "encoder": self.model.encoder})
+        return trainable_parameters(
+            {"decoder": distributed.unwrap(self.model.decoder), "encoder": self.model.encoder}
+        )
 
     def _averaged(self) -> contextlib.AbstractContextManager:
         """The weights validation scores and checkpoints hold: the average with ``train.ema_decay``."""
@@ -198,20 +275,33 @@ class Trainer:
         encoder = self.config.model.encoder
         training = {"state": self.state.to_dict()}
         if resumable:
-            training.update({"optimizer": self.optimizer.state_dict(),
-                             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                             "scaler": self.scaler.state_dict() if self.scaler else None,
-                             "rng": rng[0], "rng_per_rank": rng})
+            training.update(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                    "scaler": self.scaler.state_dict() if self.scaler else None,
+                    "rng": rng[0],
+                    "rng_per_rank": rng,
+                }
+            )
             if self.average is not None:
                 training["average"] = self.average.state_dict()
         with self._averaged():
             # Trained or random encoder weights cannot be rebuilt from their name: save them.
-            encoder_state = (self.model.encoder.state_dict() if encoder.fine_tune_stages or encoder.weights == "none"
-                             else None)
-            save_checkpoint(path, config=self.config, vocab=self.model.vocab,
-                            decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
-                            encoder_state=encoder_state, encoder_fingerprint=self.model.encoder.fingerprint(),
-                            training=training)
+            encoder_state = (
+                self.model.encoder.state_dict()
+                if encoder.fine_tune_stages or encoder.weights == "none"
+                else None
+            )
+            save_checkpoint(
+                path,
+                config=self.config,
+                vocab=self.model.vocab,
+                decoder_state=distributed.unwrap(self.model.decoder).state_dict(),
+                encoder_state=encoder_state,
+                encoder_fingerprint=self.model.encoder.fingerprint(),
+                training=training,
+            )
         return path
 
     def _stop_here(self) -> None:
@@ -224,9 +314,11 @@ class Trainer:
         if self._last_saved_at != state.global_step:  # checkpoint_every may have just written it
             self.checkpoint("last")
         distributed.barrier()  # no process exits (and gets its job torn down) before the file is written
-        message = (f"stopped by SIGTERM after step {state.global_step} ({state.stage} epoch {state.epoch + 1}): "
-                   f"{self.checkpoint_dir / 'last.pt'} holds the run; run the same command with --resume auto "
-                   f"to continue it (exit status {EXIT_STATUS})")
+        message = (
+            f"stopped by SIGTERM after step {state.global_step} ({state.stage} epoch {state.epoch + 1}): "
+            f"{self.checkpoint_dir / 'last.pt'} holds the run; run the same command with --resume auto "
+            f"to continue it (exit status {EXIT_STATUS})"
+        )
         if self.group.is_main:
             print(message, flush=True)
         raise TrainingStopped(message)
@@ -238,13 +330,16 @@ class Trainer:
         if not training:
             raise CheckpointError(f"{path}: has no training state to resume from")
         if "optimizer" not in training:
-            raise CheckpointError(f"{path}: holds weights only, without the optimizer state a resumed run needs; "
-                                  "resume from checkpoints/last.pt")
+            raise CheckpointError(
+                f"{path}: holds weights only, without the optimizer state a resumed run needs; "
+                "resume from checkpoints/last.pt"
+            )
         stored, vocab = checkpoint_config(payload, path)
         check_resumable(stored, self.config, training["state"].get("stage", "xe"), path)
         if vocab != self.model.vocab:
-            raise CheckpointError(f"{path}: vocabulary differs from this run's ({len(vocab)} vs "
-                                  f"{len(self.model.vocab)} words)")
+            raise CheckpointError(
+                f"{path}: vocabulary differs from this run's ({len(vocab)} vs {len(self.model.vocab)} words)"
+            )
         load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", path)
         if payload.get("encoder") is not None:
             load_state_checked(self.model.encoder, payload["encoder"], "encoder", path)
@@ -259,15 +354,20 @@ class Trainer:
             self.scaler.load_state_dict(training["scaler"])
         per_rank = training.get("rng_per_rank") or [training["rng"]]
         same_ranks = len(per_rank) == self.group.world_size
-        set_rng_state(per_rank[self.group.rank] if same_ranks else training["rng"])  # exact with the same ranks
+        set_rng_state(
+            per_rank[self.group.rank] if same_ranks else training["rng"]
+        )  # exact with the same ranks
         self._trim_steps_log()
 
     def _trim_steps_log(self) -> None:
         """Forget logged steps after the checkpoint (a killed run may have logged a few more)."""
         if not self.steps_log.exists() or not self.group.is_main:
             return
-        kept = [line for line in self.steps_log.read_text(encoding="utf-8", errors="replace").splitlines()
-                if _logged_step(line) <= self.state.global_step]
+        kept = [
+            line
+            for line in self.steps_log.read_text(encoding="utf-8", errors="replace").splitlines()
+            if _logged_step(line) <= self.state.global_step
+        ]
         atomic_write(self.steps_log, lambda p: p.write_text("".join(line + "\n" for line in kept)))
 
     # ------------------------------------------------------------------ loop
@@ -285,8 +385,12 @@ class Trainer:
             self.average.update()
         if self.group.is_main:
             with self.steps_log.open("a") as log:
-                log.write(json.dumps({"step": state.global_step, "epoch": state.epoch + 1, "stage": state.stage,
-                                      **numbers}) + "\n")
+                log.write(
+                    json.dumps(
+                        {"step": state.global_step, "epoch": state.epoch + 1, "stage": state.stage, **numbers}
+                    )
+                    + "\n"
+                )
             if state.global_step % self.config.train.log_every == 0:
                 for key, value in numbers.items():
                     self.writer.add_scalar(f"train/{key}", value, state.global_step)
@@ -318,17 +422,28 @@ class Trainer:
                 # Early stopping ends the cross-entropy stage only; max_steps ends the run.
                 if not self.config.train.scst_epochs or self._out_of_steps:
                     break
-                self.state = replace(self.state, stage="scst", epoch=0, batch_in_epoch=0,
-                                     best_metric=-math.inf, best_epoch=-1, epochs_without_improvement=0)
+                self.state = replace(
+                    self.state,
+                    stage="scst",
+                    epoch=0,
+                    batch_in_epoch=0,
+                    best_metric=-math.inf,
+                    best_epoch=-1,
+                    epochs_without_improvement=0,
+                )
                 best = self.checkpoint_dir / "best.pt"
                 if best.exists():  # self-critical training starts from the best cross-entropy model
                     payload = load_checkpoint(best)
-                    load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", best)
+                    load_state_checked(
+                        distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", best
+                    )
                     if payload.get("encoder") is not None:
                         load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
                     if self.group.is_main:
                         print(f"self-critical training starts from {best}", flush=True)
-                if self.average is not None:  # the stage averages its own steps, from the weights it starts at
+                if (
+                    self.average is not None
+                ):  # the stage averages its own steps, from the weights it starts at
                     self.average.reset()
                 self._new_stage("scst")
             if self.state.stage != stage:
@@ -355,10 +470,16 @@ class Trainer:
         text = f"loss {loss:.3f}"
         if "cross_entropy" in numbers:
             weight = self.config.model.decoder.doubly_stochastic
-            text += (f" = cross-entropy {numbers['cross_entropy']:.3f} + {weight:g} x attention penalty "
-                     f"{numbers['attention_penalty']:.3f}")
-            if not math.isclose(loss, numbers["cross_entropy"] + weight * numbers["attention_penalty"],
-                                rel_tol=1e-4, abs_tol=1e-4):
+            text += (
+                f" = cross-entropy {numbers['cross_entropy']:.3f} + {weight:g} x attention penalty "
+                f"{numbers['attention_penalty']:.3f}"
+            )
+            if not math.isclose(
+                loss,
+                numbers["cross_entropy"] + weight * numbers["attention_penalty"],
+                rel_tol=1e-4,
+                abs_tol=1e-4,
+            ):
                 text += " + hard-attention terms"
         if "reward" in numbers:
             text += f" (reward {numbers['reward']:.3f}, baseline {numbers['baseline']:.3f})"
@@ -367,14 +488,32 @@ class Trainer:
     def _run_epoch(self) -> None:
         config, state = self.config, self.state
         self.train_set.set_epoch(state.epoch)
-        batches = EpochBatches(len(self.train_set), config.train.batch_size, config.train.seed, state.epoch,
-                               skip=state.batch_in_epoch, rank=self.group.rank, world_size=self.group.world_size)
+        batches = EpochBatches(
+            len(self.train_set),
+            config.train.batch_size,
+            config.train.seed,
+            state.epoch,
+            skip=state.batch_in_epoch,
+            rank=self.group.rank,
+            world_size=self.group.world_size,
+        )
         started = time.time()
         numbers = train_one_epoch(
-            self.model, loader_for(self.train_set, batches, config, self.device), self.optimizer, config.train,
-            state, self.device, decoder_config=config.model.decoder, decode_config=config.decode,
-            rewarder=self.rewarder, scaler=self.scaler, on_step=self._on_step,
-            world_size=self.group.world_size, progress=self.progress, stop=self.stop.agreed)
+            self.model,
+            loader_for(self.train_set, batches, config, self.device),
+            self.optimizer,
+            config.train,
+            state,
+            self.device,
+            decoder_config=config.model.decoder,
+            decode_config=config.decode,
+            rewarder=self.rewarder,
+            scaler=self.scaler,
+            on_step=self._on_step,
+            world_size=self.group.world_size,
+            progress=self.progress,
+            stop=self.stop.agreed,
+        )
         if self.stop.stopping:  # even after the epoch's last batch: validation waits for the resumed run
             self._stop_here()
         if state.batch_in_epoch < steps_per_epoch(len(self.train_set), config.train.batch_size):
@@ -382,7 +521,8 @@ class Trainer:
             return
         with self._averaged():
             scores, examples, self.caption_warning = validation_scores(
-                self.model, self.val_set, config, self.device, self.progress, self.group)
+                self.model, self.val_set, config, self.device, self.progress, self.group
+            )
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
@@ -395,10 +535,14 @@ class Trainer:
                 self.scheduler.step(metric)
             else:
                 self.scheduler.step()
-        record = {"stage": state.stage, "epoch": state.epoch + 1, "seconds": round(time.time() - started, 1),
-                  **{f"train_{k}": v for k, v in numbers.items()},
-                  **{f"val_{k}": v for k, v in scores.items() if v is not None},
-                  "lr": lr}
+        record = {
+            "stage": state.stage,
+            "epoch": state.epoch + 1,
+            "seconds": round(time.time() - started, 1),
+            **{f"train_{k}": v for k, v in numbers.items()},
+            **{f"val_{k}": v for k, v in scores.items() if v is not None},
+            "lr": lr,
+        }
         state.history.append(record)
         if improved:
             state.best_metric, state.best_epoch, state.epochs_without_improvement = metric, state.epoch + 1, 0
@@ -410,16 +554,25 @@ class Trainer:
             for key, value in scores.items():
                 if value is not None:
                     self.writer.add_scalar(f"val/{key}", value, state.global_step)
-            self.writer.add_text("val/captions", "\n\n".join(
-                f"{image_id}: **{caption}** (reference: {refs[0] if refs else ''})"
-                for image_id, caption, refs in examples), state.global_step)
+            self.writer.add_text(
+                "val/captions",
+                "\n\n".join(
+                    f"{image_id}: **{caption}** (reference: {refs[0] if refs else ''})"
+                    for image_id, caption, refs in examples
+                ),
+                state.global_step,
+            )
             self.writer.flush()
             for key, value in numbers.items():
                 self.writer.add_scalar(f"epoch/train_{key}", value, state.global_step)
-            print(f"[{state.stage}] epoch {state.epoch}: {self._loss_text(numbers)}  "
-                  f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
-                  f"lr {record['lr']:.2e}  {record['seconds']}s" + ("  (best)" if improved else "")
-                  + (f"  {self.caption_warning}" if self.caption_warning else ""), flush=True)
+            print(
+                f"[{state.stage}] epoch {state.epoch}: {self._loss_text(numbers)}  "
+                f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
+                f"lr {record['lr']:.2e}  {record['seconds']}s"
+                + ("  (best)" if improved else "")
+                + (f"  {self.caption_warning}" if self.caption_warning else ""),
+                flush=True,
+            )
         # Best first, then last: a crash between the two leaves a resumable 'last' of the previous epoch.
         if improved:
             self.checkpoint("best" if state.stage == "xe" else "best_scst")

@@ -50,8 +50,10 @@ class VisualizationResult:
 
     def summary(self) -> str:
         """Each image's caption, then every file written (and which replaced an earlier one)."""
-        lines = [f"{Path(item.record.path).name}: {' '.join(item.words) or '(empty caption)'}"
-                 for item in self.captioned]
+        lines = [
+            f"{Path(item.record.path).name}: {' '.join(item.words) or '(empty caption)'}"
+            for item in self.captioned
+        ]
         lines.append("wrote:")
         lines.extend(f"  figure       {path}{self.notes.get(path, '')}" for path in self.figures)
         if self.report is not None:
@@ -59,8 +61,12 @@ class VisualizationResult:
         return "\n".join(lines)
 
 
-def visualization_config(config: Config, data_config: str | Path | None = None, overrides: Sequence[str] = (),
-                         beam_size: int | None = None) -> Config:
+def visualization_config(
+    config: Config,
+    data_config: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    beam_size: int | None = None,
+) -> Config:
     """A checkpoint's configuration, adjusted for visualizing.
 
     Decoding is beam search with the checkpoint's options unless overridden. ``data_config`` takes
@@ -84,6 +90,7 @@ def attention_view(layer: str | int | None = None, head: str | int | None = None
     Raises:
         ValueError: a value that is neither ``mean`` nor a positive whole number.
     """
+
     def index(name: str, value: str | int | None, default: int | None) -> int | None:
         if value is None:
             return default
@@ -117,12 +124,26 @@ def _unique_stems(paths: Sequence[Path]) -> list[str]:
     return names
 
 
-def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), *, split: str | None = None,
-                     num: int = 20, data_config: str | Path | None = None, overrides: Sequence[str] = (),
-                     out_dir: str | Path = "visualizations", mode: str = "bilinear", file_format: str = "png",
-                     html: str | Path | None = None, beam_size: int | None = None, device: str = "auto",
-                     layer: str | int | None = None, head: str | int | None = None,
-                     progress: bool = True, normalize: str = "figure", cmap: str = "viridis") -> VisualizationResult:
+def visualize_images(
+    checkpoint: str | Path,
+    images: Sequence[str | Path] = (),
+    *,
+    split: str | None = None,
+    num: int = 20,
+    data_config: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    out_dir: str | Path = "visualizations",
+    mode: str = "bilinear",
+    file_format: str = "png",
+    html: str | Path | None = None,
+    beam_size: int | None = None,
+    device: str = "auto",
+    layer: str | int | None = None,
+    head: str | int | None = None,
+    progress: bool = True,
+    normalize: str = "figure",
+    cmap: str = "viridis",
+) -> VisualizationResult:
     """Caption images with a checkpoint and draw one attention figure per image.
 
     Either ``images`` (files of any size, aspect ratio or colour mode) or ``split`` (the first
@@ -172,8 +193,10 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
     check_output_folder(out_dir, "--out-dir")
     paths = [Path(p) for p in images]
     figures = [("--out-dir", Path(out_dir) / f"{stem}.{file_format}") for stem in _unique_stems(paths)]
-    check_outputs([*([("--html", html)] if html is not None else []), *figures],
-                  [("--checkpoint", checkpoint), *(("IMAGE", path) for path in paths)])
+    check_outputs(
+        [*([("--html", html)] if html is not None else []), *figures],
+        [("--checkpoint", checkpoint), *(("IMAGE", path) for path in paths)],
+    )
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
@@ -212,11 +235,40 @@ def visualize_images(checkpoint: str | Path, images: Sequence[str | Path] = (), 
         position = {record.image_id: k for k, record in enumerate(records)}
         names = [names[position[item.record.image_id]] for item in captioned]
     stems = names if names is not None else [str(item.record.image_id) for item in captioned]
-    notes = {path: output_note(path) for path in [*(Path(out_dir) / f"{stem}.{file_format}" for stem in stems),
-                                                  *([Path(html)] if html is not None else [])]}
-    written = write_figures(captioned, out_dir, model.grid, mode, "." + file_format, names, progress, label,
-                            normalize=normalize, cmap=cmap, boxes=boxes)
-    report = (write_report(captioned, html, model.grid, mode, cmap=cmap, attention_label=label, normalize=normalize,
-                           boxes=boxes) if html is not None else None)
-    return VisualizationResult(captioned, [path for path, _ in written], [panels for _, panels in written], report,
-                               notes)
+    notes = {
+        path: output_note(path)
+        for path in [
+            *(Path(out_dir) / f"{stem}.{file_format}" for stem in stems),
+            *([Path(html)] if html is not None else []),
+        ]
+    }
+    written = write_figures(
+        captioned,
+        out_dir,
+        model.grid,
+        mode,
+        "." + file_format,
+        names,
+        progress,
+        label,
+        normalize=normalize,
+        cmap=cmap,
+        boxes=boxes,
+    )
+    report = (
+        write_report(
+            captioned,
+            html,
+            model.grid,
+            mode,
+            cmap=cmap,
+            attention_label=label,
+            normalize=normalize,
+            boxes=boxes,
+        )
+        if html is not None
+        else None
+    )
+    return VisualizationResult(
+        captioned, [path for path, _ in written], [panels for _, panels in written], report, notes
+    )

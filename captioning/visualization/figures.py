@@ -50,13 +50,25 @@ _STATS_SIZE = 8
 _COLORBAR_WIDTH = 0.12
 _COLORBAR_SPACE = 0.9  # the bar, its ticks and its label, right of the panels
 _BOX_COLOUR = "#ff4d4d"
-_COLORBAR_LABELS = {"figure": "attention weight", "absolute": "attention weight", "word": "share of word's peak"}
+_COLORBAR_LABELS = {
+    "figure": "attention weight",
+    "absolute": "attention weight",
+    "word": "share of word's peak",
+}
 
 Box = tuple[float, float, float, float]  # (x, y, width, height) in pixels, COCO convention
 # Fonts with Chinese, Japanese and Korean glyphs, used (when installed) for the characters the default
 # font lacks: captions of data.tokenizer characters or whitespace are drawn, not shown as empty boxes.
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK KR", "Source Han Sans SC", "WenQuanYi Micro Hei",
-             "WenQuanYi Zen Hei", "Droid Sans Fallback", "AR PL UMing CN")
+CJK_FONTS = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK KR",
+    "Source Han Sans SC",
+    "WenQuanYi Micro Hei",
+    "WenQuanYi Zen Hei",
+    "Droid Sans Fallback",
+    "AR PL UMing CN",
+)
 
 
 @lru_cache(maxsize=1)
@@ -117,12 +129,22 @@ def statistics_text(peak: float, entropy: float) -> str:
     return f"peak {peak:.2f} \u00b7 H {entropy:.2f} ({math.exp(entropy):.1f} cells)"
 
 
-def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor | np.ndarray,
-                     grid: tuple[int, int], betas: Tensor | np.ndarray | Sequence[float] | None = None,
-                     references: Sequence[str] | None = None, mode: str = "bilinear", columns: int = 5,
-                     cmap: str = DEFAULT_CMAP, alpha: float = 0.6, max_side: int | None = 512,
-                     attention_label: str = "", normalize: str = "figure",
-                     boxes: Sequence[Sequence[Box]] | None = None) -> FigureResult:
+def attention_figure(
+    image: Image.Image,
+    words: Sequence[str],
+    attention: Tensor | np.ndarray,
+    grid: tuple[int, int],
+    betas: Tensor | np.ndarray | Sequence[float] | None = None,
+    references: Sequence[str] | None = None,
+    mode: str = "bilinear",
+    columns: int = 5,
+    cmap: str = DEFAULT_CMAP,
+    alpha: float = 0.6,
+    max_side: int | None = 512,
+    attention_label: str = "",
+    normalize: str = "figure",
+    boxes: Sequence[Sequence[Box]] | None = None,
+) -> FigureResult:
     """Draw the image titled by its caption, then one attention overlay per word, on one colour scale.
 
     Under each word's panel: its peak weight and entropy (with the effective number of cells,
@@ -184,13 +206,17 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
     aspect = min(max(height / width, 0.25), 4.0)
     panel_height = _PANEL_WIDTH * aspect
     caption = " ".join(words) if words else "(empty caption)"
-    titles = [_wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
-              + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])]
+    titles = [
+        _wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
+        + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])
+    ]
     for t, word in enumerate(words):
         title = word if beta_values is None else f"{word} (beta={beta_values[t]:.2f})"
         titles.append(_wrap(title, _PANEL_WIDTH, _TITLE_SIZE))
-    title_heights = [0.08 + _TITLE_LINE * max(len(titles[i]) for i in range(r * ncols, min(panels, (r + 1) * ncols)))
-                     for r in range(nrows)]
+    title_heights = [
+        0.08 + _TITLE_LINE * max(len(titles[i]) for i in range(r * ncols, min(panels, (r + 1) * ncols)))
+        for r in range(nrows)
+    ]
     stats_height = _STATS_LINE if words else 0.0
     bar_width = _COLORBAR_SPACE if words else 0.0
 
@@ -202,8 +228,13 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
             wrapped = _wrap(reference, figure_width - 2 * _MARGIN - 0.2, _REFERENCE_SIZE)
             reference_lines.extend(["- " + wrapped[0], *("  " + line for line in wrapped[1:])])
     reference_height = _TEXT_LINE * len(reference_lines) + (0.1 if reference_lines else 0.0)
-    figure_height = (2 * _MARGIN + sum(title_heights) + nrows * (panel_height + stats_height)
-                     + (nrows - 1) * _GAP + reference_height)
+    figure_height = (
+        2 * _MARGIN
+        + sum(title_heights)
+        + nrows * (panel_height + stats_height)
+        + (nrows - 1) * _GAP
+        + reference_height
+    )
 
     figure = Figure(figsize=(figure_width, figure_height))
     FigureCanvasAgg(figure)
@@ -219,38 +250,91 @@ def attention_figure(image: Image.Image, words: Sequence[str], attention: Tensor
             if index >= panels:
                 break
             left = _MARGIN + column * (_PANEL_WIDTH + _GAP)
-            ax = figure.add_axes((left / figure_width, bottom / figure_height,
-                                  _PANEL_WIDTH / figure_width, panel_height / figure_height))
+            ax = figure.add_axes(
+                (
+                    left / figure_width,
+                    bottom / figure_height,
+                    _PANEL_WIDTH / figure_width,
+                    panel_height / figure_height,
+                )
+            )
             ax.imshow(pixels, interpolation="antialiased")  # aspect kept; extreme shapes letterbox
             if index > 0:
                 t = index - 1
                 vmin, vmax = ranges[t]
-                ax.imshow(weights[t], cmap=colours, norm=Normalize(vmin, vmax), alpha=alpha,
-                          interpolation="antialiased")
-                ax.text(0.5, -0.02, statistics_text(peaks[t], entropies[t]), transform=ax.transAxes,
-                        ha="center", va="top", fontsize=_STATS_SIZE)
-                for x, y, w, h in (boxes[t] if boxes is not None else ()):
-                    ax.add_patch(Rectangle((x * scale_x, y * scale_y), w * scale_x, h * scale_y, fill=False,
-                                           edgecolor=_BOX_COLOUR, linewidth=1.5, linestyle="--"))
-            ax.set_title(_plain("\n".join(titles[index])), fontsize=_TITLE_SIZE, pad=3, fontfamily=font_families())
+                ax.imshow(
+                    weights[t],
+                    cmap=colours,
+                    norm=Normalize(vmin, vmax),
+                    alpha=alpha,
+                    interpolation="antialiased",
+                )
+                ax.text(
+                    0.5,
+                    -0.02,
+                    statistics_text(peaks[t], entropies[t]),
+                    transform=ax.transAxes,
+                    ha="center",
+                    va="top",
+                    fontsize=_STATS_SIZE,
+                )
+                for x, y, w, h in boxes[t] if boxes is not None else ():
+                    ax.add_patch(
+                        Rectangle(
+                            (x * scale_x, y * scale_y),
+                            w * scale_x,
+                            h * scale_y,
+                            fill=False,
+                            edgecolor=_BOX_COLOUR,
+                            linewidth=1.5,
+                            linestyle="--",
+                        )
+                    )
+            ax.set_title(
+                _plain("\n".join(titles[index])), fontsize=_TITLE_SIZE, pad=3, fontfamily=font_families()
+            )
             ax.set_axis_off()
             axes.append(ax)
         top = bottom - stats_height - _GAP
     colorbar = None
     if words:
-        bar_axes = figure.add_axes(((figure_width - _MARGIN - bar_width + _GAP) / figure_width,  # beside row 1
-                                    first_row_bottom / figure_height, _COLORBAR_WIDTH / figure_width,
-                                    panel_height / figure_height))
+        bar_axes = figure.add_axes(
+            (
+                (figure_width - _MARGIN - bar_width + _GAP) / figure_width,  # beside row 1
+                first_row_bottom / figure_height,
+                _COLORBAR_WIDTH / figure_width,
+                panel_height / figure_height,
+            )
+        )
         bar_range = (0.0, 1.0) if normalize == "word" else ranges[0]
         colorbar = figure.colorbar(ScalarMappable(Normalize(*bar_range), colours), cax=bar_axes)
         colorbar.set_label(_COLORBAR_LABELS[normalize], fontsize=_STATS_SIZE)
         colorbar.ax.tick_params(labelsize=_STATS_SIZE)
     if reference_lines:
-        figure.text(_MARGIN / figure_width, (_MARGIN + reference_height) / figure_height,
-                    _plain("\n".join(reference_lines)), fontsize=_REFERENCE_SIZE, va="top", ha="left",
-                    linespacing=1.3, fontfamily=font_families())
-    return FigureResult(figure, maps, (width, height), panels, nrows, ncols, axes, normalize, ranges, peaks,
-                        entropies, colorbar)
+        figure.text(
+            _MARGIN / figure_width,
+            (_MARGIN + reference_height) / figure_height,
+            _plain("\n".join(reference_lines)),
+            fontsize=_REFERENCE_SIZE,
+            va="top",
+            ha="left",
+            linespacing=1.3,
+            fontfamily=font_families(),
+        )
+    return FigureResult(
+        figure,
+        maps,
+        (width, height),
+        panels,
+        nrows,
+        ncols,
+        axes,
+        normalize,
+        ranges,
+        peaks,
+        entropies,
+        colorbar,
+    )
 
 
 def save_figure(figure: Figure, path: str | Path, dpi: int = 100) -> Path:

@@ -29,8 +29,14 @@ DEFAULT_CMAP = "viridis"
 _CELL_PIXELS = 8
 
 
-def upsample_attention(attention: Tensor | np.ndarray, grid: tuple[int, int], size: tuple[int, int],
-                       mode: str = "bilinear", sigma_cells: float = 0.5, normalize: bool = True) -> np.ndarray:
+def upsample_attention(
+    attention: Tensor | np.ndarray,
+    grid: tuple[int, int],
+    size: tuple[int, int],
+    mode: str = "bilinear",
+    sigma_cells: float = 0.5,
+    normalize: bool = True,
+) -> np.ndarray:
     """Stretch T attention maps over an image of ``size`` pixels.
 
     Args:
@@ -58,18 +64,27 @@ def upsample_attention(attention: Tensor | np.ndarray, grid: tuple[int, int], si
     if maps.dim() == 2 and maps.size(1) == gh * gw:
         maps = maps.view(-1, gh, gw)  # (T, gh, gw)
     if maps.dim() != 3 or tuple(maps.shape[1:]) != (gh, gw):
-        raise ValueError(f"attention of shape {tuple(maps.shape)} does not fit a {gh}x{gw} grid "
-                         f"(expected (T, {gh * gw}) or (T, {gh}, {gw}))")
+        raise ValueError(
+            f"attention of shape {tuple(maps.shape)} does not fit a {gh}x{gw} grid "
+            f"(expected (T, {gh * gw}) or (T, {gh}, {gw}))"
+        )
     if maps.size(0) == 0:
         return np.zeros((0, height, width), dtype=np.float32)
     maps = maps.unsqueeze(1)  # (T, 1, gh, gw)
     # antialias: an image smaller than the grid (or the blurred blocks) averages cells instead of
     # skipping them; enlarging is plain bilinear interpolation either way.
     if mode == "bilinear":
-        upsampled = F.interpolate(maps, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+        upsampled = F.interpolate(
+            maps, size=(height, width), mode="bilinear", align_corners=False, antialias=True
+        )
     else:
-        upsampled = F.interpolate(_blurred_blocks(maps, sigma_cells), size=(height, width), mode="bilinear",
-                                  align_corners=False, antialias=True)
+        upsampled = F.interpolate(
+            _blurred_blocks(maps, sigma_cells),
+            size=(height, width),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
     upsampled = upsampled.squeeze(1)  # (T, H, W)
     if normalize:
         peak = upsampled.amax(dim=(1, 2), keepdim=True)  # (T, 1, 1)

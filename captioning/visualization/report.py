@@ -101,7 +101,9 @@ def _data_uri(pixels: np.ndarray, image_format: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
 
 
-def _overlay(heat: np.ndarray, cmap: str, alpha: float, boxes: Sequence[Box], scale: tuple[float, float]) -> np.ndarray:
+def _overlay(
+    heat: np.ndarray, cmap: str, alpha: float, boxes: Sequence[Box], scale: tuple[float, float]
+) -> np.ndarray:
     """(H, W) map in [0, 1] -> (H, W, 4) RGBA overlay, with the named objects' boxes outlined."""
     rgba = colorize(heat, cmap, alpha)
     if boxes:
@@ -109,15 +111,29 @@ def _overlay(heat: np.ndarray, cmap: str, alpha: float, boxes: Sequence[Box], sc
         draw = ImageDraw.Draw(picture)
         line = max(1, round(max(heat.shape) / 150))  # about 2 pixels wide once shown at 300 pixels
         for x, y, w, h in boxes:
-            draw.rectangle((x * scale[0], y * scale[1], (x + w) * scale[0], (y + h) * scale[1]),
-                           outline=_BOX_RGBA, width=line)
+            draw.rectangle(
+                (x * scale[0], y * scale[1], (x + w) * scale[0], (y + h) * scale[1]),
+                outline=_BOX_RGBA,
+                width=line,
+            )
         rgba = np.asarray(picture)
     return rgba
 
 
-def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cmap: str, alpha: float,
-              max_side: int | None, normalize: str = "figure", boxes: Instances | None = None,
-              map_side: int | None = None, note: str = "", matcher: WordMatcher | None = None) -> str:
+def item_html(
+    index: int,
+    item: Captioned,
+    grid: tuple[int, int],
+    mode: str,
+    cmap: str,
+    alpha: float,
+    max_side: int | None,
+    normalize: str = "figure",
+    boxes: Instances | None = None,
+    map_side: int | None = None,
+    note: str = "",
+    matcher: WordMatcher | None = None,
+) -> str:
     """One image's section: the picture, one overlay per word (shown by its word's link), references.
     ``matcher``: the category-word table that finds each word's boxes, shared by a page's images.
 
@@ -135,8 +151,9 @@ def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cma
     words = list(item.words)
     map_width, map_height = display_size((width, height), map_side)
     scale = scale[0] * map_width / width, scale[1] * map_height / height
-    weights = upsample_attention(item.caption.attention, grid, (map_height, map_width), mode,
-                                 normalize=False)  # (T, h, w)
+    weights = upsample_attention(
+        item.caption.attention, grid, (map_height, map_width), mode, normalize=False
+    )  # (T, h, w)
     tops = [top for _, top in display_range(item.caption.attention, normalize)]
     peaks, entropies = attention_statistics(item.caption.attention)
     named = word_boxes(words, item.record.image_id, boxes, matcher)
@@ -148,26 +165,42 @@ def item_html(index: int, item: Captioned, grid: tuple[int, int], mode: str, cma
         map_id = f"img{index}-w{t}"
         first = " first" if t == 0 else ""
         label = html.escape(word)
-        layers.append(f'<img class="map{first}" id="{map_id}" alt="attention for {label}" '
-                      f'src="{_data_uri(_overlay(weights[t] / tops[t], cmap, alpha, named[t], scale), "PNG")}">')
-        tip = statistics_text(peaks[t], entropies[t]) + (f", beta={float(betas[t]):.2f}" if betas is not None else "")
+        layers.append(
+            f'<img class="map{first}" id="{map_id}" alt="attention for {label}" '
+            f'src="{_data_uri(_overlay(weights[t] / tops[t], cmap, alpha, named[t], scale), "PNG")}">'
+        )
+        tip = statistics_text(peaks[t], entropies[t]) + (
+            f", beta={float(betas[t]):.2f}" if betas is not None else ""
+        )
         tip = f' title="{html.escape(tip)}"'
         links.append(f'<a class="word" href="#{map_id}" data-map="{map_id}"{tip}>{label}</a>')
     caption = " ".join(links) if links else "<em>(empty caption)</em>"
     references = "".join(f"<li>{html.escape(str(ref))}</li>" for ref in item.record.raw)
-    return (f'<section class="item" id="img{index}">\n'
-            f'<h2>{name} &middot; image {item.record.image_id}'
-            + (f" &middot; {html.escape(note)}" if note else "") + "</h2>\n"
-            f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
-            f'<p class="caption">{caption}</p>\n'
-            + (f'<ol class="refs">{references}</ol>\n' if references else "")
-            + "</section>")
+    return (
+        f'<section class="item" id="img{index}">\n'
+        f"<h2>{name} &middot; image {item.record.image_id}"
+        + (f" &middot; {html.escape(note)}" if note else "")
+        + "</h2>\n"
+        f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
+        f'<p class="caption">{caption}</p>\n'
+        + (f'<ol class="refs">{references}</ol>\n' if references else "")
+        + "</section>"
+    )
 
 
-def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, int], mode: str = "bilinear",
-                 cmap: str = DEFAULT_CMAP, alpha: float = 0.6, max_side: int | None = 384,
-                 title: str = "Where the model looked", attention_label: str = "", normalize: str = "figure",
-                 boxes: Instances | None = None) -> Path:
+def write_report(
+    items: Sequence[Captioned],
+    path: str | Path,
+    grid: tuple[int, int],
+    mode: str = "bilinear",
+    cmap: str = DEFAULT_CMAP,
+    alpha: float = 0.6,
+    max_side: int | None = 384,
+    title: str = "Where the model looked",
+    attention_label: str = "",
+    normalize: str = "figure",
+    boxes: Instances | None = None,
+) -> Path:
     """Write one self-contained HTML page: each image, its caption word by word, its references.
 
     Args:
@@ -188,22 +221,37 @@ def write_report(items: Sequence[Captioned], path: str | Path, grid: tuple[int, 
     """
     path = Path(path)
     matcher = WordMatcher()  # one table of category words for every image
-    sections = [item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes, matcher=matcher)
-                for i, item in enumerate(items)]
-    page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
-            f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
-            '<p class="note">Hover over or click a word to see the attention map that produced it'
-            + (f" ({html.escape(attention_label)})" if attention_label else "") + '.</p>\n'
-            + "\n".join(sections) + f"\n<script>\n{VIEWER_SCRIPT}\n</script>\n</body>\n</html>\n")
+    sections = [
+        item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes, matcher=matcher)
+        for i, item in enumerate(items)
+    ]
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
+        '<p class="note">Hover over or click a word to see the attention map that produced it'
+        + (f" ({html.escape(attention_label)})" if attention_label else "")
+        + ".</p>\n"
+        + "\n".join(sections)
+        + f"\n<script>\n{VIEWER_SCRIPT}\n</script>\n</body>\n</html>\n"
+    )
     # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
     atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))
     return path
 
 
-def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tuple[int, int],
-                  mode: str = "bilinear", suffix: str = ".png", names: Sequence[str] | None = None,
-                  progress: bool = False, attention_label: str = "", normalize: str = "figure",
-                  cmap: str = DEFAULT_CMAP, boxes: Instances | None = None) -> list[tuple[Path, int]]:
+def write_figures(
+    items: Sequence[Captioned],
+    figures_dir: str | Path,
+    grid: tuple[int, int],
+    mode: str = "bilinear",
+    suffix: str = ".png",
+    names: Sequence[str] | None = None,
+    progress: bool = False,
+    attention_label: str = "",
+    normalize: str = "figure",
+    cmap: str = DEFAULT_CMAP,
+    boxes: Instances | None = None,
+) -> list[tuple[Path, int]]:
     """One attention figure per item, references under it; ``figures_dir/<name><suffix>``.
 
     Args:
@@ -221,10 +269,19 @@ def write_figures(items: Sequence[Captioned], figures_dir: str | Path, grid: tup
     written = []
     for k, item in enumerate(tqdm(items, desc="figures", disable=not progress, leave=False, unit="image")):
         image = load_image(item.record.path)
-        result = attention_figure(image, item.words, item.caption.attention, grid, betas=item.caption.betas,
-                                  references=list(item.record.raw), mode=mode, attention_label=attention_label,
-                                  normalize=normalize, cmap=cmap,
-                                  boxes=word_boxes(item.words, item.record.image_id, boxes, matcher))
+        result = attention_figure(
+            image,
+            item.words,
+            item.caption.attention,
+            grid,
+            betas=item.caption.betas,
+            references=list(item.record.raw),
+            mode=mode,
+            attention_label=attention_label,
+            normalize=normalize,
+            cmap=cmap,
+            boxes=word_boxes(item.words, item.record.image_id, boxes, matcher),
+        )
         name = (names[k] if names is not None else str(item.record.image_id)) + suffix
         written.append((save_figure(result.figure, figures_dir / name), result.panels))
     return written

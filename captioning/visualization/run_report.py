@@ -32,9 +32,13 @@ if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
 
 # Per-image columns of the table, when the scores hold them: (field, header, worst first by a first click).
-COLUMNS = (("CIDEr-D", "CIDEr-D", "ascending"), ("grounding-mass", "grounding mass", "ascending"),
-           ("grounding-pointing", "pointing", "ascending"), ("CHAIR-i", "CHAIR-i", "descending"),
-           ("CHAIR-s", "CHAIR-s", "descending"))
+COLUMNS = (
+    ("CIDEr-D", "CIDEr-D", "ascending"),
+    ("grounding-mass", "grounding mass", "ascending"),
+    ("grounding-pointing", "pointing", "ascending"),
+    ("CHAIR-i", "CHAIR-i", "descending"),
+    ("CHAIR-s", "CHAIR-s", "descending"),
+)
 # Epoch history keys that are not curves.
 _NOT_CURVES = frozenset(["stage", "epoch", "seconds", "lr"])
 
@@ -91,8 +95,11 @@ openItem();
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+    return (
+        float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         else None
+    )
 
 
 def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
@@ -121,8 +128,15 @@ def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
         for x in range(1, len(history)):
             if history[x].get("stage") != history[x - 1].get("stage"):
                 ax.axvline(x + 0.5, color="#888", linestyle=":", linewidth=1)
-                ax.text(x + 0.55, 1.0, str(history[x].get("stage", "")), transform=ax.get_xaxis_transform(),
-                        fontsize=8, va="top", color="#555")
+                ax.text(
+                    x + 0.55,
+                    1.0,
+                    str(history[x].get("stage", "")),
+                    transform=ax.get_xaxis_transform(),
+                    fontsize=8,
+                    va="top",
+                    color="#555",
+                )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("epoch (all stages)", fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -137,8 +151,11 @@ def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
 
 def curve_keys(history: Sequence[Mapping[str, Any]]) -> list[str]:
     """The history's keys that are drawn as curves, in their first appearance's order."""
-    return [key for key in dict.fromkeys(k for record in history for k in record)
-            if key not in _NOT_CURVES and any(_number(record.get(key)) is not None for record in history)]
+    return [
+        key
+        for key in dict.fromkeys(k for record in history for k in record)
+        if key not in _NOT_CURVES and any(_number(record.get(key)) is not None for record in history)
+    ]
 
 
 def _history_html(history: Sequence[Mapping[str, Any]]) -> str:
@@ -148,19 +165,24 @@ def _history_html(history: Sequence[Mapping[str, Any]]) -> str:
     keys = curve_keys(history)
     picture = base64.b64encode(curves_png(history)).decode("ascii")
     head = "".join(f"<th>{html.escape(key)}</th>" for key in ["stage", "epoch", *keys])
-    rows = "".join("<tr>" + f"<td>{html.escape(str(record.get('stage', '')))}</td>"
-                   f"<td>{html.escape(str(record.get('epoch', '')))}</td>"
-                   + "".join(_cell(record.get(key)) for key in keys) + "</tr>" for record in history)
-    return (f'<img class="curves" alt="training and validation curves per epoch" src="data:image/png;base64,{picture}">'
-            f'<details><summary>the numbers</summary><table class="epochs"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{rows}</tbody></table></details>")
+    rows = "".join(
+        "<tr>" + f"<td>{html.escape(str(record.get('stage', '')))}</td>"
+        f"<td>{html.escape(str(record.get('epoch', '')))}</td>"
+        + "".join(_cell(record.get(key)) for key in keys)
+        + "</tr>"
+        for record in history
+    )
+    return (
+        f'<img class="curves" alt="training and validation curves per epoch" src="data:image/png;base64,{picture}">'
+        f'<details><summary>the numbers</summary><table class="epochs"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{rows}</tbody></table></details>"
+    )
 
 
 def _scores_html(scores: Mapping[str, Any], images: int) -> str:
     from captioning.evaluation.runner import summary_lines
 
-    table = scores.get("table") or "\n".join(f"{k}: {v}" for k, v in scores.items()
-                                              if _number(v) is not None)
+    table = scores.get("table") or "\n".join(f"{k}: {v}" for k, v in scores.items() if _number(v) is not None)
     lines = summary_lines(scores, images) if "signature" in scores else []
     return f"<pre>{html.escape(table)}\n\n" + html.escape("\n".join(lines)) + "</pre>"
 
@@ -174,34 +196,62 @@ def _cell(value: Any) -> str:
 
 def _scores_note(scores: Mapping[str, Any]) -> str:
     """An opened image's scores, for its heading: ``CIDEr-D 1.420, grounding mass 0.150, ...``."""
-    return ", ".join(f"{header} {_number(scores[key]):.3f}" for key, header, _ in COLUMNS
-                     if _number(scores.get(key)) is not None)
+    return ", ".join(
+        f"{header} {_number(scores[key]):.3f}"
+        for key, header, _ in COLUMNS
+        if _number(scores.get(key)) is not None
+    )
 
 
 def _table_html(items: Sequence[Captioned], per_image: Mapping[int, Mapping[str, Any]]) -> str:
-    columns = [(key, header, worst) for key, header, worst in COLUMNS
-               if any(key in per_image.get(item.record.image_id, {}) for item in items)]
-    head = "".join(f'<th data-worst="{worst}"><button type="button">{html.escape(header)}</button></th>'
-                   for _, header, worst in columns)
+    columns = [
+        (key, header, worst)
+        for key, header, worst in COLUMNS
+        if any(key in per_image.get(item.record.image_id, {}) for item in items)
+    ]
+    head = "".join(
+        f'<th data-worst="{worst}"><button type="button">{html.escape(header)}</button></th>'
+        for _, header, worst in columns
+    )
     rows = []
     for index, item in enumerate(items):
         scores = per_image.get(item.record.image_id, {})
         name = html.escape(Path(item.record.path).name)
         hallucinated = ", ".join(map(str, scores.get("hallucinated", [])))
-        rows.append(f'<tr data-index="{index}"><td><a href="#img{index}">{name}</a></td>'
-                    f"<td>{html.escape(' '.join(item.words)) or '<em>(empty caption)</em>'}</td>"
-                    + "".join(_cell(scores.get(key)) for key, _, _ in columns)
-                    + f"<td>{html.escape(hallucinated)}</td></tr>")
-    return ('<table class="images">\n<thead><tr><th>image</th><th>caption</th>' + head
-            + "<th>hallucinated</th></tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>")
+        rows.append(
+            f'<tr data-index="{index}"><td><a href="#img{index}">{name}</a></td>'
+            f"<td>{html.escape(' '.join(item.words)) or '<em>(empty caption)</em>'}</td>"
+            + "".join(_cell(scores.get(key)) for key, _, _ in columns)
+            + f"<td>{html.escape(hallucinated)}</td></tr>"
+        )
+    return (
+        '<table class="images">\n<thead><tr><th>image</th><th>caption</th>'
+        + head
+        + "<th>hallucinated</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows)
+        + "\n</tbody>\n</table>"
+    )
 
 
-def write_run_report(path: str | Path, items: Sequence[Captioned], grid: tuple[int, int],
-                     scores: Mapping[str, Any], *, config_text: str = "", checkpoint: str | Path | None = None,
-                     history: Sequence[Mapping[str, Any]] = (), boxes: Instances | None = None,
-                     attention_label: str = "", total_images: int | None = None, mode: str = "bilinear",
-                     cmap: str = DEFAULT_CMAP, normalize: str = "figure", max_side: int | None = 256,
-                     map_side: int | None = 96, title: str = "Run report") -> Path:
+def write_run_report(
+    path: str | Path,
+    items: Sequence[Captioned],
+    grid: tuple[int, int],
+    scores: Mapping[str, Any],
+    *,
+    config_text: str = "",
+    checkpoint: str | Path | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
+    boxes: Instances | None = None,
+    attention_label: str = "",
+    total_images: int | None = None,
+    mode: str = "bilinear",
+    cmap: str = DEFAULT_CMAP,
+    normalize: str = "figure",
+    max_side: int | None = 256,
+    map_side: int | None = 96,
+    title: str = "Run report",
+) -> Path:
     """Write the run's ``report.html`` (see the module docstring).
 
     Args:
@@ -222,35 +272,62 @@ def write_run_report(path: str | Path, items: Sequence[Captioned], grid: tuple[i
         ``path``.
     """
     path = Path(path)
-    per_image = {entry.get("image_id"): entry for entry in scores.get("per_image", []) if isinstance(entry, Mapping)}
+    per_image = {
+        entry.get("image_id"): entry for entry in scores.get("per_image", []) if isinstance(entry, Mapping)
+    }
     scored = total_images if total_images is not None else len(per_image) or len(items)
-    facts = [("checkpoint", str(checkpoint) if checkpoint is not None else "(not given)"),
-             ("signature", str(scores.get("signature", "(none)"))),
-             ("test images", f"{scored} scored, {len(items)} shown below"),
-             ("attention", attention_label or "(the decoder's only map)"),
-             ("colours", f"{cmap}, scale: {normalize}")]
+    facts = [
+        ("checkpoint", str(checkpoint) if checkpoint is not None else "(not given)"),
+        ("signature", str(scores.get("signature", "(none)"))),
+        ("test images", f"{scored} scored, {len(items)} shown below"),
+        ("attention", attention_label or "(the decoder's only map)"),
+        ("colours", f"{cmap}, scale: {normalize}"),
+    ]
     matcher = WordMatcher()  # one table of category words for every image
-    sections = [item_html(i, item, grid, mode, cmap, 0.6, max_side, normalize, boxes, map_side,
-                          _scores_note(per_image.get(item.record.image_id, {})), matcher)
-                for i, item in enumerate(items)]
-    page = "\n".join([
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title>\n<style>\n{VIEWER_STYLE}\n{_STYLE}\n</style>\n</head>\n<body>",
-        f"<h1>{html.escape(title)}</h1>",
-        '<section class="run" id="run"><h2 class="part">Where these numbers come from</h2><dl class="facts">'
-        + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts) + "</dl>"
-        + (f"<details><summary>configuration (config.yaml)</summary><pre>{html.escape(config_text)}</pre></details>"
-           if config_text else "") + "</section>",
-        f'<section class="run" id="scores"><h2 class="part">Test scores</h2>{_scores_html(scores, scored)}</section>',
-        '<section class="run curves" id="curves"><h2 class="part">Training and validation per epoch</h2>'
-        + _history_html(history) + "</section>",
-        '<section class="run" id="images"><h2 class="part">Test images</h2>'
-        '<p class="note">Click a column to sort (worst first, then best first); click an image to see its '
-        "attention word by word, on one colour scale per image (each word's tooltip: peak weight and entropy).</p>"
-        + _table_html(items, per_image) + "</section>",
-        *sections,
-        f"<script>\n{VIEWER_SCRIPT}\n{_TABLE_SCRIPT}\n</script>\n</body>\n</html>\n",
-    ])
+    sections = [
+        item_html(
+            i,
+            item,
+            grid,
+            mode,
+            cmap,
+            0.6,
+            max_side,
+            normalize,
+            boxes,
+            map_side,
+            _scores_note(per_image.get(item.record.image_id, {})),
+            matcher,
+        )
+        for i, item in enumerate(items)
+    ]
+    page = "\n".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
+            f"<title>{html.escape(title)}</title>\n<style>\n{VIEWER_STYLE}\n{_STYLE}\n</style>\n</head>\n<body>",
+            f"<h1>{html.escape(title)}</h1>",
+            '<section class="run" id="run"><h2 class="part">Where these numbers come from</h2><dl class="facts">'
+            + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts)
+            + "</dl>"
+            + (
+                f"<details><summary>configuration (config.yaml)</summary><pre>{html.escape(config_text)}</pre></details>"
+                if config_text
+                else ""
+            )
+            + "</section>",
+            f'<section class="run" id="scores"><h2 class="part">Test scores</h2>{_scores_html(scores, scored)}</section>',
+            '<section class="run curves" id="curves"><h2 class="part">Training and validation per epoch</h2>'
+            + _history_html(history)
+            + "</section>",
+            '<section class="run" id="images"><h2 class="part">Test images</h2>'
+            '<p class="note">Click a column to sort (worst first, then best first); click an image to see its '
+            "attention word by word, on one colour scale per image (each word's tooltip: peak weight and entropy).</p>"
+            + _table_html(items, per_image)
+            + "</section>",
+            *sections,
+            f"<script>\n{VIEWER_SCRIPT}\n{_TABLE_SCRIPT}\n</script>\n</body>\n</html>\n",
+        ]
+    )
     # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
     atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))
     return path

@@ -26,6 +26,17 @@ from captioning.models.encoders.registry import (
 )
 from captioning.models.encoders.weights import file_identity, resolve_weights
 
-__all__ = ["ENCODERS", "FAMILIES", "Backbone", "Encoder", "EncoderWeightsError", "build_encoder",
-           "encoder_builder", "file_identity", "fold_traced_batch_norms", "register_encoder", "register_family",
-           "resolve_weights"]
+__all__ = [
+    "ENCODERS",
+    "FAMILIES",
+    "Backbone",
+    "Encoder",
+    "EncoderWeightsError",
+    "build_encoder",
+    "encoder_builder",
+    "file_identity",
+    "fold_traced_batch_norms",
+    "register_encoder",
+    "register_family",
+    "resolve_weights",
+]

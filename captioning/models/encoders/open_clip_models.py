@@ -45,8 +45,9 @@ def _published_file(pretrained_cfg: dict[str, Any], label: str, setting: str) ->
     return url_file(pretrained_cfg["url"], label)
 
 
-def load_clip(name: str, weights: str, image_size: int | None = None,
-              setting: str = "model.encoder.weights") -> tuple[nn.Module, ResolvedWeights, ModuleType]:
+def load_clip(
+    name: str, weights: str, image_size: int | None = None, setting: str = "model.encoder.weights"
+) -> tuple[nn.Module, ResolvedWeights, ModuleType]:
     """A whole open_clip model ``<arch>/<tag>`` with ``weights`` ("pretrained" | a file | "none").
 
     Args:
@@ -61,24 +62,41 @@ def load_clip(name: str, weights: str, image_size: int | None = None,
     open_clip = optional_library("open_clip", "clip", label)
     architecture, tag = parse_clip_name(name)
     if open_clip.get_model_config(architecture) is None:
-        raise ConfigError(f"{label}: open_clip has no architecture {architecture!r} (open_clip.list_models())")
+        raise ConfigError(
+            f"{label}: open_clip has no architecture {architecture!r} (open_clip.list_models())"
+        )
     tags = open_clip.list_pretrained_tags_by_model(architecture)
     if tag and tag not in tags:
-        raise ConfigError(f"{label}: open_clip has no pretrained tag {tag!r} for {architecture} "
-                          f"(known: {', '.join(tags) or 'none'})")
+        raise ConfigError(
+            f"{label}: open_clip has no pretrained tag {tag!r} for {architecture} "
+            f"(known: {', '.join(tags) or 'none'})"
+        )
     pretrained_cfg = open_clip.get_pretrained_cfg(architecture, tag) if tag else {}
     if weights == "pretrained" and not tag:
-        raise ConfigError(f"{label}: pretrained weights need a tag, open_clip:{architecture}/<tag> "
-                          f"with a tag among {', '.join(tags) or 'none'}")
-    resolved = resolve_weights(weights, lambda: _published_file(pretrained_cfg, label, setting),
-                               lambda path: {"open_clip": f"{architecture}/{tag}"}, setting)
-    preprocess = {key: pretrained_cfg[key] for key in ("mean", "std", "interpolation", "resize_mode")
-                  if key in pretrained_cfg}
+        raise ConfigError(
+            f"{label}: pretrained weights need a tag, open_clip:{architecture}/<tag> "
+            f"with a tag among {', '.join(tags) or 'none'}"
+        )
+    resolved = resolve_weights(
+        weights,
+        lambda: _published_file(pretrained_cfg, label, setting),
+        lambda path: {"open_clip": f"{architecture}/{tag}"},
+        setting,
+    )
+    preprocess = {
+        key: pretrained_cfg[key]
+        for key in ("mean", "std", "interpolation", "resize_mode")
+        if key in pretrained_cfg
+    }
     try:
-        model = open_clip.create_model(architecture, pretrained=str(resolved.path) if resolved.path else None,
-                                       force_quick_gelu=bool(pretrained_cfg.get("quick_gelu", False)),
-                                       force_image_size=image_size, force_preprocess_cfg=preprocess or None,
-                                       device=torch.get_default_device())  # meta under torch.device('meta')
+        model = open_clip.create_model(
+            architecture,
+            pretrained=str(resolved.path) if resolved.path else None,
+            force_quick_gelu=bool(pretrained_cfg.get("quick_gelu", False)),
+            force_image_size=image_size,
+            force_preprocess_cfg=preprocess or None,
+            device=torch.get_default_device(),
+        )  # meta under torch.device('meta')
     except (RuntimeError, KeyError, ValueError, OSError) as error:
         if resolved.path is None:
             raise
@@ -99,8 +117,9 @@ class ClipGrid(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) -> (B, C, S/p, S/p), C the tower's width, p its patch size."""
-        return self.tower.forward_intermediates(images, indices=1, normalize_intermediates=True,
-                                                intermediates_only=True)["image_intermediates"][-1]
+        return self.tower.forward_intermediates(
+            images, indices=1, normalize_intermediates=True, intermediates_only=True
+        )["image_intermediates"][-1]
 
 
 @register_family("open_clip", form="open_clip:<arch>/<pretrained tag>")
@@ -113,15 +132,26 @@ def open_clip_encoder(name: str, weights: str, image_size: int) -> Backbone:
     model, resolved, open_clip = load_clip(name, weights, image_size)
     tower = model.visual
     if not isinstance(tower, VisionTransformer):
-        raise ConfigError(f"model.encoder.name {label!r}: only ViT image towers give a grid here, "
-                          f"not {type(tower).__name__}")
+        raise ConfigError(
+            f"model.encoder.name {label!r}: only ViT image towers give a grid here, "
+            f"not {type(tower).__name__}"
+        )
     patch = tower.patch_size[0]
     if image_size % patch:
-        raise ConfigError(f"model.encoder.image_size {image_size} must be a multiple of {label}'s patch size {patch}")
+        raise ConfigError(
+            f"model.encoder.image_size {image_size} must be a multiple of {label}'s patch size {patch}"
+        )
     config = open_clip.get_model_preprocess_cfg(model)
     trained_size = open_clip.get_model_config(parse_clip_name(name)[0])["vision_cfg"]["image_size"]
     blocks = list(tower.transformer.resblocks)
     stages = (*blocks[:-1], nn.ModuleList([blocks[-1], tower.ln_post]))
-    return Backbone(ClipGrid(tower), stages, mean=tuple(config["mean"]), std=tuple(config["std"]),
-                    interpolation=InterpolationMode(config["interpolation"]), weights=resolved.identity,
-                    channels_last=False, position_embedding_size=int(trained_size))
+    return Backbone(
+        ClipGrid(tower),
+        stages,
+        mean=tuple(config["mean"]),
+        std=tuple(config["std"]),
+        interpolation=InterpolationMode(config["interpolation"]),
+        weights=resolved.identity,
+        channels_last=False,
+        position_embedding_size=int(trained_size),
+    )

@@ -122,8 +122,9 @@ def encoder_builder(name: str) -> Builder:
         family = FAMILIES[prefix]
         return lambda weights, image_size: family(model, weights, image_size)
     forms = ", ".join(FAMILY_FORMS[prefix] for prefix in sorted(FAMILIES))
-    raise ConfigError(f"model.encoder.name must be one of {', '.join(sorted(ENCODERS))}, or {forms}; "
-                      f"got {name!r}")
+    raise ConfigError(
+        f"model.encoder.name must be one of {', '.join(sorted(ENCODERS))}, or {forms}; got {name!r}"
+    )
 
 
 def optional_library(module: str, extra: str, name: str) -> ModuleType:
@@ -131,8 +132,9 @@ def optional_library(module: str, extra: str, name: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError:
-        raise ConfigError(f"model.encoder.name {name!r} needs the {module} library: "
-                          f'pip install -e ".[{extra}]"') from None
+        raise ConfigError(
+            f'model.encoder.name {name!r} needs the {module} library: pip install -e ".[{extra}]"'
+        ) from None
 
 
 class Encoder(nn.Module):
@@ -166,24 +168,31 @@ class Encoder(nn.Module):
         self.position_embedding_size = backbone.position_embedding_size
         if self.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
-        self.transform = transforms.Compose([
-            transforms.Resize((image_size, image_size), interpolation=self.interpolation, antialias=True),
-            transforms.ToTensor(),
-            transforms.Normalize(self.mean, self.std),
-        ])
+        self.transform = transforms.Compose(
+            [
+                transforms.Resize((image_size, image_size), interpolation=self.interpolation, antialias=True),
+                transforms.ToTensor(),
+                transforms.Normalize(self.mean, self.std),
+            ]
+        )
         # Shapes from a pass over meta tensors (shapes only: no memory, no arithmetic).
         was_training = self.backbone.training
-        meta_state = {key: tensor.to("meta") for key, tensor in
-                      [*self.backbone.named_parameters(), *self.backbone.named_buffers()]}
-        probe = functional_call(self.backbone.eval(), meta_state,
-                                (torch.empty(1, 3, image_size, image_size, device="meta"),))
+        meta_state = {
+            key: tensor.to("meta")
+            for key, tensor in [*self.backbone.named_parameters(), *self.backbone.named_buffers()]
+        }
+        probe = functional_call(
+            self.backbone.eval(), meta_state, (torch.empty(1, 3, image_size, image_size, device="meta"),)
+        )
         self.backbone.train(was_training)
         self.channels = int(probe.shape[1])
         self.native_grid = (int(probe.shape[2]), int(probe.shape[3]))
         if grid_size > min(self.native_grid):
-            raise ConfigError(f"model.encoder.grid_size {grid_size} is finer than {name}'s native "
-                             f"{self.native_grid[0]}x{self.native_grid[1]} grid at {image_size} px: pooling would only "
-                             "repeat cells; use 0 (the native grid), a smaller grid_size or a larger image_size")
+            raise ConfigError(
+                f"model.encoder.grid_size {grid_size} is finer than {name}'s native "
+                f"{self.native_grid[0]}x{self.native_grid[1]} grid at {image_size} px: pooling would only "
+                "repeat cells; use 0 (the native grid), a smaller grid_size or a larger image_size"
+            )
         self.grid = (grid_size, grid_size) if grid_size else self.native_grid
         self.trainable_stages = 0
         self.set_trainable(0)
@@ -224,7 +233,7 @@ class Encoder(nn.Module):
         if not 0 <= stages <= len(self._stages):
             raise ValueError(f"{self.name} has {len(self._stages)} stages; cannot fine-tune {stages}")
         self.requires_grad_(False)
-        for stage in self._stages[len(self._stages) - stages:]:
+        for stage in self._stages[len(self._stages) - stages :]:
             stage.requires_grad_(True)
         self.trainable_stages = stages
         self.train(self.training)
@@ -267,8 +276,11 @@ class Encoder(nn.Module):
             "normalisation": {"mean": list(self.mean), "std": list(self.std)},
             "channels": self.channels,
             # Only where there are position embeddings, so that the keys of CNN caches stay as they were.
-            **({"position_embedding_size": self.position_embedding_size}
-               if self.position_embedding_size is not None else {}),
+            **(
+                {"position_embedding_size": self.position_embedding_size}
+                if self.position_embedding_size is not None
+                else {}
+            ),
         }
 
 
@@ -281,8 +293,9 @@ def build_encoder(config: EncoderConfig) -> Encoder:
         EncoderWeightsError: weights missing, unreachable or not matching the network.
     """
     builder = encoder_builder(config.name)
-    encoder = Encoder(config.name, builder(config.weights, config.image_size), config.image_size,
-                      config.grid_size)
+    encoder = Encoder(
+        config.name, builder(config.weights, config.image_size), config.image_size, config.grid_size
+    )
     try:
         encoder.set_trainable(config.fine_tune_stages)
     except ValueError as error:

