@@ -9,14 +9,14 @@ import time
 
 import torch
 
-from captioning.config import DecoderConfig
+from captioning.config import LSTMDecoderConfig
 from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
 
 
 def main() -> None:
     torch.manual_seed(0)
-    config = DecoderConfig(
+    config = LSTMDecoderConfig(
         embed_dim=512,
         hidden_dim=512,
         attention_dim=512,

@@ -44,7 +44,7 @@ from harness import OtherLoad, PeakMemory, autocast, median_seconds, synchronize
 from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
 
 import captioning
-from captioning.config import DecoderConfig, EncoderConfig
+from captioning.config import LSTMDecoderConfig, EncoderConfig
 from captioning.data import build_vocabulary, generate_shapes, read_shapes
 from captioning.data.datasets import CaptionDataset, collate_captions
 from captioning.data.feature_cache import FeatureCache, cache_batch_size
@@ -131,9 +131,9 @@ QUICK = Sizes(
 )
 
 
-def decoder_config(sizes: Sizes) -> DecoderConfig:
+def decoder_config(sizes: Sizes) -> LSTMDecoderConfig:
     """The tutorial's variant of our decoder: additive ReLU attention, channel gate, linear output."""
-    return DecoderConfig(
+    return LSTMDecoderConfig(
         attention="soft",
         scoring="additive",
         activation="relu",

@@ -24,7 +24,7 @@ import torch
 from harness import PeakMemory, autocast, median_seconds
 from recompute_baseline import RecomputingDecoder
 
-from captioning.config import DecoderConfig
+from captioning.config import TransformerDecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search
 from captioning.models.transformer import TransformerDecoder
@@ -58,10 +58,9 @@ class TransformerSizes:
     def positions(self) -> int:
         return self.grid * self.grid
 
-    def decoder_config(self, layers: int) -> DecoderConfig:
+    def decoder_config(self, layers: int) -> TransformerDecoderConfig:
         """The COCO configuration's decoder with ``layers`` encoder and decoder blocks."""
-        return DecoderConfig(
-            kind="transformer",
+        return TransformerDecoderConfig(
             d_model=self.d_model,
             num_heads=self.num_heads,
             d_ff=self.d_ff,

@@ -147,7 +147,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if value is not None:
             overrides[key] = value
     path = args.config if args.config is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    return load_config(path, overrides)
+    config = load_config(path, overrides)
+    check_registered_names(config)
+    return config
+
+
+def check_registered_names(config: Config) -> None:
+    """Each name the configuration looks up in a registry (encoder, decoder, scorer, ...), checked
+    before any work: one line naming the key and the registered names."""
+    from captioning.models.captioner import check_model_config
+
+    check_model_config(config.model)
 
 
 def given_keys(args: argparse.Namespace) -> set[str]:

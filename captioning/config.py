@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from captioning.registry import Registry
+
 
 class ConfigError(ValueError):
     """A configuration value or file is invalid; the message names the key."""
@@ -96,63 +98,65 @@ class EncoderConfig:
         _check(self.fine_tune_stages >= 0, "model.encoder.fine_tune_stages must be >= 0")
 
 
+# The decoder families: model.decoder.kind -> its configuration class. The built-in families register
+# here, where configurations are read; a decoder of your own registers its class with
+# ``captioning.models.register_decoder`` (docs/extending.md).
+DECODER_CONFIGS: Registry[type[DecoderConfig]] = Registry("decoder", key="model.decoder.kind")
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
-    """The caption decoder: the attention LSTM of Show, Attend and Tell, or a Transformer."""
+    """What every caption decoder has; each family (a registered ``kind``) adds its own options."""
 
-    kind: str = "lstm"  # lstm (Show, Attend and Tell) | transformer (docs/transformer.md)
+    kind: str = "lstm"  # a registered decoder: lstm (Show, Attend and Tell) | transformer
+    dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
+    doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (docs/training.md)
+
+    def __post_init__(self) -> None:
+        family = DECODER_CONFIGS.get(self.kind)
+        _check(family is not None, DECODER_CONFIGS.unknown_message(self.kind))
+        _check(
+            type(self) is family,
+            f"model.decoder.kind {self.kind!r} is configured by {family.__name__}, not {type(self).__name__}",
+        )
+        _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
+        _check(
+            math.isfinite(self.doubly_stochastic) and self.doubly_stochastic >= 0,
+            f"model.decoder.doubly_stochastic must be finite and >= 0, got {self.doubly_stochastic}",
+        )
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@DECODER_CONFIGS.register("lstm")
+@dataclass(frozen=True)
+class LSTMDecoderConfig(DecoderConfig):
+    """The attention LSTM of Show, Attend and Tell (soft or hard attention)."""
+
+    kind: str = "lstm"
     attention: str = "soft"  # soft (section 4.2) | hard (stochastic, section 4.1)
-    scoring: str = "additive"  # additive | dot | scaled_dot | multihead
+    scoring: str = "additive"  # a registered attention scorer: additive | dot | scaled_dot | multihead
     activation: str = "tanh"  # additive scoring non-linearity: tanh (paper) | relu (tutorial)
-    num_heads: int = 8  # multihead scoring; the Transformer's attention heads
+    num_heads: int = 8  # heads of the multihead scorer
     embed_dim: int = 512  # word embedding size
     hidden_dim: int = 512  # LSTM size
     attention_dim: int = 512  # attention projection size
     gate: str = "scalar"  # scalar (paper's beta_t) | channel (tutorial) | none
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
-    init_layers: int = 1  # LSTM: layers of the h_0/c_0 MLP; 2 as the authors' COCO script (C->C ReLU)
-    output_tanh: bool = False  # LSTM: tanh over equation 7's sum before the output layer (authors' code)
-    dropout: float = 0.5  # LSTM: before the output layer; Transformer: embeddings and every residual branch
-    doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (docs/training.md)
+    init_layers: int = 1  # layers of the h_0/c_0 MLP; 2 as the authors' COCO script (C->C ReLU)
+    output_tanh: bool = False  # tanh over equation 7's sum before the output layer (authors' code)
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
     hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
     hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
-    hard_expected_prob: float = 0.5  # probability of using the expected context instead of a sample
-    # Transformer (kind: transformer) only.
-    d_model: int = 512  # Transformer: model width (embeddings, attention, residual stream)
-    d_ff: int = 2048  # Transformer: inner size of the feed-forward blocks
-    encoder_layers: int = 3  # Transformer: self-attention blocks over the grid, once per image; 0 = none
-    decoder_layers: int = 3  # Transformer: decoder blocks (self-attention, cross-attention, feed-forward)
-    pre_norm: bool = False  # Transformer: LayerNorm before each sublayer instead of after (the original)
-    tie_embeddings: bool = True  # Transformer: the output layer shares the word embedding matrix
+    hard_expected_prob: float = 0.5  # hard attention: probability of the expected context instead of a sample
 
     def __post_init__(self) -> None:
-        _one_of("model.decoder.kind", self.kind, ("lstm", "transformer"))
-        for name in (
-            "embed_dim",
-            "hidden_dim",
-            "attention_dim",
-            "num_heads",
-        ):  # first: num_heads divides below
-            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
-        if self.kind == "transformer":
-            _check(self.attention == "soft", "model.decoder.attention must be soft with kind transformer")
-            for name in ("d_model", "d_ff", "decoder_layers"):
-                _check(
-                    getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}"
-                )
-            _check(
-                self.encoder_layers >= 0,
-                f"model.decoder.encoder_layers must be >= 0, got {self.encoder_layers}",
-            )
-            _check(
-                self.d_model % self.num_heads == 0,
-                f"model.decoder.d_model ({self.d_model}) must be divisible by model.decoder.num_heads "
-                f"({self.num_heads})",
-            )
+        super().__post_init__()
+        self._positive("embed_dim", "hidden_dim", "attention_dim", "num_heads", "init_layers")
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
-        _one_of("model.decoder.scoring", self.scoring, ("additive", "dot", "scaled_dot", "multihead"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))
         if self.scoring == "multihead":
@@ -160,18 +164,11 @@ class DecoderConfig:
                 self.attention_dim % self.num_heads == 0,
                 "model.decoder.attention_dim must be divisible by model.decoder.num_heads",
             )
-        _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
-        _check(self.init_layers >= 1, f"model.decoder.init_layers must be >= 1, got {self.init_layers}")
         _check(
             not self.output_tanh or self.deep_output,
             "model.decoder.output_tanh needs model.decoder.deep_output",
         )
-        if self.kind == "transformer":
-            _check(
-                self.init_layers == 1 and not self.output_tanh,
-                "model.decoder.init_layers and output_tanh are LSTM options (kind lstm)",
-            )
-        for name in ("doubly_stochastic", "hard_reinforce", "hard_entropy"):
+        for name in ("hard_reinforce", "hard_entropy"):
             value = getattr(self, name)
             _check(
                 math.isfinite(value) and value >= 0,
@@ -181,10 +178,37 @@ class DecoderConfig:
         _check(0.0 <= self.hard_baseline_decay < 1.0, "model.decoder.hard_baseline_decay must be in [0, 1)")
 
 
+@DECODER_CONFIGS.register("transformer")
+@dataclass(frozen=True)
+class TransformerDecoderConfig(DecoderConfig):
+    """The Transformer decoder over the same grid (docs/transformer.md)."""
+
+    kind: str = "transformer"
+    num_heads: int = 8  # attention heads of every block
+    d_model: int = 512  # model width (embeddings, attention, residual stream)
+    d_ff: int = 2048  # inner size of the feed-forward blocks
+    encoder_layers: int = 3  # self-attention blocks over the grid, once per image; 0 = none
+    decoder_layers: int = 3  # decoder blocks (self-attention, cross-attention, feed-forward)
+    pre_norm: bool = False  # LayerNorm before each sublayer instead of after (the original)
+    tie_embeddings: bool = True  # the output layer shares the word embedding matrix
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._positive("num_heads", "d_model", "d_ff", "decoder_layers")
+        _check(
+            self.encoder_layers >= 0, f"model.decoder.encoder_layers must be >= 0, got {self.encoder_layers}"
+        )
+        _check(
+            self.d_model % self.num_heads == 0,
+            f"model.decoder.d_model ({self.d_model}) must be divisible by model.decoder.num_heads "
+            f"({self.num_heads})",
+        )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    decoder: DecoderConfig = field(default_factory=LSTMDecoderConfig)  # its class follows decoder.kind
 
 
 # Words of a generated caption at most: COCO's longest reference has about 50; past a few hundred a

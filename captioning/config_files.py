@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import types
@@ -19,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from captioning.config import Config, ConfigError, DataConfig, to_dict
+from captioning.config import DECODER_CONFIGS, Config, ConfigError, DataConfig, DecoderConfig, to_dict
 from captioning.files import not_a_regular_file
 
 
@@ -109,14 +110,40 @@ def _expand_home(path: str, key: str) -> str:
     return expanded
 
 
-def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+def _decoder_family(values: Any, prefix: str) -> type[DecoderConfig]:
+    """The configuration class of the decoder family ``values["kind"]`` names (default: lstm)."""
+    kind = _coerce(str, values.get("kind", DecoderConfig.kind), prefix + "kind")
+    if kind not in DECODER_CONFIGS:
+        raise ConfigError(DECODER_CONFIGS.unknown_message(kind))
+    return DECODER_CONFIGS[kind]
+
+
+def _other_family(name: str, family: type[DecoderConfig]) -> str | None:
+    """The kind of another registered decoder family that has the option ``name``, if one has."""
+    for kind, other in DECODER_CONFIGS.items():
+        if other is not family and name in {f.name for f in dataclasses.fields(other)}:
+            return kind
+    return None
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix or 'configuration'} must be a mapping, got {values!r}")
+    if cls is DecoderConfig:
+        cls = _decoder_family(values, prefix)
+        if stored:  # configurations written before each family had its own class held every family's keys
+            values = {k: v for k, v in values.items() if _other_family(k, cls) is None or k in _names(cls)}
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _names(cls)
     unknown = sorted(set(values) - names)
     if unknown:
         where = prefix or "the top level"
+        other = _other_family(unknown[0], cls) if issubclass(cls, DecoderConfig) else None
+        if other is not None:
+            raise ConfigError(
+                f"{prefix + unknown[0]} is an option of the {other} decoder, not of "
+                f"{prefix}kind {values.get('kind', DecoderConfig.kind)!r}"
+            )
         raise ConfigError(
             f"unknown configuration key {prefix + unknown[0]!r} in {where}; known: {', '.join(sorted(names))}"
         )
@@ -125,15 +152,24 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
         hint = hints[name]
         key = prefix + name
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, key + ".")
+            kwargs[name] = _build(hint, value, key + ".", stored)
         else:
             kwargs[name] = _coerce(hint, value, key)
     return cls(**kwargs)
 
 
-def from_dict(values: dict[str, Any]) -> Config:
-    """Build a validated Config from nested dicts; missing keys take their defaults."""
-    return _build(Config, values, "")
+def _names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def from_dict(values: dict[str, Any], stored: bool = False) -> Config:
+    """Build a validated Config from nested dicts; missing keys take their defaults.
+
+    ``stored``: the dict was written by this project (a checkpoint, a run's config.yaml), perhaps by an
+    older version, whose decoder section held the options of every decoder family; those of the other
+    families are left out. A user's file is read strictly: an option of another family is an error.
+    """
+    return _build(Config, values, "", stored)
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -196,14 +232,18 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
         cls: type = Config
         parts = key.split(".")
         for depth, part in enumerate(parts):
-            names = {f.name for f in dataclasses.fields(cls)}
+            # The decoder section takes the options of every registered family: which family is known
+            # only once the whole configuration is read, where an option of another one is refused.
+            families = [family for _, family in DECODER_CONFIGS.items()] if cls is DecoderConfig else [cls]
+            names = set().union(*(_names(family) for family in families))
             prefix = ".".join(parts[:depth]) + "." if depth else ""
             if part not in names:
                 raise ConfigError(
                     f"unknown configuration key {prefix + part!r} in {prefix or 'the top level'}; "
                     f"known: {', '.join(sorted(names))}"
                 )
-            hint = typing.get_type_hints(cls)[part]
+            owner = next(family for family in families if part in _names(family))
+            hint = typing.get_type_hints(owner)[part]
             is_section = dataclasses.is_dataclass(hint)
             if depth == len(parts) - 1:
                 if is_section:
@@ -237,12 +277,17 @@ def apply_overrides(
     return from_dict(tree)
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None, stored: bool = False
+) -> Config:
     """Read a YAML configuration (or start from the defaults) and apply dotted-key overrides.
 
     Args:
         path: YAML file whose nested sections mirror ``Config``; None starts from the defaults.
         overrides: ``{"train.lr": 2e-4, ...}``; values may be strings as typed on a command line.
+            A decoder ``kind`` given here replaces the file's decoder family: the file's options that
+            the new family lacks are left out, with a warning naming them.
+        stored: the file was written by this project (a run's ``config.yaml``): see ``from_dict``.
     Returns:
         The validated, frozen ``Config``.
     Raises:
@@ -267,14 +312,35 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"{path}: YAML nested too deeply to read") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a configuration must be a mapping of sections")
+    _drop_other_family(tree, overrides or {}, path)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
     try:
-        return from_dict(tree)
+        return from_dict(tree, stored)
     except ConfigError as error:
         # Name the file only when the bad value came from it, not from an override (a flag or --set).
         from_override = any(str(error).startswith(key) or repr(key) in str(error) for key in overrides or {})
         raise ConfigError(f"{path}: {error}" if path and not from_override else str(error)) from None
+
+
+def _drop_other_family(tree: dict[str, Any], overrides: dict[str, Any], path: str | Path | None) -> None:
+    """A decoder kind set by ``overrides`` replaces the family of ``tree`` (a file): the file's decoder
+    options the new family lacks are left out of ``tree``, with a warning naming them."""
+    kind = overrides.get("model.decoder.kind")
+    decoder = tree.get("model", {}).get("decoder") if isinstance(tree.get("model"), dict) else None
+    if kind is None or not isinstance(decoder, dict) or str(kind) not in DECODER_CONFIGS:
+        return
+    names = _names(DECODER_CONFIGS[str(kind)])
+    dropped = [name for name in decoder if name not in names and f"model.decoder.{name}" not in overrides]
+    for name in dropped:
+        del decoder[name]
+    if dropped:
+        logging.getLogger(__name__).warning(
+            "model.decoder.kind=%s: %s's options of another decoder left out (%s)",
+            kind,
+            path,
+            ", ".join(dropped),
+        )
 
 
 def save_config(config: Config, path: str | Path) -> None:

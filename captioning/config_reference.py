@@ -12,23 +12,41 @@ import re
 import typing
 from typing import Any
 
-from captioning.config import Config
+from captioning.config import DECODER_CONFIGS, Config, DecoderConfig
 
 
-def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """Every configuration key as ``(dotted key, type, default)``, for generated documentation."""
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """Every configuration key as ``(dotted key, type, default, meaning)``, for generated documentation.
+
+    The decoder section lists the options every family has, then each registered family's own
+    (``kind lstm: ...``): which apply depends on ``model.decoder.kind``.
+    """
     rows = []
     hints = typing.get_type_hints(cls)
+    comments = _field_comments(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
+        if hint is DecoderConfig:
+            rows.extend(describe(DecoderConfig, prefix + f.name + "."))
+            shared = {g.name for g in dataclasses.fields(DecoderConfig)}
+            for kind, family in DECODER_CONFIGS.items():
+                own = [
+                    row
+                    for row in describe(family, prefix + f.name + ".")
+                    if row[0].rsplit(".", 1)[1] not in shared
+                ]
+                rows.extend(
+                    (key, type_name, default, f"kind {kind}: {meaning}")
+                    for key, type_name, default, meaning in own
+                )
+        elif dataclasses.is_dataclass(hint):
             rows.extend(describe(hint, prefix + f.name + "."))
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "").replace(
                 " | ", " or "
             )
-            rows.append((prefix + f.name, type_name, default))
+            rows.append((prefix + f.name, type_name, default, comments.get(f.name, "")))
     return rows
 
 
@@ -44,21 +62,10 @@ def _field_comments(cls: type) -> dict[str, str]:
 
 def reference_markdown() -> str:
     """The configuration reference table of docs/configuration.md, generated from the dataclasses."""
-    comments: dict[str, str] = {}
-
-    def collect(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for name, text in _field_comments(cls).items():
-            comments[prefix + name] = text
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):
-                collect(hints[f.name], prefix + f.name + ".")
-
-    collect(Config, "")
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for key, type_name, default in describe():
+    for key, type_name, default, meaning in describe():
         shown = json.dumps(list(default) if isinstance(default, tuple) else default)
-        lines.append(f"| `{key}` | {type_name} | `{shown}` | {comments.get(key, '').replace('|', '/')} |")
+        lines.append(f"| `{key}` | {type_name} | `{shown}` | {meaning.replace('|', '/')} |")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import captioning
-from captioning.config import Config
+from captioning.config import Config, LSTMDecoderConfig, TransformerDecoderConfig, to_dict
 
 _METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
 
@@ -29,15 +29,18 @@ def _encoder_line(config: Config, grid: tuple[int, int], channels: int) -> str:
 
 def _decoder_line(config: Config) -> str:
     decoder = config.model.decoder
-    if decoder.kind == "transformer":
+    if isinstance(decoder, TransformerDecoderConfig):
         return (
             f"Transformer, {decoder.decoder_layers} decoder layers over {decoder.encoder_layers} grid encoder "
             f"layers, width {decoder.d_model}, {decoder.num_heads} heads"
         )
-    return (
-        f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, {decoder.scoring} scoring, "
-        f"gate {decoder.gate}, hidden size {decoder.hidden_dim}, embeddings {decoder.embed_dim}"
-    )
+    if isinstance(decoder, LSTMDecoderConfig):
+        return (
+            f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, {decoder.scoring} scoring, "
+            f"gate {decoder.gate}, hidden size {decoder.hidden_dim}, embeddings {decoder.embed_dim}"
+        )
+    options = ", ".join(f"{key} {value}" for key, value in to_dict(decoder).items() if key != "kind")
+    return f"`{decoder.kind}` decoder ({options})"
 
 
 def _scores_section(scores: dict[str, Any] | None) -> list[str]:

@@ -85,6 +85,10 @@ class Registry(Generic[T]):
             raise UnknownNameError(self.unknown_message(name))
         return name
 
+    def get(self, name: str, default: T | None = None) -> T | None:
+        """The entry of ``name``, or ``default`` when it is not registered."""
+        return self._entries.get(name, default)
+
     def names(self) -> tuple[str, ...]:
         """The registered names, in registration order (the built-in ones first)."""
         return tuple(self._entries)

@@ -5,30 +5,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captioning.config import DecoderConfig
+from captioning.config import LSTMDecoderConfig
 from captioning.decoding import beam_search, greedy_search, sample_captions
-from captioning.models.attention import Prepared, ScaledDotAttention, build_attention
+from captioning.models.attention import SCORERS, Prepared, ScaledDotAttention, build_attention
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.registry import UnknownNameError
 
 C, H, A, P, HEADS = 12, 16, 16, 9, 4  # annotation channels, hidden, attention size, positions, heads
 VOCAB = 10
 
-# (scoring, activation, heads expected in the weights)
-SCORERS = [
-    ("additive", "tanh", 1),
-    ("additive", "relu", 1),
-    ("dot", "tanh", 1),
-    ("scaled_dot", "tanh", 1),
-    ("multihead", "tanh", HEADS),
-]
-SCORER_IDS = ["additive-tanh", "additive-relu", "dot", "scaled_dot", "multihead"]
+# Every registered scorer (so a newly registered one is covered), and the additive one's ReLU variant.
+SCORINGS = [(name, "tanh") for name in SCORERS.names()] + [("additive", "relu")]
+SCORING_IDS = [f"{name}-{activation}" for name, activation in SCORINGS]
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def make_decoder(scoring: str, activation: str = "tanh", attention: str = "soft") -> ShowAttendTellDecoder:
-    config = DecoderConfig(
+def scorer_config(scoring: str, activation: str = "tanh", attention: str = "soft") -> LSTMDecoderConfig:
+    return LSTMDecoderConfig(
         attention=attention,
         scoring=scoring,
         activation=activation,
@@ -38,28 +33,35 @@ def make_decoder(scoring: str, activation: str = "tanh", attention: str = "soft"
         attention_dim=A,
         dropout=0.0,
     )
-    return ShowAttendTellDecoder.from_config(config, VOCAB, C).eval()
 
 
-@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
-def test_weights_are_distributions_over_positions(scoring, activation, heads):
+def make_scorer(scoring: str, activation: str = "tanh"):
+    return build_attention(scorer_config(scoring, activation), C)
+
+
+def make_decoder(scoring: str, activation: str = "tanh", attention: str = "soft") -> ShowAttendTellDecoder:
+    return ShowAttendTellDecoder.from_config(scorer_config(scoring, activation, attention), VOCAB, C).eval()
+
+
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_weights_are_distributions_over_positions(scoring, activation):
     torch.manual_seed(0)
-    attention = build_attention(scoring, C, H, A, activation, HEADS)
+    attention = make_scorer(scoring, activation)
+    heads = attention.num_heads
     annotations = torch.randn(3, P, C) * 3  # large inputs: scores far apart, softmax near one-hot
     query = torch.randn(3, H) * 3
     weights = attention(attention.prepare(annotations), query)
     assert weights.shape == (3, heads, P)
-    assert attention.num_heads == heads
     assert (weights >= 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, heads))
     context = attention.combine(weights, attention.prepare(annotations))
     assert context.shape == (3, attention.context_dim)
 
 
-@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
-def test_weights_depend_on_query_and_image(scoring, activation, heads):
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_weights_depend_on_query_and_image(scoring, activation):
     torch.manual_seed(1)
-    attention = build_attention(scoring, C, H, A, activation, HEADS)
+    attention = make_scorer(scoring, activation)
     annotations = torch.randn(2, P, C)
     prepared = attention.prepare(annotations)
     query = torch.randn(2, H)
@@ -69,15 +71,18 @@ def test_weights_depend_on_query_and_image(scoring, activation, heads):
 
 
 def test_unknown_scoring_and_indivisible_heads_are_rejected():
-    with pytest.raises(ValueError, match="unknown attention scoring"):
-        build_attention("cosine", C, H, A)
+    with pytest.raises(
+        UnknownNameError, match="model.decoder.scoring names an unknown attention scorer 'cosine'"
+    ):
+        make_scorer("cosine")
     with pytest.raises(ValueError, match="not divisible"):
         ScaledDotAttention(C, H, 10, num_heads=4)
 
 
 def test_multihead_context_concatenates_heads_before_projection():
     torch.manual_seed(2)
-    attention = build_attention("multihead", C, H, A, num_heads=HEADS)
+    attention = make_scorer("multihead")
+    assert attention.num_heads == HEADS
     prepared = attention.prepare(torch.randn(2, P, C))
     assert prepared.keys.shape == (2, HEADS, P, A // HEADS)
     assert prepared.values.shape == (2, HEADS, P, A // HEADS)
@@ -131,8 +136,8 @@ def projection_calls(decoder: ShowAttendTellDecoder) -> list[int]:
 
 
 @pytest.mark.parametrize("attention", ["soft", "hard"])
-@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
-def test_prepare_runs_once_per_image_in_teacher_forcing(scoring, activation, heads, attention):
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
+def test_prepare_runs_once_per_image_in_teacher_forcing(scoring, activation, attention):
     torch.manual_seed(3)
     decoder = make_decoder(scoring, activation, attention).train()
     counter = PrepareCounter(decoder)
@@ -146,9 +151,9 @@ def test_prepare_runs_once_per_image_in_teacher_forcing(scoring, activation, hea
         assert hooked == [2]
 
 
-@pytest.mark.parametrize("scoring, activation, heads", SCORERS, ids=SCORER_IDS)
+@pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
-def test_prepare_runs_once_per_image_in_decoding(scoring, activation, heads, strategy):
+def test_prepare_runs_once_per_image_in_decoding(scoring, activation, strategy):
     torch.manual_seed(4)
     decoder = make_decoder(scoring, activation)
     counter = PrepareCounter(decoder)
@@ -189,7 +194,7 @@ def test_scaled_dot_keys_carry_no_bias_so_adam_has_no_rounding_noise_to_amplify(
 def test_the_context_is_made_in_the_grids_dtype_under_bf16_autocast(group):
     # Under CPU bf16 autocast the product would otherwise cast the whole (B, P, C) grid at every step.
     torch.manual_seed(0)
-    attention = build_attention("additive", C, H, A)
+    attention = make_scorer("additive")
     prepared = attention.prepare(torch.rand(2, P, C))._replace(group=group)
     weights = torch.softmax(torch.rand(2 * group, 1, P), dim=-1)  # (N, 1, P)
     expected = attention.combine(weights, prepared)  # (N, C)

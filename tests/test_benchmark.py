@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_hostile import small_disk  # noqa: F401 - a fixture: a real 4 MiB tmpfs
 
-from captioning.config import DecoderConfig
+from captioning.config import LSTMDecoderConfig
 from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,7 +269,7 @@ def test_flop_count_of_the_reference_configuration():
 
 def _decoders(seed: int = 0):
     torch.manual_seed(seed)
-    config = DecoderConfig(
+    config = LSTMDecoderConfig(
         scoring="additive",
         activation="relu",
         gate="channel",

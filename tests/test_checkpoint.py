@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from captioning.config import Config, DecoderConfig, ModelConfig
+from captioning.config import Config, LSTMDecoderConfig, ModelConfig
 from captioning.data.vocab import SPECIALS, Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.runtime import checkpoint as checkpoint_module
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_config(attention: str = "soft", scoring: str = "multihead") -> Config:
-    decoder = DecoderConfig(
+    decoder = LSTMDecoderConfig(
         attention=attention,
         scoring=scoring,
         num_heads=2,

@@ -12,7 +12,7 @@ import pytest
 from test_evaluation_tools import evaluate, evaluate_in_process, files, shape_of, write_run  # noqa: F401
 from test_faults import assert_one_line_error
 
-from captioning.config import Config, DecoderConfig
+from captioning.config import Config, TransformerDecoderConfig
 from captioning.config_files import save_config
 from captioning.evaluation.grounding import Instances, ObjectBox
 from captioning.evaluation.runner import add_boxed_scores
@@ -294,7 +294,7 @@ def test_aggregate_refusing_different_decoders_names_the_decoder_kind(tmp_path):
     paths = [write_run(tmp_path / "lstm", 1, {"CIDEr-D": 0.5}), tmp_path / "transformer" / "test_scores.json"]
     paths[1].parent.mkdir()
     config = Config()
-    decoder = DecoderConfig(kind="transformer", embed_dim=256)  # embed_dim sorts before kind, and differs too
+    decoder = TransformerDecoderConfig(d_model=256)  # d_model sorts before kind, and differs too
     save_config(
         replace(
             config,

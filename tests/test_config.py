@@ -52,7 +52,6 @@ def test_overrides_are_typed_and_win_over_the_file(tmp_path):
     [
         ("decode.beam_size", "0", "decode.beam_size must be >= 1"),
         ("train.lr", "-1", "train.lr must be > 0"),
-        ("model.decoder.scoring", "cosine", "model.decoder.scoring must be one of"),
         ("train.epochs", "two", "train.epochs must be an integer"),
         ("train.epochs", "2.5", "train.epochs must be an integer"),
         ("model.decoder.deep_output", "maybe", "must be true or false"),

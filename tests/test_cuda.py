@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from captioning.config import DecoderConfig
+from captioning.config import LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
@@ -29,7 +29,7 @@ GRADIENT_TOLERANCE = {"bf16": 0.05, "fp16": 0.01}  # |g - g32| / |g32| over all 
 
 def _decoder(seed: int = 0) -> ShowAttendTellDecoder:
     torch.manual_seed(seed)
-    config = DecoderConfig(embed_dim=128, hidden_dim=256, attention_dim=128, dropout=0.0)
+    config = LSTMDecoderConfig(embed_dim=128, hidden_dim=256, attention_dim=128, dropout=0.0)
     return ShowAttendTellDecoder.from_config(config, VOCAB, CHANNELS)
 
 

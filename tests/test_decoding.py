@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from captioning import decoding
-from captioning.config import DecodeConfig, DecoderConfig
+from captioning.config import DecodeConfig, LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import Caption, beam_search, decode, greedy_search, rollout, sample_captions, sampler
 from captioning.models.decoder import ShowAttendTellDecoder
@@ -35,7 +35,7 @@ def make_decoder(
     per image and end at different lengths. ``end_bias`` sets the output bias of ``<end>``.
     """
     torch.manual_seed(seed)
-    config = DecoderConfig(
+    config = LSTMDecoderConfig(
         scoring=scoring, num_heads=4, embed_dim=16, hidden_dim=16, attention_dim=16, gate=gate, dropout=0.0
     )
     decoder = ShowAttendTellDecoder.from_config(config, vocab_size, C).eval()

@@ -27,7 +27,7 @@ from PIL import Image
 from test_training import as_flags, tiny_overrides
 from tool_runs import REPO, in_process, run_in_process, run_tool
 
-from captioning.config import DecoderConfig
+from captioning.config import LSTMDecoderConfig
 from captioning.config_files import load_config
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.karpathy import read_karpathy
@@ -510,7 +510,7 @@ def test_evaluate_refuses_a_checkpoint_holding_pickled_code(shapes, tmp_path):
 
 def _other_sizes(shapes, path: Path) -> None:
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=24, hidden_dim=48, attention_dim=16), len(shapes.vocab), shapes.channels
+        LSTMDecoderConfig(embed_dim=24, hidden_dim=48, attention_dim=16), len(shapes.vocab), shapes.channels
     )
     save_checkpoint(path, config=shapes.config, vocab=shapes.vocab, decoder_state=decoder.state_dict())
 

@@ -10,7 +10,7 @@ import torch
 from test_decoder import C, P, V, make_batch  # the decoder tests' sizes and batch
 from test_training import run_two_processes
 
-from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
+from captioning.config import DecodeConfig, LSTMDecoderConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.training.engine import scst_loss
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def make_decoder(
     attention: str = "soft", expected_prob: float = 0.5, dropout: float = 0.0
 ) -> ShowAttendTellDecoder:
-    config = DecoderConfig(
+    config = LSTMDecoderConfig(
         attention=attention,
         embed_dim=16,
         hidden_dim=24,
@@ -170,7 +170,7 @@ from pathlib import Path
 
 import torch
 
-from captioning.config import DecoderConfig
+from captioning.config import LSTMDecoderConfig
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.runtime import distributed
 from captioning.training.losses import hard_attention_loss
@@ -180,7 +180,7 @@ from test_losses import make_batch
 
 group = distributed.init_from_environment("cpu")
 torch.manual_seed(0)
-decoder = ShowAttendTellDecoder.from_config(DecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,
+decoder = ShowAttendTellDecoder.from_config(LSTMDecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,
                                             attention_dim=16, dropout=0.0, hard_expected_prob=1.0), 11, 12)
 decoder = distributed.wrap(decoder, group, torch.device("cpu")).train()
 baselines = []
@@ -208,7 +208,7 @@ def test_hard_attention_baseline_is_the_mean_reward_of_the_global_batch(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     torch.manual_seed(0)
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(
+        LSTMDecoderConfig(
             attention="hard",
             embed_dim=16,
             hidden_dim=24,

@@ -9,7 +9,7 @@ import torch
 from test_faults import assert_one_line_error
 from test_training import REPO, as_flags, read_steps, run_train, tiny_overrides, train_in_process
 
-from captioning.config import ConfigError, DecoderConfig
+from captioning.config import ConfigError, LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
@@ -72,7 +72,7 @@ def test_bf16_beam_search_on_cpu_returns_valid_captions():
     torch.manual_seed(0)
     vocab_size, channels = 40, 24
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16), vocab_size, channels
+        LSTMDecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16), vocab_size, channels
     ).eval()
     annotations = torch.rand(3, 9, channels)  # (B, P, C)
     with torch.inference_mode():

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from captioning.config import Config, DecoderConfig
+from captioning.config import Config, LSTMDecoderConfig
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.training.optim import adam, optimizer_for
 
@@ -18,7 +18,7 @@ class _Model(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.decoder = ShowAttendTellDecoder.from_config(
-            DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16), 40, 24
+            LSTMDecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16), 40, 24
         )
         self.encoder = torch.nn.Linear(3, 3).requires_grad_(False)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
+from captioning.config import DecodeConfig, LSTMDecoderConfig, TrainConfig
 from captioning.config_files import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.metrics import CiderDScorer, EvaluationInputError
@@ -116,7 +116,7 @@ def test_the_self_critical_step_tells_the_reward_which_captions_ended():
     torch.manual_seed(0)
     vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "a", "dog"])
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0), len(vocab), 4
+        LSTMDecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0), len(vocab), 4
     ).train()
     calls = []
 

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from captioning.config import Config, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig
+from captioning.config import Config, DecodeConfig, LSTMDecoderConfig, EncoderConfig, ModelConfig
 from captioning.data.datasets import CaptionDataset
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
@@ -72,7 +72,7 @@ words = ["a", "red", "blue", "circle", "square", "left", "of"]
 vocab = Vocabulary.build([words], min_count=1)
 model = Captioner.build(ModelConfig(
     encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64),
-    decoder=DecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)), vocab)
+    decoder=LSTMDecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)), vocab)
 rng = np.random.default_rng(0)
 records = [ImageRecord(image_id=100 + i, path=Path(f"{i}.png"), split="val",
                        captions=(tuple(rng.choice(words, 4)),), raw=(" ".join(rng.choice(words, 4)),))

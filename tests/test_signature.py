@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioning.config import Config, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
+from captioning.config import Config, DecodeConfig, EncoderConfig, LSTMDecoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.signature import (
     make_signature,
@@ -121,7 +121,7 @@ def test_a_checkpoint_names_the_reward_its_weights_were_tuned_with(tmp_path: Pat
     config = Config(
         model=ModelConfig(
             encoder=EncoderConfig(weights="none", image_size=32),
-            decoder=DecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8),
+            decoder=LSTMDecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8),
         ),
         train=TrainConfig(scst_epochs=1, scst_reward_eos=eos),
     )

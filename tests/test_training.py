@@ -15,7 +15,7 @@ import pytest
 import torch
 from tool_runs import in_process
 
-from captioning.config import DecodeConfig, DecoderConfig
+from captioning.config import DecodeConfig, LSTMDecoderConfig
 from captioning.config_files import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
@@ -57,6 +57,12 @@ def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
         "train.scst_epochs": 0,
         "train.ema_decay": 0.0,
     }
+    if extra.get("model.decoder.kind", "lstm") != "lstm":  # the sizes above are the LSTM's options
+        values = {
+            key: value
+            for key, value in values.items()
+            if key in ("model.decoder.dropout",) or not key.startswith("model.decoder.")
+        }
     values.update(extra)
     return values
 
@@ -264,7 +270,7 @@ def test_self_critical_training_raises_the_reward():
         return reward(ids, [[vocab.itos[t] for t in row] for row in token_ids], finished)
 
     decoder = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), len(vocab), 8
+        LSTMDecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0), len(vocab), 8
     )
     annotations = torch.randn(3, 4, 8)
     batch = {"features": annotations, "image_ids": torch.tensor([1, 2, 3])}
@@ -304,7 +310,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_roo
     )
     assert one["training"]["state"]["global_step"] == two["training"]["state"]["global_step"] == 3
     start = ShowAttendTellDecoder.from_config(
-        DecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16),
+        LSTMDecoderConfig(embed_dim=16, hidden_dim=32, attention_dim=16),
         one["decoder"]["embedding.weight"].shape[0],
         1280,
     )
@@ -324,7 +330,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from captioning.config import DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig, TrainConfig
+from captioning.config import DecodeConfig, LSTMDecoderConfig, EncoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
 from captioning.runtime import distributed
@@ -336,7 +342,7 @@ torch.manual_seed(0)  # one starting point
 vocab = Vocabulary.build([["a", "red", "circle", "left", "of", "blue", "square"]], min_count=1)
 model = Captioner.build(ModelConfig(
     encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0, fine_tune_stages=1),
-    decoder=DecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)), vocab)
+    decoder=LSTMDecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)), vocab)
 model.decoder = distributed.wrap(model.decoder, group, torch.device("cpu"))
 optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
 torch.manual_seed(1 + group.rank)  # each process its own images and captions
@@ -353,7 +359,7 @@ def snapshot(name):
 
 snapshot("start")
 train = TrainConfig(scst_samples=3, grad_clip=0.0)
-options = {"decoder_config": DecoderConfig(doubly_stochastic=0.0), "world_size": group.world_size, "progress": False}
+options = {"decoder_config": LSTMDecoderConfig(doubly_stochastic=0.0), "world_size": group.world_size, "progress": False}
 train_one_epoch(model, [batch], optimizer, train, TrainState(), torch.device("cpu"), **options)
 snapshot("xe")
 rewarder = lambda image_ids, samples, finished: np.array([float(len(s)) for s in samples])  # longer is better

@@ -15,8 +15,8 @@ from captioning.config import (
     ConfigError,
     DataConfig,
     DecodeConfig,
-    DecoderConfig,
     EncoderConfig,
+    LSTMDecoderConfig,
     ModelConfig,
 )
 from captioning.data.shapes import ShapesFiles
@@ -36,7 +36,7 @@ def checkpoint(
     torch.manual_seed(0)
     model_config = ModelConfig(
         encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0),
-        decoder=DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
+        decoder=LSTMDecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
     )
     model = Captioner.build(model_config, shapes_vocab)
     data = DataConfig(

@@ -20,15 +20,23 @@ import torch
 from PIL import Image
 from tool_runs import REPO, kept_process_state
 
-from captioning.config import Config, DataConfig, DecodeConfig, DecoderConfig, EncoderConfig, ModelConfig
+from captioning.config import (
+    Config,
+    DataConfig,
+    DecodeConfig,
+    EncoderConfig,
+    LSTMDecoderConfig,
+    ModelConfig,
+    TransformerDecoderConfig,
+)
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
 from captioning.runtime.checkpoint import save_checkpoint
 
 DECODERS = {
-    "lstm": DecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
-    "transformer": DecoderConfig(
-        kind="transformer", d_model=16, num_heads=2, d_ff=32, encoder_layers=1, decoder_layers=2, gate="none"
+    "lstm": LSTMDecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
+    "transformer": TransformerDecoderConfig(
+        d_model=16, num_heads=2, d_ff=32, encoder_layers=1, decoder_layers=2
     ),
 }
 

@@ -54,7 +54,7 @@ def run_configuration(scores_path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{scores_path}: no config.yaml beside it (aggregate the test_scores.json of run folders)"
         )
-    return flatten(to_dict(load_config(config_path)))
+    return flatten(to_dict(load_config(config_path, stored=True)))
 
 
 # Checked before the other keys: runs of different decoders are different systems (compare them).

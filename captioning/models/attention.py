@@ -21,6 +21,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from captioning.config import LSTMDecoderConfig
+from captioning.registry import Registry
+
 
 class Prepared(NamedTuple):
     """Per-image projections, computed once; every field has the images on dim 0.
@@ -185,21 +188,46 @@ class ScaledDotAttention(Attention):
         return self.output_proj(super().combine(weights, prepared))  # (N, A)
 
 
+# (annotation_dim C, hidden_dim H, the LSTM's configuration) -> the scorer, for queries h_{t-1} of size H.
+ScorerBuilder = Callable[[int, int, LSTMDecoderConfig], Attention]
+
+# model.decoder.scoring -> a thin builder reading the scorer's sizes from the configuration.
+SCORERS: Registry[ScorerBuilder] = Registry("attention scorer", key="model.decoder.scoring")
+
+
+@SCORERS.register("additive")
+def additive(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
+    """Bahdanau's MLP scorer of the paper (``activation`` tanh; relu as the popular tutorial)."""
+    return AdditiveAttention(annotation_dim, hidden_dim, config.attention_dim, config.activation)
+
+
+@SCORERS.register("dot")
+def dot(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
+    """Luong's general (bilinear) scorer; the context is the annotation vector itself (size C)."""
+    return DotAttention(annotation_dim, hidden_dim)
+
+
+@SCORERS.register("scaled_dot")
+def scaled_dot(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
+    """Scaled dot product over ``attention_dim`` projections, one head."""
+    return ScaledDotAttention(annotation_dim, hidden_dim, config.attention_dim, 1)
+
+
+@SCORERS.register("multihead")
+def multihead(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
+    """Scaled dot product with ``num_heads`` heads of ``attention_dim / num_heads`` each."""
+    return ScaledDotAttention(annotation_dim, hidden_dim, config.attention_dim, config.num_heads)
+
+
 def build_attention(
-    scoring: str,
-    annotation_dim: int,
-    hidden_dim: int,
-    attention_dim: int,
-    activation: str = "tanh",
-    num_heads: int = 8,
+    config: LSTMDecoderConfig, annotation_dim: int, hidden_dim: int | None = None
 ) -> Attention:
-    """The scorer named ``scoring`` (additive | dot | scaled_dot | multihead) with the given sizes."""
-    builders: dict[str, Callable[[], Attention]] = {
-        "additive": lambda: AdditiveAttention(annotation_dim, hidden_dim, attention_dim, activation),
-        "dot": lambda: DotAttention(annotation_dim, hidden_dim),
-        "scaled_dot": lambda: ScaledDotAttention(annotation_dim, hidden_dim, attention_dim, 1),
-        "multihead": lambda: ScaledDotAttention(annotation_dim, hidden_dim, attention_dim, num_heads),
-    }
-    if scoring not in builders:
-        raise ValueError(f"unknown attention scoring {scoring!r}; choose from {', '.join(builders)}")
-    return builders[scoring]()
+    """The scorer ``config.scoring`` names, for C-channel annotations and queries of ``hidden_dim``
+    (default: ``config.hidden_dim``).
+
+    Raises:
+        UnknownNameError: ``config.scoring`` is not registered (the message lists the registered ones).
+    """
+    return SCORERS[config.scoring](
+        annotation_dim, config.hidden_dim if hidden_dim is None else hidden_dim, config
+    )

@@ -10,15 +10,24 @@ A decoder (the attention LSTM of ``decoder.py``, the Transformer of ``transforme
 * ``step(prepared, tokens, state)`` -> ``StepOutput``: one word for N rows;
 * ``forward(annotations, captions, lengths, image_index)`` -> ``DecoderOutput``: teacher forcing;
 * ``set_attention_view(view)``: which attention map ``alpha`` reports (a layer and a head, or the
-  mean over them) in ``step`` and ``forward``, for figures and grounding.
+  mean over them) in ``step`` and ``forward``, for figures and grounding;
+* ``from_config(config, vocab_size, annotation_dim, grid)``: the decoder its configuration describes.
+
+Decoder families are registered with ``@register_decoder(kind, config_class)``: ``model.decoder.kind``
+looks the class up in ``DECODERS`` and its options are those of ``config_class``. The training
+objective is named by the class's ``objective`` (``captioning.training.losses.OBJECTIVES``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from torch import Tensor, nn
+
+from captioning.config import DECODER_CONFIGS, DecoderConfig
+from captioning.registry import Registry
 
 
 @dataclass
@@ -83,6 +92,22 @@ class CaptionDecoder(nn.Module):
     attention_layers: int = 1
     attention_heads: int = 1
     input_weight: str
+    # Set by @register_decoder: the family's configuration class.
+    config_class: ClassVar[type[DecoderConfig]]
+    # The training objective (a name in captioning.training.losses.OBJECTIVES) of teacher forcing.
+    objective: ClassVar[str] = "cross_entropy"
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Refuse, before any work, what ``config`` names that no registry has (e.g. a scorer)."""
+
+    @classmethod
+    def from_config(
+        cls, config: Any, vocab_size: int, annotation_dim: int, grid: tuple[int, int]
+    ) -> CaptionDecoder:
+        """The decoder ``config`` (an instance of ``config_class``) describes, for V words and a
+        (gh, gw) grid of C-channel annotations."""
+        raise NotImplementedError
 
     def __init__(self) -> None:
         super().__init__()
@@ -124,3 +149,40 @@ class CaptionDecoder(nn.Module):
     def step(self, prepared, tokens: Tensor, state) -> StepOutput:
         """Advance N rows (tokens (N,), the previous words) by one word."""
         raise NotImplementedError
+
+
+DecoderClass = TypeVar("DecoderClass", bound=type[CaptionDecoder])
+
+# model.decoder.kind -> the decoder class (its from_config builds it).
+DECODERS: Registry[type[CaptionDecoder]] = Registry("decoder", key="model.decoder.kind")
+
+
+def register_decoder(kind: str, config_class: type[DecoderConfig]) -> Callable[[DecoderClass], DecoderClass]:
+    """Decorator registering a ``CaptionDecoder`` subclass as the decoder family ``kind``.
+
+    ``config_class`` (a frozen dataclass deriving from ``DecoderConfig`` whose ``kind`` defaults to
+    ``kind``) holds the family's options: ``model.decoder.*`` is read into it. The built-in families'
+    classes are registered where configurations are read (``captioning.config``); a new one is
+    registered here too.
+
+    Raises:
+        ValueError: ``kind`` is taken, or is configured by another class already.
+    """
+
+    def add(decoder: DecoderClass) -> DecoderClass:
+        if kind in DECODERS:
+            raise ValueError(f"decoder {kind!r} is already registered")
+        known = DECODER_CONFIGS.get(kind)
+        if known is None:
+            if not issubclass(config_class, DecoderConfig) or config_class.kind != kind:
+                raise ValueError(
+                    f"decoder {kind!r}: its configuration must derive from DecoderConfig with kind {kind!r}"
+                )
+            DECODER_CONFIGS.add(kind, config_class)
+        elif known is not config_class:
+            raise ValueError(f"decoder {kind!r} is configured by {known.__name__} already")
+        DECODERS.add(kind, decoder)
+        decoder.config_class = config_class
+        return decoder
+
+    return add

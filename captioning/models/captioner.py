@@ -2,31 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import Tensor, nn
 
 from captioning.config import DecoderConfig, ModelConfig
 from captioning.data.vocab import Vocabulary
-from captioning.models.base import CaptionDecoder, DecoderOutput
-from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.models.encoders import Encoder, build_encoder
-from captioning.models.transformer import TransformerDecoder
-
-# model.decoder.kind -> builder(config, vocab_size, annotation_dim C, grid (gh, gw)).
-DECODERS: dict[str, Callable[[DecoderConfig, int, int, tuple[int, int]], CaptionDecoder]] = {
-    "lstm": lambda config, vocab_size, channels, grid: ShowAttendTellDecoder.from_config(
-        config, vocab_size, channels
-    ),
-    "transformer": TransformerDecoder.from_config,
-}
+from captioning.models import decoder as _lstm  # noqa: F401 - registers the lstm decoder
+from captioning.models import transformer as _transformer  # noqa: F401 - registers the transformer decoder
+from captioning.models.base import DECODERS, CaptionDecoder, DecoderOutput
+from captioning.models.encoders import Encoder, build_encoder, encoder_builder
 
 
 def build_decoder(
     config: DecoderConfig, vocab_size: int, annotation_dim: int, grid: tuple[int, int]
 ) -> CaptionDecoder:
-    """The decoder family ``config.kind`` names, for V words and a (gh, gw) grid of C-channel annotations."""
-    return DECODERS[config.kind](config, vocab_size, annotation_dim, grid)
+    """The decoder family ``config.kind`` names (``DECODERS``), for V words and a (gh, gw) grid of
+    C-channel annotations."""
+    return DECODERS[config.kind].from_config(config, vocab_size, annotation_dim, grid)
+
+
+def check_model_config(config: ModelConfig) -> None:
+    """Every registered name ``config`` chooses (encoder, decoder family and what the family names,
+    e.g. its attention scorer), looked up before any work.
+
+    Raises:
+        ValueError: one line naming the key and the registered names (``UnknownNameError``, or the
+            encoder registry's ``ConfigError``).
+    """
+    encoder_builder(config.encoder.name)
+    DECODERS[config.decoder.kind].check_config(config.decoder)
 
 
 class Captioner(nn.Module):

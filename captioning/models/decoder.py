@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioning.config import DecoderConfig
-from captioning.models.attention import Attention, Prepared, build_attention
-from captioning.models.base import CaptionDecoder, DecoderOutput, StepOutput
+from captioning.config import LSTMDecoderConfig
+from captioning.models.attention import SCORERS, Attention, Prepared, build_attention
+from captioning.models.base import CaptionDecoder, DecoderOutput, StepOutput, register_decoder
 
 __all__ = ["DecoderOutput", "DecoderState", "HardAttentionDecoder", "ShowAttendTellDecoder", "StepOutput"]
 
@@ -38,6 +38,7 @@ class DecoderState(NamedTuple):
         return DecoderState(self.h.index_select(0, index), self.c.index_select(0, index))
 
 
+@register_decoder("lstm", LSTMDecoderConfig)
 class ShowAttendTellDecoder(CaptionDecoder):
     """LSTM decoder with soft attention over a grid of annotation vectors.
 
@@ -115,22 +116,23 @@ class ShowAttendTellDecoder(CaptionDecoder):
             self.embed_to_gates.bias[self.hidden_dim : 2 * self.hidden_dim].fill_(1.0)
 
     @classmethod
+    def check_config(cls, config: LSTMDecoderConfig) -> None:
+        """``model.decoder.scoring`` must name a registered scorer (``SCORERS``)."""
+        SCORERS.check(config.scoring)
+
+    @classmethod
     def from_config(
-        cls, config: DecoderConfig, vocab_size: int, annotation_dim: int
+        cls,
+        config: LSTMDecoderConfig,
+        vocab_size: int,
+        annotation_dim: int,
+        grid: tuple[int, int] | None = None,
     ) -> ShowAttendTellDecoder:
-        """The decoder (soft or hard attention) described by ``config``."""
-        attention = build_attention(
-            config.scoring,
-            annotation_dim,
-            config.hidden_dim,
-            config.attention_dim,
-            config.activation,
-            config.num_heads,
-        )
+        """The decoder (soft or hard attention) described by ``config``; the grid does not matter."""
         kwargs = {
             "vocab_size": vocab_size,
             "annotation_dim": annotation_dim,
-            "attention": attention,
+            "attention": build_attention(config, annotation_dim),
             "embed_dim": config.embed_dim,
             "hidden_dim": config.hidden_dim,
             "gate": config.gate,
@@ -143,7 +145,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
             return HardAttentionDecoder(
                 **kwargs, expected_prob=config.hard_expected_prob, baseline_decay=config.hard_baseline_decay
             )
-        return cls(**kwargs)
+        return ShowAttendTellDecoder(**kwargs)
 
     def compile_step(self, backend: str = "inductor") -> None:
         """``torch.compile`` the recurrence step (attention, gate, LSTM cell), with dynamic batch sizes.
@@ -325,6 +327,8 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
     too and their log-probabilities join the policy gradient (``StepOutput.location_log_prob``).
     At inference the expected context is used.
     """
+
+    objective = "hard_attention"
 
     def __init__(self, *args, expected_prob: float = 0.5, baseline_decay: float = 0.9, **kwargs):
         super().__init__(*args, **kwargs)

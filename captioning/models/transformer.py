@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioning.config import DecoderConfig
-from captioning.models.base import CaptionDecoder, DecoderOutput, StepOutput
+from captioning.config import TransformerDecoderConfig
+from captioning.models.base import CaptionDecoder, DecoderOutput, StepOutput, register_decoder
 
 
 def sinusoids(positions: Tensor, dim: int) -> Tensor:
@@ -241,6 +241,7 @@ class DecoderBlock(Block):
         return self.residual(x, 2, self.feed_forward), new_keys, new_values, weights
 
 
+@register_decoder("transformer", TransformerDecoderConfig)
 class TransformerDecoder(CaptionDecoder):
     """Grid encoder + Transformer decoder, with the LSTM's interface (``CaptionDecoder``).
 
@@ -309,7 +310,7 @@ class TransformerDecoder(CaptionDecoder):
 
     @classmethod
     def from_config(
-        cls, config: DecoderConfig, vocab_size: int, annotation_dim: int, grid: tuple[int, int]
+        cls, config: TransformerDecoderConfig, vocab_size: int, annotation_dim: int, grid: tuple[int, int]
     ) -> TransformerDecoder:
         """The Transformer described by ``config`` for a (gh, gw) grid of C-channel annotations."""
         return cls(

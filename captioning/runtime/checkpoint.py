@@ -253,7 +253,7 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
     from captioning.models.encoders import ENCODERS, encoder_builder
 
     try:
-        config, vocab = from_dict(payload["config"]), Vocabulary.from_dict(payload["vocab"])
+        config, vocab = from_dict(payload["config"], stored=True), Vocabulary.from_dict(payload["vocab"])
     except (ConfigError, VocabularyError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"{path}: invalid stored configuration or vocabulary ({error})") from None
     if "scst_reward_eos" not in (payload["config"].get("train") or {}):

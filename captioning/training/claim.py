@@ -79,5 +79,5 @@ def auto_resume_point(
         )
     if not has_config or beyond:  # nothing to start over from, or a run train.overwrite replaces
         return None, False
-    check_resumable(load_config(stored), config, "xe", stored)
+    check_resumable(load_config(stored, stored=True), config, "xe", stored)
     return None, True

@@ -14,11 +14,10 @@ from tqdm import tqdm
 from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
 from captioning.decoding import rollout, sampler
 from captioning.models.captioner import Captioner
-from captioning.models.decoder import HardAttentionDecoder
 from captioning.runtime import distributed
 from captioning.runtime.device import autocast
 from captioning.runtime.inference import annotations_of, move
-from captioning.training.losses import LossTerms, caption_loss, hard_attention_loss
+from captioning.training.losses import LossTerms, objective_of
 
 # The self-critical reward: (image ids (N,), captions as token ids without <end> (N,), whether each
 # one ended with <end> (N,)) -> (N,) rewards. The trainer's maps ids to words for CiderDReward.
@@ -71,26 +70,16 @@ def flatten_captions(batch: dict) -> tuple[Tensor, Tensor, Tensor]:
 def xe_loss(
     model: Captioner, batch: dict, config: TrainConfig, decoder_config: DecoderConfig, world_size: int = 1
 ) -> LossTerms:
-    """The cross-entropy objective of one batch (equation 14; equation 12 with hard attention)."""
+    """The teacher-forced objective of one batch: the one the decoder's class names (``OBJECTIVES``:
+    equation 14; equation 12 with hard attention)."""
     captions, lengths, image_index = flatten_captions(batch)
     output = model(annotations_of(model, batch), captions, lengths, image_index)
     num_tokens = None
     if world_size > 1:  # the global average, so averaged gradients equal one process's
         num_tokens = float(distributed.all_reduce_sum((lengths - 1).sum().float())) / world_size
     decoder = distributed.unwrap(model.decoder)
-    if isinstance(decoder, HardAttentionDecoder):
-        return hard_attention_loss(
-            decoder,
-            output,
-            captions,
-            decoder_config.doubly_stochastic,
-            decoder_config.hard_entropy,
-            decoder_config.hard_reinforce,
-            config.label_smoothing,
-            num_tokens,
-        )
-    return caption_loss(
-        output, captions, decoder_config.doubly_stochastic, config.label_smoothing, num_tokens
+    return objective_of(decoder)(
+        decoder, output, captions, decoder_config, config.label_smoothing, num_tokens
     )
 
 

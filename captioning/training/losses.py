@@ -23,14 +23,19 @@ configurations set lambda = 0, as published Transformer captioners use no such p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from captioning.config import DecoderConfig, LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
+from captioning.models.base import CaptionDecoder
 from captioning.models.decoder import DecoderOutput, HardAttentionDecoder
+from captioning.registry import Registry
 from captioning.runtime import distributed
 
 # Never a target and never emitted (decoding masks them): label smoothing leaves them out.
@@ -169,3 +174,55 @@ def hard_attention_loss(
     entropy = (output.entropies * mask).sum() / denominator
     extra = reinforce - entropy_weight * entropy
     return LossTerms(terms.total + extra, terms.cross_entropy, terms.attention_penalty, extra.detach())
+
+
+# The objective of one teacher-forced batch: (decoder, its output for N captions, the captions (N, L),
+# the decoder's configuration, label smoothing, the token count to divide by or None) -> LossTerms.
+Objective = Callable[[CaptionDecoder, DecoderOutput, Tensor, Any, float, "float | None"], LossTerms]
+
+# A decoder class's ``objective`` names its entry here; a decoder of your own may register its own.
+OBJECTIVES: Registry[Objective] = Registry("training objective")
+
+
+@OBJECTIVES.register("cross_entropy")
+def cross_entropy_objective(
+    decoder: CaptionDecoder,
+    output: DecoderOutput,
+    captions: Tensor,
+    config: DecoderConfig,
+    label_smoothing: float,
+    num_tokens: float | None,
+) -> LossTerms:
+    """Equation 14 (:func:`caption_loss`) with the configuration's ``doubly_stochastic`` lambda."""
+    return caption_loss(output, captions, config.doubly_stochastic, label_smoothing, num_tokens)
+
+
+@OBJECTIVES.register("hard_attention")
+def hard_attention_objective(
+    decoder: CaptionDecoder,
+    output: DecoderOutput,
+    captions: Tensor,
+    config: LSTMDecoderConfig,
+    label_smoothing: float,
+    num_tokens: float | None,
+) -> LossTerms:
+    """Equation 12 (:func:`hard_attention_loss`) with the configuration's hard-attention weights."""
+    if not isinstance(decoder, HardAttentionDecoder):
+        raise TypeError(
+            f"the hard_attention objective trains a HardAttentionDecoder, not {type(decoder).__name__}"
+        )
+    return hard_attention_loss(
+        decoder,
+        output,
+        captions,
+        config.doubly_stochastic,
+        config.hard_entropy,
+        config.hard_reinforce,
+        label_smoothing,
+        num_tokens,
+    )
+
+
+def objective_of(decoder: CaptionDecoder) -> Objective:
+    """The objective the decoder's class names in ``objective``."""
+    return OBJECTIVES[decoder.objective]

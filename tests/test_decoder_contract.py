@@ -1,0 +1,184 @@
+"""The decoder contract, over every registered decoder family (``DECODERS``).
+
+A newly registered family is covered by these tests once it has a small configuration in ``SMALL``
+(``test_every_registered_decoder_has_a_small_configuration`` asks for one): teacher forcing equals
+the step-by-step loop, ``state.select`` reorders rows as beam search needs, the configuration
+round-trips through the dict a checkpoint stores, and the family's training objective gives a
+finite loss whose gradient reaches every parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from captioning.config import ConfigError, DecoderConfig, LSTMDecoderConfig, ModelConfig, to_dict
+from captioning.config_files import from_dict
+from captioning.data.vocab import Vocabulary
+from captioning.models.base import DECODERS, CaptionDecoder, register_decoder
+from captioning.models.captioner import build_decoder, check_model_config
+from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.registry import UnknownNameError
+from captioning.training.losses import OBJECTIVES, objective_of
+
+C, GRID, V = 12, (3, 3), 13  # annotation channels, grid, vocabulary
+P = GRID[0] * GRID[1]
+
+# Small options of each registered family (the rest are its defaults), with dropout on: eval mode must
+# turn it off in both paths.
+SMALL = {
+    "lstm": {"embed_dim": 16, "hidden_dim": 16, "attention_dim": 16, "num_heads": 2, "dropout": 0.3},
+    "transformer": {
+        "d_model": 16,
+        "num_heads": 2,
+        "d_ff": 32,
+        "encoder_layers": 1,
+        "decoder_layers": 2,
+        "dropout": 0.3,
+    },
+}
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def small_decoder(kind: str, seed: int = 0, **changes) -> CaptionDecoder:
+    torch.manual_seed(seed)
+    config = DECODERS[kind].config_class(**{**SMALL[kind], **changes})
+    return build_decoder(config, V, C, GRID)
+
+
+def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two images, three captions of different lengths (the second image has two)."""
+    generator = torch.Generator().manual_seed(seed)
+    annotations = torch.randn(2, P, C, generator=generator)  # (B, P, C)
+    captions = torch.randint(4, V, (3, 6), generator=generator)  # (N, L)
+    captions[:, 0] = Vocabulary.start_id
+    lengths = torch.tensor([6, 4, 5])
+    for row, length in enumerate(lengths.tolist()):
+        captions[row, length - 1] = Vocabulary.end_id
+        captions[row, length:] = Vocabulary.pad_id
+    return annotations, captions, lengths, torch.tensor([0, 1, 1])
+
+
+def test_every_registered_decoder_has_a_small_configuration():
+    assert set(DECODERS.names()) <= set(SMALL), "add a small configuration of the new decoder to SMALL"
+
+
+@pytest.mark.parametrize("kind", DECODERS.names())
+def test_teacher_forcing_equals_the_step_by_step_loop(kind):
+    decoder = small_decoder(kind).eval()
+    annotations, captions, lengths, image_index = batch()
+    with torch.no_grad():
+        output = decoder(annotations, captions, lengths, image_index)
+        rows = annotations.index_select(0, image_index)  # (N, P, C): each caption with its image
+        prepared, state = decoder.prepare(rows), decoder.init_state(rows)
+        for t in range(int(lengths.max()) - 1):
+            step = decoder.step(prepared, captions[:, t], state)
+            state = step.state
+            alive = lengths - 1 > t  # (N,) captions with a target at step t
+            expected = torch.log_softmax(output.logits[alive, t].float(), dim=-1)
+            torch.testing.assert_close(step.log_probs[alive], expected, rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                step.alpha.reshape(len(alive), -1)[alive], output.alphas[alive, t], atol=1e-5, rtol=0
+            )
+    assert output.mask.sum(1).tolist() == (lengths - 1).tolist()
+
+
+@pytest.mark.parametrize("kind", DECODERS.names())
+def test_select_reorders_the_state_as_beam_search_does(kind):
+    decoder = small_decoder(kind, seed=2).eval()
+    annotations = torch.randn(3, P, C)
+    order = torch.tensor([2, 0, 2, 1])  # reordered and repeated rows
+    tokens = torch.tensor([5, 6, 7])
+    with torch.no_grad():
+        prepared, state = decoder.prepare(annotations), decoder.init_state(annotations)
+        first = decoder.step(prepared, tokens, state)
+        reordered = decoder.step(prepared.select(order), tokens[order], first.state.select(order))
+        straight = decoder.step(prepared, tokens, first.state)
+    torch.testing.assert_close(reordered.log_probs, straight.log_probs[order], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", DECODERS.names())
+def test_the_configuration_round_trips_through_a_checkpoint_dict(kind):
+    config = DECODERS[kind].config_class(**SMALL[kind])
+    stored = to_dict(ModelConfig(decoder=config))
+    assert stored["decoder"]["kind"] == kind
+    rebuilt = from_dict({"model": stored}).model.decoder
+    assert rebuilt == config and type(rebuilt) is DECODERS[kind].config_class
+    assert isinstance(build_decoder(rebuilt, V, C, GRID), DECODERS[kind])
+
+
+@pytest.mark.parametrize("kind", DECODERS.names())
+def test_the_training_objective_is_finite_and_reaches_every_parameter(kind):
+    decoder = small_decoder(kind, seed=3).train()
+    annotations, captions, lengths, image_index = batch(seed=4)
+    assert decoder.objective in OBJECTIVES
+    output = decoder(annotations, captions, lengths, image_index)
+    terms = objective_of(decoder)(
+        decoder, output, captions, DECODERS[kind].config_class(**SMALL[kind]), 0.1, None
+    )
+    assert torch.isfinite(terms.total)
+    terms.total.backward()
+    untouched = [name for name, p in decoder.named_parameters() if p.grad is None or not p.grad.abs().sum()]
+    assert untouched == []
+
+
+def test_hard_attention_trains_with_its_own_objective():
+    decoder = small_decoder("lstm", attention="hard")
+    assert decoder.objective == "hard_attention" and DECODERS["lstm"].objective == "cross_entropy"
+
+
+def test_an_option_of_another_family_is_refused_naming_both():
+    with pytest.raises(ConfigError, match=r"model\.decoder\.d_model is an option of the transformer decoder"):
+        from_dict({"model": {"decoder": {"kind": "lstm", "d_model": 64}}})
+    with pytest.raises(ConfigError, match="names an unknown decoder 'gru'"):
+        from_dict({"model": {"decoder": {"kind": "gru"}}})
+
+
+def test_a_stored_configuration_of_every_familys_options_reads_as_its_own_family():
+    # Checkpoints written before each family had its own class stored every family's options.
+    flat = {**to_dict(LSTMDecoderConfig()), "d_model": 64, "d_ff": 128, "kind": "transformer"}
+    decoder = from_dict({"model": {"decoder": flat}}, stored=True).model.decoder
+    assert decoder.kind == "transformer" and decoder.d_model == 64 and not hasattr(decoder, "hidden_dim")
+
+
+def test_an_unknown_scorer_is_refused_before_any_work_listing_the_registered_ones():
+    config = ModelConfig(decoder=LSTMDecoderConfig(scoring="cosine"))
+    with pytest.raises(
+        UnknownNameError,
+        match="model.decoder.scoring names an unknown attention scorer 'cosine'; "
+        "registered: additive, dot, scaled_dot, multihead",
+    ):
+        check_model_config(config)
+
+
+def test_a_new_family_registers_its_configuration_and_is_built_by_name():
+    @dataclasses.dataclass(frozen=True)
+    class TinyConfig(DecoderConfig):
+        kind: str = "tiny_lstm_for_test"
+        hidden_dim: int = 8
+
+    @register_decoder("tiny_lstm_for_test", TinyConfig)
+    class TinyDecoder(ShowAttendTellDecoder):
+        @classmethod
+        def from_config(cls, config, vocab_size, annotation_dim, grid):
+            return super().from_config(
+                LSTMDecoderConfig(embed_dim=8, hidden_dim=config.hidden_dim, attention_dim=8),
+                vocab_size,
+                annotation_dim,
+            )
+
+    try:
+        config = from_dict(
+            {"model": {"decoder": {"kind": "tiny_lstm_for_test", "hidden_dim": 6}}}
+        ).model.decoder
+        assert type(config) is TinyConfig and config.hidden_dim == 6
+        assert build_decoder(config, V, C, GRID).hidden_dim == 6
+        with pytest.raises(ValueError, match="already registered"):
+            register_decoder("tiny_lstm_for_test", TinyConfig)(TinyDecoder)
+    finally:  # leave the registries as they were for the other tests of this process
+        from captioning.config import DECODER_CONFIGS
+
+        del DECODERS._entries["tiny_lstm_for_test"], DECODER_CONFIGS._entries["tiny_lstm_for_test"]
