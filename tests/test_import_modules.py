@@ -1,5 +1,5 @@
 """``--import MODULE``: a user module, imported before the configuration is checked, can register an
-encoder that train.py, evaluate.py and visualize.py all use."""
+encoder, an attention scorer and a decoder family that train.py, evaluate.py and visualize.py all use."""
 
 from __future__ import annotations
 
@@ -28,11 +28,55 @@ def user_mobilenet(weights: str, image_size: int) -> Backbone:
                     interpolation=InterpolationMode.BILINEAR, weights={"none": True})
 """
 
+# A scorer and a decoder family of the user's: cosine scoring with a temperature, and the attention
+# LSTM under its own kind whose configuration adds one option (the cosine temperature).
+USER_DECODER = """
+import dataclasses
+
+from torch.nn import functional as F
+
+from captioning.config import LSTMDecoderConfig
+from captioning.models.attention import SCORERS, DotAttention
+from captioning.models.base import register_decoder
+from captioning.models.decoder import ShowAttendTellDecoder
+
+
+class CosineAttention(DotAttention):
+    def __init__(self, annotation_dim, hidden_dim, temperature):
+        super().__init__(annotation_dim, hidden_dim)
+        self.temperature = temperature
+
+    def scores(self, prepared, query):
+        keys = F.normalize(prepared.keys, dim=-1)  # (B, P, C)
+        query = F.normalize(self.query_proj(query), dim=-1).view(-1, prepared.group, keys.size(-1))  # (B, G, C)
+        return (query @ keys.transpose(1, 2)).reshape(-1, 1, keys.size(1)) / self.temperature  # (N, 1, P)
+
+
+@SCORERS.register("cosine")
+def cosine(annotation_dim, hidden_dim, config):
+    return CosineAttention(annotation_dim, hidden_dim, getattr(config, "temperature", 0.1))
+
+
+@dataclasses.dataclass(frozen=True)
+class CosineLSTMConfig(LSTMDecoderConfig):
+    kind: str = "cosine_lstm"
+    scoring: str = "cosine"
+    temperature: float = 0.1  # cosine scores are divided by it
+
+
+@register_decoder("cosine_lstm", CosineLSTMConfig)
+class CosineLSTM(ShowAttendTellDecoder):
+    pass
+"""
+
 TINY_RUN = {
     "model.encoder.name": "user_mobilenet",
     "model.encoder.weights": "none",
     "model.encoder.image_size": 64,
     "model.encoder.grid_size": 0,
+    "model.decoder.kind": "cosine_lstm",
+    "model.decoder.scoring": "cosine",
+    "model.decoder.temperature": 0.2,
     "model.decoder.embed_dim": 16,
     "model.decoder.hidden_dim": 16,
     "model.decoder.attention_dim": 16,
@@ -62,9 +106,9 @@ def fresh_imports(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_encoder_a_user_module_registers_works_through_all_three_tools(tmp_path):
-    module = tmp_path / "user_encoders.py"
-    module.write_text(USER_ENCODER)
+def test_an_encoder_and_a_decoder_a_user_module_registers_work_through_all_three_tools(tmp_path):
+    module = tmp_path / "user_parts.py"
+    module.write_text(USER_ENCODER + USER_DECODER)
     run = tmp_path / "run"
     overrides = {**TINY_RUN, "data.root": tmp_path / "shapes"}
     trained = run_tool(
@@ -84,12 +128,15 @@ def test_an_encoder_a_user_module_registers_works_through_all_three_tools(tmp_pa
     stored = load_checkpoint(checkpoint)  # this process has not imported the user module: the raw entries
     assert stored["config"]["model"]["encoder"]["name"] == "user_mobilenet"
     assert stored["encoder_fingerprint"]["channels"] == 576
+    decoder = stored["config"]["model"]["decoder"]
+    assert (decoder["kind"], decoder["scoring"], decoder["temperature"]) == ("cosine_lstm", "cosine", 0.2)
 
     refused = run_tool(
         "evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"
     )
     assert refused.returncode == 2
-    assert "user_mobilenet" in refused.stderr.strip().splitlines()[-1]
+    assert "cosine_lstm" in refused.stderr.strip().splitlines()[-1]
+    assert "--import MODULE" in refused.stderr.strip().splitlines()[-1]
 
     evaluated = run_tool(
         "evaluate.py",
