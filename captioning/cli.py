@@ -32,10 +32,39 @@ FLAG_KEYS: dict[str, tuple[str, type, str]] = {
     "amp": ("train.amp", str, "mixed precision: none, bf16 (GPU or CPU) or fp16 (GPU)"),
     "max_steps": ("train.max_steps", int, "stop after this many optimisation steps (0 = no limit)"),
     "workers": ("data.num_workers", int, "data loading worker processes"),
-    "encoder": ("model.encoder.name", str, "CNN backbone, e.g. resnet101 or efficientnet_lite0"),
+    "encoder": ("model.encoder.name", str, "image encoder (backbone): %(registered)s"),
+    "decoder": (
+        "model.decoder.kind",
+        str,
+        "decoder family: %(registered)s; the file's options of another family are left out",
+    ),
+    "scoring": ("model.decoder.scoring", str, "attention scorer of the LSTM: %(registered)s"),
     "attention": ("model.decoder.attention", str, "soft or hard"),
     "beam_size": ("decode.beam_size", int, "beam size for decoding"),
 }
+
+
+# Flags whose value a registry looks up: (module, registry); --help lists the registered names.
+FLAG_REGISTRIES: dict[str, tuple[str, str]] = {
+    "encoder": ("captioning.models.encoders", "ENCODERS"),
+    "decoder": ("captioning.models.captioner", "DECODERS"),
+    "scoring": ("captioning.models.attention", "SCORERS"),
+}
+
+
+class RegisteredNames:
+    """A registry's names for a ``--help`` text, read only when the help is printed (importing the
+    registries imports torch: seconds that parsing a command line should not cost)."""
+
+    def __init__(self, module: str, registry: str) -> None:
+        self.module, self.registry = module, registry
+
+    def __str__(self) -> str:
+        module = importlib.import_module(self.module)
+        names = list(getattr(module, self.registry).names())
+        families = getattr(getattr(module, "registry", None), "FAMILY_FORMS", {})  # timm:<model name>, ...
+        names += families.values()
+        return ", ".join(names) + " or one registered by --import MODULE"
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...] = tuple(FLAG_KEYS)) -> None:
@@ -48,7 +77,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...]
     )
     for name in flags:
         key, kind, text = FLAG_KEYS[name]
-        parser.add_argument(
+        action = parser.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=kind,
@@ -56,6 +85,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...]
             metavar=kind.__name__.upper(),
             help=f"{text} (sets {key})",
         )
+        if name in FLAG_REGISTRIES:  # read by the help text's %(registered)s
+            action.registered = RegisteredNames(*FLAG_REGISTRIES[name])
     parser.add_argument(
         "--set",
         dest="overrides",

@@ -1,8 +1,14 @@
 """The registry pattern every extension point uses (captioning.registry)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from captioning.registry import Registry, UnknownNameError
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_registered_entry_is_found_by_its_name_and_listed_in_registration_order():
@@ -46,3 +52,32 @@ def test_a_name_is_registered_once():
     with pytest.raises(ValueError, match="'alpha' is already registered"):
         registry.add("alpha", 2)
     assert registry["alpha"] == 1
+
+
+def test_the_help_of_train_py_lists_every_registered_encoder_decoder_and_scorer():
+    import train
+
+    from captioning.models.attention import SCORERS
+    from captioning.models.captioner import DECODERS
+    from captioning.models.encoders import ENCODERS
+
+    text = " ".join(train.get_args_parser().format_help().split())  # one line: names are never cut
+    for flag, registry in (("--encoder", ENCODERS), ("--decoder", DECODERS), ("--scoring", SCORERS)):
+        listed = text.split(flag + " STR ", 1)[1].split(" --", 1)[0]  # its help, not the usage line
+        assert all(f"{name}," in listed or f"{name} or" in listed for name in registry.names()), (
+            flag,
+            listed,
+        )
+    assert "timm:<model name>" in text and "registered by --import MODULE" in text
+
+
+def test_parsing_a_command_line_does_not_import_the_registries():
+    # Their names are read only when --help is printed: they import torch.
+    code = (
+        "import sys, train; train.get_args_parser().parse_args(['--encoder', 'resnet50']); "
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
