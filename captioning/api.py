@@ -69,9 +69,8 @@ class Caption:
     def of(cls, item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
         """The public form of one decoded image (``caption_records``' output)."""
         decoded = item.caption
-        attention = (
-            decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
-        )  # (T, gh, gw)
+        # (T, gh, gw): one attention map per word
+        attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
         beta = None if decoded.betas is None else decoded.betas.detach().float().cpu().numpy()  # (T,)
         return cls(
             " ".join(item.words),

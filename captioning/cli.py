@@ -107,9 +107,8 @@ def import_modules(names: list[str]) -> None:
             else:
                 importlib.import_module(name)
         except ModuleNotFoundError as error:
-            if error.name is not None and name.startswith(
-                error.name
-            ):  # the module itself, not one it imports
+            # the module itself, not one it imports
+            if error.name is not None and name.startswith(error.name):
                 raise ConfigError(
                     f"--import {name}: no module named {error.name!r} on the Python path or in "
                     f"the current folder"
@@ -181,9 +180,8 @@ def run_cli(
         if getattr(args, "debug", False):
             traceback.print_exc()
         message = printable(str(error).strip().split("\n")[0])
-        if not isinstance(
-            error, (ValueError, OSError, RuntimeError)
-        ):  # not an input problem: say what it was
+        # not an input problem: say what it was
+        if not isinstance(error, (ValueError, OSError, RuntimeError)):
             message = f"{type(error).__name__}: {message} (run with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return 2

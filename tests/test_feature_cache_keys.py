@@ -91,9 +91,8 @@ def test_missing_images_are_refused_before_anything_is_created(tmp_path, encoder
         "are missing or not files; is data.root right?)"
     )
     assert not (tmp_path / "cache").exists()
-    with caplog.at_level(
-        logging.WARNING, logger="captioning.data.feature_cache"
-    ):  # skipping: zero grids, no row
+    # skipping: zero grids, no row
+    with caplog.at_level(logging.WARNING, logger="captioning.data.feature_cache"):
         cache = _build(tmp_path / "cache", encoder, records, skip_bad_images=True)
     assert "3 of 6 images could not be read" in caplog.text
     assert set(cache.bad) == {2, 4, 5} and "is a directory" in cache.bad[5] and not cache[4].any()
@@ -152,9 +151,8 @@ def test_moved_and_copied_images_reuse_every_row(tmp_path, encoder, monkeypatch)
     assert first.path == moved.path == copied.path
     np.testing.assert_array_equal(_grids(copied), _grids(first))
     index = json.loads((first.path / "index.json").read_text())
-    assert sorted(index["files"]) == sorted(
-        os.path.abspath(r.path) for r in copied_records
-    )  # moved ones dropped
+    # moved ones dropped
+    assert sorted(index["files"]) == sorted(os.path.abspath(r.path) for r in copied_records)
 
 
 def test_other_orders_and_subsets_reuse_rows_and_new_images_are_appended(tmp_path, encoder) -> None:

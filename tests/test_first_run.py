@@ -136,9 +136,8 @@ def test_a_symlinked_data_root_has_its_feature_cache_location_in_the_plan(data_r
         f"; feature cache in {linked / 'features'} (which resolves to {data_root.resolve() / 'features'}); "
         in plan
     )
-    assert not any(
-        line.startswith("configuration: ") for line in result.stdout.splitlines()
-    )  # in config.yaml only
+    # in config.yaml only
+    assert not any(line.startswith("configuration: ") for line in result.stdout.splitlines())
     assert (tmp_path / "run" / "config.yaml").is_file()
 
 

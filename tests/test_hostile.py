@@ -561,9 +561,8 @@ def test_a_lone_surrogate_neither_crashes_nor_writes_inside_installed_packages(s
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr
-    assert (
-        "cannot write the dataset index" not in result.stderr
-    )  # its captions are cleaned as the vocabulary's
+    # its captions are cleaned as the vocabulary's
+    assert "cannot write the dataset index" not in result.stderr
     assert "\ufffd" in json.loads((run / "vocab.json").read_text(encoding="utf-8"))["words"]
     assert json.loads((run / "test_scores.json").read_text())["tokenizer"] == "ptb"
     assert _package_files() == before

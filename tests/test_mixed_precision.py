@@ -91,9 +91,8 @@ def test_bf16_beam_search_on_cpu_returns_valid_captions():
             caption.attention.sum(1), torch.ones(len(caption.tokens)), atol=2e-2, rtol=0
         )
         assert isinstance(caption.log_prob, float) and caption.log_prob < 0
-        if (
-            caption.tokens == exact.tokens
-        ):  # float32 sums of bf16-rounded log-probabilities: close to float32's
+        # float32 sums of bf16-rounded log-probabilities: close to float32's
+        if caption.tokens == exact.tokens:
             assert abs(caption.log_prob - exact.log_prob) <= 0.05 * abs(exact.log_prob)
     assert sum(c.tokens == e.tokens for c, e in zip(captions, reference)) >= 2
     assert any(c.log_prob != e.log_prob for c, e in zip(captions, reference))  # decoded in bf16

@@ -261,9 +261,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     outputs = [path for _, path in outputs]
     device = resolve_device(args.device)
     clip_scorer = None
-    if (
-        getattr(args, "clip_score", None) is not None
-    ):  # its weights before any decoding: a missing file stops now
+    # its weights before any decoding: a missing file stops now
+    if getattr(args, "clip_score", None) is not None:
         from captioning.evaluation.clip_score import load_clip_scorer
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)

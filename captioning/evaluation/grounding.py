@@ -107,9 +107,8 @@ def load_instances(instances_file: str | Path) -> Instances:
             and bbox[3] >= 0
         ):
             raise EvaluationInputError(f"{where}: bbox must be [x, y, width, height] with width, height >= 0")
-        if not all(
-            abs(v) <= MAX_PIXELS for v in bbox
-        ):  # sums of such values overflow to inf, then NaN scores
+        # sums of such values overflow to inf, then NaN scores
+        if not all(abs(v) <= MAX_PIXELS for v in bbox):
             raise EvaluationInputError(
                 f"{where}: bbox values must be within +-{MAX_PIXELS} pixels, got {bbox!r:.80}"
             )

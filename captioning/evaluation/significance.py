@@ -98,9 +98,8 @@ def corpus_bleu(sums: np.ndarray, order: int) -> np.ndarray:
     Returns:
         (R,) scores.
     """
-    precisions = (sums[:, _CORRECT : _CORRECT + order] + _TINY) / (
-        sums[:, _GUESS : _GUESS + order] + _SMALL
-    )  # (R, n)
+    # (R, n): smoothed n-gram precisions of each resample
+    precisions = (sums[:, _CORRECT : _CORRECT + order] + _TINY) / (sums[:, _GUESS : _GUESS + order] + _SMALL)
     score = np.prod(precisions, axis=1) ** (1.0 / order)
     ratio = (sums[:, _TESTLEN] + _TINY) / (sums[:, _REFLEN] + _SMALL)
     penalty = np.where(ratio < 1, np.exp(1 - 1 / np.minimum(ratio, 1)), 1.0)

@@ -16,9 +16,8 @@ import numpy as np
 
 from captioning.evaluation.metrics import CiderDScorer
 
-END_WORD = (
-    "<end>"  # the vocabulary's end token; the tokenizer keeps it whole, so no caption word is split into it
-)
+# The vocabulary's end token; the tokenizer keeps it whole, so no caption word is split into it.
+END_WORD = "<end>"
 
 
 class CiderDReward:

@@ -151,9 +151,8 @@ def item_html(
     words = list(item.words)
     map_width, map_height = display_size((width, height), map_side)
     scale = scale[0] * map_width / width, scale[1] * map_height / height
-    weights = upsample_attention(
-        item.caption.attention, grid, (map_height, map_width), mode, normalize=False
-    )  # (T, h, w)
+    # (T, h, w): one map per word at the displayed size
+    weights = upsample_attention(item.caption.attention, grid, (map_height, map_width), mode, normalize=False)
     tops = [top for _, top in display_range(item.caption.attention, normalize)]
     peaks, entropies = attention_statistics(item.caption.attention)
     named = word_boxes(words, item.record.image_id, boxes, matcher)
