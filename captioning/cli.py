@@ -174,7 +174,7 @@ def run_cli(
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as error:  # noqa: BLE001 - every failure becomes one clear line
+    except Exception as error:  # every failure becomes one clear line
         if isinstance(getattr(error, "exit_status", None), int):
             return error.exit_status
         if getattr(args, "debug", False):
@@ -213,7 +213,7 @@ class _PrintableWarnings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             print(printable(self.format(record)), file=sys.stderr, flush=True)
-        except Exception:  # noqa: BLE001 - logging's own policy for a handler that fails
+        except Exception:  # logging's own policy for a handler that fails
             self.handleError(record)
 
 

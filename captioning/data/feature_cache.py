@@ -289,7 +289,7 @@ class FeatureCache:
                     builder.folder.mkdir(parents=True, exist_ok=True)
                     held.enter_context(store.build_lock(builder.folder))
                     builder.plan()
-                except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
+                except Exception as caught:  # re-raised on every rank by _agree
                     error = caught
             _agree(error, world_size)
             try:
@@ -302,7 +302,7 @@ class FeatureCache:
                     rank,
                     world_size,
                 )
-            except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
+            except Exception as caught:  # re-raised on every rank by _agree
                 error = caught
             _agree(error, world_size)
             if rank == 0:
@@ -382,7 +382,7 @@ class _Build:
                 index = None  # refused by rank 0's plan, under the lock
             known = index["files"] if index is not None else {}
             _, hashed = _row_keys(self.records[rank::world_size], self.stats[rank::world_size], known)
-        except Exception as caught:  # noqa: BLE001 - re-raised on every rank by _agree
+        except Exception as caught:  # re-raised on every rank by _agree
             error = caught
         _agree(error, world_size)
         shares: list[Any] = [None] * world_size

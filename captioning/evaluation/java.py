@@ -96,7 +96,7 @@ def meteor_score(
     def compute() -> None:
         try:
             outcome["scores"] = meteor.compute_score(gts, res)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
+        except BaseException as error:  # re-raised in the calling thread
             outcome["error"] = error
 
     worker = threading.Thread(target=compute, daemon=True)
