@@ -136,8 +136,8 @@ def test_clip_score_is_refused_without_weights(tmp_path: Path, monkeypatch: pyte
 
 @pytest.mark.slow
 def test_evaluate_writes_clip_scores_per_image_and_signs_them(
-    checkpoint: Path,
-    clip_file,  # noqa: F811
+    checkpoint: Path,  # noqa: F811
+    clip_file,
     tmp_path: Path,
 ) -> None:
     path, _ = clip_file

@@ -45,8 +45,10 @@ def decoding_only(monkeypatch, change) -> None:
 
 
 def test_a_run_whose_captions_are_empty_says_so_in_the_epoch_line_and_in_its_summary(
-    data_root, tmp_path, monkeypatch
-):  # noqa: F811
+    data_root,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
     # As an under-trained decoder does: <end> first, for every image.
     decoding_only(
         monkeypatch,

@@ -267,7 +267,10 @@ def test_self_critical_hard_attention_gives_the_locations_a_policy_gradient():
     decoder = make_decoder(attention="hard", expected_prob=0.0).train()  # every context a sampled location
     batch = {"features": torch.randn(4, P, C), "image_ids": torch.tensor([1, 2, 3, 4])}
     train = TrainConfig(scst_samples=3, scst_baseline="mean")
-    rewarder = lambda ids, rows, finished: np.array([float(len(row) % 3) for row in rows])
+
+    def rewarder(ids, rows, finished):
+        return np.array([float(len(row) % 3) for row in rows])
+
     loss, _ = scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(max_length=5))
     loss.backward()
     # The scorer's parameters shape alpha only; with sampled contexts only the locations' log-probabilities reach them.
