@@ -313,7 +313,7 @@ def test_tutorial_beam_search_with_one_beam_is_our_greedy_caption():
     images = torch.randn(6, 9, 6, generator=torch.Generator().manual_seed(5))
     expected = greedy_search(ours, images, max_length=12)
     assert len({len(caption.tokens) for caption in expected}) >= 3
-    for image, caption in zip(images, expected):
+    for image, caption in zip(images, expected, strict=True):
         found, maps = baseline.tutorial_beam_search(tutorial, image, 1, start_id=1, end_id=2, max_steps=12)
         # Unfinished, the tutorial's loop runs one word past the limit: compare the common words.
         words = len(caption.tokens)
@@ -368,7 +368,7 @@ def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_s
     assert len({len(caption.tokens) for caption in cached}) >= 2
     assert len({tuple(caption.tokens) for caption in cached}) >= 3
     assert {caption.finished for caption in cached} == {True, False}
-    for ours, baseline in zip(cached, recomputed):
+    for ours, baseline in zip(cached, recomputed, strict=True):
         assert baseline.tokens == ours.tokens and baseline.finished == ours.finished
         assert math.isclose(baseline.log_prob, ours.log_prob, rel_tol=1e-5, abs_tol=1e-5)
         torch.testing.assert_close(baseline.attention, ours.attention, rtol=1e-4, atol=1e-5)

@@ -39,7 +39,7 @@ def test_cross_entropy_and_attention_penalty_are_logged_apart(data_root, tmp_pat
     assert [int(epoch) for epoch, *_ in lines] == [1, 2], result.stdout
     history = json.loads((run / "history.json").read_text())["epochs"]
     events = EventAccumulator(str(run / "tensorboard")).Reload()
-    for (_, loss, cross_entropy, penalty), record in zip(lines, history):
+    for (_, loss, cross_entropy, penalty), record in zip(lines, history, strict=True):
         assert float(loss) == pytest.approx(float(cross_entropy) + 0.5 * float(penalty), abs=2e-3)
         assert record["train_cross_entropy"] == pytest.approx(float(cross_entropy), abs=1e-3)
         assert record["train_attention_penalty"] == pytest.approx(float(penalty), abs=1e-3)

@@ -279,7 +279,7 @@ def test_self_critical_training_raises_the_reward():
         with torch.no_grad():
             result = rollout(decoder, annotations, lambda lp: lp.argmax(1), 6)
         decoder.train()
-        rows = [row[:n].tolist() for row, n in zip(result.tokens, result.lengths)]
+        rows = [row[:n].tolist() for row, n in zip(result.tokens, result.lengths, strict=True)]
         return float(rewarder([1, 2, 3], rows, result.finished.tolist()).mean())
 
     before = greedy_reward()

@@ -106,7 +106,7 @@ def _row_keys(
     """
     keys: list[str | None] = []
     hashed: dict[str, list] = {}
-    for record, state in zip(records, states):
+    for record, state in zip(records, states, strict=True):
         if state is None:
             keys.append(None)
             continue
@@ -356,10 +356,14 @@ class _Build:
         unfinished = any(
             states[row] not in (COMPUTED, UNREADABLE)  # or unreadable, its message not yet in the index
             or (states[row] == UNREADABLE and key not in index["bad"])
-            for row, key in zip(rows, self.keys)
+            for row, key in zip(rows, self.keys, strict=True)
             if row >= 0
         )
-        if self.hashed or unfinished or any(row < 0 and key is not None for row, key in zip(rows, self.keys)):
+        if (
+            self.hashed
+            or unfinished
+            or any(row < 0 and key is not None for row, key in zip(rows, self.keys, strict=True))
+        ):
             return None
         self.index = index
         self._refuse_recorded_bad(states)
@@ -415,7 +419,11 @@ class _Build:
             )
             store.mark_not_computed(self.folder, doubtful)
         self._refuse_recorded_bad(store.read_states(self.folder, capacity))
-        new = [key for key, row in dict.fromkeys(zip(self.keys, rows)) if key is not None and row < 0]
+        new = [
+            key
+            for key, row in dict.fromkeys(zip(self.keys, rows, strict=True))
+            if key is not None and row < 0
+        ]
         if new:
             store.resize(self.folder, capacity, capacity + len(new), *self.grid_shape)
             index["rows"].update({key: capacity + number for number, key in enumerate(new)})
@@ -435,7 +443,7 @@ class _Build:
         """Rows whose state byte cannot be trusted: a value no build writes, or "unreadable" without the
         message a finished build records, for an image that reads now (not to be blamed on it)."""
         doubtful = []
-        for record, key, row in zip(self.records, self.keys, rows):
+        for record, key, row in zip(self.records, self.keys, rows, strict=True):
             if row < 0 or states[row] in (NOT_COMPUTED, COMPUTED):
                 continue
             if states[row] != UNREADABLE or (key not in self.index["bad"] and _reads(record)):
@@ -445,7 +453,7 @@ class _Build:
     def _refuse_recorded_bad(self, states: np.ndarray) -> None:
         if self.skip_bad_images:
             return
-        for record, key in zip(self.records, self.keys):
+        for record, key in zip(self.records, self.keys, strict=True):
             row = self.index["rows"].get(key, -1) if key is not None else -1
             if row >= 0 and states[row] == UNREADABLE:
                 message = self.index["bad"].get(key) or _message_of(record)
@@ -469,7 +477,9 @@ class _Build:
             self.index = store.read_index(self.folder, self.key)  # as rank 0 wrote it
         rows = self._identify(self.index)
         states = store.read_states(self.folder, self.index["capacity"])
-        needed = sorted({row: record for row, record in zip(rows, self.records) if row >= 0}.items())
+        needed = sorted(
+            {row: record for row, record in zip(rows, self.records, strict=True) if row >= 0}.items()
+        )
         pending = [(row, record) for row, record in needed if states[row] == NOT_COMPUTED]
         share = pending[rank * len(pending) // world_size : (rank + 1) * len(pending) // world_size]
         done = len(needed) - len(pending) if world_size == 1 else 0
@@ -533,7 +543,7 @@ class _Build:
         states = store.read_states(self.folder, self.index["capacity"])
         recorded = self.index["bad"]
         added = False
-        for record, key in zip(self.records, self.keys):
+        for record, key in zip(self.records, self.keys, strict=True):
             row = self.index["rows"].get(key, -1) if key is not None else -1
             if row >= 0 and states[row] == UNREADABLE and key not in recorded:
                 recorded[key] = self.messages.get(row) or _message_of(record)

@@ -76,7 +76,7 @@ def _pack_text(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _unpack_text(blob: np.ndarray, ends: np.ndarray) -> list[str]:
     text = blob.tobytes().decode("utf-8")
     starts = np.concatenate([[0], ends[:-1]]).tolist()
-    return [text[a:b] for a, b in zip(starts, ends.tolist())]
+    return [text[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
 
 
 def _pack_split(records: list[tuple[int, ImageRecord]], image_root: Path) -> dict[str, np.ndarray]:
@@ -119,7 +119,7 @@ def _unpack_split(arrays: Any, split: str, image_root: Path) -> list[tuple[int, 
     words = _unpack_text(arrays["words"], arrays["word_ends"])
     token_words = [words[t] for t in arrays["tokens"].tolist()]
     caption_ends = arrays["caption_ends"].tolist()
-    captions = [tuple(token_words[a:b]) for a, b in zip([0, *caption_ends[:-1]], caption_ends)]
+    captions = [tuple(token_words[a:b]) for a, b in zip([0, *caption_ends[:-1]], caption_ends, strict=True)]
     raws = _unpack_text(arrays["raw"], arrays["raw_ends"])
     caption_bounds = np.cumsum(np.concatenate([[0], arrays["captions_per_image"]])).tolist()
     raw_bounds = np.cumsum(np.concatenate([[0], arrays["raws_per_image"]])).tolist()
@@ -136,7 +136,7 @@ def _unpack_split(arrays: Any, split: str, image_root: Path) -> list[tuple[int, 
             ),
         )
         for i, (position, image_id, path) in enumerate(
-            zip(arrays["positions"].tolist(), arrays["image_ids"].tolist(), paths)
+            zip(arrays["positions"].tolist(), arrays["image_ids"].tolist(), paths, strict=True)
         )
     ]
 

@@ -69,7 +69,7 @@ def check_same_configuration(paths: Sequence[Path], configs: Sequence[Mapping[st
             else the first key where it differs from the first run.
     """
     first = configs[0]
-    for path, config in zip(paths[1:], configs[1:]):
+    for path, config in zip(paths[1:], configs[1:], strict=True):
         if first.get(DECODER_KIND) != config.get(DECODER_KIND):
             raise ConfigError(
                 f"{path}: {DECODER_KIND}: {config.get(DECODER_KIND)!r} here but "
@@ -140,8 +140,8 @@ def check_metrics(paths: Sequence[Path], runs: Sequence[Mapping[str, Any]]) -> N
     if not metrics:
         raise EvaluationInputError(f"{paths[0]}: holds no metric (nor does any other scores file given)")
     for key in metrics:
-        reference = next(path for path, run in zip(paths, runs) if numeric(run.get(key)))
-        for path, run in zip(paths, runs):
+        reference = next(path for path, run in zip(paths, runs, strict=True) if numeric(run.get(key)))
+        for path, run in zip(paths, runs, strict=True):
             value = run.get(key)
             if key not in run:
                 what = "missing"
@@ -218,7 +218,7 @@ def aggregate_command(paths: Sequence[Path], out: Path | None) -> dict[str, Any]
     aggregate = aggregate_runs(paths)
     print(aggregate_table(aggregate))
     first = aggregate["signatures"][0]
-    for path, signature in zip(paths[1:], aggregate["signatures"][1:]):
+    for path, signature in zip(paths[1:], aggregate["signatures"][1:], strict=True):
         warn_if_signatures_differ(first, signature, f"{paths[0]} and {path}")
     if out is not None:
         note = output_note(out)  # said in the summary: replaced, or written into a device

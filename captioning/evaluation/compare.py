@@ -147,7 +147,7 @@ def compare_results_files(
     sides = []
     for runs, captions in ((runs_a, captions_a), (runs_b, captions_b)):
         side = {"per_image": [], "bleu": [], "ratios": [], "signatures": []}
-        for path, run in zip(runs, captions):
+        for path, run in zip(runs, captions, strict=True):
             scores = score_captions(
                 references,
                 run,

@@ -308,7 +308,7 @@ def grounding_per_image(
             inside = (weights * box_coverage(boxes, image_size, grid)).sum()
             masses.append(float(inside / total) if total > 0 else 0.0)
             peak_rows, peak_cols = np.nonzero(weights >= weights.max() - 1e-9 * abs(weights.max()))
-            centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows)
+            centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows, strict=True)
             hits.append(
                 float(
                     np.mean(

@@ -293,7 +293,7 @@ def group_bootstrap(
             seed,
         )
     adjusted = holm([c.p_value for c in result.values()])
-    return {metric: replace(c, p_holm=p) for (metric, c), p in zip(result.items(), adjusted)}
+    return {metric: replace(c, p_holm=p) for (metric, c), p in zip(result.items(), adjusted, strict=True)}
 
 
 def comparison_table(comparisons: Mapping[str, Comparison], names: tuple[str, str] = ("A", "B")) -> str:

@@ -121,7 +121,7 @@ def average_gradients(parameters: Iterable[nn.Parameter], world_size: int) -> No
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
     dist.all_reduce(flat)
     flat /= world_size
-    for param, grad in zip(params, flat.split([p.numel() for p in params])):
+    for param, grad in zip(params, flat.split([p.numel() for p in params]), strict=True):
         param.grad = grad.view_as(param)
 
 

@@ -84,5 +84,5 @@ def generate_captions(
         batch = move(batch, device)
         with autocast(device, amp):
             captions = decode(decoder, annotations_of(model, batch), decode_config)
-        results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions))
+        results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions, strict=True))
     return results

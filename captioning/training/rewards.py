@@ -68,7 +68,10 @@ class CiderDReward:
             finished = [True] * len(captions)
         if len(finished) != len(captions):
             raise ValueError(f"{len(captions)} captions but {len(finished)} finished flags")
-        scored = [[*words, *self._suffix] if done else list(words) for words, done in zip(captions, finished)]
+        scored = [
+            [*words, *self._suffix] if done else list(words)
+            for words, done in zip(captions, finished, strict=True)
+        ]
         return self.scorer.scores(image_ids, scored)
 
 

@@ -118,11 +118,10 @@ def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
     panels = [("loss", losses), ("validation scores and rewards", [key for key in keys if key not in losses])]
     figure = Figure(figsize=(10, 3.4))
     FigureCanvasAgg(figure)
-    epochs = list(range(1, len(history) + 1))
     for position, (title, names) in enumerate(panels, start=1):
         ax = figure.add_subplot(1, 2, position)
         for name in names:
-            points = [(x, _number(record.get(name))) for x, record in zip(epochs, history)]
+            points = [(x, _number(record.get(name))) for x, record in enumerate(history, start=1)]
             points = [(x, y) for x, y in points if y is not None]
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=name)
         for x in range(1, len(history)):
