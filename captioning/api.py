@@ -103,7 +103,8 @@ class CaptioningModel:
     def __repr__(self) -> str:
         model = self.config.model
         return (
-            f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, {model.decoder.kind} decoder, "
+            f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, "
+            f"{model.decoder.kind} decoder, "
             f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, on {self.device})"
         )
 
@@ -193,7 +194,8 @@ class CaptioningModel:
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)
-        that ``captioning.load`` reads on any machine; see ``captioning.pretrained`` and ``captioning.export``."""
+        that ``captioning.load`` reads on any machine; see ``captioning.pretrained`` and
+        ``captioning.export``."""
         from captioning.export import save_pretrained
 
         return save_pretrained(self, folder)

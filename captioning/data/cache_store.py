@@ -211,7 +211,8 @@ def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> t
     problem = ""
     if rows < capacity:
         problem = f"{path}: " + (
-            f"truncated: {size} bytes, {capacity} rows need {offset + capacity * _row_bytes(positions, channels)}"
+            f"truncated: {size} bytes, "
+            f"{capacity} rows need {offset + capacity * _row_bytes(positions, channels)}"
             if whole_rows < min(shape[0], capacity)
             else f"holds {shape[0]} rows, the index describes {capacity}"
         )

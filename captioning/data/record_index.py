@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 
 def records_dir(config: DataConfig) -> Path:
-    """Where the indexes of this configuration's datasets live (chosen by ``data.cache_dir``/``data.root``)."""
+    """Where the indexes of this configuration's datasets live (``data.cache_dir`` or ``data.root``)."""
     return (Path(config.cache_dir) if config.cache_dir else Path(config.root) / "features") / "records"
 
 

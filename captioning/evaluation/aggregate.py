@@ -160,8 +160,8 @@ def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
     """Check and summarise the scores files of several runs (see the module docstring).
 
     Returns:
-        ``{"metrics": {metric: {"mean", "std", "min", "max", "ci_low", "ci_high"}}, "runs": [...], "seeds": [...],
-        "signatures": [...]}``.
+        ``{"metrics": {metric: {"mean", "std", "min", "max", "ci_low", "ci_high"}}, "runs": [...],
+        "seeds": [...], "signatures": [...]}``.
     Raises:
         ConfigError: fewer than two runs, a run without config.yaml, configurations that differ.
         EvaluationInputError: a scores file that is missing or not a JSON object.
@@ -207,8 +207,8 @@ def aggregate_table(aggregate: Mapping[str, Any]) -> str:
             f"{100 * s['max']:7.2f}  [{100 * s['ci_low']:7.2f}, {100 * s['ci_high']:7.2f}]"
         )
     lines.append(
-        f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; std over runs (n - 1); "
-        "interval of the mean over seeds (Student's t)"
+        f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; "
+        "std over runs (n - 1); interval of the mean over seeds (Student's t)"
     )
     return "\n".join(lines)
 

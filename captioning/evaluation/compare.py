@@ -163,7 +163,7 @@ def compare_results_files(
                     if scores.overall.get(metric) is not None
                 }
             )
-            # BLEU's statistics from each run's own tokens: the Java tokenizer may have timed out for one only.
+            # BLEU's statistics from each run's own tokens: Java's tokenizer may have timed out for one only.
             gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
             side["bleu"].append(bleu_statistics(gts, res, image_ids))
             ratios = read_ratio_statistics(path, image_ids)

@@ -304,7 +304,10 @@ def grounding_line(scores: dict, images: int) -> str | None:
     if not covered:
         return f"grounding: none of the {images} images has boxes in the instances files"
     if not scores["grounding-words"]:
-        return f"grounding: no generated word names an annotated object ({covered} of {images} images with boxes)"
+        return (
+            "grounding: no generated word names an annotated object "
+            f"({covered} of {images} images with boxes)"
+        )
     return (
         f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
         f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "

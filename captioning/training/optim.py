@@ -14,7 +14,8 @@ from captioning.models.captioner import Captioner
 
 
 def optimizer_for(model: Captioner, lr: float, encoder_lr: float, config: Config) -> torch.optim.Optimizer:
-    """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at ``encoder_lr``."""
+    """Adam with parameter groups by name: the decoder at ``lr``, trainable encoder stages at
+    ``encoder_lr``."""
     groups = [
         {"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": lr, "name": "decoder"}
     ]

@@ -225,7 +225,8 @@ def write_report(
         for i, item in enumerate(items)
     ]
     page = (
-        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n"
         f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
         '<p class="note">Hover over or click a word to see the attention map that produced it'
         + (f" ({html.escape(attention_label)})" if attention_label else "")
