@@ -225,7 +225,8 @@ def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # n
     assert completed.returncode == 1 and "Traceback" not in completed.stderr and completed.stdout == ""
     assert completed.stderr.strip().splitlines() == [
         (
-            f"--loader-dir {small_disk}: 0.0 GB free, the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
+            f"--loader-dir {small_disk}: 0.0 GB free, "
+            "the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
             "choose a larger disk with --loader-dir or fewer rows with --loader-images"
         )
     ]
@@ -330,7 +331,8 @@ def _import_benchmark(name: str):
 
 
 def test_transformer_flop_count_of_the_reference_configuration():
-    """By hand for 10 images x 5 captions x 21 steps, 14x14x2048, d 512, d_ff 2048, V 9490, 3+3 and 6+6 layers."""
+    """By hand for 10 images x 5 captions x 21 steps, 14x14x2048, d 512, d_ff 2048, V 9490,
+    3+3 and 6+6 layers."""
     transformer_speed = _import_benchmark("transformer_speed")
     sizes = transformer_speed.TransformerSizes()
     p, d = 196, 512

@@ -192,7 +192,10 @@ def test_a_taken_port_is_refused_before_loading_anything(checkpoint):
         result = in_process("visualize.py", "--serve", checkpoint, "--port", port)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: --port {port}: 127.0.0.1:{port} is not free (Address already in use); give another port with --port N"
+        (
+            f"error: --port {port}: 127.0.0.1:{port} is not free (Address already in use); "
+            "give another port with --port N"
+        )
     ]
 
 

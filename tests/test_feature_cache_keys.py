@@ -225,7 +225,10 @@ def test_a_truncated_features_file_recomputes_the_rows_it_lost(built, tmp_path, 
     counter.handle.remove()
     size = 128 + 2 * row_bytes + row_bytes // 2
     assert [r.getMessage() for r in caplog.records] == [
-        f"{features}: truncated: {size} bytes, 6 rows need {128 + 6 * row_bytes}; recomputing the 4 rows it lost"
+        (
+            f"{features}: truncated: {size} bytes, 6 rows need {128 + 6 * row_bytes}; "
+            "recomputing the 4 rows it lost"
+        )
     ]
     assert counter.images == 4 and repaired.computed == 4
     np.testing.assert_array_equal(_grids(repaired), grids)
@@ -302,7 +305,9 @@ dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 images, cache_dir, out = map(Path, sys.argv[1:4])
 records = [ImageRecord(100 + i, path, "train") for i, path in enumerate(sorted(images.glob("sub/*.png")))]
-encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64, grid_size=2))
+encoder = build_encoder(
+    EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64, grid_size=2)
+)
 cache = FeatureCache.build_or_open(cache_dir, encoder, records, batch_size=2, progress=False, rank=rank,
                                    world_size=world_size)
 np.save(out / f"rank{rank}.npy", np.stack([cache[i] for i in range(len(cache))]))

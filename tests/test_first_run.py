@@ -161,7 +161,10 @@ def test_a_cpu_run_on_a_busy_machine_says_so_before_it_starts(data_root, tmp_pat
     result = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "run", **{"train.max_steps": 1})))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    warning = f"warning: the machine is busy (load average {cores + 4.0:.1f} on {cores} cores) and torch runs 2 threads"
+    warning = (
+        f"warning: the machine is busy (load average {cores + 4.0:.1f} on {cores} cores) "
+        "and torch runs 2 threads"
+    )
     assert lines[0].startswith(warning), lines[:2]
     assert lines[1].startswith("plan: ")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))

@@ -275,6 +275,7 @@ def test_self_critical_hard_attention_gives_the_locations_a_policy_gradient():
 
     loss, _ = scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(max_length=5))
     loss.backward()
-    # The scorer's parameters shape alpha only; with sampled contexts only the locations' log-probabilities reach them.
+    # The scorer's parameters shape alpha only; with sampled contexts only the locations'
+    # log-probabilities reach them.
     attention_grads = [p.grad for p in decoder.attention.parameters() if p.grad is not None]
     assert attention_grads and sum(float(g.abs().sum()) for g in attention_grads) > 0

@@ -95,9 +95,10 @@ features = Recorded(grids)
 dataset = CaptionDataset(records, vocab, max_length=8, captions_per_image=1, features=features)
 shared = validation_scores(model, dataset, config, torch.device("cpu"), False, group)
 read = list(features.read)
-alone = validation_scores(model, CaptionDataset(records, vocab, max_length=8, captions_per_image=1, features=grids),
-                          config, torch.device("cpu"), False)
-Path(sys.argv[1], f"rank{group.rank}.json").write_text(json.dumps({"read": read, "shared": shared, "alone": alone}))
+unshared = CaptionDataset(records, vocab, max_length=8, captions_per_image=1, features=grids)
+alone = validation_scores(model, unshared, config, torch.device("cpu"), False)
+scores = {"read": read, "shared": shared, "alone": alone}
+Path(sys.argv[1], f"rank{group.rank}.json").write_text(json.dumps(scores))
 distributed.shutdown()
 """
 

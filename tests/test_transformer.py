@@ -264,7 +264,8 @@ def test_checkpoint_round_trip_rebuilds_the_transformer(trained):
 
 @pytest.mark.slow
 def test_grounding_scores_the_transformer_cross_attention(trained):
-    """The maps grounding scores are the decoder's cross-attention: those of teacher-forcing the same captions."""
+    """The maps grounding scores are the decoder's cross-attention: those of teacher-forcing the same
+    captions."""
     path = trained / "checkpoints" / "best.pt"
     model, config = load_captioner(path, torch.device("cpu"))
     # Straight from the images, as the recomputation below: the same grids for both.

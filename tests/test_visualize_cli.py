@@ -1,4 +1,4 @@
-"""``visualize.py`` end to end with a tiny real checkpoint: figures, the report, the summary, one-line errors."""
+"""``visualize.py`` end to end with a tiny real checkpoint: figures, report, summary, one-line errors."""
 
 from __future__ import annotations
 
