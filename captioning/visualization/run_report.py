@@ -319,8 +319,10 @@ def write_run_report(
                 else ""
             )
             + "</section>",
-            '<section class="run" id="scores"><h2 class="part">Test scores</h2>'
-            f"{_scores_html(scores, scored)}</section>",
+            (
+                '<section class="run" id="scores"><h2 class="part">Test scores</h2>'
+                f"{_scores_html(scores, scored)}</section>"
+            ),
             '<section class="run curves" id="curves"><h2 class="part">Training and validation per epoch</h2>'
             + _history_html(history)
             + "</section>",
