@@ -309,7 +309,7 @@ class FeatureCache:
                 builder.finish()
             _agree(None, world_size)  # the index is written before any rank reads it
         if rank != 0:
-            builder.index = store.read_index(builder.folder, builder.key)
+            builder.read_index()
         if world_size > 1:
             logger.info(
                 "feature cache %s: rank %d of %d computed %d rows", builder.folder, rank, world_size, computed
@@ -332,10 +332,22 @@ class _Build:
     ) -> None:
         self.folder, self.key, self.records, self.stats = folder, key, records, stats
         self.missing, self.grid_shape, self.skip_bad_images = missing, grid_shape, skip_bad_images
-        self.index: dict[str, Any] | None = None
+        self._index: dict[str, Any] | None = None  # read by open_complete() or plan()
         self.keys: list[str | None] = []
         self.hashed: dict[str, list] = {}  # files hashed by this process, not yet in the index
         self.messages: dict[int, str] = {}  # row -> read error, for rows this process found unreadable
+
+    @property
+    def index(self) -> dict[str, Any]:
+        """The validated index, once ``open_complete`` or ``plan`` (or, on other ranks,
+        ``compute_share``) has read it."""
+        if self._index is None:
+            raise RuntimeError("the feature cache's index is used before it was read")
+        return self._index
+
+    def read_index(self) -> None:
+        """Read the index again, as rank 0 wrote it (on the other ranks)."""
+        self._index = store.read_index(self.folder, self.key)
 
     def _identify(self, index: dict[str, Any]) -> list[int]:
         """The row of each record (-1: no row yet, or a missing file)."""
@@ -365,7 +377,7 @@ class _Build:
             or any(row < 0 and key is not None for row, key in zip(rows, self.keys, strict=True))
         ):
             return None
-        self.index = index
+        self._index = index
         self._refuse_recorded_bad(states)
         return self.cache(0)
 
@@ -408,7 +420,7 @@ class _Build:
         if problem or not (self.folder / "features.npy").exists():
             store.resize(self.folder, capacity, capacity, *self.grid_shape, intact=intact)
         rows = self._identify(index)
-        self.index = index
+        self._index = index
         doubtful = self._doubtful_rows(rows, store.read_states(self.folder, capacity))
         if doubtful:
             logger.warning(
@@ -474,7 +486,7 @@ class _Build:
     ) -> int:
         """Compute this rank's share of the records' rows not computed yet; returns how many."""
         if rank != 0:
-            self.index = store.read_index(self.folder, self.key)  # as rank 0 wrote it
+            self.read_index()
         rows = self._identify(self.index)
         states = store.read_states(self.folder, self.index["capacity"])
         needed = sorted(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import inspect
 import json
 import logging
 import zipfile
@@ -63,7 +64,7 @@ def _code_hash() -> str:
 
     digest = hashlib.blake2b(digest_size=16)
     for module in (*_CODE, text):
-        digest.update(Path(module.__file__).read_bytes())
+        digest.update(Path(inspect.getfile(module)).read_bytes())
     return digest.hexdigest()
 
 
@@ -152,7 +153,7 @@ class _Remember(logging.Handler):
         self.lines.append([record.name, record.levelno, record.getMessage()])
         # Being a handler, this one would keep logging's last resort (stderr) from printing the
         # warning when no other handler is configured: print it as logging would have.
-        logger_ = logging.getLogger(record.name)
+        logger_: logging.Logger | None = logging.getLogger(record.name)
         while logger_ is not None:
             if any(handler is not self for handler in logger_.handlers):
                 return
@@ -237,7 +238,7 @@ def _write(folder: Path, key: dict[str, Any], records: list[ImageRecord], root: 
 
             def write(path: Path, arrays: dict[str, np.ndarray] = arrays) -> None:
                 with open(path, "wb") as handle:
-                    np.savez(handle, **arrays)
+                    np.savez(handle, allow_pickle=False, **arrays)
 
             atomic_write(folder / f"{split}.npz", write)
         meta = json.dumps({"key": key, "splits": list(by_split), "warnings": warnings})
