@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from scipy.stats import t as student_t
 
@@ -94,13 +94,13 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
         metric -> ``{"mean", "std", "min", "max", "ci_low", "ci_high"}``, in the first run's key order.
     """
 
-    def number(value: Any) -> bool:
+    def number(value: Any) -> TypeGuard[float]:
         return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
     summary: dict[str, dict[str, float]] = {}
     for key in runs[0]:
-        values = [run.get(key) for run in runs]
-        if key in COUNT_KEYS or not all(number(v) for v in values):
+        values = [value for value in (run.get(key) for run in runs) if number(value)]
+        if key in COUNT_KEYS or len(values) < len(runs):
             continue
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))

@@ -46,7 +46,7 @@ class ClipScorer:
         description: ``<arch>/<tag>`` and the weights file's sha256 prefix, for the signature.
     """
 
-    model: nn.Module
+    model: Any  # open_clip's CLIP; open_clip has no type hints to name its encode_* methods by
     preprocess: Callable[[Image.Image], torch.Tensor]
     tokenize: Callable[[list[str]], torch.Tensor]
     description: str

@@ -119,11 +119,10 @@ def load_instances(instances_file: str | Path) -> Instances:
                 f"{where}: category_id {annotation['category_id']!r} is not in 'categories'"
             )
         attributes = {k: v for k, v in annotation.items() if k not in _COCO_FIELDS}
+        x, y, width, height = (float(v) for v in bbox)
         objects[annotation["image_id"]].append(
             ObjectBox(
-                str(coco.cats[annotation["category_id"]]["name"]).lower(),
-                tuple(float(v) for v in bbox),
-                attributes,
+                str(coco.cats[annotation["category_id"]]["name"]).lower(), (x, y, width, height), attributes
             )
         )
     categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
@@ -188,7 +187,7 @@ class WordMatcher:
             self._tables[names] = self.table.with_categories(names)
         lowered = [word.lower() for word in words]
         found: dict[int, list[ObjectBox]] = {}
-        in_mentions = set()
+        in_mentions: set[int] = set()
         for (start, end), category in self._tables[names].mentions(lowered):
             in_mentions.update(range(start, end))
             named = [obj for obj in objects if obj.category == category]
