@@ -77,7 +77,7 @@ def generate_captions(
     """
     model.eval()
     decoder = distributed.unwrap(model.decoder)
-    results = []
+    results: list[tuple[int, int, Caption]] = []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not progress, dynamic_ncols=True, unit="batch"):
         if batch is None:
             continue
