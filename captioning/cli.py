@@ -122,13 +122,16 @@ def _import_file(file: Path) -> None:
     """The Python file ``file`` (resolved) imported as a module named after its stem (once per process)."""
     loaded = sys.modules.get(file.stem)
     if loaded is not None:
-        if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == file:
+        location = getattr(loaded, "__file__", None)
+        if location and Path(location).resolve() == file:
             return
         raise ConfigError(
             f"--import {file}: a module named {file.stem!r} is imported already "
             f"({getattr(loaded, '__file__', None) or 'built in'}); rename the file"
         )
     spec = importlib.util.spec_from_file_location(file.stem, file)
+    if spec is None or spec.loader is None:  # no loader for the file's suffix
+        raise ConfigError(f"--import {file}: not a Python source file (.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[file.stem] = module
     try:
@@ -175,8 +178,9 @@ def run_cli(
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # every failure becomes one clear line
-        if isinstance(getattr(error, "exit_status", None), int):
-            return error.exit_status
+        exit_status = getattr(error, "exit_status", None)
+        if isinstance(exit_status, int):
+            return exit_status
         if getattr(args, "debug", False):
             traceback.print_exc()
         message = printable(str(error).strip().split("\n")[0])

@@ -123,8 +123,8 @@ def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
     for position, (title, names) in enumerate(panels, start=1):
         ax = figure.add_subplot(1, 2, position)
         for name in names:
-            points = [(x, _number(record.get(name))) for x, record in enumerate(history, start=1)]
-            points = [(x, y) for x, y in points if y is not None]
+            values = ((x, _number(record.get(name))) for x, record in enumerate(history, start=1))
+            points = [(x, y) for x, y in values if y is not None]
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=name)
         for x in range(1, len(history)):
             if history[x].get("stage") != history[x - 1].get("stage"):
@@ -275,7 +275,9 @@ def write_run_report(
     """
     path = Path(path)
     per_image = {
-        entry.get("image_id"): entry for entry in scores.get("per_image", []) if isinstance(entry, Mapping)
+        entry["image_id"]: entry
+        for entry in scores.get("per_image", [])
+        if isinstance(entry, Mapping) and "image_id" in entry
     }
     scored = total_images if total_images is not None else len(per_image) or len(items)
     facts = [
