@@ -11,6 +11,7 @@ import sys
 import traceback
 import unicodedata
 from collections.abc import Callable
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +95,13 @@ def import_modules(names: list[str]) -> None:
     """
     for name in names:
         is_file = name.endswith(".py") or os.sep in name
-        if is_file:
-            file = Path(name).expanduser()
-            problem = not_a_regular_file(file) or (None if file.exists() else "no such file")
-            if problem:
-                raise ConfigError(f"--import {name}: {problem}")
-        elif os.getcwd() not in sys.path:
+        spec = _file_spec(name) if is_file else None
+        if not is_file and os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())  # after installed modules: a local file does not shadow them
         try:
-            if is_file:
-                _import_file(Path(name).expanduser().resolve())
-            else:
+            if spec is not None:
+                _run_file(spec)
+            elif not is_file:
                 importlib.import_module(name)
         except ModuleNotFoundError as error:
             # the module itself, not one it imports
@@ -118,26 +115,43 @@ def import_modules(names: list[str]) -> None:
             raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
 
 
-def _import_file(file: Path) -> None:
-    """The Python file ``file`` (resolved) imported as a module named after its stem (once per process)."""
+def _file_spec(name: str) -> ModuleSpec | None:
+    """How to import the Python file ``name`` as a module named after its stem; None when this
+    process imported that file already (once per process).
+
+    Raises:
+        ConfigError: no such file, not a regular file, not a Python source file, or another module
+            of that name is imported already.
+    """
+    file = Path(name).expanduser()
+    problem = not_a_regular_file(file) or (None if file.exists() else "no such file")
+    if problem:
+        raise ConfigError(f"--import {name}: {problem}")
+    file = file.resolve()
     loaded = sys.modules.get(file.stem)
     if loaded is not None:
         location = getattr(loaded, "__file__", None)
         if location and Path(location).resolve() == file:
-            return
+            return None
         raise ConfigError(
-            f"--import {file}: a module named {file.stem!r} is imported already "
-            f"({getattr(loaded, '__file__', None) or 'built in'}); rename the file"
+            f"--import {name}: a module named {file.stem!r} is imported already "
+            f"({location or 'built in'}); rename the file"
         )
     spec = importlib.util.spec_from_file_location(file.stem, file)
     if spec is None or spec.loader is None:  # no loader for the file's suffix
-        raise ConfigError(f"--import {file}: not a Python source file (.py)")
+        raise ConfigError(f"--import {name}: not a Python source file (.py)")
+    return spec
+
+
+def _run_file(spec: ModuleSpec) -> None:
+    """Run the module of ``spec`` (from ``_file_spec``) under its name; not kept if it fails."""
+    assert spec.loader is not None  # _file_spec returns only specs with a loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules[file.stem] = module
+    sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[file.stem]
+        del sys.modules[spec.name]
         raise
 
 
