@@ -9,6 +9,7 @@ from pycocoevalcap.bleu.bleu import Bleu
 from captioning.evaluation.significance import (
     bleu_statistics,
     corpus_bleu,
+    group_bootstrap,
     paired_bootstrap,
     resample_counts,
 )
@@ -98,3 +99,8 @@ def test_bleu_is_compared_at_corpus_level():
         expected_b[3]
     )
     assert result["BLEU-1"].difference < 0
+
+
+def test_runs_without_scores_or_bleu_statistics_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="nothing to compare: no per-image scores and no BLEU statistics"):
+        group_bootstrap([{}], [{}], resamples=10)
