@@ -11,10 +11,11 @@ Uses:
   python evaluate.py --aggregate runs/*/test_scores.json      mean, std, min, max over seeds
 
 Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, CLIP-S with --clip-score, a signature) go to --out, by default <name>_scores.json beside
-<name>_results.json, with per-image scores in <name>_scores.per_image.json. Without --results,
-<name> is eval_<checkpoint stem>_<split> (or _images), in the checkpoint's run folder when it sits
-in one (<run>/checkpoints/x.pt), else in the current folder: never the main job's test_*.json.
+ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, CLIP-S with --clip-score, a signature) go to --out,
+by default <name>_scores.json beside <name>_results.json, with per-image scores in
+<name>_scores.per_image.json. Without --results, <name> is eval_<checkpoint stem>_<split> (or
+_images), in the checkpoint's run folder when it sits in one (<run>/checkpoints/x.pt), else in
+the current folder: never the main job's test_*.json.
 METEOR (and the official PTB tokenizer) need Java; without it, or past --java-timeout, they are
 reported as unavailable and a Python tokenizer is used.
 """

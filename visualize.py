@@ -27,7 +27,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         "  python visualize.py photo.jpg --checkpoint runs/shapes/checkpoints/best.pt\n"
         "  python visualize.py a.jpg b.png --checkpoint best.pt --mode gaussian --format pdf --html a.html\n"
         "  python visualize.py --split val --num 20 --checkpoint best.pt --html val.html\n"
-        "  python visualize.py photo.jpg --checkpoint best.pt --layer 1 --head 3   # one head of a Transformer\n"
+        "  python visualize.py photo.jpg --checkpoint best.pt --layer 1 --head 3   # a Transformer's head\n"
         "  python visualize.py photo.jpg --checkpoint best.pt --normalize word --cmap jet   # the old look\n"
         "  python visualize.py --serve runs/shapes/checkpoints/best.pt --port 7860   # a demo in the browser",
     )

@@ -37,7 +37,8 @@ def row(name: str, size: int) -> str:
     positions = encoder.grid[0] * encoder.grid[1]
     mean = ", ".join(f"{m:.3f}" for m in encoder.mean)
     return (
-        f"| `{name}` | {parameters:.1f} | {size} | {encoder.channels} | {encoder.grid[0]}x{encoder.grid[1]} | "
+        f"| `{name}` | {parameters:.1f} | {size} | {encoder.channels} | "
+        f"{encoder.grid[0]}x{encoder.grid[1]} | "
         f"{positions * encoder.channels * 2 / 1024:.0f} KiB | {encoder.interpolation.value}, mean ({mean}) |"
     )
 

@@ -1,4 +1,6 @@
-"""Batched beam search against the same beam search run image by image (``python benchmarks/batched_beam.py``).
+"""Batched beam search against the same beam search run image by image.
+
+    python benchmarks/batched_beam.py
 
 The reference decoder sizes of speed.py (14x14x2048 grids, sizes 512, vocabulary 9490, untrained
 weights), 16 images, maximum length 50; median of 3 interleaved runs.

@@ -34,7 +34,11 @@ TESTS_S, SPEED_S, TRANSFORMER_S = 120, 180, 150
 
 
 def run(command: list[str], limit: float) -> tuple[subprocess.CompletedProcess | None, str]:
-    """``command`` from the checkout's root with a time limit; (the finished process or None, what went wrong)."""
+    """``command`` from the checkout's root with a time limit.
+
+    Returns:
+        The finished process (None if it did not finish) and what went wrong ("" if nothing).
+    """
     try:
         completed = subprocess.run(
             command, cwd=ROOT, capture_output=True, text=True, timeout=limit, check=False

@@ -137,7 +137,7 @@ def coco_like_records(image: Path, sizes: LoaderSizes, words: dict[int, float]) 
             split="train",
             captions=tuple(
                 tuple(vocabulary[t] for t in row[:length])
-                for row, length in zip(tokens[number], lengths[number])
+                for row, length in zip(tokens[number], lengths[number], strict=True)
             ),
         )
         for number in range(sizes.images)

@@ -3,7 +3,7 @@
     python benchmarks/speed.py                      # CPU, reference sizes, a table
     python benchmarks/speed.py --json               # one JSON object on stdout
     python benchmarks/speed.py --device cuda --amp  # GPU, bf16 autocast, plus the COCO epoch estimate
-    python benchmarks/speed.py --parts train,beam   # some parts only (train, beam, cache, coco, transformer, loader)
+    python benchmarks/speed.py --parts train,beam   # parts: train, beam, cache, coco, transformer, loader
     python benchmarks/speed.py --quick --json       # tiny sizes, a few seconds (the test suite's run)
 
 Every number is the median of ``--repeats`` timed runs after a warm-up run, in one process. See
@@ -686,7 +686,8 @@ def loader_sizes(args: argparse.Namespace) -> loader_speed.LoaderSizes:
 def print_table(results: dict[str, Any]) -> None:
     print(
         f"{results['device_name']} | {results['threads']} threads | torch {results['torch']} | "
-        f"amp {results['amp']} | load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}"
+        f"amp {results['amp']} | "
+        f"load {results['load_average_start']:.2f} -> {results['load_average_end']:.2f}"
         f" | other processes {results['other_processes_cores'] or 0:.2f} cores"
     )
     for key, value in results.items():

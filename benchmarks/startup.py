@@ -15,7 +15,7 @@ which other processes on a busy machine inflate much less, and peak resident mem
 Peak memory is the process's high-water resident size (``VmHWM``), with what the imports alone
 take beside it.
 
-    python benchmarks/startup.py            # a table (several minutes on 2 cores: the COCO files are tokenized twice)
+    python benchmarks/startup.py            # a table (minutes on 2 cores: COCO is tokenized twice)
     python benchmarks/startup.py --json
 """
 
@@ -63,8 +63,8 @@ elif mode == "warm_split":
 else:
     records = load_records(config, output_dir=f"{folder}/run")
 seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mb": peak_mib(), "imports_mb": base, "images": len(records),
-                  "captions": sum(len(r.raw) for r in records)}))
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mb": peak_mib(), "imports_mb": base,
+                  "images": len(records), "captions": sum(len(r.raw) for r in records)}))
 """
 
 
@@ -78,7 +78,8 @@ def _caption_pool(path: Path) -> list[str]:
         ["sits", "runs", "stands"],
     )
     return [
-        f"A {rng.choice(nouns)} {rng.choice(verbs)} next to a {rng.choice(nouns)} on the {rng.choice(nouns)} ."
+        f"A {rng.choice(nouns)} {rng.choice(verbs)} next to a {rng.choice(nouns)} "
+        f"on the {rng.choice(nouns)} ."
         for _ in range(10_000)
     ]
 

@@ -69,9 +69,8 @@ class Caption:
     def of(cls, item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
         """The public form of one decoded image (``caption_records``' output)."""
         decoded = item.caption
-        attention = (
-            decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
-        )  # (T, gh, gw)
+        # (T, gh, gw): one attention map per word
+        attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
         beta = None if decoded.betas is None else decoded.betas.detach().float().cpu().numpy()  # (T,)
         return cls(
             " ".join(item.words),
@@ -104,7 +103,8 @@ class CaptioningModel:
     def __repr__(self) -> str:
         model = self.config.model
         return (
-            f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, {model.decoder.kind} decoder, "
+            f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, "
+            f"{model.decoder.kind} decoder, "
             f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, on {self.device})"
         )
 
@@ -194,7 +194,8 @@ class CaptioningModel:
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)
-        that ``captioning.load`` reads on any machine; see ``captioning.pretrained`` and ``captioning.export``."""
+        that ``captioning.load`` reads on any machine; see ``captioning.pretrained`` and
+        ``captioning.export``."""
         from captioning.export import save_pretrained
 
         return save_pretrained(self, folder)

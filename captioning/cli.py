@@ -11,6 +11,7 @@ import sys
 import traceback
 import unicodedata
 from collections.abc import Callable
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -125,22 +126,17 @@ def import_modules(names: list[str]) -> None:
     """
     for name in names:
         is_file = name.endswith(".py") or os.sep in name
-        if is_file:
-            file = Path(name).expanduser()
-            problem = not_a_regular_file(file) or (None if file.exists() else "no such file")
-            if problem:
-                raise ConfigError(f"--import {name}: {problem}")
-        elif os.getcwd() not in sys.path:
+        spec = _file_spec(name) if is_file else None
+        if not is_file and os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())  # after installed modules: a local file does not shadow them
         try:
-            if is_file:
-                _import_file(Path(name).expanduser().resolve())
-            else:
+            if spec is not None:
+                _run_file(spec)
+            elif not is_file:
                 importlib.import_module(name)
         except ModuleNotFoundError as error:
-            if error.name is not None and name.startswith(
-                error.name
-            ):  # the module itself, not one it imports
+            # the module itself, not one it imports
+            if error.name is not None and name.startswith(error.name):
                 raise ConfigError(
                     f"--import {name}: no module named {error.name!r} on the Python path or in "
                     f"the current folder"
@@ -150,23 +146,43 @@ def import_modules(names: list[str]) -> None:
             raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
 
 
-def _import_file(file: Path) -> None:
-    """The Python file ``file`` (resolved) imported as a module named after its stem (once per process)."""
+def _file_spec(name: str) -> ModuleSpec | None:
+    """How to import the Python file ``name`` as a module named after its stem; None when this
+    process imported that file already (once per process).
+
+    Raises:
+        ConfigError: no such file, not a regular file, not a Python source file, or another module
+            of that name is imported already.
+    """
+    file = Path(name).expanduser()
+    problem = not_a_regular_file(file) or (None if file.exists() else "no such file")
+    if problem:
+        raise ConfigError(f"--import {name}: {problem}")
+    file = file.resolve()
     loaded = sys.modules.get(file.stem)
     if loaded is not None:
-        if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == file:
-            return
+        location = getattr(loaded, "__file__", None)
+        if location and Path(location).resolve() == file:
+            return None
         raise ConfigError(
-            f"--import {file}: a module named {file.stem!r} is imported already "
-            f"({getattr(loaded, '__file__', None) or 'built in'}); rename the file"
+            f"--import {name}: a module named {file.stem!r} is imported already "
+            f"({location or 'built in'}); rename the file"
         )
     spec = importlib.util.spec_from_file_location(file.stem, file)
+    if spec is None or spec.loader is None:  # no loader for the file's suffix
+        raise ConfigError(f"--import {name}: not a Python source file (.py)")
+    return spec
+
+
+def _run_file(spec: ModuleSpec) -> None:
+    """Run the module of ``spec`` (from ``_file_spec``) under its name; not kept if it fails."""
+    assert spec.loader is not None  # _file_spec returns only specs with a loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules[file.stem] = module
+    sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[file.stem]
+        del sys.modules[spec.name]
         raise
 
 
@@ -216,15 +232,15 @@ def run_cli(
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as error:  # noqa: BLE001 - every failure becomes one clear line
-        if isinstance(getattr(error, "exit_status", None), int):
-            return error.exit_status
+    except Exception as error:  # every failure becomes one clear line
+        exit_status = getattr(error, "exit_status", None)
+        if isinstance(exit_status, int):
+            return exit_status
         if getattr(args, "debug", False):
             traceback.print_exc()
         message = printable(str(error).strip().split("\n")[0])
-        if not isinstance(
-            error, (ValueError, OSError, RuntimeError)
-        ):  # not an input problem: say what it was
+        # not an input problem: say what it was
+        if not isinstance(error, (ValueError, OSError, RuntimeError)):
             message = f"{type(error).__name__}: {message} (run with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return 2
@@ -256,7 +272,7 @@ class _PrintableWarnings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             print(printable(self.format(record)), file=sys.stderr, flush=True)
-        except Exception:  # noqa: BLE001 - logging's own policy for a handler that fails
+        except Exception:  # logging's own policy for a handler that fails
             self.handleError(record)
 
 

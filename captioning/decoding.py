@@ -261,21 +261,27 @@ def beam_search(
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
     history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B*K, t)
-    alpha_history = None  # (B*K, t, P)
-    beta_history = None  # (B*K, t)
+    alpha_history: Tensor | None = None  # (B*K, t, P), None before the first step
+    beta_history: Tensor | None = None  # (B*K, t)
     finished: list[list[Caption]] = [[] for _ in range(batch)]
 
     def hypothesis(row: int, log_prob: float, done: bool) -> Caption:
         length = history.size(1)
+        attention = (
+            torch.zeros(0, prepared.positions)
+            if alpha_history is None
+            else alpha_history[row, :length].float().cpu()
+        )
+        betas = None
+        if beta is not None:
+            betas = torch.zeros(0) if beta_history is None else beta_history[row].float().cpu()
         return Caption(
             tokens=history[row].tolist(),
             log_prob=log_prob,
-            attention=alpha_history[row, :length].float().cpu()
-            if length
-            else torch.zeros(0, prepared.positions),
-            betas=None if beta is None else beta_history[row].float().cpu() if length else torch.zeros(0),
+            attention=attention,
+            betas=betas,
             finished=done,
-            score=log_prob / _length_penalty(length + int(done), length_alpha),
+            score=log_prob / float(_length_penalty(length + int(done), length_alpha)),
         )
 
     for t in range(max_length + 1):

@@ -117,8 +117,9 @@ def output_note(path: str | Path) -> str:
     return f"  (written into {path_kind(path)})" if kind == "in place" else ""
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary_path)`` then move the result over ``path`` in one rename.
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
+    """Call ``write(temporary_path)`` (its return value is ignored) then move the result over ``path``
+    in one rename.
 
     On any error (ENOSPC included) the temporary file is removed and ``path`` is untouched. The file
     gets the permissions of a file the user creates (0666 less the umask), not the temporary file's 0600.

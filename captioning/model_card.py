@@ -31,8 +31,9 @@ def _decoder_line(config: Config) -> str:
     decoder = config.model.decoder
     if isinstance(decoder, TransformerDecoderConfig):
         return (
-            f"Transformer, {decoder.decoder_layers} decoder layers over {decoder.encoder_layers} grid encoder "
-            f"layers, width {decoder.d_model}, {decoder.num_heads} heads"
+            f"Transformer, {decoder.decoder_layers} decoder layers over "
+            f"{decoder.encoder_layers} grid encoder layers, width {decoder.d_model}, "
+            f"{decoder.num_heads} heads"
         )
     if isinstance(decoder, LSTMDecoderConfig):
         return (
@@ -48,7 +49,8 @@ def _scores_section(scores: dict[str, Any] | None) -> list[str]:
         return [
             "No test scores are known for this model: none were found beside the checkpoint it was saved",
             "from (`test_scores.json` or `eval_<checkpoint>_test_scores.json` of its run folder, signed",
-            "with that checkpoint). Score it with `python evaluate.py --checkpoint <this folder> --split test`.",
+            "with that checkpoint). Score it with",
+            "`python evaluate.py --checkpoint <this folder> --split test`.",
         ]
     metrics = [name for name in _METRICS if isinstance(scores.get(name), (int, float))]
     heading = (

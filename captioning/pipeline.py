@@ -64,7 +64,8 @@ def evaluate_test_split(
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path
-    outputs.files["test scores per image"] = per_image_path
+    if per_image_path is not None:  # none beside scores written to a device or a pipe
+        outputs.files["test scores per image"] = per_image_path
     outputs.test_scores = scores
     outputs.caption_warning = degenerate_captions([" ".join(item.words) for item in captioned], "test")
     print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")

@@ -168,7 +168,8 @@ def _is_abbreviation(chunk: str) -> bool:
     Only letters between the dots make an acronym: ``3.5.`` ends a sentence after ``3.5``.
     """
     # Its last word: "u.s" in ",u.s" or "anti-u.s", "etc" in "(etc", but "don't" (not "t") in "don't".
-    word = _WORD_END.match(chunk[::-1]).group()[::-1].lstrip("'")
+    match = _WORD_END.match(chunk[::-1])
+    word = (match.group() if match else "")[::-1].lstrip("'")
     return word.lower() in ABBREVIATIONS or _DOTTED.fullmatch(word) is not None
 
 

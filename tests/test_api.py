@@ -113,7 +113,7 @@ def test_captions_equal_evaluate_images(trained, tmp_path):
     model = captioning.load(checkpoint, device="cpu")
     paths = sorted(folder.iterdir())
     captions = model.caption(paths, beam_size=3, max_length=6)
-    assert {path.name: caption.text for path, caption in zip(paths, captions)} == expected
+    assert {path.name: caption.text for path, caption in zip(paths, captions, strict=True)} == expected
     assert len(set(expected.values())) > 1  # the images get different captions: a mix-up would show
 
 
@@ -186,7 +186,7 @@ def test_gray_and_transparent_images_are_read_as_visualize_reads_files(untrained
     Image.fromarray(rgba, "RGBA").save(tmp_path / "rgba.png")
     from_memory = model.caption([gray, torch.from_numpy(rgba).permute(2, 0, 1)])
     from_files = model.caption([tmp_path / "gray.png", tmp_path / "rgba.png"])
-    for memory, file in zip(from_memory, from_files):
+    for memory, file in zip(from_memory, from_files, strict=True):
         assert memory.words == file.words
         np.testing.assert_allclose(memory.attention, file.attention, atol=1e-6)
 

@@ -225,7 +225,8 @@ def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # n
     assert completed.returncode == 1 and "Traceback" not in completed.stderr and completed.stdout == ""
     assert completed.stderr.strip().splitlines() == [
         (
-            f"--loader-dir {small_disk}: 0.0 GB free, the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
+            f"--loader-dir {small_disk}: 0.0 GB free, "
+            "the cache of 1,000 images of 7x7x1280 float16 needs 1.2 GB; "
             "choose a larger disk with --loader-dir or fewer rows with --loader-images"
         )
     ]
@@ -313,7 +314,7 @@ def test_tutorial_beam_search_with_one_beam_is_our_greedy_caption():
     images = torch.randn(6, 9, 6, generator=torch.Generator().manual_seed(5))
     expected = greedy_search(ours, images, max_length=12)
     assert len({len(caption.tokens) for caption in expected}) >= 3
-    for image, caption in zip(images, expected):
+    for image, caption in zip(images, expected, strict=True):
         found, maps = baseline.tutorial_beam_search(tutorial, image, 1, start_id=1, end_id=2, max_steps=12)
         # Unfinished, the tutorial's loop runs one word past the limit: compare the common words.
         words = len(caption.tokens)
@@ -330,7 +331,8 @@ def _import_benchmark(name: str):
 
 
 def test_transformer_flop_count_of_the_reference_configuration():
-    """By hand for 10 images x 5 captions x 21 steps, 14x14x2048, d 512, d_ff 2048, V 9490, 3+3 and 6+6 layers."""
+    """By hand for 10 images x 5 captions x 21 steps, 14x14x2048, d 512, d_ff 2048, V 9490,
+    3+3 and 6+6 layers."""
     transformer_speed = _import_benchmark("transformer_speed")
     sizes = transformer_speed.TransformerSizes()
     p, d = 196, 512
@@ -368,7 +370,7 @@ def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_s
     assert len({len(caption.tokens) for caption in cached}) >= 2
     assert len({tuple(caption.tokens) for caption in cached}) >= 3
     assert {caption.finished for caption in cached} == {True, False}
-    for ours, baseline in zip(cached, recomputed):
+    for ours, baseline in zip(cached, recomputed, strict=True):
         assert baseline.tokens == ours.tokens and baseline.finished == ours.finished
         assert math.isclose(baseline.log_prob, ours.log_prob, rel_tol=1e-5, abs_tol=1e-5)
         torch.testing.assert_close(baseline.attention, ours.attention, rtol=1e-4, atol=1e-5)

@@ -83,7 +83,7 @@ def test_round_trip_rebuilds_an_identical_decoder(tmp_path, attention, scoring):
     rebuilt = ShowAttendTellDecoder.from_config(stored_config.model.decoder, len(stored_vocab), C)
     assert type(rebuilt) is type(decoder)
     load_state_checked(rebuilt, payload["decoder"], "decoder", path)
-    for original, restored in zip(decoder_outputs(decoder), decoder_outputs(rebuilt)):
+    for original, restored in zip(decoder_outputs(decoder), decoder_outputs(rebuilt), strict=True):
         assert torch.equal(original, restored)
     if attention == "hard":
         assert float(rebuilt.reward_baseline) == -2.5

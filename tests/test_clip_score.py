@@ -94,9 +94,8 @@ def by_hand(model: torch.nn.Module, images: dict[int, Path]) -> dict[int, tuple[
 def test_clip_s_and_ref_clip_s_equal_a_hand_computation(clip_file, images) -> None:
     path, model = clip_file
     scorer = load_clip_scorer(str(path))  # reloaded from the file through the encoders' weights path
-    scores = clip_scores(
-        scorer, images, CANDIDATES, REFERENCES, batch_size=3
-    )  # batches of 3: across a boundary
+    # batches of 3: across a boundary
+    scores = clip_scores(scorer, images, CANDIDATES, REFERENCES, batch_size=3)
     expected = by_hand(model, images)
     for image_id, (clip_s, ref_clip_s) in expected.items():
         assert scores["per_image"][image_id]["CLIP-S"] == pytest.approx(clip_s, abs=1e-5)
@@ -137,8 +136,8 @@ def test_clip_score_is_refused_without_weights(tmp_path: Path, monkeypatch: pyte
 
 @pytest.mark.slow
 def test_evaluate_writes_clip_scores_per_image_and_signs_them(
-    checkpoint: Path,
-    clip_file,  # noqa: F811
+    checkpoint: Path,  # noqa: F811
+    clip_file,
     tmp_path: Path,
 ) -> None:
     path, _ = clip_file

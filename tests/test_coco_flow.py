@@ -44,7 +44,9 @@ TINY = {
 OFFICIAL = {
     "data.dataset": "coco",
     "data.split_file": "null",
-    "data.annotations": "data/coco/annotations/captions_train2014.json,data/coco/annotations/captions_val2014.json",
+    "data.annotations": (
+        "data/coco/annotations/captions_train2014.json,data/coco/annotations/captions_val2014.json"
+    ),
 }
 INSTANCES_VAL = {"data.instances": "data/coco/annotations/instances_val2014.json"}
 
@@ -268,7 +270,8 @@ def test_every_run_says_its_plan_and_a_resumed_one_where_it_continues(tmp_path):
     fresh = train(tmp_path, "run", "--no-test", "--epochs", "2")
     assert fresh.returncode == 0, fresh.stderr
     assert plan_line(fresh.stdout) == (
-        "plan: cross-entropy epochs 1-2, then self-critical none; 4 steps per epoch (16 training images, batch 4); "
+        "plan: cross-entropy epochs 1-2, then self-critical none; "
+        "4 steps per epoch (16 training images, batch 4); "
         "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; a new run"
     )
 
@@ -315,9 +318,10 @@ def test_a_resume_keeps_the_checkpoints_length_unless_told_and_says_what_it_adds
         "(train.scst_epochs 0 -> 1)"
     )
     assert plan_line(scst.stdout) == (
-        "plan: cross-entropy epoch 3, then self-critical epoch 1; 4 steps per epoch (16 training images, batch 4); "
-        "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; resuming from step 9: stage xe "
-        "(cross-entropy), 2 epochs done, 1 batches into epoch 3"
+        "plan: cross-entropy epoch 3, then self-critical epoch 1; "
+        "4 steps per epoch (16 training images, batch 4); "
+        "images: train 16, val 4 (validating on 4); feature cache in data/coco/features; "
+        "resuming from step 9: stage xe (cross-entropy), 2 epochs done, 1 batches into epoch 3"
     )
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
     assert [(s["stage"], s["epoch"]) for s in steps] == [("xe", e) for e in (1, 2, 3) for _ in range(4)] + [
@@ -334,9 +338,10 @@ def test_the_plan_of_a_resumed_run_counts_finished_stages_and_batches():
     counts = Counter({"train": 10, "val": 3, "test": 2})
     after_xe = {"stage": "xe", "epoch": 2, "batch_in_epoch": 0, "global_step": 6}
     assert describe_plan(config, counts, after_xe, test=True) == (
-        "plan: cross-entropy done, then self-critical epochs 1-3; 3 steps per epoch (10 training images, batch 4); "
-        "images: train 10, val 3 (validating on 3), test 2 (scored at the end); resuming from step 6: stage xe "
-        "(cross-entropy), 2 epochs done"
+        "plan: cross-entropy done, then self-critical epochs 1-3; "
+        "3 steps per epoch (10 training images, batch 4); "
+        "images: train 10, val 3 (validating on 3), test 2 (scored at the end); "
+        "resuming from step 6: stage xe (cross-entropy), 2 epochs done"
     )
     mid_scst = {"stage": "scst", "epoch": 1, "batch_in_epoch": 2, "global_step": 11}
     assert describe_plan(config, counts, mid_scst, test=False).startswith(

@@ -1,4 +1,4 @@
-"""The MS-COCO category words: names and plurals, phrases before head nouns, ambiguous words, real captions."""
+"""The MS-COCO category words: names, plurals, phrases before head nouns, ambiguous words, real captions."""
 
 from __future__ import annotations
 

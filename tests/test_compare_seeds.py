@@ -153,9 +153,8 @@ def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path): 
     assert metrics["CHAIR-i"]["b"] == pytest.approx(0.5) and metrics["CHAIR-i"]["ci_low"] > 0
     assert all(m["p_holm"] >= m["p_value"] for m in metrics.values())
     assert f"adjusted for the {len(metrics)} metrics" in result.stdout
-    signature = parse_signature(
-        comparison["signatures"]["a"]
-    )  # CHAIR from the captions: table and boxes named
+    # CHAIR from the captions: table and boxes named
+    signature = parse_signature(comparison["signatures"]["a"])
     assert signature["chair"] == "released" and "inst" in signature and "words" in signature
     extended = evaluate(
         "--compare",
@@ -191,9 +190,8 @@ def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path): 
     )
     assert named.returncode == 0, named.stderr[-2000:]
     assert named.stdout.splitlines()[0].split()[1:3] == ["LSTM", "Transformer"]
-    assert (
-        "grounding-mass" in named.stdout and "CHAIR-s" not in named.stdout
-    )  # no CHAIR per image, no --instances
+    # no CHAIR per image, no --instances
+    assert "grounding-mass" in named.stdout and "CHAIR-s" not in named.stdout
 
 
 def test_per_image_chair_written_by_evaluate_is_compared(files, tmp_path):  # noqa: F811

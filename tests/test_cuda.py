@@ -87,6 +87,6 @@ def test_gpu_beam_search_gives_the_cpu_captions(beam_size):
         on_cpu = beam_search(decoder, annotations, beam_size, 16)
         on_gpu = beam_search(copy.deepcopy(decoder).cuda(), annotations.cuda(), beam_size, 16)
     assert [c.tokens for c in on_gpu] == [c.tokens for c in on_cpu]
-    for gpu, cpu in zip(on_gpu, on_cpu):
+    for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
         assert abs(gpu.log_prob - cpu.log_prob) <= 1e-4 * abs(cpu.log_prob) + 1e-5
         torch.testing.assert_close(gpu.attention, cpu.attention, rtol=1e-4, atol=1e-5)

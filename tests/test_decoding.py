@@ -108,7 +108,7 @@ def test_beam_size_one_equals_greedy(scoring, gate, min_length):
     decoder = varied_decoder(annotations, 8, scoring=scoring, gate=gate)
     greedy = greedy_search(decoder, annotations, max_length=8, min_length=min_length)
     beam = beam_search(decoder, annotations, beam_size=1, max_length=8, min_length=min_length)
-    for g, b in zip(greedy, beam):
+    for g, b in zip(greedy, beam, strict=True):
         assert_same_caption(b, g)
 
 
@@ -166,9 +166,9 @@ def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias)
         unnormalised = [
             exhaustive_best(decoder, annotations[i : i + 1], max_length, min_length) for i in range(4)
         ]
-        misses = any(small.tokens != b[0] for small, b in zip(small_beams, best))
+        misses = any(small.tokens != b[0] for small, b in zip(small_beams, best, strict=True))
         # with length_alpha, also a decoder for which the normalisation changes some image's best caption
-        normalised = length_alpha == 0 or any(a[0] != b[0] for a, b in zip(unnormalised, best))
+        normalised = length_alpha == 0 or any(a[0] != b[0] for a, b in zip(unnormalised, best, strict=True))
         if end_bias is not None or (misses and normalised):
             break
     else:
@@ -176,7 +176,7 @@ def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias)
     # Every live hypothesis and every one of its continuations fits in the beam: 5**3 * 6 = 750.
     beam_size = (vocab_size - 1) ** max_length * vocab_size
     beams = beam_search(decoder, annotations, beam_size=beam_size, **options)
-    for caption, (tokens, log_prob, finished) in zip(beams, best):
+    for caption, (tokens, log_prob, finished) in zip(beams, best, strict=True):
         assert caption.tokens == tokens
         assert caption.finished == finished == (end_bias is None)
         assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
@@ -394,7 +394,7 @@ def test_sampling_with_top_1_equals_greedy():
     greedy = greedy_search(decoder, annotations, max_length=8, min_length=1)
     torch.manual_seed(0)
     sampled = sample_captions(decoder, annotations, max_length=8, min_length=1, top_k=1, temperature=5.0)
-    for s, g in zip(sampled, greedy):
+    for s, g in zip(sampled, greedy, strict=True):
         assert_same_caption(s, g)
 
 
@@ -405,7 +405,7 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_without():
     for seed in (0, 0, 1):
         torch.manual_seed(seed)
         draws.append(sample_captions(decoder, annotations, max_length=8, temperature=2.0))
-    for a, b in zip(draws[0], draws[1]):
+    for a, b in zip(draws[0], draws[1], strict=True):
         assert_same_caption(a, b, atol=0)
     assert [c.tokens for c in draws[0]] != [c.tokens for c in draws[2]]
 

@@ -106,7 +106,7 @@ def test_caption_through_gradio_client_equals_the_api(server, checkpoint, tmp_pa
     assert text == expected.text
     assert Path(figure).is_file()
     assert [item["caption"] for item in overlays] == [
-        f"{word} (beta={beta:.2f})" for word, beta in zip(expected.words, expected.beta)
+        f"{word} (beta={beta:.2f})" for word, beta in zip(expected.words, expected.beta, strict=True)
     ]
     greedy, _, _ = client.predict(handle_file(str(image)), "greedy", 1, api_name="/caption")
     assert greedy == captioning.load(checkpoint, device="cpu").caption([image], strategy="greedy")[0].text
@@ -192,7 +192,10 @@ def test_a_taken_port_is_refused_before_loading_anything(checkpoint):
         result = in_process("visualize.py", "--serve", checkpoint, "--port", port)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: --port {port}: 127.0.0.1:{port} is not free (Address already in use); give another port with --port N"
+        (
+            f"error: --port {port}: 127.0.0.1:{port} is not free (Address already in use); "
+            "give another port with --port N"
+        )
     ]
 
 

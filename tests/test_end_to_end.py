@@ -166,9 +166,8 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     assert len(results) == 8
     scores = json.loads((tmp_path / "val_scores.json").read_text())
     assert scores["METEOR"] is None and "Java" in scores["unavailable"]["METEOR"]
-    assert (
-        scores["SPICE"] is None and "Java" in scores["unavailable"]["SPICE"]
-    )  # asked for, so not "not requested"
+    # asked for, so not "not requested"
+    assert scores["SPICE"] is None and "Java" in scores["unavailable"]["SPICE"]
     assert scores["CIDEr-D"] is not None
     assert "grounding-mass" in scores
     assert "CIDEr-D" in result.stdout and str(out) in result.stdout

@@ -1,4 +1,6 @@
-"""Bad input gets a one-line error and untrusted files run no code: through the real tools (faults: test_recovery.py).
+"""Bad input gets a one-line error and untrusted files run no code, through the real tools.
+
+Faults (kills, full disks) are in test_recovery.py.
 
 Each promise is shown on the command-line tools (exit status 2, one ``error: ...`` line on stderr
 naming the file and the entry, no traceback). A real ``python train.py/evaluate.py`` subprocess shows

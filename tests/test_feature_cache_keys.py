@@ -91,9 +91,8 @@ def test_missing_images_are_refused_before_anything_is_created(tmp_path, encoder
         "are missing or not files; is data.root right?)"
     )
     assert not (tmp_path / "cache").exists()
-    with caplog.at_level(
-        logging.WARNING, logger="captioning.data.feature_cache"
-    ):  # skipping: zero grids, no row
+    # skipping: zero grids, no row
+    with caplog.at_level(logging.WARNING, logger="captioning.data.feature_cache"):
         cache = _build(tmp_path / "cache", encoder, records, skip_bad_images=True)
     assert "3 of 6 images could not be read" in caplog.text
     assert set(cache.bad) == {2, 4, 5} and "is a directory" in cache.bad[5] and not cache[4].any()
@@ -152,9 +151,8 @@ def test_moved_and_copied_images_reuse_every_row(tmp_path, encoder, monkeypatch)
     assert first.path == moved.path == copied.path
     np.testing.assert_array_equal(_grids(copied), _grids(first))
     index = json.loads((first.path / "index.json").read_text())
-    assert sorted(index["files"]) == sorted(
-        os.path.abspath(r.path) for r in copied_records
-    )  # moved ones dropped
+    # moved ones dropped
+    assert sorted(index["files"]) == sorted(os.path.abspath(r.path) for r in copied_records)
 
 
 def test_other_orders_and_subsets_reuse_rows_and_new_images_are_appended(tmp_path, encoder) -> None:
@@ -227,7 +225,10 @@ def test_a_truncated_features_file_recomputes_the_rows_it_lost(built, tmp_path, 
     counter.handle.remove()
     size = 128 + 2 * row_bytes + row_bytes // 2
     assert [r.getMessage() for r in caplog.records] == [
-        f"{features}: truncated: {size} bytes, 6 rows need {128 + 6 * row_bytes}; recomputing the 4 rows it lost"
+        (
+            f"{features}: truncated: {size} bytes, 6 rows need {128 + 6 * row_bytes}; "
+            "recomputing the 4 rows it lost"
+        )
     ]
     assert counter.images == 4 and repaired.computed == 4
     np.testing.assert_array_equal(_grids(repaired), grids)
@@ -304,7 +305,9 @@ dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 images, cache_dir, out = map(Path, sys.argv[1:4])
 records = [ImageRecord(100 + i, path, "train") for i, path in enumerate(sorted(images.glob("sub/*.png")))]
-encoder = build_encoder(EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64, grid_size=2))
+encoder = build_encoder(
+    EncoderConfig(name="efficientnet_lite0", weights="pretrained", image_size=64, grid_size=2)
+)
 cache = FeatureCache.build_or_open(cache_dir, encoder, records, batch_size=2, progress=False, rank=rank,
                                    world_size=world_size)
 np.save(out / f"rank{rank}.npy", np.stack([cache[i] for i in range(len(cache))]))

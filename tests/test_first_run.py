@@ -45,8 +45,10 @@ def decoding_only(monkeypatch, change) -> None:
 
 
 def test_a_run_whose_captions_are_empty_says_so_in_the_epoch_line_and_in_its_summary(
-    data_root, tmp_path, monkeypatch
-):  # noqa: F811
+    data_root,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
     # As an under-trained decoder does: <end> first, for every image.
     decoding_only(
         monkeypatch,
@@ -136,9 +138,8 @@ def test_a_symlinked_data_root_has_its_feature_cache_location_in_the_plan(data_r
         f"; feature cache in {linked / 'features'} (which resolves to {data_root.resolve() / 'features'}); "
         in plan
     )
-    assert not any(
-        line.startswith("configuration: ") for line in result.stdout.splitlines()
-    )  # in config.yaml only
+    # in config.yaml only
+    assert not any(line.startswith("configuration: ") for line in result.stdout.splitlines())
     assert (tmp_path / "run" / "config.yaml").is_file()
 
 
@@ -160,7 +161,10 @@ def test_a_cpu_run_on_a_busy_machine_says_so_before_it_starts(data_root, tmp_pat
     result = train_in_process(as_flags(tiny_overrides(data_root, tmp_path / "run", **{"train.max_steps": 1})))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    warning = f"warning: the machine is busy (load average {cores + 4.0:.1f} on {cores} cores) and torch runs 2 threads"
+    warning = (
+        f"warning: the machine is busy (load average {cores + 4.0:.1f} on {cores} cores) "
+        "and torch runs 2 threads"
+    )
     assert lines[0].startswith(warning), lines[:2]
     assert lines[1].startswith("plan: ")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))

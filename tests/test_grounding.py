@@ -199,7 +199,8 @@ BEAR = ObjectBox("bear", (75.0, 75.0, 25.0, 25.0))  # cell (3, 3)
 
 
 def test_a_teddy_bear_is_one_mention_scored_on_its_noun():
-    # "teddy" looks at the bear, "bear" at the teddy bear: only the phrase's noun is scored, on the teddy bear.
+    # "teddy" looks at the bear, "bear" at the teddy bear: only the phrase's noun is scored, on the teddy
+    # bear.
     maps = [np.full((4, 4), 1 / 16), peak((4, 4), (3, 3, 1.0)), peak((4, 4), (0, 0, 1.0))]
     result = score(one_image(TEDDY, BEAR), ["a", "teddy", "bear"], maps, (4, 4))
     assert result == {"grounding-mass": 1.0, "grounding-pointing": 1.0, "grounding-words": 1}

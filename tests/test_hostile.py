@@ -117,7 +117,8 @@ def test_evaluate_never_writes_where_a_checkpoints_paths_point(shapes, tmp_path)
     )
     assert not elsewhere.exists()  # no Shapes generated there
 
-    # The stored root holds the data but the stored cache folder does not exist: images are decoded, no cache built.
+    # The stored root holds the data but the stored cache folder does not exist: images are decoded, no
+    # cache built.
     checkpoint = with_stored(
         shapes.checkpoint,
         checkpoint,
@@ -309,7 +310,7 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
     assert second.stdout.count("(replaced the earlier file)") == 3
 
 
-# ------------------------------------------------------------------ D. every input checked, before any writing
+# ------------------------------------------------------------- D. every input checked, before any writing
 
 
 @pytest.mark.parametrize(
@@ -531,7 +532,7 @@ def test_the_output_checks_hold_through_the_tool(shapes, tmp_path):
     assert_one_line_error(result.returncode, result.stderr, f"{tmp_path}: --results: is a folder")
 
 
-# ------------------------------------------------------------------ B. temporary files and text that is not text
+# ------------------------------------------------------------- B. temporary files and text that is not text
 
 
 def _package_files() -> set[Path]:
@@ -561,9 +562,8 @@ def test_a_lone_surrogate_neither_crashes_nor_writes_inside_installed_packages(s
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr
-    assert (
-        "cannot write the dataset index" not in result.stderr
-    )  # its captions are cleaned as the vocabulary's
+    # its captions are cleaned as the vocabulary's
+    assert "cannot write the dataset index" not in result.stderr
     assert "\ufffd" in json.loads((run / "vocab.json").read_text(encoding="utf-8"))["words"]
     assert json.loads((run / "test_scores.json").read_text())["tokenizer"] == "ptb"
     assert _package_files() == before

@@ -315,7 +315,7 @@ def test_visualize_never_writes_a_figure_onto_its_own_image(shapes, tmp_path, ma
     assert image.read_bytes() == before
 
 
-# ------------------------------------------------------------------ train.overwrite removes the run's names only
+# ------------------------------------------------------------- train.overwrite removes the run's names only
 
 
 def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_users_files(

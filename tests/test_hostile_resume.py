@@ -181,9 +181,8 @@ def test_cache_only_and_a_second_run_are_refused_while_a_run_uses_the_folder(sha
     )
     assert caching.returncode == 0, caching.stderr
     listed = caching.stdout.split("files written:")[1]
-    assert (
-        str(run / "data_summary.json") in listed and "test features" in listed
-    )  # the run cached no test split
+    # the run cached no test split
+    assert str(run / "data_summary.json") in listed and "test features" in listed
     assert json.loads((run / "data_summary.json").read_text())["train_captions_cut"] > 0
     assert len(list(cache.iterdir())) == 1, list(cache.iterdir())  # the run's cache folder, not a new one
 

@@ -215,7 +215,19 @@ def test_a_module_that_cannot_be_imported_is_a_one_line_error(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr
     if argument == "json.py":
-        assert "is imported already" in lines[0]
+        assert lines[0].startswith("error: --import json.py: a module named 'json' is imported already (")
+
+
+def test_a_path_to_a_file_python_cannot_import_is_a_one_line_error(tmp_path, fresh_imports):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "encoders.txt").write_text("x = 1\n")  # a path (it has a /), not a .py file
+    result = in_process(
+        "evaluate.py", "--import", "plugins/encoders.txt", "--checkpoint", tmp_path / "never.pt", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --import plugins/encoders.txt: not a Python source file (.py)"
+    ]
 
 
 def test_a_file_imported_by_an_earlier_run_in_the_process_is_not_run_again(tmp_path, fresh_imports):

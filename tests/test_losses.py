@@ -55,7 +55,9 @@ def grads(value, module):
     params = [p for p in module.parameters() if p.requires_grad]
     return [
         g if g is not None else torch.zeros_like(p)
-        for g, p in zip(torch.autograd.grad(value, params, retain_graph=True, allow_unused=True), params)
+        for g, p in zip(
+            torch.autograd.grad(value, params, retain_graph=True, allow_unused=True), params, strict=True
+        )
     ]
 
 
@@ -77,7 +79,7 @@ def test_caption_loss_is_equation_14_summed_over_captions_per_token():
         (terms.cross_entropy, nll.sum()),
         (lam * terms.attention_penalty, lam * penalty.sum()),
     ):
-        for mine, reference in zip(grads(ours, decoder), grads(direct, decoder)):
+        for mine, reference in zip(grads(ours, decoder), grads(direct, decoder), strict=True):
             torch.testing.assert_close(mine * tokens, reference, rtol=1e-4, atol=1e-6)
     assert any(g.abs().sum() > 0 for g in grads(terms.attention_penalty, decoder))
 
@@ -155,7 +157,7 @@ def test_hard_attention_loss_gradient_is_equation_12(reinforce_weight, entropy_w
     tokens = float((lengths - 1).sum())
     direct = per_caption.sum() / tokens
     torch.testing.assert_close(terms.total, direct)
-    for mine, reference in zip(grads(terms.total, decoder), grads(direct, decoder)):
+    for mine, reference in zip(grads(terms.total, decoder), grads(direct, decoder), strict=True):
         torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-7)
     # the baseline moved towards the batch's mean reward
     decay = decoder.baseline_decay
@@ -267,9 +269,13 @@ def test_self_critical_hard_attention_gives_the_locations_a_policy_gradient():
     decoder = make_decoder(attention="hard", expected_prob=0.0).train()  # every context a sampled location
     batch = {"features": torch.randn(4, P, C), "image_ids": torch.tensor([1, 2, 3, 4])}
     train = TrainConfig(scst_samples=3, scst_baseline="mean")
-    rewarder = lambda ids, rows, finished: np.array([float(len(row) % 3) for row in rows])
+
+    def rewarder(ids, rows, finished):
+        return np.array([float(len(row) % 3) for row in rows])
+
     loss, _ = scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(max_length=5))
     loss.backward()
-    # The scorer's parameters shape alpha only; with sampled contexts only the locations' log-probabilities reach them.
+    # The scorer's parameters shape alpha only; with sampled contexts only the locations'
+    # log-probabilities reach them.
     attention_grads = [p.grad for p in decoder.attention.parameters() if p.grad is not None]
     assert attention_grads and sum(float(g.abs().sum()) for g in attention_grads) > 0

@@ -62,7 +62,7 @@ def flickr_images() -> dict[str, dict[int, list[str]]]:
     # Ids of the second dataset shifted so the two can be scored as one set.
     return {
         name: {offset + image["id"]: image["captions"] for image in images}
-        for offset, (name, images) in zip((0, 100_000), sorted(datasets.items()))
+        for offset, (name, images) in zip((0, 100_000), sorted(datasets.items()), strict=True)
     }
 
 

@@ -45,7 +45,7 @@ def test_bf16_training_on_cpu_lowers_the_loss_and_follows_float32(shapes_root, t
     half = _losses(shapes_root, tmp_path / "bf16", "bf16")
     assert len(half) == len(full) == 8  # 32 images / 4 per batch
     assert half != full  # autocast was on: bf16 rounding changes every step's loss
-    for step, (a, b) in enumerate(zip(full, half), start=1):
+    for step, (a, b) in enumerate(zip(full, half, strict=True), start=1):
         assert abs(a - b) <= BF16_LOSS_TOLERANCE * abs(a), f"step {step}: float32 {a:.5f}, bf16 {b:.5f}"
     assert sum(half[-3:]) / 3 < half[0]
 
@@ -80,7 +80,7 @@ def test_bf16_beam_search_on_cpu_returns_valid_captions():
         with autocast(torch.device("cpu"), "bf16"):
             captions = beam_search(decoder, annotations, 3, 10)
     assert len(captions) == 3
-    for caption, exact in zip(captions, reference):
+    for caption, exact in zip(captions, reference, strict=True):
         assert 1 <= len(caption.tokens) <= 10
         assert all(Vocabulary.end_id != t and t >= 4 and t < vocab_size for t in caption.tokens[:-1])
         assert caption.attention.dtype == torch.float32 and caption.attention.shape == (
@@ -91,9 +91,8 @@ def test_bf16_beam_search_on_cpu_returns_valid_captions():
             caption.attention.sum(1), torch.ones(len(caption.tokens)), atol=2e-2, rtol=0
         )
         assert isinstance(caption.log_prob, float) and caption.log_prob < 0
-        if (
-            caption.tokens == exact.tokens
-        ):  # float32 sums of bf16-rounded log-probabilities: close to float32's
+        # float32 sums of bf16-rounded log-probabilities: close to float32's
+        if caption.tokens == exact.tokens:
             assert abs(caption.log_prob - exact.log_prob) <= 0.05 * abs(exact.log_prob)
-    assert sum(c.tokens == e.tokens for c, e in zip(captions, reference)) >= 2
-    assert any(c.log_prob != e.log_prob for c, e in zip(captions, reference))  # decoded in bf16
+    assert sum(c.tokens == e.tokens for c, e in zip(captions, reference, strict=True)) >= 2
+    assert any(c.log_prob != e.log_prob for c, e in zip(captions, reference, strict=True))  # decoded in bf16

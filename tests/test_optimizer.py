@@ -39,7 +39,9 @@ def test_the_trainers_adam_is_fused_on_cpu_and_steps_as_the_loop_implementation(
                 parameter.grad = torch.sin(parameter.detach() * (step + 1) + number)  # the same on both sides
         fused.step()
         reference.step()
-    for parameter, expected in zip(model.decoder.parameters(), reference_model.decoder.parameters()):
+    for parameter, expected in zip(
+        model.decoder.parameters(), reference_model.decoder.parameters(), strict=True
+    ):
         torch.testing.assert_close(parameter, expected, rtol=1e-5, atol=1e-6)
 
 

@@ -211,7 +211,8 @@ def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_pa
         data_root, run_dir, **{"train.epochs": 1, "train.scst_epochs": 1, "train.scst_samples": 2}
     )
     outputs = train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
-    outputs.lock.release()  # the run is over; a run holds its folder until its process ends, and this one is pytest
+    # The run is over; a run holds its folder until its process ends, and this one is pytest.
+    outputs.lock.release()
     assert [h["stage"] for h in outputs.state.history] == [
         "xe",
         "scst",
@@ -238,8 +239,8 @@ def test_best_checkpoints_hold_weights_without_optimizer_state(data_root, tmp_pa
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         (
-            f"error: {checkpoints / 'best.pt'}: holds weights only, without the optimizer state a resumed run needs; "
-            "resume from checkpoints/last.pt"
+            f"error: {checkpoints / 'best.pt'}: holds weights only, "
+            "without the optimizer state a resumed run needs; resume from checkpoints/last.pt"
         )
     ]
 
@@ -266,9 +267,9 @@ def test_resume_auto_starts_a_new_run_then_continues_it(data_root, tmp_path):
     assert changed.returncode == 2
     assert changed.stderr.strip().splitlines() == [
         (
-            f"error: {run_dir / 'checkpoints' / 'last.pt'}: train.lr is {DEMO_LR} in the checkpoint but 0.5 now; a resumed "
-            "run keeps its configuration (pass the same --config and flags), apart from its length, logging, paths "
-            "and decoding"
+            f"error: {run_dir / 'checkpoints' / 'last.pt'}: "
+            f"train.lr is {DEMO_LR} in the checkpoint but 0.5 now; a resumed run keeps its configuration "
+            "(pass the same --config and flags), apart from its length, logging, paths and decoding"
         )
     ]
 

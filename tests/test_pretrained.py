@@ -73,8 +73,8 @@ def test_folder_reloads_elsewhere_without_run_folder_data_or_cache(tmp_path):
     assert {name.split(".")[0] for name in load_file(folder / "model.safetensors")} == {"decoder"}
     (tmp_path / "work").rename(tmp_path / "moved")  # run folder, Shapes data and its feature cache
     code = (
-        "import json, sys, captioning; model = captioning.load(sys.argv[1], device='cpu'); "
-        "print(json.dumps([c.text for c in model.caption(sorted(__import__('pathlib').Path(sys.argv[2]).iterdir()))]))"
+        "import json, pathlib, sys, captioning; model = captioning.load(sys.argv[1], device='cpu'); "
+        "print(json.dumps([c.text for c in model.caption(sorted(pathlib.Path(sys.argv[2]).iterdir()))]))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(folder), str(photos)],

@@ -90,12 +90,10 @@ def test_sigkill_during_feature_caching_resumes_to_the_same_cache(cache_shapes, 
     )  # with progress bars
     assert result.returncode == 0, result.stderr
     bars = result.stderr.replace("\r", "\n")
-    assert re.search(rf"\| {completed}/{CACHE_IMAGES} \[", bars), (
-        bars
-    )  # the bar starts where the kill left off
-    assert not re.search(rf"\| 0/{CACHE_IMAGES} \[", bars), (
-        bars
-    )  # ... and not at 0: done rows are not recomputed
+    # the bar starts where the kill left off
+    assert re.search(rf"\| {completed}/{CACHE_IMAGES} \[", bars), bars
+    # ... and not at 0: done rows are not recomputed
+    assert not re.search(rf"\| 0/{CACHE_IMAGES} \[", bars), bars
     assert _computed_rows(cache_dir)[1] == CACHE_IMAGES + 8  # train, then val and test appended
 
     config = load_config(SHAPES_YAML, cache_shapes.overrides)
@@ -261,9 +259,8 @@ def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path
         (path,) = cache_dir.glob("*/index.json")
         previous["path"], previous["bytes"] = path, path.read_bytes()
 
-    fail = _full_disk_after(
-        2, remember_index
-    )  # the first batch's rows and states, then the second's rows fail
+    # the first batch's rows and states, then the second's rows fail
+    fail = _full_disk_after(2, remember_index)
     monkeypatch.setattr(np.memmap, "flush", lambda self: fail())  # the features.npy and state.bin writers
     args = [
         "--cache-only",

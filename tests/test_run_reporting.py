@@ -39,7 +39,7 @@ def test_cross_entropy_and_attention_penalty_are_logged_apart(data_root, tmp_pat
     assert [int(epoch) for epoch, *_ in lines] == [1, 2], result.stdout
     history = json.loads((run / "history.json").read_text())["epochs"]
     events = EventAccumulator(str(run / "tensorboard")).Reload()
-    for (_, loss, cross_entropy, penalty), record in zip(lines, history):
+    for (_, loss, cross_entropy, penalty), record in zip(lines, history, strict=True):
         assert float(loss) == pytest.approx(float(cross_entropy) + 0.5 * float(penalty), abs=2e-3)
         assert record["train_cross_entropy"] == pytest.approx(float(cross_entropy), abs=1e-3)
         assert record["train_attention_penalty"] == pytest.approx(float(penalty), abs=1e-3)
@@ -95,9 +95,10 @@ features = Recorded(grids)
 dataset = CaptionDataset(records, vocab, max_length=8, captions_per_image=1, features=features)
 shared = validation_scores(model, dataset, config, torch.device("cpu"), False, group)
 read = list(features.read)
-alone = validation_scores(model, CaptionDataset(records, vocab, max_length=8, captions_per_image=1, features=grids),
-                          config, torch.device("cpu"), False)
-Path(sys.argv[1], f"rank{group.rank}.json").write_text(json.dumps({"read": read, "shared": shared, "alone": alone}))
+unshared = CaptionDataset(records, vocab, max_length=8, captions_per_image=1, features=grids)
+alone = validation_scores(model, unshared, config, torch.device("cpu"), False)
+scores = {"read": read, "shared": shared, "alone": alone}
+Path(sys.argv[1], f"rank{group.rank}.json").write_text(json.dumps(scores))
 distributed.shutdown()
 """
 

@@ -9,6 +9,7 @@ from pycocoevalcap.bleu.bleu import Bleu
 from captioning.evaluation.significance import (
     bleu_statistics,
     corpus_bleu,
+    group_bootstrap,
     paired_bootstrap,
     resample_counts,
 )
@@ -77,7 +78,7 @@ def test_each_resample_bleu_equals_rescoring_the_resampled_text():
     counts = resample_counts(len(ids), 5, seed=11)
     for row in counts:
         gts, res = {}, {}
-        for image_id, times in zip(ids, row):
+        for image_id, times in zip(ids, row, strict=True):
             for copy in range(int(times)):  # a drawn-twice image is two images of the resample
                 gts[(image_id, copy)], res[(image_id, copy)] = GTS[image_id], RES[image_id]
         expected, _ = Bleu(4).compute_score(gts, res, verbose=0)
@@ -98,3 +99,8 @@ def test_bleu_is_compared_at_corpus_level():
         expected_b[3]
     )
     assert result["BLEU-1"].difference < 0
+
+
+def test_runs_without_scores_or_bleu_statistics_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="nothing to compare: no per-image scores and no BLEU statistics"):
+        group_bootstrap([{}], [{}], resamples=10)

@@ -23,7 +23,9 @@ PTB_CASES = {
     "a (red) [blue] {green} ball": "a -lrb- red -rrb- -lsb- blue -rsb- -lcb- green -rcb- ball",
     "A man sits beneath a 'no child left behind ' sign .": "a man sits beneath a no child left behind sign",
     "the 'best' day, 'hello' and \"quoted\" words": "the best day hello and quoted words",
-    "'Tis the season, rock 'em and 'til dawn in the '90s": "'t is the season rock 'em and 'til dawn in the '90s",
+    "'Tis the season, rock 'em and 'til dawn in the '90s": (
+        "'t is the season rock 'em and 'til dawn in the '90s"
+    ),
     "A Texas A&M player from AT&T and rock&roll": "a texas a&m player from at&t and rock & roll",
     "A dog runs. It is happy.": "a dog runs it is happy",
     "Mr. Smith and Dr. Jones, etc.": "mr. smith and dr. jones etc.",
@@ -32,8 +34,9 @@ PTB_CASES = {
     "wow!!! what?! a dog?": "wow !!! what ?! a dog",
     "don’t stop, the dog’s “ball” — ‘now’": "do n't stop the dog 's ball now",
     "A man's hat, isn't it? I cannot, gonna go": "a man 's hat is n't it i can not gon na go",
-    "The dogs' bowls at 3 o'clock, 1,000 people and 3.5 miles": "the dogs bowls at 3 o'clock 1,000 people and "
-    "3.5 miles",
+    "The dogs' bowls at 3 o'clock, 1,000 people and 3.5 miles": (
+        "the dogs bowls at 3 o'clock 1,000 people and 3.5 miles"
+    ),
     "a t-shirt -- a half-empty glass ; a: b ... fine": "a t-shirt a half-empty glass a b fine",
     "a <unk> dog <end> <pad>": "a <unk> dog <end> <pad>",
     "a cat.. tennis player- w/ a+b": "a cat tennis player w / a + b",
@@ -156,7 +159,7 @@ def test_matches_ptb_tokenizer_on_regression_cases(caption: str, java_regression
 
 @pytest.mark.parametrize("special", SPECIALS)
 def test_vocabulary_specials_stay_one_token(special: str):
-    """A model emits ``<unk>`` (and may emit the others): validation scores must see one word, as Java does."""
+    """A model emits ``<unk>`` (and may emit the others): validation scores see one word, as Java does."""
     assert tokenize(f"a {special} dog") == ["a", special, "dog"]
     assert tokenize(f"A{special.upper()}dog {special}. {special}") == ["a", special, "dog", special, special]
     assert tokenize(detokenize(tokenize(f"a {special} dog"))) == ["a", special, "dog"]

@@ -285,7 +285,7 @@ def test_self_critical_training_raises_the_reward():
         with torch.no_grad():
             result = rollout(decoder, annotations, lambda lp: lp.argmax(1), 6)
         decoder.train()
-        rows = [row[:n].tolist() for row, n in zip(result.tokens, result.lengths)]
+        rows = [row[:n].tolist() for row, n in zip(result.tokens, result.lengths, strict=True)]
         return float(rewarder([1, 2, 3], rows, result.finished.tolist()).mean())
 
     before = greedy_reward()
@@ -341,14 +341,16 @@ group = distributed.init_from_environment("cpu")
 torch.manual_seed(0)  # one starting point
 vocab = Vocabulary.build([["a", "red", "circle", "left", "of", "blue", "square"]], min_count=1)
 model = Captioner.build(ModelConfig(
-    encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0, fine_tune_stages=1),
+    encoder=EncoderConfig(name="efficientnet_lite0", weights="none", image_size=64, grid_size=0,
+                          fine_tune_stages=1),
     decoder=LSTMDecoderConfig(embed_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)), vocab)
 model.decoder = distributed.wrap(model.decoder, group, torch.device("cpu"))
 optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
 torch.manual_seed(1 + group.rank)  # each process its own images and captions
 words = torch.randint(4, len(vocab), (2, 2, 4))
+starts, ends = torch.ones(2, 2, 1, dtype=torch.long), torch.full((2, 2, 1), 2)  # <start>, <end>
 batch = {"images": torch.randn(2, 3, 64, 64), "lengths": torch.full((2, 2), 6),
-         "captions": torch.cat([torch.ones(2, 2, 1, dtype=torch.long), words, torch.full((2, 2, 1), 2)], dim=2),
+         "captions": torch.cat([starts, words, ends], dim=2),
          "image_ids": torch.tensor([1, 2]) + 10 * group.rank, "indices": torch.arange(2)}
 
 
@@ -359,7 +361,8 @@ def snapshot(name):
 
 snapshot("start")
 train = TrainConfig(scst_samples=3, grad_clip=0.0)
-options = {"decoder_config": LSTMDecoderConfig(doubly_stochastic=0.0), "world_size": group.world_size, "progress": False}
+options = {"decoder_config": LSTMDecoderConfig(doubly_stochastic=0.0), "world_size": group.world_size,
+           "progress": False}
 train_one_epoch(model, [batch], optimizer, train, TrainState(), torch.device("cpu"), **options)
 snapshot("xe")
 rewarder = lambda image_ids, samples, finished: np.array([float(len(s)) for s in samples])  # longer is better

@@ -132,7 +132,7 @@ def test_beam_one_equals_greedy_and_batched_beam_equals_per_image():
     greedy = greedy_search(decoder, annotations, max_length=8)
     beam_one = beam_search(decoder, annotations, beam_size=1, max_length=8)
     assert [c.tokens for c in greedy] == [c.tokens for c in beam_one]
-    for ours, theirs in zip(greedy, beam_one):
+    for ours, theirs in zip(greedy, beam_one, strict=True):
         assert math.isclose(ours.log_prob, theirs.log_prob, abs_tol=1e-5)
         torch.testing.assert_close(ours.attention, theirs.attention, rtol=0, atol=1e-6)
     batched = beam_search(decoder, annotations, beam_size=3, max_length=8, length_alpha=0.7)
@@ -267,7 +267,8 @@ def test_checkpoint_round_trip_rebuilds_the_transformer(trained):
 
 @pytest.mark.slow
 def test_grounding_scores_the_transformer_cross_attention(trained):
-    """The maps grounding scores are the decoder's cross-attention: those of teacher-forcing the same captions."""
+    """The maps grounding scores are the decoder's cross-attention: those of teacher-forcing the same
+    captions."""
     path = trained / "checkpoints" / "best.pt"
     model, config = load_captioner(path, torch.device("cpu"))
     # Straight from the images, as the recomputation below: the same grids for both.
@@ -284,7 +285,7 @@ def test_grounding_scores_the_transformer_cross_attention(trained):
     images = torch.stack([model.encoder.transform(load_image(item.record.path)) for item in captioned])
     with torch.no_grad():
         grids = model.encode(images)
-        for item, grid in zip(captioned, grids):
+        for item, grid in zip(captioned, grids, strict=True):
             tokens = [Vocabulary.start_id, *item.caption.tokens, Vocabulary.end_id]
             output = model(grid[None], torch.tensor([tokens]), torch.tensor([len(tokens)]))
             torch.testing.assert_close(
@@ -332,7 +333,7 @@ def test_visualize_draws_the_chosen_layer_and_head(trained, tmp_path):
     assert [c.words for c in last.captioned] == [c.words for c in first.captioned]
     differs = [
         not torch.allclose(a.caption.attention, b.caption.attention)
-        for a, b in zip(last.captioned, first.captioned)
+        for a, b in zip(last.captioned, first.captioned, strict=True)
         if a.words
     ]
     assert differs and all(differs)  # another layer's and head's map, for the same words

@@ -1,4 +1,4 @@
-"""``visualize.py`` end to end with a tiny real checkpoint: figures, the report, the summary, one-line errors."""
+"""``visualize.py`` end to end with a tiny real checkpoint: figures, report, summary, one-line errors."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_split_with_references_pdf_and_gaussian(tmp_path: Path, checkpoint: Path
         cmap="jet",
     )
     assert len(result.captioned) == len(result.figures) == 3
-    for item, figure, panels in zip(result.captioned, result.figures, result.panels):
+    for item, figure, panels in zip(result.captioned, result.figures, result.panels, strict=True):
         assert 3 <= len(item.words) <= 4 and panels == len(item.words) + 1
         assert item.caption.attention.shape == (len(item.words), 4)  # the 2x2 grid of a 64 px Lite0
         assert figure == tmp_path / "figures" / f"{item.record.image_id}.pdf"

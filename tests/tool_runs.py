@@ -4,8 +4,8 @@
   intra-op thread. For what only a process shows: signals, locks held by another process, exit after
   a kill, ``ulimit``, a hanging ``java`` on ``PATH``, and each tool's end-to-end run from a shell.
 - ``in_process(script, *args, cwd=None, timeout=None)``: what ``python <script> args`` does, in this
-  process, through the same ``run_cli(main, get_args_parser(), argv)`` call the script makes: same exit status,
-  same stdout and stderr, without the 3-4 s of imports and model build a new process pays. The
+  process, through the same ``run_cli(main, get_args_parser(), argv)`` call the script makes: same
+  exit status, same stdout and stderr, without the 3-4 s of imports and model build a new process pays. The
   run puts back what it changed for the whole process (``kept_process_state``), and so does the
   ``process_state`` fixture of conftest.py after every test.
 - ``run_in_process(script, args)``: the same, as ``(exit status, stderr)``.

@@ -24,12 +24,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from captioning.files import not_a_regular_file
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # not POSIX: concurrent builds of one cache are not guarded
@@ -92,9 +94,9 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
             to delete the folder.
     """
     path = folder / "index.json"
-    kind = not_a_regular_file(path)
-    if kind is not None:
-        raise _damaged(path, kind)
+    not_regular = not_a_regular_file(path)
+    if not_regular is not None:
+        raise _damaged(path, not_regular)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -211,7 +213,8 @@ def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> t
     problem = ""
     if rows < capacity:
         problem = f"{path}: " + (
-            f"truncated: {size} bytes, {capacity} rows need {offset + capacity * _row_bytes(positions, channels)}"
+            f"truncated: {size} bytes, "
+            f"{capacity} rows need {offset + capacity * _row_bytes(positions, channels)}"
             if whole_rows < min(shape[0], capacity)
             else f"holds {shape[0]} rows, the index describes {capacity}"
         )

@@ -3,8 +3,8 @@
 Each file is indexed by ``pycocotools.coco.COCO``. The split comes from the file name
 (``captions_train2014.json`` -> ``train``) or, given Karpathy's ``dataset_coco.json``, from
 Karpathy's split of each COCO id (``restval`` -> ``train``). Captions are tokenized with
-``data.tokenizer`` (default: ``captioning.text.tokenize``, PTB); empty captions and images left without a caption are skipped and
-counted, as in the Karpathy reader.
+``data.tokenizer`` (default: ``captioning.text.tokenize``, PTB); empty captions and images left
+without a caption are skipped and counted, as in the Karpathy reader.
 
 Image paths follow the standard layout under the image root:
 ``train2014/COCO_train2014_000000057870.jpg`` (folder from the ``COCO_<folder>_`` prefix) and

@@ -40,6 +40,7 @@ def stat_images(
     problems: dict[int, str] = {}
     for position, record in enumerate(records):
         what = None
+        state: os.stat_result | None
         try:
             state = os.stat(record.path)
         except FileNotFoundError:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import inspect
 import json
 import logging
 import zipfile
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def records_dir(config: DataConfig) -> Path:
-    """Where the indexes of this configuration's datasets live (chosen by ``data.cache_dir``/``data.root``)."""
+    """Where the indexes of this configuration's datasets live (``data.cache_dir`` or ``data.root``)."""
     return (Path(config.cache_dir) if config.cache_dir else Path(config.root) / "features") / "records"
 
 
@@ -63,7 +64,7 @@ def _code_hash() -> str:
 
     digest = hashlib.blake2b(digest_size=16)
     for module in (*_CODE, text):
-        digest.update(Path(module.__file__).read_bytes())
+        digest.update(Path(inspect.getfile(module)).read_bytes())
     return digest.hexdigest()
 
 
@@ -76,7 +77,7 @@ def _pack_text(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _unpack_text(blob: np.ndarray, ends: np.ndarray) -> list[str]:
     text = blob.tobytes().decode("utf-8")
     starts = np.concatenate([[0], ends[:-1]]).tolist()
-    return [text[a:b] for a, b in zip(starts, ends.tolist())]
+    return [text[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
 
 
 def _pack_split(records: list[tuple[int, ImageRecord]], image_root: Path) -> dict[str, np.ndarray]:
@@ -119,7 +120,7 @@ def _unpack_split(arrays: Any, split: str, image_root: Path) -> list[tuple[int, 
     words = _unpack_text(arrays["words"], arrays["word_ends"])
     token_words = [words[t] for t in arrays["tokens"].tolist()]
     caption_ends = arrays["caption_ends"].tolist()
-    captions = [tuple(token_words[a:b]) for a, b in zip([0, *caption_ends[:-1]], caption_ends)]
+    captions = [tuple(token_words[a:b]) for a, b in zip([0, *caption_ends[:-1]], caption_ends, strict=True)]
     raws = _unpack_text(arrays["raw"], arrays["raw_ends"])
     caption_bounds = np.cumsum(np.concatenate([[0], arrays["captions_per_image"]])).tolist()
     raw_bounds = np.cumsum(np.concatenate([[0], arrays["raws_per_image"]])).tolist()
@@ -136,7 +137,7 @@ def _unpack_split(arrays: Any, split: str, image_root: Path) -> list[tuple[int, 
             ),
         )
         for i, (position, image_id, path) in enumerate(
-            zip(arrays["positions"].tolist(), arrays["image_ids"].tolist(), paths)
+            zip(arrays["positions"].tolist(), arrays["image_ids"].tolist(), paths, strict=True)
         )
     ]
 
@@ -152,7 +153,7 @@ class _Remember(logging.Handler):
         self.lines.append([record.name, record.levelno, record.getMessage()])
         # Being a handler, this one would keep logging's last resort (stderr) from printing the
         # warning when no other handler is configured: print it as logging would have.
-        logger_ = logging.getLogger(record.name)
+        logger_: logging.Logger | None = logging.getLogger(record.name)
         while logger_ is not None:
             if any(handler is not self for handler in logger_.handlers):
                 return
@@ -237,7 +238,7 @@ def _write(folder: Path, key: dict[str, Any], records: list[ImageRecord], root: 
 
             def write(path: Path, arrays: dict[str, np.ndarray] = arrays) -> None:
                 with open(path, "wb") as handle:
-                    np.savez(handle, **arrays)
+                    np.savez(handle, allow_pickle=False, **arrays)
 
             atomic_write(folder / f"{split}.npz", write)
         meta = json.dumps({"key": key, "splits": list(by_split), "warnings": warnings})

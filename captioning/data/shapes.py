@@ -364,7 +364,7 @@ def _coco_image(image_id: int, split: str, image_size: int) -> dict:
 
 
 def _instances_json(images: list[_GeneratedImage], image_size: int) -> dict:
-    annotations = []
+    annotations: list[dict[str, Any]] = []
     for image_id, _, objects, _ in images:
         for obj in objects:
             annotations.append(

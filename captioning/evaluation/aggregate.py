@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from scipy.stats import t as student_t
 
@@ -69,7 +69,7 @@ def check_same_configuration(paths: Sequence[Path], configs: Sequence[Mapping[st
             else the first key where it differs from the first run.
     """
     first = configs[0]
-    for path, config in zip(paths[1:], configs[1:]):
+    for path, config in zip(paths[1:], configs[1:], strict=True):
         if first.get(DECODER_KIND) != config.get(DECODER_KIND):
             raise ConfigError(
                 f"{path}: {DECODER_KIND}: {config.get(DECODER_KIND)!r} here but "
@@ -94,13 +94,13 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
         metric -> ``{"mean", "std", "min", "max", "ci_low", "ci_high"}``, in the first run's key order.
     """
 
-    def number(value: Any) -> bool:
+    def number(value: Any) -> TypeGuard[float]:
         return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
     summary: dict[str, dict[str, float]] = {}
     for key in runs[0]:
-        values = [run.get(key) for run in runs]
-        if key in COUNT_KEYS or not all(number(v) for v in values):
+        values = [value for value in (run.get(key) for run in runs) if number(value)]
+        if key in COUNT_KEYS or len(values) < len(runs):
             continue
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
@@ -140,8 +140,8 @@ def check_metrics(paths: Sequence[Path], runs: Sequence[Mapping[str, Any]]) -> N
     if not metrics:
         raise EvaluationInputError(f"{paths[0]}: holds no metric (nor does any other scores file given)")
     for key in metrics:
-        reference = next(path for path, run in zip(paths, runs) if numeric(run.get(key)))
-        for path, run in zip(paths, runs):
+        reference = next(path for path, run in zip(paths, runs, strict=True) if numeric(run.get(key)))
+        for path, run in zip(paths, runs, strict=True):
             value = run.get(key)
             if key not in run:
                 what = "missing"
@@ -160,8 +160,8 @@ def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
     """Check and summarise the scores files of several runs (see the module docstring).
 
     Returns:
-        ``{"metrics": {metric: {"mean", "std", "min", "max", "ci_low", "ci_high"}}, "runs": [...], "seeds": [...],
-        "signatures": [...]}``.
+        ``{"metrics": {metric: {"mean", "std", "min", "max", "ci_low", "ci_high"}}, "runs": [...],
+        "seeds": [...], "signatures": [...]}``.
     Raises:
         ConfigError: fewer than two runs, a run without config.yaml, configurations that differ.
         EvaluationInputError: a scores file that is missing or not a JSON object.
@@ -207,8 +207,8 @@ def aggregate_table(aggregate: Mapping[str, Any]) -> str:
             f"{100 * s['max']:7.2f}  [{100 * s['ci_low']:7.2f}, {100 * s['ci_high']:7.2f}]"
         )
     lines.append(
-        f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; std over runs (n - 1); "
-        "interval of the mean over seeds (Student's t)"
+        f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; "
+        "std over runs (n - 1); interval of the mean over seeds (Student's t)"
     )
     return "\n".join(lines)
 
@@ -218,7 +218,7 @@ def aggregate_command(paths: Sequence[Path], out: Path | None) -> dict[str, Any]
     aggregate = aggregate_runs(paths)
     print(aggregate_table(aggregate))
     first = aggregate["signatures"][0]
-    for path, signature in zip(paths[1:], aggregate["signatures"][1:]):
+    for path, signature in zip(paths[1:], aggregate["signatures"][1:], strict=True):
         warn_if_signatures_differ(first, signature, f"{paths[0]} and {path}")
     if out is not None:
         note = output_note(out)  # said in the summary: replaced, or written into a device

@@ -46,7 +46,7 @@ class ClipScorer:
         description: ``<arch>/<tag>`` and the weights file's sha256 prefix, for the signature.
     """
 
-    model: nn.Module
+    model: Any  # open_clip's CLIP; open_clip has no type hints to name its encode_* methods by
     preprocess: Callable[[Image.Image], torch.Tensor]
     tokenize: Callable[[list[str]], torch.Tensor]
     description: str
@@ -135,7 +135,9 @@ def clip_scores(
     image_features = _image_embeddings(scorer, [images[i] for i in ids], batch_size)  # (N, D)
     caption_features = _text_embeddings(scorer, [candidates[i] for i in ids], batch_size)  # (N, D)
     clip_s = WEIGHT * (image_features * caption_features).sum(-1).clamp_min(0)  # (N,)
-    per_image: dict[int, dict[str, float]] = {i: {"CLIP-S": float(v)} for i, v in zip(ids, clip_s.tolist())}
+    per_image: dict[int, dict[str, float]] = {
+        i: {"CLIP-S": float(v)} for i, v in zip(ids, clip_s.tolist(), strict=True)
+    }
     result: dict[str, Any] = {"CLIP-S": float(clip_s.mean()), "RefCLIP-S": None}
     if references is not None:
         flat = [caption for i in ids for caption in references[i]]
@@ -144,7 +146,7 @@ def clip_scores(
         cosines = (reference_features * caption_features[owners]).sum(-1)  # (R,)
         best = torch.full((len(ids),), -1.0).scatter_reduce(0, owners, cosines, reduce="amax")  # (N,)
         ref_clip_s = harmonic_mean(clip_s, best.clamp_min(0))
-        for i, value in zip(ids, ref_clip_s.tolist()):
+        for i, value in zip(ids, ref_clip_s.tolist(), strict=True):
             per_image[i]["RefCLIP-S"] = float(value)
         result["RefCLIP-S"] = float(ref_clip_s.mean())
     result["per_image"] = per_image

@@ -485,7 +485,7 @@ class CategoryWords:
 
 
 def _is_noun(words: Sequence[str], index: int) -> bool:
-    """Whether the modifier-prone ``words[index]`` is the noun of its phrase rather than qualifying the next."""
+    """Whether the modifier-prone ``words[index]`` is its phrase's noun rather than qualifying the next."""
     if words[index] in _NEEDS_DETERMINER and (index == 0 or words[index - 1] not in _DETERMINERS):
         return False
     if index + 1 == len(words):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def _outputs(*named: tuple[str, Path | None]) -> list[tuple[str, Path]]:
 
 
 def _user_chose_paths(
-    args: argparse.Namespace, overrides: dict[str, str], config: Config
+    args: argparse.Namespace, overrides: Collection[str], config: Config
 ) -> tuple[bool, bool]:
     """(may generate data under data.root, may build a feature cache): only where the user's own
     ``--config``/``--set`` put them, never where the checkpoint's stored paths point."""
@@ -103,7 +104,7 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         raise ConfigError(
             f"{option}: not used by --aggregate (it reads the runs' scores files); leave it out"
         )
-    groups = _compare_groups(args) if args.compare else None
+    results_a, results_b = _compare_groups(args) if args.compare else ([], [])
     option = "--compare" if args.compare else "--aggregate"
     inputs = [
         *((option, path) for path in args.compare or args.aggregate),
@@ -124,7 +125,8 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
     return compare_command(
         args.annotations,
-        *groups,
+        results_a,
+        results_b,
         args.out,
         use_java,
         args.spice,
@@ -258,12 +260,11 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             *(("--images", record.path) for record in records or ()),
         ],
     )
-    outputs = [path for _, path in outputs]
+    output_paths = [path for _, path in outputs]
     device = resolve_device(args.device)
     clip_scorer = None
-    if (
-        getattr(args, "clip_score", None) is not None
-    ):  # its weights before any decoding: a missing file stops now
+    # its weights before any decoding: a missing file stops now
+    if getattr(args, "clip_score", None) is not None:
         from captioning.evaluation.clip_score import load_clip_scorer
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
@@ -282,7 +283,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if records is not None:
         captioned = caption_records(model, config, records, device, decode_config, progress)
         _report_skipped(records, captioned)
-        notes = _notes(*outputs)
+        notes = _notes(*output_paths)
         write_results(results, captioned)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
         if index is not None:
@@ -301,7 +302,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         model, config, records, device, decode_config, progress, output_dir=run_dir, build_cache=build_cache
     )
     _report_skipped(records, captioned)
-    notes = _notes(*outputs)
+    notes = _notes(*output_paths)
     write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(
         captioned,

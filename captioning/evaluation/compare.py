@@ -138,7 +138,7 @@ def compare_results_files(
     check_bootstrap_options(resamples, seed)
     runs_a = [Path(results_a)] if isinstance(results_a, str | Path) else [Path(p) for p in results_a]
     runs_b = [Path(results_b)] if isinstance(results_b, str | Path) else [Path(p) for p in results_b]
-    names = tuple(names) if names else default_names(runs_a, runs_b)
+    columns = (names[0], names[1]) if names else default_names(runs_a, runs_b)
     references, captions_a, captions_b = read_groups(annotations, runs_a, runs_b)
     image_ids = list(references)
     check_bootstrap_fits(resamples, len(references))  # before scoring: the draws are held in memory at once
@@ -146,8 +146,8 @@ def compare_results_files(
         use_java = shutil.which("java") is not None
     sides = []
     for runs, captions in ((runs_a, captions_a), (runs_b, captions_b)):
-        side = {"per_image": [], "bleu": [], "ratios": [], "signatures": []}
-        for path, run in zip(runs, captions):
+        side: dict[str, list[Any]] = {"per_image": [], "bleu": [], "ratios": [], "signatures": []}
+        for path, run in zip(runs, captions, strict=True):
             scores = score_captions(
                 references,
                 run,
@@ -163,7 +163,7 @@ def compare_results_files(
                     if scores.overall.get(metric) is not None
                 }
             )
-            # BLEU's statistics from each run's own tokens: the Java tokenizer may have timed out for one only.
+            # BLEU's statistics from each run's own tokens: Java's tokenizer may have timed out for one only.
             gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
             side["bleu"].append(bleu_statistics(gts, res, image_ids))
             ratios = read_ratio_statistics(path, image_ids)
@@ -211,7 +211,7 @@ def compare_results_files(
 
     return {
         "metrics": {metric: c.to_json() for metric, c in comparisons.items()},
-        "names": {"a": names[0], "b": names[1]},
+        "names": {"a": columns[0], "b": columns[1]},
         "images": len(image_ids),
         "resamples": resamples,
         "seed": seed,
@@ -219,7 +219,7 @@ def compare_results_files(
         "results": {"a": one_or_all([str(p) for p in runs_a]), "b": one_or_all([str(p) for p in runs_b])},
         "runs": {"a": len(runs_a), "b": len(runs_b)},
         "per_run": {"a": run_scores(a, comparisons), "b": run_scores(b, comparisons)},
-        "table": comparison_table(comparisons, names),
+        "table": comparison_table(comparisons, columns),
     }
 
 

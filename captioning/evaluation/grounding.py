@@ -107,9 +107,8 @@ def load_instances(instances_file: str | Path) -> Instances:
             and bbox[3] >= 0
         ):
             raise EvaluationInputError(f"{where}: bbox must be [x, y, width, height] with width, height >= 0")
-        if not all(
-            abs(v) <= MAX_PIXELS for v in bbox
-        ):  # sums of such values overflow to inf, then NaN scores
+        # sums of such values overflow to inf, then NaN scores
+        if not all(abs(v) <= MAX_PIXELS for v in bbox):
             raise EvaluationInputError(
                 f"{where}: bbox values must be within +-{MAX_PIXELS} pixels, got {bbox!r:.80}"
             )
@@ -120,11 +119,10 @@ def load_instances(instances_file: str | Path) -> Instances:
                 f"{where}: category_id {annotation['category_id']!r} is not in 'categories'"
             )
         attributes = {k: v for k, v in annotation.items() if k not in _COCO_FIELDS}
+        x, y, width, height = (float(v) for v in bbox)
         objects[annotation["image_id"]].append(
             ObjectBox(
-                str(coco.cats[annotation["category_id"]]["name"]).lower(),
-                tuple(float(v) for v in bbox),
-                attributes,
+                str(coco.cats[annotation["category_id"]]["name"]).lower(), (x, y, width, height), attributes
             )
         )
     categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
@@ -189,7 +187,7 @@ class WordMatcher:
             self._tables[names] = self.table.with_categories(names)
         lowered = [word.lower() for word in words]
         found: dict[int, list[ObjectBox]] = {}
-        in_mentions = set()
+        in_mentions: set[int] = set()
         for (start, end), category in self._tables[names].mentions(lowered):
             in_mentions.update(range(start, end))
             named = [obj for obj in objects if obj.category == category]
@@ -309,7 +307,7 @@ def grounding_per_image(
             inside = (weights * box_coverage(boxes, image_size, grid)).sum()
             masses.append(float(inside / total) if total > 0 else 0.0)
             peak_rows, peak_cols = np.nonzero(weights >= weights.max() - 1e-9 * abs(weights.max()))
-            centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows)
+            centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows, strict=True)
             hits.append(
                 float(
                     np.mean(

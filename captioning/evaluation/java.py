@@ -91,13 +91,14 @@ def meteor_score(
     from pycocoevalcap.meteor.meteor import Meteor
 
     meteor = Meteor()
-    outcome: dict[str, object] = {}
+    scores: list[tuple[float, list[float]]] = []
+    errors: list[BaseException] = []
 
     def compute() -> None:
         try:
-            outcome["scores"] = meteor.compute_score(gts, res)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
-            outcome["error"] = error
+            scores.append(meteor.compute_score(gts, res))
+        except BaseException as error:  # re-raised in the calling thread
+            errors.append(error)
 
     worker = threading.Thread(target=compute, daemon=True)
     worker.start()
@@ -105,9 +106,9 @@ def meteor_score(
     try:
         if worker.is_alive():
             raise JavaTimeout(f"METEOR (Java) did not finish in {timeout:g} s")
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["scores"]
+        if errors:
+            raise errors[0]
+        return scores[0]
     finally:
         meteor.meteor_p.kill()  # end the Java process now (it also unblocks a worker still reading)
         meteor.meteor_p.wait()

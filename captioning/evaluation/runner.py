@@ -6,11 +6,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from captioning.config import Config, DecodeConfig
 from captioning.data import load_records
@@ -118,6 +118,7 @@ def caption_records(
     check_decoding_fits(decode_config, len(model.vocab), model.grid[0] * model.grid[1], len(records), device)
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
+    dataset: Dataset
     if pictures is None and all(r.captions for r in records) and uses_cache(config):
         dataset = caption_dataset(
             records, model, config, device, output_dir or Path("."), progress, 1, build_cache=build_cache
@@ -286,7 +287,7 @@ def score_captioned(
     return result
 
 
-def clip_line(scores: dict) -> str | None:
+def clip_line(scores: Mapping[str, Any]) -> str | None:
     """The summary line of CLIP-S and RefCLIP-S (None when they were not computed)."""
     if scores.get("CLIP-S") is None:
         return None
@@ -296,7 +297,7 @@ def clip_line(scores: dict) -> str | None:
     )
 
 
-def grounding_line(scores: dict, images: int) -> str | None:
+def grounding_line(scores: Mapping[str, Any], images: int) -> str | None:
     """The one summary line of attention grounding (None when it was not measured), rounded."""
     if "grounding-images" not in scores:
         return None
@@ -304,7 +305,10 @@ def grounding_line(scores: dict, images: int) -> str | None:
     if not covered:
         return f"grounding: none of the {images} images has boxes in the instances files"
     if not scores["grounding-words"]:
-        return f"grounding: no generated word names an annotated object ({covered} of {images} images with boxes)"
+        return (
+            "grounding: no generated word names an annotated object "
+            f"({covered} of {images} images with boxes)"
+        )
     return (
         f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
         f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "
@@ -312,7 +316,7 @@ def grounding_line(scores: dict, images: int) -> str | None:
     )
 
 
-def summary_lines(scores: dict, images: int) -> list[str]:
+def summary_lines(scores: Mapping[str, Any], images: int) -> list[str]:
     """The lines printed under the scores table: grounding and CHAIR when measured, the signature last."""
     lines = [
         line

@@ -33,6 +33,7 @@ with one run each it is the paired bootstrap above.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -98,9 +99,8 @@ def corpus_bleu(sums: np.ndarray, order: int) -> np.ndarray:
     Returns:
         (R,) scores.
     """
-    precisions = (sums[:, _CORRECT : _CORRECT + order] + _TINY) / (
-        sums[:, _GUESS : _GUESS + order] + _SMALL
-    )  # (R, n)
+    # (R, n): smoothed n-gram precisions of each resample
+    precisions = (sums[:, _CORRECT : _CORRECT + order] + _TINY) / (sums[:, _GUESS : _GUESS + order] + _SMALL)
     score = np.prod(precisions, axis=1) ** (1.0 / order)
     ratio = (sums[:, _TESTLEN] + _TINY) / (sums[:, _REFLEN] + _SMALL)
     penalty = np.where(ratio < 1, np.exp(1 - 1 / np.minimum(ratio, 1)), 1.0)
@@ -265,7 +265,12 @@ def group_bootstrap(
         metric -> :class:`Comparison` (group means, B - A, interval, p-value, Holm-adjusted p-value).
     """
     first = per_image_a[0]
-    images = len(next(iter(first.values()))) if first else len(bleu_a[0])
+    if first:
+        images = len(next(iter(first.values())))
+    elif bleu_a:
+        images = len(bleu_a[0])
+    else:
+        raise ValueError("nothing to compare: no per-image scores and no BLEU statistics")
     counts = resample_counts(images, resamples, seed)
     result: dict[str, Comparison] = {}
 
@@ -275,7 +280,7 @@ def group_bootstrap(
     if bleu_a is not None and bleu_b is not None:
         for order in range(1, BLEU_ORDERS + 1):
             result[f"BLEU-{order}"] = compare_groups(
-                counts, bleu_a, bleu_b, lambda sums, n=order: corpus_bleu(sums, n), seed
+                counts, bleu_a, bleu_b, functools.partial(corpus_bleu, order=order), seed
             )
     for metric in first:
         result[metric] = compare_groups(
@@ -285,16 +290,17 @@ def group_bootstrap(
             mean_score(images),
             seed,
         )
-    for metric in (ratios_a or [{}])[0]:
-        result[metric] = compare_groups(
-            counts,
-            [column(run[metric]) for run in ratios_a],
-            [column(run[metric]) for run in ratios_b],
-            ratio_score,
-            seed,
-        )
+    if ratios_a and ratios_b:
+        for metric in ratios_a[0]:
+            result[metric] = compare_groups(
+                counts,
+                [column(run[metric]) for run in ratios_a],
+                [column(run[metric]) for run in ratios_b],
+                ratio_score,
+                seed,
+            )
     adjusted = holm([c.p_value for c in result.values()])
-    return {metric: replace(c, p_holm=p) for (metric, c), p in zip(result.items(), adjusted)}
+    return {metric: replace(c, p_holm=p) for (metric, c), p in zip(result.items(), adjusted, strict=True)}
 
 
 def comparison_table(comparisons: Mapping[str, Comparison], names: tuple[str, str] = ("A", "B")) -> str:

@@ -7,6 +7,7 @@ import os
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -86,9 +87,18 @@ def wrap(module: nn.Module, group: ProcessGroup, device: torch.device) -> nn.Mod
     return nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    """The module inside a DistributedDataParallel wrapper (or the module itself)."""
-    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def unwrap(module: ModuleT) -> ModuleT:
+    """The module inside a DistributedDataParallel wrapper (or the module itself).
+
+    An attribute that may hold the wrapper (``Captioner.decoder``) is typed as the module it wraps,
+    so the inner module is that type.
+    """
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        return cast(ModuleT, module.module)
+    return module
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -121,7 +131,7 @@ def average_gradients(parameters: Iterable[nn.Parameter], world_size: int) -> No
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
     dist.all_reduce(flat)
     flat /= world_size
-    for param, grad in zip(params, flat.split([p.numel() for p in params])):
+    for param, grad in zip(params, flat.split([p.numel() for p in params]), strict=True):
         param.grad = grad.view_as(param)
 
 

@@ -77,12 +77,12 @@ def generate_captions(
     """
     model.eval()
     decoder = distributed.unwrap(model.decoder)
-    results = []
+    results: list[tuple[int, int, Caption]] = []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not progress, dynamic_ncols=True, unit="batch"):
         if batch is None:
             continue
         batch = move(batch, device)
         with autocast(device, amp):
             captions = decode(decoder, annotations_of(model, batch), decode_config)
-        results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions))
+        results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions, strict=True))
     return results

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,13 +47,15 @@ def caption_dataset(
     is written); for a cache folder named by a checkpoint rather than by the user.
     """
     group = group or distributed.ProcessGroup()
-    common = {
-        "vocab": model.vocab,
-        "max_length": config.data.max_caption_length,
-        "captions_per_image": captions_per_image,
-        "seed": config.train.seed,
-        "skip_bad_images": config.data.skip_bad_images,
-    }
+    dataset = functools.partial(
+        CaptionDataset,
+        records,
+        model.vocab,
+        config.data.max_caption_length,
+        captions_per_image=captions_per_image,
+        seed=config.train.seed,
+        skip_bad_images=config.data.skip_bad_images,
+    )
     cache = None
     if uses_cache(config):
         cache = FeatureCache.build_or_open(
@@ -68,8 +71,8 @@ def caption_dataset(
             build=build_cache,
         )
     if cache is not None:
-        return CaptionDataset(records, features=cache, unreadable=set(cache.bad), **common)
-    return CaptionDataset(records, transform=model.encoder.transform, **common)
+        return dataset(features=cache, unreadable=set(cache.bad))
+    return dataset(transform=model.encoder.transform)
 
 
 def check_splits(

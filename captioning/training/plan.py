@@ -1,4 +1,4 @@
-"""Before a training run does any work: check that it has every input it will need, and say what it will do."""
+"""Before a training run does any work: check that it has every input it needs, and say what it will do."""
 
 from __future__ import annotations
 

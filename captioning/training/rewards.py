@@ -16,9 +16,8 @@ import numpy as np
 
 from captioning.evaluation.metrics import CiderDScorer
 
-END_WORD = (
-    "<end>"  # the vocabulary's end token; the tokenizer keeps it whole, so no caption word is split into it
-)
+# The vocabulary's end token; the tokenizer keeps it whole, so no caption word is split into it.
+END_WORD = "<end>"
 
 
 class CiderDReward:
@@ -69,7 +68,10 @@ class CiderDReward:
             finished = [True] * len(captions)
         if len(finished) != len(captions):
             raise ValueError(f"{len(captions)} captions but {len(finished)} finished flags")
-        scored = [[*words, *self._suffix] if done else list(words) for words, done in zip(captions, finished)]
+        scored = [
+            [*words, *self._suffix] if done else list(words)
+            for words, done in zip(captions, finished, strict=True)
+        ]
         return self.scorer.scores(image_ids, scored)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import torch
 
@@ -37,7 +39,7 @@ class StopRequest:
         self.world_size, self.device = world_size, torch.device(device)
         self.received = False  # this process got SIGTERM
         self.stopping = False  # the processes agreed to stop
-        self._previous = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None  # the handler replaced
 
     def __enter__(self) -> None:
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only

@@ -85,7 +85,9 @@ def visualization_config(
 
 
 def attention_view(layer: str | int | None = None, head: str | int | None = None) -> AttentionView:
-    """The map ``--layer N|mean`` and ``--head H|mean`` name (1-based numbers; default: last layer, mean of heads).
+    """The map ``--layer N|mean`` and ``--head H|mean`` name.
+
+    Numbers are 1-based; by default the last layer, mean of heads.
 
     Raises:
         ValueError: a value that is neither ``mean`` nor a positive whole number.
@@ -152,8 +154,8 @@ def visualize_images(
 
     Args:
         checkpoint: a checkpoint written by ``train.py``.
-        out_dir: figure folder; files are ``<image stem>.<format>``, ``-1``, ``-2`` ... added where stems repeat
-            (``<image id>`` for a split).
+        out_dir: figure folder; files are ``<image stem>.<format>``, ``-1``, ``-2`` ... added where
+            stems repeat (``<image id>`` for a split).
         mode: ``bilinear`` or ``gaussian`` attention upsampling.
         file_format: ``png``, ``pdf`` or ``svg``.
         html: also write the interactive HTML report there.

@@ -151,9 +151,8 @@ def item_html(
     words = list(item.words)
     map_width, map_height = display_size((width, height), map_side)
     scale = scale[0] * map_width / width, scale[1] * map_height / height
-    weights = upsample_attention(
-        item.caption.attention, grid, (map_height, map_width), mode, normalize=False
-    )  # (T, h, w)
+    # (T, h, w): one map per word at the displayed size
+    weights = upsample_attention(item.caption.attention, grid, (map_height, map_width), mode, normalize=False)
     tops = [top for _, top in display_range(item.caption.attention, normalize)]
     peaks, entropies = attention_statistics(item.caption.attention)
     named = word_boxes(words, item.record.image_id, boxes, matcher)
@@ -226,7 +225,8 @@ def write_report(
         for i, item in enumerate(items)
     ]
     page = (
-        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n"
         f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
         '<p class="note">Hover over or click a word to see the attention map that produced it'
         + (f" ({html.escape(attention_label)})" if attention_label else "")

@@ -45,14 +45,16 @@ _NOT_CURVES = frozenset(["stage", "epoch", "seconds", "lr"])
 _STYLE = """
 section.run { margin: 0 0 24px; }
 h2.part { font-size: 16px; margin: 20px 0 8px; border-bottom: 1px solid #ddd; }
-dl.facts { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 13px; margin: 0; }
+dl.facts { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 13px;
+  margin: 0; }
 dl.facts dt { color: #555; } dl.facts dd { margin: 0; font-family: monospace; word-break: break-all; }
 pre { font-size: 12px; background: #f6f6f6; padding: 8px; overflow: auto; max-height: 420px; }
 table.images, table.epochs { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 table.images th, table.images td, table.epochs th, table.epochs td { border-bottom: 1px solid #e4e4e4;
   padding: 3px 8px; text-align: left; }
 td.number { text-align: right; font-variant-numeric: tabular-nums; }
-table.images th button { font: inherit; font-weight: bold; border: none; background: none; cursor: pointer; padding: 0; }
+table.images th button { font: inherit; font-weight: bold; border: none; background: none; cursor: pointer;
+  padding: 0; }
 table.images th[aria-sort="ascending"] button::after { content: " \\25B2"; }
 table.images th[aria-sort="descending"] button::after { content: " \\25BC"; }
 img.curves { max-width: 100%; height: auto; display: block; }
@@ -118,12 +120,11 @@ def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
     panels = [("loss", losses), ("validation scores and rewards", [key for key in keys if key not in losses])]
     figure = Figure(figsize=(10, 3.4))
     FigureCanvasAgg(figure)
-    epochs = list(range(1, len(history) + 1))
     for position, (title, names) in enumerate(panels, start=1):
         ax = figure.add_subplot(1, 2, position)
         for name in names:
-            points = [(x, _number(record.get(name))) for x, record in zip(epochs, history)]
-            points = [(x, y) for x, y in points if y is not None]
+            values = ((x, _number(record.get(name))) for x, record in enumerate(history, start=1))
+            points = [(x, y) for x, y in values if y is not None]
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=name)
         for x in range(1, len(history)):
             if history[x].get("stage") != history[x - 1].get("stage"):
@@ -173,7 +174,8 @@ def _history_html(history: Sequence[Mapping[str, Any]]) -> str:
         for record in history
     )
     return (
-        f'<img class="curves" alt="training and validation curves per epoch" src="data:image/png;base64,{picture}">'
+        '<img class="curves" alt="training and validation curves per epoch" '
+        f'src="data:image/png;base64,{picture}">'
         f'<details><summary>the numbers</summary><table class="epochs"><thead><tr>{head}</tr></thead>'
         f"<tbody>{rows}</tbody></table></details>"
     )
@@ -273,7 +275,9 @@ def write_run_report(
     """
     path = Path(path)
     per_image = {
-        entry.get("image_id"): entry for entry in scores.get("per_image", []) if isinstance(entry, Mapping)
+        entry["image_id"]: entry
+        for entry in scores.get("per_image", [])
+        if isinstance(entry, Mapping) and "image_id" in entry
     }
     scored = total_images if total_images is not None else len(per_image) or len(items)
     facts = [
@@ -306,22 +310,28 @@ def write_run_report(
             '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
             f"<title>{html.escape(title)}</title>\n<style>\n{VIEWER_STYLE}\n{_STYLE}\n</style>\n</head>\n<body>",
             f"<h1>{html.escape(title)}</h1>",
-            '<section class="run" id="run"><h2 class="part">Where these numbers come from</h2><dl class="facts">'
+            '<section class="run" id="run"><h2 class="part">Where these numbers come from</h2>'
+            '<dl class="facts">'
             + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts)
             + "</dl>"
             + (
-                f"<details><summary>configuration (config.yaml)</summary><pre>{html.escape(config_text)}</pre></details>"
+                "<details><summary>configuration (config.yaml)</summary>"
+                f"<pre>{html.escape(config_text)}</pre></details>"
                 if config_text
                 else ""
             )
             + "</section>",
-            f'<section class="run" id="scores"><h2 class="part">Test scores</h2>{_scores_html(scores, scored)}</section>',
+            (
+                '<section class="run" id="scores"><h2 class="part">Test scores</h2>'
+                f"{_scores_html(scores, scored)}</section>"
+            ),
             '<section class="run curves" id="curves"><h2 class="part">Training and validation per epoch</h2>'
             + _history_html(history)
             + "</section>",
             '<section class="run" id="images"><h2 class="part">Test images</h2>'
-            '<p class="note">Click a column to sort (worst first, then best first); click an image to see its '
-            "attention word by word, on one colour scale per image (each word's tooltip: peak weight and entropy).</p>"
+            '<p class="note">Click a column to sort (worst first, then best first); '
+            "click an image to see its attention word by word, on one colour scale per image "
+            "(each word's tooltip: peak weight and entropy).</p>"
             + _table_html(items, per_image)
             + "</section>",
             *sections,
