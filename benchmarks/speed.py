@@ -44,7 +44,7 @@ from harness import OtherLoad, PeakMemory, autocast, median_seconds, synchronize
 from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
 
 import captioning
-from captioning.config import LSTMDecoderConfig, EncoderConfig
+from captioning.config import EncoderConfig, LSTMDecoderConfig
 from captioning.data import build_vocabulary, generate_shapes, read_shapes
 from captioning.data.datasets import CaptionDataset, collate_captions
 from captioning.data.feature_cache import FeatureCache, cache_batch_size

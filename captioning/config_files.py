@@ -247,9 +247,8 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
             is_section = dataclasses.is_dataclass(hint)
             if depth == len(parts) - 1:
                 if is_section:
-                    raise ConfigError(
-                        f"{key} is a section: set one of its keys, e.g. {key}.{dataclasses.fields(hint)[0].name}"
-                    )
+                    example = f"{key}.{dataclasses.fields(hint)[0].name}"
+                    raise ConfigError(f"{key} is a section: set one of its keys, e.g. {example}")
                 _coerce(hint, value, key)
             elif not is_section:
                 raise ConfigError(f"cannot set {key!r}: {prefix + part!r} is not a section")

@@ -37,8 +37,9 @@ def _decoder_line(config: Config) -> str:
         )
     if isinstance(decoder, LSTMDecoderConfig):
         return (
-            f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, {decoder.scoring} scoring, "
-            f"gate {decoder.gate}, hidden size {decoder.hidden_dim}, embeddings {decoder.embed_dim}"
+            f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, "
+            f"{decoder.scoring} scoring, gate {decoder.gate}, hidden size {decoder.hidden_dim}, "
+            f"embeddings {decoder.embed_dim}"
         )
     options = ", ".join(f"{key} {value}" for key, value in to_dict(decoder).items() if key != "kind")
     return f"`{decoder.kind}` decoder ({options})"

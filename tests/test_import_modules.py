@@ -48,7 +48,8 @@ class CosineAttention(DotAttention):
 
     def scores(self, prepared, query):
         keys = F.normalize(prepared.keys, dim=-1)  # (B, P, C)
-        query = F.normalize(self.query_proj(query), dim=-1).view(-1, prepared.group, keys.size(-1))  # (B, G, C)
+        query = F.normalize(self.query_proj(query), dim=-1)  # (N, C)
+        query = query.view(-1, prepared.group, keys.size(-1))  # (B, G, C)
         return (query @ keys.transpose(1, 2)).reshape(-1, 1, keys.size(1)) / self.temperature  # (N, 1, P)
 
 

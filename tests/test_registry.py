@@ -56,7 +56,6 @@ def test_a_name_is_registered_once():
 
 def test_the_help_of_train_py_lists_every_registered_encoder_decoder_and_scorer():
     import train
-
     from captioning.models.attention import SCORERS
     from captioning.models.captioner import DECODERS
     from captioning.models.encoders import ENCODERS

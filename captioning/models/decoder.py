@@ -281,7 +281,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
             return x if x is None or in_order else x.index_select(0, inverse)
 
         def padded(values: list[Tensor], *shape: int) -> Tensor:
-            """(N, T, *shape) in the callers' order from per-step (n_t, *shape), zeros after a caption ends."""
+            """(N, T, *shape) in the callers' order from per-step (n_t, *shape), zeros after each end."""
             return unsort(_stack_steps(values, num_captions, shape, embedded))
 
         # Unsorted before the output layer: (N, T, H) inputs are V/H times smaller than (N, T, V) logits.

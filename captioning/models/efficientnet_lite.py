@@ -86,7 +86,9 @@ class Conv2dSame(nn.Conv2d):
         """(B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))."""
         if self.dynamic_padding:
             pads = []
-            for size, kernel, stride in zip(x.shape[:-3:-1], self.kernel_size[::-1], self.stride[::-1]):
+            for size, kernel, stride in zip(
+                x.shape[:-3:-1], self.kernel_size[::-1], self.stride[::-1], strict=True
+            ):
                 total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
                 pads += [total // 2, total - total // 2]  # (left, right), then (top, bottom)
             x = F.pad(x, pads)
@@ -205,7 +207,7 @@ class EfficientNetLite(nn.Module):
     def stages(self) -> list[nn.Module]:
         """Stem, the seven MBConv stages and the head, input to output (the classifier excluded)."""
         starts = [0] + self.stage_ends[:-1]
-        groups = [nn.ModuleList(self._blocks[a:b]) for a, b in zip(starts, self.stage_ends)]
+        groups = [nn.ModuleList(self._blocks[a:b]) for a, b in zip(starts, self.stage_ends, strict=True)]
         return [
             nn.ModuleList([self._conv_stem, self._bn0]),
             *groups,

@@ -40,7 +40,7 @@ def sinusoids(positions: Tensor, dim: int) -> Tensor:
 
 
 def grid_positions(grid: tuple[int, int], dim: int, device: torch.device | None = None) -> Tensor:
-    """(P, dim) code of a row-major (gh, gw) grid: the row's code in the first half, the column's in the second."""
+    """(P, dim) code of a row-major (gh, gw) grid: the row's code in the first half, the column's after."""
     rows, columns = grid
     row_dim = dim // 2
     row_code = sinusoids(torch.arange(rows, device=device), row_dim)  # (gh, dim/2)
@@ -359,7 +359,7 @@ class TransformerDecoder(CaptionDecoder):
 
     # ----------------------------------------------------------------- the attention view
     def _reported(self, weights: list[Tensor | None]) -> Tensor:
-        """The view's map from per-layer weights (N, nh, ..., P): one layer or the mean, one head or the mean."""
+        """The view's map from per-layer weights (N, nh, ..., P): a layer or the mean, a head or the mean."""
         layer, head = self.attention_view.layer, self.attention_view.head
         chosen = (
             torch.stack([w for w in weights if w is not None]).mean(0) if layer is None else weights[layer]
@@ -379,7 +379,7 @@ class TransformerDecoder(CaptionDecoder):
     def _step_blocks(self, x: Tensor, state: TransformerState, prepared: TransformerPrepared):
         keys, values, weights = [], [], []
         for block, cache_k, cache_v, memory_k, memory_v in zip(
-            self.blocks, state.keys, state.values, prepared.keys, prepared.values
+            self.blocks, state.keys, state.values, prepared.keys, prepared.values, strict=True
         ):
             x, k, v, w = block.step(x, cache_k, cache_v, memory_k, memory_v)
             keys.append(k)
@@ -388,7 +388,7 @@ class TransformerDecoder(CaptionDecoder):
         return self.final_norm(x), TransformerState(tuple(keys), tuple(values)), weights
 
     def step(self, prepared: TransformerPrepared, tokens: Tensor, state: TransformerState) -> StepOutput:
-        """Advance N rows by one word: tokens (N,), caches of t words -> log-probabilities (N, V), alpha (N, P)."""
+        """Advance N rows by one word: tokens (N,), caches of t words -> log-probs (N, V), alpha (N, P)."""
         position = torch.tensor([state.length], device=tokens.device)
         x = self._embed(tokens, position)  # (N, d)
         x, state, weights = self._step_blocks(x, state, prepared)
@@ -415,7 +415,9 @@ class TransformerDecoder(CaptionDecoder):
         inputs = captions[:, :steps]  # (N, T)
         x = self._embed(inputs, torch.arange(steps, device=captions.device))  # (N, T, d)
         weights = []
-        for index, (block, keys, values) in enumerate(zip(self.blocks, prepared.keys, prepared.values)):
+        for index, (block, keys, values) in enumerate(
+            zip(self.blocks, prepared.keys, prepared.values, strict=True)
+        ):
             x, w = block(x, keys, values, self._needs_weights(index))
             weights.append(w)
         logits = self.out(self.final_norm(x))  # (N, T, V)

@@ -55,7 +55,8 @@ class TrainState:
 
 
 def steps_per_epoch(num_images: int, batch_size: int) -> int:
-    """Optimisation steps in one epoch of ``num_images`` in global batches of ``batch_size`` (the last may be short)."""
+    """Optimisation steps in one epoch of ``num_images`` in global batches of ``batch_size``
+    (the last may be short)."""
     return math.ceil(num_images / batch_size)
 
 
@@ -141,8 +142,9 @@ def scst_loss(
 
     ``scst_samples`` captions are sampled per image; each one's advantage is its reward (the
     trainer's: :class:`captioning.training.rewards.CiderDReward`, told which captions ended) minus a
-    baseline: the greedy caption's reward (``greedy``) or the mean of the other samples (``mean``). Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all
-    processes, divided by ``world_size``, so that averaged gradients equal one process's).
+    baseline: the greedy caption's reward (``greedy``) or the mean of the other samples (``mean``).
+    Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all processes,
+    divided by ``world_size``, so that averaged gradients equal one process's).
 
     Rollouts obey the constraints that validation decoding obeys (``decode_config.max_length``,
     ``min_length``, ``forbid_unk``; ``<pad>`` and ``<start>`` are never emitted). They sample at

@@ -163,7 +163,7 @@ def hub_file(
                     )
             except EntryNotFoundError as error:  # not published under this name
                 reasons.append(f"{filename}: {type(error).__name__}".replace("\n", " "))
-            except Exception as error:  # noqa: BLE001 - offline, timeout, refused: the next name would wait too
+            except Exception as error:
                 reasons.append(f"{filename}: {type(error).__name__}: {error}".replace("\n", " ")[:160])
                 break
     url = huggingface_hub.hf_hub_url(repo, filenames[0], revision=revision or None)
@@ -184,7 +184,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             state = load_file(path, device="cpu")
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - pickle, zip and IO errors alike mean "unreadable"
+    except Exception as error:
         raise EncoderWeightsError(
             f"{path}: not a readable state-dict file ({error})".replace("\n", " ")
         ) from None
