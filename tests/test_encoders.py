@@ -292,19 +292,12 @@ def test_a_grid_finer_than_the_native_one_is_refused():
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=224, grid_size=14))
 
 
+# The registered networks with batch norms (the inference copy folds them; the others have none).
+WITH_BATCH_NORMS = {"efficientnet_lite0", "resnet50", "resnet101", "resnet152", "efficientnet_b0", "timm:resnet18"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        "efficientnet_lite0",
-        "resnet50",
-        "efficientnet_b0",
-        "convnext_tiny",
-        "vit_b_16",
-        "swin_t",
-        *FAMILY_EXAMPLES,
-    ],
-)
+@pytest.mark.parametrize("name", CONTRACT)
 def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_features(name: str) -> None:
     # Networks without batch norms (ViT, Swin, ConvNeXt, CLIP) are copied untraced: torch.fx cannot
     # trace torchvision's ViT, and there is nothing to fold.
@@ -324,7 +317,7 @@ def test_the_inference_copy_folds_every_batch_norm_and_computes_the_same_feature
         frozen = encoder.inference_copy()
         features = frozen(images)
     assert not any(isinstance(m, nn.BatchNorm2d) for m in frozen.modules())
-    assert bool(norms) == (name in ("efficientnet_lite0", "resnet50", "efficientnet_b0", "timm:resnet18"))
+    assert bool(norms) == (name in WITH_BATCH_NORMS)
     assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
     torch.testing.assert_close(features, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
     assert encoder.training and sum(isinstance(m, nn.BatchNorm2d) for m in encoder.modules()) == len(norms)
