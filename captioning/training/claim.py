@@ -12,7 +12,7 @@ from captioning.files import path_kind
 from captioning.run_folder import CHECKPOINTS, beyond_leftovers, remove_project_outputs
 from captioning.runtime import distributed
 from captioning.runtime.checkpoint import CheckpointError
-from captioning.training.trainer import check_resumable
+from captioning.training.resume_state import check_resumable
 
 
 def claim_output_dir(output_dir: Path, overwrite: bool) -> None:

@@ -51,8 +51,8 @@ from captioning.training.plan import (
     resumed_length,
     warmup_note,
 )
-from captioning.training.resume_state import check_training_entries, check_training_fits
-from captioning.training.trainer import Trainer, check_resumable
+from captioning.training.resume_state import check_resume_payload, check_training_fits
+from captioning.training.trainer import Trainer
 
 AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
 
@@ -169,17 +169,7 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
             f"{output_dir}; pass --output-dir {Path(os.path.abspath(resume)).parent.parent}"
         )
     payload = load_checkpoint(resume)
-    training = payload.get("training")
-    if not training:
-        raise CheckpointError(f"{resume}: has no training state to resume from")
-    if "optimizer" not in training:  # best.pt and best_scst.pt keep the weights only
-        raise CheckpointError(
-            f"{resume}: holds weights only, without the optimizer state a resumed run needs; "
-            "resume from checkpoints/last.pt"
-        )
-    check_training_entries(training, resume)
-    stored, _ = checkpoint_config(payload, resume)
-    check_resumable(stored, config, training["state"].get("stage", "xe"), resume)
+    check_resume_payload(payload, config, resume)
     return payload
 
 
@@ -364,16 +354,15 @@ def train(
             outputs.state = trainer.fit()
             outputs.caption_warning = trainer.caption_warning
         finally:
-            if trainer.writer is not None:
-                trainer.writer.close()
+            trainer.log.close()
         if group.is_main:
             for name in ("last", "best", "best_scst"):
                 path = trainer.checkpoint_dir / f"{name}.pt"
                 if path.exists():
                     outputs.files[f"checkpoint ({name})"] = path
             outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
-            if trainer.steps_log.exists():  # no step was taken in a run of 0 epochs
-                outputs.files["step log"] = trainer.steps_log
+            if trainer.log.steps_path.exists():  # no step was taken in a run of 0 epochs
+                outputs.files["step log"] = trainer.log.steps_path
             history = output_dir / "history.json"
             text = json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1)
             atomic_write(history, lambda p: p.write_text(text))
