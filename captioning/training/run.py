@@ -25,7 +25,10 @@ from captioning.run_folder import (
     CHECKPOINTS,
     RunLock,
     check_output_folder,
+    claim_output_dir,
+    remove_outputs,
 )
+from captioning.run_folder import best_checkpoint as choose_best_checkpoint
 from captioning.runtime import distributed
 from captioning.runtime.checkpoint import (
     CheckpointError,
@@ -41,7 +44,7 @@ from captioning.runtime.inputs import (
     feature_cache_dir,
     uses_cache,
 )
-from captioning.training.claim import auto_resume_point, claim_output_dir, remove_outputs
+from captioning.training.claim import auto_resume_point
 from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState
 from captioning.training.plan import (
@@ -379,18 +382,11 @@ def train(
 
 
 def best_checkpoint(output_dir: Path) -> Path:
-    """The checkpoint to evaluate: of ``best_scst.pt`` and ``best.pt``, the one with the higher
-    validation metric (self-critical epochs need not beat the cross-entropy model they start
-    from; a tie goes to the self-critical one), else ``last.pt``."""
-    scored = []
-    for order, name in enumerate(("best_scst", "best")):
-        path = output_dir / "checkpoints" / f"{name}.pt"
-        if path.exists():
-            state = (load_checkpoint(path).get("training") or {}).get("state", {})
-            scored.append((state.get("best_metric", -math.inf), -order, path))
-    if scored:
-        return max(scored)[2]
-    last = output_dir / "checkpoints" / "last.pt"
-    if last.exists():
-        return last
-    raise CheckpointError(f"{output_dir / 'checkpoints'}: no checkpoint found")
+    """The checkpoint to evaluate (``run_folder.best_checkpoint``: the best validation metric their
+    training state records, else ``last.pt``)."""
+    return choose_best_checkpoint(
+        output_dir,
+        lambda path: (
+            (load_checkpoint(path).get("training") or {}).get("state", {}).get("best_metric", -math.inf)
+        ),
+    )
