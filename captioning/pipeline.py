@@ -65,7 +65,6 @@ def evaluate_test_split(
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path
     outputs.files["test scores per image"] = per_image_path
-    outputs.test_scores = scores
     outputs.caption_warning = degenerate_captions([" ".join(item.words) for item in captioned], "test")
     print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")
     for line in summary_lines(scores, len(captioned)):

@@ -115,21 +115,6 @@ def resample_counts(images: int, resamples: int, seed: int) -> np.ndarray:
     return np.bincount(flat, minlength=resamples * images).reshape(resamples, images).astype(np.float64)
 
 
-def compare_statistic(
-    counts: np.ndarray, stats_a: np.ndarray, stats_b: np.ndarray, score: Callable[[np.ndarray], np.ndarray]
-) -> Comparison:
-    """Paired bootstrap of one metric.
-
-    Args:
-        counts: (R, N) :func:`resample_counts`.
-        stats_a, stats_b: (N, K) per-image statistics of each system.
-        score: (M, K) summed statistics -> (M,) the metric over M image sets.
-    Returns:
-        :class:`Comparison` (``difference`` is B - A).
-    """
-    return compare_groups(counts, [stats_a], [stats_b], score)
-
-
 def run_draws(runs: int, resamples: int, seed: int, group: int) -> np.ndarray:
     """(R, runs) indices of the runs drawn, with replacement, in each resample of one group of runs.
 

@@ -66,28 +66,11 @@ class RunOutputs:
 
     output_dir: Path
     files: dict[str, Path] = field(default_factory=dict)
-    test_scores: dict | None = None
     state: TrainState | None = None
     lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
     caption_warning: str | None = (
         None  # the last captions were mostly empty or the same (degenerate_captions)
     )
-
-
-def prepare_run(
-    config: Config,
-    output_dir: Path,
-    resume: Path | None,
-    progress: bool,
-    group: distributed.ProcessGroup,
-    device: torch.device,
-    test: bool = False,
-):
-    """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
-    records, model = build_run_model(config, resume, device, group, test)
-    write_data_summary(records, config.data, output_dir)
-    train_set, val_set = run_datasets(records, model, config, output_dir, progress, device, group)
-    return records, model, train_set, val_set
 
 
 def build_run_model(
