@@ -40,8 +40,7 @@ from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import Backbone, Encoder
 from captioning.run_folder import RunFolderError, check_output_folder
-from captioning.runtime.inference import EpochBatches, move
-from captioning.training.trainer import loader_for
+from captioning.runtime.inference import EpochBatches, loader_for, move
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
 CAPTIONS_PER_IMAGE = 5

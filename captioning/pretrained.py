@@ -30,6 +30,7 @@ from captioning.run_folder import CHECKPOINTS
 from captioning.runtime.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from captioning.runtime.checkpoint import VERSION as CHECKPOINT_VERSION
 from captioning.runtime.checkpoint import CheckpointError, check_payload
+from captioning.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-model"
 VERSION = 1
@@ -62,9 +63,6 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
         CheckpointError: a missing or unreadable file, a folder written by another tool, or weights
             that are not finite tensors (one line naming the file).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     checkpoints = sorted((folder / CHECKPOINTS).glob("*.pt")) if not (folder / CONFIG).exists() else []
     if checkpoints:
@@ -90,9 +88,9 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
     if problem:
         raise CheckpointError(f"{weights}: {problem} (a model folder holds its weights there)")
     try:
-        tensors = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{weights}: truncated or corrupt safetensors file ({error})") from None
+        tensors = read_state_file(weights, "safetensors file")
+    except StateFileError as error:
+        raise CheckpointError(str(error)) from None
     sections: dict[str, dict[str, torch.Tensor]] = {section: {} for section in SECTIONS}
     for name, value in tensors.items():
         section, _, parameter = name.partition(".")

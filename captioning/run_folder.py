@@ -1,4 +1,5 @@
-"""The run folder contract: what a run folder holds, which tool writes what there, one run at a time.
+"""The run folder contract: what a run folder holds, which tool writes what there, one run at a time,
+and how a run takes it (a new run, ``train.overwrite``, ``--resume auto``) and which checkpoint is scored.
 
 A run folder (``train.output_dir``) holds only files named here. ``train.py`` writes the run's
 own files; ``evaluate.py`` adds files whose names start with ``eval_`` and so never collide with
@@ -14,10 +15,10 @@ import contextlib
 import errno
 import fnmatch
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from captioning.files import NoSpaceError, NotReplacedError, output_kind
+from captioning.files import NoSpaceError, NotReplacedError, output_kind, path_kind
 
 try:
     import fcntl
@@ -77,7 +78,8 @@ def _is_run_output(relative: str, patterns: tuple[str, ...] = RUN_OUTPUTS) -> bo
 
 
 class RunFolderError(OSError):
-    """A run folder is in use or an output path cannot be written; the message is one line naming it."""
+    """A run folder is in use, holds what a run may not take over, or an output path cannot be written;
+    the message is one line naming it."""
 
 
 def run_folder_of(checkpoint: str | Path) -> Path:
@@ -281,6 +283,109 @@ def _same_inode(descriptor: int, path: Path) -> bool:
         return os.path.samestat(os.fstat(descriptor), os.stat(path))
     except FileNotFoundError:
         return False
+
+
+def claim_output_dir(output_dir: Path, overwrite: bool) -> None:
+    """A new run must not mix with an earlier run's outputs in the same folder (rank 0, holding the lock).
+
+    Without ``train.overwrite`` a folder holding an earlier run's checkpoints is refused (its best
+    checkpoint would otherwise be scored as this run's); with it, or when there are no checkpoints,
+    every file the project writes in a run folder (``RUN_OUTPUTS``) is deleted first: scores,
+    results, figures and the report of the earlier run go too, the user's own files stay.
+
+    Raises:
+        RunFolderError: the folder holds an earlier run's checkpoints and ``overwrite`` is false.
+    """
+    earlier = sorted((output_dir / CHECKPOINTS).glob("*.pt"))
+    if earlier and not overwrite:
+        raise RunFolderError(
+            f"{output_dir}: holds an earlier run's checkpoints ({', '.join(p.name for p in earlier)}); "
+            "continue it with --resume, replace it with --set train.overwrite=true, or choose "
+            "another --output-dir"
+        )
+    remove_outputs(output_dir, "overwrite: deleted the earlier run's {count} files in " + str(output_dir))
+
+
+def remove_outputs(output_dir: Path, message: str) -> None:
+    """Delete every file the project writes in a run folder (rank 0, holding the lock) and print
+    ``message`` (``{count}`` replaced by their number) when there were any."""
+    removed = remove_project_outputs(output_dir)
+    if removed:
+        print(message.replace("{count}", str(len(removed))), flush=True)
+
+
+ResumeLook = tuple[
+    str | None, bool, list[str]
+]  # last.pt's kind, whether config.yaml is a file, beyond_leftovers
+
+
+def look_for_resume(output_dir: Path) -> ResumeLook:
+    """What ``--resume auto`` decides on (rank 0 looks, every rank decides with ``auto_resume_choice``):
+    what ``checkpoints/last.pt`` is (``files.path_kind``), whether ``config.yaml`` is a file, and what
+    the folder holds beyond a died launch's leftovers (``beyond_leftovers``)."""
+    last = output_dir / CHECKPOINTS / "last.pt"
+    return path_kind(last), (output_dir / "config.yaml").is_file(), beyond_leftovers(output_dir)
+
+
+def auto_resume_choice(output_dir: Path, looked: ResumeLook, overwrite: bool) -> tuple[Path | None, bool]:
+    """``--resume auto``: the folder's ``last.pt`` when there is one, else None (a new run).
+
+    Under ``torchrun --max-restarts`` or a requeueing scheduler the same command runs again after a
+    failure or a preemption: it continues from the last checkpoint, or starts over when the launch
+    before wrote none. What such a launch left behind (``LAUNCH_LEFTOVERS``: its config.yaml, step
+    log, TensorBoard events) is to be cleared then, provided its config.yaml holds this
+    configuration (the caller checks that). A folder holding more (a checkpoint other than last.pt,
+    scores, figures: a finished run that kept only best.pt) or a ``last.pt`` that is not a file is
+    refused, unless ``overwrite`` (``train.overwrite``) asks to replace it. Nothing is written here.
+
+    Args:
+        looked: ``look_for_resume(output_dir)``, as rank 0 saw it.
+    Returns:
+        (the checkpoint to resume or None, whether an earlier launch's outputs are to be cleared:
+        then ``config.yaml`` must hold this run's configuration).
+    Raises:
+        RunFolderError: ``last.pt`` is not a file, or the folder holds more than leftovers.
+    """
+    last = output_dir / CHECKPOINTS / "last.pt"
+    last_kind, has_config, beyond = looked
+    if last_kind == "a file":
+        return last, False
+    if last_kind is not None:
+        raise RunFolderError(
+            f"{last}: is {last_kind}, not a checkpoint; --resume auto neither continues nor "
+            "replaces the run: move it away, or choose another --output-dir"
+        )
+    if beyond and not overwrite:
+        shown = ", ".join(beyond[:4]) + (f" and {len(beyond) - 4} more" if len(beyond) > 4 else "")
+        raise RunFolderError(
+            f"{output_dir}: --resume auto: no checkpoints/last.pt to continue, and the folder "
+            f"holds more than a launch that died before its first checkpoint leaves ({shown}); "
+            "replace that run with --set train.overwrite=true, or choose another --output-dir"
+        )
+    if not has_config or beyond:  # nothing to start over from, or a run train.overwrite replaces
+        return None, False
+    return None, True
+
+
+def best_checkpoint(output_dir: Path, best_metric: Callable[[Path], float]) -> Path:
+    """The checkpoint to evaluate: of ``best_scst.pt`` and ``best.pt``, the one with the higher
+    validation metric (``best_metric(path)``; self-critical epochs need not beat the cross-entropy
+    model they start from; a tie goes to the self-critical one), else ``last.pt``.
+
+    Raises:
+        RunFolderError: ``checkpoints/`` holds none of the three.
+    """
+    scored = []
+    for order, name in enumerate(("best_scst", "best")):
+        path = output_dir / CHECKPOINTS / f"{name}.pt"
+        if path.exists():
+            scored.append((best_metric(path), -order, path))
+    if scored:
+        return max(scored)[2]
+    last = output_dir / CHECKPOINTS / "last.pt"
+    if last.exists():
+        return last
+    raise RunFolderError(f"{output_dir / CHECKPOINTS}: no checkpoint found")
 
 
 def check_output_file(path: str | Path, option: str) -> None:

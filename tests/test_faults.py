@@ -39,7 +39,7 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
 from captioning.runtime.checkpoint import load_checkpoint, save_checkpoint
 from captioning.runtime.distributed import ProcessGroup
-from captioning.training.run import prepare_run
+from captioning.training.run import build_run_model, run_datasets
 
 SHAPES_YAML = REPO / "configs" / "shapes.yaml"
 
@@ -146,7 +146,8 @@ def shapes(tmp_path_factory) -> SimpleNamespace:
     """Tiny Shapes data with its feature cache, and a checkpoint of the (untrained) tiny model."""
     root, run = tmp_path_factory.mktemp("shapes"), tmp_path_factory.mktemp("run")
     config = load_config(SHAPES_YAML, tiny_overrides(root, run, **{"train.epochs": 0}))
-    _, model, _, _ = prepare_run(config, run, None, False, ProcessGroup(), torch.device("cpu"))
+    records, model = build_run_model(config, None, torch.device("cpu"), ProcessGroup())
+    run_datasets(records, model, config, run, False, torch.device("cpu"))
     checkpoint = run / "checkpoints" / "best.pt"
     save_checkpoint(
         checkpoint,

@@ -21,7 +21,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from captioning.config import EncoderConfig
-from captioning.data import feature_cache
+from captioning.data import cache_build, feature_cache
 from captioning.data.datasets import CaptionDataset, collate_captions
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.images import ImageError, load_image
@@ -94,7 +94,7 @@ def _interrupt_at_image(monkeypatch: pytest.MonkeyPatch, calls_before_interrupt:
             raise KeyboardInterrupt
         return load_image(path, entry=entry)
 
-    monkeypatch.setattr(feature_cache, "load_image", load)
+    monkeypatch.setattr(cache_build, "load_image", load)
 
 
 def _index(cache_dir: Path) -> dict:

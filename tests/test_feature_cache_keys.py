@@ -132,7 +132,7 @@ def test_moved_and_copied_images_reuse_every_row(tmp_path, encoder, monkeypatch)
         hashes["n"] += 1
         return real_identity(path, size)
 
-    monkeypatch.setattr("captioning.data.feature_cache.content_identity", counting_identity)
+    monkeypatch.setattr("captioning.data.cache_build.content_identity", counting_identity)
     again = _build(tmp_path / "cache", encoder, records)
     assert hashes["n"] == 0  # a restart stats the files and reuses their recorded hashes
 
@@ -292,14 +292,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from captioning.config import EncoderConfig
-from captioning.data import feature_cache
+from captioning.data import cache_build
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import build_encoder
 
 hashed = []
-identity = feature_cache.content_identity
-feature_cache.content_identity = lambda path, size: hashed.append(str(path)) or identity(path, size)
+identity = cache_build.content_identity
+cache_build.content_identity = lambda path, size: hashed.append(str(path)) or identity(path, size)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()

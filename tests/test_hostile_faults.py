@@ -36,12 +36,12 @@ def test_a_new_run_on_a_full_disk_names_the_file_and_leaves_nothing_behind(shape
 def test_a_read_only_cache_folder_is_named_before_any_image_is_encoded(
     shapes, tmp_path, read_only_mount, monkeypatch
 ):
-    from captioning.data import feature_cache
+    from captioning.data import cache_build
 
     def never(*args, **kwargs):
         raise AssertionError("rows were computed before the cache folder was checked")
 
-    monkeypatch.setattr(feature_cache._Build, "compute_share", never)
+    monkeypatch.setattr(cache_build.Build, "compute_share", never)
     result = in_process(
         "train.py",
         "--no-test",

@@ -81,9 +81,11 @@ def data_root(tmp_path_factory) -> Path:
     )
     from captioning.runtime.device import resolve_device
     from captioning.runtime.distributed import ProcessGroup
-    from captioning.training.run import prepare_run
+    from captioning.training.run import build_run_model, run_datasets
 
-    prepare_run(config, root, None, False, ProcessGroup(), resolve_device("cpu"))
+    device = resolve_device("cpu")
+    records, model = build_run_model(config, None, device, ProcessGroup())
+    run_datasets(records, model, config, root, False, device)
     return root
 
 

@@ -115,21 +115,6 @@ def resample_counts(images: int, resamples: int, seed: int) -> np.ndarray:
     return np.bincount(flat, minlength=resamples * images).reshape(resamples, images).astype(np.float64)
 
 
-def compare_statistic(
-    counts: np.ndarray, stats_a: np.ndarray, stats_b: np.ndarray, score: Callable[[np.ndarray], np.ndarray]
-) -> Comparison:
-    """Paired bootstrap of one metric.
-
-    Args:
-        counts: (R, N) :func:`resample_counts`.
-        stats_a, stats_b: (N, K) per-image statistics of each system.
-        score: (M, K) summed statistics -> (M,) the metric over M image sets.
-    Returns:
-        :class:`Comparison` (``difference`` is B - A).
-    """
-    return compare_groups(counts, [stats_a], [stats_b], score)
-
-
 def run_draws(runs: int, resamples: int, seed: int, group: int) -> np.ndarray:
     """(R, runs) indices of the runs drawn, with replacement, in each resample of one group of runs.
 
@@ -209,41 +194,6 @@ def mean_score(images: int) -> Callable[[np.ndarray], np.ndarray]:
     return lambda sums: sums[:, 0] / images
 
 
-def paired_bootstrap(
-    per_image_a: Mapping[str, np.ndarray],
-    per_image_b: Mapping[str, np.ndarray],
-    bleu_a: np.ndarray | None = None,
-    bleu_b: np.ndarray | None = None,
-    resamples: int = 1000,
-    seed: int = 0,
-    ratios_a: Mapping[str, np.ndarray] | None = None,
-    ratios_b: Mapping[str, np.ndarray] | None = None,
-) -> dict[str, Comparison]:
-    """Compare two systems on the same N images, metric by metric, with Holm-adjusted p-values.
-
-    Args:
-        per_image_a, per_image_b: metric -> (N,) per-image scores (same metrics, same image order).
-        bleu_a, bleu_b: (N, 10) :func:`bleu_statistics` for corpus BLEU-1..4, or None.
-        resamples: bootstrap resamples R.
-        seed: seeds the resampling (the result is a function of the inputs and the seed).
-        ratios_a, ratios_b: metric -> (N, 2) per-image (sum, count) of a ratio metric (grounding,
-            CHAIR): the score of a set of images is the sum over the count.
-    Returns:
-        metric -> :class:`Comparison`, BLEU-1..4 first when given, then the per-image metrics, then
-        the ratio metrics.
-    """
-    return group_bootstrap(
-        [per_image_a],
-        [per_image_b],
-        None if bleu_a is None else [bleu_a],
-        None if bleu_b is None else [bleu_b],
-        resamples,
-        seed,
-        None if ratios_a is None else [ratios_a],
-        None if ratios_b is None else [ratios_b],
-    )
-
-
 def group_bootstrap(
     per_image_a: Sequence[Mapping[str, np.ndarray]],
     per_image_b: Sequence[Mapping[str, np.ndarray]],
@@ -257,8 +207,8 @@ def group_bootstrap(
     """Compare k runs of A with k' runs of B on the same N images (see the module docstring).
 
     Args:
-        per_image_a, per_image_b: one mapping per run, as for :func:`paired_bootstrap` (the metrics
-            of the first run of A are compared).
+        per_image_a, per_image_b: one mapping per run, metric -> (N,) per-image scores (same
+            metrics, same image order; the metrics of the first run of A are compared).
         bleu_a, bleu_b: one (N, 10) array per run, or None.
         ratios_a, ratios_b: one mapping per run, metric -> (N, 2) (sum, count), or None.
     Returns:

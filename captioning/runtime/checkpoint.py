@@ -9,10 +9,7 @@ previous checkpoint whole.
 from __future__ import annotations
 
 import io
-import pickle
 import random
-import re
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from captioning.config import Config, ConfigError, to_dict
 from captioning.config_files import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
 from captioning.files import NoSpaceError, atomic_write, not_a_regular_file
+from captioning.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-checkpoint"
 VERSION = 1
@@ -155,17 +153,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: {not_a_regular_file(path) or 'checkpoint file not found'}")
-    _check_crc(path)
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(
-            f"{path}: refused: the checkpoint holds objects other than tensors and plain "
-            f"types ({_unpickling_detail(error)})"
-        ) from None
-    except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError) as error:
-        detail = _first_sentence(str(error)) or type(error).__name__
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({detail})") from None
+        payload = read_state_file(path, "checkpoint", map_location)
+    except StateFileError as error:
+        raise CheckpointError(str(error)) from None
     check_payload(payload, path)
     return payload
 
@@ -197,21 +188,6 @@ def check_payload(payload: Any, path: str | Path) -> None:
         _check_weights(payload.get(section) or {}, section, path)
 
 
-def _check_crc(path: Path) -> None:
-    """Refuse a checkpoint whose zip members fail their CRC check (torch.load does not look)."""
-    if not zipfile.is_zipfile(path):
-        return  # not a zip at all: torch.load says so
-    try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
-        raise CheckpointError(
-            f"{path}: truncated or corrupt checkpoint ({_first_sentence(str(error))})"
-        ) from None
-    if damaged is not None:
-        raise CheckpointError(f"{path}: corrupt checkpoint: {damaged} fails its CRC check")
-
-
 def _check_weights(state: dict, section: str, path: Path) -> None:
     """Every entry a tensor, every floating-point value finite: else decoding gives empty captions."""
     for name, value in state.items():
@@ -226,26 +202,6 @@ def _check_weights(state: dict, section: str, path: Path) -> None:
             )
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise CheckpointError(f"{path}: {section} weights: {name} holds NaN or infinite values")
-
-
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _first_sentence(text: str, limit: int = 160) -> str:
-    """The first sentence of an error message, on one line, without terminal colour codes."""
-    text = " ".join(_ANSI_ESCAPE.sub("", text).split())
-    return text.split(". ")[0].rstrip(".")[:limit]
-
-
-def _unpickling_detail(error: pickle.UnpicklingError) -> str:
-    """What torch's weights-only unpickler refused (``Unsupported global: GLOBAL os.system ...``).
-
-    torch's message starts with advice to load the file with ``weights_only=False``; for a file from
-    a stranger that is exactly what must not happen, so only the refused object is reported.
-    """
-    text = _ANSI_ESCAPE.sub("", str(error))
-    match = re.search(r"WeightsUnpickler error:\s*(.+)", text)
-    return _first_sentence(match.group(1) if match else text) or "unsupported object"
 
 
 def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") -> tuple[Config, Vocabulary]:

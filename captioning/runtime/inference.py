@@ -1,4 +1,5 @@
-"""Batched decoding of a dataset with a trained model (validation during training, evaluation after)."""
+"""Batched decoding of a dataset with a trained model (validation during training, evaluation after):
+the batches of an epoch, the loader over them, and captioning a dataset split."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioning.config import DecodeConfig
+from captioning.config import Config, DecodeConfig
+from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
 from captioning.decoding import Caption, decode
 from captioning.models.captioner import Captioner
 from captioning.runtime import distributed
@@ -86,3 +89,55 @@ def generate_captions(
             captions = decode(decoder, annotations_of(model, batch), decode_config)
         results.extend(zip(batch["indices"].tolist(), batch["image_ids"].tolist(), captions, strict=True))
     return results
+
+
+def loader_for(
+    dataset: CaptionDataset, batches: Iterable[list[int]], config: Config, device: torch.device
+) -> DataLoader:
+    """A loader of ``dataset`` over ``batches`` (lists of dataset indices, e.g. ``EpochBatches``)."""
+    # An own generator: creating the loader's iterator must not draw from the global RNG, or a
+    # resumed run (whose iterator starts mid-epoch) would see different dropout masks.
+    return DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate_captions,
+        num_workers=usable_workers(config.data.num_workers),
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(config.train.seed),
+    )
+
+
+def decode_records(
+    model: Captioner,
+    dataset: CaptionDataset,
+    config: Config,
+    device: torch.device,
+    limit: int = 0,
+    progress: bool = True,
+    desc: str = "decoding",
+    group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
+) -> list[tuple[int, int, Caption]]:
+    """Caption the first ``limit`` (0 = all) images of ``dataset``: (index, image id, Caption) triples.
+
+    With several processes each decodes its own share (whole batches of ``decode.batch_size``)
+    and returns only those.
+    """
+    count = len(dataset) if not limit else min(limit, len(dataset))
+    batches = EpochBatches(
+        count,
+        config.decode.batch_size * group.world_size,
+        seed=0,
+        epoch=0,
+        shuffle=False,
+        rank=group.rank,
+        world_size=group.world_size,
+    )
+    return generate_captions(
+        model,
+        loader_for(dataset, batches, config, device),
+        config.decode,
+        device,
+        progress=progress,
+        desc=desc,
+        amp=config.train.amp,
+    )

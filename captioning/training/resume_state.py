@@ -1,4 +1,9 @@
-"""Checks of a checkpoint's training state before ``--resume`` uses it or writes anything.
+"""The rules of ``--resume``: which checkpoint and configuration may continue a run, and checks of the
+checkpoint's training state before the run uses it or writes anything.
+
+``check_resume_payload`` owns the refusals both resume paths give (``run.check_resume`` before any
+work, ``Trainer.resume`` when it loads), and ``check_resumable`` the configuration rule (also
+``--resume auto``'s, against a launch's ``config.yaml``).
 
 A resumed run loads the optimizer, schedule, position and random streams stored in ``last.pt``.
 torch loads whatever it is given and fails later, mid-run, with messages that name neither the file
@@ -21,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from captioning.config import Config
+from captioning.config import Config, to_dict
+from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.runtime.checkpoint import CheckpointError, check_state_fits
+from captioning.runtime.checkpoint import CheckpointError, check_state_fits, checkpoint_config
 from captioning.training.averaging import trainable_parameters
 from captioning.training.engine import TrainState
 from captioning.training.optim import optimizer_for, scheduler_for
@@ -38,6 +44,99 @@ COUNTERS = (
     "skipped_batches",
     "epoch_steps",
 )
+
+
+# What may differ between a checkpoint's configuration and the run that resumes it: how long and
+# where to run, logging, and decoding (it only changes validation). The self-critical settings may
+# still change while the checkpoint is in its cross-entropy stage.
+RESUMABLE_KEYS = frozenset(
+    [
+        "train.epochs",
+        "train.scst_epochs",
+        "train.max_steps",
+        "train.early_stop_patience",
+        "train.checkpoint_every",
+        "train.log_every",
+        "train.val_images",
+        "train.output_dir",
+        "train.device",
+        "train.amp",
+        "train.compile",
+        "train.deterministic",
+        "train.nonfinite",
+        "train.overwrite",
+        "data.root",
+        "data.cache_dir",
+        "data.split_file",
+        "data.annotations",
+        "data.instances",
+        "data.chair_table",
+        "data.num_workers",
+        "data.use_cache",
+        "data.skip_bad_images",
+        "train.resume",
+    ]
+)
+RESUMABLE_BEFORE_SCST = frozenset(
+    ["train.scst_lr", "train.scst_samples", "train.scst_baseline", "train.scst_reward_eos"]
+)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def check_resumable(stored: Config, config: Config, stage: str, path: str | Path) -> None:
+    """Refuse to resume a checkpoint under a configuration that would not continue the same run.
+
+    Raises:
+        CheckpointError: one line naming the first key that differs and may not change.
+    """
+    allowed = RESUMABLE_KEYS | (RESUMABLE_BEFORE_SCST if stage == "xe" else frozenset())
+    old, new = _flat(to_dict(stored)), _flat(to_dict(config))
+    changed = [
+        key
+        for key in new
+        if old.get(key) != new[key] and key not in allowed and not key.startswith("decode.")
+    ]
+    if changed:
+        key = changed[0]
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise CheckpointError(
+            f"{path}: {key} is {old.get(key)!r} in the checkpoint but {new[key]!r} now{more}; "
+            "a resumed run keeps its configuration (pass the same --config and flags), "
+            "apart from its length, logging, paths and decoding"
+        )
+
+
+def check_resume_payload(payload: dict, config: Config, path: str | Path) -> tuple[dict, Config, Vocabulary]:
+    """Refuse to resume from a loaded checkpoint that cannot continue this run: no training state,
+    weights only (``best.pt``), a damaged entry (``check_training_entries``) or another configuration
+    (``check_resumable``).
+
+    Returns:
+        The checkpoint's training section, its stored configuration and vocabulary.
+    Raises:
+        CheckpointError: one line naming ``path`` and what is wrong.
+    """
+    training = payload.get("training")
+    if not training:
+        raise CheckpointError(f"{path}: has no training state to resume from")
+    if "optimizer" not in training:  # best.pt and best_scst.pt keep the weights only
+        raise CheckpointError(
+            f"{path}: holds weights only, without the optimizer state a resumed run needs; "
+            "resume from checkpoints/last.pt"
+        )
+    check_training_entries(training, path)
+    stored, vocab = checkpoint_config(payload, path)
+    check_resumable(stored, config, training["state"].get("stage", "xe"), path)
+    return training, stored, vocab
 
 
 def _refuse(path: str | Path, entry: str, what: str) -> CheckpointError:

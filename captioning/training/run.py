@@ -25,7 +25,10 @@ from captioning.run_folder import (
     CHECKPOINTS,
     RunLock,
     check_output_folder,
+    claim_output_dir,
+    remove_outputs,
 )
+from captioning.run_folder import best_checkpoint as choose_best_checkpoint
 from captioning.runtime import distributed
 from captioning.runtime.checkpoint import (
     CheckpointError,
@@ -41,7 +44,7 @@ from captioning.runtime.inputs import (
     feature_cache_dir,
     uses_cache,
 )
-from captioning.training.claim import auto_resume_point, claim_output_dir, remove_outputs
+from captioning.training.claim import auto_resume_point
 from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState
 from captioning.training.plan import (
@@ -51,8 +54,8 @@ from captioning.training.plan import (
     resumed_length,
     warmup_note,
 )
-from captioning.training.resume_state import check_training_entries, check_training_fits
-from captioning.training.trainer import Trainer, check_resumable
+from captioning.training.resume_state import check_resume_payload, check_training_fits
+from captioning.training.trainer import Trainer
 
 AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
 
@@ -63,28 +66,11 @@ class RunOutputs:
 
     output_dir: Path
     files: dict[str, Path] = field(default_factory=dict)
-    test_scores: dict | None = None
     state: TrainState | None = None
     lock: RunLock | None = None  # held by rank 0 until the main job ends (or the process)
     caption_warning: str | None = (
         None  # the last captions were mostly empty or the same (degenerate_captions)
     )
-
-
-def prepare_run(
-    config: Config,
-    output_dir: Path,
-    resume: Path | None,
-    progress: bool,
-    group: distributed.ProcessGroup,
-    device: torch.device,
-    test: bool = False,
-):
-    """Records, vocabulary, model and datasets for a run (the vocabulary from the checkpoint on resume)."""
-    records, model = build_run_model(config, resume, device, group, test)
-    write_data_summary(records, config.data, output_dir)
-    train_set, val_set = run_datasets(records, model, config, output_dir, progress, device, group)
-    return records, model, train_set, val_set
 
 
 def build_run_model(
@@ -169,17 +155,7 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
             f"{output_dir}; pass --output-dir {Path(os.path.abspath(resume)).parent.parent}"
         )
     payload = load_checkpoint(resume)
-    training = payload.get("training")
-    if not training:
-        raise CheckpointError(f"{resume}: has no training state to resume from")
-    if "optimizer" not in training:  # best.pt and best_scst.pt keep the weights only
-        raise CheckpointError(
-            f"{resume}: holds weights only, without the optimizer state a resumed run needs; "
-            "resume from checkpoints/last.pt"
-        )
-    check_training_entries(training, resume)
-    stored, _ = checkpoint_config(payload, resume)
-    check_resumable(stored, config, training["state"].get("stage", "xe"), resume)
+    check_resume_payload(payload, config, resume)
     return payload
 
 
@@ -364,16 +340,15 @@ def train(
             outputs.state = trainer.fit()
             outputs.caption_warning = trainer.caption_warning
         finally:
-            if trainer.writer is not None:
-                trainer.writer.close()
+            trainer.log.close()
         if group.is_main:
             for name in ("last", "best", "best_scst"):
                 path = trainer.checkpoint_dir / f"{name}.pt"
                 if path.exists():
                     outputs.files[f"checkpoint ({name})"] = path
             outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
-            if trainer.steps_log.exists():  # no step was taken in a run of 0 epochs
-                outputs.files["step log"] = trainer.steps_log
+            if trainer.log.steps_path.exists():  # no step was taken in a run of 0 epochs
+                outputs.files["step log"] = trainer.log.steps_path
             history = output_dir / "history.json"
             text = json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1)
             atomic_write(history, lambda p: p.write_text(text))
@@ -390,18 +365,11 @@ def train(
 
 
 def best_checkpoint(output_dir: Path) -> Path:
-    """The checkpoint to evaluate: of ``best_scst.pt`` and ``best.pt``, the one with the higher
-    validation metric (self-critical epochs need not beat the cross-entropy model they start
-    from; a tie goes to the self-critical one), else ``last.pt``."""
-    scored = []
-    for order, name in enumerate(("best_scst", "best")):
-        path = output_dir / "checkpoints" / f"{name}.pt"
-        if path.exists():
-            state = (load_checkpoint(path).get("training") or {}).get("state", {})
-            scored.append((state.get("best_metric", -math.inf), -order, path))
-    if scored:
-        return max(scored)[2]
-    last = output_dir / "checkpoints" / "last.pt"
-    if last.exists():
-        return last
-    raise CheckpointError(f"{output_dir / 'checkpoints'}: no checkpoint found")
+    """The checkpoint to evaluate (``run_folder.best_checkpoint``: the best validation metric their
+    training state records, else ``last.pt``)."""
+    return choose_best_checkpoint(
+        output_dir,
+        lambda path: (
+            (load_checkpoint(path).get("training") or {}).get("state", {}).get("best_metric", -math.inf)
+        ),
+    )

@@ -3,88 +3,36 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
-from torch.utils.tensorboard import SummaryWriter
 
-from captioning.config import PER_STEP_SCHEDULES, Config, to_dict
-from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
+from captioning.config import Config
+from captioning.data.datasets import CaptionDataset
 from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.metrics import score_captions
 from captioning.models.captioner import Captioner
 from captioning.runtime import distributed
 from captioning.runtime.checkpoint import (
     CheckpointError,
-    atomic_write,
-    checkpoint_config,
     load_checkpoint,
     load_state_checked,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
-from captioning.runtime.inference import EpochBatches, generate_captions
+from captioning.runtime.inference import EpochBatches, decode_records, loader_for
 from captioning.text import detokenize
 from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.engine import TrainState, steps_per_epoch, train_one_epoch
+from captioning.training.hooks import RunLog, ScheduleHook, epoch_checkpoints, loss_text, step_checkpoint_due
 from captioning.training.optim import optimizer_for, scheduler_for
+from captioning.training.resume_state import check_resume_payload
 from captioning.training.rewards import CiderDReward
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
-
-
-def loader_for(dataset: CaptionDataset, batches, config: Config, device: torch.device) -> DataLoader:
-    # An own generator: creating the loader's iterator must not draw from the global RNG, or a
-    # resumed run (whose iterator starts mid-epoch) would see different dropout masks.
-    return DataLoader(
-        dataset,
-        batch_sampler=batches,
-        collate_fn=collate_captions,
-        num_workers=usable_workers(config.data.num_workers),
-        pin_memory=device.type == "cuda",
-        generator=torch.Generator().manual_seed(config.train.seed),
-    )
-
-
-def decode_records(
-    model: Captioner,
-    dataset: CaptionDataset,
-    config: Config,
-    device: torch.device,
-    limit: int = 0,
-    progress: bool = True,
-    desc: str = "decoding",
-    group: distributed.ProcessGroup = distributed.SINGLE_PROCESS,
-):
-    """Caption the first ``limit`` (0 = all) images of ``dataset``: (index, image id, Caption) triples.
-
-    With several processes each decodes its own share (whole batches of ``decode.batch_size``)
-    and returns only those.
-    """
-    count = len(dataset) if not limit else min(limit, len(dataset))
-    batches = EpochBatches(
-        count,
-        config.decode.batch_size * group.world_size,
-        seed=0,
-        epoch=0,
-        shuffle=False,
-        rank=group.rank,
-        world_size=group.world_size,
-    )
-    return generate_captions(
-        model,
-        loader_for(dataset, batches, config, device),
-        config.decode,
-        device,
-        progress=progress,
-        desc=desc,
-        amp=config.train.amp,
-    )
 
 
 def validation_scores(
@@ -119,85 +67,6 @@ def validation_scores(
     return distributed.broadcast_object(result) if group.world_size > 1 else result
 
 
-# What may differ between a checkpoint's configuration and the run that resumes it: how long and
-# where to run, logging, and decoding (it only changes validation). The self-critical settings may
-# still change while the checkpoint is in its cross-entropy stage.
-RESUMABLE_KEYS = frozenset(
-    [
-        "train.epochs",
-        "train.scst_epochs",
-        "train.max_steps",
-        "train.early_stop_patience",
-        "train.checkpoint_every",
-        "train.log_every",
-        "train.val_images",
-        "train.output_dir",
-        "train.device",
-        "train.amp",
-        "train.compile",
-        "train.deterministic",
-        "train.nonfinite",
-        "train.overwrite",
-        "data.root",
-        "data.cache_dir",
-        "data.split_file",
-        "data.annotations",
-        "data.instances",
-        "data.chair_table",
-        "data.num_workers",
-        "data.use_cache",
-        "data.skip_bad_images",
-        "train.resume",
-    ]
-)
-RESUMABLE_BEFORE_SCST = frozenset(
-    ["train.scst_lr", "train.scst_samples", "train.scst_baseline", "train.scst_reward_eos"]
-)
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[prefix + key] = value
-    return flat
-
-
-def check_resumable(stored: Config, config: Config, stage: str, path: Path) -> None:
-    """Refuse to resume a checkpoint under a configuration that would not continue the same run.
-
-    Raises:
-        CheckpointError: one line naming the first key that differs and may not change.
-    """
-    allowed = RESUMABLE_KEYS | (RESUMABLE_BEFORE_SCST if stage == "xe" else frozenset())
-    old, new = _flat(to_dict(stored)), _flat(to_dict(config))
-    changed = [
-        key
-        for key in new
-        if old.get(key) != new[key] and key not in allowed and not key.startswith("decode.")
-    ]
-    if changed:
-        key = changed[0]
-        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise CheckpointError(
-            f"{path}: {key} is {old.get(key)!r} in the checkpoint but {new[key]!r} now{more}; "
-            "a resumed run keeps its configuration (pass the same --config and flags), "
-            "apart from its length, logging, paths and decoding"
-        )
-
-
-def _logged_step(line: str) -> float:
-    """The step of a steps.jsonl line; infinite (so it is dropped) for a line cut short by a full disk
-    or a kill mid-append."""
-    try:
-        step = json.loads(line)["step"]
-    except (ValueError, TypeError, KeyError):
-        return math.inf
-    return step if isinstance(step, int) else math.inf
-
-
 class Trainer:
     """Holds a run's parts; ``fit`` runs the cross-entropy then the self-critical stage."""
 
@@ -217,12 +86,11 @@ class Trainer:
         self.progress = progress and group.is_main
         self.state = TrainState()
         self.checkpoint_dir = output_dir / "checkpoints"
-        self.writer = SummaryWriter(str(output_dir / "tensorboard")) if group.is_main else None
-        self.steps_log = output_dir / "steps.jsonl"
+        self.log = RunLog(output_dir, group.is_main, config.train.log_every)
         self.rewarder = None
         self.stop = StopRequest(group.world_size, device)
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
-        self._step_lr: float | None = None  # the rate the latest step of this process used
+        self.schedule: ScheduleHook | None = None
         self.caption_warning: str | None = None  # the latest validation's, when its captions say nothing
         self.average = (
             WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay else None
@@ -239,6 +107,9 @@ class Trainer:
         scale = train.scst_lr / train.lr if stage == "scst" else 1.0
         self.optimizer = optimizer_for(self.model, train.lr * scale, train.encoder_lr * scale, self.config)
         self.scheduler = scheduler_for(self.optimizer, self.config, stage, self._xe_steps)
+        self.schedule = ScheduleHook(
+            self.optimizer, self.scheduler, train.schedule, self.schedule.step_lr if self.schedule else None
+        )
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
             # document frequencies once, from the training references
@@ -326,16 +197,7 @@ class Trainer:
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, position and RNG streams."""
         payload = load_checkpoint(path)
-        training = payload.get("training")
-        if not training:
-            raise CheckpointError(f"{path}: has no training state to resume from")
-        if "optimizer" not in training:
-            raise CheckpointError(
-                f"{path}: holds weights only, without the optimizer state a resumed run needs; "
-                "resume from checkpoints/last.pt"
-            )
-        stored, vocab = checkpoint_config(payload, path)
-        check_resumable(stored, self.config, training["state"].get("stage", "xe"), path)
+        training, _, vocab = check_resume_payload(payload, self.config, path)
         if vocab != self.model.vocab:
             raise CheckpointError(
                 f"{path}: vocabulary differs from this run's ({len(vocab)} vs {len(self.model.vocab)} words)"
@@ -357,24 +219,9 @@ class Trainer:
         set_rng_state(
             per_rank[self.group.rank] if same_ranks else training["rng"]
         )  # exact with the same ranks
-        self._trim_steps_log()
-
-    def _trim_steps_log(self) -> None:
-        """Forget logged steps after the checkpoint (a killed run may have logged a few more)."""
-        if not self.steps_log.exists() or not self.group.is_main:
-            return
-        kept = [
-            line
-            for line in self.steps_log.read_text(encoding="utf-8", errors="replace").splitlines()
-            if _logged_step(line) <= self.state.global_step
-        ]
-        atomic_write(self.steps_log, lambda p: p.write_text("".join(line + "\n" for line in kept)))
+        self.log.trim(self.state.global_step)
 
     # ------------------------------------------------------------------ loop
-    @property
-    def _per_step_schedule(self) -> bool:
-        return self.config.train.schedule in PER_STEP_SCHEDULES and self.scheduler is not None
-
     @property
     def _xe_steps(self) -> int:
         """The cross-entropy stage's optimisation steps, over which ``cosine`` decays."""
@@ -383,23 +230,9 @@ class Trainer:
     def _on_step(self, state: TrainState, numbers: dict[str, float]) -> None:
         if self.average is not None:
             self.average.update()
-        if self.group.is_main:
-            with self.steps_log.open("a") as log:
-                log.write(
-                    json.dumps(
-                        {"step": state.global_step, "epoch": state.epoch + 1, "stage": state.stage, **numbers}
-                    )
-                    + "\n"
-                )
-            if state.global_step % self.config.train.log_every == 0:
-                for key, value in numbers.items():
-                    self.writer.add_scalar(f"train/{key}", value, state.global_step)
-                self.writer.add_scalar("train/lr", self.optimizer.param_groups[0]["lr"], state.global_step)
-        if self._per_step_schedule:  # after logging the rate this step used, before a checkpoint keeps it
-            self._step_lr = self.optimizer.param_groups[0]["lr"]
-            self.scheduler.step()
-        every = self.config.train.checkpoint_every
-        if every and state.global_step % every == 0:
+        self.log.after_step(state, numbers, self.optimizer.param_groups[0]["lr"])
+        self.schedule.after_step()  # after logging the rate this step used, before a checkpoint keeps it
+        if step_checkpoint_due(state.global_step, self.config.train.checkpoint_every):
             self.checkpoint("last")
 
     def _stage_epochs(self, stage: str) -> int:
@@ -462,29 +295,6 @@ class Trainer:
         patience = self.config.train.early_stop_patience
         return self._out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
 
-    def _loss_text(self, numbers: dict[str, float]) -> str:
-        """The epoch's loss with its parts: a caption's doubly stochastic penalty cannot go below
-        P (1 - T/P)^2 for P grid cells and T steps (171 at 14x14 for 13 steps), so the total
-        alone hides the cross-entropy."""
-        loss = numbers.get("loss", float("nan"))
-        text = f"loss {loss:.3f}"
-        if "cross_entropy" in numbers:
-            weight = self.config.model.decoder.doubly_stochastic
-            text += (
-                f" = cross-entropy {numbers['cross_entropy']:.3f} + {weight:g} x attention penalty "
-                f"{numbers['attention_penalty']:.3f}"
-            )
-            if not math.isclose(
-                loss,
-                numbers["cross_entropy"] + weight * numbers["attention_penalty"],
-                rel_tol=1e-4,
-                abs_tol=1e-4,
-            ):
-                text += " + hard-attention terms"
-        if "reward" in numbers:
-            text += f" (reward {numbers['reward']:.3f}, baseline {numbers['baseline']:.3f})"
-        return text
-
     def _run_epoch(self) -> None:
         config, state = self.config, self.state
         self.train_set.set_epoch(state.epoch)
@@ -526,15 +336,7 @@ class Trainer:
         metric = scores.get(config.train.metric)
         metric = float("-inf") if metric is None else metric
         improved = metric > state.best_metric
-        # The rate this epoch used: a per-step schedule's last step's, else the epoch's, before it moves.
-        lr = self.optimizer.param_groups[0]["lr"]
-        if self._per_step_schedule and self._step_lr is not None:
-            lr = self._step_lr
-        if self.scheduler is not None and not self._per_step_schedule:
-            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                self.scheduler.step(metric)
-            else:
-                self.scheduler.step()
+        lr = self.schedule.after_epoch(metric)
         record = {
             "stage": state.stage,
             "epoch": state.epoch + 1,
@@ -550,30 +352,17 @@ class Trainer:
             state.epochs_without_improvement += 1
         state.epoch += 1
         state.batch_in_epoch = 0
-        if self.group.is_main:
-            for key, value in scores.items():
-                if value is not None:
-                    self.writer.add_scalar(f"val/{key}", value, state.global_step)
-            self.writer.add_text(
-                "val/captions",
-                "\n\n".join(
-                    f"{image_id}: **{caption}** (reference: {refs[0] if refs else ''})"
-                    for image_id, caption, refs in examples
-                ),
-                state.global_step,
-            )
-            self.writer.flush()
-            for key, value in numbers.items():
-                self.writer.add_scalar(f"epoch/train_{key}", value, state.global_step)
-            print(
-                f"[{state.stage}] epoch {state.epoch}: {self._loss_text(numbers)}  "
-                f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
-                f"lr {record['lr']:.2e}  {record['seconds']}s"
-                + ("  (best)" if improved else "")
-                + (f"  {self.caption_warning}" if self.caption_warning else ""),
-                flush=True,
-            )
-        # Best first, then last: a crash between the two leaves a resumable 'last' of the previous epoch.
-        if improved:
-            self.checkpoint("best" if state.stage == "xe" else "best_scst")
-        self.checkpoint("last")
+        self.log.after_epoch(
+            state,
+            scores,
+            examples,
+            numbers,
+            f"[{state.stage}] epoch {state.epoch}: "
+            f"{loss_text(numbers, config.model.decoder.doubly_stochastic)}  "
+            f"{config.train.metric} {metric:.3f}  BLEU-4 {scores.get('BLEU-4') or 0:.3f}  "
+            f"lr {record['lr']:.2e}  {record['seconds']}s"
+            + ("  (best)" if improved else "")
+            + (f"  {self.caption_warning}" if self.caption_warning else ""),
+        )
+        for name in epoch_checkpoints(state.stage, improved):
+            self.checkpoint(name)

@@ -26,6 +26,7 @@ from torch import nn
 
 from captioning.files import not_a_regular_file
 from captioning.models.encoders.registry import EncoderWeightsError
+from captioning.state_files import StateFileError, read_state_file
 
 DOWNLOAD_TIMEOUT_S = 15.0  # socket timeout while fetching published weights
 
@@ -163,7 +164,7 @@ def hub_file(
                     )
             except EntryNotFoundError as error:  # not published under this name
                 reasons.append(f"{filename}: {type(error).__name__}".replace("\n", " "))
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - offline, timeout, refused: the next name would wait too
                 reasons.append(f"{filename}: {type(error).__name__}: {error}".replace("\n", " ")[:160])
                 break
     url = huggingface_hub.hf_hub_url(repo, filenames[0], revision=revision or None)
@@ -176,18 +177,15 @@ def hub_file(
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A state dict from a ``torch.save`` file (weights_only) or a ``.safetensors`` file."""
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    """A state dict from a ``torch.save`` file (weights_only) or a ``.safetensors`` file (``read_state_file``).
 
-            state = load_file(path, device="cpu")
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise EncoderWeightsError(
-            f"{path}: not a readable state-dict file ({error})".replace("\n", " ")
-        ) from None
+    Raises:
+        EncoderWeightsError: the file cannot be read, or holds something other than a state dict.
+    """
+    try:
+        state = read_state_file(path, "state-dict file")
+    except StateFileError as error:
+        raise EncoderWeightsError(str(error)) from None
     if not isinstance(state, dict):
         raise EncoderWeightsError(f"{path}: expected a state dict, found a {type(state).__name__}")
     return state
