@@ -293,7 +293,14 @@ def test_a_grid_finer_than_the_native_one_is_refused():
 
 
 # The registered networks with batch norms (the inference copy folds them; the others have none).
-WITH_BATCH_NORMS = {"efficientnet_lite0", "resnet50", "resnet101", "resnet152", "efficientnet_b0", "timm:resnet18"}
+WITH_BATCH_NORMS = {
+    "efficientnet_lite0",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "efficientnet_b0",
+    "timm:resnet18",
+}
 
 
 @pytest.mark.slow
