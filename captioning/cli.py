@@ -86,8 +86,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, flags: tuple[str, ...]
             metavar=kind.__name__.upper(),
             help=f"{text} (sets {key})",
         )
-        if name in FLAG_REGISTRIES:  # read by the help text's %(registered)s
-            action.registered = RegisteredNames(*FLAG_REGISTRIES[name])
+        if name in FLAG_REGISTRIES:  # the help text's %(registered)s is read from vars(action)
+            vars(action)["registered"] = RegisteredNames(*FLAG_REGISTRIES[name])
     parser.add_argument(
         "--set",
         dest="overrides",

@@ -114,7 +114,8 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         family = DECODER_CONFIGS.get(self.kind)
-        _check(family is not None, DECODER_CONFIGS.unknown_message(self.kind))
+        if family is None:
+            raise ConfigError(DECODER_CONFIGS.unknown_message(self.kind))
         _check(
             type(self) is family,
             f"model.decoder.kind {self.kind!r} is configured by {family.__name__}, not {type(self).__name__}",

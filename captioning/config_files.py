@@ -151,7 +151,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
     for name, value in values.items():
         hint = hints[name]
         key = prefix + name
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = _build(hint, value, key + ".", stored)
         else:
             kwargs[name] = _coerce(hint, value, key)

@@ -39,10 +39,15 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, 
                     (key, type_name, default, f"kind {kind}: {meaning}")
                     for key, type_name, default, meaning in own
                 )
-        elif dataclasses.is_dataclass(hint):
+        elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
             rows.extend(describe(hint, prefix + f.name + "."))
         else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                raise TypeError(f"{cls.__name__}.{f.name} has no default: every option needs one")
             type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "").replace(
                 " | ", " or "
             )

@@ -166,6 +166,16 @@ def test_hard_attention_loss_gradient_is_equation_12(reinforce_weight, entropy_w
     )
 
 
+def test_hard_attention_loss_refuses_an_output_without_sampled_locations():
+    decoder = make_decoder(attention="hard").eval()  # inference: the expected context, no locations
+    annotations, captions, lengths, image_index = make_batch()
+    output = decoder(annotations, captions, lengths, image_index)
+    assert output.location_log_probs is None
+    with pytest.raises(ValueError, match="sampled locations"):
+        hard_attention_loss(decoder, output, captions, penalty_weight=1.0, entropy_weight=0.0)
+    assert torch.isnan(decoder.reward_baseline)  # refused before the baseline moved
+
+
 BASELINE_WORKER = """
 import sys
 from pathlib import Path

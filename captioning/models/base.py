@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from torch import Tensor, nn
 
@@ -45,11 +45,22 @@ class DecoderOutput:
     entropies: Tensor | None = None  # (N, T) hard attention: entropy of alpha_t
 
 
+class StepState(Protocol):
+    """What a decoder carries from one step to the next for N rows (LSTM memory, attention caches).
+
+    Decoding reorders or repeats it with ``select`` without knowing what it holds.
+    """
+
+    def select(self, index: Tensor) -> StepState:
+        """Rows ``index`` (M,) of the state: a state of M rows."""
+        ...
+
+
 class StepOutput(NamedTuple):
     """One decoding step for N running hypotheses."""
 
     log_probs: Tensor  # (N, V)
-    state: NamedTuple  # the decoder's state, with ``select(index)``
+    state: StepState  # the decoder's state, with ``select(index)``
     alpha: Tensor  # (N, P)
     beta: Tensor | None  # (N,)
     location_log_prob: Tensor | None = (
@@ -142,7 +153,7 @@ class CaptionDecoder(nn.Module):
         """Per-image work on the annotations (B, P, C), once per image."""
         raise NotImplementedError
 
-    def init_state(self, annotations: Tensor):
+    def init_state(self, annotations: Tensor) -> StepState:
         """The state before the first word, one row per image of (B, P, C)."""
         raise NotImplementedError
 

@@ -15,7 +15,8 @@ their share of the LSTM gates and the output layer are computed for all steps at
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,11 @@ class DecoderState(NamedTuple):
 
     def select(self, index: Tensor) -> DecoderState:
         return DecoderState(self.h.index_select(0, index), self.c.index_select(0, index))
+
+
+# One recurrence step: the new state, context (N, D), alpha (N, P), beta (N,) or None, and with hard
+# attention in training the sampled location's log-probability (N,) and alpha's entropy (N,).
+CellOutput = tuple[DecoderState, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]
 
 
 @register_decoder("lstm", LSTMDecoderConfig)
@@ -101,6 +107,8 @@ class ShowAttendTellDecoder(CaptionDecoder):
         self.dropout = nn.Dropout(dropout)
         self.deep_output = deep_output
         self.output_tanh = output_tanh
+        # The compiled recurrence step, once compile_step has made it.
+        self._compiled_cell: Callable[[Tensor, Prepared, DecoderState], CellOutput] | None = None
         if deep_output:
             self.hidden_to_out = nn.Linear(hidden_dim, embed_dim)  # L_h
             self.context_to_out = nn.Linear(context_dim, embed_dim, bias=False)  # L_z
@@ -129,7 +137,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         grid: tuple[int, int] | None = None,
     ) -> ShowAttendTellDecoder:
         """The decoder (soft or hard attention) described by ``config``; the grid does not matter."""
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "vocab_size": vocab_size,
             "annotation_dim": annotation_dim,
             "attention": build_attention(config, annotation_dim),
@@ -154,7 +162,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         compiles to one fused kernel chain; the surrounding loop stays in Python. Worth it on
         GPU; on CPU the compilation (a minute or more) rarely pays for itself.
         """
-        self._cell = torch.compile(self._cell, dynamic=True, backend=backend)
+        self._compiled_cell = torch.compile(self._cell, dynamic=True, backend=backend)
 
     # ----------------------------------------------------------------- per-image work, done once
     def prepare(self, annotations: Tensor) -> Prepared:
@@ -174,7 +182,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         """Soft attention: z = E_alpha[values]. Returns (context (N, D), None, None)."""
         return self.attention.combine(weights, prepared), None, None
 
-    def _cell(self, embed_gates: Tensor, prepared: Prepared, state: DecoderState):
+    def _cell(self, embed_gates: Tensor, prepared: Prepared, state: DecoderState) -> CellOutput:
         """One recurrence step for N rows; ``embed_gates`` (N, 4H) is the embedding share."""
         h, c = state
         weights = self.attention(prepared, h)  # (N, nh, P)
@@ -214,7 +222,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
             rows that use the expected context), which a policy gradient over rollouts needs.
         """
         embedded = self.embedding(tokens)  # (N, m)
-        state, context, alpha, beta, location_log_prob, _ = self._cell(
+        state, context, alpha, beta, location_log_prob, _ = (self._compiled_cell or self._cell)(
             self.embed_to_gates(embedded), prepared, state
         )
         logits = self._logits(embedded, state.h, context)  # (N, V)
@@ -259,37 +267,49 @@ class ShowAttendTellDecoder(CaptionDecoder):
 
         # Per-step results are collected and stacked once: writing each step into a preallocated
         # (N, T, ...) buffer would make backward copy the whole buffer once per step.
-        hiddens, contexts, alphas, betas, location_log_probs, entropies = [], [], [], [], [], []
+        # beta (with a gate) and the sampled locations (hard attention in training) come on every
+        # step or on none.
+        hiddens: list[Tensor] = []
+        contexts: list[Tensor] = []
+        alphas: list[Tensor] = []
+        betas: list[Tensor] = []
+        location_log_probs: list[Tensor] = []
+        entropies: list[Tensor] = []
+        cell = self._compiled_cell or self._cell
         for t, n in enumerate(active):
             if n < state.h.size(0):  # slice only when rows end: a no-op slice still costs a backward copy
                 state, prepared = DecoderState(state.h[:n], state.c[:n]), prepared.head(n)
-            state, context, alpha, beta, location_log_prob, entropy = self._cell(
+            state, context, alpha, beta, location_log_prob, entropy = cell(
                 embed_gates[t][:n] if n < num_captions else embed_gates[t], prepared, state
             )
             hiddens.append(state.h)
             contexts.append(context)
             alphas.append(alpha)
-            betas.append(beta)
-            location_log_probs.append(location_log_prob)
-            entropies.append(entropy)
+            if beta is not None:
+                betas.append(beta)
+            if location_log_prob is not None and entropy is not None:
+                location_log_probs.append(location_log_prob)
+                entropies.append(entropy)
 
-        sampled_locations = location_log_probs[0] is not None  # hard attention in training
+        sampled_locations = bool(location_log_probs)  # hard attention in training
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(num_captions, device=order.device)
 
-        def unsort(x: Tensor | None) -> Tensor | None:
-            return x if x is None or in_order else x.index_select(0, inverse)
+        def unsort(x: Tensor) -> Tensor:
+            return x if in_order else x.index_select(0, inverse)
 
         def padded(values: list[Tensor], *shape: int) -> Tensor:
             """(N, T, *shape) in the callers' order from per-step (n_t, *shape), zeros after each end."""
             return unsort(_stack_steps(values, num_captions, shape, embedded))
 
         # Unsorted before the output layer: (N, T, H) inputs are V/H times smaller than (N, T, V) logits.
-        hiddens = padded(hiddens, self.hidden_dim)
+        hidden_steps = padded(hiddens, self.hidden_dim)  # (N, T, H)
         if self.deep_output:
-            logits = self._logits(unsort(embedded), hiddens, padded(contexts, self.attention.context_dim))
+            logits = self._logits(
+                unsort(embedded), hidden_steps, padded(contexts, self.attention.context_dim)
+            )
         else:
-            logits = self._logits(None, hiddens, None)  # (N, T, V), one product for all steps
+            logits = self._logits(None, hidden_steps, None)  # (N, T, V), one product for all steps
         mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
         return DecoderOutput(
             logits,
@@ -329,6 +349,7 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
     """
 
     objective = "hard_attention"
+    reward_baseline: Tensor  # () buffer: the moving average of the rewards, NaN until the first step
 
     def __init__(self, *args, expected_prob: float = 0.5, baseline_decay: float = 0.9, **kwargs):
         super().__init__(*args, **kwargs)
@@ -345,7 +366,7 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
         self._use_expected = None
         return super().prepare(annotations)
 
-    def _context(self, weights: Tensor, prepared: Prepared):
+    def _context(self, weights: Tensor, prepared: Prepared) -> tuple[Tensor, Tensor | None, Tensor | None]:
         expected = self.attention.combine(weights, prepared)
         if not self.training:
             return expected, None, None

@@ -17,7 +17,8 @@ self-attention keys and values in the state (``TransformerState``; beam search r
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +95,12 @@ class TransformerState(NamedTuple):
             tuple(k.index_select(0, index) for k in self.keys),
             tuple(v.index_select(0, index) for v in self.values),
         )
+
+
+# The blocks' incremental step (TransformerDecoder._step_blocks): x, caches, memory -> x, caches, weights.
+StepBlocks = Callable[
+    [Tensor, TransformerState, TransformerPrepared], tuple[Tensor, TransformerState, list[Tensor | None]]
+]
 
 
 class MultiHeadAttention(nn.Module):
@@ -238,6 +245,7 @@ class DecoderBlock(Block):
 
         x = self.residual(x, 0, self_attention)
         x = self.residual(x, 1, cross_attention)
+        assert weights is not None  # set by cross_attention, which residual has just run
         return self.residual(x, 2, self.feed_forward), new_keys, new_values, weights
 
 
@@ -258,6 +266,7 @@ class TransformerDecoder(CaptionDecoder):
     """
 
     input_weight = "grid_projection.weight"
+    grid_code: Tensor  # (P, d) buffer: the position code of the grid
 
     def __init__(
         self,
@@ -276,12 +285,9 @@ class TransformerDecoder(CaptionDecoder):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
-        self.vocab_size, self.annotation_dim, self.grid, self.d_model = (
-            vocab_size,
-            annotation_dim,
-            tuple(grid),
-            d_model,
-        )
+        rows, columns = grid
+        self.vocab_size, self.annotation_dim, self.d_model = vocab_size, annotation_dim, d_model
+        self.grid = (rows, columns)
         self.attention_layers, self.attention_heads = decoder_layers, num_heads
         self.grid_projection = nn.Linear(annotation_dim, d_model)
         self.register_buffer("grid_code", grid_positions(self.grid, d_model), persistent=False)  # (P, d)
@@ -297,6 +303,8 @@ class TransformerDecoder(CaptionDecoder):
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(d_model, vocab_size)
+        # The compiled incremental step of the blocks, once compile_step has made it.
+        self._compiled_step_blocks: StepBlocks | None = None
         self.reset_parameters()
         if tie_embeddings:
             self.out.weight = self.embedding.weight
@@ -329,7 +337,7 @@ class TransformerDecoder(CaptionDecoder):
 
     def compile_step(self, backend: str = "inductor") -> None:
         """``torch.compile`` the blocks' incremental step (dynamic batch and prefix length)."""
-        self._step_blocks = torch.compile(self._step_blocks, dynamic=True, backend=backend)
+        self._compiled_step_blocks = torch.compile(self._step_blocks, dynamic=True, backend=backend)
 
     # ----------------------------------------------------------------- per-image work, done once
     def encode_grid(self, annotations: Tensor) -> Tensor:
@@ -347,7 +355,7 @@ class TransformerDecoder(CaptionDecoder):
     def prepare(self, annotations: Tensor) -> TransformerPrepared:
         """Encode the grid and project every layer's cross-attention keys and values, once per image."""
         encoded = self.encode_grid(annotations)
-        memories = [block.memory(encoded) for block in self.blocks]
+        memories = [block.memory(encoded) for block in self._decoder_blocks()]
         return TransformerPrepared(tuple(k for k, _ in memories), tuple(v for _, v in memories))
 
     def init_state(self, annotations: Tensor) -> TransformerState:
@@ -364,6 +372,7 @@ class TransformerDecoder(CaptionDecoder):
         chosen = (
             torch.stack([w for w in weights if w is not None]).mean(0) if layer is None else weights[layer]
         )
+        assert chosen is not None  # the viewed layer computes its weights (_needs_weights)
         return chosen.mean(dim=1) if head is None else chosen[:, head]
 
     def _needs_weights(self, index: int) -> bool:
@@ -376,10 +385,19 @@ class TransformerDecoder(CaptionDecoder):
         code = sinusoids(positions, self.d_model).to(self.embedding.weight.dtype)
         return self.dropout(self.embedding(tokens) * math.sqrt(self.d_model) + code)
 
-    def _step_blocks(self, x: Tensor, state: TransformerState, prepared: TransformerPrepared):
-        keys, values, weights = [], [], []
+    def _decoder_blocks(self) -> Iterable[DecoderBlock]:
+        """The decoder blocks (``nn.ModuleList`` types its items as plain modules)."""
+        return cast("Iterable[DecoderBlock]", self.blocks)
+
+    def _step_blocks(
+        self, x: Tensor, state: TransformerState, prepared: TransformerPrepared
+    ) -> tuple[Tensor, TransformerState, list[Tensor | None]]:
+        """One word through every block: x (N, d) -> (N, d), the grown caches and each layer's
+        cross-attention weights (N, nh, P)."""
+        keys, values = [], []
+        weights: list[Tensor | None] = []
         for block, cache_k, cache_v, memory_k, memory_v in zip(
-            self.blocks, state.keys, state.values, prepared.keys, prepared.values, strict=True
+            self._decoder_blocks(), state.keys, state.values, prepared.keys, prepared.values, strict=True
         ):
             x, k, v, w = block.step(x, cache_k, cache_v, memory_k, memory_v)
             keys.append(k)
@@ -391,7 +409,7 @@ class TransformerDecoder(CaptionDecoder):
         """Advance N rows by one word: tokens (N,), caches of t words -> log-probs (N, V), alpha (N, P)."""
         position = torch.tensor([state.length], device=tokens.device)
         x = self._embed(tokens, position)  # (N, d)
-        x, state, weights = self._step_blocks(x, state, prepared)
+        x, state, weights = (self._compiled_step_blocks or self._step_blocks)(x, state, prepared)
         logits = self.out(x)  # (N, V)
         return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, self._reported(weights), None)
 

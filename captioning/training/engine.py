@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -160,12 +161,13 @@ def scst_loss(
     annotations = annotations_of(model, batch)
     image_ids = batch["image_ids"].tolist()
     n = config.scst_samples
-    limits = {
-        "max_length": decode_config.max_length,
-        "min_length": decode_config.min_length,
-        "forbid_unk": decode_config.forbid_unk,
-    }
-    sampled = rollout(decoder, annotations, sampler(), repeats=n, **limits)
+    limited_rollout = functools.partial(
+        rollout,
+        max_length=decode_config.max_length,
+        min_length=decode_config.min_length,
+        forbid_unk=decode_config.forbid_unk,
+    )
+    sampled = limited_rollout(decoder, annotations, sampler(), repeats=n)
     # One device-to-host copy per rollout, not one per caption.
     sample_words = [
         row[:length] for row, length in zip(sampled.tokens.tolist(), sampled.lengths.tolist(), strict=True)
@@ -174,7 +176,7 @@ def scst_loss(
     if config.scst_baseline == "greedy":
         decoder.eval()
         with torch.no_grad():
-            greedy = rollout(decoder, annotations, lambda lp: lp.argmax(1), **limits)
+            greedy = limited_rollout(decoder, annotations, lambda lp: lp.argmax(1))
         decoder.train()
         greedy_words = [
             row[:length] for row, length in zip(greedy.tokens.tolist(), greedy.lengths.tolist(), strict=True)
@@ -255,6 +257,8 @@ def train_one_epoch(
         where = f"epoch {state.epoch + 1}, step {state.global_step + 1}"
         with autocast(device, config.amp):
             if state.stage == "scst":
+                if rewarder is None:
+                    raise ValueError("a self-critical epoch (stage 'scst') needs a rewarder")
                 loss, numbers = scst_loss(
                     model, batch, rewarder, config, decode_config or DecodeConfig(), world_size
                 )

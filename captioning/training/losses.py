@@ -150,6 +150,11 @@ def hard_attention_loss(
     to be visited about once over the caption, and it is differentiable there without REINFORCE.
     The authors' code applies it for both kinds of attention too.
     """
+    location_log_probs, entropies = output.location_log_probs, output.entropies
+    if location_log_probs is None or entropies is None:
+        raise ValueError(
+            "hard_attention_loss needs the sampled locations of a hard-attention decoder in training mode"
+        )
     terms = caption_loss(output, captions, penalty_weight, label_smoothing, num_tokens)
     steps = output.logits.size(1)
     targets = captions[:, 1 : steps + 1]
@@ -169,9 +174,9 @@ def hard_attention_loss(
         baseline = decoder.reward_baseline.clone()
         decoder.reward_baseline.mul_(decoder.baseline_decay).add_((1 - decoder.baseline_decay) * batch_mean)
     denominator = num_tokens if num_tokens is not None else mask.sum()
-    location_log_prob = (output.location_log_probs * mask).sum(1)  # (N,)
+    location_log_prob = (location_log_probs * mask).sum(1)  # (N,)
     reinforce = -reinforce_weight * ((reward - baseline) * location_log_prob).sum() / denominator
-    entropy = (output.entropies * mask).sum() / denominator
+    entropy = (entropies * mask).sum() / denominator
     extra = reinforce - entropy_weight * entropy
     return LossTerms(terms.total + extra, terms.cross_entropy, terms.attention_penalty, extra.detach())
 

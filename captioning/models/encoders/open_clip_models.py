@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -104,6 +104,14 @@ def load_clip(
     return model.eval(), resolved, open_clip
 
 
+class _TowerIntermediates(Protocol):
+    """What ``ClipGrid`` calls on an open_clip image tower (``nn.Module`` does not declare it)."""
+
+    def forward_intermediates(
+        self, x: torch.Tensor, *, indices: int, normalize_intermediates: bool, intermediates_only: bool
+    ) -> dict[str, list[torch.Tensor]]: ...
+
+
 class ClipGrid(nn.Module):
     """An open_clip image tower's patch tokens after ``ln_post``, on their grid.
 
@@ -117,7 +125,7 @@ class ClipGrid(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) -> (B, C, S/p, S/p), C the tower's width, p its patch size."""
-        return self.tower.forward_intermediates(
+        return cast(_TowerIntermediates, self.tower).forward_intermediates(
             images, indices=1, normalize_intermediates=True, intermediates_only=True
         )["image_intermediates"][-1]
 

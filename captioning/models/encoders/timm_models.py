@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -20,6 +20,14 @@ from torchvision.transforms import InterpolationMode
 from captioning.config import ConfigError
 from captioning.models.encoders.registry import Backbone, optional_library, register_family
 from captioning.models.encoders.weights import hub_file, library_error, resolve_weights, url_file
+
+
+class _FeatureMaps(Protocol):
+    """What ``TimmGrid`` calls on its timm model (timm has no common base class that declares it)."""
+
+    def forward_intermediates(
+        self, x: torch.Tensor, *, indices: int, norm: bool, output_fmt: str, intermediates_only: bool
+    ) -> list[torch.Tensor]: ...
 
 
 class TimmGrid(nn.Module):
@@ -35,7 +43,7 @@ class TimmGrid(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) -> (B, C, h, w)."""
-        return self.model.forward_intermediates(
+        return cast(_FeatureMaps, self.model).forward_intermediates(
             images, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True
         )[-1]
 

@@ -11,7 +11,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torchvision.models as tvm
@@ -30,6 +30,8 @@ from captioning.models.encoders.weights import (
     url_file,
 )
 
+Model = TypeVar("Model", bound=nn.Module)
+
 
 def _preprocessing(published: WeightsEnum) -> dict[str, Any]:
     preset = published.transforms()
@@ -37,8 +39,8 @@ def _preprocessing(published: WeightsEnum) -> dict[str, Any]:
 
 
 def _torchvision_model(
-    constructor: Callable[..., nn.Module], published: WeightsEnum, weights: str, **kwargs: Any
-) -> tuple[nn.Module, dict[str, Any], dict[str, Any]]:
+    constructor: Callable[..., Model], published: WeightsEnum, weights: str, **kwargs: Any
+) -> tuple[Model, dict[str, Any], dict[str, Any]]:
     """A torchvision classifier with ``weights``, its weights identity and the published preprocessing.
 
     ``kwargs`` go to the constructor (a ViT's ``image_size``); published position embeddings are
@@ -106,7 +108,9 @@ def _vgg(constructor: Callable[..., tvm.VGG], published: WeightsEnum, weights: s
 
 
 def _torchvision_features(
-    constructor: Callable[..., nn.Module], published: WeightsEnum, weights: str
+    constructor: Callable[..., tvm.EfficientNet | tvm.MobileNetV2 | tvm.MobileNetV3],
+    published: WeightsEnum,
+    weights: str,
 ) -> Backbone:
     """Networks whose ``.features`` is the whole convolutional trunk (EfficientNet, MobileNet)."""
     model, identity, preprocessing = _torchvision_model(constructor, published, weights)
@@ -167,8 +171,15 @@ def efficientnet_lite0(weights: str, image_size: int = 224) -> Backbone:
         efficientnet_lite.INPUT_STD,
         InterpolationMode.BICUBIC,
         resolved.identity,
-        fold_batch_norms=efficientnet_lite.fold_batch_norms,
+        fold_batch_norms=_fold_lite0_batch_norms,
     )
+
+
+def _fold_lite0_batch_norms(model: nn.Module) -> nn.Module:
+    """``efficientnet_lite.fold_batch_norms`` of the network ``efficientnet_lite0`` built."""
+    if not isinstance(model, efficientnet_lite.EfficientNetLite):
+        raise TypeError(f"efficientnet_lite0 folds its own network, got {type(model).__name__}")
+    return efficientnet_lite.fold_batch_norms(model)
 
 
 def _lite0_file() -> Path:
