@@ -140,14 +140,36 @@ def _import_file(file: Path) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """The configuration file (or the Shapes default) with flags and ``--set`` applied; flags win."""
+    """The configuration file (or the Shapes default) with flags and ``--set`` applied; flags win.
+
+    Raises:
+        ConfigError: a bad file, key or value.
+        UnknownNameError: ``data.dataset`` or ``train.metric`` names nothing registered.
+    """
     overrides: dict[str, Any] = dict(parse_overrides(args.overrides))
     for name, (key, _, _) in FLAG_KEYS.items():
         value = getattr(args, name, None)
         if value is not None:
             overrides[key] = value
     path = args.config if args.config is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    return load_config(path, overrides)
+    config = load_config(path, overrides)
+    check_registered_names(config)
+    return config
+
+
+def check_registered_names(config: Config) -> None:
+    """The names ``config`` looks up in registries filled at import (``data.dataset`` in ``DATASETS``,
+    ``train.metric`` among the validation metrics of ``METRICS``) are registered, so that a typo fails
+    before any work; ``run_cli`` has imported the ``--import`` modules by then.
+
+    Raises:
+        UnknownNameError: one line naming the key and listing the registered names.
+    """
+    from captioning.data.readers import DATASETS  # here: `--help` stays free of the data and metrics code
+    from captioning.evaluation.scorers import check_validation_metric
+
+    DATASETS.check(config.data.dataset)
+    check_validation_metric(config.train.metric)
 
 
 def given_keys(args: argparse.Namespace) -> set[str]:

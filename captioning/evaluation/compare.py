@@ -11,15 +11,10 @@ from typing import Any
 import numpy as np
 
 from captioning.evaluation.chair_table import chair_table
+from captioning.evaluation.coco_files import EvaluationInputError, load_coco_references, load_results
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
-from captioning.evaluation.metrics import (
-    EvaluationInputError,
-    load_coco_references,
-    load_results,
-    score_captions,
-    tokenize_captions,
-)
+from captioning.evaluation.metrics import score_captions, tokenize_captions
 from captioning.evaluation.ratios import RATIO_METRICS, chair_statistics, read_ratio_statistics
 from captioning.evaluation.signature import make_signature, signature_differences
 from captioning.evaluation.significance import (
