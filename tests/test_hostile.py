@@ -357,6 +357,19 @@ def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, flags
     assert not run.exists()
 
 
+def test_the_main_job_refuses_a_metric_validation_does_not_compute_before_any_work(shapes, tmp_path):
+    from captioning.config_files import load_config
+    from captioning.pipeline import main_job
+    from captioning.registry import UnknownNameError
+
+    run = tmp_path / "run"
+    overrides = tiny_overrides(shapes.root, run, **{"train.metric": "METEOR", "train.max_steps": 1})
+    config = load_config(REPO / "configs" / "shapes.yaml", overrides)  # built in Python: no train.py check
+    with pytest.raises(UnknownNameError, match="train.metric names 'METEOR'"):
+        main_job(config, progress=False, test=False)
+    assert not run.exists()
+
+
 def test_evaluate_refuses_an_unknown_dataset_before_loading_the_checkpoint(tmp_path):
     checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
     checkpoint.parent.mkdir(parents=True)
