@@ -17,6 +17,7 @@ import functools
 import shutil
 
 import pytest
+from tool_runs import script_module
 
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.scorers import METRICS, Metric, reported_metrics, validation_metrics
@@ -97,6 +98,8 @@ def test_the_metric_states_what_it_reports_and_needs(name):
     assert set(metric.reports) <= set(reported_metrics())
     in_validation = set(metric.reports) & set(validation_metrics())
     assert bool(in_validation) == (metric.validates and not metric.needs_java and not metric.on_request)
+    help_text = script_module("evaluate.py").get_args_parser().format_help()  # evaluate.py --help lists it
+    assert all(key in help_text for key in metric.reports)
 
 
 @pytest.mark.parametrize("name", metric_params())

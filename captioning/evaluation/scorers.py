@@ -250,6 +250,21 @@ def reported_metrics() -> tuple[str, ...]:
     return tuple(key for _, metric in METRICS.items() for key in metric.reports)
 
 
+def describe_metrics() -> str:
+    """One line naming every registered metric's keys and what it needs, for ``--help``: ``"BLEU-1..4,
+    METEOR (Java), ..."``."""
+    parts = []
+    for name in METRICS.names():
+        metric = METRICS[name]
+        needs = [
+            what
+            for what, needed in (("Java", metric.needs_java), ("on request", metric.on_request))
+            if needed
+        ]
+        parts.append(", ".join(metric.reports) + (f" ({', '.join(needs)})" if needs else ""))
+    return ", ".join(parts)
+
+
 def validation_metrics() -> tuple[str, ...]:
     """The score keys validation computes, which ``train.metric`` may name: those of the metrics that
     need no Java and validate."""
