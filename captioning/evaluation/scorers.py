@@ -251,8 +251,8 @@ def reported_metrics() -> tuple[str, ...]:
 
 
 def describe_metrics() -> str:
-    """One line naming every registered metric's keys and what it needs, for ``--help``: ``"BLEU-1..4,
-    METEOR (Java), ..."``."""
+    """One line naming every registered metric's keys and what it needs, for ``--help``: ``"BLEU-1,
+    BLEU-2, BLEU-3, BLEU-4, METEOR (Java), ..."``."""
     parts = []
     for name in METRICS.names():
         metric = METRICS[name]
