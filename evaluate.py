@@ -10,9 +10,9 @@ Uses:
       --annotations captions.json                                seeds against seeds
   python evaluate.py --aggregate runs/*/test_scores.json      mean, std, min, max over seeds
 
-Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D, SPICE, grounding, CHAIR, CLIP-S with --clip-score, a signature) go to --out,
-by default <name>_scores.json beside <name>_results.json, with per-image scores in
+Results are COCO format ([{"image_id": ..., "caption": ...}]); scores (the metrics listed at the
+end, grounding, CHAIR, CLIP-S with --clip-score, a signature) go to --out, by default
+<name>_scores.json beside <name>_results.json, with per-image scores in
 <name>_scores.per_image.json. Without --results, <name> is eval_<checkpoint stem>_<split> (or
 _images), in the checkpoint's run folder when it sits in one (<run>/checkpoints/x.pt), else in
 the current folder: never the main job's test_*.json.
@@ -32,9 +32,12 @@ from captioning.config import TOKENIZERS
 
 def get_args_parser() -> argparse.ArgumentParser:
     from captioning.config import CHAIR_TABLES
+    from captioning.evaluation.scorers import describe_metrics
 
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"metrics (registered; a module of your own adds one with --import): {describe_metrics()}",
     )
     source = parser.add_argument_group("what to evaluate")
     source.add_argument(

@@ -187,7 +187,12 @@ def _run_file(spec: ModuleSpec) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """The configuration file (or the Shapes default) with flags and ``--set`` applied; flags win."""
+    """The configuration file (or the Shapes default) with flags and ``--set`` applied; flags win.
+
+    Raises:
+        ConfigError: a bad file, key or value.
+        UnknownNameError: ``data.dataset`` or ``train.metric`` names nothing registered.
+    """
     overrides: dict[str, Any] = dict(parse_overrides(args.overrides))
     for name, (key, _, _) in FLAG_KEYS.items():
         value = getattr(args, name, None)
@@ -200,11 +205,20 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def check_registered_names(config: Config) -> None:
-    """Each name the configuration looks up in a registry (encoder, decoder, scorer, ...), checked
-    before any work: one line naming the key and the registered names."""
+    """Each name ``config`` looks up in a registry (encoder, decoder family and its scorer in the
+    model's registries, ``data.dataset`` in ``DATASETS``, ``train.metric`` among the validation metrics
+    of ``METRICS``), checked before any work; ``run_cli`` has imported the ``--import`` modules by then.
+
+    Raises:
+        ValueError: one line naming the key and listing the registered names (``UnknownNameError``).
+    """
+    from captioning.data.readers import DATASETS  # here: `--help` stays free of the data and metrics code
+    from captioning.evaluation.scorers import check_validation_metric
     from captioning.models.captioner import check_model_config
 
     check_model_config(config.model)
+    DATASETS.check(config.data.dataset)
+    check_validation_metric(config.train.metric)
 
 
 def given_keys(args: argparse.Namespace) -> set[str]:

@@ -23,6 +23,7 @@ from captioning.evaluation.runner import (
     write_results,
     write_scores,
 )
+from captioning.evaluation.scorers import check_validation_metric
 from captioning.runtime import distributed
 from captioning.runtime.device import resolve_device
 from captioning.training.run import RunOutputs, best_checkpoint, cache_features, train
@@ -144,6 +145,7 @@ def main_job(
     """
     is_main = distributed.launched_as_main()
     check_data_paths(config.data)  # a mistyped path names its key before the instances are read
+    check_validation_metric(config.train.metric)  # also for a configuration built in Python
     boxes = load_boxes(config.data.instances) if test and is_main else None
     outputs = train(config, resume=resume, progress=progress, test=test, length_given=length_given)
     try:

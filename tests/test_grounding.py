@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.grounding import (
     Instances,
     ObjectBox,
@@ -18,7 +19,6 @@ from captioning.evaluation.grounding import (
     grounding_scores,
     load_instances,
 )
-from captioning.evaluation.metrics import EvaluationInputError
 
 
 def one_image(*objects: ObjectBox, size: tuple[float, float] = (100.0, 100.0)) -> Instances:

@@ -318,7 +318,12 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
     [
         (
             ["--set", "train.metric=CIDEr"],
-            ["train.metric must be one of BLEU-1, BLEU-2, BLEU-3, BLEU-4, ROUGE-L, CIDEr-D"],
+            ["train.metric names 'CIDEr'", "computes BLEU-1, BLEU-2, BLEU-3, BLEU-4, ROUGE-L, CIDEr-D"],
+        ),
+        (["--set", "train.metric=METEOR"], ["train.metric names 'METEOR'", "need no Java"]),
+        (
+            ["--set", "data.dataset=nope"],
+            ["data.dataset names an unknown dataset reader 'nope'", "shapes", "karpathy", "imagefolder"],
         ),
         (["--set", "decode.length_alpha=inf"], ["decode.length_alpha must be a finite number"]),
         (["--set", "decode.temperature=1e-300"], ["decode.temperature must be in [0.001, 1000]"]),
@@ -334,6 +339,8 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
     ],
     ids=[
         "metric",
+        "metric-java",
+        "dataset",
         "alpha-inf",
         "temperature-tiny",
         "lr-nan",
@@ -349,6 +356,31 @@ def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, flags
     code, stderr = run_in_process("train.py", [*short_run(shapes, run), *flags])
     assert_one_line_error(code, stderr, *needles)
     assert not run.exists()
+
+
+def test_the_main_job_refuses_a_metric_validation_does_not_compute_before_any_work(shapes, tmp_path):
+    from captioning.config_files import load_config
+    from captioning.pipeline import main_job
+    from captioning.registry import UnknownNameError
+
+    run = tmp_path / "run"
+    overrides = tiny_overrides(shapes.root, run, **{"train.metric": "METEOR", "train.max_steps": 1})
+    config = load_config(REPO / "configs" / "shapes.yaml", overrides)  # built in Python: no train.py check
+    with pytest.raises(UnknownNameError, match="train.metric names 'METEOR'"):
+        main_job(config, progress=False, test=False)
+    assert not run.exists()
+
+
+def test_evaluate_refuses_an_unknown_dataset_before_loading_the_checkpoint(tmp_path):
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"not a checkpoint: reading it would fail with another error")
+    config = tmp_path / "data.yaml"
+    config.write_text("data:\n  dataset: shapes\n")
+    for flags in (["--config", config, "--set", "data.dataset=nope"], ["--set", "data.dataset=nope"]):
+        code, stderr = run_in_process("evaluate.py", ["--checkpoint", checkpoint, "--split", "test", *flags])
+        assert_one_line_error(code, stderr, "data.dataset names an unknown dataset reader 'nope'", "shapes")
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["checkpoints"]
 
 
 def test_train_refuses_unusable_paths_and_files_through_the_tool(shapes, tmp_path):

@@ -241,3 +241,49 @@ def test_a_file_imported_by_an_earlier_run_in_the_process_is_not_run_again(tmp_p
         result = in_process("train.py", "--import", module, "--set", "train.epochs=-1", cwd=tmp_path)
         assert result.returncode == 2 and "train.epochs" in result.stderr
     assert (tmp_path / "counts_its_runs.runs").read_text() == "x"
+
+
+# A user's dataset reader: the captions of a Karpathy-format file, with every caption lower-cased.
+USER_READER = """
+from captioning.data import DATASETS, DatasetReader, check_data_paths, read_karpathy
+
+
+@DATASETS.register("user_lowercase")
+class LowerCaseReader(DatasetReader):
+    def read(self, config):
+        check_data_paths(config)
+        lower = lambda text: text.lower().split()
+        return read_karpathy(config.split_file, config.root, tokenizer=lower)
+"""
+
+
+@pytest.mark.slow
+def test_a_dataset_reader_a_user_module_registers_trains_through_train_py(tmp_path):
+    from tool_runs import run_tool
+
+    from captioning.data import generate_shapes
+
+    files = generate_shapes(tmp_path / "shapes", num_train=8, num_val=4, num_test=4, image_size=64)
+    module = tmp_path / "user_readers.py"
+    module.write_text(USER_READER)
+    run = tmp_path / "run"
+    overrides = {
+        **TINY_RUN,
+        "model.encoder.name": "efficientnet_lite0",
+        "model.encoder.weights": "pretrained",
+        "data.dataset": "user_lowercase",
+        "data.root": files.root,
+        "data.split_file": files.split_file,
+        "data.min_word_count": 1,
+    }
+    flags = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    common = ["--output-dir", run, "--device", "cpu", "--no-test", "--no-progress", *flags]
+    refused = run_tool("train.py", *common)
+    assert refused.returncode == 2 and not run.exists()
+    assert "data.dataset names an unknown dataset reader 'user_lowercase'" in refused.stderr
+    trained = run_tool("train.py", "--import", module, *common)
+    assert trained.returncode == 0, trained.stderr
+    summary = json.loads((run / "data_summary.json").read_text())
+    assert summary["dataset"] == "user_lowercase"
+    assert summary["splits"]["train"] == {"images": 8, "captions": 40}
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["config"]["data"]["dataset"] == "user_lowercase"

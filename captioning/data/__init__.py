@@ -1,6 +1,7 @@
 """Datasets: readers that turn each source into ``ImageRecord`` lists, and the vocabulary built on them.
 
-``load_records(config)`` picks the reader named by ``config.dataset`` from ``READERS``.
+``load_records(config)`` reads with the reader ``config.dataset`` names in ``DATASETS`` (each
+registers itself beside its code: ``shapes``, ``karpathy``, ``coco``, ``imagefolder``, ``folder``).
 Torch datasets live in ``captioning.data.datasets``.
 """
 
@@ -10,26 +11,27 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection
-from dataclasses import replace
+from collections.abc import Collection
 from pathlib import Path
 
-from captioning.config import ConfigError, DataConfig
-from captioning.data import imagefolder
-from captioning.data.coco import read_coco, split_of_file
+from captioning.config import DataConfig
+from captioning.data.coco import divide_official_val, read_coco
 from captioning.data.folder import read_folder
 from captioning.data.imagefolder import read_imagefolder
 from captioning.data.karpathy import read_karpathy
+from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, reader_of
 from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
 from captioning.data.vocab import Vocabulary
-from captioning.files import atomic_write, path_kind
-from captioning.text import replace_lone_surrogates, tokenizer_for
+from captioning.files import atomic_write
+from captioning.text import replace_lone_surrogates
 
 __all__ = [
-    "READERS",
+    "DATASETS",
+    "INDEXED_READERS",
     "DatasetError",
+    "DatasetReader",
     "ImageRecord",
     "build_vocabulary",
     "caption_length_summary",
@@ -42,6 +44,7 @@ __all__ = [
     "read_imagefolder",
     "read_karpathy",
     "read_shapes",
+    "reader_of",
     "split_rule",
     "write_data_summary",
 ]
@@ -49,127 +52,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _load_shapes(config: DataConfig) -> list[ImageRecord]:
-    check_data_paths(config)
-    generate_shapes(
-        config.root,
-        seed=config.shapes_seed,
-        num_train=config.shapes_train,
-        num_val=config.shapes_val,
-        num_test=config.shapes_test,
-        image_size=config.shapes_image_size,
-        max_objects=config.shapes_max_objects,
-    )
-    return read_shapes(config.root, _own_tokenizer(config))
-
-
-def _own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
-    """The tokenizer the Karpathy and COCO readers are given: None (their own PTB tokens) for ptb."""
-    return None if config.tokenizer == "ptb" else tokenizer_for(config.tokenizer)
-
-
-def _load_karpathy(config: DataConfig) -> list[ImageRecord]:
-    if config.split_file is None:
-        raise ConfigError(
-            "data.split_file is required for data.dataset=karpathy (e.g. dataset_flickr8k.json)"
-        )
-    check_data_paths(config)
-    return read_karpathy(config.split_file, config.root, config.restval_to_train, _own_tokenizer(config))
-
-
-def _load_coco(config: DataConfig) -> list[ImageRecord]:
-    if not config.annotations:
-        raise ConfigError("data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)")
-    check_data_paths(config)
-    records = read_coco(
-        config.annotations, config.root, config.split_file, config.restval_to_train, _own_tokenizer(config)
-    )
-    return records if config.split_file is not None else divide_official_val(records)
-
-
-def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
-    """The official COCO files' splits: ``captions_train2014.json`` trains, and the images of
-    ``captions_val2014.json`` are divided by image id, even ids validating and odd ids the test
-    split (COCO's test images have no public captions). Records are returned as they are when a
-    file already gives a test split (``captions_test....json``)."""
-    if any(record.split == "test" for record in records):
-        return records
-    return [
-        replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
-        for record in records
-    ]
+# The built-in readers of large caption files (their records are kept in a per-split index); a
+# reader's own ``indexed`` says it for any registered name.
+INDEXED_READERS = frozenset(name for name, reader in DATASETS.items() if reader.indexed)
 
 
 def split_rule(config: DataConfig) -> str | None:
-    """How the val and test splits are made when no file gives them (``divide_official_val``,
+    """How the val and test splits are made when no file gives them (``coco.divide_official_val``,
     ``imagefolder.assign_splits``), for the plan line and ``data_summary.json``; None when the files
     give every split."""
-    if config.dataset == "imagefolder":
-        return imagefolder.split_rule(config.root)
-    if config.dataset != "coco" or config.split_file is not None:
-        return None
-    splits = {path: split_of_file(path) for path in config.annotations}
-    if "test" in splits.values():
-        return None
-    val_files = (
-        ", ".join(Path(path).name for path, split in splits.items() if split == "val") or "the val files"
-    )
-    return f"val and test both from {val_files}: even image ids -> val, odd -> test"
-
-
-def _load_imagefolder(config: DataConfig) -> list[ImageRecord]:
-    check_data_paths(config)
-    return read_imagefolder(config.root, tokenizer_for(config.tokenizer))
-
-
-def _load_folder(config: DataConfig) -> list[ImageRecord]:
-    check_data_paths(config)
-    return read_folder(config.root)
-
-
-READERS: dict[str, Callable[[DataConfig], list[ImageRecord]]] = {
-    "shapes": _load_shapes,
-    "karpathy": _load_karpathy,
-    "coco": _load_coco,
-    "imagefolder": _load_imagefolder,
-    "folder": _load_folder,
-}
-
-
-# Readers of large caption files: their records are kept in a compact per-split index (record_index).
-INDEXED_READERS = frozenset({"karpathy", "coco"})
-
-
-# The data keys that name files or folders, and what each must be.
-_PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
-
-
-def check_data_paths(config: DataConfig) -> None:
-    """Every file and folder the data configuration names must exist (Shapes generates its root);
-    each reader of ``READERS`` checks this first.
-
-    Relative paths are taken from the current folder, so a checkpoint's configuration used from
-    another folder fails here; the message names the key to ``--set``.
-
-    Raises:
-        ConfigError: ``"<path>: data.<key>: no such file (relative paths start from <cwd>); set
-            data.<key>=... to where it is"``.
-    """
-    for key, kind in _PATH_KEYS:
-        if key == "root" and config.dataset == "shapes":
-            continue
-        value = getattr(config, key)
-        for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
-            exists = path.is_dir() if kind == "folder" else path.is_file()
-            if not exists:
-                if path.exists():  # a folder for a file, a FIFO (reading one would wait forever), ...
-                    raise ConfigError(
-                        f"{path}: data.{key}: {path_kind(path)}, not a {kind}; set data.{key}=... to a {kind}"
-                    )
-                where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
-                raise ConfigError(
-                    f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is"
-                )
+    return reader_of(config).split_rule(config)
 
 
 def load_records(
@@ -198,22 +90,23 @@ def load_records(
     Raises:
         DatasetError: an image id outside the 64-bit range results and tensors hold; Shapes
             data missing where it may not be generated.
+        UnknownNameError: ``config.dataset`` names no registered reader (one line listing them).
     """
     if config.dataset == "shapes" and not generate and not shapes_files(config.root).manifest.is_file():
         raise DatasetError(
             f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
             "never written to); pass --set data.root=DIR to read or generate it in DIR"
         )
-    if config.dataset in INDEXED_READERS:
+    reader = reader_of(config)
+    if reader.indexed:
         check_data_paths(config)  # also when the index answers without the reader
         writable = output_dir is not None if write_index is None else write_index
         # Cleaned before indexing: the index is UTF-8, which cannot hold a lone surrogate.
-        reader = READERS[config.dataset]
         records = load_indexed(
-            config, lambda data: [_clean_text(r) for r in reader(data)], splits, writable=writable
+            config, lambda data: [_clean_text(r) for r in reader.read(data)], splits, writable=writable
         )
     else:
-        records = READERS[config.dataset](config)
+        records = reader.read(config)
         records = records if splits is None else [r for r in records if r.split in splits]
     records = [_clean_text(record) for record in records]
     for record in records:

@@ -19,11 +19,14 @@ import io
 import logging
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from pycocotools.coco import COCO
 
+from captioning.config import ConfigError, DataConfig
 from captioning.data.karpathy import SkipLog, image_path_under, read_json, read_karpathy, require_field
+from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.text import tokenize
 
@@ -174,3 +177,46 @@ def _relative_path(file_name: str, file_folder: str) -> str:
     prefix = _COCO_FILE_PREFIX.match(file_name)
     folder = prefix.group(1) if prefix else file_folder
     return f"{folder}/{file_name}" if folder else file_name
+
+
+@DATASETS.register("coco")
+class CocoReader(DatasetReader):
+    """The official caption files ``data.annotations`` (split from each file's name, or from Karpathy's
+    ``data.split_file``), images under ``data.root``."""
+
+    indexed = True
+
+    def read(self, config: DataConfig) -> list[ImageRecord]:
+        if not config.annotations:
+            raise ConfigError(
+                "data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)"
+            )
+        check_data_paths(config)
+        records = read_coco(
+            config.annotations, config.root, config.split_file, config.restval_to_train, own_tokenizer(config)
+        )
+        return records if config.split_file is not None else divide_official_val(records)
+
+    def split_rule(self, config: DataConfig) -> str | None:
+        if config.split_file is not None:
+            return None
+        splits = {path: split_of_file(path) for path in config.annotations}
+        if "test" in splits.values():
+            return None
+        val_files = (
+            ", ".join(Path(path).name for path, split in splits.items() if split == "val") or "the val files"
+        )
+        return f"val and test both from {val_files}: even image ids -> val, odd -> test"
+
+
+def divide_official_val(records: list[ImageRecord]) -> list[ImageRecord]:
+    """The official COCO files' splits: ``captions_train2014.json`` trains, and the images of
+    ``captions_val2014.json`` are divided by image id, even ids validating and odd ids the test
+    split (COCO's test images have no public captions). Records are returned as they are when a
+    file already gives a test split (``captions_test....json``)."""
+    if any(record.split == "test" for record in records):
+        return records
+    return [
+        replace(record, split="test") if record.split == "val" and record.image_id % 2 else record
+        for record in records
+    ]

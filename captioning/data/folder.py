@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from captioning.config import DataConfig
+from captioning.data.readers import DATASETS, DatasetReader, check_data_paths
 from captioning.data.records import DatasetError, ImageRecord
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
@@ -36,3 +38,14 @@ def read_folder(folder: str | Path) -> list[ImageRecord]:
     if not paths:
         raise DatasetError(f"{folder}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
     return [ImageRecord(image_id=number, path=path, split="") for number, path in enumerate(paths, start=1)]
+
+
+@DATASETS.register("folder")
+class FolderReader(DatasetReader):
+    """The images directly inside ``data.root``, to caption: no splits, no captions."""
+
+    captioned = False
+
+    def read(self, config: DataConfig) -> list[ImageRecord]:
+        check_data_paths(config)
+        return read_folder(config.root)

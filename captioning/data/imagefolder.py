@@ -36,10 +36,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from captioning.config import DataConfig
 from captioning.data.karpathy import image_path_under
+from captioning.data.readers import DATASETS, DatasetReader, check_data_paths
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.files import not_a_regular_file, path_kind
-from captioning.text import tokenize
+from captioning.text import tokenize, tokenizer_for
 
 METADATA_NAMES = ("metadata.jsonl", "metadata.csv")
 SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
@@ -298,3 +300,16 @@ def _image_id(entry: dict, where: str) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
         raise DatasetError(f"{where}: field 'image_id' must be an integer, got {value!r:.60}")
     return value
+
+
+@DATASETS.register("imagefolder")
+class ImageFolderReader(DatasetReader):
+    """Your own images and captions under ``data.root`` (``metadata.jsonl`` or ``.csv``), tokenized with
+    ``data.tokenizer``; without splits, :data:`SPLIT_RULE` makes val and test."""
+
+    def read(self, config: DataConfig) -> list[ImageRecord]:
+        check_data_paths(config)
+        return read_imagefolder(config.root, tokenizer_for(config.tokenizer))
+
+    def split_rule(self, config: DataConfig) -> str | None:
+        return split_rule(config.root)

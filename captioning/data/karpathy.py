@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from captioning.config import ConfigError, DataConfig
+from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.files import not_a_regular_file
 
@@ -201,3 +203,19 @@ def _read_image(
         skipped.skip("images with no caption", where)
         return None
     return ImageRecord(image_id=image_id, path=path, split=split, captions=tuple(captions), raw=tuple(raws))
+
+
+@DATASETS.register("karpathy")
+class KarpathyReader(DatasetReader):
+    """Karpathy's split file ``data.split_file`` (dataset_flickr8k.json, ...), images under ``data.root``;
+    ``restval`` joins ``train`` unless ``data.restval_to_train`` is false."""
+
+    indexed = True
+
+    def read(self, config: DataConfig) -> list[ImageRecord]:
+        if config.split_file is None:
+            raise ConfigError(
+                "data.split_file is required for data.dataset=karpathy (e.g. dataset_flickr8k.json)"
+            )
+        check_data_paths(config)
+        return read_karpathy(config.split_file, config.root, config.restval_to_train, own_tokenizer(config))

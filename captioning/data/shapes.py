@@ -31,7 +31,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
+from captioning.config import DataConfig
 from captioning.data.karpathy import read_karpathy
+from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
 from captioning.data.records import ImageRecord
 from captioning.text import tokenize
 
@@ -202,6 +204,27 @@ def read_shapes(root: str | Path, tokenizer: Callable[[str], list[str]] | None =
     """Read a generated Shapes folder through the Karpathy reader (the path real datasets take);
     ``tokenizer``: as for :func:`read_karpathy` (None: the file's PTB tokens)."""
     return read_karpathy(shapes_files(root).split_file, root, tokenizer=tokenizer)
+
+
+@DATASETS.register("shapes")
+class ShapesReader(DatasetReader):
+    """Shapes under ``data.root``, generated there first unless a folder with the same ``data.shapes_*``
+    parameters is there already."""
+
+    writes_root = True
+
+    def read(self, config: DataConfig) -> list[ImageRecord]:
+        check_data_paths(config)
+        generate_shapes(
+            config.root,
+            seed=config.shapes_seed,
+            num_train=config.shapes_train,
+            num_val=config.shapes_val,
+            num_test=config.shapes_test,
+            image_size=config.shapes_image_size,
+            max_objects=config.shapes_max_objects,
+        )
+        return read_shapes(config.root, own_tokenizer(config))
 
 
 def _image_layout(counts: dict[str, int]) -> list[tuple[int, str, int]]:

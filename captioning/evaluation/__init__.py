@@ -1,5 +1,6 @@
 """Evaluation: caption metrics (the official COCO toolkit and its Java-less path) and attention grounding."""
 
+from captioning.evaluation.coco_files import EvaluationInputError, load_coco_references, load_results
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords, mentioned_categories
 from captioning.evaluation.grounding import (
     Instances,
@@ -8,16 +9,8 @@ from captioning.evaluation.grounding import (
     grounding_scores,
     load_instances,
 )
-from captioning.evaluation.metrics import (
-    METRICS,
-    NLTK_BLEU,
-    CiderDScorer,
-    EvaluationInputError,
-    Scores,
-    load_coco_references,
-    load_results,
-    score_captions,
-)
+from captioning.evaluation.metrics import CiderDScorer, Scores, score_captions
+from captioning.evaluation.scorers import METRICS, NLTK_BLEU, Metric, validation_metrics
 
 __all__ = [
     "COCO_WORDS",
@@ -27,6 +20,7 @@ __all__ = [
     "CiderDScorer",
     "EvaluationInputError",
     "Instances",
+    "Metric",
     "ObjectBox",
     "Scores",
     "WordMatcher",
@@ -36,4 +30,5 @@ __all__ = [
     "load_results",
     "mentioned_categories",
     "score_captions",
+    "validation_metrics",
 ]

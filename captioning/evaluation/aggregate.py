@@ -21,8 +21,8 @@ from scipy.stats import t as student_t
 
 from captioning.config import ConfigError, to_dict
 from captioning.config_files import load_config
+from captioning.evaluation.coco_files import EvaluationInputError, read_json
 from captioning.evaluation.compare import warn_if_signatures_differ
-from captioning.evaluation.metrics import EvaluationInputError, _read_json
 from captioning.files import atomic_write, not_a_regular_file, output_note, same_file
 
 # Keys that may differ between the runs of one configuration: the seed, where the run was written,
@@ -176,7 +176,7 @@ def aggregate_runs(paths: Sequence[Path]) -> dict[str, Any]:
     for path in paths:
         if Path(path).is_file() and Path(path).stat().st_size == 0:
             raise EvaluationInputError(f"{path}: empty file, not a scores JSON object")
-        data = _read_json(path)
+        data = read_json(path)
         if not isinstance(data, dict):
             raise EvaluationInputError(f"{path}: expected a scores JSON object, got {type(data).__name__}")
         if not isinstance(data.get("signature", ""), str):

@@ -18,6 +18,7 @@ from captioning.config_files import (
     with_data_section,
 )
 from captioning.data.folder import read_folder
+from captioning.data.readers import DATASETS
 from captioning.evaluation.runner import (
     caption_records,
     decode_config_with,
@@ -231,6 +232,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     decode_config_with(Config(), **decoding)
     records = read_folder(args.images) if args.images is not None else None
     data_config = load_config(args.config).data if args.config is not None else None
+    dataset = overrides.get("data.dataset") or (data_config.dataset if data_config is not None else None)
+    if dataset is not None:  # the checkpoint's own is checked where it is first read
+        DATASETS.check(dataset)
     # Outputs go to the run folder the checkpoint sits in (<run>/checkpoints/x.pt), else the current one,
     # under names of evaluate.py's own that never replace the main job's test_results.json & co.
     run_dir = run_folder_of(args.checkpoint)

@@ -11,16 +11,12 @@ from typing import Any
 import numpy as np
 
 from captioning.evaluation.chair_table import chair_table
+from captioning.evaluation.coco_files import EvaluationInputError, load_coco_references, load_results
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
-from captioning.evaluation.metrics import (
-    EvaluationInputError,
-    load_coco_references,
-    load_results,
-    score_captions,
-    tokenize_captions,
-)
+from captioning.evaluation.metrics import score_captions, tokenize_captions
 from captioning.evaluation.ratios import RATIO_METRICS, chair_statistics, read_ratio_statistics
+from captioning.evaluation.scorers import METRICS
 from captioning.evaluation.signature import make_signature, signature_differences
 from captioning.evaluation.significance import (
     bleu_statistics,
@@ -33,8 +29,17 @@ from captioning.files import atomic_write, output_note
 from captioning.memory import available_bytes, gib
 from captioning.text import tokenize
 
-# Metrics whose corpus score is (or is compared as) the mean of per-image scores.
-PER_IMAGE_METRICS = ("METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
+
+def per_image_metrics() -> tuple[str, ...]:
+    """The score keys compared as the mean of their per-image scores (for most, their corpus score):
+    those of every registered metric with per-image scores but BLEU, which is resampled from its
+    n-gram statistics instead (``bleu_statistics``)."""
+    return tuple(
+        key
+        for name, metric in METRICS.items()
+        if metric.per_image and name != "BLEU"
+        for key in metric.reports
+    )
 
 
 def read_pair(annotations: Path, results_a: Path, results_b: Path) -> tuple[dict, dict, dict]:
@@ -159,7 +164,7 @@ def compare_results_files(
             side["per_image"].append(
                 {
                     metric: np.array([scores.per_image[i][metric] for i in image_ids])
-                    for metric in PER_IMAGE_METRICS
+                    for metric in per_image_metrics()
                     if scores.overall.get(metric) is not None
                 }
             )

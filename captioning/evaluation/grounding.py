@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from captioning.evaluation.coco_files import EvaluationInputError, read_coco_file
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
-from captioning.evaluation.metrics import EvaluationInputError, read_coco_file
 
 # Annotation fields of the COCO format; any other field is an attribute (Shapes writes color, size).
 _COCO_FIELDS = frozenset(

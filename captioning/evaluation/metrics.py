@@ -10,37 +10,31 @@ SPICE, which need Java, are reported unavailable with the reason, never as 0.
 Captions in other languages are scored with their own tokenizer (``tokenizer="whitespace"`` or
 ``"characters"``, :data:`captioning.text.TOKENIZERS`): BLEU, ROUGE-L and CIDEr-D on its tokens, the
 same tokens training used; METEOR and SPICE, English-only, are reported unavailable.
+
+The metrics themselves are registered in :data:`captioning.evaluation.scorers.METRICS`, each with what
+it reports and needs; :func:`score_captions` runs every registered one. The COCO files these scores
+come from are read by :mod:`captioning.evaluation.coco_files`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import shutil
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nltk.translate.bleu_score import corpus_bleu
-from pycocoevalcap.bleu.bleu import Bleu
-from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
-from pycocoevalcap.rouge.rouge import Rouge
-from pycocotools.coco import COCO
 
-from captioning.evaluation.java import DEFAULT_TIMEOUT_S, JavaTimeout, meteor_score, ptb_tokenize
-from captioning.files import not_a_regular_file
+from captioning.evaluation.coco_files import EvaluationInputError
+from captioning.evaluation.java import DEFAULT_TIMEOUT_S, JavaTimeout, ptb_tokenize
+from captioning.evaluation.scorers import METRICS, NLTK_BLEU, Metric, reported_metrics
 from captioning.text import tokenizer_for
 
-METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
-# The corpus BLEU-4 of nltk (as the popular PyTorch tutorial reports it): not comparable to BLEU-4.
-NLTK_BLEU = "BLEU-4 (NLTK corpus)"
 # Characters the PTB tokenizer reads as line ends: one inside a caption would shift every later caption.
 _LINE_BREAKS = str.maketrans({ch: " " for ch in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
 
@@ -49,17 +43,13 @@ _LINE_BREAKS = str.maketrans({ch: " " for ch in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\
 _TfIdf = tuple[list[dict[tuple[str, ...], float]], list[float], int]
 
 
-class EvaluationInputError(ValueError):
-    """References, candidates or an annotation/results file are malformed."""
-
-
 @dataclass
 class Scores:
     """Scores of one set of candidate captions.
 
     Attributes:
-        overall: corpus scores under the keys of :data:`METRICS` (None where unavailable), then
-            :data:`NLTK_BLEU`.
+        overall: corpus scores under the keys the metrics of :data:`METRICS` report, in their
+            order (None where unavailable).
         unavailable: metric -> why it was not computed.
         per_image: image id -> metric -> the image's score (BLEU-n per image as pycocoevalcap gives it).
         tokenizer: ``"ptb"`` (Stanford, via Java), ``"python"`` (:func:`captioning.text.tokenize`), or
@@ -147,43 +137,40 @@ def score_captions(
         use_java = False
         gts, res = tokenize_captions(references, candidates, use_java)
 
-    overall: dict[str, float | None] = dict.fromkeys(METRICS)
+    overall: dict[str, float | None] = dict.fromkeys(reported_metrics())
     unavailable: dict[str, str] = {}
     per_image: dict[int, dict[str, float]] = {i: {} for i in image_ids}
-
-    def record(name: str, score: float, scores: Sequence[float]) -> None:
-        overall[name] = float(score)
-        for image_id, value in zip(image_ids, scores, strict=True):
-            per_image[image_id][name] = float(value)
-
-    bleu, bleu_per_image = Bleu(4).compute_score(gts, res, verbose=0)
-    for n in range(4):
-        record(f"BLEU-{n + 1}", bleu[n], bleu_per_image[n])
-    if use_java:
-        try:
-            record("METEOR", *meteor_score(gts, res, java_timeout))
-        except JavaTimeout as error:
-            print(f"warning: {error}; METEOR is reported unavailable", file=sys.stderr, flush=True)
-            unavailable["METEOR"] = str(error)
-    elif not english:
-        unavailable["METEOR"] = _english_only(tokenizer)
-    else:
-        unavailable["METEOR"] = "needs Java (the METEOR 1.5 jar); no Java runtime was used"
-    record("ROUGE-L", *Rouge().compute_score(gts, res))
-    record("CIDEr-D", *_cider_d(gts, res))
-    spice_missing = _spice_unavailable(spice, use_java) if english else _english_only(tokenizer)
-    if spice_missing is None:
-        record("SPICE", *_spice(gts, res, image_ids))
-    else:
-        unavailable["SPICE"] = spice_missing
-    overall[NLTK_BLEU] = _nltk_corpus_bleu(gts, res, image_ids)
+    for name, metric_class in METRICS.items():
+        metric = metric_class()
+        reason = _unavailable(metric, tokenizer, use_java, spice)
+        if reason is None:
+            try:
+                computed = metric.compute(gts, res, image_ids, java_timeout)
+            except JavaTimeout as error:
+                print(f"warning: {error}; {name} is reported unavailable", file=sys.stderr, flush=True)
+                reason = str(error)
+        if reason is not None:
+            unavailable.update(dict.fromkeys(metric.reports, reason))
+            continue
+        for key, (score, scores) in computed.items():
+            overall[key] = float(score)
+            if metric.per_image:
+                for image_id, value in zip(image_ids, scores, strict=True):
+                    per_image[image_id][key] = float(value)
     return Scores(
         overall, unavailable, per_image, tokenizer if not english else "ptb" if use_java else "python"
     )
 
 
-def _english_only(tokenizer: str) -> str:
-    return f"English only (data.tokenizer ptb); these captions were scored with the {tokenizer} tokenizer"
+def _unavailable(metric: Metric, tokenizer: str, use_java: bool, requested: bool) -> str | None:
+    """Why ``metric`` is not computed for these captions, or None when it is."""
+    if metric.english_only and tokenizer != "ptb":
+        return f"English only (data.tokenizer ptb); these captions were scored with the {tokenizer} tokenizer"
+    if metric.on_request and not requested:
+        return "not requested (evaluate.py --spice computes it; spice=True in Python)"
+    if metric.needs_java and not use_java:
+        return f"needs Java ({metric.java_part}); no Java runtime was used"
+    return metric.unavailable()
 
 
 def tokenize_captions(
@@ -245,170 +232,6 @@ def _ptb_tokenize(
     gts = run({i: list(references[i]) for i in image_ids})
     res = run({i: [candidates[i]] for i in image_ids})
     return gts, res
-
-
-def _cider_d(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[float, list[float]]:
-    if not any(ref.split() for refs in gts.values() for ref in refs):
-        return 0.0, [0.0] * len(
-            gts
-        )  # pycocoevalcap fails on references without a single word; all would be 0
-    return Cider().compute_score(gts, res)
-
-
-def _spice_models() -> list[Path]:
-    import pycocoevalcap.spice.spice as spice_module
-    from pycocoevalcap.spice.get_stanford_models import JAR, SPICELIB
-
-    lib = Path(spice_module.__file__).parent / SPICELIB
-    return [lib / f"{JAR}.jar", lib / f"{JAR}-models.jar"]
-
-
-def _spice_unavailable(requested: bool, use_java: bool) -> str | None:
-    """Why SPICE cannot be computed, or None if it can (never lets pycocoevalcap start a download)."""
-    if not requested:
-        return "not requested (evaluate.py --spice computes it; spice=True in Python)"
-    if not use_java:
-        return "needs Java (the SPICE 1.0 jar); no Java runtime was used"
-    missing = [path.name for path in _spice_models() if not path.exists()]
-    if missing:
-        return f"Stanford CoreNLP models for SPICE are not installed ({', '.join(missing)})"
-    return None
-
-
-def _spice(
-    gts: dict[int, list[str]], res: dict[int, list[str]], image_ids: list[int]
-) -> tuple[float, list[float]]:
-    from pycocoevalcap.spice.spice import Spice
-
-    score, scores = Spice().compute_score(gts, res)
-    by_id = dict(zip(sorted(gts), scores, strict=True))  # Spice reports in sorted id order
-    return score, [by_id[i]["All"]["f"] for i in image_ids]
-
-
-def _nltk_corpus_bleu(gts: dict[int, list[str]], res: dict[int, list[str]], image_ids: list[int]) -> float:
-    references = [[ref.split() for ref in gts[i]] for i in image_ids]
-    hypotheses = [res[i][0].split() for i in image_ids]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nltk warns, then returns 0, when an n-gram order has no match
-        return float(corpus_bleu(references, hypotheses))
-
-
-def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> COCO:
-    """Read a COCO-format JSON file into a pycocotools ``COCO`` index, with one-line errors.
-
-    Args:
-        path: the JSON file.
-        required: top-level list key -> keys every entry of that list must have, e.g.
-            ``{"annotations": ["image_id", "caption"]}``.
-    Raises:
-        EvaluationInputError: missing file, not JSON, not an object, a missing list or entry key,
-            a repeated image or annotation id.
-    """
-    data = _read_json(path)
-    if not isinstance(data, dict):
-        raise EvaluationInputError(f"{path}: expected a COCO JSON object, got {type(data).__name__}")
-    for list_key, entry_keys in required.items():
-        entries = data.get(list_key)
-        if not isinstance(entries, list):
-            raise EvaluationInputError(f"{path}: missing the list {list_key!r}")
-        for index, entry in enumerate(entries):
-            if not isinstance(entry, dict):
-                raise EvaluationInputError(f"{path}: {list_key}[{index}] is not an object")
-            for key in entry_keys:
-                if key not in entry:
-                    raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
-    for list_key in ("images", "annotations"):  # a repeated id would silently replace an entry in the index
-        first_index: dict[Any, int] = {}
-        for index, entry in enumerate(data.get(list_key) or []):
-            if isinstance(entry, dict) and "id" in entry:
-                entry_id = entry["id"]
-                if not isinstance(entry_id, (int, str)) or isinstance(entry_id, bool):
-                    raise EvaluationInputError(
-                        f"{path}: {list_key}[{index}]: id must be an integer or a "
-                        f"string, got {entry_id!r:.60}"
-                    )
-                if entry_id in first_index:
-                    raise EvaluationInputError(
-                        f"{path}: {list_key}[{index}]: duplicate id {entry_id!r} "
-                        f"(also {list_key}[{first_index[entry_id]}])"
-                    )
-                first_index[entry_id] = index
-    annotations = [a for a in data.get("annotations") or [] if isinstance(a, dict)]
-    free_id = 1 + max((a["id"] for a in annotations if isinstance(a.get("id"), int)), default=0)
-    for annotation in annotations:
-        if "id" not in annotation:  # caption files may omit ids; the COCO index needs unique ones
-            annotation["id"], free_id = free_id, free_id + 1
-    coco = COCO()
-    coco.dataset = data
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
-
-
-def load_coco_references(annotation_file: str | Path) -> dict[int, list[str]]:
-    """Reference captions from a COCO captions file (``annotations`` with ``image_id`` and ``caption``).
-
-    Returns:
-        image id -> its captions, for every image that has at least one.
-    """
-    coco = read_coco_file(annotation_file, {"annotations": ["image_id", "caption"]})
-    for index, annotation in enumerate(coco.dataset["annotations"]):
-        image_id = annotation["image_id"]
-        if isinstance(image_id, bool) or not isinstance(image_id, int):  # would match no result: dropped
-            raise EvaluationInputError(
-                f"{annotation_file}: annotations[{index}]: image_id must be an integer, got {image_id!r:.60}"
-            )
-    references: dict[int, list[str]] = {}
-    for image_id, image_annotations in coco.imgToAnns.items():
-        captions = [annotation["caption"] for annotation in image_annotations]
-        if not all(isinstance(caption, str) for caption in captions):
-            raise EvaluationInputError(f"{annotation_file}: image {image_id}: a caption is not a string")
-        references[image_id] = captions
-    return references
-
-
-def load_results(results_file: str | Path) -> dict[int, str]:
-    """Candidate captions from a COCO results file ``[{"image_id": int, "caption": str}, ...]``.
-
-    Raises:
-        EvaluationInputError: one line naming the file and entry: not JSON, not a list, a missing
-            key, a non-integer id, a non-string caption, a repeated image id.
-    """
-    data = _read_json(results_file)
-    if not isinstance(data, list):
-        raise EvaluationInputError(f"{results_file}: expected a list of results, got {type(data).__name__}")
-    results: dict[int, str] = {}
-    for index, entry in enumerate(data):
-        where = f"{results_file}: entry {index}"
-        if not isinstance(entry, dict):
-            raise EvaluationInputError(f"{where} is not an object")
-        for key in ("image_id", "caption"):
-            if key not in entry:
-                raise EvaluationInputError(f"{where} has no {key!r}")
-        image_id, caption = entry["image_id"], entry["caption"]
-        if isinstance(image_id, bool) or not isinstance(image_id, int):
-            raise EvaluationInputError(f"{where}: image_id must be an integer, got {image_id!r}")
-        if not isinstance(caption, str):
-            raise EvaluationInputError(f"{where}: caption must be a string, got {caption!r}")
-        if image_id in results:
-            raise EvaluationInputError(f"{where}: image_id {image_id} appears twice")
-        results[image_id] = caption
-    return results
-
-
-def _read_json(path: str | Path) -> Any:
-    kind = not_a_regular_file(path)
-    if kind is not None:
-        raise EvaluationInputError(f"{path}: {kind}")
-    try:
-        with open(path, encoding="utf-8") as file:
-            return json.load(file)
-    except FileNotFoundError:
-        raise EvaluationInputError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise EvaluationInputError(f"{path}: not valid JSON ({error})") from None
-    except RecursionError:
-        raise EvaluationInputError(f"{path}: JSON nested too deeply to read") from None
 
 
 class CiderDScorer:
@@ -507,9 +330,6 @@ __all__ = [
     "CiderDScorer",
     "EvaluationInputError",
     "Scores",
-    "load_coco_references",
-    "load_results",
-    "read_coco_file",
     "score_captions",
     "tokenize_captions",
 ]

@@ -379,7 +379,7 @@ def score_results_file(
     """Score a COCO results file against COCO-format reference captions, as the official toolkit does
     (``tokenizer``: as for :func:`score_captions`), with CHAIR (word table ``chair``) on the images
     ``boxes`` cover (:func:`load_boxes`) when given."""
-    from captioning.evaluation.metrics import load_coco_references, load_results
+    from captioning.evaluation.coco_files import load_coco_references, load_results
     from captioning.text import tokenize
 
     references = load_coco_references(annotations)

@@ -1,0 +1,109 @@
+"""``DATASETS``: the dataset readers ``data.dataset`` names, and what every reader shares.
+
+A reader is a class registered beside its code with ``@DATASETS.register(name)``; its ``read(config)``
+turns the files a ``DataConfig`` names into ``ImageRecord``s. :func:`captioning.data.load_records`
+looks ``data.dataset`` up here, so a reader of your own registered by a module given to
+``--import`` is used by every tool (docs/extending.md, "A new dataset reader")::
+
+    @DATASETS.register("karpathy")
+    class KarpathyReader(DatasetReader):
+        indexed = True
+
+        def read(self, config: DataConfig) -> list[ImageRecord]:
+            check_data_paths(config)
+            return read_karpathy(config.split_file, config.root, ...)
+
+Every registered name is covered by tests/test_dataset_readers_contract.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from captioning.config import ConfigError, DataConfig
+from captioning.data.records import ImageRecord
+from captioning.files import path_kind
+from captioning.registry import Registry
+from captioning.text import tokenizer_for
+
+
+class DatasetReader:
+    """A source of ``ImageRecord``s, chosen by ``data.dataset``.
+
+    Attributes:
+        captioned: the records carry captions and a split (train, val or test); False for a plain
+            folder of images to caption (split ``""``, no captions).
+        indexed: large caption files: records are kept in the per-split index (``record_index``).
+        writes_root: the reader makes ``data.root`` itself (Shapes generates it), so it need not exist.
+    """
+
+    captioned: ClassVar[bool] = True
+    indexed: ClassVar[bool] = False
+    writes_root: ClassVar[bool] = False
+
+    def read(self, config: DataConfig) -> list[ImageRecord]:
+        """One record per image, in the source's order.
+
+        Raises:
+            ConfigError: a file or folder ``config`` names is missing (:func:`check_data_paths`).
+            DatasetError: a malformed entry, in one line naming the file and the entry.
+        """
+        raise NotImplementedError
+
+    def split_rule(self, config: DataConfig) -> str | None:
+        """How the val and test splits are made when no file gives them (for the plan line and
+        ``data_summary.json``); None when the files give every split."""
+        return None
+
+
+DATASETS: Registry[type[DatasetReader]] = Registry("dataset reader", key="data.dataset")
+
+
+def reader_of(config: DataConfig) -> DatasetReader:
+    """The reader ``config.dataset`` names.
+
+    Raises:
+        UnknownNameError: one line naming ``data.dataset`` and listing the registered readers.
+    """
+    return DATASETS[config.dataset]()
+
+
+def own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
+    """The tokenizer the Karpathy and COCO readers are given: None (their own PTB tokens) for ptb."""
+    return None if config.tokenizer == "ptb" else tokenizer_for(config.tokenizer)
+
+
+# The data keys that name files or folders, and what each must be.
+_PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
+
+
+def check_data_paths(config: DataConfig) -> None:
+    """Every file and folder the data configuration names must exist (a reader that writes its root,
+    as Shapes, is spared that one); each reader checks this first.
+
+    Relative paths are taken from the current folder, so a checkpoint's configuration used from
+    another folder fails here; the message names the key to ``--set``.
+
+    Raises:
+        ConfigError: ``"<path>: data.<key>: no such file (relative paths start from <cwd>); set
+            data.<key>=... to where it is"``.
+        UnknownNameError: ``data.dataset`` names no registered reader.
+    """
+    writes_root = DATASETS[config.dataset].writes_root
+    for key, kind in _PATH_KEYS:
+        if key == "root" and writes_root:
+            continue
+        value = getattr(config, key)
+        for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
+            exists = path.is_dir() if kind == "folder" else path.is_file()
+            if not exists:
+                if path.exists():  # a folder for a file, a FIFO (reading one would wait forever), ...
+                    raise ConfigError(
+                        f"{path}: data.{key}: {path_kind(path)}, not a {kind}; set data.{key}=... to a {kind}"
+                    )
+                where = f" (relative paths start from {Path.cwd()})" if not path.is_absolute() else ""
+                raise ConfigError(
+                    f"{path}: data.{key}: no such {kind}{where}; set data.{key}=... to where it is"
+                )
