@@ -81,7 +81,10 @@ def compute(name: str, image_ids: tuple[int, ...]) -> dict[str, tuple[float, dic
     scores = {}
     for key, (corpus, per_image) in computed.items():
         assert len(per_image) == (len(image_ids) if metric.per_image else 0), key
-        scores[key] = (float(corpus), {j: float(score) for j, score in zip(image_ids, per_image)})
+        scores[key] = (
+            float(corpus),
+            {j: float(score) for j, score in zip(image_ids, per_image, strict=True)},
+        )
     return scores
 
 

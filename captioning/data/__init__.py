@@ -134,7 +134,7 @@ def write_data_summary(records: list[ImageRecord], config: DataConfig, output_di
     """``output_dir/data_summary.json``: images and captions per split, and training captions longer
     than ``max_caption_length`` (with a warning saying how many will be cut)."""
     images = Counter(record.split for record in records)
-    captions = Counter()
+    captions: Counter[str] = Counter()
     for record in records:
         captions[record.split] += len(record.captions)
     summary = {

@@ -11,7 +11,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -53,6 +53,15 @@ class FeatureSource(Protocol):
     def __getitem__(self, index: int) -> np.ndarray: ...
 
 
+@runtime_checkable
+class BatchFeatureSource(FeatureSource, Protocol):
+    """A source that copies a batch's grids into one buffer (``FeatureCache``)."""
+
+    shape: tuple[int, ...]  # (N, P, C)
+
+    def read_into(self, positions: Sequence[int], out: np.ndarray) -> None: ...
+
+
 class _ImageItems(Dataset):
     """Shared image loading: ``transform(load_image(...))``, or None for a skipped unreadable image."""
 
@@ -76,7 +85,15 @@ class _ImageItems(Dataset):
             self.skipped += 1
             logger.warning("skipping unreadable image: %s", error)
             return None
+        if self.transform is None:  # a dataset of cached grids reads no image
+            raise ValueError(f"{record.path}: no image transform to read it with")
         return self.transform(image)
+
+    def _transformed(self, picture: Image.Image) -> torch.Tensor:
+        """An in-memory RGB picture through the transform."""
+        if self.transform is None:
+            raise ValueError("no image transform to read pictures with")
+        return self.transform(picture)
 
 
 class CaptionDataset(_ImageItems):
@@ -181,16 +198,16 @@ class CaptionDataset(_ImageItems):
         (B, P, C) buffer, and the items hold its rows, which ``collate_captions`` takes as the batch
         without stacking: one copy of the grids instead of two. Otherwise item by item.
         """
-        read_into = getattr(self.features, "read_into", None)
-        if read_into is None:
+        source = self.features
+        if not isinstance(source, BatchFeatureSource):
             return [self[index] for index in indices]
         readable = [index for index in indices if index not in self.unreadable]
         self.skipped += len(indices) - len(readable)
-        grids = torch.from_numpy(np.empty((len(readable), *self.features.shape[1:]), dtype=CACHE_DTYPE))
+        grids = torch.from_numpy(np.empty((len(readable), *source.shape[1:]), dtype=CACHE_DTYPE))
         if get_worker_info() is not None:
             grids.share_memory_()  # (B, P, C): sent to the main process without another copy
-        read_into(readable, grids.numpy())
-        return [self._item(index, "features", grid) for index, grid in zip(readable, grids)]
+        source.read_into(readable, grids.numpy())
+        return [self._item(index, "features", grid) for index, grid in zip(readable, grids, strict=True)]
 
     def _item(self, index: int, key: str, value: torch.Tensor) -> Item:
         """Item ``index`` holding ``value`` under ``key`` (``features`` or ``image``), with its captions."""
@@ -227,7 +244,7 @@ class ImageOnlyDataset(_ImageItems):
 
     def __getitem__(self, index: int) -> Item | None:
         # In-memory RGB pictures (the Python API, the demo) skip the file: same transform, same tensors.
-        image = self._image(index) if self.pictures is None else self.transform(self.pictures[index])
+        image = self._image(index) if self.pictures is None else self._transformed(self.pictures[index])
         if image is None:
             return None
         return {"index": index, "image_id": self.records[index].image_id, "image": image}
@@ -276,5 +293,6 @@ def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
         for number, tensor in enumerate(tensors)
     )
     if whole:
-        return first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))
+        # torch's stubs lack set_'s (UntypedStorage, offset, size) overload, which the docs list.
+        return first.new_empty(0).set_(storage, 0, (len(tensors), *first.shape))  # type: ignore[call-overload]
     return torch.stack(tensors)

@@ -262,7 +262,7 @@ class CiderDScorer:
             corpus.cook_append(None, self._references[image_id])
         corpus.compute_doc_freq()
         self.n, self.sigma = n, sigma
-        self.ref_len = np.log(float(len(corpus.crefs)))  # log of the corpus size, as CiderScorer
+        self.ref_len = float(np.log(float(len(corpus.crefs))))  # log of the corpus size, as CiderScorer
         # tf-idf weight of each n-gram seen in the corpus; an unseen one weighs ref_len (df taken as 1)
         self._idf = {
             gram: float(self.ref_len - np.log(max(1.0, df))) for gram, df in corpus.document_frequency.items()
@@ -281,7 +281,7 @@ class CiderDScorer:
             raise ValueError(f"{len(image_ids)} image ids but {len(candidates)} candidates")
         references: dict[int, list[_TfIdf]] = {}
         out = np.empty(len(candidates), dtype=np.float64)
-        for index, (image_id, candidate) in enumerate(zip(image_ids, candidates)):
+        for index, (image_id, candidate) in enumerate(zip(image_ids, candidates, strict=True)):
             refs = references.get(image_id)
             if refs is None:  # an image's reference vectors, once per call
                 if image_id not in self._references:
@@ -298,7 +298,8 @@ class CiderDScorer:
         vectors, norms = [], []
         for order in range(1, self.n + 1):
             counts: dict[tuple[str, ...], int] = {}  # first-occurrence order, as pycocoevalcap's precook
-            for gram in zip(*(words[i:] for i in range(order))):
+            # strict=False: the shifted copies are meant to differ in length (the last n-gram ends there).
+            for gram in zip(*(words[i:] for i in range(order)), strict=False):
                 counts[gram] = counts.get(gram, 0) + 1
             vector = {gram: float(count) * idf.get(gram, default) for gram, count in counts.items()}
             vectors.append(vector)

@@ -232,7 +232,7 @@ class NltkBleuMetric(Metric):
 
 
 def _in_order(captions: Captions, image_ids: Sequence[int]) -> Captions:
-    """``captions`` keyed in the order of ``image_ids`` (pycocoevalcap lists per-image scores in key order)."""
+    """``captions`` keyed in the order of ``image_ids`` (pycocoevalcap lists per-image scores by key)."""
     return {image_id: captions[image_id] for image_id in image_ids}
 
 
