@@ -81,10 +81,11 @@ def compute(name: str, image_ids: tuple[int, ...]) -> dict[str, tuple[float, dic
     scores = {}
     for key, (corpus, per_image) in computed.items():
         assert len(per_image) == (len(image_ids) if metric.per_image else 0), key
-        scores[key] = (
-            float(corpus),
-            {j: float(score) for j, score in zip(image_ids, per_image, strict=True)},
+        # A metric without per-image scores (NLTK's corpus BLEU-4) gives none.
+        per_image_scores = (
+            dict(zip(image_ids, map(float, per_image), strict=True)) if metric.per_image else {}
         )
+        scores[key] = (float(corpus), per_image_scores)
     return scores
 
 
