@@ -220,9 +220,8 @@ class Trainer:
             self.scaler.load_state_dict(training["scaler"])
         per_rank = training.get("rng_per_rank") or [training["rng"]]
         same_ranks = len(per_rank) == self.group.world_size
-        set_rng_state(
-            per_rank[self.group.rank] if same_ranks else training["rng"]
-        )  # exact with the same ranks
+        # Exact with the same ranks.
+        set_rng_state(per_rank[self.group.rank] if same_ranks else training["rng"])
         self.log.trim(self.state.global_step)
 
     # ------------------------------------------------------------------ loop
@@ -278,9 +277,8 @@ class Trainer:
                         load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
                     if self.group.is_main:
                         print(f"self-critical training starts from {best}", flush=True)
-                if (
-                    self.average is not None
-                ):  # the stage averages its own steps, from the weights it starts at
+                # The stage averages its own steps, from the weights it starts at.
+                if self.average is not None:
                     self.average.reset()
                 self._new_stage("scst", self.schedule.step_lr)
             if self.state.stage != stage:
