@@ -1,4 +1,5 @@
-"""A portable model folder: what ``model.save_pretrained(folder)`` writes and ``captioning.load(folder)`` reads.
+"""A portable model folder: what ``model.save_pretrained(folder)`` writes and ``captioning.load(folder)``
+reads.
 
 ::
 

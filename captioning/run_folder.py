@@ -17,9 +17,11 @@ import fnmatch
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 
 from captioning.files import NoSpaceError, NotReplacedError, output_kind, path_kind
 
+fcntl: ModuleType | None
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on POSIX: no lock, as for a filesystem without flock
@@ -83,7 +85,8 @@ class RunFolderError(OSError):
 
 
 def run_folder_of(checkpoint: str | Path) -> Path:
-    """Where a tool's outputs go by default: ``<run>`` for ``<run>/checkpoints/x.pt``, else the current folder.
+    """Where a tool's outputs go by default: ``<run>`` for ``<run>/checkpoints/x.pt``, else the current
+    folder.
 
     The checkpoint's location, not any path stored inside it, decides; a checkpoint anywhere else
     (``/tmp/x.pt``) sends outputs to the current directory, never to its parent folder.
@@ -251,6 +254,8 @@ class RunLock:
         Raises:
             RunFolderError: another live process holds the lock.
         """
+        if fcntl is None:  # acquire and check_free return before any lock without fcntl
+            raise RuntimeError(f"{self.path}: flock without the fcntl module")
         try:
             fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -269,7 +274,7 @@ class RunLock:
     def release(self, failed: bool = False) -> None:
         """Drop the lock. The file stays, except after a ``failed`` run that created it: it is removed
         while still locked, and a run that opened it meanwhile opens the new one (``acquire``)."""
-        if self._descriptor is not None:
+        if self._descriptor is not None and fcntl is not None:  # a descriptor is only held with fcntl
             if failed and self._created:
                 self.path.unlink(missing_ok=True)
             fcntl.flock(self._descriptor, fcntl.LOCK_UN)
@@ -438,9 +443,8 @@ def check_outputs(
     """
     outputs = list(outputs)
     present = [(option, path) for option, path in inputs if path is not None]
-    identities: dict[
-        tuple[int, int], tuple[str, str | Path]
-    ] = {}  # (device, inode) of every input: one stat each
+    # (device, inode) of every input: one stat each
+    identities: dict[tuple[int, int], tuple[str, str | Path]] = {}
     for input_option, source in present:
         with contextlib.suppress(OSError, ValueError):
             status = os.stat(source)
@@ -450,12 +454,12 @@ def check_outputs(
         in_place = output_kind(path) == "in place"
         try:
             status = os.stat(path)
-            source = identities.get((status.st_dev, status.st_ino))
+            input_of = identities.get((status.st_dev, status.st_ino))
         except (OSError, ValueError):  # nothing there yet: no input
-            source = None
-        if source is not None and not in_place:
+            input_of = None
+        if input_of is not None and not in_place:
             raise RunFolderError(
-                f"{path}: {option}: is an input of this command ({source[0]} {source[1]}); "
+                f"{path}: {option}: is an input of this command ({input_of[0]} {input_of[1]}); "
                 "give another file name"
             )
         for other_option, other in outputs[:index]:

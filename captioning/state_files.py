@@ -55,7 +55,7 @@ def read_state_file(path: str | Path, what: str, map_location: str | torch.devic
             f"{path}: refused: the {what} holds objects other than tensors and plain "
             f"types ({_unpickling_detail(error)})"
         ) from None
-    except Exception as error:  # noqa: BLE001 - zip, IO and unpickling errors alike (a text file: KeyError)
+    except Exception as error:  # zip, IO and unpickling errors alike (a text file: KeyError)
         # a KeyError's text is the bare key (``101``): its name says more
         detail = (not isinstance(error, LookupError) and _first_sentence(str(error))) or type(error).__name__
         raise StateFileError(f"{path}: truncated or corrupt {what} ({detail})") from None

@@ -77,7 +77,7 @@ def test_each_resample_bleu_equals_rescoring_the_resampled_text():
     counts = resample_counts(len(ids), 5, seed=11)
     for row in counts:
         gts, res = {}, {}
-        for image_id, times in zip(ids, row):
+        for image_id, times in zip(ids, row, strict=True):
             for copy in range(int(times)):  # a drawn-twice image is two images of the resample
                 gts[(image_id, copy)], res[(image_id, copy)] = GTS[image_id], RES[image_id]
         expected, _ = Bleu(4).compute_score(gts, res, verbose=0)

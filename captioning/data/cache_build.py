@@ -77,7 +77,7 @@ def _row_keys(
     """
     keys: list[str | None] = []
     hashed: dict[str, list] = {}
-    for record, state in zip(records, states):
+    for record, state in zip(records, states, strict=True):
         if state is None:
             keys.append(None)
             continue
@@ -141,10 +141,35 @@ class Build:
     ) -> None:
         self.folder, self.key, self.records, self.stats = folder, key, records, stats
         self.missing, self.grid_shape, self.skip_bad_images = missing, grid_shape, skip_bad_images
-        self.index: dict[str, Any] | None = None
+        self._index: dict[str, Any] | None = None  # see ``index``
         self.keys: list[str | None] = []
         self.hashed: dict[str, list] = {}  # files hashed by this process, not yet in the index
         self.messages: dict[int, str] = {}  # row -> read error, for rows this process found unreadable
+
+    @property
+    def index(self) -> dict[str, Any]:
+        """The cache's index as this build last read or wrote it.
+
+        Raises:
+            RuntimeError: read before ``open_complete``, ``plan`` or ``read_index`` loaded it.
+        """
+        if self._index is None:
+            raise RuntimeError(f"feature cache {self.folder}: the index was read before it was loaded")
+        return self._index
+
+    def read_index(self) -> None:
+        """Load ``index.json`` as another rank (rank 0, under the lock) wrote it.
+
+        Raises:
+            FeatureCacheError: the file is damaged (``cache_store.read_index``), or there is none.
+        """
+        index = store.read_index(self.folder, self.key)
+        if index is None:
+            raise FeatureCacheError(
+                f"{self.folder / 'index.json'}: missing after rank 0 planned the cache; "
+                f"delete the folder {self.folder} to rebuild this cache"
+            )
+        self._index = index
 
     def _identify(self, index: dict[str, Any]) -> list[int]:
         """The row of each record (-1: no row yet, or a missing file)."""
@@ -166,12 +191,16 @@ class Build:
         unfinished = any(
             states[row] not in (COMPUTED, UNREADABLE)  # or unreadable, its message not yet in the index
             or (states[row] == UNREADABLE and key not in index["bad"])
-            for row, key in zip(rows, self.keys)
+            for row, key in zip(rows, self.keys, strict=True)
             if row >= 0
         )
-        if self.hashed or unfinished or any(row < 0 and key is not None for row, key in zip(rows, self.keys)):
+        if (
+            self.hashed
+            or unfinished
+            or any(row < 0 and key is not None for row, key in zip(rows, self.keys, strict=True))
+        ):
             return False
-        self.index = index
+        self._index = index
         self._refuse_recorded_bad(states)
         return True
 
@@ -192,7 +221,7 @@ class Build:
                 index = None  # refused by rank 0's plan, under the lock
             known = index["files"] if index is not None else {}
             _, hashed = _row_keys(self.records[rank::world_size], self.stats[rank::world_size], known)
-        except Exception as caught:  # noqa: BLE001 - re-raised on every rank by agree
+        except Exception as caught:  # re-raised on every rank by agree
             error = caught
         agree(error, world_size)
         shares: list[Any] = [None] * world_size
@@ -214,7 +243,7 @@ class Build:
         if problem or not (self.folder / "features.npy").exists():
             store.resize(self.folder, capacity, capacity, *self.grid_shape, intact=intact)
         rows = self._identify(index)
-        self.index = index
+        self._index = index
         doubtful = self._doubtful_rows(rows, store.read_states(self.folder, capacity))
         if doubtful:
             logger.warning(
@@ -225,7 +254,11 @@ class Build:
             )
             store.mark_not_computed(self.folder, doubtful)
         self._refuse_recorded_bad(store.read_states(self.folder, capacity))
-        new = [key for key, row in dict.fromkeys(zip(self.keys, rows)) if key is not None and row < 0]
+        new = [
+            key
+            for key, row in dict.fromkeys(zip(self.keys, rows, strict=True))
+            if key is not None and row < 0
+        ]
         if new:
             store.resize(self.folder, capacity, capacity + len(new), *self.grid_shape)
             index["rows"].update({key: capacity + number for number, key in enumerate(new)})
@@ -245,7 +278,7 @@ class Build:
         """Rows whose state byte cannot be trusted: a value no build writes, or "unreadable" without the
         message a finished build records, for an image that reads now (not to be blamed on it)."""
         doubtful = []
-        for record, key, row in zip(self.records, self.keys, rows):
+        for record, key, row in zip(self.records, self.keys, rows, strict=True):
             if row < 0 or states[row] in (NOT_COMPUTED, COMPUTED):
                 continue
             if states[row] != UNREADABLE or (key not in self.index["bad"] and _reads(record)):
@@ -255,7 +288,7 @@ class Build:
     def _refuse_recorded_bad(self, states: np.ndarray) -> None:
         if self.skip_bad_images:
             return
-        for record, key in zip(self.records, self.keys):
+        for record, key in zip(self.records, self.keys, strict=True):
             row = self.index["rows"].get(key, -1) if key is not None else -1
             if row >= 0 and states[row] == UNREADABLE:
                 message = self.index["bad"].get(key) or _message_of(record)
@@ -276,10 +309,12 @@ class Build:
     ) -> int:
         """Compute this rank's share of the records' rows not computed yet; returns how many."""
         if rank != 0:
-            self.index = store.read_index(self.folder, self.key)  # as rank 0 wrote it
+            self.read_index()  # as rank 0 wrote it
         rows = self._identify(self.index)
         states = store.read_states(self.folder, self.index["capacity"])
-        needed = sorted({row: record for row, record in zip(rows, self.records) if row >= 0}.items())
+        needed = sorted(
+            {row: record for row, record in zip(rows, self.records, strict=True) if row >= 0}.items()
+        )
         pending = [(row, record) for row, record in needed if states[row] == NOT_COMPUTED]
         share = pending[rank * len(pending) // world_size : (rank + 1) * len(pending) // world_size]
         done = len(needed) - len(pending) if world_size == 1 else 0
@@ -343,7 +378,7 @@ class Build:
         states = store.read_states(self.folder, self.index["capacity"])
         recorded = self.index["bad"]
         added = False
-        for record, key in zip(self.records, self.keys):
+        for record, key in zip(self.records, self.keys, strict=True):
             row = self.index["rows"].get(key, -1) if key is not None else -1
             if row >= 0 and states[row] == UNREADABLE and key not in recorded:
                 recorded[key] = self.messages.get(row) or _message_of(record)

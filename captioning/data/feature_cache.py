@@ -189,7 +189,7 @@ class FeatureCache:
                     builder.folder.mkdir(parents=True, exist_ok=True)
                     held.enter_context(store.build_lock(builder.folder))
                     builder.plan()
-                except Exception as caught:  # noqa: BLE001 - re-raised on every rank by agree
+                except Exception as caught:  # re-raised on every rank by agree
                     error = caught
             agree(error, world_size)
             try:
@@ -202,14 +202,14 @@ class FeatureCache:
                     rank,
                     world_size,
                 )
-            except Exception as caught:  # noqa: BLE001 - re-raised on every rank by agree
+            except Exception as caught:  # re-raised on every rank by agree
                 error = caught
             agree(error, world_size)
             if rank == 0:
                 builder.finish()
             agree(None, world_size)  # the index is written before any rank reads it
         if rank != 0:
-            builder.index = store.read_index(builder.folder, builder.key)
+            builder.read_index()
         if world_size > 1:
             logger.info(
                 "feature cache %s: rank %d of %d computed %d rows", builder.folder, rank, world_size, computed

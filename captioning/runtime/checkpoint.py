@@ -48,6 +48,8 @@ class CheckpointError(ValueError):
 def rng_state() -> dict[str, Any]:
     """Python, NumPy and torch random states as checkpoint-safe values."""
     numpy_state = np.random.get_state()
+    if not isinstance(numpy_state, tuple):  # a dict only from a bit generator other than the global MT19937
+        raise RuntimeError(f"NumPy's global random state is not MT19937's, got {type(numpy_state).__name__}")
     state = {
         "python": random.getstate(),
         "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
@@ -136,7 +138,8 @@ def _save(payload: dict[str, Any], path: Path) -> None:
     with open(path, "wb", buffering=0) as stream:
         writer = _WholeWrites(stream)
         try:
-            torch.save(payload, writer)
+            # torch.save takes any object with write() and flush(); its hint says IO[bytes] only.
+            torch.save(payload, writer)  # type: ignore[arg-type]
         except Exception as error:
             if writer.error is not None:
                 raise writer.error from error
@@ -188,7 +191,7 @@ def check_payload(payload: Any, path: str | Path) -> None:
         _check_weights(payload.get(section) or {}, section, path)
 
 
-def _check_weights(state: dict, section: str, path: Path) -> None:
+def _check_weights(state: dict, section: str, path: str | Path) -> None:
     """Every entry a tensor, every floating-point value finite: else decoding gives empty captions."""
     for name, value in state.items():
         if not isinstance(name, str) or not isinstance(value, torch.Tensor):

@@ -7,7 +7,7 @@ import os
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -79,15 +79,17 @@ def _store_of_this_attempt(world_size: int) -> dist.Store | None:
     return dist.PrefixStore(f"captioning/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
-def wrap(module: nn.Module, group: ProcessGroup, device: torch.device) -> nn.Module:
-    """DistributedDataParallel around ``module`` when there are several processes."""
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def wrap(
+    module: ModuleT, group: ProcessGroup, device: torch.device
+) -> ModuleT | nn.parallel.DistributedDataParallel:
+    """DistributedDataParallel around ``module`` when there are several processes, else ``module``."""
     if group.world_size <= 1:
         return module
     device_ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
-
-
-ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 def unwrap(module: ModuleT) -> ModuleT:
@@ -160,13 +162,19 @@ def gather_to_main(value: object, group: ProcessGroup) -> list | None:
     return gathered
 
 
-def broadcast_object(value: object) -> object:
-    """Rank 0's ``value`` on every process (``value`` itself with one process)."""
+ValueT = TypeVar("ValueT")
+
+
+def broadcast_object(value: ValueT) -> ValueT:
+    """Rank 0's ``value`` on every process (``value`` itself with one process).
+
+    Every process passes a value of the type rank 0's has (others often None: give ``X | None``).
+    """
     if not (dist.is_available() and dist.is_initialized()):
         return value
-    holder = [value]
+    holder: list[Any] = [value]
     dist.broadcast_object_list(holder, src=0)
-    return holder[0]
+    return cast(ValueT, holder[0])
 
 
 def barrier() -> None:

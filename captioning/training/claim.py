@@ -8,7 +8,7 @@ from pathlib import Path
 
 from captioning.config import Config
 from captioning.config_files import load_config
-from captioning.run_folder import ResumeLook, auto_resume_choice, look_for_resume
+from captioning.run_folder import auto_resume_choice, look_for_resume
 from captioning.runtime import distributed
 from captioning.training.resume_state import check_resumable
 
@@ -25,7 +25,9 @@ def auto_resume_point(
         CheckpointError: the folder's ``config.yaml`` holds another configuration.
     """
     looked = look_for_resume(output_dir) if group.is_main else None
-    answer: ResumeLook = distributed.broadcast_object(looked)  # type: ignore[assignment]
+    answer = distributed.broadcast_object(looked)
+    if answer is None:
+        raise RuntimeError(f"{output_dir}: --resume auto: rank 0 sent no answer about the folder")
     resume, start_over = auto_resume_choice(output_dir, answer, config.train.overwrite)
     if start_over:
         stored = output_dir / "config.yaml"

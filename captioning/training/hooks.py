@@ -62,7 +62,8 @@ class RunLog:
         self.log_every = log_every
 
     def after_step(self, state: TrainState, numbers: dict[str, float], lr: float) -> None:
-        """Append the step to ``steps.jsonl``; every ``log_every`` steps, its numbers and ``lr`` to TensorBoard."""
+        """Append the step to ``steps.jsonl``; every ``log_every`` steps, its numbers and ``lr`` to
+        TensorBoard."""
         if self.writer is None:
             return
         with self.steps_path.open("a") as log:
@@ -85,7 +86,8 @@ class RunLog:
         numbers: dict[str, float],
         line: str,
     ) -> None:
-        """The epoch's validation scores, example captions and training numbers to TensorBoard; print ``line``."""
+        """The epoch's validation scores, example captions and training numbers to TensorBoard; print
+        ``line``."""
         if self.writer is None:
             return
         for key, value in scores.items():
@@ -137,14 +139,21 @@ class ScheduleHook:
         step_lr: float | None = None,
     ) -> None:
         self.optimizer, self.scheduler = optimizer, scheduler
-        self.per_step = schedule in PER_STEP_SCHEDULES and scheduler is not None
+        # The scheduler stepped after every optimisation step (None: stepped per epoch, or none).
+        self.step_scheduler = (
+            scheduler
+            if schedule in PER_STEP_SCHEDULES
+            and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+            else None
+        )
+        self.per_step = self.step_scheduler is not None
         self.step_lr = step_lr
 
     def after_step(self) -> None:
         """Step a per-step schedule, keeping the rate the step used."""
-        if self.per_step:
+        if self.step_scheduler is not None:
             self.step_lr = self.optimizer.param_groups[0]["lr"]
-            self.scheduler.step()
+            self.step_scheduler.step()
 
     def after_epoch(self, metric: float) -> float:
         """Step a per-epoch schedule; returns the rate the epoch used (a per-step schedule's last step's,

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -17,9 +18,11 @@ from captioning.config import Config, to_dict
 from captioning.config_files import save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset
+from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.decoding import check_decoding_fits
+from captioning.models.base import CaptionDecoder
 from captioning.models.captioner import Captioner
 from captioning.run_folder import (
     CHECKPOINTS,
@@ -212,6 +215,8 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
                 features = caption_dataset(
                     split_records, model, config, device, output_dir, progress, 1
                 ).features
+                if not isinstance(features, FeatureCache):  # uses_cache holds: caption_dataset builds one
+                    raise RuntimeError(f"{split} features: no feature cache was built in {output_dir}")
                 if features.computed:
                     written[f"{split} features"] = Path(features.path)
                 else:  # an existing cache is not listed as written
@@ -278,7 +283,7 @@ def train(
     if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
         distributed.barrier()
     records, model = build_run_model(config, resume, device, group, test)
-    if stored is not None:
+    if stored is not None and resume is not None:  # stored is the checkpoint resume names
         check_training_fits(stored, stored["training"], model, config, resume)
         del stored  # the weights and moments are loaded again, by the trainer
     outputs = RunOutputs(output_dir)
@@ -301,7 +306,8 @@ def train(
             atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
             outputs.files["configuration"] = output_dir / "config.yaml"
             outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
-            distributed.barrier()  # the data are read (generated) and the folder is claimed: the other ranks go on
+            # The data are read (generated) and the folder is claimed: the other ranks go on.
+            distributed.barrier()
         train_set, val_set = run_datasets(
             records, model, config, output_dir, progress and group.is_main, device, group
         )
@@ -318,14 +324,16 @@ def train(
         if config.train.compile:
             model.decoder.compile_step()
         if group.world_size > 1 and config.model.encoder.fine_tune_stages:
-            distributed.broadcast_parameters(
-                model.encoder
-            )  # one starting point, as the wrap gives the decoder
-        model.decoder = distributed.wrap(model.decoder, group, device)
+            # One starting point, as the wrap gives the decoder.
+            distributed.broadcast_parameters(model.encoder)
+        # With several processes DistributedDataParallel takes the decoder's place: its forward is the
+        # decoder's, and everything else reaches the decoder through distributed.unwrap, which is why
+        # the attribute keeps the decoder's type.
+        model.decoder = cast(CaptionDecoder, distributed.wrap(model.decoder, group, device))
         trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
         # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
-        # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders, and each
-        # DataLoader iterator without a generator draws its base seed from the global RNG), which
+        # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders,
+        # and each DataLoader iterator without a generator draws its base seed from the global RNG), which
         # made rank 0's dropout masks depend on whether the cache existed before the launch.
         seed_everything(config.train.seed + group.rank, config.train.deterministic)
         if resume is not None:

@@ -7,6 +7,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from captioning.runtime.checkpoint import (
 from captioning.runtime.inference import EpochBatches, decode_records, loader_for
 from captioning.text import detokenize
 from captioning.training.averaging import WeightAverage, trainable_parameters
-from captioning.training.engine import TrainState, steps_per_epoch, train_one_epoch
+from captioning.training.engine import Rewarder, TrainState, steps_per_epoch, train_one_epoch
 from captioning.training.hooks import RunLog, ScheduleHook, epoch_checkpoints, loss_text, step_checkpoint_due
 from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.resume_state import check_resume_payload
@@ -64,7 +65,11 @@ def validation_scores(
         scores = score_captions(references, candidates, use_java=False, tokenizer=config.data.tokenizer)
         examples = [(image_id, caption, references[image_id][:1]) for _, image_id, caption in decoded[:3]]
         result = (scores.overall, examples, degenerate_captions(list(candidates.values()), "validation"))
-    return distributed.broadcast_object(result) if group.world_size > 1 else result
+    if group.world_size > 1:
+        result = distributed.broadcast_object(result)
+    if result is None:
+        raise RuntimeError("validation: rank 0 sent no scores")
+    return result
 
 
 class Trainer:
@@ -87,29 +92,28 @@ class Trainer:
         self.state = TrainState()
         self.checkpoint_dir = output_dir / "checkpoints"
         self.log = RunLog(output_dir, group.is_main, config.train.log_every)
-        self.rewarder = None
+        self.rewarder: Rewarder | None = None  # the self-critical stage's, built when it starts
         self.stop = StopRequest(group.world_size, device)
         self._last_saved_at: int | None = None  # the global step of the latest last.pt this run wrote
-        self.schedule: ScheduleHook | None = None
         self.caption_warning: str | None = None  # the latest validation's, when its captions say nothing
         self.average = (
             WeightAverage(self._trainable(), config.train.ema_decay) if config.train.ema_decay else None
         )
-        self._new_stage("xe")
+        self._new_stage("xe", step_lr=None)
         self.scaler = (
             torch.amp.GradScaler("cuda") if config.train.amp == "fp16" and device.type == "cuda" else None
         )
 
     # ------------------------------------------------------------------ state
-    def _new_stage(self, stage: str) -> None:
+    def _new_stage(self, stage: str, step_lr: float | None) -> None:
+        """The optimiser, schedule (``step_lr``: the rate the previous stage's latest step used) and,
+        for the self-critical stage, the reward of ``stage``."""
         train = self.config.train
         # The self-critical stage scales a fine-tuned encoder's rate as it scales the decoder's.
         scale = train.scst_lr / train.lr if stage == "scst" else 1.0
         self.optimizer = optimizer_for(self.model, train.lr * scale, train.encoder_lr * scale, self.config)
         self.scheduler = scheduler_for(self.optimizer, self.config, stage, self._xe_steps)
-        self.schedule = ScheduleHook(
-            self.optimizer, self.scheduler, train.schedule, self.schedule.step_lr if self.schedule else None
-        )
+        self.schedule = ScheduleHook(self.optimizer, self.scheduler, train.schedule, step_lr)
         if stage == "scst" and self.rewarder is None:
             references = {r.image_id: [list(c) for c in r.captions] for r in self.train_set.records}
             # document frequencies once, from the training references
@@ -140,11 +144,11 @@ class Trainer:
         resumable = name == "last"
         if resumable:
             self._last_saved_at = self.state.global_step
-        rng = distributed.all_gather_objects(rng_state()) if resumable else None  # every rank's streams
+        rng = distributed.all_gather_objects(rng_state()) if resumable else []  # every rank's streams
         if not self.group.is_main:
             return path
         encoder = self.config.model.encoder
-        training = {"state": self.state.to_dict()}
+        training: dict[str, Any] = {"state": self.state.to_dict()}
         if resumable:
             training.update(
                 {
@@ -208,7 +212,7 @@ class Trainer:
         if self.average is not None:  # the weights just loaded are the average; the optimiser's come back
             self.average.load_state_dict(training["average"])
         self.state = TrainState.from_dict(training["state"])
-        self._new_stage(self.state.stage)
+        self._new_stage(self.state.stage, self.schedule.step_lr)
         self.optimizer.load_state_dict(training["optimizer"])
         if self.scheduler is not None and training.get("scheduler"):
             self.scheduler.load_state_dict(training["scheduler"])
@@ -216,9 +220,8 @@ class Trainer:
             self.scaler.load_state_dict(training["scaler"])
         per_rank = training.get("rng_per_rank") or [training["rng"]]
         same_ranks = len(per_rank) == self.group.world_size
-        set_rng_state(
-            per_rank[self.group.rank] if same_ranks else training["rng"]
-        )  # exact with the same ranks
+        # Exact with the same ranks.
+        set_rng_state(per_rank[self.group.rank] if same_ranks else training["rng"])
         self.log.trim(self.state.global_step)
 
     # ------------------------------------------------------------------ loop
@@ -274,11 +277,10 @@ class Trainer:
                         load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
                     if self.group.is_main:
                         print(f"self-critical training starts from {best}", flush=True)
-                if (
-                    self.average is not None
-                ):  # the stage averages its own steps, from the weights it starts at
+                # The stage averages its own steps, from the weights it starts at.
+                if self.average is not None:
                     self.average.reset()
-                self._new_stage("scst")
+                self._new_stage("scst", self.schedule.step_lr)
             if self.state.stage != stage:
                 continue
             while self.state.epoch < self._stage_epochs(stage) and not self._stopped:

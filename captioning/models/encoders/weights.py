@@ -164,7 +164,7 @@ def hub_file(
                     )
             except EntryNotFoundError as error:  # not published under this name
                 reasons.append(f"{filename}: {type(error).__name__}".replace("\n", " "))
-            except Exception as error:  # noqa: BLE001 - offline, timeout, refused: the next name would wait too
+            except Exception as error:  # offline, timeout, refused: the next name would wait too
                 reasons.append(f"{filename}: {type(error).__name__}: {error}".replace("\n", " ")[:160])
                 break
     url = huggingface_hub.hf_hub_url(repo, filenames[0], revision=revision or None)
@@ -177,7 +177,8 @@ def hub_file(
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A state dict from a ``torch.save`` file (weights_only) or a ``.safetensors`` file (``read_state_file``).
+    """A state dict from a ``torch.save`` file (weights_only) or a ``.safetensors`` file
+    (``read_state_file``).
 
     Raises:
         EncoderWeightsError: the file cannot be read, or holds something other than a state dict.
