@@ -20,7 +20,7 @@ from captioning.config_files import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.runtime.checkpoint import load_checkpoint
-from captioning.training import engine
+from captioning.training import losses
 from captioning.training.engine import NonFiniteLossError, rollout, scst_loss
 from captioning.training.rewards import CiderDReward
 from captioning.training.run import train
@@ -212,7 +212,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(data_root, tmp_path):
 def _poison_after(monkeypatch, step: int) -> None:
     """Make the cross-entropy NaN from the ``step``-th call on."""
     calls = {"n": 0}
-    original = engine.caption_loss
+    original = losses.caption_loss  # what the cross-entropy objective computes
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
@@ -221,7 +221,7 @@ def _poison_after(monkeypatch, step: int) -> None:
             terms.total = terms.total * float("nan")
         return terms
 
-    monkeypatch.setattr(engine, "caption_loss", poisoned)
+    monkeypatch.setattr(losses, "caption_loss", poisoned)
 
 
 @pytest.mark.slow
