@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from captioning.config import to_dict
 from captioning.files import atomic_write
 from captioning.model_card import model_card
+from captioning.output_paths import check_output_folder
 from captioning.pretrained import (
     CARD,
     CONFIG,
@@ -21,7 +22,7 @@ from captioning.pretrained import (
     encoder_weights_needed,
     is_model_folder,
 )
-from captioning.run_folder import CHECKPOINTS, check_output_folder, run_folder_of
+from captioning.run_folder import CHECKPOINTS, run_folder_of
 
 if TYPE_CHECKING:
     from captioning.api import CaptioningModel

@@ -75,9 +75,6 @@ TINY_RUN = {
     "model.encoder.weights": "none",
     "model.encoder.image_size": 64,
     "model.encoder.grid_size": 0,
-    "model.decoder.kind": "cosine_lstm",
-    "model.decoder.scoring": "cosine",
-    "model.decoder.temperature": 0.2,
     "model.decoder.embed_dim": 16,
     "model.decoder.hidden_dim": 16,
     "model.decoder.attention_dim": 16,
@@ -110,8 +107,13 @@ def fresh_imports(monkeypatch, tmp_path):
 def test_an_encoder_and_a_decoder_a_user_module_registers_work_through_all_three_tools(tmp_path):
     module = tmp_path / "user_parts.py"
     module.write_text(USER_ENCODER + USER_DECODER)
+    user_decoder = {
+        "model.decoder.kind": "cosine_lstm",
+        "model.decoder.scoring": "cosine",
+        "model.decoder.temperature": 0.2,
+    }
     run = tmp_path / "run"
-    overrides = {**TINY_RUN, "data.root": tmp_path / "shapes"}
+    overrides = {**TINY_RUN, **user_decoder, "data.root": tmp_path / "shapes"}
     trained = run_tool(
         "train.py",
         "--import",

@@ -55,12 +55,14 @@ def test_a_name_is_registered_once():
 
 
 def test_the_help_of_train_py_lists_every_registered_encoder_decoder_and_scorer():
-    import train
+    from tool_runs import script_module
+
     from captioning.models.attention import SCORERS
     from captioning.models.captioner import DECODERS
     from captioning.models.encoders import ENCODERS
 
-    text = " ".join(train.get_args_parser().format_help().split())  # one line: names are never cut
+    # One line: a name is never cut by the help's line breaks.
+    text = " ".join(script_module("train.py").get_args_parser().format_help().split())
     for flag, registry in (("--encoder", ENCODERS), ("--decoder", DECODERS), ("--scoring", SCORERS)):
         listed = text.split(flag + " STR ", 1)[1].split(" --", 1)[0]  # its help, not the usage line
         assert all(f"{name}," in listed or f"{name} or" in listed for name in registry.names()), (

@@ -34,8 +34,8 @@ from captioning.evaluation.runner import (
     write_scores,
 )
 from captioning.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
+from captioning.output_paths import check_outputs
 from captioning.run_folder import (
-    check_outputs,
     evaluation_prefix,
     run_folder_of,
     scores_path_for,

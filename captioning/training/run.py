@@ -24,10 +24,10 @@ from captioning.data.records import ImageRecord, records_of_split
 from captioning.decoding import check_decoding_fits
 from captioning.models.base import CaptionDecoder
 from captioning.models.captioner import Captioner
+from captioning.output_paths import check_output_folder
 from captioning.run_folder import (
     CHECKPOINTS,
     RunLock,
-    check_output_folder,
     claim_output_dir,
     remove_outputs,
 )

@@ -21,7 +21,7 @@ from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
 from captioning.files import output_note
 from captioning.models.base import AttentionView
-from captioning.run_folder import check_output_folder, check_outputs
+from captioning.output_paths import check_output_folder, check_outputs
 
 if TYPE_CHECKING:
     from captioning.evaluation.runner import Captioned
