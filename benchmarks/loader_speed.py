@@ -39,7 +39,8 @@ from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord
 from captioning.models.encoders import Backbone, Encoder
-from captioning.run_folder import RunFolderError, check_output_folder
+from captioning.output_paths import check_output_folder
+from captioning.run_folder import RunFolderError
 from captioning.runtime.inference import EpochBatches, loader_for, move
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
