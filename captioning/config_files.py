@@ -8,7 +8,6 @@ bad file or override is one ``ConfigError`` naming its key.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -348,8 +347,3 @@ def save_config(config: Config, path: str | Path) -> None:
 
     text = yaml.safe_dump(to_dict(config), sort_keys=False)
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
-
-
-def config_json(config: Any) -> str:
-    """The configuration as one JSON line, for logs."""
-    return json.dumps(to_dict(config), sort_keys=True)

@@ -18,13 +18,11 @@ come from are read by :mod:`captioning.evaluation.coco_files`.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -73,12 +71,6 @@ class Scores:
     def per_image_json(self) -> list[dict[str, Any]]:
         """Per-image scores as a list of ``{"image_id": id, metric: score, ...}``."""
         return [{"image_id": image_id, **scores} for image_id, scores in self.per_image.items()]
-
-    def write_json(self, path: str | Path, per_image_path: str | Path | None = None) -> None:
-        """Write :meth:`to_json` to ``path`` and, if given, :meth:`per_image_json` to ``per_image_path``."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=2), encoding="utf-8")
-        if per_image_path is not None:
-            Path(per_image_path).write_text(json.dumps(self.per_image_json()), encoding="utf-8")
 
     def table(self) -> str:
         """A console summary: one line per metric, scores as in papers (x100) and raw values."""
