@@ -229,11 +229,10 @@ def test_invalid_references_or_candidates(references, candidates, message):
         score_captions(references, candidates, use_java=False)
 
 
-def test_write_json_and_per_image(tmp_path: Path):
+def test_scores_as_json_and_per_image_rows():
     scores = score_captions({7: ["a dog runs"], 9: ["a cat"]}, {7: "a dog runs", 9: "a dog"}, use_java=False)
-    scores.write_json(tmp_path / "scores.json", tmp_path / "scores.per_image.json")
-    assert json.loads((tmp_path / "scores.json").read_text())["BLEU-1"] == scores.overall["BLEU-1"]
-    per_image = json.loads((tmp_path / "scores.per_image.json").read_text())
+    assert json.loads(json.dumps(scores.to_json()))["BLEU-1"] == scores.overall["BLEU-1"]
+    per_image = scores.per_image_json()
     assert [entry["image_id"] for entry in per_image] == [7, 9] and "CIDEr-D" in per_image[0]
 
 
