@@ -13,9 +13,17 @@ import dataclasses
 
 import pytest
 import torch
+import yaml
 
-from captioning.config import ConfigError, DecoderConfig, LSTMDecoderConfig, ModelConfig, to_dict
-from captioning.config_files import from_dict
+from captioning.config import (
+    ConfigError,
+    DecoderConfig,
+    LSTMDecoderConfig,
+    ModelConfig,
+    TransformerDecoderConfig,
+    to_dict,
+)
+from captioning.config_files import from_dict, load_config
 from captioning.data.vocab import Vocabulary
 from captioning.models.base import DECODERS, CaptionDecoder, register_decoder
 from captioning.models.captioner import build_decoder, check_model_config
@@ -182,3 +190,15 @@ def test_a_new_family_registers_its_configuration_and_is_built_by_name():
         from captioning.config import DECODER_CONFIGS
 
         del DECODERS._entries["tiny_lstm_for_test"], DECODER_CONFIGS._entries["tiny_lstm_for_test"]
+
+
+def test_an_older_runs_config_file_reads_as_its_family_when_read_as_stored(tmp_path):
+    # A run's config.yaml of an older version: the decoder section holds every family's options.
+    flat = {**to_dict(LSTMDecoderConfig()), "kind": "transformer", "d_model": 32, "num_heads": 4}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"model": {"decoder": flat}}), encoding="utf-8")
+    assert load_config(path, stored=True).model.decoder == TransformerDecoderConfig(
+        d_model=32, num_heads=4, dropout=0.5, doubly_stochastic=1.0
+    )
+    with pytest.raises(ConfigError, match="is an option of the lstm decoder"):
+        load_config(path)  # a user's file is read strictly

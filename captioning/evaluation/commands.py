@@ -231,7 +231,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     check_overrides(overrides, CHECKPOINT_SECTIONS)
     decode_config_with(Config(), **decoding)
     records = read_folder(args.images) if args.images is not None else None
-    data_config = load_config(args.config).data if args.config is not None else None
+    # Only the data section is read: a run's config.yaml of any version is taken (stored=True).
+    data_config = load_config(args.config, stored=True).data if args.config is not None else None
     dataset = overrides.get("data.dataset") or (data_config.dataset if data_config is not None else None)
     if dataset is not None:  # the checkpoint's own is checked where it is first read
         DATASETS.check(dataset)

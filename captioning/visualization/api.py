@@ -77,7 +77,8 @@ def visualization_config(
         ConfigError: a malformed or non-overridable key, or an invalid value.
     """
     if data_config is not None:
-        config = with_data_section(config, load_config(data_config).data)
+        # Only the data section is read: a run's config.yaml of any version is taken (stored=True).
+        config = with_data_section(config, load_config(data_config, stored=True).data)
     values: dict[str, Any] = {"decode.strategy": "beam", **parse_overrides(overrides)}
     if beam_size is not None:
         values["decode.beam_size"] = beam_size
