@@ -82,3 +82,34 @@ def test_parsing_a_command_line_does_not_import_the_registries():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_the_encoder_and_scorer_examples_of_the_extending_page_register_and_build():
+    # Run in a new process: the examples register names this process's other tests do not expect.
+    page = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+    blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
+    examples = [block for block in blocks if "@register_encoder(" in block or "@SCORERS.register(" in block]
+    assert len(examples) == 2
+    check = """
+import torch
+from captioning.config import EncoderConfig, LSTMDecoderConfig
+from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.encoders import build_encoder
+
+encoder = build_encoder(EncoderConfig(name="my_encoder", weights="none", image_size=64))
+config = LSTMDecoderConfig(scoring="cosine", embed_dim=8, hidden_dim=8, attention_dim=8)
+decoder = ShowAttendTellDecoder.from_config(config, 10, encoder.channels).eval()
+grids = encoder(torch.rand(2, 3, 64, 64))  # (B, P, C)
+step = decoder.step(decoder.prepare(grids), torch.tensor([1, 1]), decoder.init_state(grids))
+print(encoder.channels, tuple(step.alpha.shape))
+"""
+    code = "\n".join(examples) + check
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [
+        "576",
+        "(2,",
+        "4)",
+    ]  # MobileNetV3-Small: 576 channels, a 2x2 grid at 64 px
