@@ -136,7 +136,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
     names = _names(cls)
     unknown = sorted(set(values) - names)
     if unknown:
-        where = prefix or "the top level"
+        where = prefix.rstrip(".") or "the top level"
         other = _other_family(unknown[0], cls) if issubclass(cls, DecoderConfig) else None
         if other is not None:
             raise ConfigError(
@@ -237,8 +237,9 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
             names = set().union(*(_names(family) for family in families))
             prefix = ".".join(parts[:depth]) + "." if depth else ""
             if part not in names:
+                where = prefix.rstrip(".") or "the top level"
                 raise ConfigError(
-                    f"unknown configuration key {prefix + part!r} in {prefix or 'the top level'}; "
+                    f"unknown configuration key {prefix + part!r} in {where}; "
                     f"known: {', '.join(sorted(names))}"
                 )
             owner = next(family for family in families if part in _names(family))
@@ -322,22 +323,33 @@ def load_config(
 
 
 def _drop_other_family(tree: dict[str, Any], overrides: dict[str, Any], path: str | Path | None) -> None:
-    """A decoder kind set by ``overrides`` replaces the family of ``tree`` (a file): the file's decoder
-    options the new family lacks are left out of ``tree``, with a warning naming them."""
+    """A decoder kind set by ``overrides`` replaces the family of ``tree`` (a file): the file's options
+    of another family that the new one lacks are left out of ``tree``, with a warning naming them and
+    the shared options kept (``dropout``, ``doubly_stochastic``, ...). A key no family has stays, for
+    the strict check to refuse."""
     kind = overrides.get("model.decoder.kind")
     decoder = tree.get("model", {}).get("decoder") if isinstance(tree.get("model"), dict) else None
     if kind is None or not isinstance(decoder, dict) or str(kind) not in DECODER_CONFIGS:
         return
-    names = _names(DECODER_CONFIGS[str(kind)])
-    dropped = [name for name in decoder if name not in names and f"model.decoder.{name}" not in overrides]
+    family = DECODER_CONFIGS[str(kind)]
+    names = _names(family)
+    dropped = [
+        name
+        for name in decoder
+        if name not in names
+        and _other_family(name, family) is not None
+        and f"model.decoder.{name}" not in overrides
+    ]
     for name in dropped:
         del decoder[name]
     if dropped:
+        kept = [name for name in decoder if name in names and name != "kind"]
         logging.getLogger(__name__).warning(
-            "model.decoder.kind=%s: %s's options of another decoder left out (%s)",
+            "model.decoder.kind=%s: %s's options of another decoder left out (%s)%s",
             kind,
             path,
             ", ".join(dropped),
+            f"; kept: {', '.join(kept)}" if kept else "",
         )
 
 

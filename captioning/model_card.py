@@ -29,13 +29,13 @@ def _encoder_line(config: Config, grid: tuple[int, int], channels: int) -> str:
 
 def _decoder_line(config: Config) -> str:
     decoder = config.model.decoder
-    if isinstance(decoder, TransformerDecoderConfig):
+    if type(decoder) is TransformerDecoderConfig:  # a family of your own is described by its options
         return (
             f"Transformer, {decoder.decoder_layers} decoder layers over "
             f"{decoder.encoder_layers} grid encoder layers, width {decoder.d_model}, "
             f"{decoder.num_heads} heads"
         )
-    if isinstance(decoder, LSTMDecoderConfig):
+    if type(decoder) is LSTMDecoderConfig:
         return (
             f"attention LSTM (Show, Attend and Tell), {decoder.attention} attention, "
             f"{decoder.scoring} scoring, gate {decoder.gate}, hidden size {decoder.hidden_dim}, "

@@ -135,7 +135,7 @@ def test_overrides_on_a_loaded_configuration():
 def test_overrides_are_checked_alone_before_they_meet_a_configuration():
     # Key names, sections and types fail at once; rules between fields wait for the real configuration.
     for overrides, message in (
-        ({"decode.beams": "3"}, "unknown configuration key 'decode.beams' in decode."),
+        ({"decode.beams": "3"}, "unknown configuration key 'decode.beams' in decode;"),
         ({"decode": "3"}, "decode is a section"),
         ({"decode.beam_size.x": "1"}, "'decode.beam_size' is not a section"),
         ({"decode.beam_size": "x"}, "decode.beam_size must be an integer"),

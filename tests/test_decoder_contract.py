@@ -202,3 +202,27 @@ def test_an_older_runs_config_file_reads_as_its_family_when_read_as_stored(tmp_p
     )
     with pytest.raises(ConfigError, match="is an option of the lstm decoder"):
         load_config(path)  # a user's file is read strictly
+
+
+def test_a_kind_given_on_the_command_line_leaves_out_only_the_other_familys_options(tmp_path, caplog):
+    path = tmp_path / "lstm.yaml"
+    path.write_text(
+        "model:\n  decoder:\n    kind: lstm\n    hidden_dim: 8\n    dropout: 0.3\n", encoding="utf-8"
+    )
+    config = load_config(path, {"model.decoder.kind": "transformer"})
+    assert config.model.decoder == TransformerDecoderConfig(dropout=0.3)  # a shared option is kept
+    assert "left out (hidden_dim); kept: dropout" in caplog.text
+    path.write_text("model:\n  decoder:\n    kind: lstm\n    hiden_dim: 8\n", encoding="utf-8")
+    with pytest.raises(
+        ConfigError, match="unknown configuration key 'model.decoder.hiden_dim' in model.decoder;"
+    ):
+        load_config(path, {"model.decoder.kind": "transformer"})  # a misspelt key is no family's: refused
+
+
+def test_a_decoder_configuration_must_be_a_dataclass_of_its_kind():
+    class NotADataclass(DecoderConfig):
+        kind = "plain_for_test"
+
+    with pytest.raises(ValueError, match="must be a dataclass deriving from DecoderConfig"):
+        register_decoder("plain_for_test", NotADataclass)(ShowAttendTellDecoder)
+    assert "plain_for_test" not in DECODERS

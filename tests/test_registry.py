@@ -113,3 +113,11 @@ print(encoder.channels, tuple(step.alpha.shape))
         "(2,",
         "4)",
     ]  # MobileNetV3-Small: 576 channels, a 2x2 grid at 64 px
+
+
+def test_an_encoder_name_with_a_colon_is_refused_it_would_shadow_a_family():
+    from captioning.models.encoders import ENCODERS, register_encoder
+
+    with pytest.raises(ValueError, match="holds a colon"):
+        register_encoder("timm:resnet50")(lambda weights, image_size: None)
+    assert "timm:resnet50" not in ENCODERS

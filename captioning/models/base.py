@@ -185,9 +185,15 @@ def register_decoder(kind: str, config_class: type[DecoderConfig]) -> Callable[[
             raise ValueError(f"decoder {kind!r} is already registered")
         known = DECODER_CONFIGS.get(kind)
         if known is None:
-            if not issubclass(config_class, DecoderConfig) or config_class.kind != kind:
+            if (
+                # decorated itself: a plain subclass inherits the base's fields and would lose its own
+                "__dataclass_params__" not in vars(config_class)
+                or not issubclass(config_class, DecoderConfig)
+                or config_class.kind != kind
+            ):
                 raise ValueError(
-                    f"decoder {kind!r}: its configuration must derive from DecoderConfig with kind {kind!r}"
+                    f"decoder {kind!r}: its configuration must be a dataclass deriving from DecoderConfig "
+                    f"with kind {kind!r}"
                 )
             DECODER_CONFIGS.add(kind, config_class)
         elif known is not config_class:

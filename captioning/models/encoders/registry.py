@@ -87,7 +87,16 @@ FAMILY_FORMS: dict[str, str] = {}  # prefix -> the form of its names, for error 
 
 
 def register_encoder(name: str) -> Callable[[Builder], Builder]:
-    """Decorator adding a builder ``fn(weights: str, image_size: int) -> Backbone`` to ``ENCODERS``."""
+    """Decorator adding a builder ``fn(weights: str, image_size: int) -> Backbone`` to ``ENCODERS``.
+
+    Raises:
+        ValueError: ``name`` holds a colon: ``<prefix>:<model>`` names belong to the families
+            (``register_family``), and a registered one would take over a family's model.
+    """
+    if ":" in name:
+        raise ValueError(
+            f"encoder name {name!r} holds a colon, which family names use (timm:<model>); choose another"
+        )
     return ENCODERS.register(name)
 
 
