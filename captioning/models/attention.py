@@ -219,15 +219,11 @@ def multihead(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -
     return ScaledDotAttention(annotation_dim, hidden_dim, config.attention_dim, config.num_heads)
 
 
-def build_attention(
-    config: LSTMDecoderConfig, annotation_dim: int, hidden_dim: int | None = None
-) -> Attention:
-    """The scorer ``config.scoring`` names, for C-channel annotations and queries of ``hidden_dim``
-    (default: ``config.hidden_dim``).
+def build_attention(config: LSTMDecoderConfig, annotation_dim: int) -> Attention:
+    """The scorer ``config.scoring`` names, for C-channel annotations and the LSTM's queries of
+    ``config.hidden_dim``.
 
     Raises:
         UnknownNameError: ``config.scoring`` is not registered (the message lists the registered ones).
     """
-    return SCORERS[config.scoring](
-        annotation_dim, config.hidden_dim if hidden_dim is None else hidden_dim, config
-    )
+    return SCORERS[config.scoring](annotation_dim, config.hidden_dim, config)
