@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 from tool_runs import in_process, run_tool, script_module
 
@@ -226,3 +227,19 @@ def test_figure_names_never_collide():
         assert len({name.casefold() for name in names}) == len(case), (case, names)
     assert _unique_stems([Path("x.jpg"), Path("y.png")]) == ["x", "y"]
     assert _unique_stems([Path("a/x.jpg"), Path("b/x.jpg")]) == ["x-1", "x-2"]
+
+
+def test_config_takes_the_data_section_of_an_older_runs_config_file(tmp_path: Path, checkpoint: Path):
+    # A run's config.yaml written before each decoder family had its own options: all of them, flat.
+    stored = load_checkpoint(checkpoint)["config"]
+    decoder = {**stored["model"]["decoder"], "kind": "transformer", "d_model": 64, "d_ff": 128}
+    old = tmp_path / "config.yaml"
+    old.write_text(
+        yaml.safe_dump({**stored, "model": {**stored["model"], "decoder": decoder}}), encoding="utf-8"
+    )
+    out_dir = tmp_path / "figures"
+    result = run_script(
+        "--checkpoint", checkpoint, "--config", old, "--split", "val", "--num", "1", "--out-dir", out_dir
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(list(out_dir.glob("*.png"))) == 1
