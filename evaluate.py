@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioning.cli import add_import_argument
+from captioning.cli.common import add_import_argument
 from captioning.config import TOKENIZERS
 
 
@@ -176,12 +176,12 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> None:
-    from captioning.evaluation.commands import evaluate
+    from captioning.cli.evaluate import evaluate
 
     evaluate(args)
 
 
 if __name__ == "__main__":
-    from captioning.cli import run_cli
+    from captioning.cli.common import run_cli
 
     sys.exit(run_cli(main, get_args_parser()))

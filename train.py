@@ -11,7 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioning.cli import add_config_arguments, add_import_argument, config_from_args, given_keys, run_cli
+from captioning.cli.common import (
+    add_config_arguments,
+    add_import_argument,
+    config_from_args,
+    given_keys,
+    run_cli,
+)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -55,7 +61,7 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> None:
     config = config_from_args(args)
-    from captioning.pipeline import cache_only, main_job  # after the configuration is known to be valid
+    from captioning.cli.train import cache_only, main_job  # after the configuration is known to be valid
 
     if args.cache_only:
         cache_only(config, progress=not args.no_progress)

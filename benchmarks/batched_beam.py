@@ -12,8 +12,8 @@ import time
 import torch
 
 from captioning.config import LSTMDecoderConfig
-from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoding import beam_search
 
 
 def main() -> None:

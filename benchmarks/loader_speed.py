@@ -38,10 +38,10 @@ from captioning.data import build_vocabulary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import ImageRecord
+from captioning.inference.batches import EpochBatches, loader_for, move
 from captioning.models.encoders import Backbone, Encoder
-from captioning.output_paths import check_output_folder
-from captioning.run_folder import RunFolderError
-from captioning.runtime.inference import EpochBatches, loader_for, move
+from captioning.utils.output_paths import check_output_folder
+from captioning.utils.run_folder import RunFolderError
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
 CAPTIONS_PER_IMAGE = 5

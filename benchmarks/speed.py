@@ -51,8 +51,8 @@ from captioning.data.feature_cache import FeatureCache, cache_batch_size
 from captioning.data.images import load_image
 from captioning.data.records import records_of_split
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoding import beam_search
 from captioning.models.encoders import Encoder, build_encoder
 from captioning.training.engine import flatten_captions
 from captioning.training.losses import caption_loss

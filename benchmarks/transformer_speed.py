@@ -26,7 +26,7 @@ from recompute_baseline import RecomputingDecoder
 
 from captioning.config import TransformerDecoderConfig
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import beam_search
+from captioning.models.decoding import beam_search
 from captioning.models.transformer import TransformerDecoder
 from captioning.training.losses import caption_loss
 from captioning.training.optim import adam

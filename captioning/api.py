@@ -29,10 +29,10 @@ from captioning.config import Config, DecodeConfig
 from captioning.data.images import ImageError, as_rgb_image
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
-from captioning.evaluation.runner import Captioned, caption_records, decode_config_with, load_captioner
+from captioning.inference.captioner import Captioned, caption_records, decode_config_with, load_captioner
 from captioning.models.captioner import Captioner
-from captioning.runtime.device import resolve_device
-from captioning.visualization.api import MODES, attention_view
+from captioning.utils.device import resolve_device
+from captioning.visualization.views import MODES, attention_view
 
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
 """A path, a PIL image, a (C, H, W) tensor or an (H, W, C) array (see ``as_rgb_image``)."""
@@ -194,9 +194,9 @@ class CaptioningModel:
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)
-        that ``captioning.load`` reads on any machine; see ``captioning.pretrained`` and
-        ``captioning.export``."""
-        from captioning.export import save_pretrained
+        that ``captioning.load`` reads on any machine; see ``captioning.hub.model_folder`` and
+        ``captioning.hub.save``."""
+        from captioning.hub.save import save_pretrained
 
         return save_pretrained(self, folder)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from captioning.config import LSTMDecoderConfig
-from captioning.decoding import beam_search, greedy_search, sample_captions
 from captioning.models.attention import SCORERS, Prepared, ScaledDotAttention, build_attention
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoding import beam_search, greedy_search, sample_captions
 from captioning.registry import UnknownNameError
 
 C, H, A, P, HEADS = 12, 16, 16, 9, 4  # annotation channels, hidden, attention size, positions, heads

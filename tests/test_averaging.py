@@ -8,8 +8,8 @@ from test_training import as_flags, data_root, one_and_two_process_runs, tiny_ov
 from tool_runs import in_process
 
 from captioning.config import ConfigError
-from captioning.config_files import load_config
-from captioning.runtime.checkpoint import CheckpointError, load_checkpoint
+from captioning.config.loading import load_config
+from captioning.hub.checkpoint import CheckpointError, load_checkpoint
 from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.resume_state import check_average_state
 from captioning.training.run import train

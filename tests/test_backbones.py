@@ -18,8 +18,8 @@ from test_training import as_flags, data_root, tiny_overrides  # noqa: F401 (dat
 from tool_runs import in_process
 
 from captioning.config import ConfigError, EncoderConfig
+from captioning.hub.checkpoint import load_checkpoint
 from captioning.models.encoders import ENCODERS, Encoder, EncoderWeightsError, build_encoder, encoder_builder
-from captioning.runtime.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 timm = pytest.importorskip("timm")

@@ -304,7 +304,7 @@ def test_tutorial_baseline_computes_our_decoder_given_our_weights():
 
 
 def test_tutorial_beam_search_with_one_beam_is_our_greedy_caption():
-    from captioning.decoding import greedy_search
+    from captioning.models.decoding import greedy_search
 
     baseline = _load_baseline()
     ours, tutorial = _decoders(seed=1)
@@ -353,7 +353,7 @@ def test_transformer_flop_count_of_the_reference_configuration():
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_size):
     """The recomputing baseline computes the cached decoder's function: the same captions and maps."""
-    from captioning.decoding import beam_search
+    from captioning.models.decoding import beam_search
     from captioning.models.transformer import TransformerDecoder
 
     torch.manual_seed(0)

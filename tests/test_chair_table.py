@@ -8,11 +8,11 @@ import pytest
 from test_hallucination import write_instances
 
 from captioning.config import ConfigError, DataConfig
+from captioning.data.tokenizers import tokenize
 from captioning.evaluation.chair_table import ReleasedChairTable, chair_table, singular
 from captioning.evaluation.coco_words import COCO_WORDS
 from captioning.evaluation.grounding import load_instances
 from captioning.evaluation.hallucination import chair
-from captioning.text import tokenize
 
 RELEASED = chair_table("released")
 

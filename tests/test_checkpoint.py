@@ -13,9 +13,8 @@ import torch
 
 from captioning.config import Config, LSTMDecoderConfig, ModelConfig
 from captioning.data.vocab import SPECIALS, Vocabulary
-from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.runtime import checkpoint as checkpoint_module
-from captioning.runtime.checkpoint import (
+from captioning.hub import checkpoint as checkpoint_module
+from captioning.hub.checkpoint import (
     CheckpointError,
     atomic_write,
     checkpoint_config,
@@ -25,6 +24,7 @@ from captioning.runtime.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from captioning.models.decoder import ShowAttendTellDecoder
 
 C, P = 8, 9  # annotation channels, grid positions (annotation_dim comes from the encoder, not the config)
 WORDS = ["a", "red", "blue", "circle", "square", "left", "of"]
@@ -281,7 +281,7 @@ def test_the_evaluated_checkpoint_is_the_one_with_the_best_validation_score(tmp_
 def test_a_checkpoint_refuses_an_encoder_with_other_weights(tmp_path):
     # The decoder learned from one encoder's features: another set of weights (an edited file, another
     # version) would give it features it never saw.
-    from captioning.evaluation.runner import load_captioner
+    from captioning.inference.captioner import load_captioner
     from captioning.models.encoders import build_encoder
 
     config, vocab = Config(), make_vocab()

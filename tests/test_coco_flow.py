@@ -19,7 +19,7 @@ import pytest
 from coco_fixture import VAL_IDS, write_coco_tree
 from tool_runs import REPO, in_process
 
-from captioning.config_files import from_dict, load_config
+from captioning.config.loading import from_dict, load_config
 from captioning.training.plan import describe_plan
 
 pytestmark = pytest.mark.usefixtures("single_thread")

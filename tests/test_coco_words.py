@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from captioning.data.tokenizers import tokenize
 from captioning.evaluation.coco_words import (
     COCO_SYNONYMS,
     COCO_WORDS,
@@ -13,7 +14,6 @@ from captioning.evaluation.coco_words import (
     mentioned_categories,
     plural,
 )
-from captioning.text import tokenize
 
 # The 80 categories of the COCO 2014/2017 instances files, each with its plural, written out here
 # so that the table is checked against the official names rather than against itself.

@@ -13,7 +13,7 @@ from test_evaluation_tools import evaluate, evaluate_in_process, files, shape_of
 from test_faults import assert_one_line_error
 
 from captioning.config import Config, TransformerDecoderConfig
-from captioning.config_files import save_config
+from captioning.config.loading import save_config
 from captioning.evaluation.grounding import Instances, ObjectBox
 from captioning.evaluation.runner import add_boxed_scores
 from captioning.evaluation.signature import parse_signature

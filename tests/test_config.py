@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from captioning.cli import add_config_arguments, config_from_args
+from captioning.cli.common import add_config_arguments, config_from_args
 from captioning.config import Config, ConfigError, to_dict
-from captioning.config_files import (
+from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
     apply_overrides,
     check_overrides,
@@ -20,7 +20,7 @@ from captioning.config_files import (
     parse_overrides,
     save_config,
 )
-from captioning.config_reference import reference_markdown
+from captioning.config.reference import reference_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,6 +154,6 @@ def test_overrides_are_checked_alone_before_they_meet_a_configuration():
 def test_configuration_page_is_the_generated_table():
     page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert reference_markdown() in page, (
-        "docs/configuration.md is stale: paste the output of `python -m captioning.config_reference`"
+        "docs/configuration.md is stale: paste the output of `python -m captioning.config.reference`"
     )
     assert page.count("| `") >= len(reference_markdown().splitlines()) - 2

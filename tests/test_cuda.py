@@ -13,10 +13,10 @@ import torch
 
 from captioning.config import LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.runtime.device import autocast
+from captioning.models.decoding import beam_search
 from captioning.training.losses import caption_loss
+from captioning.utils.device import autocast
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

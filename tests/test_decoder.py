@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from captioning.config import ConfigError, LSTMDecoderConfig
-from captioning.config_files import from_dict
+from captioning.config.loading import from_dict
 from captioning.models.attention import SCORERS
 from captioning.models.decoder import DecoderOutput, HardAttentionDecoder, ShowAttendTellDecoder
 from captioning.training.losses import caption_loss, hard_attention_loss
@@ -276,7 +276,7 @@ def test_hard_attention_baseline_starts_at_first_reward_then_moves_average():
 def test_hard_attention_draws_expected_or_sampled_anew_for_every_pass():
     # Which captions use the expected context is drawn per pass: a self-critical rollout must not
     # reuse the previous rollout's (or a teacher-forced pass's) draws.
-    from captioning.decoding import rollout, sampler
+    from captioning.models.decoding import rollout, sampler
 
     torch.manual_seed(10)
     decoder = make_decoder(attention="hard").train()

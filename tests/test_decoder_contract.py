@@ -23,7 +23,7 @@ from captioning.config import (
     TransformerDecoderConfig,
     to_dict,
 )
-from captioning.config_files import from_dict, load_config
+from captioning.config.loading import from_dict, load_config
 from captioning.data.vocab import Vocabulary
 from captioning.models.base import DECODERS, CaptionDecoder, register_decoder
 from captioning.models.captioner import build_decoder, check_model_config

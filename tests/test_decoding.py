@@ -7,11 +7,19 @@ import math
 import pytest
 import torch
 
-from captioning import decoding
 from captioning.config import DecodeConfig, LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import Caption, beam_search, decode, greedy_search, rollout, sample_captions, sampler
+from captioning.models import decoding
 from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models.decoding import (
+    Caption,
+    beam_search,
+    decode,
+    greedy_search,
+    rollout,
+    sample_captions,
+    sampler,
+)
 
 PAD, START, END = 0, 1, 2
 C, P, V = 8, 9, 11  # annotation channels, grid positions, vocabulary (4 specials + 7 words)

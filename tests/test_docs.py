@@ -21,7 +21,7 @@ from markdown_it import MarkdownIt
 from tool_runs import script_module
 
 from captioning.config import ConfigError
-from captioning.config_files import CHECKPOINT_SECTIONS, check_overrides, parse_overrides
+from captioning.config.loading import CHECKPOINT_SECTIONS, check_overrides, parse_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 # The Markdown files a reader meets: the README, every page of the site, and the benchmarks' README

@@ -15,10 +15,10 @@ import pytest
 from PIL import Image
 from tool_runs import in_process
 
-from captioning.config_files import load_config
+from captioning.config.loading import load_config
 from captioning.evaluation.scorers import reported_metrics
 from captioning.evaluation.signature import decode_description, file_hash, parse_signature
-from captioning.runtime.checkpoint import load_checkpoint
+from captioning.hub.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # Every test here uses the shortened demo run (the module fixture): the whole file is in the slow tier.

@@ -16,7 +16,7 @@ from test_faults import assert_one_line_error
 from tool_runs import REPO, in_process
 
 from captioning.config import Config
-from captioning.config_files import save_config
+from captioning.config.loading import save_config
 from captioning.evaluation.signature import parse_signature
 
 COLOURS = ("red", "green", "blue", "yellow", "purple")

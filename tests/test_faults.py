@@ -30,16 +30,16 @@ from test_training import as_flags, tiny_overrides
 from tool_runs import REPO, in_process, run_in_process, run_tool
 
 from captioning.config import LSTMDecoderConfig
-from captioning.config_files import load_config
+from captioning.config.loading import load_config
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.karpathy import read_karpathy
 from captioning.data.records import records_of_split
 from captioning.data.vocab import Vocabulary
+from captioning.hub.checkpoint import load_checkpoint, save_checkpoint
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
-from captioning.runtime.checkpoint import load_checkpoint, save_checkpoint
-from captioning.runtime.distributed import ProcessGroup
 from captioning.training.run import build_run_model, run_datasets
+from captioning.utils.distributed import ProcessGroup
 
 SHAPES_YAML = REPO / "configs" / "shapes.yaml"
 
@@ -604,7 +604,7 @@ def test_unknown_options_are_argparse_errors(script):
     ],
 )
 def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, monkeypatch, args, needles):
-    from captioning.evaluation import commands
+    from captioning.cli import evaluate as commands
 
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the options were checked")

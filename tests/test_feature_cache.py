@@ -27,8 +27,8 @@ from captioning.data.feature_cache import FeatureCache
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
+from captioning.inference.batches import annotations_of
 from captioning.models.encoders import Encoder, build_encoder
-from captioning.runtime.inference import annotations_of
 
 NUM_IMAGES = 10
 BATCH = 4  # batches of rows 0-3, 4-7, 8-9

@@ -143,8 +143,8 @@ def test_word_boxes_follow_grounding_mentions():
 
 def test_shapes_captions_name_their_boxes(tiny_shapes, shapes_records):
     """On real Shapes data a reference caption's colour and shape words get their object's true box."""
+    from captioning.data.tokenizers import tokenize
     from captioning.evaluation.grounding import load_instances
-    from captioning.text import tokenize
 
     instances = load_instances(tiny_shapes.instances)
     record = next(r for r in shapes_records if instances.objects.get(r.image_id))
@@ -158,8 +158,8 @@ def test_shapes_captions_name_their_boxes(tiny_shapes, shapes_records):
 def test_write_figures_passes_each_words_boxes(tmp_path, monkeypatch):
     """The run's figures and visualize.py's get the boxes of the objects each word names."""
     from captioning.data.records import ImageRecord
-    from captioning.decoding import Caption
-    from captioning.evaluation.runner import Captioned
+    from captioning.inference.captioner import Captioned
+    from captioning.models.decoding import Caption
     from captioning.visualization import report
 
     picture = tmp_path / "shapes.png"

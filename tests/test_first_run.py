@@ -15,9 +15,9 @@ import pytest
 import torch
 from test_training import as_flags, data_root, read_steps, tiny_overrides, train_in_process  # noqa: F401
 
-from captioning.config_files import load_config
+from captioning.config.loading import load_config
 from captioning.evaluation.degenerate import MOSTLY, degenerate_captions
-from captioning.runtime import inference
+from captioning.inference import batches as inference
 from captioning.training.cpu_threads import busy_machine_warning, usable_cores
 from captioning.training.plan import resumed_length
 

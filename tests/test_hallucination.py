@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from captioning.data.tokenizers import tokenize
 from captioning.evaluation.grounding import load_instances
 from captioning.evaluation.hallucination import add_per_image, chair, chair_line
 from captioning.evaluation.runner import load_boxes
-from captioning.text import tokenize
 
 # Every category named below except horse, so that "horse" is outside the vocabulary CHAIR counts.
 CATEGORIES = ["person", "dog", "couch", "teddy bear", "bear", "hot dog", "cell phone", "car", "dining table"]

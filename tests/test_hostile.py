@@ -27,8 +27,8 @@ from test_faults import assert_one_line_error, edited_split, karpathy_flags, sha
 from test_training import as_flags, tiny_overrides
 from tool_runs import ONE_THREAD, REPO, in_process, run_in_process, run_tool
 
-from captioning.run_folder import RunLock
-from captioning.runtime.checkpoint import load_checkpoint
+from captioning.hub.checkpoint import load_checkpoint
+from captioning.utils.run_folder import RunLock
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes"]  # the module-scoped fixture of test_faults
@@ -366,8 +366,8 @@ def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, flags
 
 
 def test_the_main_job_refuses_a_metric_validation_does_not_compute_before_any_work(shapes, tmp_path):
-    from captioning.config_files import load_config
-    from captioning.pipeline import main_job
+    from captioning.cli.train import main_job
+    from captioning.config.loading import load_config
     from captioning.registry import UnknownNameError
 
     run = tmp_path / "run"
@@ -541,7 +541,8 @@ def test_a_damaged_checkpoint_through_the_tool(shapes, tmp_path):
     ],
 )
 def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, monkeypatch, script, option):
-    from captioning.evaluation import commands, runner
+    from captioning.cli import evaluate as commands
+    from captioning.inference import captioner as runner
 
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the outputs were checked")

@@ -33,7 +33,7 @@ def never(*args, **kwargs):
 
 
 def test_a_runaway_max_length_is_refused_from_the_flag_and_from_a_checkpoint(shapes, tmp_path, monkeypatch):
-    from captioning.evaluation import commands
+    from captioning.cli import evaluate as commands
 
     args = ["--split", "test", "--no-java", "--no-progress"]
     monkeypatch.setattr(commands, "load_trained_captioner", never)
@@ -57,7 +57,7 @@ def test_a_runaway_max_length_is_refused_from_the_flag_and_from_a_checkpoint(sha
 
 
 def test_a_beam_wider_than_the_vocabulary_is_refused_before_decoding(shapes, tmp_path, monkeypatch):
-    from captioning.evaluation import runner
+    from captioning.inference import captioner as runner
 
     monkeypatch.setattr(runner, "generate_captions", never)
     result = in_process(

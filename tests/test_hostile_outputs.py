@@ -271,7 +271,7 @@ def test_evaluate_never_writes_onto_the_checkpoint_it_evaluates(trained_run, tmp
 
 
 def test_a_per_image_path_that_is_a_folder_is_refused_before_decoding(trained_run, tmp_path, monkeypatch):
-    from captioning.evaluation import commands
+    from captioning.cli import evaluate as commands
 
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the outputs were checked")

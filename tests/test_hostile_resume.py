@@ -20,7 +20,7 @@ from test_faults import assert_one_line_error, shapes
 from test_hostile import copy_run, short_run, start_in, trained_run, with_stored
 from tool_runs import REPO, in_process, run_in_process, run_tool
 
-from captioning.cli import add_config_arguments, config_from_args
+from captioning.cli.common import add_config_arguments, config_from_args
 from captioning.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -13,7 +13,7 @@ from captioning.config import DataConfig
 from captioning.data import load_records, split_rule
 from captioning.data.imagefolder import SPLIT_RULE, read_imagefolder
 from captioning.data.records import DatasetError
-from captioning.text import tokenize_characters
+from captioning.data.tokenizers import tokenize_characters
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

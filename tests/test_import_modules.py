@@ -9,7 +9,7 @@ import sys
 import pytest
 from tool_runs import in_process, run_tool
 
-from captioning.runtime.checkpoint import load_checkpoint
+from captioning.hub.checkpoint import load_checkpoint
 
 # A user's encoder in a dozen lines: torchvision's MobileNetV3-Small trunk (576 channels), random weights.
 USER_ENCODER = """

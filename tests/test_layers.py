@@ -41,7 +41,8 @@ def test_the_package_keeps_its_layer_order():
 @pytest.mark.parametrize(
     ("importer", "imported"),
     [
-        ("runtime/device.py", "captioning.training.engine"),  # the run machinery reaching up into training
+        ("utils/device.py", "captioning.training.engine"),  # the foundations reaching up into training
+        ("hub/save.py", "captioning.api"),  # saved models reaching up into the Python API
         ("data/feature_cache.py", "captioning.models.encoders"),  # data reaching up into the models
         ("training/engine.py", "captioning.visualization.overlay"),  # between independent siblings
     ],
@@ -56,3 +57,31 @@ def test_an_import_that_points_up_breaks_the_contract(tmp_path, importer, import
     assert "Layers point down BROKEN" in result.stdout
     importer_module = "captioning." + importer.removesuffix(".py").replace("/", ".")
     assert f"{importer_module} -> {imported}" in result.stdout
+
+
+def test_an_annotation_only_import_that_points_up_breaks_it_too(tmp_path):
+    """``exclude_type_checking_imports = False``: an import under ``if TYPE_CHECKING:`` counts."""
+    shutil.copytree(PACKAGE, tmp_path / "captioning", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPOSITORY / ".importlinter", tmp_path / ".importlinter")
+    with open(tmp_path / "captioning" / "models" / "decoder.py", "a", encoding="utf-8") as handle:
+        handle.write("\nfrom typing import TYPE_CHECKING  # noqa: E402\n\nif TYPE_CHECKING:\n")
+        handle.write("    from captioning.inference.captioner import Captioned  # noqa: F401\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "captioning.models.decoder -> captioning.inference.captioner" in result.stdout
+
+
+def test_the_layers_are_few_and_the_package_top_holds_no_loose_module():
+    """At most nine layers; beside the concept packages, only the front door and the registry pattern."""
+    import configparser
+
+    contract = configparser.ConfigParser()
+    contract.read(REPOSITORY / ".importlinter")
+    layers = [line for line in contract["importlinter:contract:layers"]["layers"].splitlines() if line.strip()]
+    assert len(layers) <= 9, layers
+    assert contract["importlinter"]["exclude_type_checking_imports"] == "False"
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "api.py", "registry.py"], loose
+    packages = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+    named = {name.strip() for line in layers for name in line.replace("|", ":").split(":")}
+    assert {f"captioning.{name}" for name in packages} <= named, (packages, named)

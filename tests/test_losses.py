@@ -184,7 +184,7 @@ import torch
 
 from captioning.config import LSTMDecoderConfig
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.runtime import distributed
+from captioning.utils import distributed
 from captioning.training.losses import hard_attention_loss
 
 sys.path.insert(0, sys.argv[2])

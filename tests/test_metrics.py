@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from nltk.translate.bleu_score import corpus_bleu
 from pycocoevalcap.cider.cider import Cider
 
+from captioning.data.tokenizers import tokenize
 from captioning.evaluation.coco_files import EvaluationInputError, load_coco_references, load_results
 from captioning.evaluation.metrics import CiderDScorer, score_captions
 from captioning.evaluation.scorers import NLTK_BLEU, reported_metrics
-from captioning.text import tokenize
 
 needs_java = pytest.mark.skipif(
     shutil.which("java") is None, reason="needs a Java runtime (PTBTokenizer, METEOR)"

@@ -11,9 +11,9 @@ from test_training import REPO, as_flags, read_steps, run_train, tiny_overrides,
 
 from captioning.config import ConfigError, LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import beam_search
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.runtime.device import autocast
+from captioning.models.decoding import beam_search
+from captioning.utils.device import autocast
 
 # bf16 keeps 8 bits of mantissa (relative rounding 2**-8 = 0.4 % per product); the tiny run's
 # logged losses stayed within 0.02 % of float32's over its 8 steps (the loss itself is float32).

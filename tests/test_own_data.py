@@ -18,9 +18,9 @@ from pycocoevalcap.cider.cider import Cider
 from tool_runs import REPO, in_process
 
 from captioning.data.imagefolder import SPLIT_RULE
+from captioning.data.tokenizers import tokenizer_for
 from captioning.evaluation.signature import parse_signature
-from captioning.runtime.checkpoint import checkpoint_config, load_checkpoint
-from captioning.text import tokenizer_for
+from captioning.hub.checkpoint import checkpoint_config, load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 CONFIG = REPO / "configs" / "imagefolder.yaml"

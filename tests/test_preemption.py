@@ -19,8 +19,8 @@ import torch
 from test_training import as_flags, data_root, read_steps, tiny_overrides
 from tool_runs import in_process
 
-from captioning.config_files import load_config
-from captioning.runtime.checkpoint import load_checkpoint
+from captioning.config.loading import load_config
+from captioning.hub.checkpoint import load_checkpoint
 from captioning.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import captioning
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.signature import file_hash
+from captioning.hub.checkpoint import CheckpointError
 from captioning.models.encoders import EncoderWeightsError
-from captioning.runtime.checkpoint import CheckpointError
 
 FILES = {"model.safetensors", "config.json", "vocab.json", "README.md"}
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captioning.data.tokenizers import tokenize
 from captioning.data.vocab import SPECIALS, Vocabulary
 from captioning.evaluation.metrics import score_captions
-from captioning.text import tokenize
 
 # ------------------------------------------------------------------ tokenizer
 

@@ -21,13 +21,13 @@ from test_faults import SHAPES_YAML, assert_one_line_error, shapes, write_odd_im
 from test_training import as_flags, tiny_overrides
 from tool_runs import ONE_THREAD, REPO, run_in_process, run_tool
 
-from captioning.config_files import load_config
+from captioning.config.loading import load_config
 from captioning.data.feature_cache import FeatureCache, cache_batch_size
 from captioning.data.records import records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
+from captioning.hub import checkpoint as checkpoint_module
+from captioning.hub.checkpoint import load_checkpoint
 from captioning.models.encoders import build_encoder
-from captioning.runtime import checkpoint as checkpoint_module
-from captioning.runtime.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes"]  # the module-scoped fixture, shared with test_faults

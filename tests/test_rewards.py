@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from captioning.config import DecodeConfig, LSTMDecoderConfig, TrainConfig
-from captioning.config_files import load_config
+from captioning.config.loading import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.metrics import CiderDScorer, EvaluationInputError
 from captioning.models.decoder import ShowAttendTellDecoder

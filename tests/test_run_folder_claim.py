@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from captioning.run_folder import (
+from captioning.utils.run_folder import (
     RunFolderError,
     auto_resume_choice,
     best_checkpoint,

@@ -63,7 +63,7 @@ from captioning.data.datasets import CaptionDataset
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.runtime import distributed
+from captioning.utils import distributed
 from captioning.training.trainer import validation_scores
 
 group = distributed.init_from_environment("cpu")

@@ -76,7 +76,7 @@ def test_visualize_draws_figures_from_an_old_checkpoint_and_model_folder(saved: 
 
 
 def test_train_resumes_from_an_old_checkpoint(tmp_path: Path) -> None:
-    """``train.py --resume`` reads an old run's configuration and last checkpoint and trains one more self-critical epoch."""
+    """``train.py --resume`` reads an old run's configuration and last checkpoint and trains on."""
     folder = shutil.copytree(FIXTURES / "run", tmp_path / "run")
     shapes = tmp_path / "shapes"
     run = in_process(
@@ -96,4 +96,8 @@ def test_train_resumes_from_an_old_checkpoint(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     history = json.loads((tmp_path / "run" / "history.json").read_text())
-    assert [(row["stage"], row["epoch"]) for row in history["epochs"]] == [("xe", 1), ("scst", 1), ("scst", 2)]
+    assert [(row["stage"], row["epoch"]) for row in history["epochs"]] == [
+        ("xe", 1),
+        ("scst", 1),
+        ("scst", 2),
+    ]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_training import as_flags, data_root, read_steps, run_train, tiny_overrides, train_in_process  # noqa: F401
 
-from captioning.runtime.checkpoint import load_checkpoint
+from captioning.hub.checkpoint import load_checkpoint
 from captioning.training.optim import MAX_WARMUP_FRACTION, cosine_factor, noam_factor
 
 COSINE = {"train.schedule": "cosine", "train.warmup_steps": 4, "train.lr": 2e-3}

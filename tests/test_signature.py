@@ -8,13 +8,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioning.config import Config, DecodeConfig, EncoderConfig, LSTMDecoderConfig, ModelConfig, TrainConfig
+from captioning.config import (
+    Config,
+    DecodeConfig,
+    EncoderConfig,
+    LSTMDecoderConfig,
+    ModelConfig,
+    TrainConfig,
+    reward_description,
+)
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.signature import (
     make_signature,
     parse_signature,
     references_hash,
-    reward_description,
     signature_differences,
 )
 from captioning.training.engine import TrainState
@@ -114,9 +121,9 @@ def test_chair_table_and_self_critical_reward_fields(checkpoint: Path):
     ],
 )
 def test_a_checkpoint_names_the_reward_its_weights_were_tuned_with(tmp_path: Path, stage, eos, expected):
-    from captioning.evaluation.runner import load_trained_captioner
+    from captioning.hub.checkpoint import save_checkpoint
+    from captioning.inference.captioner import load_trained_captioner
     from captioning.models.captioner import Captioner
-    from captioning.runtime.checkpoint import save_checkpoint
 
     config = Config(
         model=ModelConfig(
@@ -142,7 +149,7 @@ def test_a_checkpoint_names_the_reward_its_weights_were_tuned_with(tmp_path: Pat
 @pytest.mark.parametrize(("stored", "expected"), [(None, False), (True, True), (False, False)])
 def test_a_checkpoint_from_before_the_end_token_keeps_the_reward_it_was_trained_with(stored, expected):
     from captioning.config import to_dict
-    from captioning.runtime.checkpoint import checkpoint_config
+    from captioning.hub.checkpoint import checkpoint_config
 
     config = to_dict(Config())
     if stored is None:  # written before train.scst_reward_eos existed: the words-only reward

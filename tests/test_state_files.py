@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from captioning.hub.checkpoint import CheckpointError, load_checkpoint
 from captioning.models.encoders.registry import EncoderWeightsError
 from captioning.models.encoders.weights import read_state_dict
-from captioning.runtime.checkpoint import CheckpointError, load_checkpoint
-from captioning.state_files import StateFileError, read_state_file
+from captioning.utils.state_files import StateFileError, read_state_file
 
 
 class Payload:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captioning.data.tokenizers import PUNCTUATION, detokenize, tokenize
 from captioning.data.vocab import SPECIALS
-from captioning.text import PUNCTUATION, detokenize, tokenize
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="needs a Java runtime (PTBTokenizer)")
 

@@ -8,11 +8,17 @@ from pycocoevalcap.cider.cider import Cider
 
 from captioning.config import TOKENIZERS as CONFIG_TOKENIZERS
 from captioning.config import Config, ConfigError, DataConfig
-from captioning.config_files import CHECKPOINT_SECTIONS, check_overrides, with_data_section
+from captioning.config.loading import CHECKPOINT_SECTIONS, check_overrides, with_data_section
 from captioning.data.karpathy import read_karpathy
+from captioning.data.tokenizers import (
+    TOKENIZERS,
+    detokenize,
+    tokenize_characters,
+    tokenize_whitespace,
+    tokenizer_for,
+)
 from captioning.evaluation.metrics import score_captions
 from captioning.evaluation.signature import make_signature, parse_signature
-from captioning.text import TOKENIZERS, detokenize, tokenize_characters, tokenize_whitespace, tokenizer_for
 
 CAPTIONS = [
     "一只狗在草地上跑。",

@@ -16,10 +16,10 @@ import torch
 from tool_runs import in_process
 
 from captioning.config import DecodeConfig, LSTMDecoderConfig
-from captioning.config_files import load_config
+from captioning.config.loading import load_config
 from captioning.data.vocab import Vocabulary
+from captioning.hub.checkpoint import load_checkpoint
 from captioning.models.decoder import ShowAttendTellDecoder
-from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training import losses
 from captioning.training.engine import NonFiniteLossError, rollout, scst_loss
 from captioning.training.rewards import CiderDReward
@@ -79,9 +79,9 @@ def data_root(tmp_path_factory) -> Path:
         REPO / "configs" / "shapes.yaml",
         tiny_overrides(root, tmp_path_factory.mktemp("warmup"), **{"train.epochs": 0}),
     )
-    from captioning.runtime.device import resolve_device
-    from captioning.runtime.distributed import ProcessGroup
     from captioning.training.run import build_run_model, run_datasets
+    from captioning.utils.device import resolve_device
+    from captioning.utils.distributed import ProcessGroup
 
     device = resolve_device("cpu")
     records, model = build_run_model(config, None, device, ProcessGroup())
@@ -335,7 +335,7 @@ import torch
 from captioning.config import DecodeConfig, LSTMDecoderConfig, EncoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.captioner import Captioner
-from captioning.runtime import distributed
+from captioning.utils import distributed
 from captioning.training.engine import TrainState, train_one_epoch
 
 out = Path(sys.argv[1])

@@ -23,21 +23,16 @@ from test_training import (  # noqa: F401
 from tool_runs import in_process
 
 from captioning.config import ConfigError, DecodeConfig, LSTMDecoderConfig, TransformerDecoderConfig, to_dict
-from captioning.config_files import from_dict, load_config
+from captioning.config.loading import from_dict, load_config
 from captioning.data.images import load_image
 from captioning.data.vocab import Vocabulary
-from captioning.decoding import beam_search, greedy_search, rollout, sampler
 from captioning.evaluation.grounding import WordMatcher, grounding_scores
-from captioning.evaluation.runner import (
-    caption_records,
-    default_instances,
-    load_boxes,
-    load_captioner,
-    split_records,
-)
+from captioning.evaluation.runner import default_instances, load_boxes
+from captioning.hub.checkpoint import load_checkpoint
+from captioning.inference.captioner import caption_records, load_captioner, split_records
 from captioning.models.base import AttentionView
+from captioning.models.decoding import beam_search, greedy_search, rollout, sampler
 from captioning.models.transformer import TransformerDecoder
-from captioning.runtime.checkpoint import load_checkpoint
 from captioning.training.engine import scst_loss
 from captioning.training.optim import noam_factor
 
@@ -317,7 +312,7 @@ def test_visualize_draws_the_chosen_layer_and_head(trained, tmp_path):
             cwd=REPO,
         )
 
-    from captioning.visualization.api import visualize_images
+    from captioning.cli.visualize import visualize_images
 
     last = visualize_images(checkpoint, split="val", num=2, out_dir=tmp_path / "last", progress=False)
     first = visualize_images(

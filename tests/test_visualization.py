@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 from captioning.data.records import ImageRecord
-from captioning.decoding import Caption
-from captioning.evaluation.runner import Captioned
+from captioning.inference.captioner import Captioned
+from captioning.models.decoding import Caption
 from captioning.visualization.figures import CJK_FONTS, attention_figure, font_families, save_figure
 from captioning.visualization.overlay import blend, colorize, upsample_attention
 from captioning.visualization.report import write_report

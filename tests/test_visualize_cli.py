@@ -11,6 +11,7 @@ import yaml
 from PIL import Image
 from tool_runs import in_process, run_tool, script_module
 
+from captioning.cli.visualize import visualization_config, visualize_images
 from captioning.config import (
     Config,
     ConfigError,
@@ -22,9 +23,8 @@ from captioning.config import (
 )
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
+from captioning.hub.checkpoint import load_checkpoint, save_checkpoint
 from captioning.models.captioner import Captioner
-from captioning.runtime.checkpoint import load_checkpoint, save_checkpoint
-from captioning.visualization.api import visualization_config, visualize_images
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,7 +191,8 @@ def test_image_figures_panel_count(tmp_path: Path, checkpoint: Path, odd_images:
 
 
 def test_choices_agree():
-    from captioning.visualization import api, figures, overlay
+    from captioning.cli import visualize as api
+    from captioning.visualization import figures, overlay
 
     actions = {action.dest: action for action in script_module("visualize.py").get_args_parser()._actions}
     assert tuple(actions["mode"].choices) == api.MODES == overlay.MODES
@@ -200,7 +201,7 @@ def test_choices_agree():
 
 
 def test_visualization_config(checkpoint: Path):
-    from captioning.config_files import from_dict
+    from captioning.config.loading import from_dict
 
     config = from_dict(load_checkpoint(checkpoint)["config"])
     adjusted = visualization_config(config, overrides=["decode.max_length=7"], beam_size=5)
@@ -214,7 +215,7 @@ def test_visualization_config(checkpoint: Path):
 
 
 def test_figure_names_never_collide():
-    from captioning.visualization.api import _unique_stems
+    from captioning.cli.visualize import _unique_stems
 
     cases = [
         ["a/cat.jpg", "b/cat.jpg", "cat-2.png"],

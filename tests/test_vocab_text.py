@@ -9,8 +9,8 @@ import pytest
 
 from captioning.data import DatasetError, build_vocabulary
 from captioning.data.records import ImageRecord
+from captioning.data.tokenizers import detokenize, tokenize
 from captioning.data.vocab import SPECIALS, Vocabulary, VocabularyError
-from captioning.text import detokenize, tokenize
 
 
 def _records(captions_by_split: dict[str, list[str]]) -> list[ImageRecord]:

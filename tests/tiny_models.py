@@ -30,8 +30,8 @@ from captioning.config import (
     TransformerDecoderConfig,
 )
 from captioning.data.vocab import Vocabulary
+from captioning.hub.checkpoint import save_checkpoint
 from captioning.models.captioner import Captioner
-from captioning.runtime.checkpoint import save_checkpoint
 
 DECODERS = {
     "lstm": LSTMDecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
@@ -103,7 +103,7 @@ def pattern(path: Path, seed: int, size: tuple[int, int] = (50, 70)) -> Path:
 def trained_checkpoint(folder: Path) -> tuple[Path, list[Path]]:
     """A tiny trained run in ``folder/run`` on Shapes generated in ``folder/shapes``: its best.pt and
     the test images (captions that differ between images, e.g. ``a large purple triangle``)."""
-    from captioning.config_files import load_config
+    from captioning.config.loading import load_config
     from captioning.training.run import train
 
     values = {

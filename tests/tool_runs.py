@@ -29,7 +29,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from captioning.cli import run_cli
+from captioning.cli.common import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 

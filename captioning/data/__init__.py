@@ -23,9 +23,9 @@ from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, r
 from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
+from captioning.data.tokenizers import replace_lone_surrogates
 from captioning.data.vocab import Vocabulary
-from captioning.files import atomic_write
-from captioning.text import replace_lone_surrogates
+from captioning.utils.files import atomic_write
 
 __all__ = [
     "DATASETS",

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from captioning.files import not_a_regular_file
+from captioning.utils.files import not_a_regular_file
 
 fcntl: ModuleType | None
 try:

@@ -3,7 +3,7 @@
 Each file is indexed by ``pycocotools.coco.COCO``. The split comes from the file name
 (``captions_train2014.json`` -> ``train``) or, given Karpathy's ``dataset_coco.json``, from
 Karpathy's split of each COCO id (``restval`` -> ``train``). Captions are tokenized with
-``data.tokenizer`` (default: ``captioning.text.tokenize``, PTB); empty captions and images left
+``data.tokenizer`` (default: ``captioning.data.tokenizers.tokenize``, PTB); empty captions and images left
 without a caption are skipped and counted, as in the Karpathy reader.
 
 Image paths follow the standard layout under the image root:
@@ -28,7 +28,7 @@ from captioning.config import ConfigError, DataConfig
 from captioning.data.karpathy import SkipLog, image_path_under, read_json, read_karpathy, require_field
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
 from captioning.data.records import DatasetError, ImageRecord
-from captioning.text import tokenize
+from captioning.data.tokenizers import tokenize
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from captioning.data.cache_build import Build, GridEncoder, agree, cache_batch_s
 from captioning.data.cache_store import DTYPE, FeatureCacheError
 from captioning.data.image_files import stat_images
 from captioning.data.records import ImageRecord
-from captioning.output_paths import check_output_folder
+from captioning.utils.output_paths import check_output_folder
 
 __all__ = ["FeatureCache", "FeatureCacheError", "GridEncoder", "cache_batch_size"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from captioning.data.images import ImageError
 from captioning.data.records import ImageRecord
-from captioning.files import kind_of
+from captioning.utils.files import kind_of
 
 HASH_SPAN = 64 * 1024  # bytes hashed at each end of a file
 

@@ -40,8 +40,8 @@ from captioning.config import DataConfig
 from captioning.data.karpathy import image_path_under
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths
 from captioning.data.records import DatasetError, ImageRecord
-from captioning.files import not_a_regular_file, path_kind
-from captioning.text import tokenize, tokenizer_for
+from captioning.data.tokenizers import tokenize, tokenizer_for
+from captioning.utils.files import not_a_regular_file, path_kind
 
 METADATA_NAMES = ("metadata.jsonl", "metadata.csv")
 SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}

@@ -10,7 +10,7 @@ from pathlib import Path
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from captioning.data.records import DatasetError
-from captioning.files import kind_of
+from captioning.utils.files import kind_of
 
 # Keep PIL's decompression-bomb guard on (Image.MAX_IMAGE_PIXELS) and make truncated files errors.
 ImageFile.LOAD_TRUNCATED_IMAGES = False

@@ -33,7 +33,7 @@ from typing import Any
 from captioning.config import ConfigError, DataConfig
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
 from captioning.data.records import DatasetError, ImageRecord
-from captioning.files import not_a_regular_file
+from captioning.utils.files import not_a_regular_file
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from typing import ClassVar
 
 from captioning.config import ConfigError, DataConfig
 from captioning.data.records import ImageRecord
-from captioning.files import path_kind
+from captioning.data.tokenizers import tokenizer_for
 from captioning.registry import Registry
-from captioning.text import tokenizer_for
+from captioning.utils.files import path_kind
 
 
 class DatasetReader:

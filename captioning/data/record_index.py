@@ -31,7 +31,7 @@ from captioning.config import DataConfig
 from captioning.data import coco, karpathy
 from captioning.data import records as records_module
 from captioning.data.records import ImageRecord
-from captioning.files import atomic_write, not_a_regular_file
+from captioning.utils.files import atomic_write, not_a_regular_file
 
 FORMAT_VERSION = 1
 _CODE = (karpathy, coco, records_module)  # modules whose code decides what an index holds
@@ -60,7 +60,7 @@ def _file_hash(path: Path) -> list:
 
 
 def _code_hash() -> str:
-    from captioning import text  # the tokenizer of the COCO reader
+    from captioning.data import tokenizers as text  # the tokenizer of the COCO reader
 
     digest = hashlib.blake2b(digest_size=16)
     for module in (*_CODE, text):

@@ -35,7 +35,7 @@ from captioning.config import DataConfig
 from captioning.data.karpathy import read_karpathy
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
 from captioning.data.records import ImageRecord
-from captioning.text import tokenize
+from captioning.data.tokenizers import tokenize
 
 logger = logging.getLogger(__name__)
 

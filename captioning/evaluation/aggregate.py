@@ -20,10 +20,10 @@ from typing import Any, TypeGuard
 from scipy.stats import t as student_t
 
 from captioning.config import ConfigError, to_dict
-from captioning.config_files import load_config
+from captioning.config.loading import load_config
 from captioning.evaluation.coco_files import EvaluationInputError, read_json
 from captioning.evaluation.compare import warn_if_signatures_differ
-from captioning.files import atomic_write, not_a_regular_file, output_note, same_file
+from captioning.utils.files import atomic_write, not_a_regular_file, output_note, same_file
 
 # Keys that may differ between the runs of one configuration: the seed, where the run was written,
 # and how it was started (a run resumed after preemption computes what an uninterrupted one does).

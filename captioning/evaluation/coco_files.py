@@ -14,7 +14,7 @@ from typing import Any
 
 from pycocotools.coco import COCO
 
-from captioning.files import not_a_regular_file
+from captioning.utils.files import not_a_regular_file
 
 
 class EvaluationInputError(ValueError):

@@ -502,7 +502,7 @@ COCO_WORDS = CategoryWords(COCO_SYNONYMS, NOT_OBJECTS, MODIFIER_WORDS)
 def mentioned_categories(tokens: Sequence[str]) -> list[Mention]:
     """The MS-COCO categories that a tokenised caption mentions: ``[((start, end), category), ...]``.
 
-    ``tokens`` are lower-case words as :func:`captioning.text.tokenize` gives them. See the module
+    ``tokens`` are lower-case words as :func:`captioning.data.tokenizers.tokenize` gives them. See the module
     docstring for the rules; ``COCO_SYNONYMS`` for the words.
     """
     return COCO_WORDS.mentions(tokens)

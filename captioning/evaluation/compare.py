@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from captioning.data.tokenizers import tokenize
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.coco_files import EvaluationInputError, load_coco_references, load_results
 from captioning.evaluation.grounding import Instances
@@ -25,9 +26,8 @@ from captioning.evaluation.significance import (
     group_bootstrap,
     ratio_score,
 )
-from captioning.files import atomic_write, output_note
-from captioning.memory import available_bytes, gib
-from captioning.text import tokenize
+from captioning.utils.files import atomic_write, output_note
+from captioning.utils.memory import available_bytes, gib
 
 
 def per_image_metrics() -> tuple[str, ...]:

@@ -146,7 +146,7 @@ def add_chair(
         instances: the annotated objects.
         table: the words that name each category; None: the released table.
     """
-    from captioning.text import tokenize
+    from captioning.data.tokenizers import tokenize
 
     result = chair(
         captions, {i: [tokenize(ref) for ref in refs] for i, refs in references.items()}, instances, table

@@ -3,12 +3,12 @@
 With Java, :func:`score_captions` does what pycocoevalcap's ``COCOEvalCap.evaluate`` does: the
 Stanford PTB tokenizer, then BLEU-1..4, METEOR, ROUGE-L, CIDEr-D (pycocoevalcap's ``Cider`` is the
 CIDEr-D variant: clipped n-gram counts and a Gaussian length penalty) and, when asked and its
-models are present, SPICE. Without Java, captions go through :func:`captioning.text.tokenize`
+models are present, SPICE. Without Java, captions go through :func:`captioning.data.tokenizers.tokenize`
 (which reproduces the PTB tokenizer on ordinary captions) and the pure-Python scorers; METEOR and
 SPICE, which need Java, are reported unavailable with the reason, never as 0.
 
 Captions in other languages are scored with their own tokenizer (``tokenizer="whitespace"`` or
-``"characters"``, :data:`captioning.text.TOKENIZERS`): BLEU, ROUGE-L and CIDEr-D on its tokens, the
+``"characters"``, :data:`captioning.data.tokenizers.TOKENIZERS`): BLEU, ROUGE-L and CIDEr-D on its tokens, the
 same tokens training used; METEOR and SPICE, English-only, are reported unavailable.
 
 The metrics themselves are registered in :data:`captioning.evaluation.scorers.METRICS`, each with what
@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
+from captioning.data.tokenizers import tokenizer_for
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S, JavaTimeout, ptb_tokenize
 from captioning.evaluation.scorers import METRICS, NLTK_BLEU, Metric, reported_metrics
-from captioning.text import tokenizer_for
 
 # Characters the PTB tokenizer reads as line ends: one inside a caption would shift every later caption.
 _LINE_BREAKS = str.maketrans({ch: " " for ch in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
@@ -50,8 +50,9 @@ class Scores:
             order (None where unavailable).
         unavailable: metric -> why it was not computed.
         per_image: image id -> metric -> the image's score (BLEU-n per image as pycocoevalcap gives it).
-        tokenizer: ``"ptb"`` (Stanford, via Java), ``"python"`` (:func:`captioning.text.tokenize`), or
-            the other tokenizer the captions were scored with (``"whitespace"``, ``"characters"``).
+        tokenizer: ``"ptb"`` (Stanford, via Java), ``"python"``
+            (:func:`captioning.data.tokenizers.tokenize`), or the other tokenizer the captions were
+            scored with (``"whitespace"``, ``"characters"``).
     """
 
     overall: dict[str, float | None]
@@ -104,7 +105,7 @@ def score_captions(
         spice: also compute SPICE (Java, and Stanford CoreNLP models already installed).
         java_timeout: seconds each Java call (PTB tokenizer, METEOR) may take; past it, one line on
             stderr and the Java-less path, as without Java.
-        tokenizer: ``"ptb"`` (English) or another name of :data:`captioning.text.TOKENIZERS`, which
+        tokenizer: ``"ptb"`` (English) or another name of :data:`captioning.data.tokenizers.TOKENIZERS`, which
             scores on its tokens without Java, METEOR and SPICE reported unavailable (English only).
     Returns:
         :class:`Scores` with BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, SPICE and the NLTK corpus BLEU-4.
@@ -174,7 +175,7 @@ def tokenize_captions(
 ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """Tokenize as the metrics do: ``(image id -> references, image id -> [candidate])``, each caption
     one string of space-separated lower-case tokens (PTB via Java when ``use_java`` and ``tokenizer`` is
-    ptb, else the named tokenizer of :data:`captioning.text.TOKENIZERS`).
+    ptb, else the named tokenizer of :data:`captioning.data.tokenizers.TOKENIZERS`).
 
     Raises:
         JavaTimeout: the PTB tokenizer ran past ``java_timeout`` seconds.

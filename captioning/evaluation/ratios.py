@@ -21,7 +21,7 @@ from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.hallucination import chair
-from captioning.run_folder import scores_path_for
+from captioning.utils.run_folder import scores_path_for
 
 # metric -> (per-image field that says the image was measured, how to get (sum, count) from an entry)
 RATIO_METRICS = ("grounding-mass", "grounding-pointing", "CHAIR-i", "CHAIR-s")

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-from PIL import Image
-from torch.utils.data import DataLoader, Dataset
-
 from captioning.config import Config, DecodeConfig
-from captioning.data import load_records
-from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
-from captioning.data.records import DatasetError, ImageRecord, records_of_split
+from captioning.data.records import DatasetError
 from captioning.data.shapes import shapes_files
-from captioning.decoding import Caption, check_decoding_fits
+from captioning.data.tokenizers import detokenize
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
     Instances,
@@ -29,110 +22,12 @@ from captioning.evaluation.grounding import (
 from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
-from captioning.evaluation.signature import make_signature, parse_signature, reward_description
-from captioning.files import atomic_write, writes_in_place
-from captioning.models.captioner import Captioner
-from captioning.runtime.checkpoint import (
-    CheckpointError,
-    checkpoint_config,
-    load_checkpoint,
-    load_state_checked,
-)
-from captioning.runtime.inference import EpochBatches, generate_captions
-from captioning.runtime.inputs import caption_dataset, check_splits, data_source, uses_cache
-from captioning.text import detokenize
+from captioning.evaluation.signature import make_signature, parse_signature
+from captioning.inference.captioner import Captioned
+from captioning.utils.files import atomic_write, writes_in_place
 
 if TYPE_CHECKING:
     from captioning.evaluation.clip_score import ClipScorer
-
-
-@dataclass
-class Captioned:
-    """One decoded image."""
-
-    record: ImageRecord
-    caption: Caption
-    words: list[str] = field(default_factory=list)
-
-
-def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captioner, Config]:
-    """Rebuild the model a checkpoint file (weights_only loading) or a model folder (``save_pretrained``,
-    safetensors) describes, on ``device`` in eval mode."""
-    model, config, _ = load_trained_captioner(checkpoint, device)
-    return model, config
-
-
-def load_trained_captioner(
-    checkpoint: str | Path, device: torch.device
-) -> tuple[Captioner, Config, str | None]:
-    """:func:`load_captioner`, and the self-critical reward its weights were tuned with
-    (:func:`captioning.evaluation.signature.reward_description`; None after cross-entropy only)."""
-    from captioning.pretrained import is_model_folder, load_folder
-
-    payload = load_folder(checkpoint) if is_model_folder(checkpoint) else load_checkpoint(checkpoint)
-    config, vocab = checkpoint_config(payload, checkpoint)
-    model = Captioner.build(config.model, vocab)
-    input_weight = payload["decoder"].get(model.decoder.input_weight)
-    if (
-        input_weight is not None
-        and input_weight.dim() == 2
-        and model.encoder.channels != input_weight.shape[1]
-    ):
-        raise CheckpointError(
-            f"{checkpoint}: decoder expects {input_weight.shape[1]} channels "
-            f"but encoder {model.encoder.name} gives {model.encoder.channels}"
-        )
-    load_state_checked(model.decoder, payload["decoder"], "decoder", checkpoint)
-    if payload.get("encoder") is not None:
-        load_state_checked(model.encoder, payload["encoder"], "encoder", checkpoint)
-    trained = (payload.get("encoder_fingerprint") or {}).get("weights")
-    now = model.encoder.fingerprint()["weights"]
-    if trained is not None and trained != now:  # other features than the decoder learned from
-        raise CheckpointError(
-            f"{checkpoint}: the encoder weights differ from those it was trained with "
-            f"({json.dumps(trained, sort_keys=True)} then, {json.dumps(now, sort_keys=True)} now)"
-        )
-    state = (payload.get("training") or {}).get("state") or {}
-    reward = reward_description(config.train) if state.get("stage") == "scst" else None
-    return model.to(device).eval(), config, reward
-
-
-def caption_records(
-    model: Captioner,
-    config: Config,
-    records: list[ImageRecord],
-    device: torch.device,
-    decode_config: DecodeConfig | None = None,
-    progress: bool = True,
-    output_dir: Path | None = None,
-    build_cache: bool = True,
-    pictures: Sequence[Image.Image] | None = None,
-) -> list[Captioned]:
-    """Caption ``records`` (from the feature cache when the encoder is frozen and they have captions).
-
-    ``build_cache`` False: only an existing complete cache is used; nothing is written.
-    ``pictures``: the records' RGB images already in memory (one per record), used instead of
-    their files (the Python API and the demo; ``evaluate.py --images`` reads the same files).
-    """
-    decode_config = decode_config or config.decode
-    check_decoding_fits(decode_config, len(model.vocab), model.grid[0] * model.grid[1], len(records), device)
-    config = Config(config.data, config.model, config.train, decode_config)
-    batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
-    dataset: Dataset
-    if pictures is None and all(r.captions for r in records) and uses_cache(config):
-        dataset = caption_dataset(
-            records, model, config, device, output_dir or Path("."), progress, 1, build_cache=build_cache
-        )
-    else:
-        dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images, pictures)
-    loader = DataLoader(
-        dataset,
-        batch_sampler=batches,
-        collate_fn=collate_captions,
-        num_workers=usable_workers(config.data.num_workers),
-    )
-    triples = generate_captions(model, loader, decode_config, device, progress=progress)
-    return [Captioned(records[i], caption, caption.words(model.vocab)) for i, _, caption in triples]
 
 
 def write_results(path: str | Path, captioned: list[Captioned]) -> Path:
@@ -326,13 +221,6 @@ def summary_lines(scores: Mapping[str, Any], images: int) -> list[str]:
     return [*lines, f"signature: {scores['signature']}"]
 
 
-def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
-    """The records of one split of the configured dataset (``generate``: as for ``load_records``)."""
-    records = load_records(config.data, generate=generate, splits=(split,))
-    check_splits(records, config.data.dataset, [split], data_source(config.data))
-    return records_of_split(records, split)
-
-
 def write_scores(path: str | Path, scores: dict) -> tuple[Path, Path | None]:
     """``<name>.json`` with the overall numbers and ``<name>.per_image.json`` beside it (none beside a
     device or a FIFO: see ``per_image_path``)."""
@@ -357,15 +245,6 @@ def per_image_path(scores_path: str | Path) -> Path | None:
     return scores_path.with_name(scores_path.stem + ".per_image.json")
 
 
-def decode_config_with(config: Config, **changes) -> DecodeConfig:
-    """The checkpoint's decoding options with the non-None ``changes`` applied (validated)."""
-    from dataclasses import asdict
-
-    values = asdict(config.decode)
-    values.update({k: v for k, v in changes.items() if v is not None})
-    return DecodeConfig(**values)
-
-
 def score_results_file(
     annotations: str | Path,
     results: str | Path,
@@ -379,8 +258,8 @@ def score_results_file(
     """Score a COCO results file against COCO-format reference captions, as the official toolkit does
     (``tokenizer``: as for :func:`score_captions`), with CHAIR (word table ``chair``) on the images
     ``boxes`` cover (:func:`load_boxes`) when given."""
+    from captioning.data.tokenizers import tokenize
     from captioning.evaluation.coco_files import load_coco_references, load_results
-    from captioning.text import tokenize
 
     references = load_coco_references(annotations)
     candidates = load_results(results)

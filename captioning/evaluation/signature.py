@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import captioning
-from captioning.config import DecodeConfig, TrainConfig
+from captioning.config import DecodeConfig
+from captioning.hub.identity import file_hash, parse_signature
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
 
 if TYPE_CHECKING:
@@ -88,14 +89,6 @@ def words_hash(table: CategoryWords | ReleasedChairTable) -> str:
     return _canonical_hash([synonyms, sorted(table.double_words.items())])
 
 
-def file_hash(path: str | Path) -> str:
-    """sha256 (first 12 hex digits) of a file's bytes; of a model folder's weights file for a folder."""
-    from captioning.models.encoders import file_identity
-    from captioning.pretrained import weights_file
-
-    return file_identity(weights_file(path))["sha256"][:_DIGITS]
-
-
 def decode_description(decode: DecodeConfig) -> str:
     """The decoding settings that change the captions, e.g. ``beam3.max20`` or ``sample.max16.t0.7.k5``."""
     parts = [
@@ -113,11 +106,6 @@ def decode_description(decode: DecodeConfig) -> str:
     if not decode.forbid_unk:
         parts.append("unk")
     return ".".join(parts)
-
-
-def reward_description(train: TrainConfig) -> str:
-    """The self-critical reward a training configuration uses: ``cider-d.eos`` or ``cider-d.noeos``."""
-    return "cider-d.eos" if train.scst_reward_eos else "cider-d.noeos"
 
 
 def _implementation() -> str:
@@ -179,15 +167,6 @@ def make_signature(
         fields["inst"] = boxes_hash(boxes)
         fields["words"] = words_hash(table if table is not None else COCO_WORDS)
     return "|".join(f"{key}:{value}" for key, value in fields.items())
-
-
-def parse_signature(signature: str) -> dict[str, str]:
-    """``key:value|...`` -> ``{key: value}`` (an empty signature gives ``{}``)."""
-    fields = {}
-    for part in filter(None, signature.split("|")):
-        key, _, value = part.partition(":")
-        fields[key] = value
-    return fields
 
 
 def signature_differences(first: str, second: str, ignore: Sequence[str] = SYSTEM_FIELDS) -> list[str]:

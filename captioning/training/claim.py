@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from captioning.config import Config
-from captioning.config_files import load_config
-from captioning.run_folder import auto_resume_choice, look_for_resume
-from captioning.runtime import distributed
+from captioning.config.loading import load_config
 from captioning.training.resume_state import check_resumable
+from captioning.utils import distributed
+from captioning.utils.run_folder import auto_resume_choice, look_for_resume
 
 
 def auto_resume_point(

@@ -13,12 +13,12 @@ from torch import Tensor
 from tqdm import tqdm
 
 from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
-from captioning.decoding import rollout, sampler
+from captioning.inference.batches import annotations_of, move
 from captioning.models.captioner import Captioner
-from captioning.runtime import distributed
-from captioning.runtime.device import autocast
-from captioning.runtime.inference import annotations_of, move
+from captioning.models.decoding import rollout, sampler
 from captioning.training.losses import LossTerms, objective_of
+from captioning.utils import distributed
+from captioning.utils.device import autocast
 
 # The self-critical reward: (image ids (N,), captions as token ids without <end> (N,), whether each
 # one ended with <end> (N,)) -> (N,) rewards. The trainer's maps ids to words for CiderDReward.

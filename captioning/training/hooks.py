@@ -12,8 +12,8 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from captioning.config import PER_STEP_SCHEDULES
-from captioning.files import atomic_write
 from captioning.training.engine import TrainState
+from captioning.utils.files import atomic_write
 
 
 def logged_step(line: str) -> float:

@@ -36,7 +36,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.models.base import CaptionDecoder
 from captioning.models.decoder import DecoderOutput, HardAttentionDecoder
 from captioning.registry import Registry
-from captioning.runtime import distributed
+from captioning.utils import distributed
 
 # Never a target and never emitted (decoding masks them): label smoothing leaves them out.
 UNPRODUCIBLE = (Vocabulary.pad_id, Vocabulary.start_id)

@@ -11,9 +11,9 @@ from pathlib import Path
 from captioning.config import PER_STEP_SCHEDULES, Config
 from captioning.data import split_rule
 from captioning.data.records import DatasetError, ImageRecord
-from captioning.files import not_a_regular_file
 from captioning.training.engine import steps_per_epoch
 from captioning.training.optim import MAX_WARMUP_FRACTION, warmup_for
+from captioning.utils.files import not_a_regular_file
 
 STAGE_NAMES = {"xe": "cross-entropy", "scst": "self-critical"}
 

@@ -28,8 +28,8 @@ import torch
 
 from captioning.config import Config, to_dict
 from captioning.data.vocab import Vocabulary
+from captioning.hub.checkpoint import CheckpointError, check_state_fits, checkpoint_config
 from captioning.models.captioner import Captioner
-from captioning.runtime.checkpoint import CheckpointError, check_state_fits, checkpoint_config
 from captioning.training.averaging import trainable_parameters
 from captioning.training.engine import TrainState
 from captioning.training.optim import optimizer_for, scheduler_for

@@ -15,38 +15,28 @@ from typing import cast
 import torch
 
 from captioning.config import Config, to_dict
-from captioning.config_files import save_config
+from captioning.config.loading import save_config
 from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
 from captioning.data.datasets import CaptionDataset
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
-from captioning.decoding import check_decoding_fits
-from captioning.models.base import CaptionDecoder
-from captioning.models.captioner import Captioner
-from captioning.output_paths import check_output_folder
-from captioning.run_folder import (
-    CHECKPOINTS,
-    RunLock,
-    claim_output_dir,
-    remove_outputs,
-)
-from captioning.run_folder import best_checkpoint as choose_best_checkpoint
-from captioning.runtime import distributed
-from captioning.runtime.checkpoint import (
+from captioning.hub.checkpoint import (
     CheckpointError,
     atomic_write,
     checkpoint_config,
     load_checkpoint,
 )
-from captioning.runtime.device import amp_dtype, resolve_device, seed_everything
-from captioning.runtime.inputs import (
+from captioning.inference.inputs import (
     caption_dataset,
     check_splits,
     data_source,
     feature_cache_dir,
     uses_cache,
 )
+from captioning.models.base import CaptionDecoder
+from captioning.models.captioner import Captioner
+from captioning.models.decoding import check_decoding_fits
 from captioning.training.claim import auto_resume_point
 from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState
@@ -59,6 +49,16 @@ from captioning.training.plan import (
 )
 from captioning.training.resume_state import check_resume_payload, check_training_fits
 from captioning.training.trainer import Trainer
+from captioning.utils import distributed
+from captioning.utils.device import amp_dtype, resolve_device, seed_everything
+from captioning.utils.output_paths import check_output_folder
+from captioning.utils.run_folder import (
+    CHECKPOINTS,
+    RunLock,
+    claim_output_dir,
+    remove_outputs,
+)
+from captioning.utils.run_folder import best_checkpoint as choose_best_checkpoint
 
 AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from captioning.runtime import distributed
+from captioning.utils import distributed
 
 EXIT_STATUS = 75  # EX_TEMPFAIL (sysexits.h): stopped on request with everything saved; run it again
 

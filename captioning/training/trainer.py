@@ -13,11 +13,10 @@ import torch
 
 from captioning.config import Config
 from captioning.data.datasets import CaptionDataset
+from captioning.data.tokenizers import detokenize
 from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.metrics import score_captions
-from captioning.models.captioner import Captioner
-from captioning.runtime import distributed
-from captioning.runtime.checkpoint import (
+from captioning.hub.checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_state_checked,
@@ -25,8 +24,8 @@ from captioning.runtime.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from captioning.runtime.inference import EpochBatches, decode_records, loader_for
-from captioning.text import detokenize
+from captioning.inference.batches import EpochBatches, decode_records, loader_for
+from captioning.models.captioner import Captioner
 from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.engine import Rewarder, TrainState, steps_per_epoch, train_one_epoch
 from captioning.training.hooks import RunLog, ScheduleHook, epoch_checkpoints, loss_text, step_checkpoint_due
@@ -34,6 +33,7 @@ from captioning.training.optim import optimizer_for, scheduler_for
 from captioning.training.resume_state import check_resume_payload
 from captioning.training.rewards import CiderDReward
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
+from captioning.utils import distributed
 
 
 def validation_scores(

@@ -25,7 +25,7 @@ from matplotlib.patches import Rectangle
 from PIL import Image
 from torch import Tensor
 
-from captioning.files import atomic_write
+from captioning.utils.files import atomic_write
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,
     attention_statistics,

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from captioning.data.images import load_image
 from captioning.evaluation.grounding import Instances, WordMatcher, word_boxes
-from captioning.files import atomic_write
+from captioning.utils.files import atomic_write
 from captioning.visualization.figures import Box, attention_figure, save_figure, statistics_text
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,
@@ -34,7 +34,7 @@ from captioning.visualization.overlay import (
 )
 
 if TYPE_CHECKING:
-    from captioning.evaluation.runner import Captioned
+    from captioning.inference.captioner import Captioned
 
 VIEWER_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }

@@ -24,12 +24,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from captioning.evaluation.grounding import Instances, WordMatcher
-from captioning.files import atomic_write
+from captioning.utils.files import atomic_write
 from captioning.visualization.overlay import DEFAULT_CMAP
 from captioning.visualization.report import VIEWER_SCRIPT, VIEWER_STYLE, item_html
 
 if TYPE_CHECKING:
-    from captioning.evaluation.runner import Captioned
+    from captioning.inference.captioner import Captioned
 
 # Per-image columns of the table, when the scores hold them: (field, header, worst first by a first click).
 COLUMNS = (

@@ -24,9 +24,9 @@ import torch
 import torch.hub
 from torch import nn
 
-from captioning.files import not_a_regular_file
 from captioning.models.encoders.registry import EncoderWeightsError
-from captioning.state_files import StateFileError, read_state_file
+from captioning.utils.files import not_a_regular_file
+from captioning.utils.state_files import StateFileError, read_state_file
 
 DOWNLOAD_TIMEOUT_S = 15.0  # socket timeout while fetching published weights
 

@@ -12,10 +12,10 @@ from tqdm import tqdm
 
 from captioning.config import Config, DecodeConfig
 from captioning.data.datasets import CaptionDataset, collate_captions, usable_workers
-from captioning.decoding import Caption, decode
 from captioning.models.captioner import Captioner
-from captioning.runtime import distributed
-from captioning.runtime.device import autocast
+from captioning.models.decoding import Caption, decode
+from captioning.utils import distributed
+from captioning.utils.device import autocast
 
 
 class EpochBatches:

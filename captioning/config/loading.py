@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from captioning.config import DECODER_CONFIGS, Config, ConfigError, DataConfig, DecoderConfig, to_dict
-from captioning.files import not_a_regular_file
+from captioning.utils.files import not_a_regular_file
 
 
 def _coerce(type_hint: Any, value: Any, key: str) -> Any:
@@ -355,7 +355,7 @@ def _drop_other_family(tree: dict[str, Any], overrides: dict[str, Any], path: st
 
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved configuration as YAML (readable by ``load_config``)."""
-    from captioning.files import atomic_write
+    from captioning.utils.files import atomic_write
 
     text = yaml.safe_dump(to_dict(config), sort_keys=False)
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -13,20 +13,18 @@ from captioning.data import check_data_paths
 from captioning.evaluation.degenerate import degenerate_captions
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.runner import (
-    caption_records,
     default_instances,
     load_boxes,
-    load_trained_captioner,
     score_captioned,
-    split_records,
     summary_lines,
     write_results,
     write_scores,
 )
 from captioning.evaluation.scorers import check_validation_metric
-from captioning.runtime import distributed
-from captioning.runtime.device import resolve_device
+from captioning.inference.captioner import caption_records, load_trained_captioner, split_records
 from captioning.training.run import RunOutputs, best_checkpoint, cache_features, train
+from captioning.utils import distributed
+from captioning.utils.device import resolve_device
 
 # The run report shows this many test images at most (each one's attention maps are embedded).
 REPORT_IMAGES = 200

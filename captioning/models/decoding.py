@@ -15,8 +15,8 @@ from torch import Tensor
 
 from captioning.config import ConfigError, DecodeConfig
 from captioning.data.vocab import Vocabulary
-from captioning.memory import available_bytes, gib
 from captioning.models.base import CaptionDecoder
+from captioning.utils.memory import available_bytes, gib
 
 START, END, PAD, UNK = Vocabulary.start_id, Vocabulary.end_id, Vocabulary.pad_id, Vocabulary.unk_id
 

@@ -4,7 +4,7 @@ The configuration is a tree of dataclasses (``Config`` -> ``DataConfig``, ``Enco
 It is filled from a YAML file, overridden from the command line with dotted keys
 (``train.lr=2e-4``), validated at construction, saved beside the outputs and stored in every
 checkpoint as plain Python types, so a checkpoint rebuilds its model with no other file (reading
-and writing: :mod:`captioning.config_files`).
+and writing: :mod:`captioning.config.loading`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def _check(condition: bool, message: str) -> None:
 
 SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
 PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
-# The caption tokenizers of captioning.text.TOKENIZERS; only ptb is English's (METEOR and SPICE need it).
+# The caption tokenizers of captioning.data.tokenizers.TOKENIZERS; only ptb is English's
+# (METEOR and SPICE need it).
 TOKENIZERS = ("ptb", "whitespace", "characters")
 # CHAIR's word tables: the authors' released table and rules, or this project's extended one.
 CHAIR_TABLES = ("released", "extended")
@@ -341,3 +342,8 @@ def to_dict(config: Any) -> dict[str, Any]:
         return value
 
     return plain(config)
+
+
+def reward_description(train: TrainConfig) -> str:
+    """The self-critical reward a training configuration uses: ``cider-d.eos`` or ``cider-d.noeos``."""
+    return "cider-d.eos" if train.scst_reward_eos else "cider-d.noeos"

@@ -1,17 +1,15 @@
 """Writing a portable model folder (``model.save_pretrained``): the layout that
-``captioning.pretrained`` reads, with the model card and the test scores known for the checkpoint."""
+``captioning.hub.model_folder`` reads, with the model card and the test scores known for the checkpoint."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from captioning.config import to_dict
-from captioning.files import atomic_write
-from captioning.model_card import model_card
-from captioning.output_paths import check_output_folder
-from captioning.pretrained import (
+from captioning.hub.model_card import model_card
+from captioning.hub.model_folder import (
     CARD,
     CONFIG,
     FORMAT,
@@ -22,13 +20,31 @@ from captioning.pretrained import (
     encoder_weights_needed,
     is_model_folder,
 )
-from captioning.run_folder import CHECKPOINTS, run_folder_of
+from captioning.utils.files import atomic_write
+from captioning.utils.output_paths import check_output_folder
+from captioning.utils.run_folder import CHECKPOINTS, run_folder_of
 
 if TYPE_CHECKING:
-    from captioning.api import CaptioningModel
+    from captioning.config import Config
+    from captioning.data.vocab import Vocabulary
+    from captioning.models.captioner import Captioner
 
 
-def save_pretrained(model: CaptioningModel, folder: str | Path) -> Path:
+class SavableModel(Protocol):
+    """What a model folder is written from (``captioning.CaptioningModel`` is one)."""
+
+    captioner: Captioner
+    config: Config
+    source: Path
+
+    @property
+    def vocab(self) -> Vocabulary: ...
+
+    @property
+    def grid(self) -> tuple[int, int]: ...
+
+
+def save_pretrained(model: SavableModel, folder: str | Path) -> Path:
     """Write ``model`` as a model folder (see the module docstring); files are replaced atomically.
 
     Raises:
@@ -88,7 +104,7 @@ def known_scores(source: str | Path) -> dict[str, Any] | None:
     """The test scores of ``source`` with their signature, when known: a model folder's own, or the
     ``test_scores.json`` / ``eval_<stem>_test_scores.json`` of the run folder a checkpoint sits in
     whose signature names this very checkpoint file (``ckpt`` field); else None."""
-    from captioning.evaluation.signature import file_hash, parse_signature
+    from captioning.hub.identity import file_hash, parse_signature
 
     source = Path(source)
     if is_model_folder(source):

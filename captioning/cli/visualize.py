@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from captioning.config import Config
-from captioning.config_files import (
+from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
     apply_overrides,
     check_overrides,
@@ -19,16 +19,12 @@ from captioning.config_files import (
 )
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
-from captioning.files import output_note
-from captioning.models.base import AttentionView
-from captioning.output_paths import check_output_folder, check_outputs
+from captioning.utils.files import output_note
+from captioning.utils.output_paths import check_output_folder, check_outputs
+from captioning.visualization.views import FORMATS, MODES, NORMALIZATIONS, attention_view
 
 if TYPE_CHECKING:
-    from captioning.evaluation.runner import Captioned
-
-MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
-NORMALIZATIONS = ("figure", "absolute", "word")  # as in captioning.visualization.overlay
-FORMATS = ("png", "pdf", "svg")  # as in captioning.visualization.figures
+    from captioning.inference.captioner import Captioned
 
 
 @dataclass
@@ -83,31 +79,6 @@ def visualization_config(
     if beam_size is not None:
         values["decode.beam_size"] = beam_size
     return apply_overrides(config, values, sections=CHECKPOINT_SECTIONS)
-
-
-def attention_view(layer: str | int | None = None, head: str | int | None = None) -> AttentionView:
-    """The map ``--layer N|mean`` and ``--head H|mean`` name.
-
-    Numbers are 1-based; by default the last layer, mean of heads.
-
-    Raises:
-        ValueError: a value that is neither ``mean`` nor a positive whole number.
-    """
-
-    def index(name: str, value: str | int | None, default: int | None) -> int | None:
-        if value is None:
-            return default
-        if str(value).strip().lower() == "mean":
-            return None
-        try:
-            number = int(str(value))
-        except ValueError:
-            number = 0
-        if number < 1:
-            raise ValueError(f"--{name} must be a {name} number (1, 2, ...) or mean, got {value!r}")
-        return number - 1
-
-    return AttentionView(index("layer", layer, -1), index("head", head, None))
 
 
 def _unique_stems(paths: Sequence[Path]) -> list[str]:
@@ -203,14 +174,9 @@ def visualize_images(
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
-    from captioning.evaluation.runner import (
-        caption_records,
-        default_instances,
-        load_boxes,
-        load_captioner,
-        split_records,
-    )
-    from captioning.runtime.device import resolve_device
+    from captioning.evaluation.runner import default_instances, load_boxes
+    from captioning.inference.captioner import caption_records, load_captioner, split_records
+    from captioning.utils.device import resolve_device
     from captioning.visualization.report import write_figures, write_report
 
     torch_device = resolve_device(device)

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from captioning.config import Config, ConfigError
-from captioning.config_files import load_config, parse_overrides
-from captioning.files import not_a_regular_file
+from captioning.config.loading import load_config, parse_overrides
+from captioning.utils.files import not_a_regular_file
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes.yaml"
+# The shipped configurations are package data (``configs/`` at the repository root links here).
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "shapes.yaml"
 
 # Common flags and the configuration keys they set; anything else goes through --set KEY=VALUE.
 FLAG_KEYS: dict[str, tuple[str, type, str]] = {
@@ -198,10 +200,25 @@ def config_from_args(args: argparse.Namespace) -> Config:
         value = getattr(args, name, None)
         if value is not None:
             overrides[key] = value
-    path = args.config if args.config is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    path = shipped_config(args.config) if args.config is not None else DEFAULT_CONFIG
     config = load_config(path, overrides)
     check_registered_names(config)
     return config
+
+
+def shipped_config(path: str | Path) -> Path:
+    """``path`` as given, or, when no such file exists and it names a shipped configuration
+    (``configs/coco_resnet101.yaml``, or the bare file name), the one installed with the package: the
+    documented ``--config configs/...`` paths work from any folder and from a non-editable install."""
+    given = Path(path)
+    if given.exists():
+        return given
+    parts = given.parts
+    if len(parts) == 1 or (len(parts) == 2 and parts[0] == "configs"):
+        shipped = SHIPPED_CONFIGS / given.name
+        if shipped.is_file():
+            return shipped
+    return given
 
 
 def check_registered_names(config: Config) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from captioning.files import NoSpaceError, path_kind
+from captioning.utils.files import NoSpaceError, path_kind
 
 fcntl: ModuleType | None
 try:

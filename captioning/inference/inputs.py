@@ -14,7 +14,7 @@ from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.models.captioner import Captioner
-from captioning.runtime import distributed
+from captioning.utils import distributed
 
 
 def feature_cache_dir(config: Config, output_dir: Path) -> Path:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from captioning.config import Config, ConfigError
-from captioning.config_files import (
+from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
     apply_overrides,
     check_overrides,
@@ -20,27 +20,29 @@ from captioning.config_files import (
 from captioning.data.folder import read_folder
 from captioning.data.readers import DATASETS
 from captioning.evaluation.runner import (
-    caption_records,
-    decode_config_with,
     default_instances,
     load_boxes,
-    load_trained_captioner,
     per_image_path,
     score_captioned,
     score_results_file,
-    split_records,
     summary_lines,
     write_results,
     write_scores,
 )
-from captioning.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
-from captioning.output_paths import check_outputs
-from captioning.run_folder import (
+from captioning.inference.captioner import (
+    caption_records,
+    decode_config_with,
+    load_trained_captioner,
+    split_records,
+)
+from captioning.utils.device import resolve_device
+from captioning.utils.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
+from captioning.utils.output_paths import check_outputs
+from captioning.utils.run_folder import (
     evaluation_prefix,
     run_folder_of,
     scores_path_for,
 )
-from captioning.runtime.device import resolve_device
 
 
 def _print_summary(files: dict[str, Path | None], notes: dict[Path, str]) -> None:

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from captioning.config import Config
-from captioning.files import not_a_regular_file
-from captioning.run_folder import CHECKPOINTS
-from captioning.runtime.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from captioning.runtime.checkpoint import VERSION as CHECKPOINT_VERSION
-from captioning.runtime.checkpoint import CheckpointError, check_payload
-from captioning.state_files import StateFileError, read_state_file
+from captioning.hub.checkpoint import FORMAT as CHECKPOINT_FORMAT
+from captioning.hub.checkpoint import VERSION as CHECKPOINT_VERSION
+from captioning.hub.checkpoint import CheckpointError, check_payload
+from captioning.utils.files import not_a_regular_file
+from captioning.utils.run_folder import CHECKPOINTS
+from captioning.utils.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-model"
 VERSION = 1

@@ -1,6 +1,6 @@
 """The configuration reference (docs/configuration.md), generated from the configuration dataclasses.
 
-python -m captioning.config_reference      # prints the table (a test keeps docs/configuration.md in sync)
+python -m captioning.config.reference      # prints the table (a test keeps docs/configuration.md in sync)
 """
 
 from __future__ import annotations
@@ -74,5 +74,5 @@ def reference_markdown() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m captioning.config_reference prints the reference table
+if __name__ == "__main__":  # python -m captioning.config.reference prints the reference table
     print(reference_markdown())

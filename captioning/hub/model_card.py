@@ -86,7 +86,7 @@ def model_card(
         vocabulary: words in its vocabulary.
         grid: (gh, gw) attention grid; channels: the encoder's C.
         parameters: stored weight count per section (``decoder``, ``encoder``).
-        scores: test scores with ``signature`` (``captioning.export.known_scores``), or None.
+        scores: test scores with ``signature`` (``captioning.hub.save.known_scores``), or None.
     """
     data, decode = config.data, config.decode
     decoding = decode.strategy + (f" (beam size {decode.beam_size})" if decode.strategy == "beam" else "")

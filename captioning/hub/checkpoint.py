@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from captioning.config import Config, ConfigError, to_dict
-from captioning.config_files import from_dict
+from captioning.config.loading import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
-from captioning.files import NoSpaceError, atomic_write, not_a_regular_file
-from captioning.state_files import StateFileError, read_state_file
+from captioning.utils.files import NoSpaceError, atomic_write, not_a_regular_file
+from captioning.utils.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-checkpoint"
 VERSION = 1
@@ -165,7 +165,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 def check_payload(payload: Any, path: str | Path) -> None:
-    """Refuse a checkpoint payload (or a model folder's, ``captioning.pretrained``) of another layout,
+    """Refuse a checkpoint payload (or a model folder's, ``captioning.hub.model_folder``) of another layout,
     or whose weights are not all finite tensors.
 
     Raises:

@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from captioning.files import NotReplacedError, output_kind
-from captioning.run_folder import RunFolderError, main_job_file
+from captioning.utils.files import NotReplacedError, output_kind
+from captioning.utils.run_folder import RunFolderError, main_job_file
 
 
 def check_output_file(path: str | Path, option: str) -> None:

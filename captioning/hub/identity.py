@@ -1,0 +1,28 @@
+"""What identifies a saved model and the scores it earned: the hash of its weights file, and the
+fields of a scores file's signature (``key:value|...``, written by ``captioning.evaluation.signature``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from captioning.hub.model_folder import weights_file
+from captioning.models.encoders import file_identity
+
+_DIGITS = 12  # hex digits of a sha256 kept in a signature field
+
+
+def file_hash(path: str | Path) -> str:
+    """sha256 (first 12 hex digits) of a file's bytes; of a model folder's weights file for a folder."""
+    from captioning.hub.model_folder import weights_file
+    from captioning.models.encoders import file_identity
+
+    return file_identity(weights_file(path))["sha256"][:_DIGITS]
+
+
+def parse_signature(signature: str) -> dict[str, str]:
+    """``key:value|...`` -> ``{key: value}`` (an empty signature gives ``{}``)."""
+    fields = {}
+    for part in filter(None, signature.split("|")):
+        key, _, value = part.partition(":")
+        fields[key] = value
+    return fields
