@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import captioning
 from captioning.config import DecodeConfig
-from captioning.hub.identity import file_hash, parse_signature
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
+from captioning.hub.identity import file_hash, parse_signature
 
 if TYPE_CHECKING:
     from captioning.evaluation.chair_table import ReleasedChairTable

@@ -13,9 +13,6 @@ _DIGITS = 12  # hex digits of a sha256 kept in a signature field
 
 def file_hash(path: str | Path) -> str:
     """sha256 (first 12 hex digits) of a file's bytes; of a model folder's weights file for a folder."""
-    from captioning.hub.model_folder import weights_file
-    from captioning.models.encoders import file_identity
-
     return file_identity(weights_file(path))["sha256"][:_DIGITS]
 
 
