@@ -20,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from captioning.utils.errors import CaptioningError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(CaptioningError, ValueError):
     """A name no registry entry has; the message lists the registered names and the key that chose it."""
 
 

@@ -194,11 +194,6 @@ def test_the_module_is_imported_before_the_configuration_is_checked(tmp_path, fr
         (None, "no_such_module_here", "--import no_such_module_here: no module named 'no_such_module_here'"),
         (None, "missing/encoders.py", "--import missing/encoders.py: no such file"),
         (
-            "1 / 0\n",
-            "broken_user_module.py",
-            "--import broken_user_module.py: ZeroDivisionError: division by zero",
-        ),
-        (
             "import no_such_dependency_here\n",
             "needs_a_dependency.py",
             "--import needs_a_dependency.py: ModuleNotFoundError: No module named 'no_such_dependency_here'",
@@ -219,6 +214,44 @@ def test_a_module_that_cannot_be_imported_is_a_one_line_error(
     assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr
     if argument == "json.py":
         assert lines[0].startswith("error: --import json.py: a module named 'json' is imported already (")
+
+
+BUGGY_MODULE = """
+import torch
+
+
+def project(grid):
+    weight = torch.zeros(3, 5)
+    return grid @ weight  # the user's bug: (2, 4) @ (3, 5)
+
+
+project(torch.zeros(2, 4))
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "arguments"),
+    [
+        ("train.py", ["--no-progress"]),
+        ("evaluate.py", ["--checkpoint", "never.pt", "--split", "test"]),
+        ("visualize.py", ["--checkpoint", "never.pt", "picture.png"]),
+    ],
+)
+def test_a_bug_in_a_user_module_keeps_its_traceback_through_every_tool(
+    tmp_path, fresh_imports, script, arguments
+):
+    """torch's RuntimeError from the user's own line is a bug, not an input problem: the tool prints
+    the traceback down to that line, then one line saying so (exit status 1, not 2)."""
+    (tmp_path / "buggy_user_module.py").write_text(BUGGY_MODULE)
+    result = in_process(script, "--import", "buggy_user_module.py", *arguments, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "Traceback (most recent call last):", result.stderr
+    assert any("buggy_user_module.py" in line and "line 7, in project" in line for line in lines)
+    assert any(line.strip() == "return grid @ weight  # the user's bug: (2, 4) @ (3, 5)" for line in lines)
+    assert "(raised while importing --import buggy_user_module.py)" in lines
+    assert lines[-2].startswith("error: RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert lines[-1].startswith("This is not a problem with the input: the traceback above shows where")
 
 
 def test_a_path_to_a_file_python_cannot_import_is_a_one_line_error(tmp_path, fresh_imports):

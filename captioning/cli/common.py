@@ -17,6 +17,7 @@ from typing import Any
 
 from captioning.config import Config, ConfigError
 from captioning.config.loading import load_config, parse_overrides
+from captioning.utils.errors import CaptioningError
 from captioning.utils.files import not_a_regular_file
 
 # The shipped configurations are package data (``configs/`` at the repository root links here).
@@ -123,8 +124,8 @@ def import_modules(names: list[str]) -> None:
     (an earlier tool run in this process) is not run again, so its registrations are not repeated.
 
     Raises:
-        ConfigError: one line naming the option and the module: it is not found, or importing it failed
-            (the module's own error, chained for ``--debug``).
+        ConfigError: one line naming the option and the module when it is not found. Any other
+            failure while the module runs is its own and keeps its traceback.
     """
     for name in names:
         is_file = name.endswith(".py") or os.sep in name
@@ -144,8 +145,11 @@ def import_modules(names: list[str]) -> None:
                     f"the current folder"
                 ) from error
             raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
-        except Exception as error:  # the user's module: any failure is reported on one line
-            raise ConfigError(f"--import {name}: {type(error).__name__}: {error}") from error
+        except CaptioningError:
+            raise
+        except Exception as error:  # a bug in the user's module: its traceback shows where
+            error.add_note(f"(raised while importing --import {name})")
+            raise
 
 
 def _file_spec(name: str) -> ModuleSpec | None:
@@ -245,10 +249,18 @@ def given_keys(args: argparse.Namespace) -> set[str]:
     return given
 
 
+# What run_cli prints as one line; anything else keeps its traceback.
+EXPECTED_ERRORS = (CaptioningError, OSError, ValueError)
+
+
 def run_cli(
     main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser, argv: list[str] | None = None
 ) -> int:
     """Parse, run ``main(args)``; expected failures print one line ``error: ...`` and exit 2.
+
+    Expected failures are the project's errors (``CaptioningError``), an ``OSError`` met reading or
+    writing a file and a ``ValueError`` (a value that cannot be read, e.g. a file that is not JSON).
+    Anything else is a bug and prints Python's traceback, then one line saying so, exit status 1.
 
     An exception with an ``exit_status`` attribute is a deliberate stop that ``main`` has already
     reported (``captioning.training.stopping.TrainingStopped``, exit status 75): it exits with
@@ -263,18 +275,25 @@ def run_cli(
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as error:  # every failure becomes one clear line
+    except Exception as error:
         exit_status = getattr(error, "exit_status", None)
         if isinstance(exit_status, int):
             return exit_status
-        if getattr(args, "debug", False):
-            traceback.print_exc()
-        message = printable(str(error).strip().split("\n")[0])
-        # not an input problem: say what it was
-        if not isinstance(error, (ValueError, OSError, RuntimeError)):
-            message = f"{type(error).__name__}: {message} (run with --debug for the traceback)"
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+        first_line = printable((str(error).strip().split("\n") or [""])[0])
+        if isinstance(error, EXPECTED_ERRORS):  # a problem with the input: one clear line
+            if getattr(args, "debug", False):
+                traceback.print_exc()
+            print(f"error: {first_line}", file=sys.stderr)
+            return 2
+        # A bug (here, in torch or in an --import module): where it happened matters more than a line.
+        traceback.print_exc()
+        print(
+            f"error: {type(error).__name__}: {first_line}\n"
+            "This is not a problem with the input: the traceback above shows where it happened "
+            "(in the package, in torch, or in a module passed with --import).",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -27,13 +27,14 @@ from PIL import Image
 from captioning.api import CaptioningModel, load
 from captioning.config import ConfigError
 from captioning.data.images import ImageError, load_image
+from captioning.utils.errors import CaptioningError
 
 DEFAULT_PORT = 7860
 DEFAULT_HOST = "127.0.0.1"
 EXAMPLES = 3  # Shapes images offered to pick from
 
 
-class DemoError(RuntimeError):
+class DemoError(CaptioningError, RuntimeError):
     """The demo cannot start (gradio missing, the port taken); the message is one line."""
 
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from captioning.registry import Registry
+from captioning.utils.errors import CaptioningError
 
 
-class ConfigError(ValueError):
+class ConfigError(CaptioningError, ValueError):
     """A configuration value or file is invalid; the message names the key."""
 
 

@@ -23,6 +23,7 @@ from captioning.data.cache_store import COMPUTED, DTYPE, NOT_COMPUTED, UNREADABL
 from captioning.data.image_files import content_identity
 from captioning.data.images import ImageError, load_image
 from captioning.data.records import ImageRecord
+from captioning.utils.errors import RunError
 
 # The feature cache's one log, whichever of its two modules speaks.
 logger = logging.getLogger("captioning.data.feature_cache")
@@ -123,7 +124,7 @@ def agree(error: BaseException | None, world_size: int) -> None:
         raise error
     for rank, message in enumerate(messages):
         if message is not None:
-            raise RuntimeError(f"feature cache: rank {rank} failed: {message}")
+            raise RunError(f"feature cache: rank {rank} failed: {message}")
 
 
 class Build:

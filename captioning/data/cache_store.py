@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from captioning.utils.errors import CaptioningError
 from captioning.utils.files import not_a_regular_file
 
 fcntl: ModuleType | None
@@ -46,7 +47,7 @@ _LOCK_NAME = "build.lock"
 _INDEX_FIELDS = {"version": int, "key": dict, "capacity": int, "rows": dict, "files": dict, "bad": dict}
 
 
-class FeatureCacheError(ValueError):
+class FeatureCacheError(CaptioningError, ValueError):
     """A feature cache's index cannot be trusted; the message names the file and says how to clear it."""
 
 

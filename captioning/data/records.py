@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from captioning.utils.errors import CaptioningError
 
-class DatasetError(ValueError):
+
+class DatasetError(CaptioningError, ValueError):
     """Bad dataset input; the message is one line naming the file and the entry."""
 
 

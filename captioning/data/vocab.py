@@ -7,13 +7,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from captioning.utils.errors import CaptioningError
 from captioning.utils.files import atomic_write, not_a_regular_file
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
 
 
-class VocabularyError(ValueError):
+class VocabularyError(CaptioningError, ValueError):
     """A vocabulary file or dict is malformed."""
 
 

@@ -14,10 +14,11 @@ from typing import Any
 
 from pycocotools.coco import COCO
 
+from captioning.utils.errors import CaptioningError
 from captioning.utils.files import not_a_regular_file
 
 
-class EvaluationInputError(ValueError):
+class EvaluationInputError(CaptioningError, ValueError):
     """References, candidates or an annotation/results file are malformed."""
 
 

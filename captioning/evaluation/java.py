@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from captioning.data.tokenizers import replace_lone_surrogates
+from captioning.utils.errors import CaptioningError, RunError
 
 DEFAULT_TIMEOUT_S = 600.0  # the COCO test split (5,000 images) takes well under a minute per call
 # The punctuation tokens pycocoevalcap's PTBTokenizer removes after tokenizing.
@@ -23,7 +24,7 @@ _PUNCTUATION = frozenset(
 )
 
 
-class JavaTimeout(RuntimeError):
+class JavaTimeout(CaptioningError, RuntimeError):
     """A Java scorer did not answer within its time limit (the process has been killed)."""
 
 
@@ -66,9 +67,7 @@ def ptb_tokenize(captions: dict[int, list[str]], timeout: float = DEFAULT_TIMEOU
             raise JavaTimeout(f"the PTB tokenizer (Java) did not finish in {timeout:g} s") from None
     if finished.returncode != 0:
         detail = finished.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
-        raise RuntimeError(
-            f"the PTB tokenizer (Java) failed with exit status {finished.returncode}: {detail[0]}"
-        )
+        raise RunError(f"the PTB tokenizer (Java) failed with exit status {finished.returncode}: {detail[0]}")
     output = finished.stdout.decode("utf-8", "replace").split("\n")
     if len(output) < len(lines) or any(output[len(lines) :]):
         raise RuntimeError("the PTB tokenizer returned a different number of captions than it was given")

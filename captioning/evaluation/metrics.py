@@ -32,6 +32,7 @@ from captioning.data.tokenizers import tokenizer_for
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S, JavaTimeout, ptb_tokenize
 from captioning.evaluation.scorers import METRICS, NLTK_BLEU, Metric, reported_metrics
+from captioning.utils.errors import RunError
 
 # Characters the PTB tokenizer reads as line ends: one inside a caption would shift every later caption.
 _LINE_BREAKS = str.maketrans({ch: " " for ch in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
@@ -119,7 +120,7 @@ def score_captions(
     if use_java is None:
         use_java = java
     elif use_java and not java:
-        raise RuntimeError("use_java=True but no 'java' executable is on the PATH")
+        raise RunError("use_java=True but no 'java' executable is on the PATH")
     image_ids = list(references)
     english = tokenizer == "ptb"
     use_java = use_java and english

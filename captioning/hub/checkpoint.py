@@ -20,6 +20,7 @@ import torch
 from captioning.config import Config, ConfigError, to_dict
 from captioning.config.loading import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
+from captioning.utils.errors import CaptioningError
 from captioning.utils.files import NoSpaceError, atomic_write, not_a_regular_file
 from captioning.utils.state_files import StateFileError, read_state_file
 
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(CaptioningError, ValueError):
     """A checkpoint cannot be written or used; the message is one line naming the file."""
 
 

@@ -10,6 +10,7 @@ from captioning.config import Config
 from captioning.config.loading import load_config
 from captioning.training.resume_state import check_resumable
 from captioning.utils import distributed
+from captioning.utils.errors import RunError
 from captioning.utils.run_folder import auto_resume_choice, look_for_resume
 
 
@@ -27,7 +28,7 @@ def auto_resume_point(
     looked = look_for_resume(output_dir) if group.is_main else None
     answer = distributed.broadcast_object(looked)
     if answer is None:
-        raise RuntimeError(f"{output_dir}: --resume auto: rank 0 sent no answer about the folder")
+        raise RunError(f"{output_dir}: --resume auto: rank 0 sent no answer about the folder")
     resume, start_over = auto_resume_choice(output_dir, answer, config.train.overwrite)
     if start_over:
         stored = output_dir / "config.yaml"

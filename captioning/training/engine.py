@@ -19,13 +19,14 @@ from captioning.models.decoding import rollout, sampler
 from captioning.training.losses import LossTerms, objective_of
 from captioning.utils import distributed
 from captioning.utils.device import autocast
+from captioning.utils.errors import CaptioningError
 
 # The self-critical reward: (image ids (N,), captions as token ids without <end> (N,), whether each
 # one ended with <end> (N,)) -> (N,) rewards. The trainer's maps ids to words for CiderDReward.
 Rewarder = Callable[[Sequence[int], list[list[int]], list[bool]], np.ndarray]
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(CaptioningError, RuntimeError):
     """The loss or the gradient became NaN or infinite; nothing was written."""
 
 

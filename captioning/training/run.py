@@ -51,6 +51,7 @@ from captioning.training.resume_state import check_resume_payload, check_trainin
 from captioning.training.trainer import Trainer
 from captioning.utils import distributed
 from captioning.utils.device import amp_dtype, resolve_device, seed_everything
+from captioning.utils.errors import RunError
 from captioning.utils.output_paths import check_output_folder
 from captioning.utils.run_folder import (
     CHECKPOINTS,
@@ -216,7 +217,7 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
                     split_records, model, config, device, output_dir, progress, 1
                 ).features
                 if not isinstance(features, FeatureCache):  # uses_cache holds: caption_dataset builds one
-                    raise RuntimeError(f"{split} features: no feature cache was built in {output_dir}")
+                    raise RunError(f"{split} features: no feature cache was built in {output_dir}")
                 if features.computed:
                     written[f"{split} features"] = Path(features.path)
                 else:  # an existing cache is not listed as written

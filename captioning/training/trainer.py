@@ -34,6 +34,7 @@ from captioning.training.resume_state import check_resume_payload
 from captioning.training.rewards import CiderDReward
 from captioning.training.stopping import EXIT_STATUS, StopRequest, TrainingStopped
 from captioning.utils import distributed
+from captioning.utils.errors import RunError
 
 
 def validation_scores(
@@ -68,7 +69,7 @@ def validation_scores(
     if group.world_size > 1:
         result = distributed.broadcast_object(result)
     if result is None:
-        raise RuntimeError("validation: rank 0 sent no scores")
+        raise RunError("validation: rank 0 sent no scores")
     return result
 
 

@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from captioning.utils.errors import CaptioningError
+
 _KINDS = {
     stat.S_IFREG: "a file",
     stat.S_IFDIR: "a folder",
@@ -55,11 +57,11 @@ def same_file(first: str | Path, second: str | Path) -> bool:
         return False
 
 
-class NoSpaceError(ValueError):
+class NoSpaceError(CaptioningError, ValueError):
     """The disk filled up while writing; the message is one line naming the file."""
 
 
-class NotReplacedError(OSError):
+class NotReplacedError(CaptioningError, OSError):
     """An output path holds something no file may replace (a folder, a socket, a block device)."""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from captioning.utils.errors import CaptioningError, RunError
 from captioning.utils.files import NoSpaceError, path_kind
 
 fcntl: ModuleType | None
@@ -78,7 +79,7 @@ def _is_run_output(relative: str, patterns: tuple[str, ...] = RUN_OUTPUTS) -> bo
     return any(fnmatch.fnmatchcase(relative, pattern) for pattern in patterns)
 
 
-class RunFolderError(OSError):
+class RunFolderError(CaptioningError, OSError):
     """A run folder is in use, holds what a run may not take over, or an output path cannot be written;
     the message is one line naming it."""
 
@@ -254,7 +255,7 @@ class RunLock:
             RunFolderError: another live process holds the lock.
         """
         if fcntl is None:  # acquire and check_free return before any lock without fcntl
-            raise RuntimeError(f"{self.path}: flock without the fcntl module")
+            raise RunError(f"{self.path}: flock without the fcntl module")
         try:
             fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
         except BlockingIOError:

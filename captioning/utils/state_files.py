@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
+from captioning.utils.errors import CaptioningError
+
 __all__ = ["StateFileError", "read_state_file"]
 
 
-class StateFileError(ValueError):
+class StateFileError(CaptioningError, ValueError):
     """A file of tensors cannot be read; the message is one line naming the file."""
 
 

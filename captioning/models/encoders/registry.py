@@ -27,9 +27,10 @@ from torchvision.transforms import InterpolationMode
 
 from captioning.config import ConfigError, EncoderConfig
 from captioning.registry import Registry
+from captioning.utils.errors import CaptioningError
 
 
-class EncoderWeightsError(RuntimeError):
+class EncoderWeightsError(CaptioningError, RuntimeError):
     """Encoder weights are missing, unreachable or do not fit the network; the message is one line."""
 
 

@@ -1,0 +1,20 @@
+"""The project's expected failures: one base class the tools print as one line.
+
+Every error the package raises for a problem with what it was given (a configuration value, a data
+file, a checkpoint, an image, an output path, a missing Java or CUDA) is a :class:`CaptioningError`,
+and also the built-in kind it always was (``ValueError``, ``OSError``, ``RuntimeError``), so a
+caller's ``except ValueError`` keeps working. The command-line tools print such an error, and an
+``OSError`` met reading or writing a file, as one line ``error: ...``; anything else is a bug (here,
+in torch, or in a module of your own passed with ``--import``) and keeps Python's traceback.
+"""
+
+from __future__ import annotations
+
+
+class CaptioningError(Exception):
+    """An expected failure: its message is the whole story (``error: <message>`` on the command line)."""
+
+
+class RunError(CaptioningError, RuntimeError):
+    """An expected failure while running: no CUDA or Java where asked for, a process of the group
+    that failed or sent nothing."""
