@@ -148,7 +148,9 @@ def import_modules(names: list[str]) -> None:
         except CaptioningError:
             raise
         except Exception as error:  # a bug in the user's module: its traceback shows where
-            error.add_note(f"(raised while importing --import {name})")
+            add_note = getattr(error, "add_note", None)  # Python 3.11 and later
+            if add_note is not None:
+                add_note(f"(raised while importing --import {name})")
             raise
 
 

@@ -32,62 +32,16 @@ from captioning.visualization.overlay import (
     display_size,
     upsample_attention,
 )
+from captioning.visualization.pages import page_asset, render_page
 
 if TYPE_CHECKING:
     from captioning.inference.captioner import Captioned
 
-VIEWER_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fff; }
-h1 { font-size: 20px; margin: 0 0 4px; }
-p.note { margin: 0 0 16px; color: #555; font-size: 13px; }
-.item { margin: 0 0 28px; }
-.item h2 { font-size: 13px; font-weight: normal; color: #555; margin: 0 0 6px; }
-.stage { position: relative; }
-.stage img { position: absolute; left: 0; top: 0; width: 100%; height: 100%; display: block; }
-.stage .map { visibility: hidden; }
-body:not(.js) .stage .map.first { visibility: visible; }
-body:not(.js) .stage:has(.map:target) .map.first:not(:target) { visibility: hidden; }
-body:not(.js) .stage .map:target { visibility: visible; }
-body.js .stage .map.shown { visibility: visible; }
-.caption { font-size: 17px; margin: 8px 0 4px; line-height: 1.9; }
-.word { color: #222; text-decoration: none; padding: 1px 4px; border-radius: 3px; border: 1px solid #bbb; }
-.word.active, .word:hover, .word:focus { background: #333; color: #fff; border-color: #333; outline: none; }
-.refs { font-size: 13px; color: #444; margin: 4px 0 0; padding-left: 20px; }
-""".strip()
+VIEWER_STYLE = page_asset("viewer.css")
 
 _BOX_RGBA = (255, 77, 77, 255)
 
-VIEWER_SCRIPT = """
-document.body.classList.add("js");
-function show(item, id) {
-  for (const map of item.querySelectorAll(".map")) map.classList.toggle("shown", map.id === id);
-  for (const word of item.querySelectorAll(".word")) word.classList.toggle("active", word.dataset.map === id);
-}
-function select(item, id) { item.dataset.selected = id; show(item, id); }
-function fromHash() {
-  const target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
-  for (const item of document.querySelectorAll(".item")) {
-    const first = item.querySelector(".map");
-    if (!first) continue;
-    select(item, target && target.classList.contains("map") && item.contains(target) ? target.id
-                 : (item.dataset.selected || first.id));
-  }
-}
-for (const word of document.querySelectorAll(".word")) {
-  const item = word.closest(".item");
-  word.addEventListener("mouseenter", () => show(item, word.dataset.map));
-  word.addEventListener("focus", () => show(item, word.dataset.map));
-  word.addEventListener("mouseleave", () => show(item, item.dataset.selected));
-  word.addEventListener("blur", () => show(item, item.dataset.selected));
-  word.addEventListener("click", (event) => {
-    event.preventDefault();
-    history.replaceState(null, "", "#" + word.dataset.map);
-    select(item, word.dataset.map);
-  });
-}
-window.addEventListener("hashchange", fromHash);
-fromHash();
-""".strip()
+VIEWER_SCRIPT = page_asset("viewer.js")
 
 
 def _data_uri(pixels: np.ndarray, image_format: str) -> str:
@@ -224,15 +178,13 @@ def write_report(
         item_html(i, item, grid, mode, cmap, alpha, max_side, normalize, boxes, matcher=matcher)
         for i, item in enumerate(items)
     ]
-    page = (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n"
-        f"<style>\n{VIEWER_STYLE}\n</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
-        '<p class="note">Hover over or click a word to see the attention map that produced it'
-        + (f" ({html.escape(attention_label)})" if attention_label else "")
-        + ".</p>\n"
-        + "\n".join(sections)
-        + f"\n<script>\n{VIEWER_SCRIPT}\n</script>\n</body>\n</html>\n"
+    page = render_page(
+        "attention_page.html.j2",
+        title=title,
+        attention_label=attention_label,
+        sections=sections,
+        style=VIEWER_STYLE,
+        script=VIEWER_SCRIPT,
     )
     # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
     atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))

@@ -26,6 +26,7 @@ from matplotlib.ticker import MaxNLocator
 from captioning.evaluation.grounding import Instances, WordMatcher
 from captioning.utils.files import atomic_write
 from captioning.visualization.overlay import DEFAULT_CMAP
+from captioning.visualization.pages import page_asset, render_page
 from captioning.visualization.report import VIEWER_SCRIPT, VIEWER_STYLE, item_html
 
 if TYPE_CHECKING:
@@ -42,58 +43,9 @@ COLUMNS = (
 # Epoch history keys that are not curves.
 _NOT_CURVES = frozenset(["stage", "epoch", "seconds", "lr"])
 
-_STYLE = """
-section.run { margin: 0 0 24px; }
-h2.part { font-size: 16px; margin: 20px 0 8px; border-bottom: 1px solid #ddd; }
-dl.facts { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 13px;
-  margin: 0; }
-dl.facts dt { color: #555; } dl.facts dd { margin: 0; font-family: monospace; word-break: break-all; }
-pre { font-size: 12px; background: #f6f6f6; padding: 8px; overflow: auto; max-height: 420px; }
-table.images, table.epochs { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
-table.images th, table.images td, table.epochs th, table.epochs td { border-bottom: 1px solid #e4e4e4;
-  padding: 3px 8px; text-align: left; }
-td.number { text-align: right; font-variant-numeric: tabular-nums; }
-table.images th button { font: inherit; font-weight: bold; border: none; background: none; cursor: pointer;
-  padding: 0; }
-table.images th[aria-sort="ascending"] button::after { content: " \\25B2"; }
-table.images th[aria-sort="descending"] button::after { content: " \\25BC"; }
-img.curves { max-width: 100%; height: auto; display: block; }
-.item { display: none; border-top: 2px solid #333; padding-top: 8px; }
-.item.open, body:not(.js) .item:target, body:not(.js) .item:has(:target) { display: block; }
-""".strip()
+_STYLE = page_asset("run_report.css")
 
-_TABLE_SCRIPT = """
-const table = document.querySelector("table.images");
-if (table) {
-  const body = table.tBodies[0];
-  for (const [column, header] of [...table.tHead.rows[0].cells].entries()) {
-    const button = header.querySelector("button");
-    if (!button) continue;
-    button.addEventListener("click", () => {
-      const order = header.getAttribute("aria-sort") === header.dataset.worst
-        ? (header.dataset.worst === "ascending" ? "descending" : "ascending") : header.dataset.worst;
-      for (const other of table.tHead.rows[0].cells) other.removeAttribute("aria-sort");
-      header.setAttribute("aria-sort", order);
-      const sign = order === "ascending" ? 1 : -1;
-      const value = (row) => row.cells[column].dataset.value;
-      const rows = [...body.rows].sort((a, b) => {
-        const x = value(a), y = value(b);  // images without the score go last either way
-        if (x === "" || y === "") return (x === "") - (y === "");
-        return sign * (Number(x) - Number(y)) || Number(a.dataset.index) - Number(b.dataset.index);
-      });
-      body.append(...rows);
-    });
-  }
-}
-function openItem() {
-  const target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
-  const item = target ? target.closest(".item") : null;
-  for (const other of document.querySelectorAll(".item")) other.classList.toggle("open", other === item);
-  if (item) item.scrollIntoView();
-}
-window.addEventListener("hashchange", openItem);
-openItem();
-""".strip()
+_TABLE_SCRIPT = page_asset("run_report.js")
 
 
 def _number(value: Any) -> float | None:
@@ -305,38 +257,19 @@ def write_run_report(
         )
         for i, item in enumerate(items)
     ]
-    page = "\n".join(
-        [
-            '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
-            f"<title>{html.escape(title)}</title>\n<style>\n{VIEWER_STYLE}\n{_STYLE}\n</style>\n</head>\n<body>",
-            f"<h1>{html.escape(title)}</h1>",
-            '<section class="run" id="run"><h2 class="part">Where these numbers come from</h2>'
-            '<dl class="facts">'
-            + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts)
-            + "</dl>"
-            + (
-                "<details><summary>configuration (config.yaml)</summary>"
-                f"<pre>{html.escape(config_text)}</pre></details>"
-                if config_text
-                else ""
-            )
-            + "</section>",
-            (
-                '<section class="run" id="scores"><h2 class="part">Test scores</h2>'
-                f"{_scores_html(scores, scored)}</section>"
-            ),
-            '<section class="run curves" id="curves"><h2 class="part">Training and validation per epoch</h2>'
-            + _history_html(history)
-            + "</section>",
-            '<section class="run" id="images"><h2 class="part">Test images</h2>'
-            '<p class="note">Click a column to sort (worst first, then best first); '
-            "click an image to see its attention word by word, on one colour scale per image "
-            "(each word's tooltip: peak weight and entropy).</p>"
-            + _table_html(items, per_image)
-            + "</section>",
-            *sections,
-            f"<script>\n{VIEWER_SCRIPT}\n{_TABLE_SCRIPT}\n</script>\n</body>\n</html>\n",
-        ]
+    page = render_page(
+        "run_report.html.j2",
+        title=title,
+        facts=facts,
+        config_text=config_text,
+        scores_html=_scores_html(scores, scored),
+        history_html=_history_html(history),
+        table_html=_table_html(items, per_image),
+        sections=sections,
+        viewer_style=VIEWER_STYLE,
+        style=_STYLE,
+        viewer_script=VIEWER_SCRIPT,
+        script=_TABLE_SCRIPT,
     )
     # Lone surrogates (from a caption file's "\\ud800" escapes) cannot be UTF-8: written as "?".
     atomic_write(path, lambda temporary: temporary.write_text(page, encoding="utf-8", errors="replace"))
