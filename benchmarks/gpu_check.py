@@ -5,7 +5,7 @@
 It runs, each in its own process with its own time limit (the three add up to 7.5 minutes):
 
 - ``pytest -m cuda tests``: mixed-precision steps against float32, the compiled step against eager,
-  GPU beam search against CPU beam search (``tests/test_cuda.py``);
+  GPU beam search against CPU beam search (``tests/training/test_cuda.py``);
 - ``speed.py --device cuda --amp``: the LSTM's training step (bf16 and float32), beam search, the
   feature cache and the COCO epoch estimate (``coco_epoch_s``);
 - ``speed.py --parts transformer --device cuda``: the Transformer decoder's step and beam search.

@@ -13,7 +13,7 @@ through our ``beam_search`` with our weights. What it keeps, because that is wha
 
 Against ``TransformerDecoder.step`` (which keeps each layer's self-attention keys and values of the
 earlier words, and projects the grid's cross-attention keys and values once per image) only the
-caching differs: ``tests/test_benchmark.py`` checks that both searches give the same captions.
+caching differs: ``tests/project/test_benchmark.py`` checks that both searches give the same captions.
 """
 
 from __future__ import annotations

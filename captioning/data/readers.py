@@ -13,7 +13,7 @@ looks ``data.dataset`` up here, so a reader of your own registered by a module g
             check_data_paths(config)
             return read_karpathy(config.split_file, config.root, ...)
 
-Every registered name is covered by tests/test_dataset_readers_contract.py.
+Every registered name is covered by tests/data/test_dataset_readers_contract.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ every registered metric (the order of registration is the order of the scores fi
 metrics ``train.metric`` may name are those that need no Java (:func:`validation_metrics`), since
 validation runs without it. A module of your own registers one the same way and reaches the tools
 with ``--import MODULE`` (docs/extending.md, "A new metric"); every registered name is held to the
-properties its docstring states by tests/test_metric_contract.py.
+properties its docstring states by tests/evaluation/test_metric_contract.py.
 
 The built-in ones are pycocoevalcap's, as the official COCO caption evaluation computes them
 (``Cider`` there is CIDEr-D: clipped n-gram counts and a Gaussian length penalty), and the NLTK

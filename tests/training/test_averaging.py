@@ -14,7 +14,7 @@ from captioning.training.averaging import WeightAverage, trainable_parameters
 from captioning.training.resume_state import check_average_state
 from captioning.training.run import train
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["data_root"]  # the module-scoped fixture of test_training
 

@@ -20,7 +20,7 @@ from captioning.evaluation.scorers import reported_metrics
 from captioning.evaluation.signature import decode_description, file_hash, parse_signature
 from captioning.hub.checkpoint import load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Every test here uses the shortened demo run (the module fixture): the whole file is in the slow tier.
 pytestmark = pytest.mark.slow
 

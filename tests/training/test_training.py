@@ -25,7 +25,7 @@ from captioning.training.engine import NonFiniteLossError, rollout, scst_loss
 from captioning.training.rewards import CiderDReward
 from captioning.training.run import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
@@ -50,10 +50,10 @@ def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
         "decode.beam_size": 2,
         "decode.max_length": 12,
         # The demo's cosine schedule warms up over one of its epochs, longer than a tiny run: these runs
-        # keep a per-epoch schedule (tests/test_schedules.py runs the cosine one).
+        # keep a per-epoch schedule (tests/training/test_schedules.py runs the cosine one).
         "train.schedule": "plateau",
         # One stage, the plain weights: runs that test self-critical epochs or weight averaging ask for
-        # them (the shortened demo in tests/test_end_to_end.py keeps the demo's).
+        # them (the shortened demo in tests/cli/test_end_to_end.py keeps the demo's).
         "train.scst_epochs": 0,
         "train.ema_decay": 0.0,
     }

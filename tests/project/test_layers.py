@@ -13,7 +13,7 @@ import pytest
 
 import captioning
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 PACKAGE = Path(captioning.__file__).resolve().parent
 
 

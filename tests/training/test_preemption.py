@@ -23,7 +23,7 @@ from captioning.config.loading import load_config
 from captioning.hub.checkpoint import load_checkpoint
 from captioning.training.run import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO_LR = load_config(REPO / "configs" / "shapes.yaml").train.lr  # what a run without --lr trains at
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 __all__ = ["data_root"]  # the module-scoped Shapes fixture of test_training

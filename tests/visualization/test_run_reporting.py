@@ -20,7 +20,7 @@ from test_training import (  # noqa: F401 (data_root: a fixture)
     train_in_process,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EPOCH_LINE = re.compile(
     r"^\[xe\] epoch (\d+): loss ([\d.]+) = cross-entropy ([\d.]+) \+ 0\.5 x attention penalty "
     r"([\d.]+)  CIDEr-D",

@@ -8,7 +8,7 @@ import pytest
 
 from captioning.registry import Registry, UnknownNameError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_registered_entry_is_found_by_its_name_and_listed_in_registration_order():

@@ -36,7 +36,7 @@ from captioning.models.transformer import TransformerDecoder
 from captioning.training.engine import scst_loss
 from captioning.training.optim import noam_factor
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 V, C, GRID = 13, 6, (2, 3)
 TRANSFORMER = {
     "model.decoder.kind": "transformer",

@@ -20,7 +20,7 @@ from captioning.evaluation.signature import parse_signature
 from captioning.models.encoders import EncoderWeightsError, file_identity
 
 open_clip = pytest.importorskip("open_clip")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,7 @@ def flickr_captions_file() -> Path | None:
     """The shared Flickr test captions: $CAPTIONING_FLICKR_CAPTIONS or ../shared/data beside the repo."""
     candidates = [
         os.environ.get("CAPTIONING_FLICKR_CAPTIONS"),
-        Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr_test_captions.json",
+        Path(__file__).resolve().parents[2].parent / "shared" / "data" / "flickr_test_captions.json",
     ]
     return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
 

@@ -20,7 +20,7 @@ from test_hostile import small_disk  # noqa: F401 - a fixture: a real 4 MiB tmpf
 from captioning.config import LSTMDecoderConfig
 from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEED = ROOT / "benchmarks" / "speed.py"
 
 POSITIVE_NUMBERS = (

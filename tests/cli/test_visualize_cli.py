@@ -26,7 +26,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.hub.checkpoint import load_checkpoint, save_checkpoint
 from captioning.models.captioner import Captioner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from captioning.config.loading import (
 )
 from captioning.config.reference import reference_markdown
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_and_shipped_configs_load():

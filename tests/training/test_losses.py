@@ -21,7 +21,7 @@ from captioning.training.losses import (
     token_negative_log_likelihood,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

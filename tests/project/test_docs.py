@@ -23,7 +23,7 @@ from tool_runs import script_module
 from captioning.config import ConfigError
 from captioning.config.loading import CHECKPOINT_SECTIONS, check_overrides, parse_overrides
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The Markdown files a reader meets: the README, every page of the site, and the benchmarks' README
 # (the site includes it as its Benchmarks page).
 PAGES = [

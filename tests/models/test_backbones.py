@@ -21,7 +21,7 @@ from captioning.config import ConfigError, EncoderConfig
 from captioning.hub.checkpoint import load_checkpoint
 from captioning.models.encoders import ENCODERS, Encoder, EncoderWeightsError, build_encoder, encoder_builder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 timm = pytest.importorskip("timm")
 open_clip = pytest.importorskip("open_clip")
 
@@ -258,7 +258,7 @@ def test_a_pretrained_file_in_the_hugging_face_cache_is_used_without_network(off
 
 # Whole tiny runs through train.py for a transformer grid (a ViT's patch tokens) and a library family
 # (a CLIP tower); every other registered name and family example is held to the encoder contract in
-# tests/test_encoders.py (shapes, grid, stages, the inference copy), which is what a run relies on.
+# tests/models/test_encoders.py (shapes, grid, stages, the inference copy), which is what a run relies on.
 E2E = ["vit_b_16", "open_clip:ViT-B-32/openai"]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 PRE_COMMIT_CONFIG = REPOSITORY / ".pre-commit-config.yaml"
 # The first word of a static check in .ci/run: each must have its hook.
 STATIC_CHECKS = ("ruff", "mypy", "lint-imports")
