@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""The demo's cross-entropy stage with its loop in plain sight.
+
+``python train.py`` runs the whole job through ``captioning.training`` (resume, several processes,
+early stopping, self-critical epochs, the report). This script does what its cross-entropy stage
+does with the library's pieces and a loop you can read and change in one sitting: records from the
+dataset reader, the vocabulary, the model, the feature cache, the loss (equation 14 with the doubly
+stochastic penalty), Adam with a warm-up and a cosine schedule, greedy validation CIDEr-D each
+epoch, and a checkpoint ``captioning.load`` reads. It leaves out what the trainer adds: exact
+resume, the weight average, several processes, mixed precision, the self-critical stage.
+
+    python examples/plain_train.py                       # the Shapes demo's configuration
+    python examples/plain_train.py --set train.epochs=4  # any key of the configuration
+
+Full-demo test CIDEr-D of this loop beside the main job's has not been measured yet (the main
+job's is in the README; this loop has no weight average and no self-critical stage, so expect it
+lower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from captioning.cli.common import DEFAULT_CONFIG
+from captioning.config.loading import load_config, parse_overrides
+from captioning.data import build_vocabulary, load_records
+from captioning.data.datasets import collate_captions
+from captioning.data.records import records_of_split
+from captioning.data.tokenizers import detokenize
+from captioning.evaluation.metrics import score_captions
+from captioning.hub.checkpoint import save_checkpoint
+from captioning.inference.batches import annotations_of
+from captioning.inference.captioner import caption_records
+from captioning.inference.inputs import caption_dataset
+from captioning.models.captioner import Captioner
+from captioning.training.engine import flatten_captions
+from captioning.training.losses import caption_loss
+from captioning.training.optim import cosine_factor
+from captioning.utils.device import resolve_device, seed_everything
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML configuration (default: Shapes)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--output-dir", default="runs/plain", help="where the checkpoint goes")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def validation_cider(model: Captioner, config, records, device, output_dir: Path, progress: bool) -> float:
+    """CIDEr-D of greedy captions of ``records`` against their references (Python tokenizer)."""
+    greedy = type(config.decode)(**{**vars(config.decode), "strategy": "greedy"})
+    captioned = caption_records(model, config, records, device, greedy, progress, output_dir)
+    candidates = {item.record.image_id: detokenize(item.words) for item in captioned}
+    references = {record.image_id: list(record.raw) for record in records}
+    return float(score_captions(references, candidates, use_java=False).overall["CIDEr-D"] or 0.0)
+
+
+def main(args: argparse.Namespace) -> Path:
+    config = load_config(args.config, parse_overrides(args.overrides))
+    output_dir = Path(args.output_dir)
+    progress = not args.no_progress
+    device = resolve_device(config.train.device)
+    seed_everything(config.train.seed, config.train.deterministic)
+
+    # Data: records of each split, the vocabulary of the training captions.
+    records = load_records(config.data)
+    train, val = records_of_split(records, "train"), records_of_split(records, "val")
+    vocab = build_vocabulary(train, config.data.min_word_count)
+
+    # Model: the encoder (frozen, its grids cached once) and the decoder the configuration names.
+    model = Captioner.build(config.model, vocab).to(device)
+    dataset = caption_dataset(
+        train, model, config, device, output_dir, progress, config.train.captions_per_image
+    )
+    loader = DataLoader(
+        dataset, batch_size=config.train.batch_size, shuffle=True, collate_fn=collate_captions
+    )
+
+    # Optimiser and schedule: Adam on the decoder, a linear warm-up, then half a cosine to 0.
+    optimizer = torch.optim.Adam(model.decoder.parameters(), lr=config.train.lr)
+    total_steps = config.train.epochs * len(loader)
+    warmup = min(config.train.warmup_steps, max(1, total_steps // 4))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: cosine_factor(step, warmup, total_steps)
+    )
+    penalty_weight = config.model.decoder.doubly_stochastic
+
+    best = -math.inf
+    checkpoint = output_dir / "checkpoints" / "plain.pt"
+    for epoch in range(1, config.train.epochs + 1):
+        model.train()
+        model.encoder.eval()  # frozen: its batch norms keep their ImageNet statistics
+        total, batches = 0.0, 0
+        for batch in loader:
+            if batch is None:  # every image of the batch was unreadable and skipped
+                continue
+            batch = {key: value.to(device) for key, value in batch.items()}
+            captions, lengths, image_index = flatten_captions(batch)  # (N, L), (N,), (N,)
+            output = model(annotations_of(model, batch), captions, lengths, image_index)
+            loss = caption_loss(output, captions, penalty_weight, config.train.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.total.backward()
+            if config.train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.decoder.parameters(), config.train.grad_clip)
+            optimizer.step()
+            schedule.step()
+            total, batches = total + float(loss.cross_entropy.detach()), batches + 1
+
+        model.eval()
+        cider = validation_cider(model, config, val, device, output_dir, progress)
+        print(f"epoch {epoch}: cross-entropy {total / max(batches, 1):.3f}  val CIDEr-D {cider:.3f}")
+        if cider > best:  # keep the best epoch's weights, as the main job's best.pt
+            best = cider
+            save_checkpoint(
+                checkpoint,
+                config=config,
+                vocab=vocab,
+                decoder_state=model.decoder.state_dict(),
+                encoder_fingerprint=model.encoder.fingerprint(),
+            )
+    print(f"wrote {checkpoint} (best val CIDEr-D {best:.3f}); captioning.load reads it")
+    return checkpoint
+
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())
