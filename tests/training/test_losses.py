@@ -187,7 +187,8 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.utils import distributed
 from captioning.training.losses import hard_attention_loss
 
-sys.path.insert(0, sys.argv[2])
+tests = Path(sys.argv[2]).parent  # the test modules import each other across folders
+sys.path[:0] = [str(tests), *(str(folder) for folder in tests.iterdir() if folder.is_dir())]
 from test_losses import make_batch
 
 group = distributed.init_from_environment("cpu")
@@ -216,7 +217,7 @@ def test_hard_attention_baseline_is_the_mean_reward_of_the_global_batch(tmp_path
     # on the whole batch (expected contexts only, so the rewards are deterministic).
     script = tmp_path / "worker.py"
     script.write_text(BASELINE_WORKER)
-    result = run_two_processes(script, tmp_path, REPO / "tests")
+    result = run_two_processes(script, tmp_path, Path(__file__).resolve().parent)
     assert result.returncode == 0, result.stderr[-3000:]
     torch.manual_seed(0)
     decoder = ShowAttendTellDecoder.from_config(
