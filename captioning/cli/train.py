@@ -165,9 +165,16 @@ def main_job(
 
 
 def cache_only(config: Config, progress: bool = True) -> RunOutputs:
-    """Generate/read the data and fill the feature cache of every split; nothing is trained."""
-    files, lock = cache_features(config, progress)
-    outputs = RunOutputs(Path(config.train.output_dir), files=files, lock=lock)
-    lock.release()
-    print(summary(outputs), flush=True)
+    """Generate/read the data and fill the feature cache of every split; nothing is trained.
+
+    Under ``torchrun`` every rank encodes its share of the images still without features.
+    """
+    try:
+        files, lock = cache_features(config, progress)
+        outputs = RunOutputs(Path(config.train.output_dir), files=files, lock=lock)
+        lock.release()
+        if distributed.launched_as_main():  # under torchrun, rank 0 alone reports
+            print(summary(outputs), flush=True)
+    finally:
+        distributed.shutdown()
     return outputs

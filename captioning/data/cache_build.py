@@ -8,7 +8,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -109,17 +111,41 @@ def _reads(record: ImageRecord) -> bool:
     return True
 
 
-def agree(error: BaseException | None, world_size: int) -> None:
+# How long a rank of a cache build may wait for the others in one collective: past any share's encoding
+# (a rank whose share is done waits for the slowest one; rank 0 may wait for another job's build lock).
+# torchrun ends the others when a rank dies, so the long wait never outlasts a failure.
+WAIT_TIMEOUT = timedelta(days=7)
+
+
+@contextmanager
+def waiting_group(world_size: int) -> Iterator[Any]:
+    """A gloo process group of all ranks with ``WAIT_TIMEOUT`` for the build's collectives (None alone).
+
+    The default group's timeout (10 minutes for NCCL, 30 for gloo) is shorter than the wait of a rank
+    whose share is done while the slowest rank still encodes, or than rank 0's wait for the lock.
+    """
+    if world_size <= 1 or not dist.is_initialized():
+        yield None
+        return
+    group = dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group(group)
+
+
+def agree(error: BaseException | None, world_size: int, group: Any = None) -> None:
     """Every rank learns whether any failed; each raises (its own error, or one naming the rank that failed).
 
-    A collective, so a failure on one rank never leaves the others waiting in the next one.
+    A collective (over ``group``, the default group when None), so a failure on one rank never leaves
+    the others waiting in the next one.
     """
     if world_size <= 1 or not dist.is_initialized():
         if error is not None:
             raise error
         return
     messages: list[Any] = [None] * world_size
-    dist.all_gather_object(messages, None if error is None else str(error).splitlines()[0])
+    dist.all_gather_object(messages, None if error is None else str(error).splitlines()[0], group=group)
     if error is not None:
         raise error
     for rank, message in enumerate(messages):
@@ -205,7 +231,7 @@ class Build:
         self._refuse_recorded_bad(states)
         return True
 
-    def hash_together(self, rank: int, world_size: int) -> None:
+    def hash_together(self, rank: int, world_size: int, group: Any = None) -> None:
         """Every rank hashes its share of the files the index does not know, then all exchange them.
 
         Without this rank 0 alone would read every new file under the lock (about 16 GB for a first
@@ -224,9 +250,9 @@ class Build:
             _, hashed = _row_keys(self.records[rank::world_size], self.stats[rank::world_size], known)
         except Exception as caught:  # re-raised on every rank by agree
             error = caught
-        agree(error, world_size)
+        agree(error, world_size, group)
         shares: list[Any] = [None] * world_size
-        dist.all_gather_object(shares, hashed)
+        dist.all_gather_object(shares, hashed, group=group)
         for share in shares:
             self.hashed.update(share)
         logger.info(
@@ -271,7 +297,7 @@ class Build:
                 for path, entry in index["files"].items()  # forget moved files
                 if moved.get(entry[0], path) == path
             }
-            index["files"].update(self.hashed)
+            index["files"].update(sorted(self.hashed.items()))  # in any order the ranks hashed them
             store.write_json_atomic(self.folder / "index.json", index)
             self.hashed = {}
 
@@ -308,7 +334,13 @@ class Build:
         rank: int,
         world_size: int,
     ) -> int:
-        """Compute this rank's share of the records' rows not computed yet; returns how many."""
+        """Compute this rank's share of the records' rows not computed yet; returns how many.
+
+        The records' rows, in row order, are cut into batches of ``batch_size`` whatever is computed
+        already, and each rank takes a run of whole batches with rows left to compute. So every row is
+        encoded in the same batch by any number of ranks and after any interruption (one rank's
+        crash leaves whole batches behind): the features are byte for byte those of one process.
+        """
         if rank != 0:
             self.read_index()  # as rank 0 wrote it
         rows = self._identify(self.index)
@@ -316,11 +348,20 @@ class Build:
         needed = sorted(
             {row: record for row, record in zip(rows, self.records, strict=True) if row >= 0}.items()
         )
-        pending = [(row, record) for row, record in needed if states[row] == NOT_COMPUTED]
+        batches = [
+            [
+                (row, record)
+                for row, record in needed[start : start + batch_size]
+                if states[row] == NOT_COMPUTED
+            ]
+            for start in range(0, len(needed), batch_size)
+        ]
+        pending = [batch for batch in batches if batch]
         share = pending[rank * len(pending) // world_size : (rank + 1) * len(pending) // world_size]
-        done = len(needed) - len(pending) if world_size == 1 else 0
+        count = sum(map(len, share))
+        done = len(needed) - sum(map(len, pending)) if world_size == 1 else 0
         bar = tqdm(
-            total=done + len(share),
+            total=done + count,
             initial=done,
             disable=not progress or not share,
             unit="img",
@@ -328,27 +369,30 @@ class Build:
         )
         try:
             if share:
-                self._fill(share, encoder, batch_size, device, num_workers, bar)
+                self._fill(share, encoder, device, num_workers, bar)
         finally:
             bar.close()
-        return len(share)
+        return count
 
     def _fill(
         self,
-        share: list[tuple[int, ImageRecord]],
+        share: list[list[tuple[int, ImageRecord]]],
         encoder: GridEncoder,
-        batch_size: int,
         device: torch.device,
         num_workers: int,
         bar: tqdm,
     ) -> None:
-        """Compute the rows of ``share`` in place; rows reach the disk before their states say so."""
+        """Compute the rows of ``share`` (its batches) in place; rows reach the disk before their states
+        say so."""
         features = np.load(self.folder / "features.npy", mmap_mode="r+")  # (R, P, C) float16
         states = np.memmap(self.folder / "state.bin", dtype=np.uint8, mode="r+")  # (R,)
+        items = [item for batch in share for item in batch]
+        starts = np.cumsum([0, *map(len, share)])
         loader = DataLoader(
-            _ImageFiles(share, encoder.transform, encoder.image_size),
-            batch_size=batch_size,
-            shuffle=False,
+            _ImageFiles(items, encoder.transform, encoder.image_size),
+            batch_sampler=[
+                list(range(start, end)) for start, end in zip(starts[:-1], starts[1:], strict=True)
+            ],
             num_workers=num_workers,
             pin_memory=device.type == "cuda",
         )

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from captioning.data import cache_store as store
-from captioning.data.cache_build import Build, GridEncoder, agree, cache_batch_size
+from captioning.data.cache_build import Build, GridEncoder, agree, cache_batch_size, waiting_group
 from captioning.data.cache_store import DTYPE, FeatureCacheError
 from captioning.data.image_files import stat_images
 from captioning.data.records import ImageRecord
@@ -182,7 +182,8 @@ class FeatureCache:
         # Rows are to be written: a read-only or unwritable cache folder fails now, not after encoding.
         check_output_folder(builder.folder, "data.cache_dir")
         with ExitStack() as held:
-            builder.hash_together(rank, world_size)
+            group = held.enter_context(waiting_group(world_size))
+            builder.hash_together(rank, world_size, group)
             error = None
             if rank == 0:
                 try:
@@ -191,7 +192,7 @@ class FeatureCache:
                     builder.plan()
                 except Exception as caught:  # re-raised on every rank by agree
                     error = caught
-            agree(error, world_size)
+            agree(error, world_size, group)
             try:
                 computed = builder.compute_share(
                     encoder,
@@ -204,10 +205,10 @@ class FeatureCache:
                 )
             except Exception as caught:  # re-raised on every rank by agree
                 error = caught
-            agree(error, world_size)
+            agree(error, world_size, group)
             if rank == 0:
                 builder.finish()
-            agree(None, world_size)  # the index is written before any rank reads it
+            agree(None, world_size, group)  # the index is written before any rank reads it
         if rank != 0:
             builder.read_index()
         if world_size > 1:

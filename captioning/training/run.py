@@ -179,14 +179,21 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     if not uses_cache(config):
         raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
     device = resolve_device(config.train.device)
+    group = distributed.init_from_environment(device.type)  # under torchrun every rank encodes its share
+    if device.type == "cuda" and group.world_size > 1:
+        device = torch.device("cuda", group.local_rank)
+        torch.cuda.set_device(device)
     output_dir = Path(config.train.output_dir)
-    check_output_folder(output_dir, "train.output_dir")
-    RunLock(output_dir).check_free()
-    say_if_busy(device)
+    if group.is_main:
+        check_output_folder(output_dir, "train.output_dir")
+        RunLock(output_dir).check_free()
+        say_if_busy(device)
+    else:  # rank 0 reads (or generates) the data and claims the folder first
+        distributed.barrier()
     # As a training run's rank 0 is seeded before it builds the model: random encoder weights
     # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
     seed_everything(config.train.seed, config.train.deterministic)
-    records = load_records(config.data, write_index=True)
+    records = load_records(config.data, write_index=group.is_main)
     check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
     model = Captioner.build(config.model, vocab).to(device)
@@ -194,33 +201,39 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
         split: [r for r in records_of_split(records, split) if r.captions]
         for split in ("train", "val", "test")
     }
-    print(
-        describe_cache_plan(
-            Counter({split: len(items) for split, items in by_split.items()}),
-            model.encoder.name,
-            model.encoder.grid,
-            model.encoder.channels,
-            feature_cache_dir(config, output_dir),
-        ),
-        flush=True,
-    )
-    output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
-    lock = RunLock(output_dir).acquire()
+    if group.is_main:
+        print(
+            describe_cache_plan(
+                Counter({split: len(items) for split, items in by_split.items()}),
+                model.encoder.name,
+                model.encoder.grid,
+                model.encoder.channels,
+                feature_cache_dir(config, output_dir),
+            ),
+            flush=True,
+        )
+    lock = RunLock(output_dir)
     try:  # caching that fails lets go of the folder, as a failed run does
-        written = {"data summary": write_data_summary(records, config.data, output_dir)}
-        index = records_dir(config.data)
-        if config.data.dataset in INDEXED_READERS and index.is_dir():
-            written["dataset index"] = index
+        written: dict[str, Path] = {}
+        if group.is_main:
+            output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
+            lock = lock.acquire()
+            written["data summary"] = write_data_summary(records, config.data, output_dir)
+            index = records_dir(config.data)
+            if config.data.dataset in INDEXED_READERS and index.is_dir():
+                written["dataset index"] = index
+            distributed.barrier()  # the data are read and the folder is claimed: the other ranks go on
         for split, split_records in by_split.items():
             if split_records:
                 features = caption_dataset(
-                    split_records, model, config, device, output_dir, progress, 1
+                    split_records, model, config, device, output_dir, progress and group.is_main, 1, group
                 ).features
                 if not isinstance(features, FeatureCache):  # uses_cache holds: caption_dataset builds one
                     raise RunError(f"{split} features: no feature cache was built in {output_dir}")
-                if features.computed:
+                computed = int(distributed.all_reduce_sum(torch.tensor(features.computed)))
+                if computed:
                     written[f"{split} features"] = Path(features.path)
-                else:  # an existing cache is not listed as written
+                elif group.is_main:  # an existing cache is not listed as written
                     print(
                         f"{split} features: already cached in {features.path}, nothing computed", flush=True
                     )
