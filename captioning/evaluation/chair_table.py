@@ -110,7 +110,8 @@ _UNCHANGED = (
     "understanding",
     "water",  # uncountable
 )
-# Singulars in -ie, whose plurals the -ies rule below would get wrong (Pattern's "^pie" and "^tie"
+# Singulars in -ie, whose plurals Pattern returns unchanged (``"doggies"``, ``"collies"``: no dog); the
+# -ies rule below would otherwise make them -y (Pattern's "^pie" and "^tie"
 # never match, their caret being taken literally, so "ties" -> "ty": kept that way).
 _IE_WORDS = (
     "alergie",
@@ -305,9 +306,9 @@ def singular(word: str) -> str:
         return singular(word[:-1]) + "'s"
     if any(kept.endswith(word) for kept in _UNCHANGED):
         return word
-    for ie_word in _IE_WORDS:
+    for ie_word in _IE_WORDS:  # Pattern returns such a plural unchanged: "doggies" names no dog
         if word.endswith(ie_word + "s"):
-            return ie_word
+            return word
     for plural, single in _IRREGULAR.items():
         if word.endswith(plural):
             return word[: len(word) - len(plural)] + single
@@ -346,6 +347,7 @@ _DOUBLE_WORDS = (
     "laptop computer",
     "stove top oven",
     "home plate",
+    "train track",  # "train tracks" names no train
 )
 _ANIMAL_WORDS = (
     "bird",
