@@ -13,8 +13,9 @@ has in equation 14 while the cross-entropy reads as the usual per-word value. Ot
 (see the configuration reference): the popular PyTorch tutorial's ``alpha_c`` weighs a mean over
 the P positions, ``lambda = alpha_c * L / P`` with L the mean target tokens per caption (about
 12 on COCO, so its ``alpha_c = 1`` on a 14x14 grid is lambda = 0.06 here); the authors' Theano
-code sums the log-likelihood and the penalty per caption and averages over captions, so its
-``alpha_c`` is this lambda.
+code (``capgen.py``) sums the penalty over the N captions of a batch, averages it over the P
+positions and adds it to the per-caption mean log-likelihood, so its ``alpha_c`` is
+``lambda = alpha_c * N / P`` here (0.33 for their COCO script's batch of 64 on 196 positions).
 
 The penalty reads ``DecoderOutput.alphas`` whatever the decoder: for the Transformer that is the
 mean over heads of the last layer's cross-attention, the map its figures show (its shipped
