@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 from captioning.cli.common import add_import_argument
-from captioning.config import TOKENIZERS
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -157,10 +156,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     scoring.add_argument(
         "--tokenizer",
-        choices=TOKENIZERS,
         default="ptb",
         help="tokenizer of a scored results file (--annotations, --compare): ptb (English), "
-        "whitespace or characters; METEOR and SPICE only with ptb. A checkpoint's "
+        "whitespace, jieba (Chinese words, as AI Challenger and COCO-CN), mecab (Japanese words, "
+        "as STAIR Captions), characters, or one an --import module registers; METEOR and SPICE "
+        "only with ptb. A checkpoint's "
         "captions are scored with its own data.tokenizer",
     )
     parser.add_argument(

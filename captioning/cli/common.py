@@ -236,11 +236,13 @@ def check_registered_names(config: Config) -> None:
         ValueError: one line naming the key and listing the registered names (``UnknownNameError``).
     """
     from captioning.data.readers import DATASETS  # here: `--help` stays free of the data and metrics code
+    from captioning.data.tokenizers import TOKENIZERS
     from captioning.evaluation.scorers import check_validation_metric
     from captioning.models.captioner import check_model_config
 
     check_model_config(config.model)
     DATASETS.check(config.data.dataset)
+    TOKENIZERS.check(config.data.tokenizer)
     check_validation_metric(config.train.metric)
 
 

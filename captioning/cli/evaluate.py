@@ -19,6 +19,7 @@ from captioning.config.loading import (
 )
 from captioning.data.folder import read_folder
 from captioning.data.readers import DATASETS
+from captioning.data.tokenizers import TOKENIZERS
 from captioning.evaluation.runner import (
     default_instances,
     load_boxes,
@@ -175,6 +176,8 @@ def _scores_paths(out: Path | None, results: Path) -> Path:
 def evaluate(args: argparse.Namespace) -> dict | None:
     """Dispatch on the arguments of ``evaluate.py``; returns the scores when some were computed."""
     use_java = False if args.no_java else None
+    if getattr(args, "tokenizer", None) is not None:
+        TOKENIZERS.check(args.tokenizer)  # after --import: a module of the user's may register one
     for flag in ("against", "names"):
         if getattr(args, flag, None) and not getattr(args, "compare", None):
             raise ConfigError(f"--{flag} goes with --compare")

@@ -31,7 +31,7 @@ SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
 PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
 # The caption tokenizers of captioning.data.tokenizers.TOKENIZERS; only ptb is English's
 # (METEOR and SPICE need it).
-TOKENIZERS = ("ptb", "whitespace", "characters")
+TOKENIZERS = ("ptb", "whitespace", "characters", "jieba", "mecab")  # the built-in ones
 # CHAIR's word tables: the authors' released table and rules, or this project's extended one.
 CHAIR_TABLES = ("released", "extended")
 
@@ -67,7 +67,10 @@ class DataConfig:
     shapes_max_objects: int = 3  # Shapes: at most this many objects per image (1-3)
 
     def __post_init__(self) -> None:
-        _one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
+        _check(
+            isinstance(self.tokenizer, str) and bool(self.tokenizer.strip()),
+            f"data.tokenizer must name a tokenizer, got {self.tokenizer!r}",
+        )  # which names exist is the tokenizer registry's (captioning.data.tokenizers.TOKENIZERS)
         _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")

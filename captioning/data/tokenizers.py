@@ -1,7 +1,9 @@
 """The caption tokenizers, shared by the readers, training and the Java-less evaluation path.
 
-``TOKENIZERS`` names them for ``data.tokenizer``: ``ptb`` (English, below), ``whitespace``
-(pre-tokenised text) and ``characters`` (one token per character, for Chinese or Japanese).
+``TOKENIZERS`` (a registry) names them for ``data.tokenizer``: ``ptb`` (English, below),
+``whitespace`` (pre-tokenised text), ``jieba`` (Chinese words, as AI Challenger and COCO-CN score
+them), ``mecab`` (Japanese words, as STAIR Captions scores them) and ``characters`` (one token per
+character, for languages without a segmenter).
 
 The PTB tokenizer reproduces what the COCO caption evaluation does (pycocoevalcap's ``PTBTokenizer``: the
 Stanford PTB tokenizer with ``-lowerCase``, then removal of its ``PUNCTUATIONS`` tokens) in pure
@@ -29,14 +31,19 @@ Stanford behaviour it lacks, so ordinary captions get the same tokens as the off
 
 from __future__ import annotations
 
+import functools
+import importlib
 import re
 import unicodedata
 from collections.abc import Callable
 from functools import lru_cache
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from nltk.tokenize import TreebankWordTokenizer
 from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
+
+from captioning.registry import Registry
+from captioning.utils.errors import CaptioningError
 
 # Tokens the official evaluation drops after tokenizing (pycocoevalcap's list, used verbatim).
 PUNCTUATION = frozenset(PUNCTUATIONS)
@@ -150,6 +157,10 @@ _DOTTED = re.compile(r"[^\W\d_](?:\.[^\W\d_])*")
 
 
 _LONE_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+class TokenizerError(CaptioningError, ValueError):
+    """A tokenizer that cannot run here (its segmenter is not installed)."""
 
 
 def replace_lone_surrogates(text: str) -> str:
@@ -298,22 +309,73 @@ def tokenize_characters(caption: str) -> list[str]:
 
 
 # data.tokenizer -> the function that splits a caption into the tokens the vocabulary, training targets
-# and BLEU/CIDEr-D use. Only ptb is English's: METEOR and SPICE are computed with it alone.
-TOKENIZERS: dict[str, Callable[[str], list[str]]] = {
-    "ptb": tokenize,
-    "whitespace": tokenize_whitespace,
-    "characters": tokenize_characters,
-}
+# and BLEU/CIDEr-D use. Only ptb is English's: METEOR and SPICE are computed with it alone. A module of
+# your own registers another with @TOKENIZERS.register("name") and --import.
+TOKENIZERS: Registry[Callable[[str], list[str]]] = Registry("tokenizer", "data.tokenizer")
+TOKENIZERS.add("ptb", tokenize)
+TOKENIZERS.add("whitespace", tokenize_whitespace)
+TOKENIZERS.add("characters", tokenize_characters)
+
+
+def _needs(module: str, extra: str, tokenizer: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise TokenizerError(
+            f'data.tokenizer={tokenizer} needs the {module} package: pip install -e ".[{extra}]"'
+        ) from error
+
+
+@TOKENIZERS.register("jieba")
+def tokenize_jieba(caption: str) -> list[str]:
+    """Chinese words as the AI Challenger evaluator (also used for COCO-CN) segments them: jieba's
+    precise mode on the stripped caption with ``。`` removed (``jieba.cut(caption.strip().replace("。",
+    ""), cut_all=False)``), whitespace tokens left out."""
+    jieba = _needs("jieba", "zh", "jieba")
+    jieba.setLogLevel(60)  # no "Building prefix dict" lines on stderr
+    return [word for word in jieba.cut(caption.strip().replace("。", ""), cut_all=False) if word.strip()]
+
+
+@functools.cache
+def _mecab_tagger() -> Any:
+    fugashi = _needs("fugashi", "ja", "mecab")
+    _needs("unidic_lite", "ja", "mecab")
+    return fugashi.Tagger()
+
+
+@TOKENIZERS.register("mecab")
+def tokenize_mecab(caption: str) -> list[str]:
+    """Japanese words as STAIR Captions scores them: MeCab's segmentation (fugashi with the
+    unidic-lite dictionary), the surface form of each word, whitespace and punctuation-only words
+    left out."""
+    words = [word.surface for word in _mecab_tagger()(_plain_text(unicodedata.normalize("NFKC", caption)))]
+    return [word for word in words if word.strip() and not _is_punctuation(word)]
+
+
+def tokenizer_version(name: str) -> str:
+    """``name`` with the version of the segmenter behind it, for a scores signature:
+    ``jieba-0.42.1``, ``mecab-fugashi-1.5.2.unidic-lite-1.0.8``; other names as they are."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "missing"
+
+    if name == "jieba":
+        return f"jieba-{of('jieba')}"
+    if name == "mecab":
+        return f"mecab-fugashi-{of('fugashi')}.unidic-lite-{of('unidic-lite')}"
+    return name
 
 
 def tokenizer_for(name: str) -> Callable[[str], list[str]]:
-    """The tokenizer ``data.tokenizer`` names (a key of :data:`TOKENIZERS`).
+    """The tokenizer ``data.tokenizer`` names (registered in :data:`TOKENIZERS`).
 
     Raises:
-        ValueError: an unknown name (the configuration refuses it first).
+        UnknownNameError: an unknown name, listing the registered ones.
     """
-    if name not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {name!r} (expected {', '.join(TOKENIZERS)})")
     return TOKENIZERS[name]
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import captioning
 from captioning.config import DecodeConfig
+from captioning.data.tokenizers import tokenizer_version
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
 from captioning.hub.identity import file_hash, parse_signature
 
@@ -148,7 +149,7 @@ def make_signature(
     fields = {
         "refs": references_hash(references),
         "n": str(len(references)),
-        "tok": tokenizer,
+        "tok": tokenizer_version(tokenizer),
         "impl": _implementation(),
     }
     if chair is not None:

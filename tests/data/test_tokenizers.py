@@ -19,6 +19,7 @@ from captioning.data.tokenizers import (
 )
 from captioning.evaluation.metrics import score_captions
 from captioning.evaluation.signature import make_signature, parse_signature
+from captioning.registry import UnknownNameError
 
 CAPTIONS = [
     "一只狗在草地上跑。",
@@ -31,15 +32,25 @@ CAPTIONS = [
 ]
 
 
-def test_the_configuration_names_every_tokenizer():
-    assert tuple(TOKENIZERS) == CONFIG_TOKENIZERS
-    assert DataConfig(tokenizer="characters").tokenizer == "characters"
-    with pytest.raises(
-        ConfigError, match="data.tokenizer must be one of ptb, whitespace, characters, got 'jieba'"
-    ):
-        DataConfig(tokenizer="jieba")
-    with pytest.raises(ValueError, match="unknown tokenizer 'jieba'"):
-        tokenizer_for("jieba")
+def test_the_configuration_names_every_built_in_tokenizer_and_the_registry_checks_names():
+    assert TOKENIZERS.names() == CONFIG_TOKENIZERS
+    assert DataConfig(tokenizer="jieba").tokenizer == "jieba"
+    with pytest.raises(UnknownNameError, match="data.tokenizer names an unknown tokenizer 'klingon'"):
+        TOKENIZERS.check("klingon")
+    with pytest.raises(ConfigError, match="data.tokenizer must name a tokenizer"):
+        DataConfig(tokenizer=" ")
+
+
+def test_a_user_module_registers_a_tokenizer_train_py_accepts(monkeypatch):
+    """A tokenizer registered by a user module is one train.py's name check accepts."""
+    from captioning.cli.common import check_registered_names
+    from captioning.config import Config
+
+    monkeypatch.setattr(TOKENIZERS, "_entries", dict(TOKENIZERS._entries))
+    TOKENIZERS.register("upper")(lambda caption: caption.upper().split())
+    check_registered_names(Config(data=DataConfig(tokenizer="upper")))
+    with pytest.raises(UnknownNameError):
+        check_registered_names(Config(data=DataConfig(tokenizer="lower")))
 
 
 def test_whitespace_keeps_pre_tokenised_words_whole_and_drops_punctuation_tokens():
@@ -71,7 +82,7 @@ def test_characters_splits_every_character_but_latin_words_and_numbers():
     assert tokenize_characters("「」、。") == []
 
 
-@pytest.mark.parametrize("name", list(TOKENIZERS))
+@pytest.mark.parametrize("name", TOKENIZERS.names())
 @pytest.mark.parametrize("caption", CAPTIONS)
 def test_a_results_caption_gives_back_its_tokens(name, caption):
     """Results files hold ``detokenize(words)``; scoring tokenizes them again and must get the same words."""
