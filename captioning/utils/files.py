@@ -158,6 +158,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
         os.close(handle)
     try:
         write(Path(temporary))
+        # A writer may have replaced the temporary file with one of its own (safetensors' save_file
+        # renames its own 0600 file over it): the result still gets the umask's permissions.
+        os.chmod(temporary, 0o666 & ~user_umask())
         with open(temporary, "rb") as stream:
             os.fsync(stream.fileno())
         os.replace(temporary, path)
