@@ -242,7 +242,14 @@ def _jsonl_entries(file: Any, metadata: Path) -> Iterator[tuple[int, Any]]:
 def _csv_entries(file: Any, metadata: Path) -> Iterator[tuple[int, Any]]:
     reader = csv.DictReader(file, strict=True)
     try:
-        header = len(reader.fieldnames or ())  # reads the header line
+        names = list(reader.fieldnames or ())  # reads the header line
+        header = len(names)
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:  # DictReader would keep only the last column of each name, silently
+            raise DatasetError(
+                f"{metadata}: line 1: the header names column {repeated[0]!r} "
+                f"{names.count(repeated[0])} times; each column once"
+            )
         for entry in reader:
             if None in entry:
                 raise DatasetError(

@@ -155,6 +155,17 @@ def test_bad_json_and_bad_csv_lines_are_named(tmp_path, make_image):
         read_imagefolder(tmp_path)
 
 
+def test_a_repeated_csv_column_is_refused_naming_the_file_and_the_column(tmp_path, make_image):
+    """csv.DictReader keeps only the last of two columns of one name: refused, not trained on."""
+    make_image(tmp_path / "a.png")
+    metadata = tmp_path / "metadata.csv"
+    metadata.write_text("file_name,caption,caption\na.png,a cat,a dog\n", encoding="utf-8")
+    with pytest.raises(
+        DatasetError, match=rf"^{metadata}: line 1: the header names column 'caption' 2 times"
+    ):
+        read_imagefolder(tmp_path)
+
+
 def test_a_bad_row_in_a_split_folder_names_that_folders_file(tmp_path, make_image):
     make_image(tmp_path / "train" / "a.png")
     write_csv(tmp_path / "train" / "metadata.csv", ["file_name", "caption"], [["a.png", "a cat"]])
