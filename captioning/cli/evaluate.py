@@ -294,7 +294,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         captioned = caption_records(model, config, records, device, decode_config, progress)
         _report_skipped(records, captioned)
         notes = _notes(*output_paths)
-        write_results(results, captioned)
+        write_results(results, captioned, config.data.tokenizer)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
         if index is not None:
             atomic_write(
@@ -313,7 +313,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     )
     _report_skipped(records, captioned)
     notes = _notes(*output_paths)
-    write_results(results, captioned)  # before scoring: a long decode is kept even if scoring fails
+    write_results(
+        results, captioned, config.data.tokenizer
+    )  # before scoring: a long decode is kept even if scoring fails
     scores = score_captioned(
         captioned,
         model.grid,

@@ -47,7 +47,9 @@ def evaluate_test_split(
     model, config, reward = load_trained_captioner(checkpoint, device)
     records = split_records(config, "test")
     captioned = caption_records(model, config, records, device, progress=progress, output_dir=output_dir)
-    outputs.files["test captions"] = write_results(output_dir / "test_results.json", captioned)
+    outputs.files["test captions"] = write_results(
+        output_dir / "test_results.json", captioned, config.data.tokenizer
+    )
     if boxes is None:
         boxes = load_boxes(default_instances(config))
     scores = score_captioned(

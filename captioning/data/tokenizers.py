@@ -379,10 +379,16 @@ def tokenizer_for(name: str) -> Callable[[str], list[str]]:
     return TOKENIZERS[name]
 
 
-def detokenize(tokens: list[str]) -> str:
-    """Join tokens into the caption string written to results files (space separated).
+# Tokenizers whose words a benchmark's results files join without spaces (Chinese and Japanese
+# words, as AI Challenger, COCO-CN and STAIR Captions write them); the others join with spaces.
+JOINED_WITHOUT_SPACES = frozenset({"jieba", "mecab"})
 
-    Every tokenizer gives back the same tokens from this string, so results files are scored on
-    the tokens the model produced, whatever the tokenizer.
+
+def detokenize(tokens: list[str], tokenizer: str = "ptb") -> str:
+    """Join tokens into the caption string written to results files.
+
+    Space separated, so that every tokenizer gives back the tokens the model produced; Chinese and
+    Japanese words (``jieba``, ``mecab``) joined without spaces, as their benchmarks write captions,
+    and scored as those benchmarks score them: segmented again by the same tokenizer.
     """
-    return " ".join(tokens)
+    return ("" if tokenizer in JOINED_WITHOUT_SPACES else " ").join(tokens)

@@ -30,9 +30,12 @@ if TYPE_CHECKING:
     from captioning.evaluation.clip_score import ClipScorer
 
 
-def write_results(path: str | Path, captioned: list[Captioned]) -> Path:
-    """COCO results format ``[{"image_id": ..., "caption": ...}]``, written atomically."""
-    results = [{"image_id": item.record.image_id, "caption": detokenize(item.words)} for item in captioned]
+def write_results(path: str | Path, captioned: list[Captioned], tokenizer: str = "ptb") -> Path:
+    """COCO results format ``[{"image_id": ..., "caption": ...}]``, written atomically; ``tokenizer``
+    (``data.tokenizer``) chooses how words are joined (:func:`captioning.data.tokenizers.detokenize`)."""
+    results = [
+        {"image_id": item.record.image_id, "caption": detokenize(item.words, tokenizer)} for item in captioned
+    ]
     text = json.dumps(results, indent=1, ensure_ascii=False)
     atomic_write(path, lambda p: p.write_text(text, encoding="utf-8", errors="replace"))
     return Path(path)
@@ -140,7 +143,7 @@ def score_captioned(
     ``reward`` describe the system). ``tokenizer``: the checkpoint's ``data.tokenizer``, which the
     metrics tokenize with."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
-    candidates = {item.record.image_id: detokenize(item.words) for item in captioned}
+    candidates = {item.record.image_id: detokenize(item.words, tokenizer) for item in captioned}
     scores = score_captions(
         references, candidates, use_java=use_java, spice=spice, java_timeout=java_timeout, tokenizer=tokenizer
     )

@@ -56,7 +56,10 @@ def validation_scores(
     triples = decode_records(
         model, dataset, config, device, config.train.val_images, progress, "validating", group
     )
-    mine = [(index, image_id, detokenize(caption.words(model.vocab))) for index, image_id, caption in triples]
+    mine = [
+        (index, image_id, detokenize(caption.words(model.vocab), config.data.tokenizer))
+        for index, image_id, caption in triples
+    ]
     gathered = distributed.gather_to_main(mine, group)
     result = None
     if gathered is not None:

@@ -96,3 +96,20 @@ def test_segmented_scores_equal_pycocoevalcap_on_the_segmenters_words(tmp_path, 
     assert f"tok:{tokenizer}-" in scores["signature"]  # the segmenter's version
     characters = scored(tmp_path, data, "characters")
     assert characters["BLEU-4"] != pytest.approx(bleu4)  # characters are not the benchmark's words
+
+
+def test_results_of_segmented_captions_join_words_as_the_benchmarks_write_them(tmp_path):
+    from types import SimpleNamespace
+
+    from captioning.evaluation.runner import write_results
+
+    item = SimpleNamespace(record=SimpleNamespace(image_id=7), words=["一只", "猫", "在", "沙发", "上"])
+    for tokenizer, caption in (
+        ("jieba", "一只猫在沙发上"),
+        ("mecab", "一只猫在沙发上"),
+        ("characters", "一只 猫 在 沙发 上"),
+    ):
+        path = write_results(tmp_path / f"{tokenizer}.json", [item], tokenizer)
+        assert json.loads(path.read_text(encoding="utf-8")) == [{"image_id": 7, "caption": caption}]
+    # scored as the benchmark scores it: segmented again, to the same words here
+    assert jieba_words("一只猫在沙发上") == "一只 猫 在 沙发 上"
