@@ -73,7 +73,7 @@ class Caption:
         attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
         beta = None if decoded.betas is None else decoded.betas.detach().float().cpu().numpy()  # (T,)
         return cls(
-            " ".join(item.words),
+            item.text,
             list(item.words),
             attention,
             beta,
@@ -241,6 +241,7 @@ def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:
         caption.words,
         caption.attention,
         grid,
+        text=caption.text,
         betas=caption.beta,
         mode=mode,
         attention_label=caption.attention_label,

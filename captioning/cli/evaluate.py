@@ -301,7 +301,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
                 index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8", errors="replace")
             )
         for item in captioned[:10]:
-            print(f"{item.record.path.name}: {' '.join(item.words)}")
+            print(f"{item.record.path.name}: {item.text}")
         _print_summary({"captions": results, "image id -> file": index}, notes)
         return None
 

@@ -105,6 +105,7 @@ def caption_file(
         betas=caption.beta,
         mode=mode,
         attention_label=caption.attention_label,
+        text=caption.text,
     )
     pixels = np.asarray(
         picture.resize(drawn.image_size, Image.Resampling.BICUBIC)

@@ -47,8 +47,7 @@ class VisualizationResult:
     def summary(self) -> str:
         """Each image's caption, then every file written (and which replaced an earlier one)."""
         lines = [
-            f"{Path(item.record.path).name}: {' '.join(item.words) or '(empty caption)'}"
-            for item in self.captioned
+            f"{Path(item.record.path).name}: {item.text or '(empty caption)'}" for item in self.captioned
         ]
         lines.append("wrote:")
         lines.extend(f"  figure       {path}{self.notes.get(path, '')}" for path in self.figures)

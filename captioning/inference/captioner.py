@@ -20,6 +20,7 @@ from captioning.config import Config, DecodeConfig, reward_description
 from captioning.data import load_records
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import ImageRecord, records_of_split
+from captioning.data.tokenizers import detokenize
 from captioning.hub.checkpoint import CheckpointError, checkpoint_config, load_checkpoint, load_state_checked
 from captioning.inference.batches import EpochBatches, generate_captions
 from captioning.inference.inputs import caption_dataset, check_splits, data_source, uses_cache
@@ -29,11 +30,17 @@ from captioning.models.decoding import Caption, check_decoding_fits
 
 @dataclass
 class Captioned:
-    """One decoded image."""
+    """One decoded image: its words, and ``text``, the caption as written (the words joined as the
+    configured tokenizer's language writes them: without spaces for ``jieba`` and ``mecab``)."""
 
     record: ImageRecord
     caption: Caption
     words: list[str] = field(default_factory=list)
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            self.text = " ".join(self.words)
 
 
 def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captioner, Config]:
@@ -113,7 +120,11 @@ def caption_records(
         num_workers=usable_workers(config.data.num_workers),
     )
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
-    return [Captioned(records[i], caption, caption.words(model.vocab)) for i, _, caption in triples]
+    captioned = []
+    for i, _, caption in triples:
+        words = caption.words(model.vocab)
+        captioned.append(Captioned(records[i], caption, words, detokenize(words, config.data.tokenizer)))
+    return captioned
 
 
 def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:

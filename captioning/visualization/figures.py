@@ -144,6 +144,7 @@ def attention_figure(
     attention_label: str = "",
     normalize: str = "figure",
     boxes: Sequence[Sequence[Box]] | None = None,
+    text: str | None = None,
 ) -> FigureResult:
     """Draw the image titled by its caption, then one attention overlay per word, on one colour scale.
 
@@ -205,7 +206,7 @@ def attention_figure(
     nrows = math.ceil(panels / ncols)
     aspect = min(max(height / width, 0.25), 4.0)
     panel_height = _PANEL_WIDTH * aspect
-    caption = " ".join(words) if words else "(empty caption)"
+    caption = (" ".join(words) if text is None else text) or "(empty caption)"
     titles = [
         _wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
         + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])

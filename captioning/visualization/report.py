@@ -127,7 +127,9 @@ def item_html(
         )
         tip = f' title="{html.escape(tip)}"'
         links.append(f'<a class="word" href="#{map_id}" data-map="{map_id}"{tip}>{label}</a>')
-    caption = " ".join(links) if links else "<em>(empty caption)</em>"
+    # the words' links joined as the caption is written (no spaces between Chinese or Japanese words)
+    separator = " " if item.text == " ".join(words) else ""
+    caption = separator.join(links) if links else "<em>(empty caption)</em>"
     references = "".join(f"<li>{html.escape(str(ref))}</li>" for ref in item.record.raw)
     return (
         f'<section class="item" id="img{index}">\n'
@@ -233,6 +235,7 @@ def write_figures(
             normalize=normalize,
             cmap=cmap,
             boxes=word_boxes(item.words, item.record.image_id, boxes, matcher),
+            text=item.text,
         )
         name = (names[k] if names is not None else str(item.record.image_id)) + suffix
         written.append((save_figure(result.figure, figures_dir / name), result.panels))

@@ -174,7 +174,7 @@ def _table_html(items: Sequence[Captioned], per_image: Mapping[int, Mapping[str,
         hallucinated = ", ".join(map(str, scores.get("hallucinated", [])))
         rows.append(
             f'<tr data-index="{index}"><td><a href="#img{index}">{name}</a></td>'
-            f"<td>{html.escape(' '.join(item.words)) or '<em>(empty caption)</em>'}</td>"
+            f"<td>{html.escape(item.text) or '<em>(empty caption)</em>'}</td>"
             + "".join(_cell(scores.get(key)) for key, _, _ in columns)
             + f"<td>{html.escape(hallucinated)}</td></tr>"
         )

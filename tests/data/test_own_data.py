@@ -269,3 +269,65 @@ def test_the_docs_example_trains_and_captions_with_the_pages_two_commands(tmp_pa
     captions = json.loads((tmp_path / "runs" / "my_photos" / "eval_best_images_results.json").read_text())
     assert len(captions) == 10 and all(isinstance(c["caption"], str) for c in captions)
     assert list((folder / "features").iterdir())  # where the page says the features are cached
+
+
+def test_segmented_chinese_captions_read_without_spaces_in_every_output(tmp_path):
+    """jieba's words are joined as Chinese is written in the results, the report, the figures'
+    captions, visualize.py's summary, evaluate.py --images and the Python API."""
+    import captioning
+
+    names = [f"{k:02d}.png" for k in range(20)]
+    make_images(tmp_path / "mine", names)
+    write_jsonl(
+        tmp_path / "mine" / "metadata.jsonl",
+        [
+            {
+                "file_name": name,
+                "caption": CHINESE[k % 6],
+                "split": "test" if k >= 17 else "val" if k >= 15 else "train",
+            }
+            for k, name in enumerate(names)
+        ],
+    )
+    result = train(tmp_path, "mine", "run", **{"data.tokenizer": "jieba", "train.epochs": 4})
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    assert_run_outputs(run, test_images=3)
+    vocabulary = set(json.loads((run / "vocab.json").read_text(encoding="utf-8"))["words"][4:])
+    assert {"红色", "草地"} <= vocabulary  # jieba's words, not characters
+
+    model = captioning.load(run / "checkpoints" / "best.pt")
+    pictures = [tmp_path / "mine" / name for name in names[17:]]
+    captions = model.caption(pictures)
+    assert any(len(caption.words) >= 2 for caption in captions)  # something to join
+    for caption in captions:
+        assert caption.text == "".join(caption.words) and " " not in caption.text
+    figure = captioning.show(captions[0], pictures[0])
+    assert figure.axes[0].get_title().replace("\n", "").startswith("".join(captions[0].words) or "(empty")
+
+    results = json.loads((run / "test_results.json").read_text(encoding="utf-8"))
+    assert all(" " not in entry["caption"] for entry in results)
+    report = (run / "report.html").read_text(encoding="utf-8")
+    assert all(entry["caption"] in report for entry in results if entry["caption"])
+
+    shown = tool(
+        tmp_path,
+        "visualize.py",
+        "--checkpoint",
+        run / "checkpoints" / "best.pt",
+        "--out-dir",
+        tmp_path / "shown",
+        pictures[0],
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    (words,) = [c.words for c in model.caption([pictures[0]])]
+    assert f"{pictures[0].name}: {''.join(words) or '(empty caption)'}" in shown.stdout
+    (tmp_path / "few").mkdir()
+    for picture in pictures:
+        (tmp_path / "few" / picture.name).write_bytes(picture.read_bytes())
+    listed = tool(
+        tmp_path, "evaluate.py", "--checkpoint", run / "checkpoints" / "best.pt", "--images", tmp_path / "few"
+    )
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    for picture, caption in zip(pictures, captions, strict=True):
+        assert f"{picture.name}: {caption.text}" in listed.stdout
