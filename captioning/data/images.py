@@ -20,6 +20,46 @@ class ImageError(DatasetError):
     """An image file is missing or cannot be decoded."""
 
 
+# What an image may cost, checked from its header before any pixel is decoded (and for pictures
+# given in memory, before they are resized). Pillow's own guard (Image.MAX_IMAGE_PIXELS, ~89M
+# pixels) lets a 1 x 80,000,000 one-bit PNG of 155 KB through, whose resize to the encoder's size
+# then needs tens of GB; no camera or scanner makes such shapes.
+MAX_IMAGE_SIDE = 30_000  # pixels on either side (a 30,000 x 3,000 panorama passes)
+# longer side over shorter side, for images over 2,000 pixels long (360-degree panoramas are 2:1 to 10:1)
+MAX_ASPECT_RATIO = 50.0
+MAX_DECODED_BYTES = 1 << 30  # the decoded pixels in the file's own mode, before conversion to RGB
+
+_BYTES_PER_PIXEL = {"1": 1 / 8, "L": 1, "P": 1, "LA": 2, "PA": 2, "La": 2, "I;16": 2, "I;16B": 2, "I;16L": 2}
+
+
+def check_image_cost(size: tuple[int, int], mode: str, where: str) -> None:
+    """Refuse an image whose shape or decoded size no photograph has (``ImageError`` naming ``where``).
+
+    Args:
+        size: (width, height) in pixels, as the file's header gives it.
+        mode: the PIL mode of the decoded pixels (their bytes per pixel).
+        where: the file or entry, for the message.
+    """
+    width, height = size
+    if width < 1 or height < 1:
+        raise ImageError(f"{where}: an image needs a size of at least 1x1, got {width}x{height}")
+    if max(width, height) > MAX_IMAGE_SIDE:
+        raise ImageError(
+            f"{where}: image too large ({width}x{height} pixels; each side may be at most {MAX_IMAGE_SIDE})"
+        )
+    if max(width, height) > 2000 and max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        raise ImageError(
+            f"{where}: image shape refused ({width}x{height} pixels, an aspect ratio over "
+            f"{MAX_ASPECT_RATIO:g}:1 that no camera makes)"
+        )
+    decoded = width * height * _BYTES_PER_PIXEL.get(mode, len(mode) if mode.isalpha() else 4)
+    if decoded > MAX_DECODED_BYTES:
+        raise ImageError(
+            f"{where}: image too large ({width}x{height} pixels in mode {mode} decode to "
+            f"{decoded / (1 << 20):.0f} MiB; at most {MAX_DECODED_BYTES >> 20} MiB)"
+        )
+
+
 def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
     """Open an image, turn it upright (its EXIF orientation) and convert it to 8-bit RGB.
 
@@ -47,9 +87,12 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
+                check_image_cost(image.size, image.mode, where)  # from the header, before decoding
                 image.load()
                 # Upright as a viewer shows it: phones store most photos rotated, with an EXIF orientation.
                 return to_rgb(ImageOps.exif_transpose(image))
+    except ImageError:
+        raise
     except FileNotFoundError:
         raise ImageError(f"{where}: image file not found") from None
     except IsADirectoryError:
@@ -85,6 +128,10 @@ def to_rgb(image: Image.Image) -> Image.Image:
         return Image.fromarray(scaled.astype(np.uint8)).convert("RGB")  # 2-D uint8: mode L
     if image.mode == "P":
         image = image.convert("RGBA")
+    if image.mode == "La":  # luminance with premultiplied alpha: un-premultiply first
+        image = image.convert("LA")
+    if image.mode == "RGBa":
+        image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -111,14 +158,20 @@ def as_rgb_image(value: object, entry: str) -> Image.Image:
     if isinstance(value, (str, Path)):
         return load_image(value, entry)
     if isinstance(value, Image.Image):
+        check_image_cost(value.size, value.mode, entry)
         try:
             value.load()
         except (OSError, ValueError) as error:
             raise ImageError(f"{entry}: cannot decode image ({error})") from None
         return to_rgb(value)
     if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.is_meta:
+            where = "on the meta device" if value.is_meta else f"with layout {value.layout}"
+            raise ImageError(f"{entry}: a tensor image needs dense values, got a tensor {where}")
         if value.dim() != 3:
             raise ImageError(f"{entry}: a tensor image must be (C, H, W), got shape {tuple(value.shape)}")
+        if value.is_floating_point() and value.dtype not in (torch.float32, torch.float64):
+            value = value.float()  # bfloat16, float16 and float8 have no NumPy form
         value = value.detach().cpu().permute(1, 2, 0).numpy()  # (H, W, C)
         layout = "a (C, H, W) tensor"
     elif isinstance(value, np.ndarray):
@@ -134,6 +187,7 @@ def as_rgb_image(value: object, entry: str) -> Image.Image:
             f"{entry}: as {layout}, an image needs 1, 3 or 4 channels and a size of at least 1x1, "
             f"got shape {tuple(value.shape)}"
         )
+    check_image_cost((pixels.shape[1], pixels.shape[0]), "RGBA", entry)  # before it is resized
     if pixels.dtype == np.uint8:
         data = pixels
     elif np.issubdtype(pixels.dtype, np.floating):
