@@ -5,7 +5,8 @@ each family then loads that file its own way (torchvision: a strict state dict; 
 through the library, which converts and resizes what it needs). Published files come from the
 torch hub cache (torchvision, plain URLs) or the Hugging Face cache (timm, open_clip), and are
 downloaded there when missing, with a bounded timeout: offline, the error comes within seconds as
-one line naming the file, where it comes from and where to put it.
+one line naming the file, where it comes from and where to put it (the Hugging Face host is probed
+with one short connect first, since huggingface_hub retries an unreachable host for about a minute).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import hashlib
 import os
 import socket
 import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from captioning.utils.files import not_a_regular_file
 from captioning.utils.state_files import StateFileError, read_state_file
 
 DOWNLOAD_TIMEOUT_S = 15.0  # socket timeout while fetching published weights
+PROBE_TIMEOUT_S = 3.0  # connect timeout of the reachability probe before a Hugging Face download
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,26 @@ def _socket_timeout(seconds: float) -> Iterator[None]:
         socket.setdefaulttimeout(previous)
 
 
+def unreachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why ``url``'s host (or the proxy the environment routes it through) takes no connection, else None.
+
+    One TCP connect bounded by ``timeout``: no request is sent, so it answers in seconds where a
+    library's retries and backoff would take a minute.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(host):
+        proxy_parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = proxy_parts.hostname or "", proxy_parts.port or 80
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as error:
+        return f"{host}:{port} unreachable: {error.strerror or str(error) or type(error).__name__}"
+
+
 def url_file(url: str, label: str) -> Path:
     """The file at ``url`` in the torch hub cache (``<hub>/checkpoints``), downloading it there if missing.
 
@@ -132,8 +156,9 @@ def hub_file(
     """A published file of a Hugging Face repository: the first of ``filenames`` in the local cache,
     else the first that downloads (timm and open_clip publish there).
 
-    The cache is looked at before any network call; downloads are bounded by ``DOWNLOAD_TIMEOUT_S``
-    (and skipped under ``HF_HUB_OFFLINE=1``), so an offline machine gets the error in seconds.
+    The cache is looked at before any network call; downloads are skipped under ``HF_HUB_OFFLINE=1``
+    or when the hub's host takes no connection within ``PROBE_TIMEOUT_S`` (``unreachable``), and
+    bounded by ``DOWNLOAD_TIMEOUT_S`` otherwise, so an offline machine gets the error in seconds.
 
     Args:
         repo_id: e.g. ``timm/vit_base_patch16_clip_224.openai``.
@@ -142,7 +167,7 @@ def hub_file(
         setting: the configuration key a local file can be given to.
     """
     import huggingface_hub  # a dependency of timm and open_clip_torch, the only callers
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     repo, _, revision = repo_id.strip("/").partition("@")
     for filename in filenames:
@@ -153,6 +178,8 @@ def hub_file(
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     if offline or huggingface_hub.constants.HF_HUB_OFFLINE:
         reasons.append("HF_HUB_OFFLINE is set")
+    elif (why := unreachable(huggingface_hub.constants.ENDPOINT)) is not None:
+        reasons.append(why)
     else:
         for filename in filenames:
             try:
@@ -162,6 +189,9 @@ def hub_file(
                             repo, filename, revision=revision or None, etag_timeout=DOWNLOAD_TIMEOUT_S
                         )
                     )
+            except LocalEntryNotFoundError as error:  # a subclass of the next, raised when the network fails
+                reasons.append(f"{filename}: {type(error).__name__}: {error}".replace("\n", " ")[:160])
+                break
             except EntryNotFoundError as error:  # not published under this name
                 reasons.append(f"{filename}: {type(error).__name__}".replace("\n", " "))
             except Exception as error:  # offline, timeout, refused: the next name would wait too
