@@ -192,13 +192,15 @@ class CaptioningModel:
         )
         return [Caption.of(item, self.grid, label) for item in captioned]
 
-    def save_pretrained(self, folder: str | Path) -> Path:
+    def save_pretrained(self, folder: str | Path, overwrite: bool = False) -> Path:
         """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)
         that ``captioning.load`` reads on any machine; see ``captioning.hub.model_folder`` and
-        ``captioning.hub.save``."""
+        ``captioning.hub.save``. The folder is written as one unit (a reader sees the old model or
+        the new one). A run folder, or a folder holding files that are not a model folder's, is
+        refused naming them; ``overwrite=True`` replaces the model's files there and keeps the rest."""
         from captioning.hub.save import save_pretrained
 
-        return save_pretrained(self, folder)
+        return save_pretrained(self, folder, overwrite=overwrite)
 
 
 def load(path: str | Path, device: str = "auto") -> CaptioningModel:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,9 +21,9 @@ from captioning.hub.model_folder import (
     encoder_weights_needed,
     is_model_folder,
 )
-from captioning.utils.files import atomic_write
+from captioning.utils.files import atomic_write, not_a_regular_file, replace_folder
 from captioning.utils.output_paths import check_output_folder
-from captioning.utils.run_folder import CHECKPOINTS, run_folder_of
+from captioning.utils.run_folder import CHECKPOINTS, LOCK_NAME, RunFolderError, run_folder_of
 
 if TYPE_CHECKING:
     from captioning.config import Config
@@ -44,16 +45,77 @@ class SavableModel(Protocol):
     def grid(self) -> tuple[int, int]: ...
 
 
-def save_pretrained(model: SavableModel, folder: str | Path) -> Path:
-    """Write ``model`` as a model folder (see the module docstring); files are replaced atomically.
+MODEL_FILES = (WEIGHTS, CONFIG, VOCAB, CARD)
 
-    Raises:
-        RunFolderError: ``folder`` is a file or cannot be written (before anything is written).
+
+def check_save_target(folder: Path, overwrite: bool = False) -> list[str]:
+    """Refuse, before anything is written, a folder ``save_pretrained`` must not replace; return the
+    names of the other entries that ``overwrite`` keeps in the new folder.
+
+    Accepted: a new or empty folder, or a model folder holding nothing else. Refused always: a run
+    folder or its ``checkpoints/`` (the run's ``vocab.json`` and checkpoints are not a model folder's
+    to replace), and a model file's name held by anything but a regular file (a FIFO, a device, a
+    folder). Refused unless ``overwrite``: other files beside the model's, or a ``config.json`` that
+    is not a model folder's.
     """
-    from safetensors.torch import save_file
+    check_output_folder(folder, "save_pretrained")
+    if not folder.is_dir():
+        return []
+    names = sorted(os.listdir(folder))
+    run_marks = [n for n in (CHECKPOINTS, "config.yaml", "history.json", LOCK_NAME) if n in names]
+    if run_marks or folder.resolve().name == CHECKPOINTS:
+        what = f"holds {', '.join(run_marks)}" if run_marks else "is a run's checkpoints folder"
+        raise RunFolderError(
+            f"{folder}: a run folder ({what}); save_pretrained writes a model folder of its own: "
+            f"give a new folder, e.g. {folder / 'model'}"
+        )
+    for name in MODEL_FILES:
+        problem = not_a_regular_file(folder / name)
+        if problem:
+            raise RunFolderError(f"{folder / name}: {problem}; a model folder's files are regular files")
+    others = [name for name in names if name not in MODEL_FILES]
+    foreign_config = (folder / CONFIG).exists() and not _is_model_config(folder / CONFIG)
+    if (others or foreign_config or (names and CONFIG not in names)) and not overwrite:
+        listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        why = (
+            f"holds {listed} beside a model folder's files"
+            if others
+            else f"its {CONFIG} is not a model folder's"
+            if foreign_config
+            else f"holds {', '.join(names)} but no model folder's {CONFIG}"
+        )
+        raise RunFolderError(
+            f"{folder}: not a model folder ({why}); save_pretrained would replace "
+            f"{', '.join(n for n in MODEL_FILES if n in names) or 'nothing there but adds its files'}: "
+            "give a new folder, or pass overwrite=True to replace the model's files and keep the rest"
+        )
+    return others
+
+
+def _is_model_config(path: Path) -> bool:
+    try:
+        description = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(description, dict) and description.get("format") == FORMAT
+
+
+def save_pretrained(model: SavableModel, folder: str | Path, overwrite: bool = False) -> Path:
+    """Write ``model`` as a model folder (see the module docstring), as one unit: the files are written
+    into a new folder that takes the old one's place in one step (``replace_folder``), so a reader
+    sees the old model or the new one, never the weights of one with the configuration of another.
+
+    Args:
+        overwrite: write into a folder that holds other files or another tool's ``config.json``
+            (those of the four model files there are replaced; the other files are kept).
+    Raises:
+        RunFolderError: ``folder`` is a file, a run folder, cannot be written, or holds files that are
+            not a model folder's (see ``check_save_target``), before anything is written.
+    """
+    from safetensors.torch import save
 
     folder = Path(folder)
-    check_output_folder(folder, "save_pretrained")
+    others = check_save_target(folder, overwrite)
     config = model.config
     tensors = {f"decoder.{name}": value for name, value in model.captioner.decoder.state_dict().items()}
     if encoder_weights_needed(config):
@@ -70,26 +132,30 @@ def save_pretrained(model: SavableModel, folder: str | Path) -> Path:
         "encoder_fingerprint": model.captioner.encoder.fingerprint(),
         "scores": scores,
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(folder / WEIGHTS, lambda path: save_file(tensors, str(path), metadata={"format": FORMAT}))
-    _write_text(folder / CONFIG, json.dumps(description, indent=2))
-    _write_text(folder / VOCAB, json.dumps(model.vocab.to_dict(), ensure_ascii=False))
+    # The bytes are written by atomic_write itself (safetensors' save_file would rename a file of its
+    # own into place, with its own permissions).
+    weights = save(tensors, metadata={"format": FORMAT})
     parameters = {
         section: sum(v.numel() for k, v in tensors.items() if k.startswith(section + "."))
         for section in SECTIONS
     }
-    _write_text(
-        folder / CARD,
-        model_card(
-            folder.name,
-            config,
-            len(model.vocab),
-            model.grid,
-            model.captioner.encoder.channels,
-            parameters,
-            scores,
-        ),
+    card = model_card(
+        folder.name,
+        config,
+        len(model.vocab),
+        model.grid,
+        model.captioner.encoder.channels,
+        parameters,
+        scores,
     )
+
+    def write(staging: Path) -> None:
+        atomic_write(staging / WEIGHTS, lambda path: path.write_bytes(weights))
+        _write_text(staging / VOCAB, json.dumps(model.vocab.to_dict(), ensure_ascii=False))
+        _write_text(staging / CARD, card)
+        _write_text(staging / CONFIG, json.dumps(description, indent=2))
+
+    replace_folder(folder, write, carry=others)
     return folder
 
 

@@ -3,13 +3,15 @@ every file it reads is first checked by ``not_a_regular_file`` (opening a FIFO w
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import glob
 import os
 import re
+import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from captioning.utils.errors import CaptioningError
@@ -59,6 +61,19 @@ def same_file(first: str | Path, second: str | Path) -> bool:
 
 class NoSpaceError(CaptioningError, ValueError):
     """The disk filled up while writing; the message is one line naming the file."""
+
+
+class FileSizeLimitError(CaptioningError, OSError):
+    """A file outgrew the process's file size limit (``ulimit -f``); one line naming the file."""
+
+
+def _full(path: Path, error: OSError, intact: str) -> CaptioningError:
+    """The one-line error of a write that ran out of room: the disk (ENOSPC) or ``ulimit -f`` (EFBIG)."""
+    if error.errno == errno.EFBIG:
+        return FileSizeLimitError(
+            f"{path}: file too large for this process's file size limit (ulimit -f) while writing; {intact}"
+        )
+    return NoSpaceError(f"{path}: no space left on device while writing; {intact}")
 
 
 class NotReplacedError(CaptioningError, OSError):
@@ -140,6 +155,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
         except OSError as error:
             if error.errno == errno.ENOSPC:
                 raise NoSpaceError(f"{path}: no space left on device while writing") from error
+            if error.errno == errno.EFBIG:
+                raise _full(path, error, "written in place, it may be incomplete") from error
             raise
         return
     if path.is_symlink():
@@ -166,10 +183,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
         os.replace(temporary, path)
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            raise NoSpaceError(
-                f"{path}: no space left on device while writing; the previous file is intact"
-            ) from error
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG):
+            raise _full(path, error, "the previous file is intact") from error
         raise
     try:  # make the rename itself durable
         directory = os.open(path.parent, os.O_RDONLY)
@@ -179,3 +194,90 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
             os.close(directory)
     except OSError:
         pass
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux's ``renameat2(RENAME_EXCHANGE)``); False where the system or
+    the file system cannot."""
+    try:
+        rename2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if rename2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+    except OSError:
+        pass
+
+
+def replace_folder(folder: str | Path, write: Callable[[Path], object], carry: Sequence[str] = ()) -> Path:
+    """Write a folder as one unit: ``write(staging)`` fills a new hidden folder beside ``folder``, which
+    then takes ``folder``'s place in one step, so that a reader (or a kill at any moment) sees the old
+    folder or the new one, never a mix of their files.
+
+    Where the system swaps two folders in one call (Linux, ``renameat2``) the swap is atomic; elsewhere
+    the old folder is renamed aside first (a kill between the two renames leaves it as
+    ``.<name>.<8 characters>.new`` beside the missing folder). The new folder keeps the old one's
+    permissions (a new one gets the umask's); a symbolic link to a folder keeps pointing there.
+
+    Args:
+        folder: the folder to write (created with its parents when missing).
+        write: fills the staging folder it is given (its files written with ``atomic_write``).
+        carry: names of entries of the old folder moved into the new one before the swap (kept).
+    Returns:
+        The folder written (a link's target).
+    """
+    folder = Path(os.path.realpath(folder)) if Path(folder).is_symlink() else Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    leftover_name = re.compile(rf"\.{re.escape(folder.name)}\.[a-z0-9_]{{8}}\.new")
+    for leftover in folder.parent.glob(f".{glob.escape(folder.name)}.*.new"):
+        if leftover_name.fullmatch(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)  # an earlier write killed before its swap
+    existed = folder.is_dir()
+    mode = stat.S_IMODE(os.stat(folder).st_mode) if existed else 0o777 & ~user_umask()
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".new", dir=folder.parent))
+    try:
+        write(staging)
+        os.chmod(staging, mode)
+        for name in carry:
+            os.rename(folder / name, staging / name)
+        _fsync_folder(staging)
+        if not existed:
+            os.rename(staging, folder)
+        elif _exchange(staging, folder):
+            shutil.rmtree(staging, ignore_errors=True)  # it holds the old folder now
+        else:
+            aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".new", dir=folder.parent))
+            os.rename(folder, aside / folder.name)
+            os.rename(staging, folder)
+            shutil.rmtree(aside, ignore_errors=True)
+    except BaseException as error:
+        if staging.exists():  # not swapped: the old folder stands; give back what was carried over
+            for name in carry:
+                if os.path.lexists(staging / name) and not os.path.lexists(folder / name):
+                    os.rename(staging / name, folder / name)
+            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, FileSizeLimitError) or (
+            isinstance(error, OSError) and error.errno == errno.EFBIG
+        ):
+            raise _full(folder, OSError(errno.EFBIG, ""), "the previous folder is intact") from error
+        if isinstance(error, NoSpaceError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+            raise _full(folder, OSError(errno.ENOSPC, ""), "the previous folder is intact") from error
+        raise
+    _fsync_folder(folder.parent)
+    return folder
