@@ -23,8 +23,16 @@ from captioning.config import DECODER_CONFIGS, Config, ConfigError, DataConfig, 
 from captioning.utils.files import not_a_regular_file
 
 
-def _coerce(type_hint: Any, value: Any, key: str) -> Any:
-    """Turn a YAML/CLI value into the field's declared type, or raise ConfigError naming the key."""
+def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False) -> Any:
+    """Turn a YAML/CLI value into the field's declared type, or raise ConfigError naming the key.
+
+    ``strict``: the value was written by this project (a checkpoint, a model folder): a number or a
+    truth value written as text (``"64"``) is refused, never read as one.
+    """
+    if strict and isinstance(value, str) and type_hint in (int, float, bool):
+        raise ConfigError(
+            f"{key} must be {'a number' if type_hint is not bool else 'true or false'}, got {_shown(value)}"
+        )
     origin = typing.get_origin(type_hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(type_hint)
@@ -32,7 +40,7 @@ def _coerce(type_hint: Any, value: Any, key: str) -> Any:
         if is_null and type(None) in options:
             return None
         inner = [t for t in options if t is not type(None)]
-        return _coerce(inner[0], value, key)
+        return _coerce(inner[0], value, key, strict)
     if origin is tuple:
         if value is None:  # older configurations wrote null for an empty optional file
             return ()
@@ -153,7 +161,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = _build(hint, value, key + ".", stored)
         else:
-            kwargs[name] = _coerce(hint, value, key)
+            kwargs[name] = _coerce(hint, value, key, strict=stored)
     return cls(**kwargs)
 
 

@@ -83,6 +83,13 @@ class DataConfig:
         _check(self.shapes_image_size >= 32, "data.shapes_image_size must be >= 32")
 
 
+# Upper bounds on the sizes a configuration (a user's, a checkpoint's or a model folder's) may ask for,
+# checked before any tensor is allocated: far above any published captioning model (widths of 512 to
+# 2048, images of 224 to 576 pixels), far below a size whose allocation fails or overflows.
+MAX_DECODER_SIZE = 16384  # embedding, hidden, attention and feed-forward widths, heads and layers
+MAX_IMAGE_SIZE = 4096  # model.encoder.image_size in pixels
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """The CNN that turns an image into a grid of annotation vectors."""
@@ -94,7 +101,10 @@ class EncoderConfig:
     fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
 
     def __post_init__(self) -> None:
-        _check(self.image_size >= 32, f"model.encoder.image_size must be >= 32, got {self.image_size}")
+        _check(
+            32 <= self.image_size <= MAX_IMAGE_SIZE,
+            f"model.encoder.image_size must be in [32, {MAX_IMAGE_SIZE}], got {self.image_size}",
+        )
         _check(self.grid_size >= 0, f"model.encoder.grid_size must be >= 0, got {self.grid_size}")
         _check(self.fine_tune_stages >= 0, "model.encoder.fine_tune_stages must be >= 0")
 
@@ -128,8 +138,13 @@ class DecoderConfig:
         )
 
     def _positive(self, *names: str) -> None:
+        """Each size at least 1 and at most MAX_DECODER_SIZE (the model is then built in memory)."""
         for name in names:
-            _check(getattr(self, name) >= 1, f"model.decoder.{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            _check(
+                1 <= value <= MAX_DECODER_SIZE,
+                f"model.decoder.{name} must be in [1, {MAX_DECODER_SIZE}], got {value}",
+            )
 
 
 @DECODER_CONFIGS.register("lstm")

@@ -83,6 +83,13 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
             f"{folder / CONFIG}: model folder version {description.get('version')} is not "
             f"supported (this code reads version {VERSION})"
         )
+    stored = description.get("config")
+    model = stored.get("model") if isinstance(stored, dict) else None
+    if not isinstance(model, dict) or not isinstance(model.get("encoder", {}), dict):
+        raise CheckpointError(
+            f'{folder / CONFIG}: "config" must hold the configuration\'s sections ("model" with its '
+            f'"encoder" and "decoder"), got {json.dumps(stored)[:60]}'
+        )
     vocab = _read_json(folder, VOCAB)
     weights = folder / WEIGHTS
     problem = not_a_regular_file(weights) or (None if weights.exists() else "file not found")

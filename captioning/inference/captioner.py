@@ -21,11 +21,18 @@ from captioning.data import load_records
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.data.tokenizers import detokenize
-from captioning.hub.checkpoint import CheckpointError, checkpoint_config, load_checkpoint, load_state_checked
+from captioning.hub.checkpoint import (
+    CheckpointError,
+    check_state_fits,
+    checkpoint_config,
+    load_checkpoint,
+    load_state_checked,
+)
 from captioning.inference.batches import EpochBatches, generate_captions
 from captioning.inference.inputs import caption_dataset, check_splits, data_source, uses_cache
-from captioning.models.captioner import Captioner
+from captioning.models.captioner import Captioner, build_decoder
 from captioning.models.decoding import Caption, check_decoding_fits
+from captioning.models.encoders import build_encoder
 
 
 @dataclass
@@ -59,17 +66,18 @@ def load_trained_captioner(
 
     payload = load_folder(checkpoint) if is_model_folder(checkpoint) else load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)
-    model = Captioner.build(config.model, vocab)
-    input_weight = payload["decoder"].get(model.decoder.input_weight)
-    if (
-        input_weight is not None
-        and input_weight.dim() == 2
-        and model.encoder.channels != input_weight.shape[1]
-    ):
+    encoder = build_encoder(config.model.encoder)
+    with torch.device("meta"):  # the decoder's shapes, checked against the weights before building it
+        shapes = build_decoder(config.model.decoder, len(vocab), encoder.channels, encoder.grid)
+    input_weight = payload["decoder"].get(shapes.input_weight)
+    if input_weight is not None and input_weight.dim() == 2 and encoder.channels != input_weight.shape[1]:
         raise CheckpointError(
             f"{checkpoint}: decoder expects {input_weight.shape[1]} channels "
-            f"but encoder {model.encoder.name} gives {model.encoder.channels}"
+            f"but encoder {encoder.name} gives {encoder.channels}"
         )
+    check_state_fits(shapes, payload["decoder"], "decoder", checkpoint)
+    decoder = build_decoder(config.model.decoder, len(vocab), encoder.channels, encoder.grid)
+    model = Captioner(encoder, decoder, vocab, config.model)
     load_state_checked(model.decoder, payload["decoder"], "decoder", checkpoint)
     if payload.get("encoder") is not None:
         load_state_checked(model.encoder, payload["encoder"], "encoder", checkpoint)

@@ -150,6 +150,34 @@ def _bad_folders(folder: Path, tmp_path: Path) -> list[tuple[Path, str]]:
     unfit = copy("unfit")
     _edit_json(unfit / "config.json", lambda d: d["config"]["model"]["decoder"].update(hidden_dim=24))
     cases.append((unfit, r"unfit: decoder weights do not fit the model configuration: shape"))
+    for name, change, message in [
+        ("not_sections", lambda d: d.update(config="x"), r'not_sections/config\.json: "config" must hold'),
+        ("no_model", lambda d: d["config"].update(model=[1]), r'no_model/config\.json: "config" must hold'),
+        (
+            "huge",
+            lambda d: d["config"]["model"]["decoder"].update(hidden_dim=2**40),
+            r"hidden_dim must be in",
+        ),
+        (
+            "huge_image",
+            lambda d: d["config"]["model"]["encoder"].update(image_size=10**9),
+            r"image_size must be in",
+        ),
+        (
+            "overflow",
+            lambda d: d["config"]["model"]["decoder"].update(embed_dim=10**30),
+            r"embed_dim must be in",
+        ),
+        (
+            "as_text",
+            lambda d: d["config"]["model"]["encoder"].update(image_size="64"),
+            r"must be a number, got '64'",
+        ),
+        ("wide", lambda d: d["config"]["model"]["decoder"].update(hidden_dim=16000), r"do not fit .*16000"),
+    ]:
+        edited = copy(name)
+        _edit_json(edited / "config.json", change)
+        cases.append((edited, message))
     truncated = copy("truncated")
     data = (truncated / "model.safetensors").read_bytes()
     (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])

@@ -402,7 +402,7 @@ def test_output_tanh_squashes_the_deep_output_before_the_output_layer():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"init_layers": 0}, "model.decoder.init_layers must be >= 1"),
+        ({"init_layers": 0}, "model.decoder.init_layers must be in \\[1, 16384\\]"),
         ({"output_tanh": True, "deep_output": False}, "output_tanh needs model.decoder.deep_output"),
         ({"kind": "transformer", "init_layers": 2}, "init_layers is an option of the lstm decoder"),
     ],

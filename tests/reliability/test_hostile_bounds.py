@@ -109,7 +109,7 @@ def test_resamples_beyond_the_memory_are_refused_before_scoring(files, tmp_path,
     [
         (
             {"model.decoder.kind": "transformer", "model.decoder.num_heads": 0},
-            "model.decoder.num_heads must be >= 1, got 0",
+            "model.decoder.num_heads must be in [1, 16384], got 0",
         ),
         ({"train.scst_epochs": 1, "train.scst_samples": 0}, "train.scst_samples must be >= 1, got 0"),
     ],
