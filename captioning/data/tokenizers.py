@@ -390,20 +390,21 @@ def _needs(module: str, extra: str, tokenizer: str) -> Any:
 
 @TOKENIZERS.register("jieba")
 def tokenize_jieba(caption: str) -> list[str]:
-    """Chinese words as the AI Challenger evaluator (also used for COCO-CN) segments them: jieba's
+    """Chinese words as the AI Challenger evaluator (also used for COCO-CN) scores them: jieba's
     precise mode on the stripped caption with ``。`` removed (``jieba.cut(caption.strip().replace("。",
-    ""), cut_all=False)``), on the NFC text with control characters as spaces; then lower-cased, and
-    the words with no letter, number or symbol (punctuation, :func:`_is_word`) and whitespace left out.
-
-    The evaluator passes jieba's words through the COCO toolkit's PTB tokenizer, which lower-cases
-    them and drops its ASCII list (``...``, ``!``, ``?``, ``,``, dashes): the same words as here, save
-    full-width punctuation (``，``, ``！``, ``、``), which it keeps and this drops.
+    ""), cut_all=False)``, on the NFC text with control characters as spaces), then what the COCO
+    toolkit's PTB tokenizer, which the evaluator runs on those words, does to them: lower-cased, and
+    the tokens of its ``PUNCTUATIONS`` list (``...``, ``!``, ``?``, ``,``, dashes) and whitespace left
+    out. Full-width punctuation (``，``, ``！``, ``、``) stays, as it stays in the evaluator's scores:
+    this tokenizer follows the benchmark, not the punctuation rule of the others.
     """
     jieba = _needs("jieba", "zh", "jieba")
     jieba.setLogLevel(60)  # no "Building prefix dict" lines on stderr
     text = _plain_text(unicodedata.normalize("NFC", caption), keep_joiners=True)
-    words = jieba.cut(text.strip().replace("。", ""), cut_all=False)
-    return [word.lower() for word in words if _is_word(word)]
+    words = (word.strip().lower() for word in jieba.cut(text.strip().replace("。", ""), cut_all=False))
+    # a piece holding only joiners or marks (jieba splits emoji sequences) is no word to score
+    visible = (w for w in words if any(unicodedata.category(ch)[0] in "LNSP" for ch in w))
+    return [word for word in visible if word not in PUNCTUATION]
 
 
 @functools.cache

@@ -19,6 +19,7 @@ from captioning.data.tokenizers import (
     detokenize,
     tokenize,
     tokenize_characters,
+    tokenize_jieba,
     tokenize_whitespace,
     tokenizer_for,
     tokenizer_version,
@@ -37,8 +38,9 @@ CAPTIONS = [
     "!!! ... ,",
     "Một con chó 👍🏽 và 👩‍👩‍👧 ❤️",
 ]
-# The tokenizers that drop every token made only of punctuation; ptb drops the COCO toolkit's list.
-OWN_RULES = [name for name in TOKENIZERS.names() if name != "ptb"]
+# The tokenizers that drop every token made only of punctuation; ptb drops the COCO toolkit's list,
+# and jieba what AI Challenger's evaluator drops (。 and that list).
+OWN_RULES = [name for name in TOKENIZERS.names() if name not in ("ptb", "jieba")]
 PUNCTUATION_ONLY = ["...!!!", "?!", "。。。", "——", "…", "！？", "‼️", "「」《》", "¿¡", "、，：；", "!\u0301"]
 
 
@@ -178,6 +180,14 @@ def test_ptb_drops_the_toolkits_punctuation_list_and_keeps_what_the_toolkit_keep
     assert tokenize("...!!!") == ["!!!"] and tokenize("?!") == ["?!"]
     assert tokenize("——") == [] and tokenize("…") == []
     assert tokenize("a dog ... runs , ;") == ["a", "dog", "runs"]
+
+
+def test_jieba_drops_what_ai_challengers_evaluator_drops():
+    """jieba's words, then the COCO toolkit's PTB step the evaluator runs: its list and 。 go, full-width
+    punctuation stays (the evaluator's scores count it)."""
+    assert tokenize_jieba("一只狗在草地上跑。") == ["一只", "狗", "在", "草地", "上", "跑"]
+    assert tokenize_jieba("一只狗, 在跑... !") == ["一只", "狗", "在", "跑"]
+    assert "，" in tokenize_jieba("一只狗，在跑！") and "！" in tokenize_jieba("一只狗，在跑！")
 
 
 def test_symbols_are_words_and_keep_a_token_that_holds_one():
