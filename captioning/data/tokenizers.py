@@ -5,6 +5,17 @@
 them), ``mecab`` (Japanese words, as STAIR Captions scores them) and ``characters`` (one token per
 character, for languages without a segmenter).
 
+What they drop. ``whitespace``, ``characters``, ``jieba`` and ``mecab`` normalise the text (NFKC;
+jieba, which the benchmarks run on the text as written, NFC only), lower-case it and keep a token
+only if it holds a letter, a number or a symbol (Unicode categories L*, N*, S*): tokens made only
+of punctuation (P*: ``.``, ``...!!!``, ``?!``, ``。。。``, ``——``, ``，``, ``「」``), with any
+combining marks or joiners on them, are dropped, and so is a stray combining mark. Symbols are
+words: ``$``, ``+``, ``°``, ``©`` and emoji stay, and so does a token that mixes them with
+punctuation (``?!$`` under ``whitespace``). ``ptb`` drops what the COCO toolkit drops, its
+``PUNCTUATIONS`` list (curly quotes and dashes read as their ASCII forms, as there, and full-width
+forms too, which the toolkit keeps), so that its tokens stay the toolkit's: ``!!!``, ``?!``, ``¿``
+and ``。`` are kept there, as in the official output.
+
 The PTB tokenizer reproduces what the COCO caption evaluation does (pycocoevalcap's ``PTBTokenizer``: the
 Stanford PTB tokenizer with ``-lowerCase``, then removal of its ``PUNCTUATIONS`` tokens) in pure
 Python. NLTK's Treebank tokenizer applies the same Penn Treebank rules (contractions split as
@@ -39,6 +50,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, ClassVar
 
+import regex
 from nltk.tokenize import TreebankWordTokenizer
 from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
 
@@ -234,15 +246,50 @@ def _treebank() -> TreebankWordTokenizer:
     return _CaptionTreebankTokenizer()
 
 
-def _plain_text(text: str) -> str:
-    """``text`` with control and format characters as spaces, whitespace runs as one space, stripped."""
+# The format characters a grapheme cluster holds: ZWNJ and ZWJ (emoji sequences such as 👩‍👩‍👧,
+# Indic and Persian spellings) and the tag characters of subdivision flags (🏴 and tags). Inside a
+# word they are part of it; anywhere else they join nothing.
+_ZERO_WIDTH_JOINERS = "\u200c\u200d"
+_CLUSTER_FORMATS = frozenset(_ZERO_WIDTH_JOINERS + "".join(map(chr, range(0xE0020, 0xE0080))))
+_LOOSE_JOINERS = re.compile(r"(?<!\S)[\u200c\u200d]+|[\u200c\u200d]+(?!\S)")
+_LOOSE_TAGS = re.compile(r"(?<!\S)[\U000e0020-\U000e007f]+")
+_STRAY_MARKS = regex.compile(r"(?<!\S)\p{M}+")  # combining marks with no character to sit on
+
+
+def _plain_text(text: str, keep_joiners: bool = False) -> str:
+    """``text`` with control and format characters as spaces, whitespace runs as one space, stripped.
+
+    With ``keep_joiners`` (the tokenizers other than ptb), the joiners and tags of
+    :data:`_CLUSTER_FORMATS` stay where they sit inside a word (and go elsewhere), so that an emoji
+    sequence or a word spelt with a ZWNJ stays whole, and combining marks that start a word, with
+    nothing to sit on, go.
+    """
     if not text.isprintable():
-        text = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
+        kept = _CLUSTER_FORMATS if keep_joiners else frozenset()
+        text = "".join(
+            " " if unicodedata.category(ch).startswith("C") and ch not in kept else ch for ch in text
+        )
+        if keep_joiners:
+            text = _LOOSE_TAGS.sub("", _LOOSE_JOINERS.sub("", text))
+    if keep_joiners:
+        text = _STRAY_MARKS.sub("", text)
     return _WHITESPACE.sub(" ", text).strip()
 
 
+def _normalized(caption: str) -> str:
+    """``caption`` as ``whitespace``, ``characters`` and ``mecab`` read it: NFKC (full-width forms as
+    ASCII, ``…`` as ``...``, what is typed with combining marks composed as NFC writes it), plain text
+    (:func:`_plain_text`, joiners kept inside words), lower-cased (and NFC again after that)."""
+    text = _plain_text(unicodedata.normalize("NFKC", caption), keep_joiners=True).lower()
+    return unicodedata.normalize("NFC", text)
+
+
 def tokenize(caption: str) -> list[str]:
-    """Split a raw caption into lower-case word tokens with punctuation removed.
+    """Split a raw caption into lower-case word tokens with the COCO toolkit's punctuation removed.
+
+    Only the tokens of pycocoevalcap's ``PUNCTUATIONS`` list go (``.`` ``,`` ``?`` ``!`` ``:`` ``;``
+    ``-`` ``--`` ``...`` and quotes; curly quotes, dashes and, here, full-width forms count as their
+    ASCII forms), as in the official evaluation: ``!!!``, ``?!``, ``¿`` or ``。`` are kept, as there.
 
     Args:
         caption: any Unicode text; control characters and odd whitespace are tolerated.
@@ -277,35 +324,50 @@ def tokenize(caption: str) -> list[str]:
     return [token for token in tokens if token not in PUNCTUATION]
 
 
-def _is_punctuation(token: str) -> bool:
-    return all(unicodedata.category(ch).startswith("P") for ch in token)
+def _is_word(token: str) -> bool:
+    """Whether the tokenizers other than ptb keep ``token``: it holds a letter, a number or a symbol
+    (categories L*, N*, S*). Punctuation (P*) alone, with any combining marks (M*) or joiners on it,
+    is not a word (``...!!!``, ``?!``, ``。。。``, ``——``, ``‼️``), nor is a stray mark; symbols are
+    (``$``, ``+``, ``°``, emoji), and a token holding one is kept whole (``?!$``)."""
+    return any(unicodedata.category(ch)[0] in "LNS" for ch in token)
 
 
 def tokenize_whitespace(caption: str) -> list[str]:
     """Split pre-tokenised text (Vietnamese, segmented Chinese) at whitespace, lower-cased.
 
-    Tokens made of punctuation only (``.``, ``,``, ``。``) are dropped, as the PTB path drops its
-    punctuation; every other token is kept whole, e.g. ``"Một con_chó đang chạy ."`` ->
-    ``["một", "con_chó", "đang", "chạy"]``.
+    Tokens with no letter, number or symbol (``.``, ``,``, ``。``, ``...!!!``, see :func:`_is_word`)
+    are dropped, as the PTB path drops its punctuation; every other token is kept whole, punctuation
+    attached to a word included, e.g. ``"Một con_chó đang chạy ."`` -> ``["một", "con_chó", "đang",
+    "chạy"]``.
     """
-    text = _plain_text(unicodedata.normalize("NFKC", caption)).lower()
-    return [token for token in text.split(" ") if token and not _is_punctuation(token)]
+    return [token for token in _normalized(caption).split(" ") if _is_word(token)]
 
 
-# One token per character, save runs of Latin letters and digits (an English word or a number inside
-# a Chinese caption stays whole). NFKC has already made full-width Latin letters and digits ASCII.
-_CHARACTER_TOKENS = re.compile(r"[0-9a-z\u00c0-\u024f]+|\S")
+# One token per grapheme cluster (a user-perceived character: a letter with its combining marks, a
+# Hangul syllable, an Indic conjunct, an emoji sequence with its ZWJs, skin tone or variation
+# selector, a flag), as Unicode's extended grapheme clusters (UAX #29, the regex package's \X) cut
+# them; save runs of Latin-script letters and digits, which stay whole (an English or Vietnamese word,
+# a number inside a Chinese caption). NFKC has already made full-width Latin letters and digits ASCII.
+# The clusters follow the Unicode version of the installed regex package (an Indic conjunct such as
+# "स्ते" is one cluster since Unicode 15.1, two before).
+_CHARACTER_TOKENS = regex.compile(r"(?:(?=[\p{Latin}0-9])\X)+|\X")
 
 
 def tokenize_characters(caption: str) -> list[str]:
     """One token per character, for languages written without spaces (Chinese, Japanese) when no
     segmenter is at hand; whitespace and punctuation characters (``，`` ``。``) are dropped.
 
-    Runs of Latin letters and digits stay one token: ``"两只猫在TV前，3个人。"`` ->
-    ``["两", "只", "猫", "在", "tv", "前", "3", "个", "人"]``.
+    A character is a grapheme cluster, so that text typed with combining marks (NFD) gives the same
+    tokens as precomposed text and no mark, ZWJ or skin tone becomes a token of its own: ``"👍🏽"`` and
+    ``"👩‍👩‍👧"`` are one token each, ``"नमस्ते"`` is ``["न", "म", "स्ते"]``. Runs of Latin letters and
+    digits stay one token: ``"两只猫在TV前，3个人。"`` -> ``["两", "只", "猫", "在", "tv", "前", "3",
+    "个", "人"]``, ``"một café"`` -> ``["một", "café"]``.
     """
-    text = _plain_text(unicodedata.normalize("NFKC", caption)).lower()
-    return [token for token in _CHARACTER_TOKENS.findall(text) if not _is_punctuation(token)]
+    clusters = _CHARACTER_TOKENS.findall(_normalized(caption))
+    # A cluster is whitespace, or (after a prepended character such as Malayalam's dot reph) ends in
+    # it; a joiner ending a cluster joins it to nothing (the next cluster is another character).
+    tokens = (part.rstrip(_ZERO_WIDTH_JOINERS) for cluster in clusters for part in cluster.split())
+    return [token for token in tokens if _is_word(token)]
 
 
 # data.tokenizer -> the function that splits a caption into the tokens the vocabulary, training targets
@@ -328,12 +390,21 @@ def _needs(module: str, extra: str, tokenizer: str) -> Any:
 
 @TOKENIZERS.register("jieba")
 def tokenize_jieba(caption: str) -> list[str]:
-    """Chinese words as the AI Challenger evaluator (also used for COCO-CN) segments them: jieba's
+    """Chinese words as the AI Challenger evaluator (also used for COCO-CN) scores them: jieba's
     precise mode on the stripped caption with ``。`` removed (``jieba.cut(caption.strip().replace("。",
-    ""), cut_all=False)``), whitespace tokens left out."""
+    ""), cut_all=False)``, on the NFC text with control characters as spaces), then what the COCO
+    toolkit's PTB tokenizer, which the evaluator runs on those words, does to them: lower-cased, and
+    the tokens of its ``PUNCTUATIONS`` list (``...``, ``!``, ``?``, ``,``, dashes) and whitespace left
+    out. Full-width punctuation (``，``, ``！``, ``、``) stays, as it stays in the evaluator's scores:
+    this tokenizer follows the benchmark, not the punctuation rule of the others.
+    """
     jieba = _needs("jieba", "zh", "jieba")
     jieba.setLogLevel(60)  # no "Building prefix dict" lines on stderr
-    return [word for word in jieba.cut(caption.strip().replace("。", ""), cut_all=False) if word.strip()]
+    text = _plain_text(unicodedata.normalize("NFC", caption), keep_joiners=True)
+    words = (word.strip().lower() for word in jieba.cut(text.strip().replace("。", ""), cut_all=False))
+    # a piece holding only joiners or marks (jieba splits emoji sequences) is no word to score
+    visible = (w for w in words if any(unicodedata.category(ch)[0] in "LNSP" for ch in w))
+    return [word for word in visible if word not in PUNCTUATION]
 
 
 @functools.cache
@@ -346,15 +417,26 @@ def _mecab_tagger() -> Any:
 @TOKENIZERS.register("mecab")
 def tokenize_mecab(caption: str) -> list[str]:
     """Japanese words as STAIR Captions scores them: MeCab's segmentation (fugashi with the
-    unidic-lite dictionary), the surface form of each word, whitespace and punctuation-only words
-    left out."""
-    words = [word.surface for word in _mecab_tagger()(_plain_text(unicodedata.normalize("NFKC", caption)))]
-    return [word for word in words if word.strip() and not _is_punctuation(word)]
+    unidic-lite dictionary) of the NFKC text, the surface form of each word, lower-cased; whitespace
+    and the words with no letter, number or symbol (punctuation, :func:`_is_word`) left out."""
+    text = _plain_text(unicodedata.normalize("NFKC", caption), keep_joiners=True)
+    words = [word.surface for word in _mecab_tagger()(text)]
+    return [unicodedata.normalize("NFC", word.lower()) for word in words if _is_word(word)]
+
+
+# The version of each built-in tokenizer's own rules, named in the scores' signature: bump it whenever
+# the tokens of some caption change, so that scores computed on the old tokens are never compared
+# with new ones unawares. The first version is written without a number (``tok:ptb``); ptb (``python``
+# in signatures, its Python copy) follows the COCO toolkit and is still at its first.
+# 2: grapheme clusters for characters; NFC text for jieba; joiners kept inside words; jieba and mecab
+# lower-case too; all four drop the tokens with no letter, number or symbol (punctuation alone).
+TOKENIZER_VERSIONS: dict[str, int] = {"whitespace": 2, "characters": 2, "jieba": 2, "mecab": 2}
 
 
 def tokenizer_version(name: str) -> str:
-    """``name`` with the version of the segmenter behind it, for a scores signature:
-    ``jieba-0.42.1``, ``mecab-fugashi-1.5.2.unidic-lite-1.0.8``; other names as they are."""
+    """``name`` with the version of its rules and of the segmenter behind it, for a scores signature:
+    ``characters.v2``, ``jieba.v2-0.42.1``, ``mecab.v2-fugashi-1.5.2.unidic-lite-1.0.8``; ``ptb``,
+    ``python`` and tokenizers of your own as they are."""
     from importlib.metadata import PackageNotFoundError, version
 
     def of(package: str) -> str:
@@ -363,11 +445,13 @@ def tokenizer_version(name: str) -> str:
         except PackageNotFoundError:
             return "missing"
 
+    rules = TOKENIZER_VERSIONS.get(name, 1)
+    versioned = name if rules == 1 else f"{name}.v{rules}"
     if name == "jieba":
-        return f"jieba-{of('jieba')}"
+        return f"{versioned}-{of('jieba')}"
     if name == "mecab":
-        return f"mecab-fugashi-{of('fugashi')}.unidic-lite-{of('unidic-lite')}"
-    return name
+        return f"{versioned}-fugashi-{of('fugashi')}.unidic-lite-{of('unidic-lite')}"
+    return versioned
 
 
 def tokenizer_for(name: str) -> Callable[[str], list[str]]:

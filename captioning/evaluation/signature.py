@@ -10,7 +10,8 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
   captions, in a canonical order: the same references give the same hash from any file);
 - ``n``: number of images scored;
 - ``tok``: ``ptb`` (the Stanford tokenizer, via Java) or ``python`` (its Python copy); for captions in
-  other languages, the ``data.tokenizer`` they were scored with (``whitespace``, ``characters``);
+  other languages, the ``data.tokenizer`` they were scored with, with the version of its rules and of
+  its segmenter (``whitespace.v2``, ``characters.v2``, ``jieba.v2-0.42.1``);
 - ``impl``: the pycocoevalcap version and this package's version;
 - ``chair``: the CHAIR word table (``released``: Rohrbach et al.'s; ``extended``: this
   project's), when CHAIR was computed;

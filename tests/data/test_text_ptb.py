@@ -48,7 +48,8 @@ PTB_CASES = {
 # split off, a period split off inside quotes and brackets, "+" "=" "*" as symbols, 'n' kept whole.
 # Left out, as ours differs: a tag holding a space ("<foo bar>", one token with a non-breaking space
 # in Java), "#a" / "@a" (hashtag-like tokens), "a/b/c/d" (Java joins 3 parts at most), a curly
-# "’n’" (kept curly in Java, ASCII here), smileys like ":)".
+# "’n’" (kept curly in Java, ASCII here), smileys like ":)", punctuation that is not ASCII (Java makes
+# "。。。" three tokens and keeps full-width "！", NFKC makes that "!" here).
 PTB_REGRESSION_CASES = [
     "a <unk> dog",
     "<start> a <UNK> dog <end> <pad> <pad>",
@@ -99,6 +100,12 @@ PTB_REGRESSION_CASES = [
     "rock n' roll",
     "see http://x.com/a/b. then",
     "a dog. http://x.com",
+    # Punctuation the toolkit keeps (runs of ! and ?) or drops (its list, with ellipses and dashes).
+    "...!!!",
+    "?!",
+    "a dog ...!!! runs ?!",
+    "——",
+    "a — b … c",
 ]
 
 
