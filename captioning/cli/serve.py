@@ -12,9 +12,9 @@ as a traceback.
 
 What it writes stays in one folder it owns, ``captioning-demo-*`` in the temporary folder: the example
 images and gradio's cache (``GRADIO_TEMP_DIR`` points there). A session keeps only its latest upload and
-answer there (what its page still shows); they go when the session asks again or ends (the tab is
-closed, ``Client.close()``), or after ``STALE_S`` idle. The folder is removed when the demo exits,
-on Ctrl+C and SIGTERM too.
+answer there (what its page still shows), deleted when it asks again or ends (the tab is closed,
+``Client.close()``), at the latest ``KEEP_ANSWER_S`` (answer) and ``STALE_S`` idle (upload) later
+(``RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ DEFAULT_HOST = "127.0.0.1"
 EXAMPLES = 3  # Shapes images offered to pick from
 MAX_UPLOAD_MB = 20  # the largest upload accepted (MiB): a 12-megapixel JPEG is 3-8 MB
 MAX_UPLOAD_BYTES = MAX_UPLOAD_MB * 1024 * 1024
-STALE_S = 3600  # a session idle this long loses its files; an upload no request used, too
+KEEP_ANSWER_S = 600  # an answer's images are deleted this long after it was given, at the latest
+STALE_S = 3600  # a session idle this long loses its upload; an upload no request used, too
 FOLDER_PREFIX = "captioning-demo-"
 
 
@@ -210,17 +211,20 @@ def _delete(path: str | Path) -> None:
 class _Session:
     upload: str | None = None  # the image its page shows (captioned again on "Caption")
     answer: Path | None = None  # the folder of the figure and overlays its page shows
+    answered: float = 0.0  # time.monotonic() when ``answer`` was given
     seen: float = field(default_factory=time.monotonic)
 
 
 class RequestFiles:
-    """What the requests wrote in gradio's cache, kept while a page can still use it.
+    """What the requests wrote in gradio's cache, kept while a page or client can still use it.
 
-    A session (one page, one ``gradio_client.Client``) keeps its latest upload and latest answer: an
-    older answer is deleted when a newer one is given, an upload when another replaces it, both when
-    the session ends (``end``, gradio's unload event) or has been idle ``STALE_S``. An upload that no
-    request used (refused, or never captioned) is deleted after ``STALE_S``; one that is not an image,
-    at once. Examples and an upload another session holds are never deleted.
+    A session (one page, one ``gradio_client.Client``, one call of the HTTP API) keeps its latest upload
+    and latest answer. An answer is deleted when a newer one is given to the session, when the session
+    ends (``end``, gradio's unload event: the tab closed, ``Client.close()``) or ``KEEP_ANSWER_S`` after
+    it was given (pages and clients fetch its images at once). An upload is deleted when another
+    replaces it, when the session ends or has been idle ``STALE_S``; one no request used (never
+    captioned) after ``STALE_S``; one that is not an image at once. Examples and an upload another
+    session holds are never deleted.
 
     Args:
         cache: gradio's cache folder (where answers are written).
@@ -243,17 +247,22 @@ class RequestFiles:
 
     def keep(self, session: str | None, upload: str, answer: Path | None) -> None:
         """Record that ``session``'s page now shows ``upload`` (and ``answer``, if given); delete what
-        it no longer shows, and what stale sessions and unused uploads left."""
+        it no longer shows, and what ended or idle sessions and unused uploads left."""
         with self._lock:
             state = self._sessions.setdefault(session or uuid.uuid4().hex, _Session())
+            now = time.monotonic()
             if answer is not None:
                 if state.answer is not None:
                     _delete(state.answer)
-                state.answer = answer
+                state.answer, state.answered = answer, now
             if state.upload is not None and state.upload != upload:
                 self._drop_upload(state.upload, state)
-            state.upload, state.seen = upload, time.monotonic()
+            state.upload, state.seen = upload, now
             self._sweep()
+
+    def adopt(self, path: str) -> None:
+        """``path`` is an image gradio decoded from a request (a ``data:`` URL): handled as an upload."""
+        self._uploads().add(path)
 
     def end(self, session: str | None) -> None:
         """The session is over (its tab closed): delete its files."""
@@ -300,6 +309,9 @@ class RequestFiles:
             if now - state.seen > STALE_S:
                 del self._sessions[key]
                 self._forget(state)
+            elif state.answer is not None and now - state.answered > KEEP_ANSWER_S:
+                _delete(state.answer)
+                state.answer = None
         held = {state.upload for state in self._sessions.values()}
         for upload in list(self._uploads()):
             if upload not in held and _age(upload) > STALE_S:
@@ -338,7 +350,10 @@ def _refuse_non_images(gr: Any, image: Any, files: RequestFiles | None = None) -
                 raise gr.Error(
                     _message(error, payload.path, payload.orig_name), print_exception=False
                 ) from None
-        return preprocess(payload)
+        path = preprocess(payload)
+        if url.startswith("data:") and isinstance(path, str) and files is not None:
+            files.adopt(path)  # decoded into gradio's cache, past its upload route
+        return path
 
     image.preprocess = checked
 
