@@ -7,18 +7,36 @@ come from ``CaptioningModel.caption`` and the pictures from ``attention_figure``
 
 Gradio is an optional extra (``pip install -e ".[demo]"``). Nothing reaches the network: no
 analytics, no share link, system fonts only. Expected failures (an upload that is not an image,
-an invalid option) are shown as one-line messages in the page, never as a traceback.
+an invalid option, an upload over ``MAX_UPLOAD_MB``) are shown as one-line messages in the page, never
+as a traceback.
+
+What it writes stays in one folder it owns, ``captioning-demo-*`` in the temporary folder: the example
+images and gradio's cache (``GRADIO_TEMP_DIR`` points there). A session keeps only its latest upload and
+answer there (what its page still shows), deleted when it asks again or ends (the tab is closed,
+``Client.close()``), at the latest ``KEEP_ANSWER_S`` (answer) and ``STALE_S`` idle (upload) later
+(``RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too.
 """
 
 from __future__ import annotations
 
+import atexit
 import html
 import importlib.util
 import io
 import os
+import shutil
+import signal
 import socket
+import sys
 import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -32,6 +50,11 @@ from captioning.utils.errors import CaptioningError
 DEFAULT_PORT = 7860
 DEFAULT_HOST = "127.0.0.1"
 EXAMPLES = 3  # Shapes images offered to pick from
+MAX_UPLOAD_MB = 20  # the largest upload accepted (MiB): a 12-megapixel JPEG is 3-8 MB
+MAX_UPLOAD_BYTES = MAX_UPLOAD_MB * 1024 * 1024
+KEEP_ANSWER_S = 600  # an answer's images are deleted this long after it was given, at the latest
+STALE_S = 3600  # a session idle this long loses its upload; an upload no request used, too
+FOLDER_PREFIX = "captioning-demo-"
 
 
 class DemoError(CaptioningError, RuntimeError):
@@ -120,46 +143,265 @@ def caption_file(
     return caption.text or "(empty caption)", _png(drawn.figure), overlays
 
 
-def _examples() -> list[str]:
-    """A few Shapes images (generated, so the folder needs no data) to pick from."""
+def _examples(root: Path) -> list[str]:
+    """A few Shapes images (generated, so the folder needs no data) to pick from, written in ``root``."""
     from captioning.data.shapes import generate_shapes
 
-    root = Path(tempfile.mkdtemp(prefix="captioning-demo-"))
     files = generate_shapes(root, seed=0, num_train=0, num_val=0, num_test=EXAMPLES, image_size=224)
     return [str(path) for path in sorted((files.root / "test").glob("*.png"))]
 
 
-def _refuse_non_images(gr: Any, image: Any) -> None:
+class DemoFolder:
+    """The folder one start of the demo owns (``captioning-demo-*`` in the temporary folder, or in a
+    ``GRADIO_TEMP_DIR`` given): ``examples/`` and ``gradio/``, gradio's cache, where
+    ``GRADIO_TEMP_DIR`` points while the demo runs. ``remove()`` (also run at exit) deletes it and puts
+    ``GRADIO_TEMP_DIR`` back."""
+
+    def __init__(self) -> None:
+        self._previous = os.environ.get("GRADIO_TEMP_DIR")
+        self.root = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=self._previous or None))
+        self.examples = self.root / "examples"
+        self.cache = self.root / "gradio"
+        self.cache.mkdir()
+        os.environ["GRADIO_TEMP_DIR"] = str(self.cache)  # read by gradio at import and per component
+        atexit.register(self.remove)
+
+    def remove(self) -> None:
+        atexit.unregister(self.remove)
+        shutil.rmtree(self.root, ignore_errors=True)
+        if os.environ.get("GRADIO_TEMP_DIR") == str(self.cache):
+            if self._previous is None:
+                os.environ.pop("GRADIO_TEMP_DIR", None)
+            else:
+                os.environ["GRADIO_TEMP_DIR"] = self._previous
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the demo as Ctrl+C does (its ``finally`` clauses run); Python's default would end
+    the process at once, leaving its folder."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live there only
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _delete(path: str | Path) -> None:
+    """Delete a file or folder in gradio's cache and the per-file folder that held it, if left empty."""
+    path = Path(path)
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()  # gradio stores each file in a folder named by its hash
+    except OSError:
+        pass
+
+
+@dataclass
+class _Session:
+    upload: str | None = None  # the image its page shows (captioned again on "Caption")
+    answer: Path | None = None  # the folder of the figure and overlays its page shows
+    answered: float = 0.0  # time.monotonic() when ``answer`` was given
+    seen: float = field(default_factory=time.monotonic)
+
+
+class RequestFiles:
+    """What the requests wrote in gradio's cache, kept while a page or client can still use it.
+
+    A session (one page, one ``gradio_client.Client``, one call of the HTTP API) keeps its latest upload
+    and latest answer. An answer is deleted when a newer one is given to the session, when the session
+    ends (``end``, gradio's unload event: the tab closed, ``Client.close()``) or ``KEEP_ANSWER_S`` after
+    it was given (pages and clients fetch its images at once). An upload is deleted when another
+    replaces it, when the session ends or has been idle ``STALE_S``; one no request used (never
+    captioned) after ``STALE_S``; one that is not an image at once. Examples and an upload another
+    session holds are never deleted.
+
+    Args:
+        cache: gradio's cache folder (where answers are written).
+
+    ``blocks`` (the app, set once built) tells which files are uploads (``Blocks.upload_file_set``) and
+    which gradio keeps (``keep_in_cache``: the examples' copies).
+    """
+
+    def __init__(self, cache: Path):
+        self.cache = cache
+        self.blocks: Any = None
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+
+    def new_answer(self) -> Path:
+        """An empty folder for one answer's images, in gradio's cache (served from there, not copied)."""
+        folder = self.cache / "answers" / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        return folder
+
+    def keep(self, session: str | None, upload: str, answer: Path | None) -> None:
+        """Record that ``session``'s page now shows ``upload`` (and ``answer``, if given); delete what
+        it no longer shows, and what ended or idle sessions and unused uploads left."""
+        with self._lock:
+            state = self._sessions.setdefault(session or uuid.uuid4().hex, _Session())
+            now = time.monotonic()
+            if answer is not None:
+                if state.answer is not None:
+                    _delete(state.answer)
+                state.answer, state.answered = answer, now
+            if state.upload is not None and state.upload != upload:
+                self._drop_upload(state.upload, state)
+            state.upload, state.seen = upload, now
+            self._sweep()
+
+    def adopt(self, path: str) -> None:
+        """``path`` is an image gradio decoded from a request (a ``data:`` URL): handled as an upload."""
+        self._uploads().add(path)
+
+    def end(self, session: str | None) -> None:
+        """The session is over (its tab closed): delete its files."""
+        with self._lock:
+            state = self._sessions.pop(session, None) if session else None
+            if state is not None:
+                self._forget(state)
+            self._sweep()
+
+    def refused(self, upload: str) -> None:
+        """``upload`` is not an image: no page can use it."""
+        with self._lock:
+            self._drop_upload(upload, None)
+
+    def discard(self, answer: Path) -> None:
+        _delete(answer)
+
+    def _forget(self, state: _Session) -> None:
+        if state.answer is not None:
+            _delete(state.answer)
+        if state.upload is not None:
+            self._drop_upload(state.upload, state)
+        state.answer = state.upload = None
+
+    def _uploads(self) -> set[str]:
+        return self.blocks.upload_file_set if self.blocks is not None else set()
+
+    def _kept(self) -> set[str]:
+        blocks = self.blocks.blocks.values() if self.blocks is not None else ()
+        return set().union(*(getattr(block, "keep_in_cache", set()) for block in blocks))
+
+    def _drop_upload(self, upload: str, owner: _Session | None) -> None:
+        uploads = self._uploads()
+        if upload not in uploads or upload in self._kept():
+            return  # an example, or not an upload
+        if any(state.upload == upload for state in self._sessions.values() if state is not owner):
+            return  # another page shows the same file
+        _delete(upload)
+        uploads.discard(upload)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for key, state in list(self._sessions.items()):
+            if now - state.seen > STALE_S:
+                del self._sessions[key]
+                self._forget(state)
+            elif state.answer is not None and now - state.answered > KEEP_ANSWER_S:
+                _delete(state.answer)
+                state.answer = None
+        held = {state.upload for state in self._sessions.values()}
+        for upload in list(self._uploads()):
+            if upload not in held and _age(upload) > STALE_S:
+                self._drop_upload(upload, None)
+
+
+def _age(path: str) -> float:
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return float("inf")
+
+
+def _too_large() -> str:
+    return f"the image is over the demo's upload limit of {MAX_UPLOAD_MB} MB"
+
+
+def _refuse_non_images(gr: Any, image: Any, files: RequestFiles | None = None) -> None:
     """Make ``image`` (a ``gr.Image``) refuse an upload PIL cannot read with ``load_image``'s one-line
-    message; gradio's own would be a bare "Error". Set on the instance: a subclass of a gradio component
-    makes gradio write a ``.pyi`` stub beside the module that defines it."""
+    message; gradio's own would be a bare "Error". A non-image upload is deleted at once (``files``);
+    an image sent inline (a ``data:`` URL, which gradio's upload limit does not see) over
+    ``MAX_UPLOAD_BYTES`` is refused before it is decoded. Set on the instance: a subclass of a gradio
+    component makes gradio write a ``.pyi`` stub beside the module that defines it."""
     preprocess = image.preprocess
 
     def checked(payload: Any) -> Any:
+        url = getattr(payload, "url", None) or ""
+        if url.startswith("data:") and len(url) * 3 // 4 > MAX_UPLOAD_BYTES:
+            raise gr.Error(_too_large(), print_exception=False)
         if payload is not None and getattr(payload, "path", None):
             try:
                 load_image(payload.path)
             except ImageError as error:
+                if files is not None:
+                    files.refused(payload.path)
                 raise gr.Error(
                     _message(error, payload.path, payload.orig_name), print_exception=False
                 ) from None
-        return preprocess(payload)
+        path = preprocess(payload)
+        if url.startswith("data:") and isinstance(path, str) and files is not None:
+            files.adopt(path)  # decoded into gradio's cache, past its upload route
+        return path
 
     image.preprocess = checked
 
 
+def _write_answer(
+    folder: Path, figure: Image.Image, overlays: list[tuple[np.ndarray, str]]
+) -> tuple[str, list[tuple[str, str]]]:
+    """The figure and overlays as PNG files in ``folder`` (what gradio would write in its cache, but
+    where the demo knows them): the figure's path and (path, title) per word."""
+    figure.save(folder / "figure.png")
+    words = []
+    for t, (pixels, title) in enumerate(overlays):
+        path = folder / f"word-{t:03d}.png"
+        Image.fromarray(pixels).save(path)
+        words.append((str(path), title))
+    return str(folder / "figure.png"), words
+
+
 def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     """The Gradio ``Blocks`` of the demo for ``model``; its API endpoint is ``/caption``
-    (image file, strategy, beam size) -> (caption, figure, overlays)."""
+    (image file, strategy, beam size) -> (caption, figure, overlays). What each request writes is
+    deleted once no page shows it (``RequestFiles``)."""
     gr = _gradio()
+    files = RequestFiles(Path(gr.utils.get_upload_folder()))
 
-    def run(path: str | None, strategy: str, beam_size: float) -> tuple:
+    def run(path: str | None, strategy: str, beam_size: float, request: Any = None) -> tuple:
         if not path:
             raise gr.Error("Upload or pick an image first.", print_exception=False)
+        session = getattr(request, "session_hash", None)
+        answer = files.new_answer()
         try:
-            return caption_file(model, path, strategy, int(beam_size))
+            text, figure, overlays = caption_file(model, path, strategy, int(beam_size))
+            figure_path, words = _write_answer(answer, figure, overlays)
         except (ImageError, ConfigError, ValueError) as error:
+            files.discard(answer)
+            files.keep(session, path, None)
             raise gr.Error(_message(error, path, Path(path).name), print_exception=False) from None
+        except BaseException:
+            files.discard(answer)
+            raise
+        files.keep(session, path, answer)
+        return text, figure_path, words
+
+    def ended(request: Any = None) -> None:
+        files.end(getattr(request, "session_hash", None))
+
+    # gradio passes the request to a parameter annotated gr.Request (resolved at run time, not as text)
+    run.__annotations__["request"] = ended.__annotations__["request"] = gr.Request
 
     decode = model.decode_config
     with gr.Blocks(title="captioning demo", analytics_enabled=False) as app:
@@ -173,7 +415,7 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                     sources=["upload", "clipboard"],
                     elem_id="image",
                 )
-                _refuse_non_images(gr, image)
+                _refuse_non_images(gr, image, files)
                 strategy = gr.Radio(
                     ["beam", "greedy"],
                     value="greedy" if decode.strategy == "greedy" else "beam",
@@ -199,6 +441,8 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
         inputs, outputs = [image, strategy, beam_size], [text, figure, overlays]
         button.click(run, inputs, outputs, api_name="caption")
         image.upload(run, inputs, outputs, api_name=False)
+        app.unload(ended)
+    files.blocks = app
     return app
 
 
@@ -212,8 +456,9 @@ def serve(
     """Load ``checkpoint`` (a file or a model folder) and serve the demo at ``http://host:port``.
 
     The port and gradio's presence are checked before the model is loaded, the model before gradio
-    is imported. With ``block`` the call returns
-    when the server is stopped (Ctrl+C); else it returns the running app (``app.close()`` stops it).
+    is imported. Uploads over ``MAX_UPLOAD_BYTES`` are refused. With ``block`` the call returns
+    when the server is stopped (Ctrl+C or SIGTERM), its folder (``DemoFolder``) removed; else it
+    returns the running app (``app.close()`` stops it; the folder is removed at exit).
 
     Raises:
         DemoError: gradio is not installed or the port is taken.
@@ -223,8 +468,26 @@ def serve(
     if importlib.util.find_spec("gradio") is None:
         raise DemoError('the demo needs gradio: pip install -e ".[demo]"')
     model = load(checkpoint, device)  # a bad checkpoint fails before gradio's long import
+    folder = DemoFolder()  # before gradio is imported: it reads GRADIO_TEMP_DIR then
+    app = None
+    try:
+        with _sigterm_interrupts():
+            app = _launch(model, folder, host, port)
+            print(f"demo of {checkpoint}: http://{host}:{port} (Ctrl+C stops it)", flush=True)
+            if not block:
+                return app
+            app.block_thread()  # returns on Ctrl+C (or SIGTERM), the server closed
+    finally:
+        if block or app is None:
+            if "gradio" in sys.modules:
+                sys.modules["gradio"].close_all()
+            folder.remove()
+    return app
+
+
+def _launch(model: CaptioningModel, folder: DemoFolder, host: str, port: int) -> Any:
     gr = _gradio()
-    examples = _examples()
+    examples = _examples(folder.examples)
     app = build_app(model, examples)
     app.launch(
         server_name=host,
@@ -238,14 +501,8 @@ def serve(
         pwa=False,
         enable_monitoring=False,
         allowed_paths=[str(Path(examples[0]).parent)],
+        max_file_size=MAX_UPLOAD_BYTES,
         footer_links=[],
         theme=gr.themes.Base(font=["system-ui", "sans-serif"], font_mono=["monospace"]),
     )  # no web fonts
-    print(f"demo of {checkpoint}: http://{host}:{port} (Ctrl+C stops it)", flush=True)
-    if not block:
-        return app
-    try:
-        app.block_thread()
-    finally:
-        gr.close_all()
     return app
