@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 import traceback
-import unicodedata
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -19,6 +18,7 @@ from captioning.config import Config, ConfigError
 from captioning.config.loading import load_config, parse_overrides
 from captioning.utils.errors import CaptioningError
 from captioning.utils.files import not_a_regular_file
+from captioning.utils.text import printable
 
 # The shipped configurations are package data (``configs/`` at the repository root links here).
 SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -299,21 +299,6 @@ def run_cli(
         )
         return 1
     return 0
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters, line separators and lone surrogates written as Python escapes
-    (``\\x00``, ``\\x1b``, ``\\ud800``): a path read from a data file may hold any of them, and printed
-    raw they would be invisible, garble the terminal or cut the one-line message in two."""
-    return "".join(
-        character.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(character) in _UNPRINTABLE
-        else character
-        for character in text
-    )
-
-
-_UNPRINTABLE = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 class _PrintableWarnings(logging.Handler):

@@ -44,6 +44,7 @@ from captioning.utils.run_folder import (
     run_folder_of,
     scores_path_for,
 )
+from captioning.utils.text import printable
 
 
 def _print_summary(files: dict[str, Path | None], notes: dict[Path, str]) -> None:
@@ -301,7 +302,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
                 index, lambda p: p.write_text(json.dumps(paths, indent=1), encoding="utf-8", errors="replace")
             )
         for item in captioned[:10]:
-            print(f"{item.record.path.name}: {item.text}")
+            print(printable(f"{item.record.path.name}: {item.text}"))  # a vocabulary's words are data
         _print_summary({"captions": results, "image id -> file": index}, notes)
         return None
 

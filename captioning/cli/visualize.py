@@ -21,6 +21,7 @@ from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
 from captioning.utils.files import output_note
 from captioning.utils.output_paths import check_output_folder, check_outputs
+from captioning.utils.text import printable
 from captioning.visualization.views import FORMATS, MODES, NORMALIZATIONS, attention_view
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ class VisualizationResult:
 
     def summary(self) -> str:
         """Each image's caption, then every file written (and which replaced an earlier one)."""
-        lines = [
-            f"{Path(item.record.path).name}: {item.text or '(empty caption)'}" for item in self.captioned
+        lines = [  # a file name's and a vocabulary's characters are data: printed escaped
+            printable(f"{Path(item.record.path).name}: {item.text or '(empty caption)'}")
+            for item in self.captioned
         ]
         lines.append("wrote:")
         lines.extend(f"  figure       {path}{self.notes.get(path, '')}" for path in self.figures)

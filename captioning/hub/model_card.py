@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import html
+import json
+import re
+import shlex
 from typing import Any
 
 import captioning
 from captioning.config import Config, LSTMDecoderConfig, TransformerDecoderConfig, to_dict
+from captioning.utils.text import printable
 
 _METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
 
@@ -15,7 +20,7 @@ def _encoder_line(config: Config, grid: tuple[int, int], channels: int) -> str:
     weights = {
         "pretrained": "published ImageNet weights",
         "none": "random weights (saved in the folder)",
-    }.get(encoder.weights, f"weights from {encoder.weights}")
+    }.get(encoder.weights, f"weights from {_md(encoder.weights)}")
     tuning = (
         f"last {encoder.fine_tune_stages} stages fine-tuned (saved in the folder)"
         if encoder.fine_tune_stages
@@ -45,6 +50,32 @@ def _decoder_line(config: Config) -> str:
     return f"`{decoder.kind}` decoder ({options})"
 
 
+def _md(value: object) -> str:
+    """Text read from files (a folder's name, a scores file's fields, a weights path) as Markdown that
+    shows it as it is: HTML's and Markdown's special characters escaped, line breaks as escapes (never
+    a link, a script, a heading or a new table row)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~])", r"\\\1", html.escape(printable(str(value)), quote=True))
+
+
+def _shell(name: str) -> str:
+    """``name`` as one shell word on one line: quoted, and in bash's ``$'...'`` form with escapes
+    when it holds a line break or a control character."""
+    if printable(name) == name:
+        return shlex.quote(name)
+    escaped = "".join(
+        f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else "\\" + ch if ch in "\\'" else ch
+        for ch in name
+    )
+    return f"$'{printable(escaped)}'"
+
+
+def _code(value: object) -> str:
+    """An inline code span showing ``value`` literally (its fence longer than any run of backticks in it)."""
+    text = printable(str(value))
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}" if "`" in text else f"{fence}{text}{fence}"
+
+
 def _scores_section(scores: dict[str, Any] | None) -> list[str]:
     if not scores:
         return [
@@ -55,18 +86,18 @@ def _scores_section(scores: dict[str, Any] | None) -> list[str]:
         ]
     metrics = [name for name in _METRICS if isinstance(scores.get(name), (int, float))]
     heading = (
-        f"On {scores.get('images', '?')} test images ({scores.get('file', 'test scores')}, "
-        f"tokenizer {scores.get('tokenizer', '?')}):"
+        f"On {_md(scores.get('images', '?'))} test images ({_md(scores.get('file', 'test scores'))}, "
+        f"tokenizer {_md(scores.get('tokenizer', '?'))}):"
     )
     lines = [
         heading,
         "",
         "| " + " | ".join(metrics) + " |",
         "|" + " --- |" * len(metrics),
-        "| " + " | ".join(f"{scores[name]:.3f}" for name in metrics) + " |",
+        "| " + " | ".join(f"{float(scores[name]):.3f}" for name in metrics) + " |",
     ]
     if scores.get("signature"):
-        lines += ["", f"Signature: `{scores['signature']}`"]
+        lines += ["", f"Signature: {_code(scores['signature'])}"]
     return lines
 
 
@@ -96,7 +127,7 @@ def model_card(
     )
     stored = ", ".join(f"{section} {count:,}" for section, count in parameters.items() if count)
     lines = [
-        f"# {name}",
+        f"# {_md(name)}",
         "",
         f"An image captioning model with visual attention, written by `captioning` {captioning.__version__}.",
         "",
@@ -119,7 +150,7 @@ def model_card(
         "```python",
         "import captioning",
         "",
-        f'model = captioning.load("{name}")',
+        f"model = captioning.load({json.dumps(name)})",
         'caption = model.caption(["photo.jpg"])[0]',
         "print(caption.text)",
         'captioning.show(caption, "photo.jpg").savefig("photo_attention.png")',
@@ -128,9 +159,9 @@ def model_card(
         "or from the command line of the `captioning` repository:",
         "",
         "```bash",
-        f"python evaluate.py --checkpoint {name} --images my_photos/",
-        f"python visualize.py photo.jpg --checkpoint {name}",
-        f"python visualize.py --serve {name}",
+        f"python evaluate.py --checkpoint {_shell(name)} --images my_photos/",
+        f"python visualize.py photo.jpg --checkpoint {_shell(name)}",
+        f"python visualize.py --serve {_shell(name)}",
         "```",
         "",
         "## Files",

@@ -56,6 +56,7 @@ from captioning.utils.output_paths import check_output_folder
 from captioning.utils.run_folder import (
     CHECKPOINTS,
     RunLock,
+    check_run_subfolders,
     claim_output_dir,
     remove_outputs,
 )
@@ -272,6 +273,7 @@ def train(
     output_dir = Path(config.train.output_dir)
     if group.is_main:  # a run already using the folder refuses this one before any data are read
         check_output_folder(output_dir, "train.output_dir")
+        check_run_subfolders(output_dir)
         RunLock(output_dir).check_free()
         say_if_busy(device)
     if resume is None and config.train.resume == AUTO:

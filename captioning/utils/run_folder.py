@@ -131,6 +131,27 @@ def project_outputs(output_dir: str | Path) -> list[Path]:
     return sorted(found)
 
 
+def check_run_subfolders(output_dir: str | Path) -> None:
+    """Refuse, before any work, a run folder whose ``figures/``, ``tensorboard/`` or ``checkpoints/`` is
+    a symbolic link or not a folder: what stands behind a link is not the run's (``project_outputs``),
+    so the run writes nothing there either (a linked ``figures/`` would have the run's ``41.png``
+    replace a user's).
+
+    Raises:
+        RunFolderError: naming the sub-folder and where it leads.
+    """
+    for name in _SUBFOLDERS:
+        path = Path(output_dir) / name
+        if path.is_symlink():
+            raise RunFolderError(
+                f"{path}: a symbolic link (to {os.readlink(path)}); a run writes its {name} in its own "
+                "folder and never through a link: remove the link, or put the whole run folder "
+                "(train.output_dir) where you want the files"
+            )
+        if path.exists() and not path.is_dir():
+            raise RunFolderError(f"{path}: exists and is not a folder; the run writes its {name} there")
+
+
 def remove_project_outputs(output_dir: str | Path) -> list[Path]:
     """Delete ``project_outputs(output_dir)`` (and the project's sub-folders left empty); return them."""
     removed = project_outputs(output_dir)

@@ -26,6 +26,7 @@ from PIL import Image
 from torch import Tensor
 
 from captioning.utils.files import atomic_write
+from captioning.utils.text import printable
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,
     attention_statistics,
@@ -206,12 +207,13 @@ def attention_figure(
     nrows = math.ceil(panels / ncols)
     aspect = min(max(height / width, 0.25), 4.0)
     panel_height = _PANEL_WIDTH * aspect
-    caption = (" ".join(words) if text is None else text) or "(empty caption)"
+    # A vocabulary's words are data: control characters, line breaks and lone surrogates drawn as escapes.
+    caption = printable(" ".join(words) if text is None else text) or "(empty caption)"
     titles = [
         _wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
         + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])
     ]
-    for t, word in enumerate(words):
+    for t, word in enumerate(map(printable, words)):
         title = word if beta_values is None else f"{word} (beta={beta_values[t]:.2f})"
         titles.append(_wrap(title, _PANEL_WIDTH, _TITLE_SIZE))
     title_heights = [
@@ -226,7 +228,7 @@ def attention_figure(
     if references:
         reference_lines.append("References:")
         for reference in references:
-            wrapped = _wrap(reference, figure_width - 2 * _MARGIN - 0.2, _REFERENCE_SIZE)
+            wrapped = _wrap(printable(str(reference)), figure_width - 2 * _MARGIN - 0.2, _REFERENCE_SIZE)
             reference_lines.extend(["- " + wrapped[0], *("  " + line for line in wrapped[1:])])
     reference_height = _TEXT_LINE * len(reference_lines) + (0.1 if reference_lines else 0.0)
     figure_height = (

@@ -331,13 +331,23 @@ def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_user
     (run / "checkpoints" / "linked.pt").symlink_to(outside / "old.pt")
     (run / "plots").mkdir()
     (run / "plots" / "loss.png").write_text("the user's own")
+    # A linked figures/ is refused before any work, by every run (a new one, --resume, overwrite):
+    # the run's figures would replace the files behind the link.
+    for extra in ([], ["--resume", "auto"]):
+        refused = in_process(
+            "train.py", *short_run(shapes, run, **{"train.overwrite": True}), *extra, cwd=REPO
+        )
+        assert_one_line_error(
+            refused.returncode, refused.stderr, f"{run / 'figures'}: a symbolic link (to {outside / 'figures'})"
+        )
+    assert sorted(os.listdir(outside / "figures")) == ["7.png"]
+    (run / "figures").unlink()
     result = in_process(
         "train.py", "--no-test", *short_run(shapes, run, **{"train.overwrite": True}), cwd=REPO
     )
     assert result.returncode == 0, result.stderr
     assert (outside / "figures" / "7.png").read_text() == "a figure of another project"
     assert (outside / "old.pt").read_text() == "somebody's checkpoint"
-    assert (run / "figures").is_symlink()
     assert (run / "checkpoints" / "mine.pt").read_text() == "the user's own"
     assert (run / "plots" / "loss.png").read_text() == "the user's own"
     assert (run / "checkpoints" / "last.pt").is_file()
