@@ -337,9 +337,8 @@ def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_user
         refused = in_process(
             "train.py", *short_run(shapes, run, **{"train.overwrite": True}), *extra, cwd=REPO
         )
-        assert_one_line_error(
-            refused.returncode, refused.stderr, f"{run / 'figures'}: a symbolic link (to {outside / 'figures'})"
-        )
+        link = f"{run / 'figures'}: a symbolic link (to {outside / 'figures'})"
+        assert_one_line_error(refused.returncode, refused.stderr, link)
     assert sorted(os.listdir(outside / "figures")) == ["7.png"]
     (run / "figures").unlink()
     result = in_process(
