@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,25 @@ class ConfigError(CaptioningError, ValueError):
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def _check_types(section: object, prefix: str) -> None:
+    """Every field of ``section`` holds its declared type (a configuration built in Python, e.g. by the
+    API's ``beam_size=2.5``, is refused here as a file's would be when it is read): ``int`` fields an
+    int (not a bool), ``float`` fields a finite-or-not real number, ``bool`` fields a bool, ``str``
+    fields a str."""
+    hints = typing.get_type_hints(type(section))
+    for item in dataclasses.fields(section):  # type: ignore[arg-type]
+        value, hint = getattr(section, item.name), hints.get(item.name)
+        key = prefix + item.name
+        if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        if hint is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        if hint is bool and not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        if hint is str and not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
 
 
 SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
@@ -67,6 +87,7 @@ class DataConfig:
     shapes_max_objects: int = 3  # Shapes: at most this many objects per image (1-3)
 
     def __post_init__(self) -> None:
+        _check_types(self, "data.")
         _check(
             isinstance(self.tokenizer, str) and bool(self.tokenizer.strip()),
             f"data.tokenizer must name a tokenizer, got {self.tokenizer!r}",
@@ -101,6 +122,7 @@ class EncoderConfig:
     fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
 
     def __post_init__(self) -> None:
+        _check_types(self, "model.encoder.")
         _check(
             32 <= self.image_size <= MAX_IMAGE_SIZE,
             f"model.encoder.image_size must be in [32, {MAX_IMAGE_SIZE}], got {self.image_size}",
@@ -124,6 +146,7 @@ class DecoderConfig:
     doubly_stochastic: float = 1.0  # lambda of equation 14, both terms per caption (docs/training.md)
 
     def __post_init__(self) -> None:
+        _check_types(self, "model.decoder.")
         family = DECODER_CONFIGS.get(self.kind)
         if family is None:
             raise ConfigError(DECODER_CONFIGS.unknown_message(self.kind))
@@ -249,6 +272,7 @@ class DecodeConfig:
     batch_size: int = 50  # images decoded at once
 
     def __post_init__(self) -> None:
+        _check_types(self, "decode.")
         _one_of("decode.strategy", self.strategy, ("greedy", "beam", "sample"))
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
         _check(
@@ -310,6 +334,7 @@ class TrainConfig:
     scst_reward_eos: bool = True  # the CIDEr-D reward counts <end> (Rennie et al.); false: the older reward
 
     def __post_init__(self) -> None:
+        _check_types(self, "train.")
         _check(self.epochs >= 0, f"train.epochs must be >= 0, got {self.epochs}")
         _check(self.batch_size >= 1, f"train.batch_size must be >= 1, got {self.batch_size}")
         _check(self.captions_per_image >= 1, "train.captions_per_image must be >= 1")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -302,8 +303,8 @@ def _row(entry: Any, where: str, lists: bool) -> _Row:
 
 def _image_id(entry: dict, where: str) -> int | None:
     value = entry.get("image_id")
-    if isinstance(value, str) and value.strip().lstrip("-").isdecimal():
-        value = int(value)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+        value = int(value)  # a CSV cell: "42", "-5" (never "--5" or "4_2", which int() would read)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
         raise DatasetError(f"{where}: field 'image_id' must be an integer, got {value!r:.60}")
     return value

@@ -83,7 +83,18 @@ def image_path_under(image_root: Path, relative: str, where: str) -> Path:
     if "\x00" in relative:  # no file can have such a name; say so rather than "not found"
         raise DatasetError(f"{where}: image path {relative!r} contains a NUL character")
     posix = PurePosixPath(relative.replace("\\", "/"))
-    if not relative or posix.is_absolute() or PureWindowsPath(relative).drive or ".." in posix.parts:
+    if not relative:
+        raise DatasetError(f"{where}: empty image path")
+    if posix.is_absolute():
+        raise DatasetError(
+            f"{where}: image path {relative!r} is absolute; it must be relative to the image root"
+        )
+    if PureWindowsPath(relative).drive:
+        raise DatasetError(
+            f"{where}: image path {relative!r} starts with a drive ({PureWindowsPath(relative).drive}); "
+            "it must be relative to the image root"
+        )
+    if ".." in posix.parts:
         raise DatasetError(
             f"{where}: image path {relative!r} must be relative to the image root and must not contain '..'"
         )
