@@ -322,3 +322,73 @@ def test_a_dataset_reader_a_user_module_registers_trains_through_train_py(tmp_pa
     assert summary["dataset"] == "user_lowercase"
     assert summary["splits"]["train"] == {"images": 8, "captions": 40}
     assert load_checkpoint(run / "checkpoints" / "last.pt")["config"]["data"]["dataset"] == "user_lowercase"
+
+
+WRONG_ENCODERS = """
+import torch
+from torch import nn
+from torchvision.transforms import InterpolationMode
+
+from captioning.models.encoders import Backbone, register_encoder
+
+
+def backbone(features, **changes):
+    fields = dict(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), interpolation=InterpolationMode.BILINEAR,
+                  weights={"none": True})
+    fields.update(changes)
+    return Backbone(features, (features,), **fields)
+
+
+class Flat(nn.Module):
+    def forward(self, images):
+        return images.flatten(1)  # (B, 3*S*S): not a feature map
+
+
+@register_encoder("returns_none")
+def returns_none(weights, image_size):
+    return None
+
+
+@register_encoder("returns_a_network")
+def returns_a_network(weights, image_size):
+    return nn.Conv2d(3, 8, 3)
+
+
+@register_encoder("two_means")
+def two_means(weights, image_size):
+    return backbone(nn.Conv2d(3, 8, 3), mean=(0.5, 0.5))
+
+
+@register_encoder("flat_features")
+def flat_features(weights, image_size):
+    return backbone(Flat())
+"""
+
+
+WRONG_THINGS = [
+    ("returns_none", "model.encoder.name 'returns_none': its builder returned NoneType, not a Backbone"),
+    ("returns_a_network", "its builder returned Conv2d, not a Backbone"),
+    ("two_means", "its builder returned Backbone.mean (0.5, 0.5); it needs 3 numbers (R, G, B)"),
+    ("flat_features", "model.encoder.name 'flat_features': its Backbone.features returned shape (1, 12288)"),
+]
+
+
+def test_an_encoder_that_returns_the_wrong_thing_is_one_line_naming_it(tmp_path, fresh_imports):
+    (tmp_path / "wrong_encoders.py").write_text(WRONG_ENCODERS)
+    for name, expected in WRONG_THINGS:  # one module, imported once in this process
+        overrides = {**TINY_RUN, "model.encoder.name": name, "data.root": tmp_path / "shapes"}
+        result = in_process(
+            "train.py",
+            "--import",
+            "wrong_encoders.py",
+            "--output-dir",
+            tmp_path / "run",
+            "--no-progress",
+            *[arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")],
+            cwd=tmp_path,
+        )
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert (
+            "Traceback" not in result.stderr and lines[-1].startswith("error: ") and expected in lines[-1]
+        ), lines

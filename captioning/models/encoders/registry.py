@@ -195,6 +195,12 @@ class Encoder(nn.Module):
             self.backbone.eval(), meta_state, (torch.empty(1, 3, image_size, image_size, device="meta"),)
         )
         self.backbone.train(was_training)
+        if not isinstance(probe, torch.Tensor) or probe.dim() != 4:
+            got = f"shape {tuple(probe.shape)}" if isinstance(probe, torch.Tensor) else type(probe).__name__
+            raise ConfigError(
+                f"model.encoder.name {name!r}: its Backbone.features returned {got} for (1, 3, "
+                f"{image_size}, {image_size}) images; it must return a (B, C, h, w) feature map"
+            )
         self.channels = int(probe.shape[1])
         self.native_grid = (int(probe.shape[2]), int(probe.shape[3]))
         if grid_size > min(self.native_grid):
@@ -294,6 +300,52 @@ class Encoder(nn.Module):
         }
 
 
+def check_backbone(backbone: object, name: str) -> None:
+    """Refuse, in one line naming the encoder, what a builder returns that is not a ``Backbone`` of
+    the documented form (a user module's builder returning None, a bare network, a wrong field).
+
+    Raises:
+        ConfigError: naming ``model.encoder.name`` and the field.
+    """
+    where = f"model.encoder.name {name!r}: its builder"
+    if not isinstance(backbone, Backbone):
+        raise ConfigError(
+            f"{where} returned {type(backbone).__name__}, not a Backbone (features, stages, mean, std, "
+            "interpolation, weights; docs/extending.md)"
+        )
+    if not isinstance(backbone.features, nn.Module):
+        raise ConfigError(
+            f"{where} returned Backbone.features of type {type(backbone.features).__name__}, not an nn.Module"
+        )
+    if not isinstance(backbone.stages, (tuple, list)) or not all(
+        isinstance(m, nn.Module) for m in backbone.stages
+    ):
+        raise ConfigError(
+            f"{where} returned Backbone.stages that is not a tuple of nn.Module (the fine-tuning units)"
+        )
+    for field_name in ("mean", "std"):
+        values = getattr(backbone, field_name)
+        if (
+            not isinstance(values, (tuple, list))
+            or len(values) != 3
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        ):
+            raise ConfigError(
+                f"{where} returned Backbone.{field_name} {values!r:.60}; it needs 3 numbers (R, G, B)"
+            )
+    if not all(v > 0 for v in backbone.std):
+        raise ConfigError(f"{where} returned Backbone.std {backbone.std!r}; each must be > 0")
+    if not isinstance(backbone.interpolation, InterpolationMode):
+        raise ConfigError(
+            f"{where} returned Backbone.interpolation {backbone.interpolation!r:.60}, "
+            "not an InterpolationMode"
+        )
+    if not isinstance(backbone.weights, dict):
+        raise ConfigError(
+            f"{where} returned Backbone.weights of type {type(backbone.weights).__name__}, not a dict"
+        )
+
+
 def build_encoder(config: EncoderConfig) -> Encoder:
     """The encoder named by ``config.name`` with its weights, grid and trainable stages.
 
@@ -303,9 +355,9 @@ def build_encoder(config: EncoderConfig) -> Encoder:
         EncoderWeightsError: weights missing, unreachable or not matching the network.
     """
     builder = encoder_builder(config.name)
-    encoder = Encoder(
-        config.name, builder(config.weights, config.image_size), config.image_size, config.grid_size
-    )
+    backbone = builder(config.weights, config.image_size)
+    check_backbone(backbone, config.name)
+    encoder = Encoder(config.name, backbone, config.image_size, config.grid_size)
     try:
         encoder.set_trainable(config.fine_tune_stages)
     except ValueError as error:
