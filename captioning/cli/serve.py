@@ -20,6 +20,7 @@ answer there (what its page still shows), deleted when it asks again or ends (th
 from __future__ import annotations
 
 import atexit
+import errno
 import html
 import importlib.util
 import io
@@ -69,10 +70,28 @@ def check_port(host: str, port: int) -> None:
     """
     if not 1 <= port <= 65535:
         raise DemoError(f"--port must be between 1 and 65535, got {port}")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise DemoError(
+            f"--host {host}: not an address or a name this machine can resolve ({reason}); "
+            "give e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        ) from None
+    with socket.socket(family, kind, protocol) as probe:
         try:
-            probe.bind((host, port))
+            probe.bind(address)
         except OSError as error:
+            if error.errno == errno.EADDRNOTAVAIL:
+                raise DemoError(
+                    f"--host {host}: not an address of this machine ({error.strerror}); give one of its "
+                    "addresses, 127.0.0.1 or 0.0.0.0"
+                ) from None
+            if error.errno == errno.EACCES:
+                raise DemoError(
+                    f"--port {port}: {host}:{port} needs privileges to listen on ({error.strerror}); "
+                    "give a port above 1023 with --port N"
+                ) from None
             raise DemoError(
                 f"--port {port}: {host}:{port} is not free ({error.strerror}); "
                 "give another port with --port N"

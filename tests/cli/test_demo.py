@@ -199,6 +199,20 @@ def test_a_taken_port_is_refused_before_loading_anything(checkpoint):
     ]
 
 
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("256.1.1.1", "--host 256.1.1.1: not an address or a name this machine can resolve"),
+        ("192.0.2.77", "--host 192.0.2.77: not an address of this machine"),  # TEST-NET-1, never local
+    ],
+)
+def test_a_host_that_is_no_address_of_this_machine_is_said_so(checkpoint, host, expected):
+    result = in_process("visualize.py", "--serve", checkpoint, "--host", host, "--port", 7999)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {expected}") and "not free" not in line, line
+
+
 def test_a_bad_checkpoint_is_one_line(tmp_path):
     bad = tmp_path / "model.pt"
     bad.write_bytes(b"not a checkpoint")
