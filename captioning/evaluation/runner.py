@@ -266,6 +266,8 @@ def score_results_file(
 
     references = load_coco_references(annotations)
     candidates = load_results(results)
+    if not candidates:
+        raise DatasetError(f"{results}: holds no results (an empty list); nothing to score")
     missing = sorted(set(candidates) - set(references))
     if missing:
         raise DatasetError(f"{results}: image_id {missing[0]} has no reference captions in {annotations}")

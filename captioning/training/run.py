@@ -154,10 +154,22 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
             configuration.
     """
 
+    if Path(resume).is_dir():
+        raise CheckpointError(
+            f"{resume}: a folder; --resume continues a run from its checkpoint (e.g. "
+            "runs/shapes/checkpoints/last.pt, or --resume auto): a model folder holds no training state "
+            "to continue, train a new run from its configuration instead"
+        )
+    own = Path(os.path.abspath(resume)).parent.parent
     if Path(os.path.abspath(resume)).parent != Path(os.path.abspath(output_dir)) / CHECKPOINTS:
+        if Path(os.path.abspath(resume)).parent.name != CHECKPOINTS:
+            raise CheckpointError(
+                f"{resume}: --resume continues a run from a checkpoint in its run folder's "
+                f"{CHECKPOINTS}/ (e.g. {own.name or 'run'}/{CHECKPOINTS}/last.pt); this file is not in one"
+            )
         raise CheckpointError(
             f"{resume}: --resume continues a run in its own folder, but this run writes to "
-            f"{output_dir}; pass --output-dir {Path(os.path.abspath(resume)).parent.parent}"
+            f"{output_dir}; pass --output-dir {own}"
         )
     payload = load_checkpoint(resume)
     check_resume_payload(payload, config, resume)

@@ -265,6 +265,19 @@ def test_a_refused_resume_changes_nothing(trained_run, shapes, tmp_path):
     )
     assert not other.exists() and tree(run) == before
 
+    # a model folder, or a checkpoint outside any run's checkpoints/: said so, no --output-dir advice
+    folder = tmp_path / "model"
+    folder.mkdir()
+    loose = tmp_path / "loose.pt"
+    loose.write_bytes((run / "checkpoints" / "last.pt").read_bytes())
+    for given, needle in [
+        (folder, "a folder; --resume continues a run from its checkpoint"),
+        (loose, "loose.pt: --resume continues a run from a checkpoint in its run folder's checkpoints/"),
+    ]:
+        result = in_process("train.py", "--no-test", *short_run(shapes, other), "--resume", given, cwd=REPO)
+        assert_one_line_error(result.returncode, result.stderr, needle)
+        assert "--output-dir" not in result.stderr and not other.exists()
+
 
 def test_overwrite_removes_every_output_of_the_earlier_run_and_only_those(trained_run, shapes, tmp_path):
     run = copy_run(trained_run, tmp_path)
