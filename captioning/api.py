@@ -10,13 +10,13 @@
     captioning.show(caption, "photo.jpg").savefig("photo_attention.png")
 
 Everything goes through the code ``evaluate.py --images`` and ``visualize.py`` run: the model is
-rebuilt by ``load_captioner``, images are decoded in batches by ``caption_records`` and figures are
-drawn by ``attention_figure``, so the captions and the pictures are theirs.
+rebuilt by ``load_captioner``, images are captioned in batches by ``caption_records`` (decoded one
+batch at a time) and figures are drawn by ``attention_figure``, so the captions and the pictures are theirs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,11 +26,12 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from captioning.config import Config, DecodeConfig
-from captioning.data.images import ImageError, as_rgb_image
+from captioning.data.images import ImageError, as_rgb_image, check_picture
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.inference.captioner import Captioned, caption_records, decode_config_with, load_captioner
 from captioning.models.captioner import Captioner
+from captioning.models.decoding import check_decoding_fits
 from captioning.utils.device import resolve_device
 from captioning.visualization.views import MODES, attention_view
 
@@ -125,7 +126,7 @@ class CaptioningModel:
 
     def caption(
         self,
-        images: Sequence[ImageInput],
+        images: Iterable[ImageInput],
         *,
         strategy: str | None = None,
         beam_size: int | None = None,
@@ -137,11 +138,16 @@ class CaptioningModel:
         layer: str | int | None = None,
         head: str | int | None = None,
     ) -> list[Caption]:
-        """Caption a list of images, decoded in batches; one ``Caption`` per image, in order.
+        """Caption images, decoded batch by batch; one ``Caption`` per image, in order.
+
+        Every input is checked before any is decoded: its type, shape and values, and for a path the
+        file and its header (its size and mode, ``check_image_cost``). Then the pixels are decoded one
+        batch of ``decode.batch_size`` at a time and captioned before the next batch is decoded, so the
+        memory held is one batch of decoded pictures (plus the model), whatever the number of images.
 
         Args:
-            images: paths, PIL images, (C, H, W) tensors or (H, W, C) arrays (uint8, or floats in
-                [0, 1]), of any size; all are read and checked before any is decoded.
+            images: a list or any iterable (read once, before any work) of paths, PIL images,
+                (C, H, W) tensors or (H, W, C) arrays (uint8, or floats in [0, 1]), of any size.
             strategy, beam_size, max_length, min_length, length_alpha, block_trigrams, batch_size:
                 override the checkpoint's ``decode.*`` options for this call, as ``evaluate.py``'s
                 flags do (``beam_size`` matters when the strategy is ``beam``).
@@ -150,7 +156,9 @@ class CaptioningModel:
         Returns:
             ``Caption`` objects; captions equal ``evaluate.py --images`` on the same files and options.
         Raises:
-            ImageError: an image cannot be read or has a wrong shape, type or range (naming ``images[k]``).
+            ImageError: an image cannot be read or has a wrong shape, type or range (naming ``images[k]``);
+                before any work, except a file found damaged only when its batch is decoded (truncated
+                after its header).
             ConfigError: an invalid decoding option.
             ValueError: a layer or head the decoder does not have.
         """
@@ -170,23 +178,39 @@ class CaptioningModel:
             batch_size=batch_size,
         )
         view = attention_view(layer, head)
-        images = list(images)
-        pictures = [as_rgb_image(image, f"images[{k}]") for k, image in enumerate(images)]
-        if not pictures:
+        images = list(images)  # consumed once: an iterator is read here, before any work
+        for k, image in enumerate(images):  # every input and file header, before any pixel is decoded
+            check_picture(image, f"images[{k}]")
+        if not images:
             return []
+        positions = self.grid[0] * self.grid[1]
+        check_decoding_fits(decode, len(self.vocab), positions, len(images), self.device)
         decoder = self.captioner.decoder
         decoder.set_attention_view(view)  # the captions' maps are this view's
         label = decoder.describe_attention()
+        # In this process: no DataLoader workers for pictures already in memory.
+        config = replace(self.config, data=replace(self.config.data, num_workers=0))
+        captions: list[Caption] = []
+        size = decode.batch_size
+        for start in range(0, len(images), size):  # one batch of decoded pictures in memory at a time
+            captions += self._caption_batch(images[start : start + size], start, config, decode, label)
+        return captions
+
+    def _caption_batch(
+        self, batch: list[ImageInput], start: int, config: Config, decode: DecodeConfig, label: str
+    ) -> list[Caption]:
+        """Decode and caption ``batch``, the images from ``images[start]`` on (one decoding batch);
+        its pictures are freed on return."""
+        numbered = list(enumerate(batch, start))
+        pictures = [as_rgb_image(image, f"images[{k}]") for k, image in numbered]
         records = [
             ImageRecord(
                 image_id=k,
                 path=Path(image) if isinstance(image, (str, Path)) else Path(f"images[{k}]"),
                 split="",
             )
-            for k, image in enumerate(images)
+            for k, image in numbered
         ]
-        # In this process: no DataLoader workers for pictures already in memory.
-        config = replace(self.config, data=replace(self.config.data, num_workers=0))
         captioned = caption_records(
             self.captioner, config, records, self.device, decode, progress=False, pictures=pictures
         )

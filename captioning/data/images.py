@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 import stat
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from captioning.data.records import DatasetError
 from captioning.utils.files import kind_of
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Keep PIL's decompression-bomb guard on (Image.MAX_IMAGE_PIXELS) and make truncated files errors.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -72,6 +78,24 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
     Returns:
         A fully decoded ``PIL.Image.Image`` in mode ``RGB``.
     """
+    with _opened(path, entry) as image:
+        image.load()
+        # Upright as a viewer shows it: phones store most photos rotated, with an EXIF orientation.
+        return to_rgb(ImageOps.exif_transpose(image))
+
+
+def check_image_file(path: str | Path, entry: str | None = None) -> None:
+    """What ``load_image`` checks before it decodes a pixel: a regular file PIL identifies, whose
+    header's size and mode pass ``check_image_cost`` (``ImageError`` otherwise). A file that is
+    truncated after its header passes: only decoding it finds that."""
+    with _opened(path, entry):
+        pass
+
+
+@contextmanager
+def _opened(path: str | Path, entry: str | None) -> Iterator[Image.Image]:
+    """The image file opened (header read, its cost checked, no pixel decoded); every error while it
+    is open, decoding included, becomes one ``ImageError`` naming the file and ``entry``."""
     where = f"{path}" + (f" ({entry})" if entry else "")
     try:  # only regular files: opening a FIFO or a device would wait forever or read without end
         kind = os.stat(path).st_mode
@@ -88,9 +112,7 @@ def load_image(path: str | Path, entry: str | None = None) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
                 check_image_cost(image.size, image.mode, where)  # from the header, before decoding
-                image.load()
-                # Upright as a viewer shows it: phones store most photos rotated, with an EXIF orientation.
-                return to_rgb(ImageOps.exif_transpose(image))
+                yield image
     except ImageError:
         raise
     except FileNotFoundError:
@@ -153,7 +175,6 @@ def as_rgb_image(value: object, entry: str) -> Image.Image:
             naming ``entry``).
     """
     import numpy as np
-    import torch
 
     if isinstance(value, (str, Path)):
         return load_image(value, entry)
@@ -164,6 +185,35 @@ def as_rgb_image(value: object, entry: str) -> Image.Image:
         except (OSError, ValueError) as error:
             raise ImageError(f"{entry}: cannot decode image ({error})") from None
         return to_rgb(value)
+    pixels = _checked_pixels(value, entry)  # (H, W, C)
+    data = pixels if pixels.dtype == np.uint8 else np.rint(pixels.astype(np.float64) * 255).astype(np.uint8)
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[data.shape[2]]
+    return to_rgb(Image.fromarray(np.ascontiguousarray(data if mode != "L" else data[:, :, 0]), mode))
+
+
+def check_picture(value: object, entry: str) -> None:
+    """What ``as_rgb_image`` checks before it decodes a pixel or converts one, keeping nothing: a
+    path's file and header (``check_image_file``), a PIL image's size and mode, a tensor's or an
+    array's type, shape, size and values. Only what decoding finds (a file truncated after its
+    header) is left to ``as_rgb_image``.
+
+    Raises:
+        ImageError: one line naming ``entry``, as ``as_rgb_image`` would.
+    """
+    if isinstance(value, (str, Path)):
+        check_image_file(value, entry)
+    elif isinstance(value, Image.Image):
+        check_image_cost(value.size, value.mode, entry)
+    else:
+        _checked_pixels(value, entry)
+
+
+def _checked_pixels(value: object, entry: str) -> np.ndarray:
+    """A tensor's or an array's pixels as an (H, W, C) array, uint8 or floating point in [0, 1],
+    after every check ``as_rgb_image`` applies to them (a CPU tensor's pixels are a view of it)."""
+    import numpy as np
+    import torch
+
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided or value.is_meta:
             where = "on the meta device" if value.is_meta else f"with layout {value.layout}"
@@ -188,16 +238,12 @@ def as_rgb_image(value: object, entry: str) -> Image.Image:
             f"got shape {tuple(value.shape)}"
         )
     check_image_cost((pixels.shape[1], pixels.shape[0]), "RGBA", entry)  # before it is resized
-    if pixels.dtype == np.uint8:
-        data = pixels
-    elif np.issubdtype(pixels.dtype, np.floating):
+    if np.issubdtype(pixels.dtype, np.floating):
         if not np.isfinite(pixels).all() or pixels.min() < 0 or pixels.max() > 1:
             raise ImageError(
                 f"{entry}: floating-point pixels must be finite and in [0, 1], got values in "
                 f"[{np.nanmin(pixels):.3g}, {np.nanmax(pixels):.3g}]"
             )
-        data = np.rint(pixels.astype(np.float64) * 255).astype(np.uint8)
-    else:
+    elif pixels.dtype != np.uint8:
         raise ImageError(f"{entry}: pixels must be uint8 (0-255) or floating point (0-1), got {pixels.dtype}")
-    mode = {1: "L", 3: "RGB", 4: "RGBA"}[data.shape[2]]
-    return to_rgb(Image.fromarray(np.ascontiguousarray(data if mode != "L" else data[:, :, 0]), mode))
+    return pixels
