@@ -22,7 +22,7 @@ from captioning.evaluation.runner import (
 )
 from captioning.evaluation.scorers import check_validation_metric
 from captioning.inference.captioner import caption_records, load_trained_captioner, split_records
-from captioning.training.run import RunOutputs, best_checkpoint, cache_features, train
+from captioning.training.run import RunOutputs, best_checkpoint, cache_features, start_run
 from captioning.utils import distributed
 from captioning.utils.device import resolve_device
 
@@ -147,7 +147,9 @@ def main_job(
     check_data_paths(config.data)  # a mistyped path names its key before the instances are read
     check_validation_metric(config.train.metric)  # also for a configuration built in Python
     boxes = load_boxes(config.data.instances) if test and is_main else None
-    outputs = train(config, resume=resume, progress=progress, test=test, length_given=length_given)
+    with start_run(config, resume, progress, test, length_given) as run:  # claim, resume, reseed
+        run.trainer.fit()  # the training loop: epochs of both stages, validation, checkpoints
+    outputs = run.outputs
     try:
         if test and is_main:
             evaluate_test_split(

@@ -16,7 +16,7 @@ from captioning.config import DecodeConfig, DecoderConfig, TrainConfig
 from captioning.inference.batches import annotations_of, move
 from captioning.models.captioner import Captioner
 from captioning.models.decoding import rollout, sampler
-from captioning.training.losses import LossTerms, objective_of
+from captioning.training.losses import OBJECTIVES
 from captioning.utils import distributed
 from captioning.utils.device import autocast
 from captioning.utils.errors import CaptioningError
@@ -47,6 +47,8 @@ class TrainState:
     # reports the mean of the whole epoch, not of the batches after the resume.
     epoch_sums: dict[str, float] = field(default_factory=dict)
     epoch_steps: int = 0
+    # Each stage that ended before its planned epochs: stage, epoch, reason and the numbers behind it.
+    stops: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -68,22 +70,6 @@ def flatten_captions(batch: dict) -> tuple[Tensor, Tensor, Tensor]:
     b, k, t = captions.shape
     image_index = torch.arange(b, device=captions.device).repeat_interleave(k)
     return captions.reshape(b * k, t), lengths.reshape(b * k), image_index
-
-
-def xe_loss(
-    model: Captioner, batch: dict, config: TrainConfig, decoder_config: DecoderConfig, world_size: int = 1
-) -> LossTerms:
-    """The teacher-forced objective of one batch: the one the decoder's class names (``OBJECTIVES``:
-    equation 14; equation 12 with hard attention)."""
-    captions, lengths, image_index = flatten_captions(batch)
-    output = model(annotations_of(model, batch), captions, lengths, image_index)
-    num_tokens = None
-    if world_size > 1:  # the global average, so averaged gradients equal one process's
-        num_tokens = float(distributed.all_reduce_sum((lengths - 1).sum().float())) / world_size
-    decoder = distributed.unwrap(model.decoder)
-    return objective_of(decoder)(
-        decoder, output, captions, decoder_config, config.label_smoothing, num_tokens
-    )
 
 
 def optimisation_step(
@@ -263,8 +249,17 @@ def train_one_epoch(
                 loss, numbers = scst_loss(
                     model, batch, rewarder, config, decode_config or DecodeConfig(), world_size
                 )
-            else:
-                terms = xe_loss(model, batch, config, decoder_config, world_size)
+            else:  # the cross-entropy step: teacher forcing, then the decoder's objective
+                captions, lengths, image_index = flatten_captions(batch)  # (B*K, T), (B*K,), (B*K,)
+                output = model(annotations_of(model, batch), captions, lengths, image_index)
+                num_tokens = None
+                if world_size > 1:  # the global average, so averaged gradients equal one process's
+                    num_tokens = float(distributed.all_reduce_sum((lengths - 1).sum().float())) / world_size
+                decoder = distributed.unwrap(model.decoder)
+                # Equation 14 (equation 12 with hard attention): OBJECTIVES[decoder.objective]
+                terms = OBJECTIVES[decoder.objective](
+                    decoder, output, captions, decoder_config, config.label_smoothing, num_tokens
+                )
                 loss = terms.total
                 numbers = {
                     "cross_entropy": terms.cross_entropy.item(),

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -263,7 +263,86 @@ def train(
     test: bool = False,
     length_given: Collection[str] | None = None,
 ) -> RunOutputs:
-    """Train as configured; returns what was written where.
+    """Train as configured (``start_run``, then ``Trainer.fit``); returns what was written where."""
+    with start_run(config, resume, progress, test, length_given) as run:
+        run.trainer.fit()
+    return run.outputs
+
+
+@dataclass
+class Run:
+    """A claimed run folder and its trainer, ready to ``fit`` (what ``start_run`` returns).
+
+    As a context manager: on leaving without an error it lists the run's files and writes
+    ``history.json``; on an error it lets go of the folder (and removes it when this run made it and
+    left it empty), then the error goes on.
+    """
+
+    config: Config
+    trainer: Trainer
+    outputs: RunOutputs
+    group: distributed.ProcessGroup
+    new_folder: bool
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
+        trainer, outputs, group, config = self.trainer, self.outputs, self.group, self.config
+        output_dir = outputs.output_dir
+        trainer.log.close()
+        if kind is None:
+            try:
+                outputs.state = trainer.state
+                outputs.caption_warning = trainer.caption_warning
+                if group.is_main:
+                    for name in ("last", "best", "best_scst"):
+                        path = trainer.checkpoint_dir / f"{name}.pt"
+                        if path.exists():
+                            outputs.files[f"checkpoint ({name})"] = path
+                    outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
+                    if trainer.log.steps_path.exists():  # no step was taken in a run of 0 epochs
+                        outputs.files["step log"] = trainer.log.steps_path
+                    history = output_dir / "history.json"
+                    text = json.dumps(
+                        {
+                            "config": to_dict(config),
+                            "epochs": trainer.state.history,
+                            "stops": trainer.state.stops,
+                        },
+                        indent=1,
+                    )
+                    atomic_write(history, lambda p: p.write_text(text))
+                    outputs.files["epoch history"] = history
+            except BaseException:
+                _let_go(outputs, group, self.new_folder)
+                raise
+            distributed.barrier()
+            return
+        _let_go(outputs, group, self.new_folder)
+
+
+def _let_go(outputs: RunOutputs, group: distributed.ProcessGroup, new_folder: bool) -> None:
+    """A failed run lets go of its folder (a later run in this process may use it), and does not
+    leave behind an empty folder it made (a full disk)."""
+    if outputs.lock is not None:
+        outputs.lock.release(failed=True)
+    if new_folder and group.is_main:
+        with contextlib.suppress(OSError):
+            outputs.output_dir.rmdir()
+
+
+def start_run(
+    config: Config,
+    resume: str | Path | None = None,
+    progress: bool = True,
+    test: bool = False,
+    length_given: Collection[str] | None = None,
+) -> Run:
+    """Everything before the training loop, behind one call: the device and process group, the
+    seeds, the output folder checked and claimed (or ``--resume`` / ``--resume auto`` validated before
+    anything is written), the data read and the model built, the feature cache filled, the trainer
+    made and, on resume, its state loaded; the training streams are seeded again just before ``fit``.
 
     Args:
         config: the resolved configuration.
@@ -316,7 +395,8 @@ def train(
         del stored  # the weights and moments are loaded again, by the trainer
     outputs = RunOutputs(output_dir)
     new_folder = not output_dir.exists()
-    try:  # a run that fails lets go of the folder: a later run in this process may use it
+    trainer = None
+    try:
         if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
             output_dir.mkdir(parents=True, exist_ok=True)
             outputs.lock = RunLock(output_dir).acquire()
@@ -372,32 +452,12 @@ def train(
                     f"step {trainer.state.global_step}",
                     flush=True,
                 )
-        try:
-            outputs.state = trainer.fit()
-            outputs.caption_warning = trainer.caption_warning
-        finally:
-            trainer.log.close()
-        if group.is_main:
-            for name in ("last", "best", "best_scst"):
-                path = trainer.checkpoint_dir / f"{name}.pt"
-                if path.exists():
-                    outputs.files[f"checkpoint ({name})"] = path
-            outputs.files["TensorBoard logs"] = output_dir / "tensorboard"
-            if trainer.log.steps_path.exists():  # no step was taken in a run of 0 epochs
-                outputs.files["step log"] = trainer.log.steps_path
-            history = output_dir / "history.json"
-            text = json.dumps({"config": to_dict(config), "epochs": trainer.state.history}, indent=1)
-            atomic_write(history, lambda p: p.write_text(text))
-            outputs.files["epoch history"] = history
     except BaseException:
-        if outputs.lock is not None:
-            outputs.lock.release(failed=True)
-        if new_folder and group.is_main:
-            with contextlib.suppress(OSError):
-                output_dir.rmdir()  # a folder this run made and left empty (a full disk) is not left behind
+        if trainer is not None:
+            trainer.log.close()
+        _let_go(outputs, group, new_folder)
         raise
-    distributed.barrier()
-    return outputs
+    return Run(config, trainer, outputs, group, new_folder)
 
 
 def best_checkpoint(output_dir: Path) -> Path:

@@ -246,50 +246,120 @@ class Trainer:
         return self.config.train.scst_epochs if stage == "scst" else self.config.train.epochs
 
     def fit(self) -> TrainState:
-        """Run the remaining epochs of both stages, validating after each epoch.
+        """Run the remaining epochs of both stages, validating after each epoch: the training loop.
+
+        For each stage (cross-entropy, then self-critical from the best cross-entropy weights), each
+        epoch is one pass of ``train_one_epoch`` (its cross-entropy and self-critical steps), then
+        validation, the epoch's record, early stopping's count and the checkpoints.
 
         SIGTERM stops every process at the next step boundary, after ``last.pt`` is written.
 
         Raises:
             TrainingStopped: stopped by SIGTERM (exit status 75 from the command line).
         """
+        config = self.config
         with self.stop:
-            return self._fit()
-
-    def _fit(self) -> TrainState:
-        for stage in ("xe", "scst"):
-            if stage == "scst" and self.state.stage == "xe":
-                # Early stopping ends the cross-entropy stage only; max_steps ends the run.
-                if not self.config.train.scst_epochs or self._out_of_steps:
-                    break
-                self.state = replace(
-                    self.state,
-                    stage="scst",
-                    epoch=0,
-                    batch_in_epoch=0,
-                    best_metric=-math.inf,
-                    best_epoch=-1,
-                    epochs_without_improvement=0,
-                )
-                best = self.checkpoint_dir / "best.pt"
-                if best.exists():  # self-critical training starts from the best cross-entropy model
-                    payload = load_checkpoint(best)
-                    load_state_checked(
-                        distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", best
+            for stage in ("xe", "scst"):
+                if stage == "scst" and self.state.stage == "xe":
+                    # Early stopping ends the cross-entropy stage only; max_steps ends the run.
+                    if not config.train.scst_epochs or self._out_of_steps:
+                        break
+                    self._start_self_critical()
+                if self.state.stage != stage:
+                    continue
+                while self.state.epoch < self._stage_epochs(stage) and not self._stopped:
+                    state = self.state
+                    self.train_set.set_epoch(state.epoch)
+                    batches = EpochBatches(
+                        len(self.train_set),
+                        config.train.batch_size,
+                        config.train.seed,
+                        state.epoch,
+                        skip=state.batch_in_epoch,
+                        rank=self.group.rank,
+                        world_size=self.group.world_size,
                     )
-                    if payload.get("encoder") is not None:
-                        load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
-                    if self.group.is_main:
-                        print(f"self-critical training starts from {best}", flush=True)
-                # The stage averages its own steps, from the weights it starts at.
-                if self.average is not None:
-                    self.average.reset()
-                self._new_stage("scst", self.schedule.step_lr)
-            if self.state.stage != stage:
-                continue
-            while self.state.epoch < self._stage_epochs(stage) and not self._stopped:
-                self._run_epoch()
+                    started = time.time()
+                    numbers = train_one_epoch(
+                        self.model,
+                        loader_for(self.train_set, batches, config, self.device),
+                        self.optimizer,
+                        config.train,
+                        state,
+                        self.device,
+                        decoder_config=config.model.decoder,
+                        decode_config=config.decode,
+                        rewarder=self.rewarder,
+                        scaler=self.scaler,
+                        on_step=self._on_step,
+                        world_size=self.group.world_size,
+                        progress=self.progress,
+                        stop=self.stop.agreed,
+                    )
+                    if (
+                        self.stop.stopping
+                    ):  # even after the epoch's last batch: validation waits for the resumed run
+                        self._stop_here()
+                    if state.batch_in_epoch < steps_per_epoch(len(self.train_set), config.train.batch_size):
+                        self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
+                        continue
+                    self._end_epoch(numbers, time.time() - started)
+                self._say_if_stopped_early(stage)
         return self.state
+
+    def _say_if_stopped_early(self, stage: str) -> None:
+        """A stage that ended before its planned epochs says why, on the console and in the state
+        (``history.json``'s ``stops``): early stopping (the metric, the patience, the best epoch) or
+        ``train.max_steps``."""
+        state, planned, train = self.state, self._stage_epochs(stage), self.config.train
+        if state.stage != stage or state.epoch >= planned or any(s["stage"] == stage for s in state.stops):
+            return
+        if self._out_of_steps:
+            stop = {"reason": "max_steps", "max_steps": train.max_steps}
+            text = f"train.max_steps {train.max_steps} reached at step {state.global_step}"
+        elif train.early_stop_patience > 0 and state.epochs_without_improvement >= train.early_stop_patience:
+            stop = {
+                "reason": "early_stop",
+                "metric": train.metric,
+                "patience": train.early_stop_patience,
+                "best_metric": state.best_metric,
+                "best_epoch": state.best_epoch,
+            }
+            text = (
+                f"early stopping: validation {train.metric} has not improved for "
+                f"{state.epochs_without_improvement} epochs (train.early_stop_patience "
+                f"{train.early_stop_patience}; best {state.best_metric:.3f} at epoch {state.best_epoch})"
+            )
+        else:
+            return  # stopped by a signal: the resumed run goes on
+        state.stops.append({"stage": stage, "epoch": state.epoch, "planned_epochs": planned, **stop})
+        if self.group.is_main:
+            print(f"[{stage}] stopped after epoch {state.epoch} of {planned}: {text}", flush=True)
+
+    def _start_self_critical(self) -> None:
+        """The self-critical stage begins: a fresh count of epochs and of the best metric, from the best
+        cross-entropy checkpoint's weights, with its own averaging and learning-rate schedule."""
+        self.state = replace(
+            self.state,
+            stage="scst",
+            epoch=0,
+            batch_in_epoch=0,
+            best_metric=-math.inf,
+            best_epoch=-1,
+            epochs_without_improvement=0,
+        )
+        best = self.checkpoint_dir / "best.pt"
+        if best.exists():  # self-critical training starts from the best cross-entropy model
+            payload = load_checkpoint(best)
+            load_state_checked(distributed.unwrap(self.model.decoder), payload["decoder"], "decoder", best)
+            if payload.get("encoder") is not None:
+                load_state_checked(self.model.encoder, payload["encoder"], "encoder", best)
+            if self.group.is_main:
+                print(f"self-critical training starts from {best}", flush=True)
+        # The stage averages its own steps, from the weights it starts at.
+        if self.average is not None:
+            self.average.reset()
+        self._new_stage("scst", self.schedule.step_lr)
 
     @property
     def _out_of_steps(self) -> bool:
@@ -301,40 +371,9 @@ class Trainer:
         patience = self.config.train.early_stop_patience
         return self._out_of_steps or (patience > 0 and self.state.epochs_without_improvement >= patience)
 
-    def _run_epoch(self) -> None:
+    def _end_epoch(self, numbers: dict[str, float], seconds: float) -> None:
+        """After a full epoch: validate, record the epoch, count early stopping and checkpoint."""
         config, state = self.config, self.state
-        self.train_set.set_epoch(state.epoch)
-        batches = EpochBatches(
-            len(self.train_set),
-            config.train.batch_size,
-            config.train.seed,
-            state.epoch,
-            skip=state.batch_in_epoch,
-            rank=self.group.rank,
-            world_size=self.group.world_size,
-        )
-        started = time.time()
-        numbers = train_one_epoch(
-            self.model,
-            loader_for(self.train_set, batches, config, self.device),
-            self.optimizer,
-            config.train,
-            state,
-            self.device,
-            decoder_config=config.model.decoder,
-            decode_config=config.decode,
-            rewarder=self.rewarder,
-            scaler=self.scaler,
-            on_step=self._on_step,
-            world_size=self.group.world_size,
-            progress=self.progress,
-            stop=self.stop.agreed,
-        )
-        if self.stop.stopping:  # even after the epoch's last batch: validation waits for the resumed run
-            self._stop_here()
-        if state.batch_in_epoch < steps_per_epoch(len(self.train_set), config.train.batch_size):
-            self.checkpoint("last")  # stopped mid-epoch by max_steps: keep the position
-            return
         with self._averaged():
             scores, examples, self.caption_warning = validation_scores(
                 self.model, self.val_set, config, self.device, self.progress, self.group
@@ -346,7 +385,7 @@ class Trainer:
         record = {
             "stage": state.stage,
             "epoch": state.epoch + 1,
-            "seconds": round(time.time() - started, 1),
+            "seconds": round(seconds, 1),
             **{f"train_{k}": v for k, v in numbers.items()},
             **{f"val_{k}": v for k, v in scores.items() if v is not None},
             "lr": lr,

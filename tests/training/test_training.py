@@ -440,7 +440,7 @@ def test_fine_tuning_streams_images_and_trains_only_the_last_stages(data_root, t
 
 # ----------------------------------------------------------------------------- stages, folders, resume
 @pytest.mark.slow
-def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_root, tmp_path):
+def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_root, tmp_path, capsys):
     # lr ~ 0: epoch 2 cannot beat epoch 1, so patience 1 ends cross-entropy early; SCST must still run.
     overrides = tiny_overrides(
         data_root,
@@ -459,6 +459,20 @@ def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_r
     outputs = train(load_config(REPO / "configs" / "shapes.yaml", overrides), progress=False)
     history = outputs.state.history
     assert [h["stage"] for h in history] == ["xe", "xe", "scst"]
+    # the early stop is said and recorded, with its reason and numbers
+    (stop,) = json.loads((tmp_path / "run" / "history.json").read_text())["stops"]
+    assert stop == {
+        "stage": "xe",
+        "epoch": 2,
+        "planned_epochs": 4,
+        "reason": "early_stop",
+        "metric": "CIDEr-D",
+        "patience": 1,
+        "best_metric": pytest.approx(history[0]["val_CIDEr-D"]),
+        "best_epoch": 1,
+    }
+    printed = capsys.readouterr().out
+    assert "[xe] stopped after epoch 2 of 4: early stopping: validation CIDEr-D has not improved for 1" in printed
     assert (tmp_path / "run" / "checkpoints" / "best_scst.pt").is_file()
     # The rate each epoch used (a step schedule halves it after every epoch), not the next one.
     assert [h["lr"] for h in history[:2]] == pytest.approx([1e-12, 0.5e-12])
