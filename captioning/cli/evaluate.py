@@ -18,7 +18,7 @@ from captioning.config.loading import (
     with_data_section,
 )
 from captioning.data.folder import read_folder
-from captioning.data.readers import DATASETS
+from captioning.data.readers import DATASETS, reader_of
 from captioning.data.tokenizers import TOKENIZERS
 from captioning.evaluation.runner import (
     default_instances,
@@ -74,7 +74,8 @@ def _user_chose_paths(
         return True, True
     root_chosen = "data.root" in overrides
     cache_chosen = "data.cache_dir" in overrides or (root_chosen and not config.data.cache_dir)
-    return root_chosen, cache_chosen or config.data.dataset == "folder"  # folder: under the run folder
+    # a cache under the run folder (a folder of photos: DatasetReader.cache_under_root) is the run's own
+    return root_chosen, cache_chosen or not reader_of(config.data).cache_under_root(config.data)
 
 
 def _report_skipped(records: list, captioned: list) -> None:

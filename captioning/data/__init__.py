@@ -22,7 +22,7 @@ from captioning.data.karpathy import read_karpathy
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, reader_of
 from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
-from captioning.data.shapes import generate_shapes, read_shapes, shapes_files
+from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.data.tokenizers import replace_lone_surrogates
 from captioning.data.vocab import Vocabulary
 from captioning.utils.files import atomic_write
@@ -92,12 +92,8 @@ def load_records(
             data missing where it may not be generated.
         UnknownNameError: ``config.dataset`` names no registered reader (one line listing them).
     """
-    if config.dataset == "shapes" and not generate and not shapes_files(config.root).manifest.is_file():
-        raise DatasetError(
-            f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
-            "never written to); pass --set data.root=DIR to read or generate it in DIR"
-        )
     reader = reader_of(config)
+    reader.check_readable(config, generate)
     if reader.indexed:
         check_data_paths(config)  # also when the index answers without the reader
         writable = output_dir is not None if write_index is None else write_index

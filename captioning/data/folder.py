@@ -49,3 +49,7 @@ class FolderReader(DatasetReader):
     def read(self, config: DataConfig) -> list[ImageRecord]:
         check_data_paths(config)
         return read_folder(config.root)
+
+    def cache_under_root(self, config: DataConfig) -> bool:
+        """A folder of photos to caption is not written into: its features go under the run folder."""
+        return False

@@ -57,6 +57,19 @@ class DatasetReader:
         ``data_summary.json``); None when the files give every split."""
         return None
 
+    def cache_under_root(self, config: DataConfig) -> bool:
+        """Whether the feature cache lives under ``data.root`` (shared by every run over the data);
+        False puts it under the run folder (a folder of someone's photos is not written into)."""
+        return True
+
+    def default_instances(self, config: DataConfig) -> tuple[Path, ...]:
+        """The instances (boxes) files grounding and CHAIR use when ``data.instances`` names none."""
+        return ()
+
+    def check_readable(self, config: DataConfig, generate: bool) -> None:
+        """Refuse, before reading, data this reader may not produce here (``generate`` False: the
+        root is only read, e.g. a checkpoint's stored path)."""
+
 
 DATASETS: Registry[type[DatasetReader]] = Registry("dataset reader", key="data.dataset")
 

@@ -34,7 +34,7 @@ from PIL import Image, ImageDraw
 from captioning.config import DataConfig
 from captioning.data.karpathy import read_karpathy
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
-from captioning.data.records import ImageRecord
+from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize
 
 logger = logging.getLogger(__name__)
@@ -225,6 +225,17 @@ class ShapesReader(DatasetReader):
             max_objects=config.shapes_max_objects,
         )
         return read_shapes(config.root, own_tokenizer(config))
+
+    def default_instances(self, config: DataConfig) -> tuple[Path, ...]:
+        """Shapes writes its own boxes (``instances.json``) beside the images."""
+        return (shapes_files(config.root).instances,)
+
+    def check_readable(self, config: DataConfig, generate: bool) -> None:
+        if not generate and not shapes_files(config.root).manifest.is_file():
+            raise DatasetError(
+                f"{config.root}: no Shapes data there (data.root from the checkpoint is only read, "
+                "never written to); pass --set data.root=DIR to read or generate it in DIR"
+            )
 
 
 def _image_layout(counts: dict[str, int]) -> list[tuple[int, str, int]]:

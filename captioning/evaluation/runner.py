@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from captioning.config import Config, DecodeConfig
+from captioning.data.readers import reader_of
 from captioning.data.records import DatasetError
-from captioning.data.shapes import shapes_files
 from captioning.data.tokenizers import detokenize
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
@@ -42,12 +42,11 @@ def write_results(path: str | Path, captioned: list[Captioned], tokenizer: str =
 
 
 def default_instances(config: Config) -> tuple[Path, ...]:
-    """The instances files grounding uses by default: the configured ones, or Shapes' own."""
+    """The instances files grounding uses by default: the configured ones, or the reader's own
+    (``DatasetReader.default_instances``: Shapes writes its boxes)."""
     if config.data.instances:
         return tuple(Path(path) for path in config.data.instances)
-    if config.data.dataset == "shapes":
-        return (shapes_files(config.data.root).instances,)
-    return ()
+    return reader_of(config.data).default_instances(config.data)
 
 
 def load_boxes(paths: Sequence[str | Path]) -> Instances | None:

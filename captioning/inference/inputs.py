@@ -12,6 +12,7 @@ import torch
 from captioning.config import Config, DataConfig
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
+from captioning.data.readers import reader_of
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.models.captioner import Captioner
 from captioning.utils import distributed
@@ -21,7 +22,11 @@ def feature_cache_dir(config: Config, output_dir: Path) -> Path:
     """Shared by runs over the same data: under the data root unless configured."""
     if config.data.cache_dir:
         return Path(config.data.cache_dir)
-    return Path(config.data.root) / "features" if config.data.dataset != "folder" else output_dir / "features"
+    return (
+        Path(config.data.root) / "features"
+        if reader_of(config.data).cache_under_root(config.data)
+        else output_dir / "features"
+    )
 
 
 def uses_cache(config: Config) -> bool:
