@@ -29,7 +29,12 @@ from captioning.config import Config, DecodeConfig
 from captioning.data.images import ImageError, as_rgb_image, check_picture
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
-from captioning.inference.captioner import Captioned, caption_records, decode_config_with, load_captioner
+from captioning.inference.captioner import (
+    Captioned,
+    caption_records,
+    decode_config_with,
+    load_trained_captioner,
+)
 from captioning.models.captioner import Captioner
 from captioning.models.decoding import check_decoding_fits
 from captioning.utils.device import resolve_device
@@ -95,16 +100,20 @@ class CaptioningModel:
         source: the checkpoint file or model folder it was loaded from.
     """
 
-    def __init__(self, captioner: Captioner, config: Config, device: torch.device, source: Path) -> None:
+    def __init__(
+        self, captioner: Captioner, config: Config, device: torch.device, source: Path, stage: str = "xe"
+    ) -> None:
         self.captioner = captioner
         self.config = config
         self.device = device
         self.source = Path(source)
+        self.stage = stage  # the training its weights had: xe (cross-entropy) or scst (then self-critical)
 
     def __repr__(self) -> str:
         model = self.config.model
+        stage = "after self-critical training" if self.stage == "scst" else "after cross-entropy training"
         return (
-            f"CaptioningModel({str(self.source)!r}: {model.encoder.name} encoder, "
+            f"CaptioningModel({str(self.source)!r}, {stage}: {model.encoder.name} encoder, "
             f"{model.decoder.kind} decoder, "
             f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, on {self.device})"
         )
@@ -231,16 +240,25 @@ def load(path: str | Path, device: str = "auto") -> CaptioningModel:
     """Load a checkpoint written by ``train.py`` or a folder written by ``save_pretrained``.
 
     Args:
-        path: a checkpoint file (``runs/shapes/checkpoints/best.pt``) or a model folder.
+        path: a run folder (``runs/shapes``: the checkpoint its test scores came from, as named in
+            ``test_scores.json``'s signature, else the one ``train.py`` scores), a checkpoint file
+            (``runs/shapes/checkpoints/best.pt``) or a model folder.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
     Raises:
         CheckpointError: a missing, corrupt or foreign checkpoint or folder, or weights that do not fit
             its configuration (one line naming the file).
         EncoderWeightsError: the encoder's pretrained weights cannot be found.
     """
+    from captioning.hub.checkpoint import scored_checkpoint
+    from captioning.hub.model_folder import CONFIG
+    from captioning.utils.run_folder import CHECKPOINTS
+
     torch_device = resolve_device(device)
-    captioner, config = load_captioner(path, torch_device)
-    return CaptioningModel(captioner, config, torch_device, Path(path))
+    path = Path(path)
+    if path.is_dir() and not (path / CONFIG).exists() and (path / CHECKPOINTS).is_dir():
+        path = scored_checkpoint(path)  # a run folder: the checkpoint its test scores came from
+    captioner, config, reward = load_trained_captioner(path, torch_device)
+    return CaptioningModel(captioner, config, torch_device, path, "scst" if reward else "xe")
 
 
 def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:

@@ -9,6 +9,7 @@ previous checkpoint whole.
 from __future__ import annotations
 
 import io
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -266,3 +267,39 @@ def check_state_fits(
         raise CheckpointError(
             f"{path}: {what} weights do not fit the model configuration: {'; '.join(problems)}"
         )
+
+
+def scored_checkpoint(run: Path) -> Path:
+    """The checkpoint of a run folder whose test scores the run reports: the one ``test_scores.json``'s
+    signature names (by its hash), else the one the main job scores (``run_folder.best_checkpoint``:
+    the better of ``best_scst.pt`` and ``best.pt`` by validation metric, else ``last.pt``).
+
+    Raises:
+        RunFolderError: ``checkpoints/`` holds no checkpoint.
+    """
+    from captioning.hub.identity import file_hash, parse_signature
+    from captioning.utils.run_folder import CHECKPOINTS
+
+    try:
+        signature = json.loads((run / "test_scores.json").read_text(encoding="utf-8")).get("signature", "")
+        digest = parse_signature(signature).get("ckpt") if isinstance(signature, str) else None
+    except (OSError, ValueError, AttributeError):
+        digest = None
+    if digest:
+        for candidate in sorted((run / CHECKPOINTS).glob("*.pt")):
+            if candidate.is_file() and file_hash(candidate) == digest:
+                return candidate
+    return best_checkpoint_of(run)
+
+
+def best_checkpoint_of(run: Path) -> Path:
+    """The checkpoint the main job evaluates (``run_folder.best_checkpoint``: the best validation
+    metric their training state records, else ``last.pt``)."""
+    import math
+
+    from captioning.utils.run_folder import best_checkpoint
+
+    def metric(path: Path) -> float:
+        return (load_checkpoint(path).get("training") or {}).get("state", {}).get("best_metric", -math.inf)
+
+    return best_checkpoint(run, metric)

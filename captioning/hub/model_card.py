@@ -109,6 +109,7 @@ def model_card(
     channels: int,
     parameters: dict[str, int],
     scores: dict[str, Any] | None,
+    stage: str = "xe",
 ) -> str:
     """The Markdown model card of a model folder named ``name``.
 
@@ -118,13 +119,21 @@ def model_card(
         grid: (gh, gw) attention grid; channels: the encoder's C.
         parameters: stored weight count per section (``decoder``, ``encoder``).
         scores: test scores with ``signature`` (``captioning.hub.save.known_scores``), or None.
+        stage: the training the weights had: ``xe`` (cross-entropy only) or ``scst``.
     """
     data, decode = config.data, config.decode
     decoding = decode.strategy + (f" (beam size {decode.beam_size})" if decode.strategy == "beam" else "")
-    training = (
-        f"| training | {config.train.epochs} cross-entropy epochs, {config.train.scst_epochs} self-critical "
-        f"epochs, seed {config.train.seed} |"
-    )
+    if stage == "scst":
+        trained = (
+            f"{config.train.epochs} cross-entropy epochs, then {config.train.scst_epochs} self-critical "
+            "epochs (the best self-critical epoch's weights)"
+        )
+    else:
+        trained = (
+            f"{config.train.epochs} cross-entropy epochs (the best epoch's weights), no self-critical "
+            "training"
+        )
+    training = f"| training | {trained}, seed {config.train.seed} |"
     stored = ", ".join(f"{section} {count:,}" for section, count in parameters.items() if count)
     lines = [
         f"# {_md(name)}",

@@ -7,8 +7,9 @@ reads.
       model.safetensors   the weights, no pickle: ``decoder.*``, and ``encoder.*`` when the encoder's
                           weights cannot be rebuilt from their name (fine-tuned, or random)
       config.json         {"format": "captioning-model", "version": 1, "config": the full configuration,
-                           "encoder_fingerprint": what the decoder was trained on, "scores": test scores
-                           with their signature, or null}
+                           "encoder_fingerprint": what the decoder was trained on, "stage": the training
+                           the weights had (xe, or scst after self-critical epochs), "scores": test
+                           scores with their signature, or null}
       vocab.json          the vocabulary (the decoder's word ids)
       README.md           the model card: encoder, decoder, data, test scores, how to load it
 
@@ -122,6 +123,7 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
         "encoder": sections["encoder"] or None,
         "encoder_fingerprint": description.get("encoder_fingerprint"),
         "training": None,
+        "stage": description.get("stage") if description.get("stage") in ("xe", "scst") else None,
     }
     check_payload(payload, weights)
     return payload

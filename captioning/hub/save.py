@@ -37,6 +37,7 @@ class SavableModel(Protocol):
     captioner: Captioner
     config: Config
     source: Path
+    stage: str  # xe, or scst after self-critical epochs
 
     @property
     def vocab(self) -> Vocabulary: ...
@@ -130,6 +131,7 @@ def save_pretrained(model: SavableModel, folder: str | Path, overwrite: bool = F
         "version": VERSION,
         "config": to_dict(config),
         "encoder_fingerprint": model.captioner.encoder.fingerprint(),
+        "stage": model.stage,
         "scores": scores,
     }
     # The bytes are written by atomic_write itself (safetensors' save_file would rename a file of its
@@ -147,6 +149,7 @@ def save_pretrained(model: SavableModel, folder: str | Path, overwrite: bool = F
         model.captioner.encoder.channels,
         parameters,
         scores,
+        model.stage,
     )
 
     def write(staging: Path) -> None:

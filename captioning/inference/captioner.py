@@ -89,7 +89,8 @@ def load_trained_captioner(
             f"({json.dumps(trained, sort_keys=True)} then, {json.dumps(now, sort_keys=True)} now)"
         )
     state = (payload.get("training") or {}).get("state") or {}
-    reward = reward_description(config.train) if state.get("stage") == "scst" else None
+    stage = state.get("stage") or payload.get("stage")  # a model folder stores the stage alone
+    reward = reward_description(config.train) if stage == "scst" else None
     return model.to(device).eval(), config, reward
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Collection
@@ -24,6 +23,7 @@ from captioning.data.records import ImageRecord, records_of_split
 from captioning.hub.checkpoint import (
     CheckpointError,
     atomic_write,
+    best_checkpoint_of,
     checkpoint_config,
     load_checkpoint,
 )
@@ -60,7 +60,6 @@ from captioning.utils.run_folder import (
     claim_output_dir,
     remove_outputs,
 )
-from captioning.utils.run_folder import best_checkpoint as choose_best_checkpoint
 
 AUTO = "auto"  # resume from the output folder's last.pt when there is one, else start a new run
 
@@ -461,11 +460,6 @@ def start_run(
 
 
 def best_checkpoint(output_dir: Path) -> Path:
-    """The checkpoint to evaluate (``run_folder.best_checkpoint``: the best validation metric their
-    training state records, else ``last.pt``)."""
-    return choose_best_checkpoint(
-        output_dir,
-        lambda path: (
-            (load_checkpoint(path).get("training") or {}).get("state", {}).get("best_metric", -math.inf)
-        ),
-    )
+    """The checkpoint to evaluate (``hub.checkpoint.best_checkpoint_of``: the best validation metric
+    their training state records, else ``last.pt``)."""
+    return best_checkpoint_of(output_dir)

@@ -144,8 +144,12 @@ def _bad_folders(folder: Path, tmp_path: Path) -> list[tuple[Path, str]]:
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "best.pt").write_bytes(b"")
-    cases.append(
-        (run, r"run: a run folder, not a model folder: give one of its checkpoints, e\.g\. .*best\.pt")
+    cases.append(  # the tools take a checkpoint; captioning.load takes the run and reads its checkpoint
+        (
+            run,
+            r"run(: a run folder, not a model folder: give one of its checkpoints, e\.g\. .*best\.pt"
+            r"|/checkpoints/best\.pt: truncated or corrupt checkpoint)",
+        )
     )
     unfit = copy("unfit")
     _edit_json(unfit / "config.json", lambda d: d["config"]["model"]["decoder"].update(hidden_dim=24))

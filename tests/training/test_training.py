@@ -472,7 +472,8 @@ def test_self_critical_stage_follows_an_early_stopped_cross_entropy_stage(data_r
         "best_epoch": 1,
     }
     printed = capsys.readouterr().out
-    assert "[xe] stopped after epoch 2 of 4: early stopping: validation CIDEr-D has not improved for 1" in printed
+    said = "[xe] stopped after epoch 2 of 4: early stopping: validation CIDEr-D has not improved for 1"
+    assert said in printed
     assert (tmp_path / "run" / "checkpoints" / "best_scst.pt").is_file()
     # The rate each epoch used (a step schedule halves it after every epoch), not the next one.
     assert [h["lr"] for h in history[:2]] == pytest.approx([1e-12, 0.5e-12])
