@@ -1,4 +1,5 @@
-"""Captions that say nothing about their image: all (or mostly) empty, or all (or mostly) the same.
+"""Captions that say nothing about their image: mostly empty, one word, the same caption, or the same
+few captions.
 
 A run that ends this way still writes scores (low ones), checkpoints and figures, and nothing else
 says why; ``degenerate_captions`` gives the one warning line the epoch line and the closing summary
@@ -11,6 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 MOSTLY = 0.8  # the share of captions from which "empty" or "the same" is worth a warning
+FEW = 3  # "the same few captions": at most this many distinct ones (with empty ones) cover MOSTLY
 
 _EMPTY_CAUSE = (
     "the decoder ends each caption at once: usually too few training steps, or too high a "
@@ -36,7 +38,22 @@ def degenerate_captions(captions: Sequence[str], split: str) -> str | None:
     empty = sum(1 for caption in captions if not caption.strip())
     if empty >= MOSTLY * total:
         return f"warning: {empty} of {total} {split} captions are empty; {_EMPTY_CAUSE}"
-    commonest, count = Counter(caption for caption in captions if caption.strip()).most_common(1)[0]
+    counts = Counter(caption for caption in captions if caption.strip())
+    commonest, count = counts.most_common(1)[0]
     if total >= 2 and count >= MOSTLY * total:
         return f"warning: {count} of {total} {split} captions are the same, {commonest!r}; {_SAME_CAUSE}"
+    short = sum(1 for caption in captions if len(caption.split()) <= 1)
+    if total >= 2 and short >= MOSTLY * total:  # 13 empty and 12 "a" say as little as 25 empty
+        return (
+            f"warning: {short} of {total} {split} captions are empty or one word "
+            f"({empty} empty); {_EMPTY_CAUSE}"
+        )
+    few = [text for text, _ in counts.most_common(FEW)]
+    covered = empty + sum(counts[text] for text in few)
+    if total >= 5 * FEW and covered >= MOSTLY * total:  # enough images for few strings to mean something
+        shown = ", ".join(repr(text) for text in few)
+        return (
+            f"warning: {covered} of {total} {split} captions are empty or one of {len(few)} captions "
+            f"({shown}); {_SAME_CAUSE}"
+        )
     return None

@@ -96,7 +96,7 @@ def check_resumable(stored: Config, config: Config, stage: str, path: str | Path
     """Refuse to resume a checkpoint under a configuration that would not continue the same run.
 
     Raises:
-        CheckpointError: one line naming the first key that differs and may not change.
+        CheckpointError: one line naming every key that differs and may not change, with both values.
     """
     allowed = RESUMABLE_KEYS | (RESUMABLE_BEFORE_SCST if stage == "xe" else frozenset())
     old, new = _flat(to_dict(stored)), _flat(to_dict(config))
@@ -105,11 +105,13 @@ def check_resumable(stored: Config, config: Config, stage: str, path: str | Path
         for key in new
         if old.get(key) != new[key] and key not in allowed and not key.startswith("decode.")
     ]
-    if changed:
-        key = changed[0]
-        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    if changed:  # every key that differs, so that one relaunch can fix them all
+        first, *others = changed
+        differences = f"{first} is {old.get(first)!r} in the checkpoint but {new[first]!r} now" + "".join(
+            f", {key} {old.get(key)!r} then {new[key]!r} now" for key in others
+        )
         raise CheckpointError(
-            f"{path}: {key} is {old.get(key)!r} in the checkpoint but {new[key]!r} now{more}; "
+            f"{path}: {differences}; "
             "a resumed run keeps its configuration (pass the same --config and flags), "
             "apart from its length, logging, paths and decoding"
         )

@@ -38,6 +38,19 @@ def test_mostly_empty_or_identical_captions_are_named_with_their_usual_cause():
     assert degenerate_captions([], "test") is None
 
 
+def test_mostly_empty_or_one_word_or_the_same_few_captions_are_named():
+    short = degenerate_captions([""] * 13 + ["a"] * 12, "test")  # CIDEr-D 0, yet neither rule above
+    assert short.startswith("warning: 25 of 25 test captions are empty or one word (13 empty); ")
+    few = ["a red circle", "a blue square", "a green star"]
+    same_few = degenerate_captions([few[k % 3] for k in range(40)] + ["a big yellow ring"] * 5, "validation")
+    assert same_few.startswith("warning: 40 of 45 validation captions are empty or one of 3 captions (")
+    assert "'a red circle'" in same_few and "\n" not in short + same_few
+    varied = [
+        f"a {colour} {shape}" for colour in ("red", "blue", "green", "pink") for shape in ("circle", "star")
+    ]
+    assert degenerate_captions(varied * 3, "test") is None  # 8 strings over 24 images: no warning
+
+
 def decoding_only(monkeypatch, change) -> None:
     """Every decoded batch of captions passes through ``change`` (validation and the test split)."""
     decode = inference.decode
