@@ -168,6 +168,9 @@ def build_vocabulary(records: list[ImageRecord], min_count: int) -> Vocabulary:
     return Vocabulary.build((caption for record in train for caption in record.captions), min_count)
 
 
+CUT_SHARE_ADVICE = 5.0  # percent of training captions cut from which the summary says which keys to raise
+
+
 def caption_length_summary(records: list[ImageRecord], max_length: int) -> tuple[int, str]:
     """How many training captions are longer than ``max_length`` words (and will be cut).
 
@@ -175,9 +178,18 @@ def caption_length_summary(records: list[ImageRecord], max_length: int) -> tuple
         The count, and one line such as
         ``"12 of 10000 training captions (0.1%) exceed 20 words and are cut"``.
     """
-    lengths = [len(caption) for record in records_of_split(records, "train") for caption in record.captions]
+    lengths = sorted(
+        len(caption) for record in records_of_split(records, "train") for caption in record.captions
+    )
     cut = sum(length > max_length for length in lengths)
     share = 100.0 * cut / len(lengths) if lengths else 0.0
-    return cut, (
+    message = (
         f"{cut} of {len(lengths)} training captions ({share:.1f}%) exceed {max_length} words and are cut"
     )
+    if share >= CUT_SHARE_ADVICE:  # e.g. characters of Chinese captions: each one counts as a word
+        longest = lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))]
+        message += (
+            f"; 95% of them are at most {longest} tokens: set data.max_caption_length={longest} and "
+            f"decode.max_length={longest} to keep them whole (docs/own-data.md)"
+        )
+    return cut, message

@@ -220,4 +220,24 @@ def test_caption_length_summary(tmp_path):
     ]
     count, message = caption_length_summary(records, max_length=4)
     assert count == 1
-    assert message == "1 of 2 training captions (50.0%) exceed 4 words and are cut"
+    assert message == (
+        "1 of 2 training captions (50.0%) exceed 4 words and are cut; 95% of them are at most 5 tokens: "
+        "set data.max_caption_length=5 and decode.max_length=5 to keep them whole (docs/own-data.md)"
+    )
+
+
+def test_character_captions_that_are_cut_say_which_keys_to_raise(tmp_path):
+    """Chinese captions by characters: 44% over 20 tokens; the summary names the keys and a length."""
+    from captioning.data.tokenizers import tokenize_characters
+
+    sentence = "一只棕色的小狗在绿色的草地上追着一个红色的球跑来跑去"  # 26 characters
+    short = "一只狗在跑"
+    captions = [tokenize_characters(sentence)] * 44 + [tokenize_characters(short)] * 56
+    records = [
+        ImageRecord(k, tmp_path / f"{k}.jpg", "train", (tuple(c),), ("",)) for k, c in enumerate(captions)
+    ]
+    count, message = caption_length_summary(records, max_length=20)
+    assert count == 44 and message.startswith("44 of 100 training captions (44.0%) exceed 20 words")
+    assert "set data.max_caption_length=26 and decode.max_length=26" in message
+    _, quiet = caption_length_summary(records, max_length=30)
+    assert "set data" not in quiet
