@@ -16,7 +16,7 @@ batch at a time) and figures are drawn by ``attention_figure``, so the captions 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -236,7 +236,7 @@ class CaptioningModel:
         return save_pretrained(self, folder, overwrite=overwrite)
 
 
-def load(path: str | Path, device: str = "auto") -> CaptioningModel:
+def load(path: str | Path, device: str = "auto", imports: Sequence[str] = ()) -> CaptioningModel:
     """Load a checkpoint written by ``train.py`` or a folder written by ``save_pretrained``.
 
     Args:
@@ -244,6 +244,9 @@ def load(path: str | Path, device: str = "auto") -> CaptioningModel:
             ``test_scores.json``'s signature, else the one ``train.py`` scores), a checkpoint file
             (``runs/shapes/checkpoints/best.pt``) or a model folder.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+        imports: modules of your own that register the parts the checkpoint names (an encoder, a
+            decoder, a scorer, a tokenizer), imported first: module names (``my_parts``) or paths to
+            ``.py`` files, as the tools' ``--import`` takes them.
     Raises:
         CheckpointError: a missing, corrupt or foreign checkpoint or folder, or weights that do not fit
             its configuration (one line naming the file).
@@ -253,12 +256,40 @@ def load(path: str | Path, device: str = "auto") -> CaptioningModel:
     from captioning.hub.model_folder import CONFIG
     from captioning.utils.run_folder import CHECKPOINTS
 
+    for name in imports:
+        _import_module(name)
     torch_device = resolve_device(device)
     path = Path(path)
     if path.is_dir() and not (path / CONFIG).exists() and (path / CHECKPOINTS).is_dir():
         path = scored_checkpoint(path)  # a run folder: the checkpoint its test scores came from
     captioner, config, reward = load_trained_captioner(path, torch_device)
     return CaptioningModel(captioner, config, torch_device, path, "scst" if reward else "xe")
+
+
+def _import_module(name: str) -> None:
+    """Import a module of the caller's (a name, or a path to a ``.py`` file) for ``load(imports=...)``."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if name.endswith(".py") or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise ImportError(f"imports: {name}: no such file")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"imports: {name}: not a Python file")
+        if path.stem in sys.modules:
+            return
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[path.stem]
+            raise
+    else:
+        importlib.import_module(name)
 
 
 def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:

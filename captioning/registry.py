@@ -74,7 +74,8 @@ class Registry(Generic[T]):
         where = f"{self.key} " if self.key else ""
         return (
             f"{where}names an unknown {self.what} {name!r}; registered: {', '.join(self.names())} "
-            f"(a module of your own can register one: --import MODULE)"
+            f"(a module of your own can register one: --import MODULE on the command line; in Python, "
+            "import it first or pass captioning.load(..., imports=[MODULE]))"
         )
 
     def check(self, name: str) -> str:
