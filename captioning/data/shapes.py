@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from captioning.data.karpathy import read_karpathy
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize
+from captioning.utils.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -440,7 +440,6 @@ def _captions_json(images: list[_GeneratedImage], split: str, image_size: int) -
 
 
 def _write_json(path: Path, data: dict) -> None:
-    """Write deterministic JSON (sorted keys) atomically."""
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
-    os.replace(temporary, path)
+    """Write deterministic JSON (sorted keys) atomically (``atomic_write``, the project's one writer)."""
+    text = json.dumps(data, sort_keys=True)
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -196,7 +196,15 @@ def main_job_file(path: str | Path) -> Path | None:
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<output_dir>/.train.lock``, held until ``release`` or process exit."""
+    """An exclusive ``flock`` on ``<output_dir>/.train.lock``, held until ``release`` or process exit.
+
+    ``fcntl.flock`` itself rather than the ``filelock`` package, whose ``UnixFileLock`` makes the same
+    call: the refusal names the holder (its pid and command, written into the file after the lock is
+    taken), a failed run removes a lock file only it made, and the descriptor is checked against the
+    path's inode so that two runs never lock two different files of one name; the kernel drops the
+    lock when the process dies, even by SIGKILL. Off POSIX there is no lock, as on a file system
+    without ``flock``.
+    """
 
     def __init__(self, output_dir: str | Path) -> None:
         self.path = Path(output_dir) / LOCK_NAME
