@@ -35,8 +35,9 @@ from captioning.inference.inputs import (
     uses_cache,
 )
 from captioning.models.base import CaptionDecoder
-from captioning.models.captioner import Captioner
+from captioning.models.captioner import Captioner, build_decoder
 from captioning.models.decoding import check_decoding_fits
+from captioning.models.encoders import build_encoder
 from captioning.training.claim import auto_resume_point
 from captioning.training.cpu_threads import say_if_busy
 from captioning.training.engine import TrainState
@@ -91,6 +92,10 @@ def build_run_model(
     splits the run needs (``test`` too when it is scored after training), every image file, and
     the checkpoint to resume; then rank 0 prints the plan (``describe_plan``).
     """
+    # The encoder first: a weights file it lacks (offline, a mistyped path) is refused before the
+    # data are read or generated (Shapes writes tens of MB). Nothing between this and the decoder
+    # draws from torch's random stream, so the weights are those Captioner.build gives.
+    encoder = build_encoder(config.model.encoder)
     records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
     counts = check_splits(records, config.data.dataset, needed, data_source(config.data))
@@ -109,7 +114,8 @@ def build_run_model(
         note = warmup_note(config, counts["train"])
         if note:
             print(note, flush=True)
-    model = Captioner.build(config.model, vocab).to(device)
+    decoder = build_decoder(config.model.decoder, len(vocab), encoder.channels, encoder.grid)
+    model = Captioner(encoder, decoder, vocab, config.model).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
     validated = min(config.train.val_images or counts["val"], counts["val"])  # decoded after every epoch
     check_decoding_fits(config.decode, len(vocab), model.grid[0] * model.grid[1], validated, device)
@@ -205,10 +211,12 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
     # As a training run's rank 0 is seeded before it builds the model: random encoder weights
     # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
     seed_everything(config.train.seed, config.train.deterministic)
+    encoder = build_encoder(config.model.encoder)  # before the data: a missing weights file stops here
     records = load_records(config.data, write_index=group.is_main)
     check_images_exist(records, config.data.skip_bad_images)
     vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
-    model = Captioner.build(config.model, vocab).to(device)
+    decoder = build_decoder(config.model.decoder, len(vocab), encoder.channels, encoder.grid)
+    model = Captioner(encoder, decoder, vocab, config.model).to(device)
     by_split = {
         split: [r for r in records_of_split(records, split) if r.captions]
         for split in ("train", "val", "test")

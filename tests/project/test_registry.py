@@ -102,6 +102,11 @@ decoder = ShowAttendTellDecoder.from_config(config, 10, encoder.channels).eval()
 grids = encoder(torch.rand(2, 3, 64, 64))  # (B, P, C)
 step = decoder.step(decoder.prepare(grids), torch.tensor([1, 1]), decoder.init_state(grids))
 print(encoder.channels, tuple(step.alpha.shape))
+from captioning.models.encoders import EncoderWeightsError
+try:  # offline (or a file missing): the project's one-line error, not urllib's
+    build_encoder(EncoderConfig(name="my_encoder", weights="missing_weights.pth", image_size=64))
+except EncoderWeightsError as error:
+    print("refused:", str(error).splitlines()[0][:40].replace(" ", "_"))  # the file, named
 """
     code = "\n".join(examples) + check
     result = subprocess.run(
@@ -112,7 +117,9 @@ print(encoder.channels, tuple(step.alpha.shape))
         "576",
         "(2,",
         "4)",
-    ]  # MobileNetV3-Small: 576 channels, a 2x2 grid at 64 px
+        "refused:",
+        "missing_weights.pth:_encoder_weights_fil",
+    ]  # MobileNetV3-Small: 576 channels, a 2x2 grid at 64 px; a weights file resolved by resolve_weights
 
 
 def test_an_encoder_name_with_a_colon_is_refused_it_would_shadow_a_family():

@@ -537,3 +537,23 @@ def test_self_critical_stage_scales_a_fine_tuned_encoders_rate(data_root, tmp_pa
         "param_groups"
     ]
     assert {g["name"]: g["lr"] for g in groups} == pytest.approx({"decoder": 1e-5, "encoder": 1e-6})
+
+
+@pytest.mark.parametrize("cache_only", [False, True])
+def test_a_missing_encoder_weights_file_is_refused_before_the_data_are_generated(tmp_path, cache_only):
+    root = tmp_path / "shapes"
+    result = train_in_process(
+        [
+            "--set",
+            f"data.root={root}",
+            "--set",
+            f"model.encoder.weights={tmp_path / 'missing.pth'}",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+            *(["--cache-only"] if cache_only else []),
+        ]
+    )
+    assert result.returncode == 2, result.stderr
+    assert "missing.pth" in result.stderr.strip().splitlines()[-1]
+    assert not root.exists() and not (tmp_path / "run").exists()  # nothing generated, nothing written
