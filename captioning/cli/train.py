@@ -101,11 +101,9 @@ def write_report_of_run(
 
     config_path, history_path = output_dir / "config.yaml", output_dir / "history.json"
     config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
-    history = (
-        json.loads(history_path.read_text(encoding="utf-8")).get("epochs", [])
-        if history_path.is_file()
-        else []
-    )
+    stored = json.loads(history_path.read_text(encoding="utf-8")) if history_path.is_file() else {}
+    history = stored.get("epochs", [])
+    weight = ((stored.get("config") or {}).get("model") or {}).get("decoder", {}).get("doubly_stochastic")
     return write_run_report(
         output_dir / "report.html",
         captioned[:report_images],
@@ -117,6 +115,7 @@ def write_report_of_run(
         boxes=boxes,
         attention_label=attention_label,
         total_images=len(captioned),
+        penalty_weight=float(weight) if isinstance(weight, int | float) else None,
     )
 
 

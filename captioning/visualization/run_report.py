@@ -56,46 +56,120 @@ def _number(value: Any) -> float | None:
     )
 
 
-def curves_png(history: Sequence[Mapping[str, Any]]) -> bytes:
-    """Training and validation curves per epoch as one PNG (empty without epochs).
+# Validation metrics on a 0-10 scale (CIDEr-D reaches 5 and more); the others lie in [0, 1].
+_WIDE_SCALE = ("CIDEr",)
 
-    Losses (keys naming a loss, cross-entropy or penalty) on the left, every other number (the
-    validation scores, SCST's reward) on the right; a dotted line marks where a stage begins.
+
+def curve_panels(
+    history: Sequence[Mapping[str, Any]], penalty_weight: float | None = None
+) -> list[tuple[str, list[tuple[str, str, str | None]]]]:
+    """The panels of the curves: one per quantity and scale, as (title, [(label, key, stage)]), a curve
+    drawing ``key`` on the epochs of ``stage`` (None: every epoch).
+
+    The cross-entropy stage's losses, the attention penalty weighted as the loss adds it (only when
+    its weight is above 0: ``penalty_weight``, else read from the history as loss - cross-entropy),
+    the self-critical stage's loss and rewards (its loss is a policy-gradient surrogate, negative as
+    often as not: never on the cross-entropy axis), and the validation scores split by scale.
+    """
+    keys = curve_keys(history)
+    stages = {record.get("stage") for record in history}
+    panels: list[tuple[str, list[tuple[str, str, str | None]]]] = []
+    if "xe" in stages:
+        xe: list[tuple[str, str, str | None]] = [
+            (key.removeprefix("train_"), key, "xe")
+            for key in ("train_loss", "train_cross_entropy")
+            if key in keys
+        ]
+        if xe:
+            panels.append(("cross-entropy stage: loss", xe))
+        weighted = penalty_weight if penalty_weight is not None else _inferred_weight(history)
+        if "train_attention_penalty" in keys and weighted:
+            label = (
+                f"{weighted:g} x attention penalty" if penalty_weight is not None else "loss - cross-entropy"
+            )
+            panels.append(("attention penalty, as weighted in the loss", [(label, "weighted_penalty", "xe")]))
+    if "scst" in stages:
+        scst: list[tuple[str, str, str | None]] = [
+            (key.removeprefix("train_"), key, "scst")
+            for key in ("train_loss", "train_reward", "train_baseline")
+            if key in keys
+        ]
+        if scst:
+            panels.append(("self-critical stage: loss and reward", scst))
+    wide = [k for k in keys if k.startswith("val_") and k.removeprefix("val_").startswith(_WIDE_SCALE)]
+    narrow = [k for k in keys if k.startswith("val_") and k not in wide]
+    if wide:
+        panels.append(
+            (
+                "validation " + ", ".join(k.removeprefix("val_") for k in wide),
+                [(k[4:], k, None) for k in wide],
+            )
+        )
+    if narrow:
+        panels.append(("validation scores in [0, 1]", [(k[4:], k, None) for k in narrow]))
+    listed = {key for _, curves in panels for _, key, _ in curves} | {"train_attention_penalty"}
+    rest = [key for key in keys if key not in listed and key not in ("train_loss", "train_cross_entropy")]
+    if rest:
+        panels.append(("other numbers", [(key, key, None) for key in rest]))
+    return panels
+
+
+def _inferred_weight(history: Sequence[Mapping[str, Any]]) -> float:
+    """Whether the history's cross-entropy losses hold a weighted penalty: their largest
+    loss - cross-entropy (0 when the penalty's weight was 0)."""
+    gaps = [
+        (_number(r.get("train_loss")) or 0.0) - (_number(r.get("train_cross_entropy")) or 0.0)
+        for r in history
+        if r.get("stage") == "xe" and _number(r.get("train_cross_entropy")) is not None
+    ]
+    return max(gaps, default=0.0) if max(gaps, default=0.0) > 1e-9 else 0.0
+
+
+def _value(record: Mapping[str, Any], key: str, penalty_weight: float | None) -> float | None:
+    if key != "weighted_penalty":
+        return _number(record.get(key))
+    if penalty_weight is not None:
+        raw = _number(record.get("train_attention_penalty"))
+        return None if raw is None else penalty_weight * raw
+    loss, cross_entropy = _number(record.get("train_loss")), _number(record.get("train_cross_entropy"))
+    return None if loss is None or cross_entropy is None else loss - cross_entropy
+
+
+def curves_png(history: Sequence[Mapping[str, Any]], penalty_weight: float | None = None) -> bytes:
+    """Training and validation curves per epoch as one PNG (empty without epochs): one panel per
+    quantity and scale (``curve_panels``), each legend below its panel, a dotted line where a stage
+    begins.
 
     Args:
         history: the ``epochs`` of ``history.json``: ``{"stage", "epoch", "train_loss", "val_CIDEr-D", ...}``.
+        penalty_weight: the doubly stochastic penalty's weight (``model.decoder.doubly_stochastic``).
     """
     if not history:
         return b""
-    keys = curve_keys(history)
-    losses = [key for key in keys if any(word in key for word in ("loss", "cross_entropy", "penalty"))]
-    panels = [("loss", losses), ("validation scores and rewards", [key for key in keys if key not in losses])]
-    figure = Figure(figsize=(10, 3.4))
+    panels = curve_panels(history, penalty_weight)
+    columns = min(3, max(1, len(panels)))
+    rows = math.ceil(len(panels) / columns)
+    figure = Figure(figsize=(4.2 * columns, 3.6 * rows))
     FigureCanvasAgg(figure)
-    for position, (title, names) in enumerate(panels, start=1):
-        ax = figure.add_subplot(1, 2, position)
-        for name in names:
-            values = ((x, _number(record.get(name))) for x, record in enumerate(history, start=1))
+    for position, (title, curves) in enumerate(panels, start=1):
+        ax = figure.add_subplot(rows, columns, position)
+        for label, key, stage in curves:
+            values = (
+                (x, _value(record, key, penalty_weight))
+                for x, record in enumerate(history, start=1)
+                if stage is None or record.get("stage") == stage
+            )
             points = [(x, y) for x, y in values if y is not None]
-            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=name)
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=label)
         for x in range(1, len(history)):
             if history[x].get("stage") != history[x - 1].get("stage"):
                 ax.axvline(x + 0.5, color="#888", linestyle=":", linewidth=1)
-                ax.text(
-                    x + 0.55,
-                    1.0,
-                    str(history[x].get("stage", "")),
-                    transform=ax.get_xaxis_transform(),
-                    fontsize=8,
-                    va="top",
-                    color="#555",
-                )
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("epoch (all stages)", fontsize=9)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("epoch (all stages)", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.tick_params(labelsize=8)
-        if names:
-            ax.legend(fontsize=7)
+        ax.set_xlim(0.5, len(history) + 0.5)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
@@ -111,12 +185,12 @@ def curve_keys(history: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def _history_html(history: Sequence[Mapping[str, Any]]) -> str:
+def _history_html(history: Sequence[Mapping[str, Any]], penalty_weight: float | None = None) -> str:
     """The curves as a PNG, and their numbers in a table under it."""
     if not history:
         return '<p class="note">no epoch history</p>'
     keys = curve_keys(history)
-    picture = base64.b64encode(curves_png(history)).decode("ascii")
+    picture = base64.b64encode(curves_png(history, penalty_weight)).decode("ascii")
     head = "".join(f"<th>{html.escape(key)}</th>" for key in ["stage", "epoch", *keys])
     rows = "".join(
         "<tr>" + f"<td>{html.escape(str(record.get('stage', '')))}</td>"
@@ -205,6 +279,7 @@ def write_run_report(
     max_side: int | None = 256,
     map_side: int | None = 96,
     title: str = "Run report",
+    penalty_weight: float | None = None,
 ) -> Path:
     """Write the run's ``report.html`` (see the module docstring).
 
@@ -263,7 +338,7 @@ def write_run_report(
         facts=facts,
         config_text=config_text,
         scores_html=_scores_html(scores, scored),
-        history_html=_history_html(history),
+        history_html=_history_html(history, penalty_weight),
         table_html=_table_html(items, per_image),
         sections=sections,
         viewer_style=VIEWER_STYLE,

@@ -14,7 +14,7 @@ from PIL import Image
 from test_visualization import GRID, captioned_item, one_hot
 
 from captioning.evaluation.grounding import Instances, ObjectBox
-from captioning.visualization.run_report import curve_keys, curves_png, write_run_report
+from captioning.visualization.run_report import curve_keys, curve_panels, curves_png, write_run_report
 
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HISTORY = [
@@ -118,6 +118,57 @@ def test_report_holds_config_scores_curves_and_a_row_per_image(tmp_path, run_ite
     )
     assert "image 12 &middot; CIDEr-D 0.500</h2>" in page
     assert "http://" not in page and "https://" not in page and "<link" not in page  # nothing fetched
+
+
+def test_each_panel_holds_one_quantity_on_one_scale():
+    """The self-critical loss (a surrogate, often negative) never shares the cross-entropy axis; the
+    penalty is drawn weighted, and not at all when its weight is 0; CIDEr-D (0-10) and BLEU (0-1) apart."""
+    history = [
+        {
+            "stage": "xe",
+            "epoch": 1,
+            "train_loss": 3.0,
+            "train_cross_entropy": 3.0,
+            "train_attention_penalty": 1.7,
+            "val_CIDEr-D": 0.4,
+            "val_BLEU-4": 0.1,
+        },
+        {
+            "stage": "xe",
+            "epoch": 2,
+            "train_loss": 2.5,
+            "train_cross_entropy": 2.5,
+            "train_attention_penalty": 1.6,
+            "val_CIDEr-D": 0.9,
+            "val_BLEU-4": 0.2,
+        },
+        {
+            "stage": "scst",
+            "epoch": 1,
+            "train_loss": -0.4,
+            "train_reward": 0.8,
+            "val_CIDEr-D": 1.2,
+            "val_BLEU-4": 0.3,
+        },
+    ]
+    panels = dict(curve_panels(history, penalty_weight=0.0))
+    assert panels["cross-entropy stage: loss"] == [
+        ("loss", "train_loss", "xe"),
+        ("cross_entropy", "train_cross_entropy", "xe"),
+    ]
+    assert panels["self-critical stage: loss and reward"] == [
+        ("loss", "train_loss", "scst"),
+        ("reward", "train_reward", "scst"),
+    ]
+    assert panels["validation CIDEr-D"] == [("CIDEr-D", "val_CIDEr-D", None)]
+    assert panels["validation scores in [0, 1]"] == [("BLEU-4", "val_BLEU-4", None)]
+    assert not any("penalty" in title for title in panels)  # lambda 0: the loss holds no penalty
+    weighted = dict(curve_panels(history, penalty_weight=0.33))
+    assert weighted["attention penalty, as weighted in the loss"] == [
+        ("0.33 x attention penalty", "weighted_penalty", "xe")
+    ]
+    assert not any("penalty" in title for title in curve_panels(history))  # read from the history: loss == ce
+    assert curves_png(history, 0.33).startswith(b"\x89PNG")
 
 
 def test_curves_leave_out_what_is_not_a_curve():
