@@ -296,7 +296,8 @@ def compare_command(
     runs = comparison["runs"]
     print(
         f"{comparison['images']} images, {resamples} paired bootstrap resamples (seed {seed}); "
-        f"B - A = {name_b} - {name_a}, x100; p: two-sided; p Holm: adjusted for the "
+        f"B - A = {name_b} - {name_a}, x100; p: two-sided; the 95% interval is the same test's "
+        "(0 outside it exactly when p < 0.05); p Holm: adjusted for the "
         f"{len(comparison['metrics'])} metrics tested at once"
     )
     if runs["a"] > 1 or runs["b"] > 1:

@@ -11,10 +11,12 @@ resample as the toolkit computes it on the whole set:
   closest reference length (pycocoevalcap's statistics), summed over the resample: no text is
   rescored.
 
-With the bootstrap differences d*_r (B minus A) and the observed difference d, the 95% interval is
-the 2.5 and 97.5 percentiles of d*, and the two-sided p-value is the share of resamples whose
-difference, centred on d, is at least as far from 0 as d: ``(1 + #{|d*_r - d| >= |d|}) / (R + 1)``
-(Berg-Kirkpatrick et al., 2012; Koehn, 2004). Differences under 1e-9 count as none (p = 1).
+With the bootstrap differences d*_r (B minus A) and the observed difference d, the two-sided p-value
+is the share of resamples whose difference, centred on d, is at least as far from 0 as d:
+``(1 + #{|d*_r - d| >= |d|}) / (R + 1)`` (Berg-Kirkpatrick et al., 2012; Koehn, 2004), and the 95%
+interval is that test's: d +- the 95th percentile of |d*_r - d|, so that 0 lies outside it exactly
+when p < 0.05 (a percentile interval of d* beside this p-value can disagree with it on a skewed
+bootstrap). Differences under 1e-9 count as none (p = 1).
 
 Ratio metrics (attention grounding's mass and pointing game per mention, CHAIR-i per mention,
 CHAIR-s per image with boxes) are recomputed on each resample from per-image sums and counts, as
@@ -156,7 +158,11 @@ def compare_groups(
     if not np.isfinite(difference) or len(boot) == 0:
         nan = float("nan")
         return Comparison(score_a, score_b, difference, nan, nan, nan)
-    low, high = np.percentile(boot, [2.5, 97.5])
+    # The interval of the same test as the p-value: d +- the 95th percentile of |d* - d| (0 lies outside
+    # it exactly when p < 0.05, up to the resamples' granularity); a percentile interval of d* beside a
+    # shifted-null p-value could exclude 0 with p = 0.09 on a skewed bootstrap.
+    half = float(np.percentile(np.abs(boot - difference), 95))
+    low, high = difference - half, difference + half
     extreme = np.count_nonzero(np.abs(boot - difference) >= abs(difference) - _RESOLUTION)
     return Comparison(
         score_a, score_b, difference, float(low), float(high), float((1 + extreme) / (len(boot) + 1))
@@ -249,14 +255,22 @@ def group_bootstrap(
                 ratio_score,
                 seed,
             )
+    # A metric undefined on either side (grounding without boxes) is no test: left out, and not
+    # counted in Holm's adjustment.
+    result = {metric: c for metric, c in result.items() if np.isfinite(c.difference)}
     adjusted = holm([c.p_value for c in result.values()])
     return {metric: replace(c, p_holm=p) for (metric, c), p in zip(result.items(), adjusted, strict=True)}
 
 
+# Rows whose numbers are not those of the scores table, said in the row's name.
+_LABELS = {"METEOR": "METEOR (mean/img)"}
+
+
 def comparison_table(comparisons: Mapping[str, Comparison], names: tuple[str, str] = ("A", "B")) -> str:
     """A console table: each metric's two scores, B - A with its 95% interval, the p-value and the
-    Holm-adjusted p-value (scores x100; columns as wide as the names)."""
-    width = max([len("metric"), *map(len, comparisons)])
+    Holm-adjusted p-value (scores x100; columns as wide as the names). The interval is the p-value's
+    own test's; METEOR is the mean of per-image scores (the scores table's pools its statistics)."""
+    width = max([len("metric"), *(len(_LABELS.get(m, m)) for m in comparisons)])
     a_width, b_width = (max(9, len(name)) for name in names)
     header = (
         f"{'metric':<{width}}  {names[0]:>{a_width}}  {names[1]:>{b_width}}  {'B - A':>8}  "
@@ -266,7 +280,7 @@ def comparison_table(comparisons: Mapping[str, Comparison], names: tuple[str, st
     for metric, c in comparisons.items():
         holm_text = "" if c.p_holm is None else f"{c.p_holm:6.4f}"
         lines.append(
-            f"{metric:<{width}}  {100 * c.a:{a_width}.2f}  {100 * c.b:{b_width}.2f}  "
+            f"{_LABELS.get(metric, metric):<{width}}  {100 * c.a:{a_width}.2f}  {100 * c.b:{b_width}.2f}  "
             f"{100 * c.difference:+8.2f}  [{100 * c.ci_low:+8.2f}, {100 * c.ci_high:+8.2f}]  "
             f"{c.p_value:6.4f}  {holm_text:>6}"
         )

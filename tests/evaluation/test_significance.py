@@ -103,3 +103,40 @@ def test_bleu_is_compared_at_corpus_level():
         expected_b[3]
     )
     assert result["BLEU-1"].difference < 0
+
+
+def test_the_interval_and_the_p_value_never_contradict_each_other():
+    """On 25 images with a skewed difference (one image far off), 0 lies outside the 95% interval
+    exactly when p < 0.05: both come from one test (up to the resamples' granularity)."""
+    rng = np.random.default_rng(7)
+    resamples = 2000
+    for trial in range(40):
+        a = rng.uniform(0.0, 1.0, 25)
+        b = a + rng.normal(0.04, 0.05, 25)
+        b[trial % 25] += rng.choice([-1.0, 1.0]) * 1.5  # a skewed bootstrap
+        c = group_bootstrap([{"CIDEr-D": a}], [{"CIDEr-D": b}], resamples=resamples, seed=trial)["CIDEr-D"]
+        outside = not (c.ci_low <= 0.0 <= c.ci_high)
+        if outside:
+            assert c.p_value <= 0.05 + 2 / resamples, (trial, c)
+        else:
+            assert c.p_value >= 0.05 - 2 / resamples, (trial, c)
+
+
+def test_an_undefined_metric_is_left_out_and_not_counted_in_holm():
+    a, b = np.linspace(0, 1, 20), np.linspace(0, 1, 20) + 0.1
+    nan = np.full(20, np.nan)
+    both = group_bootstrap(
+        [{"CIDEr-D": a, "grounding-mass": nan}], [{"CIDEr-D": b, "grounding-mass": nan}], resamples=500
+    )
+    alone = group_bootstrap([{"CIDEr-D": a}], [{"CIDEr-D": b}], resamples=500)
+    assert list(both) == ["CIDEr-D"]
+    assert both["CIDEr-D"].p_holm == alone["CIDEr-D"].p_holm == alone["CIDEr-D"].p_value  # one test, not two
+
+
+def test_the_table_labels_meteors_per_image_mean():
+    from captioning.evaluation.significance import comparison_table
+
+    scores = {"METEOR": np.linspace(0.1, 0.3, 10), "CIDEr-D": np.linspace(0.5, 1.0, 10)}
+    comparisons = group_bootstrap([scores], [{k: v + 0.01 for k, v in scores.items()}], resamples=200)
+    table = comparison_table(comparisons)
+    assert "METEOR (mean/img)" in table and "\nCIDEr-D " in table
