@@ -37,11 +37,14 @@ class DatasetReader:
             folder of images to caption (split ``""``, no captions).
         indexed: large caption files: records are kept in the per-split index (``record_index``).
         writes_root: the reader makes ``data.root`` itself (Shapes generates it), so it need not exist.
+        checks_root: ``data.root`` need not be a folder (a pattern of shard files): the reader checks
+            it itself, with its own messages.
     """
 
     captioned: ClassVar[bool] = True
     indexed: ClassVar[bool] = False
     writes_root: ClassVar[bool] = False
+    checks_root: ClassVar[bool] = False
 
     def read(self, config: DataConfig) -> list[ImageRecord]:
         """One record per image, in the source's order.
@@ -56,6 +59,11 @@ class DatasetReader:
         """How the val and test splits are made when no file gives them (for the plan line and
         ``data_summary.json``); None when the files give every split."""
         return None
+
+    def data_folder(self, config: DataConfig) -> Path:
+        """The folder holding the data, where the feature cache goes unless ``data.cache_dir`` says
+        otherwise (``<folder>/features``): ``data.root``."""
+        return Path(config.root)
 
 
 DATASETS: Registry[type[DatasetReader]] = Registry("dataset reader", key="data.dataset")
@@ -81,7 +89,8 @@ _PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"
 
 def check_data_paths(config: DataConfig) -> None:
     """Every file and folder the data configuration names must exist (a reader that writes its root,
-    as Shapes, is spared that one); each reader checks this first.
+    as Shapes, or checks it itself, as the webdataset reader, is spared that one); each reader checks
+    this first.
 
     Relative paths are taken from the current folder, so a checkpoint's configuration used from
     another folder fails here; the message names the key to ``--set``.
@@ -91,9 +100,9 @@ def check_data_paths(config: DataConfig) -> None:
             data.<key>=... to where it is"``.
         UnknownNameError: ``data.dataset`` names no registered reader.
     """
-    writes_root = DATASETS[config.dataset].writes_root
+    reader = DATASETS[config.dataset]
     for key, kind in _PATH_KEYS:
-        if key == "root" and writes_root:
+        if key == "root" and (reader.writes_root or reader.checks_root):
             continue
         value = getattr(config, key)
         for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):

@@ -12,16 +12,19 @@ import torch
 from captioning.config import Config, DataConfig
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
+from captioning.data.readers import reader_of
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.models.captioner import Captioner
 from captioning.utils import distributed
 
 
 def feature_cache_dir(config: Config, output_dir: Path) -> Path:
-    """Shared by runs over the same data: under the data root unless configured."""
+    """Shared by runs over the same data: under the data's folder unless configured."""
     if config.data.cache_dir:
         return Path(config.data.cache_dir)
-    return Path(config.data.root) / "features" if config.data.dataset != "folder" else output_dir / "features"
+    if config.data.dataset == "folder":
+        return output_dir / "features"
+    return reader_of(config.data).data_folder(config.data) / "features"
 
 
 def uses_cache(config: Config) -> bool:
