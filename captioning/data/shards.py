@@ -125,6 +125,9 @@ def shard_files(root: str | Path) -> list[Path]:
         more = (
             f" ({len(missing)} of the {len(shards)} shards of {text} are missing)" if len(shards) > 1 else ""
         )
+        if len(missing) == len(shards):  # none there: data.root is wrong, or relative to another folder
+            where = f"relative paths start from {Path.cwd()}; " if not missing[0].is_absolute() else ""
+            more += f"; data.root: {where}set data.root=... to where the shards are"
         raise DatasetError(f"{missing[0]}: shard not found{more}")
     return shards
 

@@ -87,6 +87,13 @@ def test_a_missing_shard_a_bad_pattern_or_nothing_at_root_is_one_line(shards, tm
         f"{shards / '00003.tar'}: shard not found (2 of the 5 shards of {shards}/{{00000..00004}}.tar "
         "are missing)"
     )
+    with pytest.raises(DatasetError) as raised:
+        load_records(_config("elsewhere/{00000..00002}.tar"))
+    assert _one_line(raised) == (
+        f"{Path('elsewhere/00000.tar')}: shard not found (3 of the 3 shards of "
+        f"elsewhere/{{00000..00002}}.tar are missing); data.root: relative paths start from "
+        f"{Path.cwd()}; set data.root=... to where the shards are"
+    )
     with pytest.raises(ConfigError) as raised:
         load_records(_config(shards / "{00000..00002.tar"))
     assert "not a brace pattern" in _one_line(raised)
