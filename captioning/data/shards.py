@@ -42,9 +42,9 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from captioning.config import ConfigError, DataConfig
 from captioning.data import tar_members
@@ -215,9 +215,9 @@ def _samples(
         yield sample
 
 
-def _text(member: tar_members.Member, what: str) -> str:
+def _text(member: tar_members.Member, what: str, handle: BinaryIO) -> str:
     try:
-        return tar_members.read_member(member).decode("utf-8-sig")
+        return tar_members.read_member(member, handle).decode("utf-8-sig")
     except UnicodeDecodeError:
         raise _Bad("unreadable captions", f"{what} is not UTF-8 text") from None
     except tar_members.MemberError as error:
@@ -232,11 +232,11 @@ class _Bad(Exception):
         self.reason, self.message = reason, message
 
 
-def _captions(files: dict[str, tar_members.Member]) -> list[str]:
+def _captions(files: dict[str, tar_members.Member], handle: BinaryIO) -> list[str]:
     """The sample's captions as written: json ``captions``, else txt, else json ``caption``."""
     meta: Any = None
     if "json" in files:
-        text = _text(files["json"], "its json")
+        text = _text(files["json"], "its json", handle)
         try:
             meta = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as error:
@@ -255,7 +255,7 @@ def _captions(files: dict[str, tar_members.Member]) -> list[str]:
                     f"'captions' of its json must be a non-empty list of strings, got {captions!r:.60}",
                 )
             return captions
-    text = _text(files["txt"], "its txt").strip() if "txt" in files else ""
+    text = _text(files["txt"], "its txt", handle).strip() if "txt" in files else ""
     if text:  # img2dataset writes an empty txt for a sample without a caption
         return [text]
     caption = meta.get("caption") if isinstance(meta, dict) else None
@@ -264,6 +264,29 @@ def _captions(files: dict[str, tar_members.Member]) -> list[str]:
     if not isinstance(caption, str):
         raise _Bad("unreadable captions", f"'caption' of its json must be a string, got {caption!r:.60}")
     return [caption]
+
+
+def _record(
+    sample: _Sample, shard: Path, handle: BinaryIO, tokenizer: Callable[[str], list[str]]
+) -> ImageRecord:
+    """The record of a sample (id and split still to be given).
+
+    Raises:
+        _Bad: the sample's problem.
+    """
+    if sample.problem is not None:
+        raise _Bad(*sample.problem)
+    image = next((sample.files[kind] for kind in IMAGE_KEYS if kind in sample.files), None)
+    if image is None:
+        raise _Bad("samples without an image", f"no image ({', '.join(IMAGE_KEYS)})")
+    raw = _captions(sample.files, handle)
+    captions = []
+    for caption in raw:
+        tokens = tokenizer(caption)
+        if not tokens:
+            raise _Bad("samples with a caption of no words", f"caption {caption!r:.60} has no words")
+        captions.append(tuple(tokens))
+    return ImageRecord(0, tar_members.member_path(shard, image.name), "", tuple(captions), tuple(raw))
 
 
 def read_shards(
@@ -307,48 +330,32 @@ def read_shards(
             skipped.skip(
                 "truncated shards (their samples before the cut are read)", f"{shard}: {scan.truncated}"
             )
-        for sample in _samples(scan, key_of):
-            if sample.key == cut:
-                continue  # its bytes are past the end of the file (counted with the shard)
-            where = f"{shard}: key {sample.key!r}"
-            try:
-                if sample.problem is not None:
-                    raise _Bad(*sample.problem)
-                image = next((sample.files[kind] for kind in IMAGE_KEYS if kind in sample.files), None)
-                if image is None:
-                    raise _Bad("samples without an image", f"no image ({', '.join(IMAGE_KEYS)})")
-                raw = _captions(sample.files)
-                captions = []
-                for caption in raw:
-                    tokens = tokenizer(caption)
-                    if not tokens:
-                        raise _Bad(
-                            "samples with a caption of no words", f"caption {caption!r:.60} has no words"
-                        )
-                    captions.append(tuple(tokens))
-            except _Bad as bad:
-                if not skip_bad:
-                    hint = " (or set data.skip_bad_images=true to skip such samples)"
-                    raise DatasetError(f"{where}: {bad.message}{hint}") from None
-                skipped.skip(bad.reason, where)
-                continue
-            record = ImageRecord(
-                image_id=0,
-                path=tar_members.member_path(shard, image.name),
-                split=splits[shard] if splits is not None else "",
-                captions=tuple(captions),
-                raw=tuple(raw),
-            )
-            found.append((sample.key, record))
+        try:
+            handle = open(shard, "rb")  # the captions are read through one handle
+        except OSError as error:
+            raise DatasetError(f"{shard}: cannot read ({error.strerror})") from None
+        with handle:
+            for sample in _samples(scan, key_of):
+                if sample.key == cut:
+                    continue  # its bytes are past the end of the file (counted with the shard)
+                try:
+                    record = _record(sample, shard, handle, tokenizer)
+                except _Bad as bad:
+                    where = f"{shard}: key {sample.key!r}"
+                    if not skip_bad:
+                        hint = " (or set data.skip_bad_images=true to skip such samples)"
+                        raise DatasetError(f"{where}: {bad.message}{hint}") from None
+                    skipped.skip(bad.reason, where)
+                    continue
+                split = splits[shard] if splits is not None else ""
+                found.append((sample.key, replace(record, split=split)))
     skipped.report()
     if not found:
         raise DatasetError(
             f"{os.fspath(root)}: no samples with an image and a caption in {len(shards)} shards"
         )
-    records = [
-        ImageRecord(image_id, record.path, record.split, record.captions, record.raw)
-        for image_id, (_, record) in zip(_image_ids([key for key, _ in found]), found, strict=True)
-    ]
+    ids = _image_ids([key for key, _ in found])
+    records = [replace(record, image_id=image_id) for image_id, (_, record) in zip(ids, found, strict=True)]
     logger.info("%s: %d samples in %d shards", os.fspath(root), len(records), len(shards))
     return records if splits is not None else assign_splits(records)
 

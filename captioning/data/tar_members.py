@@ -21,6 +21,7 @@ import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from captioning.utils.files import kind_of
 
@@ -207,20 +208,25 @@ def locate(path: str | Path) -> tuple[Member, os.stat_result] | None:
     return Member(shard, name, *found), state
 
 
-def read_member(member: Member) -> bytes:
-    """The bytes of ``member`` (one seek and one read).
+def read_member(member: Member, handle: BinaryIO | None = None) -> bytes:
+    """The bytes of ``member`` (one seek and one read), through ``handle`` (the shard open for
+    reading) when given.
 
     Raises:
         MemberError: the shard is shorter than the member's end, or cannot be read.
     """
     try:
-        with open(member.shard, "rb") as handle:
+        if handle is not None:
             handle.seek(member.offset)
             data = handle.read(member.size)
+        else:
+            with open(member.shard, "rb") as opened:
+                opened.seek(member.offset)
+                data = opened.read(member.size)
     except OSError as error:
         raise MemberError(f"cannot read the shard ({error.strerror or error})") from None
     if len(data) != member.size:
-        raise MemberError(f"the shard ends inside this image ({len(data)} of its {member.size} bytes)")
+        raise MemberError(f"the shard ends inside this file ({len(data)} of its {member.size} bytes)")
     return data
 
 
