@@ -64,8 +64,8 @@ def _one_of(name: str, value: Any, choices: tuple) -> None:
 class DataConfig:
     """Where the captions and images come from and how captions become token ids."""
 
-    dataset: str = "shapes"  # a registered reader: shapes | karpathy | coco | imagefolder | folder
-    root: str = "data/shapes"  # image root (Karpathy: filepath/filename; imagefolder: metadata.jsonl or .csv)
+    dataset: str = "shapes"  # a reader: shapes | karpathy | coco | imagefolder | folder | webdataset
+    root: str = "data/shapes"  # image root (Karpathy: filepath/filename; webdataset: .tar folder or pattern)
     split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
     annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
@@ -76,7 +76,7 @@ class DataConfig:
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
-    cache_dir: str | None = None  # feature cache folder; None: <data.root>/features
+    cache_dir: str | None = None  # feature cache folder; None: <data.root>/features (shards: their folder's)
     use_cache: bool = True  # cache frozen-encoder features on disk (ignored when fine-tuning)
     # Shapes, the built-in synthetic dataset.
     shapes_seed: int = 0  # Shapes: generator seed (same seed, same bytes)

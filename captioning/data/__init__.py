@@ -1,7 +1,8 @@
 """Datasets: readers that turn each source into ``ImageRecord`` lists, and the vocabulary built on them.
 
 ``load_records(config)`` reads with the reader ``config.dataset`` names in ``DATASETS`` (each
-registers itself beside its code: ``shapes``, ``karpathy``, ``coco``, ``imagefolder``, ``folder``).
+registers itself beside its code: ``shapes``, ``karpathy``, ``coco``, ``imagefolder``, ``folder``,
+``webdataset``).
 Torch datasets live in ``captioning.data.datasets``.
 """
 
@@ -23,6 +24,7 @@ from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, r
 from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
+from captioning.data.shards import read_shards
 from captioning.data.tokenizers import replace_lone_surrogates
 from captioning.data.vocab import Vocabulary
 from captioning.utils.files import atomic_write
@@ -44,6 +46,7 @@ __all__ = [
     "read_imagefolder",
     "read_karpathy",
     "read_shapes",
+    "read_shards",
     "reader_of",
     "split_rule",
     "write_data_summary",

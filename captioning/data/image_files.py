@@ -14,6 +14,7 @@ import os
 import stat
 from pathlib import Path
 
+from captioning.data import tar_members
 from captioning.data.images import ImageError
 from captioning.data.records import ImageRecord
 from captioning.utils.files import kind_of
@@ -44,7 +45,12 @@ def stat_images(
         try:
             state = os.stat(record.path)
         except FileNotFoundError:
-            what = "image file not found"
+            try:  # a shard's member, <shard>.tar#<name>: the shard's stat with the member's size
+                state = tar_members.member_stat(record.path)
+            except tar_members.MemberError as error:
+                what = str(error)
+            else:
+                what = "image file not found" if state is None else None
         except OSError as error:
             what = f"cannot stat the image file ({error.strerror})"
         else:
@@ -78,6 +84,13 @@ def content_identity(path: str | Path, size: int) -> str:
     """
     digest = hashlib.blake2b(digest_size=16)
     digest.update(size.to_bytes(8, "little"))
+    found = tar_members.locate(path)
+    if found is not None:  # a shard's member: the identity its bytes would have as a file
+        data = tar_members.read_member(found[0])
+        digest.update(data[:HASH_SPAN])
+        if size > HASH_SPAN:
+            digest.update(data[max(HASH_SPAN, size - HASH_SPAN) :])
+        return f"{size}:{digest.hexdigest()}"
     with open(path, "rb") as handle:
         digest.update(handle.read(HASH_SPAN))
         if size > HASH_SPAN:

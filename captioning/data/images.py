@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
+from captioning.data import tar_members
 from captioning.data.records import DatasetError
 from captioning.utils.files import kind_of
 
@@ -97,20 +99,24 @@ def _opened(path: str | Path, entry: str | None) -> Iterator[Image.Image]:
     """The image file opened (header read, its cost checked, no pixel decoded); every error while it
     is open, decoding included, becomes one ``ImageError`` naming the file and ``entry``."""
     where = f"{path}" + (f" ({entry})" if entry else "")
+    source: str | Path | io.BytesIO = path
     try:  # only regular files: opening a FIFO or a device would wait forever or read without end
-        kind = os.stat(path).st_mode
+        state = os.stat(path)
     except FileNotFoundError:
-        raise ImageError(f"{where}: image file not found") from None
+        source = _member_bytes(path, where)  # a shard's member, <shard>.tar#<name> (tar_members)
+        size = len(source.getbuffer())
     except OSError as error:
         raise ImageError(f"{where}: cannot read ({error.strerror})") from None
-    if stat.S_ISDIR(kind):
-        raise ImageError(f"{where}: is a directory, not an image")
-    if not stat.S_ISREG(kind):
-        raise ImageError(f"{where}: not a regular file ({kind_of(kind)})")
+    else:
+        if stat.S_ISDIR(state.st_mode):
+            raise ImageError(f"{where}: is a directory, not an image")
+        if not stat.S_ISREG(state.st_mode):
+            raise ImageError(f"{where}: not a regular file ({kind_of(state.st_mode)})")
+        size = state.st_size
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(source) as image:
                 check_image_cost(image.size, image.mode, where)  # from the header, before decoding
                 yield image
     except ImageError:
@@ -122,10 +128,23 @@ def _opened(path: str | Path, entry: str | None) -> Iterator[Image.Image]:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageError(f"{where}: image too large (over {Image.MAX_IMAGE_PIXELS} pixels)") from None
     except UnidentifiedImageError:
-        what = "empty file (0 bytes)" if Path(path).stat().st_size == 0 else "not an image file PIL can read"
+        what = "empty file (0 bytes)" if size == 0 else "not an image file PIL can read"
         raise ImageError(f"{where}: {what}") from None
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageError(f"{where}: cannot decode image ({error})") from None
+
+
+def _member_bytes(path: str | Path, where: str) -> io.BytesIO:
+    """The bytes of the shard member ``path`` names (``<shard>.tar#<name>``), or ``ImageError``
+    naming ``where``: "image file not found" for a path that is neither a file nor such a name."""
+    try:
+        found = tar_members.locate(path)
+        if found is None:
+            raise ImageError(f"{where}: image file not found")
+        member, _ = found
+        return io.BytesIO(tar_members.read_member(member))
+    except tar_members.MemberError as error:
+        raise ImageError(f"{where}: {error}") from None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

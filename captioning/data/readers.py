@@ -37,11 +37,14 @@ class DatasetReader:
             folder of images to caption (split ``""``, no captions).
         indexed: large caption files: records are kept in the per-split index (``record_index``).
         writes_root: the reader makes ``data.root`` itself (Shapes generates it), so it need not exist.
+        checks_root: ``data.root`` need not be a folder (a pattern of shard files): the reader checks
+            it itself, with its own messages.
     """
 
     captioned: ClassVar[bool] = True
     indexed: ClassVar[bool] = False
     writes_root: ClassVar[bool] = False
+    checks_root: ClassVar[bool] = False
 
     def read(self, config: DataConfig) -> list[ImageRecord]:
         """One record per image, in the source's order.
@@ -58,9 +61,15 @@ class DatasetReader:
         return None
 
     def cache_under_root(self, config: DataConfig) -> bool:
-        """Whether the feature cache lives under ``data.root`` (shared by every run over the data);
-        False puts it under the run folder (a folder of someone's photos is not written into)."""
+        """Whether the feature cache lives in the data's folder (``data_folder``: shared by every run
+        over the data); False puts it under the run folder (a folder of someone's photos is not
+        written into)."""
         return True
+
+    def data_folder(self, config: DataConfig) -> Path:
+        """The folder holding the data, where the feature cache goes unless ``data.cache_dir`` says
+        otherwise (``<folder>/features``): ``data.root``."""
+        return Path(config.root)
 
     def default_instances(self, config: DataConfig) -> tuple[Path, ...]:
         """The instances (boxes) files grounding and CHAIR use when ``data.instances`` names none."""
@@ -94,7 +103,8 @@ _PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"
 
 def check_data_paths(config: DataConfig) -> None:
     """Every file and folder the data configuration names must exist (a reader that writes its root,
-    as Shapes, is spared that one); each reader checks this first.
+    as Shapes, or checks it itself, as the webdataset reader, is spared that one); each reader checks
+    this first.
 
     Relative paths are taken from the current folder, so a checkpoint's configuration used from
     another folder fails here; the message names the key to ``--set``.
@@ -104,9 +114,9 @@ def check_data_paths(config: DataConfig) -> None:
             data.<key>=... to where it is"``.
         UnknownNameError: ``data.dataset`` names no registered reader.
     """
-    writes_root = DATASETS[config.dataset].writes_root
+    reader = DATASETS[config.dataset]
     for key, kind in _PATH_KEYS:
-        if key == "root" and writes_root:
+        if key == "root" and (reader.writes_root or reader.checks_root):
             continue
         value = getattr(config, key)
         for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):

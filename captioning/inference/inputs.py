@@ -19,14 +19,13 @@ from captioning.utils import distributed
 
 
 def feature_cache_dir(config: Config, output_dir: Path) -> Path:
-    """Shared by runs over the same data: under the data root unless configured."""
+    """Shared by runs over the same data: under the data's folder unless configured."""
     if config.data.cache_dir:
         return Path(config.data.cache_dir)
-    return (
-        Path(config.data.root) / "features"
-        if reader_of(config.data).cache_under_root(config.data)
-        else output_dir / "features"
-    )
+    reader = reader_of(config.data)
+    if not reader.cache_under_root(config.data):
+        return output_dir / "features"
+    return reader.data_folder(config.data) / "features"
 
 
 def uses_cache(config: Config) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 from captioning.config import PER_STEP_SCHEDULES, Config
 from captioning.data import split_rule
 from captioning.data.records import DatasetError, ImageRecord
+from captioning.data.tar_members import image_exists
 from captioning.training.engine import steps_per_epoch
 from captioning.training.optim import MAX_WARMUP_FRACTION, warmup_for
 from captioning.utils.files import not_a_regular_file
@@ -26,7 +27,7 @@ def check_images_exist(records: Sequence[ImageRecord], skip_bad_images: bool) ->
     """
     if skip_bad_images:
         return
-    missing = [record for record in records if not record.path.is_file()]
+    missing = [record for record in records if not image_exists(record.path)]  # a file or a shard's member
     if missing:
         first = missing[0]
         # A FIFO or a folder where an image should be is there, just not a file: name it as such.

@@ -18,6 +18,7 @@ import pytest
 
 from captioning.config import ConfigError, DataConfig
 from captioning.data import DATASETS, DatasetError, ImageRecord, generate_shapes
+from captioning.data.tar_members import image_exists
 from captioning.registry import UnknownNameError
 
 
@@ -105,12 +106,32 @@ def _folder(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
     return Fixture(DataConfig(dataset="folder", root=str(folder)), break_entry)
 
 
+def _webdataset(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
+    from shard_fixture import write_img2dataset
+
+    tars = write_img2dataset(tmp_path / "shards", shards=2, per_shard=5)
+
+    def break_entry() -> tuple[str, ...]:  # the first shard again, its 4th sample without a caption
+        def drop_caption(number: int, sample: dict) -> None:
+            if number == 3:
+                del sample["txt"], sample["json"]
+
+        write_img2dataset(tmp_path / "broken", shards=2, per_shard=5, edit=drop_caption)
+        tars[0].write_bytes((tmp_path / "broken" / "00000.tar").read_bytes())
+        return str(tars[0]), "key '000000003'", "no caption"
+
+    return Fixture(
+        DataConfig(dataset="webdataset", root=str(tmp_path / "shards" / "{00000..00001}.tar")), break_entry
+    )
+
+
 FIXTURES: dict[str, Callable[[pytest.FixtureRequest, Path], Fixture]] = {
     "karpathy": _karpathy,
     "shapes": _shapes,
     "coco": _coco,
     "imagefolder": _imagefolder,
     "folder": _folder,
+    "webdataset": _webdataset,
 }
 
 
@@ -130,7 +151,9 @@ def test_records_have_the_documented_fields(reader_case):
     assert len({record.image_id for record in records}) == len(records)
     for record in records:
         assert isinstance(record.image_id, int) and not isinstance(record.image_id, bool)
-        assert isinstance(record.path, Path) and record.path.is_file(), record
+        assert isinstance(record.path, Path) and image_exists(record.path), (
+            record
+        )  # a file or a shard's member
         assert isinstance(record.captions, tuple) and isinstance(record.raw, tuple)
         if reader.captioned:
             assert record.split in ("train", "val", "test"), record

@@ -1,0 +1,257 @@
+"""Images stored inside uncompressed tar files (WebDataset shards), named ``<shard>.tar#<member>``.
+
+The webdataset reader (``captioning.data.shards``) names the image of each sample by its shard and
+its member's name, ``shards/00000.tar#000000042.jpg``. ``load_image`` (``captioning.data.images``),
+``stat_images`` and ``content_identity`` (``captioning.data.image_files``) read such a name as that
+member's bytes, so the feature cache, training, evaluation and the figures read images from shards
+as they read files.
+
+Each member is read with one seek: a shard's members (their offsets and sizes) are listed once per
+process, from its headers alone (``scan_shard``, which skips over the images' bytes); the reader
+lists every shard it reads and keeps the lists (``remember``), and a process that did not (a spawned
+DataLoader worker, ``visualize.py`` reading a checkpoint's data) lists a shard on its first read
+from it. A shard whose size or modification time changed is listed again. A real file is always
+read as the file, whatever its name.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from captioning.utils.files import kind_of
+
+MARK = "#"  # between the shard's path and the member's name
+# The member suffixes that are images (as the webdataset reader takes them), the ones kept in the lists.
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+_BLOCK = tarfile.BLOCKSIZE
+
+
+class MemberError(OSError):
+    """A tar member cannot be read; the message says why, without the path (the caller names it)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One regular file of ``shard``: ``size`` bytes from ``offset``."""
+
+    shard: Path
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass
+class ShardScan:
+    """What a shard's headers say.
+
+    Attributes:
+        members: its regular files, in archive order, each complete (inside the file).
+        truncated: None for a whole archive; else why it is not (the shard is cut short or damaged
+            after the last member of ``members``): the member it ends in, or where the headers stop.
+        cut: the name of the member the file ends in (its bytes are missing), or None.
+    """
+
+    members: list[Member] = field(default_factory=list)
+    truncated: str | None = None
+    cut: str | None = None
+
+
+def member_path(shard: str | Path, name: str) -> Path:
+    """The path-like name of member ``name`` of ``shard``: ``<shard>#<name>``."""
+    return Path(f"{os.fspath(shard)}{MARK}{name}")
+
+
+def split_member(path: str | Path) -> tuple[Path, str] | None:
+    """``(shard, member name)`` of a ``<shard>.tar#<member>`` name, or None for any other path.
+
+    A name holding ``.tar#`` more than once is split where the part before it is a file (the first
+    such place; the first place when none is).
+    """
+    text = os.fspath(path)
+    marker = ".tar" + MARK
+    places = []
+    start = text.find(marker)
+    while start > 0:
+        places.append(start + len(".tar"))
+        start = text.find(marker, start + 1)
+    if not places:
+        return None
+    cut = next((place for place in places if os.path.isfile(text[:place])), places[0])
+    name = text[cut + len(MARK) :]
+    return (Path(text[:cut]), name) if name else None
+
+
+def scan_shard(shard: str | Path) -> ShardScan:
+    """List the regular files of an uncompressed tar from its headers (the data in between is seeked
+    over, never read).
+
+    Raises:
+        MemberError: the file is not a regular file, cannot be read, or is not an uncompressed tar
+            archive (its first header).
+    """
+    scan = ShardScan()
+    try:
+        state = os.stat(shard)
+        if not stat.S_ISREG(state.st_mode):  # opening a FIFO would wait forever
+            raise MemberError(f"not a regular file ({kind_of(state.st_mode)})")
+        size = state.st_size
+        with open(shard, "rb") as handle:
+            try:
+                archive = tarfile.open(fileobj=handle, mode="r:")
+            except tarfile.ReadError as error:
+                what = (
+                    "an empty file (0 bytes)" if size == 0 else f"not an uncompressed tar archive ({error})"
+                )
+                raise MemberError(what) from None
+            last = None
+            while True:
+                try:
+                    info = archive.next()
+                except tarfile.ReadError as error:
+                    after = f" after {last!r}" if last else ""
+                    scan.truncated = f"the archive breaks off{after} ({error})"
+                    break
+                if info is None:
+                    break
+                # the list tarfile keeps is not used here, and a shard has tens of thousands of members
+                archive.members.clear()  # type: ignore[attr-defined]
+                if info.offset_data + info.size > size:
+                    scan.truncated = (
+                        f"{info.name!r} ends past the end of the file (at byte "
+                        f"{info.offset_data + info.size} of {size})"
+                    )
+                    scan.cut = info.name
+                    break
+                last = info.name
+                if info.isreg():
+                    scan.members.append(Member(Path(shard), info.name, info.offset_data, info.size))
+            if scan.truncated is None:  # tarfile stops quietly at a short or damaged header
+                handle.seek(archive.offset)
+                block = handle.read(_BLOCK)
+                if block != bytes(_BLOCK):
+                    after = f" after {last!r}" if last else ""
+                    scan.truncated = (
+                        f"the archive ends without its end-of-archive blocks{after}"
+                        if len(block) < _BLOCK
+                        else f"unreadable tar header at byte {archive.offset}{after}"
+                    )
+    except MemberError:
+        raise
+    except OSError as error:
+        raise MemberError(f"cannot read the shard ({error.strerror or error})") from None
+    return scan
+
+
+@dataclass
+class _Listing:
+    size: int
+    mtime_ns: int
+    members: dict[str, tuple[int, int]]  # image member name -> (offset, size)
+
+
+_LISTINGS: dict[str, _Listing] = {}  # absolute shard path -> its image members
+
+
+def _is_image(name: str) -> bool:
+    return name.rpartition(".")[2].lower() in IMAGE_EXTENSIONS
+
+
+def remember(shard: str | Path, state: os.stat_result, scan: ShardScan) -> None:
+    """Keep a shard's image members (as ``scan_shard`` listed them, the shard then ``state``) for this
+    process's reads."""
+    _LISTINGS[os.path.abspath(shard)] = _Listing(
+        state.st_size,
+        state.st_mtime_ns,
+        {member.name: (member.offset, member.size) for member in scan.members if _is_image(member.name)},
+    )
+
+
+def forget_all() -> None:
+    """Drop every kept listing (tests)."""
+    _LISTINGS.clear()
+
+
+def locate(path: str | Path) -> tuple[Member, os.stat_result] | None:
+    """The member a ``<shard>.tar#<member>`` name names, with the shard's ``stat``; None when ``path``
+    is not such a name or is a file of its own.
+
+    Raises:
+        MemberError: the shard is missing, not a regular file or not a tar, or holds no such member.
+    """
+    if MARK not in os.fspath(path) or os.path.lexists(path):
+        return None
+    parts = split_member(path)
+    if parts is None:
+        return None
+    shard, name = parts
+    try:
+        state = os.stat(shard)
+    except FileNotFoundError:
+        raise MemberError(f"shard not found ({shard})") from None
+    except OSError as error:
+        raise MemberError(f"cannot read the shard ({error.strerror})") from None
+    if not os.path.isfile(shard):
+        raise MemberError(f"the shard {shard} is not a regular file")
+    key = os.path.abspath(shard)
+    listing = _LISTINGS.get(key)
+    if listing is None or (listing.size, listing.mtime_ns) != (state.st_size, state.st_mtime_ns):
+        remember(shard, state, scan_shard(shard))
+        listing = _LISTINGS[key]
+    found = listing.members.get(name)
+    if found is None:
+        raise MemberError(f"no image {name!r} in the shard")
+    return Member(shard, name, *found), state
+
+
+def read_member(member: Member, handle: BinaryIO | None = None) -> bytes:
+    """The bytes of ``member`` (one seek and one read), through ``handle`` (the shard open for
+    reading) when given.
+
+    Raises:
+        MemberError: the shard is shorter than the member's end, or cannot be read.
+    """
+    try:
+        if handle is not None:
+            handle.seek(member.offset)
+            data = handle.read(member.size)
+        else:
+            with open(member.shard, "rb") as opened:
+                opened.seek(member.offset)
+                data = opened.read(member.size)
+    except OSError as error:
+        raise MemberError(f"cannot read the shard ({error.strerror or error})") from None
+    if len(data) != member.size:
+        raise MemberError(f"the shard ends inside this file ({len(data)} of its {member.size} bytes)")
+    return data
+
+
+def member_stat(path: str | Path) -> os.stat_result | None:
+    """The shard's ``stat`` with the member's size, for a ``<shard>.tar#<member>`` name; None for
+    any other path.
+
+    Raises:
+        MemberError: as ``locate``.
+    """
+    found = locate(path)
+    if found is None:
+        return None
+    member, state = found
+    values = list(state)
+    values[6] = member.size  # st_size; the times (st_mtime_ns, st_ctime_ns) stay the shard's
+    times = ("st_atime", "st_mtime", "st_ctime", "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
+    return os.stat_result(values, {name: getattr(state, name) for name in times})
+
+
+def image_exists(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file or an image member of a shard."""
+    if os.path.isfile(path):
+        return True
+    try:
+        return locate(path) is not None
+    except MemberError:
+        return False
