@@ -58,11 +58,14 @@ class PeakMemory:
     high-water mark (VmHWM), reset by writing 5 to /proc/self/clear_refs (Linux), above the
     resident set at the start, after freed heap memory is returned to the OS; where the reset is
     not possible, the growth of ``ru_maxrss``, which misses a block that stays under an earlier peak.
+    ``.peak_mib``: the peak itself, what was in use before included (CPU: the process's resident
+    set at its highest during the block; without the reset, the process's highest ever).
     """
 
     def __init__(self, device: torch.device):
         self.device = device
         self.mib = 0.0
+        self.peak_mib = 0.0
 
     def __enter__(self) -> Self:
         if self.device.type == "cuda":
@@ -87,6 +90,7 @@ class PeakMemory:
         else:
             peak = self._peak()
         self.mib = max(peak - self._start, 0) / 2**20
+        self.peak_mib = peak / 2**20
 
 
 def autocast(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:

@@ -3,7 +3,8 @@
     python benchmarks/speed.py                      # CPU, reference sizes, a table
     python benchmarks/speed.py --json               # one JSON object on stdout
     python benchmarks/speed.py --device cuda --amp  # GPU, bf16 autocast, plus the COCO epoch estimate
-    python benchmarks/speed.py --parts train,beam   # parts: train, beam, cache, coco, transformer, loader
+    python benchmarks/speed.py --parts train,beam   # parts: train, beam, cache, coco, transformer, loader,
+                                                    # scst, caption
     python benchmarks/speed.py --quick --json       # tiny sizes, a few seconds (the test suite's run)
 
 Every number is the median of ``--repeats`` timed runs after a warm-up run, in one process. See
@@ -38,7 +39,9 @@ from torch.utils.data import DataLoader
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
+import caption_speed
 import loader_speed
+import scst_speed
 import transformer_speed
 from harness import OtherLoad, PeakMemory, autocast, median_seconds, synchronize
 from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
@@ -532,7 +535,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--parts",
         default="train,beam,cache",
-        help="comma-separated parts to run: train, beam, cache, coco, transformer, loader (default "
+        help="comma-separated parts to run: train, beam, cache, coco, transformer, loader, scst, "
+        "caption (default "
         "train,beam,cache; coco is added on CUDA); the matmul peak always runs",
     )
     parser.add_argument("--coco", action="store_true", help="add the COCO epoch estimate to the parts")
@@ -621,7 +625,7 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         sizes = replace(sizes, matmul_size=8192)
     repeats, tutorial_repeats = (1, 1) if args.quick else (args.repeats, args.tutorial_repeats)
     parts = set(args.parts.split(",")) | ({"coco"} if device.type == "cuda" or args.coco else set())
-    unknown = parts - {"train", "beam", "cache", "coco", "transformer", "loader"}
+    unknown = parts - {"train", "beam", "cache", "coco", "transformer", "loader", "scst", "caption"}
     if unknown:
         raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}")
     loader = loader_sizes(args) if "loader" in parts else None
@@ -665,6 +669,30 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
                 transformer_sizes, device, repeats, tutorial_repeats, results["amp"], peak
             )
         )
+    if "scst" in parts:
+        scst_sizes = scst_speed.QUICK if args.quick else scst_speed.ScstSizes()
+        results["scst_sizes"] = asdict(scst_sizes)
+        results.update(
+            scst_speed.measure(
+                scst_sizes,
+                decoder_config(sizes),
+                sizes.vocab_size,
+                sizes.grid,
+                sizes.channels,
+                COCO_WORDS,
+                device,
+                repeats,
+                results["amp"],
+            )
+        )
+    if "caption" in parts:
+        caption_sizes = caption_speed.QUICK if args.quick else caption_speed.CaptionSizes()
+        results["caption_sizes"] = asdict(caption_sizes)
+        results.update(
+            caption_speed.measure(
+                caption_sizes, decoder_config(sizes), sizes.vocab_size, device, repeats, tutorial_repeats
+            )
+        )
     if loader is not None:
         results.update(loader_speed.measure(loader, args.loader_dir, device, COCO_WORDS))
     return results
@@ -694,6 +722,8 @@ def print_table(results: dict[str, Any]) -> None:
         if key in (
             "sizes",
             "transformer_sizes",
+            "scst_sizes",
+            "caption_sizes",
             "device",
             "device_name",
             "cpu",

@@ -13,7 +13,11 @@ decoder in the same process, with the same sizes. What it keeps, because that is
   h_0, c_0 are linear maps of the mean annotation (no tanh);
 * beam search: one image at a time; its grid is expanded to k rows and the attention projection
   is recomputed for every live beam at every step; finished beams leave the beam (k shrinks)
-  until k captions have ended or the step limit is reached.
+  until k captions have ended or the step limit is reached;
+* captioning a file (``caption_image_beam_search``): the image is read, resized to 256 x 256,
+  scaled to [0, 1] and normalised, then run alone through the tutorial's encoder (ResNet-101
+  without its pool and classifier, channels first, its grid pooled adaptively to 14 x 14: up from
+  8 x 8 at 256 px) and searched alone.
 
 ``TutorialDecoder.from_ours`` copies the weights of one of our decoders (additive ReLU attention,
 channel gate, plain linear output) so that both compute the same function: the test suite checks
@@ -22,12 +26,74 @@ that, which pins this baseline to the model it is compared with.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
+import torchvision
+from PIL import Image
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from captioning.models.decoder import ShowAttendTellDecoder
+
+# torchvision's ImageNet statistics, as the tutorial normalises
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class TutorialEncoder(nn.Module):
+    """The tutorial's ``Encoder``: a ResNet without its average pool and classifier, the grid
+    pooled adaptively to ``encoded_image_size`` squared, returned as (B, side, side, C).
+
+    ``network`` names the torchvision ResNet (``resnet101`` in the tutorial); the weights are
+    random (``weights=None``): the benchmark times it, no caption needs to mean anything.
+    """
+
+    def __init__(self, encoded_image_size: int = 14, network: str = "resnet101"):
+        super().__init__()
+        resnet = getattr(torchvision.models, network)(weights=None)
+        self.resnet = nn.Sequential(*list(resnet.children())[:-2])
+        self.adaptive_pool = nn.AdaptiveAvgPool2d((encoded_image_size, encoded_image_size))
+
+    def forward(self, images: Tensor) -> Tensor:
+        out = self.adaptive_pool(self.resnet(images))  # (B, C, side, side)
+        return out.permute(0, 2, 3, 1)
+
+
+@torch.no_grad()
+def caption_image_beam_search(
+    encoder: TutorialEncoder,
+    decoder: TutorialDecoder,
+    image_path: str | Path,
+    beam_size: int,
+    start_id: int,
+    end_id: int,
+    max_steps: int = 50,
+    image_size: int = 256,
+) -> tuple[list[int], Tensor]:
+    """Caption ONE image file the tutorial's way: read it (PIL, RGB), resize it to ``image_size``
+    squared, scale to [0, 1], normalise, encode it alone and search it alone (``tutorial_beam_search``).
+
+    Returns:
+        the word ids and the (words, side, side) attention maps.
+    """
+    device = next(decoder.parameters()).device
+    with Image.open(image_path) as picture:
+        pixels = np.asarray(
+            picture.convert("RGB").resize((image_size, image_size), Image.Resampling.BILINEAR)
+        )
+    image = torch.from_numpy(pixels.transpose(2, 0, 1).copy()).float().div_(255.0)
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    image = ((image - mean) / std).to(device)
+    grid = encoder(image.unsqueeze(0))  # (1, side, side, C)
+    side = grid.size(1)
+    tokens, maps = tutorial_beam_search(
+        decoder, grid.reshape(-1, grid.size(3)), beam_size, start_id, end_id, max_steps
+    )
+    return tokens, maps.view(-1, side, side)
 
 
 class TutorialAttention(nn.Module):

@@ -233,6 +233,54 @@ def test_loader_part_refuses_a_disk_too_small_before_measuring(small_disk):  # n
     assert list(small_disk.iterdir()) == []
 
 
+SCST_NUMBERS = (
+    "scst_step_ms",
+    "scst_step_ms_mean_baseline",
+    "scst_reward_ms",
+    "scst_sample_ms",
+    "scst_greedy_ms",
+    "xe_step_ms_B16x5",
+    "scst_over_xe",
+    "scst_reward_build_s",
+)
+CAPTION_NUMBERS = (
+    "caption_images_per_s",
+    "caption_peak_rss_mb",
+    "caption_load_s",
+    "tutorial_caption_images_per_s",
+    "tutorial_caption_peak_rss_mb",
+    "speedup_caption",
+)
+
+
+@pytest.mark.slow
+def test_scst_and_caption_parts_report_positive_numbers_at_tiny_sizes():
+    """A self-critical step and a folder captioned end to end, beside the tutorial's per-image path."""
+    completed = subprocess.run(
+        [sys.executable, str(SPEED), "--quick", "--json", "--parts", "scst,caption"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout)
+    for key in (*SCST_NUMBERS, *CAPTION_NUMBERS):
+        value = results[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    for key in ("scst_peak_mem_mb", "xe_peak_mem_mb", "caption_peak_mem_mb", "tutorial_caption_peak_mem_mb"):
+        assert math.isfinite(results[key]) and results[key] >= 0, key
+    assert math.isclose(results["scst_over_xe"], results["scst_step_ms"] / results["xe_step_ms_B16x5"])
+    assert math.isclose(
+        results["speedup_caption"],
+        results["caption_images_per_s"] / results["tutorial_caption_images_per_s"],
+    )
+    # The reward's share of the step is timed inside it.
+    assert results["scst_reward_ms"] < results["scst_step_ms"]
+    assert results["scst_sizes"]["images"] == 2 and results["caption_sizes"]["images"] == 2
+
+
 @pytest.mark.slow
 def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
     completed = subprocess.run(
