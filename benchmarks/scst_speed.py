@@ -14,7 +14,8 @@ captions each (words drawn with Zipf-like frequencies over the vocabulary, lengt
 ``COCO_WORDS``); its document frequencies come from the whole corpus, once, as the trainer's
 ``CiderDReward`` is built once per run; the step's images are the corpus's first ones.
 
-``xe_step_ms_B16x5`` is ``engine.xe_loss`` + ``optimisation_step`` on the same images with as many
+``xe_step_ms_B16x5`` is the trainer's cross-entropy step (``engine.train_one_epoch`` over one batch:
+teacher forcing, the decoder's objective, ``optimisation_step``) on the same images with as many
 captions of ``words`` words (the same number of decoding steps as a rollout).
 """
 
@@ -36,7 +37,7 @@ from captioning.config import DecodeConfig, LSTMDecoderConfig, ModelConfig, Trai
 from captioning.data.vocab import SPECIALS, Vocabulary
 from captioning.models.captioner import Captioner, build_decoder
 from captioning.models.decoding import rollout, sampler
-from captioning.training.engine import optimisation_step, scst_loss, xe_loss
+from captioning.training.engine import TrainState, optimisation_step, scst_loss, train_one_epoch
 from captioning.training.optim import adam
 from captioning.training.rewards import CiderDReward
 
@@ -209,10 +210,17 @@ def measure(
         "lengths": torch.full((sizes.images, sizes.samples), tokens, device=device),
     }
 
-    def xe_step() -> None:
-        with autocast(device, amp):
-            loss = xe_loss(model, xe_batch, train, decoder_config).total
-        optimisation_step(loss, model, optimizer, train, None, "the benchmark")
+    def xe_step() -> None:  # one batch through the trainer's own cross-entropy step
+        train_one_epoch(
+            model,
+            [xe_batch],
+            optimizer,
+            train,
+            TrainState(),
+            device,
+            decoder_config=decoder_config,
+            progress=False,
+        )
 
     with PeakMemory(device) as memory:
         xe_seconds = median_seconds(xe_step, repeats, device)

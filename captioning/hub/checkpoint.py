@@ -226,9 +226,8 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
     except ConfigError:
         raise CheckpointError(
             f"{path}: stored model.encoder.name {config.model.encoder.name!r:.60} is not an "
-            f"encoder of this code ({', '.join(sorted(ENCODERS))}, or a timm: or open_clip: "
-            "name; a user module's encoder needs --import MODULE, or in Python importing it first or "
-            "captioning.load(..., imports=[MODULE]))"
+            f"encoder of this code ({', '.join(sorted(ENCODERS))}, timm:, open_clip:); yours: "
+            "--import MODULE (Python: load(..., imports=[MODULE]))"
         ) from None
     return config, vocab
 
