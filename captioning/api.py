@@ -38,6 +38,7 @@ from captioning.inference.captioner import (
 from captioning.models.captioner import Captioner
 from captioning.models.decoding import check_decoding_fits
 from captioning.utils.device import resolve_device
+from captioning.utils.imports import import_modules
 from captioning.visualization.views import MODES, attention_view
 
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -256,40 +257,13 @@ def load(path: str | Path, device: str = "auto", imports: Sequence[str] = ()) ->
     from captioning.hub.model_folder import CONFIG
     from captioning.utils.run_folder import CHECKPOINTS
 
-    for name in imports:
-        _import_module(name)
+    import_modules(list(imports), option="imports")
     torch_device = resolve_device(device)
     path = Path(path)
     if path.is_dir() and not (path / CONFIG).exists() and (path / CHECKPOINTS).is_dir():
         path = scored_checkpoint(path)  # a run folder: the checkpoint its test scores came from
     captioner, config, reward = load_trained_captioner(path, torch_device)
     return CaptioningModel(captioner, config, torch_device, path, "scst" if reward else "xe")
-
-
-def _import_module(name: str) -> None:
-    """Import a module of the caller's (a name, or a path to a ``.py`` file) for ``load(imports=...)``."""
-    import importlib
-    import importlib.util
-    import sys
-
-    if name.endswith(".py") or "/" in name:
-        path = Path(name)
-        if not path.is_file():
-            raise ImportError(f"imports: {name}: no such file")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"imports: {name}: not a Python file")
-        if path.stem in sys.modules:
-            return
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[path.stem]
-            raise
-    else:
-        importlib.import_module(name)
 
 
 def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:
