@@ -224,10 +224,12 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
     try:  # a registered name, or <family>:<model> of a known family (timm:, open_clip:)
         encoder_builder(config.model.encoder.name)
     except ConfigError:
+        names = sorted(ENCODERS)
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         raise CheckpointError(
             f"{path}: stored model.encoder.name {config.model.encoder.name!r:.60} is not an "
-            f"encoder of this code ({', '.join(sorted(ENCODERS))}, timm:, open_clip:); yours: "
-            "--import MODULE (Python: load(..., imports=[MODULE]))"
+            f"encoder of this code ({shown}; timm:, open_clip: names); a module's own: --import "
+            "MODULE, in Python load(..., imports=[MODULE])"
         ) from None
     return config, vocab
 

@@ -75,5 +75,5 @@ def test_a_python_caller_is_told_to_import_and_imports_loads(tmp_path):
     assert loaded.returncode == 0, loaded.stderr
     refused, done = loaded.stdout.strip().splitlines()
     assert refused.startswith(f"refused: {checkpoint}: stored model.encoder.name 'user_tiny'")
-    assert "(Python: load(..., imports=[MODULE]))" in refused
+    assert "in Python load(..., imports=[MODULE])" in refused
     assert done == "loaded: user_tiny"
