@@ -11,6 +11,7 @@ import hashlib
 import os
 import random
 import resource
+import shutil
 import signal
 import stat
 import subprocess
@@ -20,11 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_hostile import small_disk  # a real small tmpfs (root only)
 from tool_runs import ONE_THREAD, REPO
 
 import captioning
 from captioning.utils.files import NoSpaceError
 from captioning.utils.run_folder import RunFolderError
+
+__all__ = ["small_disk"]  # a fixture of another test module
 
 FIXTURE = REPO / "tests" / "fixtures" / "pre_move" / "run" / "checkpoints" / "best.pt"
 MODEL_FILES = ("model.safetensors", "config.json", "vocab.json", "README.md")
@@ -178,28 +182,11 @@ def test_a_run_folder_and_its_checkpoints_are_refused_even_when_asked(tmp_path):
     model.save_pretrained(run / "model")  # a new folder inside the run is the model's own
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 2 MiB tmpfs mounted at tmp_path/disk (root only)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'})")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
 def test_a_real_full_disk_during_a_save_names_the_folder_and_keeps_the_old_model(small_disk):
     model = captioning.load(FIXTURE)
     folder = model.save_pretrained(small_disk / "model")
     before = contents(folder)
-    free = shutil_free(small_disk)
+    free = shutil.disk_usage(small_disk).free
     with (small_disk / "filler").open("wb") as filler:
         filler.write(b"\0" * (free - 16 * 1024))  # the small files fit, the weights do not
     with pytest.raises(NoSpaceError) as raised:
@@ -208,12 +195,6 @@ def test_a_real_full_disk_during_a_save_names_the_folder_and_keeps_the_old_model
     assert message.startswith(f"{folder}: no space left on device") and "previous folder is intact" in message
     assert "\n" not in message and contents(folder) == before
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "model"]  # nothing left beside it
-
-
-def shutil_free(path: Path) -> int:
-    import shutil
-
-    return shutil.disk_usage(path).free
 
 
 SIZE_LIMITED = """
