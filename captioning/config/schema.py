@@ -28,12 +28,22 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A section class's resolved field types, once per class (every construction checks them)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
 def _check_types(section: object, prefix: str) -> None:
     """Every field of ``section`` holds its declared type (a configuration built in Python, e.g. by the
     API's ``beam_size=2.5``, is refused here as a file's would be when it is read): ``int`` fields an
     int (not a bool), ``float`` fields a finite-or-not real number, ``bool`` fields a bool, ``str``
     fields a str."""
-    hints = typing.get_type_hints(type(section))
+    hints = _type_hints(type(section))
     for item in dataclasses.fields(section):  # type: ignore[arg-type]
         value, hint = getattr(section, item.name), hints.get(item.name)
         key = prefix + item.name
