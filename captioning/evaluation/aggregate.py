@@ -21,6 +21,7 @@ from scipy.stats import t as student_t
 
 from captioning.config import ConfigError, to_dict
 from captioning.config.loading import load_config
+from captioning.evaluation.attributes import ATTRIBUTE_COUNTS
 from captioning.evaluation.coco_files import EvaluationInputError, read_json
 from captioning.evaluation.compare import warn_if_signatures_differ
 from captioning.utils.files import atomic_write, not_a_regular_file, output_note, same_file
@@ -30,7 +31,15 @@ from captioning.utils.files import atomic_write, not_a_regular_file, output_note
 SEED_KEYS = frozenset(["train.seed", "train.output_dir", "train.resume", "train.overwrite"])
 # Numbers of a scores file that count things rather than measure the captions.
 COUNT_KEYS = frozenset(
-    ["images", "grounding-words", "grounding-images", "CHAIR-mentions", "CHAIR-hallucinated", "CHAIR-images"]
+    [
+        "images",
+        "grounding-words",
+        "grounding-images",
+        "CHAIR-mentions",
+        "CHAIR-hallucinated",
+        "CHAIR-images",
+        *ATTRIBUTE_COUNTS,
+    ]
 )
 
 

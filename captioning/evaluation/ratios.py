@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from captioning.evaluation.attributes import ATTRIBUTE_METRICS, attribute_hallucination
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.grounding import Instances
@@ -24,12 +25,13 @@ from captioning.evaluation.hallucination import chair
 from captioning.utils.run_folder import scores_path_for
 
 # metric -> (per-image field that says the image was measured, how to get (sum, count) from an entry)
-RATIO_METRICS = ("grounding-mass", "grounding-pointing", "CHAIR-i", "CHAIR-s")
+RATIO_METRICS = ("grounding-mass", "grounding-pointing", "CHAIR-i", "CHAIR-s", *ATTRIBUTE_METRICS)
 _PRESENCE = {
     "grounding-mass": "grounding-words",
     "grounding-pointing": "grounding-words",
     "CHAIR-i": "CHAIR-mentions",
     "CHAIR-s": "CHAIR-s",
+    **{metric: count for metric, (_, count) in ATTRIBUTE_METRICS.items()},
 }
 
 
@@ -41,6 +43,9 @@ def _sum_and_count(metric: str, entry: Mapping[str, Any]) -> tuple[float, float]
         return (float(entry[metric]) * words if words else 0.0), words
     if metric == "CHAIR-i":
         return float(len(entry["hallucinated"])), float(entry["CHAIR-mentions"])
+    if metric in ATTRIBUTE_METRICS:
+        numerator, count = ATTRIBUTE_METRICS[metric]
+        return float(entry[numerator]), float(entry[count])
     return float(entry["CHAIR-s"]), 1.0
 
 
@@ -114,7 +119,8 @@ def chair_statistics(
     table: str = "released",
 ) -> dict[str, np.ndarray]:
     """CHAIR-i and CHAIR-s (sum, count) per image, computed from tokenised captions (images the
-    instances do not cover count nothing).
+    instances do not cover count nothing), and the attribute metrics where the instances annotate
+    attributes (:mod:`captioning.evaluation.attributes`).
 
     Args:
         captions: image id -> the caption's tokens.
@@ -123,15 +129,23 @@ def chair_statistics(
         image_ids: (N,) the images, in row order.
         table: CHAIR's word table (:data:`captioning.config.CHAIR_TABLES`).
     Returns:
-        ``{"CHAIR-i": (N, 2), "CHAIR-s": (N, 2)}``.
+        ``{"CHAIR-i": (N, 2), "CHAIR-s": (N, 2)}``, and ``"attribute-precision"``, ``"attribute-recall"``
+        and ``"attribute-wrong"`` (N, 2) with attribute annotations.
     """
     covered = {i: captions[i] for i in image_ids if i in instances.image_sizes}
-    result = chair(covered, references, instances, chair_table(table))
-    entries = [
-        {"image_id": i, **(result.per_image[i].to_json() if i in result.per_image else {})} for i in image_ids
-    ]
+    words = chair_table(table)
+    result = chair(covered, references, instances, words)
+    attributes = attribute_hallucination(covered, instances, words)
+    entries = []
+    for i in image_ids:
+        entry: dict[str, Any] = {"image_id": i}
+        if i in result.per_image:
+            entry.update(result.per_image[i].to_json())
+        if attributes is not None and i in attributes.per_image:
+            entry.update(attributes.per_image[i].to_json())
+        entries.append(entry)
     return {
         metric: rows
         for metric, rows in ratio_statistics(entries, image_ids).items()
-        if metric.startswith("CHAIR")
+        if metric.startswith(("CHAIR", "attribute-"))
     }

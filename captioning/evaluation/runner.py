@@ -11,6 +11,7 @@ from captioning.config import Config, DecodeConfig
 from captioning.data.readers import reader_of
 from captioning.data.records import DatasetError
 from captioning.data.tokenizers import detokenize
+from captioning.evaluation.attributes import add_attributes, attribute_line
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
     Instances,
@@ -82,10 +83,12 @@ def add_boxed_scores(
     attention: Mapping[int, tuple] | None = None,
     chair: str = "released",
 ) -> None:
-    """Add attention grounding (when ``attention`` is given) and CHAIR to ``result`` in place, over the
-    images ``boxes`` cover; ``grounding-images`` and ``CHAIR-images`` count them (the others are left
-    out of these two only). Each covered image's ``per_image`` entry gets its own grounding fields
-    (``grounding-words``, ``grounding-mass``, ``grounding-pointing``) and CHAIR fields.
+    """Add attention grounding (when ``attention`` is given), CHAIR and, when the boxes annotate
+    attributes, attribute hallucination (:mod:`captioning.evaluation.attributes`) to ``result`` in
+    place, over the images ``boxes`` cover; ``grounding-images``, ``CHAIR-images`` and
+    ``attribute-images`` count them (the others are left out of these only). Each covered image's
+    ``per_image`` entry gets its own grounding fields (``grounding-words``, ``grounding-mass``,
+    ``grounding-pointing``), CHAIR fields and attribute fields.
 
     Args:
         result: the scores being built (with its ``per_image`` list).
@@ -115,10 +118,10 @@ def add_boxed_scores(
                 else entry
                 for entry in result["per_image"]
             ]
-    add_chair(
-        result, {image_id: words[image_id] for image_id in covered}, references, boxes, chair_table(chair)
-    )
+    covered_words = {image_id: words[image_id] for image_id in covered}
+    add_chair(result, covered_words, references, boxes, chair_table(chair))
     result["CHAIR-images"] = len(covered)
+    add_attributes(result, covered_words, boxes, chair_table(chair))
 
 
 def score_captioned(
@@ -214,10 +217,16 @@ def grounding_line(scores: Mapping[str, Any], images: int) -> str | None:
 
 
 def summary_lines(scores: Mapping[str, Any], images: int) -> list[str]:
-    """The lines printed under the scores table: grounding and CHAIR when measured, the signature last."""
+    """The lines printed under the scores table: grounding, CHAIR and attribute hallucination when
+    measured, the signature last."""
     lines = [
         line
-        for line in (grounding_line(scores, images), chair_line(scores), clip_line(scores))
+        for line in (
+            grounding_line(scores, images),
+            chair_line(scores),
+            attribute_line(scores),
+            clip_line(scores),
+        )
         if line is not None
     ]
     return [*lines, f"signature: {scores['signature']}"]

@@ -39,6 +39,7 @@ COLUMNS = (
     ("grounding-pointing", "pointing", "ascending"),
     ("CHAIR-i", "CHAIR-i", "descending"),
     ("CHAIR-s", "CHAIR-s", "descending"),
+    ("attribute-precision", "attribute precision", "ascending"),
 )
 # Epoch history keys that are not curves.
 _NOT_CURVES = frozenset(["stage", "epoch", "seconds", "lr"])
@@ -241,21 +242,28 @@ def _table_html(items: Sequence[Captioned], per_image: Mapping[int, Mapping[str,
         f'<th data-worst="{worst}"><button type="button">{html.escape(header)}</button></th>'
         for _, header, worst in columns
     )
+    # Phrases whose colour, size or object is not in the image, when the boxes annotate attributes.
+    phrases = any("wrong-phrases" in per_image.get(item.record.image_id, {}) for item in items)
     rows = []
     for index, item in enumerate(items):
         scores = per_image.get(item.record.image_id, {})
         name = html.escape(Path(item.record.path).name)
         hallucinated = ", ".join(map(str, scores.get("hallucinated", [])))
+        wrong = ", ".join(map(str, scores.get("wrong-phrases", [])))
         rows.append(
             f'<tr data-index="{index}"><td><a href="#img{index}">{name}</a></td>'
             f"<td>{html.escape(item.text) or '<em>(empty caption)</em>'}</td>"
             + "".join(_cell(scores.get(key)) for key, _, _ in columns)
-            + f"<td>{html.escape(hallucinated)}</td></tr>"
+            + f"<td>{html.escape(hallucinated)}</td>"
+            + (f"<td>{html.escape(wrong)}</td>" if phrases else "")
+            + "</tr>"
         )
     return (
         '<table class="images">\n<thead><tr><th>image</th><th>caption</th>'
         + head
-        + "<th>hallucinated</th></tr></thead>\n<tbody>\n"
+        + "<th>hallucinated</th>"
+        + ("<th>wrong phrases</th>" if phrases else "")
+        + "</tr></thead>\n<tbody>\n"
         + "\n".join(rows)
         + "\n</tbody>\n</table>"
     )

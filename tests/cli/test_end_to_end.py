@@ -144,6 +144,14 @@ def test_demo_scores_carry_chair_and_signature(demo):
     assert signature.get("scst") == ("cider-d.eos" if tuned else None)
     stdout = (demo / "stdout.txt").read_text()
     assert "object hallucination: CHAIR-i" in stdout and f"signature: {scores['signature']}" in stdout
+    # Shapes annotates colour and size: every phrase is judged, and the report lists the wrong ones.
+    assert scores["attribute-images"] == 8 and "attribute hallucination: precision" in stdout
+    assert scores["attribute-wrong-captions"] == sum(p["attribute-wrong-caption"] for p in per_image)
+    assert scores["attribute-phrases"] == sum(p["attribute-phrases"] for p in per_image)
+    report = (run_dir / "report.html").read_text()
+    assert "<th>wrong phrases</th>" in report
+    for phrase in {phrase for p in per_image for phrase in p["wrong-phrases"]}:
+        assert f"<td>{phrase}" in report or f", {phrase}" in report
 
 
 def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):

@@ -389,3 +389,67 @@ def test_aggregate_refuses_runs_of_different_configurations(tmp_path: Path):
     code, _, stderr = evaluate_in_process("--aggregate", *map(str, paths))
     message = f"error: {paths[0]}: no config.yaml beside it (aggregate the test_scores.json of run folders)"
     assert code == 2 and stderr.strip() == message
+
+
+def coloured_instances(files: dict[str, Path], tmp_path: Path) -> Path:
+    """The fixture's boxes with each object's colour annotated, as Shapes writes them."""
+    instances = json.loads(files["instances"].read_text())
+    for annotation in instances["annotations"]:
+        annotation["color"] = shape_of(annotation["image_id"])[0]
+    path = tmp_path / "coloured.json"
+    path.write_text(json.dumps(instances))
+    return path
+
+
+def test_attribute_hallucination_with_annotated_colours(files: dict[str, Path], tmp_path: Path):
+    # C names the right shape everywhere and the wrong colour on the 20 even-numbered images: CHAIR sees
+    # nothing, attribute hallucination sees every one of them.
+    wrong_colour = [
+        {"image_id": i, "caption": f"a {shape_of(i + 1 - i % 2)[0]} {shape_of(i)[1]} on a white background"}
+        for i in range(1, 41)
+    ]
+    (tmp_path / "c.json").write_text(json.dumps(wrong_colour))
+    instances = coloured_instances(files, tmp_path)
+    code, stdout, stderr = evaluate_in_process(
+        "--annotations",
+        str(files["refs"]),
+        "--results",
+        str(tmp_path / "c.json"),
+        "--instances",
+        str(instances),
+        "--no-java",
+    )
+    assert code == 0, stderr
+    scores = json.loads((tmp_path / "c_scores.json").read_text())
+    assert scores["CHAIR-hallucinated"] == 0
+    assert scores["attribute-precision"] == pytest.approx(0.5) and scores[
+        "attribute-recall"
+    ] == pytest.approx(0.5)
+    assert scores["attribute-wrong"] == pytest.approx(0.5) and scores["attribute-images"] == 40
+    per_image = {e["image_id"]: e for e in json.loads((tmp_path / "c_scores.per_image.json").read_text())}
+    assert per_image[2]["wrong-phrases"] == [f"{shape_of(3)[0]} {shape_of(2)[1]}"]
+    assert per_image[1]["wrong-phrases"] == []
+    assert "attribute hallucination: precision 0.5000 (20 of 40 phrases right)" in stdout
+
+    # --compare tests the attribute numbers like the other ratios, from the per-image scores files.
+    out = tmp_path / "comparison.json"
+    code, stdout, stderr = evaluate_in_process(
+        "--compare",
+        str(files["a"]),
+        str(tmp_path / "c.json"),
+        "--annotations",
+        str(files["refs"]),
+        "--instances",
+        str(instances),
+        "--out",
+        str(out),
+        "--no-java",
+        "--resamples",
+        "300",
+    )
+    assert code == 0, stderr
+    metrics = json.loads(out.read_text())["metrics"]
+    precision, wrong = metrics["attribute-precision"], metrics["attribute-wrong"]
+    assert precision["a"] == 1.0 and precision["b"] == pytest.approx(0.5) and precision["ci_high"] < 0
+    assert wrong["difference"] == pytest.approx(0.5) and wrong["p_value"] < 0.05
+    assert "attribute-precision" in stdout
