@@ -136,6 +136,7 @@ def describe_plan(
     state: dict | None = None,
     test: bool = True,
     cache_dir: Path | None = None,
+    busy: str | None = None,
 ) -> str:
     """One line saying what a run will do: each stage's epochs, steps per epoch, images per split,
     and where a resumed run continues.
@@ -146,6 +147,8 @@ def describe_plan(
         state: the resumed checkpoint's ``TrainState`` as a dict, or None for a new run.
         test: whether the test split is scored after training.
         cache_dir: the feature cache folder, when features are cached (``cache_location``).
+        busy: what a busy machine will cost and the setting that helps
+            (:func:`captioning.training.cpu_threads.busy_machine_advice`), said last.
     """
     train = config.train
     state = state or {}
@@ -183,4 +186,6 @@ def describe_plan(
         if state.get("batch_in_epoch"):
             where += f", {state['batch_in_epoch']} batches into epoch {epoch + 1}"
         parts.append(where)
+    if busy:
+        parts.append(busy)
     return "; ".join(parts)

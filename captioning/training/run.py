@@ -39,7 +39,7 @@ from captioning.models.captioner import Captioner, build_decoder
 from captioning.models.decoding import check_decoding_fits
 from captioning.models.encoders import build_encoder
 from captioning.training.claim import auto_resume_point
-from captioning.training.cpu_threads import say_if_busy
+from captioning.training.cpu_threads import busy_machine_advice, say_if_busy
 from captioning.training.engine import TrainState
 from captioning.training.plan import (
     check_images_exist,
@@ -110,7 +110,8 @@ def build_run_model(
         state = None
     if group.is_main:
         cache_dir = feature_cache_dir(config, Path(config.train.output_dir)) if uses_cache(config) else None
-        print(describe_plan(config, counts, state, test, cache_dir), flush=True)
+        plan = describe_plan(config, counts, state, test, cache_dir, busy_machine_advice(device))
+        print(plan, flush=True)
         note = warmup_note(config, counts["train"])
         if note:
             print(note, flush=True)

@@ -180,12 +180,19 @@ def test_a_cpu_run_on_a_busy_machine_says_so_before_it_starts(data_root, tmp_pat
     )
     assert lines[0].startswith(warning), lines[:2]
     assert lines[1].startswith("plan: ")
+    # The plan, the line a user reads to know what the run will do, says it too.
+    assert lines[1].endswith(
+        f"; busy machine (load average {cores + 4.0:.1f} on {cores} cores, 2 torch threads): "
+        "expect it to run several times slower than idle unless started with OMP_NUM_THREADS=1"
+    ), lines[1]
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     torch.set_num_threads(1)
     quiet = train_in_process(
         as_flags(tiny_overrides(data_root, tmp_path / "quiet", **{"train.max_steps": 1}))
     )
-    assert quiet.returncode == 0 and "machine is busy" not in quiet.stdout
+    assert (
+        quiet.returncode == 0 and "machine is busy" not in quiet.stdout and "busy machine" not in quiet.stdout
+    )
 
 
 def test_a_resumes_length_note_names_what_it_keeps_adds_or_cannot_change():
