@@ -6,6 +6,7 @@ with every rank recording the rows it encodes.
 - ``command(folder, overrides, processes)`` and ``environment(folder, slow)``: the same, for a
   ``Popen`` that a test signals mid-build (``slow`` seconds per image, so that a signal lands there).
 - ``encoded(folder, rank)``: the rows rank ``rank`` encoded, in order; ``encoded_paths``: their images.
+- ``listed_shards(folder, rank)``: the shards rank ``rank`` listed from their tar headers.
 - ``rank_pid(folder, rank)``: the process id of rank ``rank`` once it has started encoding.
 - ``signal_rank_mid_build(folder, overrides, signal_number, after)``: a slowed 2-process build whose
   rank 1 gets a real signal once it has encoded ``after`` rows; torchrun's exit status and output.
@@ -23,7 +24,8 @@ from pathlib import Path
 from tool_runs import ONE_THREAD, REPO
 
 # Imported by train.py (--import) in every rank: records each row this process encodes with its image,
-# and its pid; CACHE_SLOW_S slows each image down so that a signal lands mid-build.
+# each shard it lists from its tar headers, and its pid; CACHE_SLOW_S slows each image down so that a
+# signal lands mid-build.
 COUNTING = """
 import os, time
 from captioning.data import cache_build
@@ -42,6 +44,16 @@ def counted(self, index):
     return read(self, index)
 
 cache_build._ImageFiles.__getitem__ = counted
+
+from captioning.data import tar_members
+scan = tar_members.scan_shard
+
+def listed(shard):
+    with open(os.path.join(folder, f"rank{rank}.scans"), "a") as handle:
+        handle.write(f"{shard}\\n")
+    return scan(shard)
+
+tar_members.scan_shard = listed
 """
 
 
@@ -93,10 +105,16 @@ def encoded_paths(folder: Path, rank: int) -> list[str]:
     return [path for _, path in _lines(folder, rank)]
 
 
+def listed_shards(folder: Path, rank: int) -> list[str]:
+    path = folder / "counts" / f"rank{rank}.scans"
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def forget_encoded(folder: Path) -> None:
-    """Clear the ranks' records of encoded rows (before a run that resumes the build)."""
-    for path in (folder / "counts").glob("rank*.rows"):
-        path.unlink()
+    """Clear the ranks' records of encoded rows and listed shards (before a run that resumes the build)."""
+    for pattern in ("rank*.rows", "rank*.scans"):
+        for path in (folder / "counts").glob(pattern):
+            path.unlink()
 
 
 def rank_pid(folder: Path, rank: int) -> int | None:

@@ -15,7 +15,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from cache_runs import cache_files, cache_only, encoded, encoded_paths, forget_encoded, signal_rank_mid_build
+from cache_runs import (
+    cache_files,
+    cache_only,
+    encoded,
+    encoded_paths,
+    forget_encoded,
+    listed_shards,
+    signal_rank_mid_build,
+)
 from shard_fixture import default_caption, write_img2dataset
 
 from captioning.config import DataConfig
@@ -71,6 +79,11 @@ def test_two_ranks_build_the_single_process_cache_each_from_its_own_run_of_shard
     assert sorted(ranks[0] + ranks[1]) == list(range(ROWS))  # every row encoded once, by one rank
     assert all(abs(len(rows) - ROWS / 2) <= 8 for rows in ranks), [len(rows) for rows in ranks]
     assert cache_files(folder) == cache_files(shards.single)
+    # Rank 0 reads the shards first and keeps their listings; rank 1 reads those, not the tar headers.
+    assert sorted(listed_shards(folder, 0)) == [
+        str(shards.root / "shards" / f"{k:05d}.tar") for k in range(SHARDS)
+    ]
+    assert listed_shards(folder, 1) == []
 
     # Each split's build gives each rank a run of consecutive shards; the two share at most one.
     split_of = {str(record.path): record.split for record in load_records(_config(shards.overrides))}
@@ -102,6 +115,7 @@ def test_a_rank_stopped_by_sigterm_mid_build_resumes_to_the_same_bytes(shards) -
     forget_encoded(folder)
     result = cache_only(folder, shards.overrides, processes=2)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert listed_shards(folder, 0) == listed_shards(folder, 1) == []  # the kept listings serve both
     again = encoded(folder, 0) + encoded(folder, 1)
     assert sorted(again) == sorted(set(range(ROWS)) - kept)  # only the missing rows, each once
     assert encoded(folder, 0) and encoded(folder, 1)  # shared by both ranks again
