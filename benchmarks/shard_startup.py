@@ -16,7 +16,7 @@ Each is run ``--repeats`` times (default 3, in the order headers, cold, warm, ag
 listings are deleted before each cold run) and the median reported; the load average is read before
 and after.
 
-    python benchmarks/shard_startup.py            # a table (about a minute on 2 cores)
+    python benchmarks/shard_startup.py            # a table (under two minutes on 2 cores)
     python benchmarks/shard_startup.py --json
 """
 
