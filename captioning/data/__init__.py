@@ -86,8 +86,9 @@ def load_records(
         generate: whether Shapes may be generated under ``config.root``; False when that path came
             from a checkpoint (paths read from a file never choose where the project writes).
         splits: only the records of these splits (all when None).
-        write_index: whether the dataset index (Karpathy, COCO) may be written when it is not
-            current (default: when ``output_dir`` is given); it lives under the configured cache folder.
+        write_index: whether the dataset index (Karpathy, COCO) or a reader's own (the webdataset
+            reader's shard listings) may be written when it is not current (default: when
+            ``output_dir`` is given); it lives under the configured cache folder.
     Returns:
         One record per image, in the reader's order.
     Raises:
@@ -97,15 +98,15 @@ def load_records(
     """
     reader = reader_of(config)
     reader.check_readable(config, generate)
+    writable = output_dir is not None if write_index is None else write_index
     if reader.indexed:
         check_data_paths(config)  # also when the index answers without the reader
-        writable = output_dir is not None if write_index is None else write_index
         # Cleaned before indexing: the index is UTF-8, which cannot hold a lone surrogate.
         records = load_indexed(
             config, lambda data: [_clean_text(r) for r in reader.read(data)], splits, writable=writable
         )
     else:
-        records = reader.read(config)
+        records = reader.read_records(config, writable)
         records = records if splits is None else [r for r in records if r.split in splits]
     records = [_clean_text(record) for record in records]
     for record in records:

@@ -55,6 +55,12 @@ class DatasetReader:
         """
         raise NotImplementedError
 
+    def read_records(self, config: DataConfig, write_index: bool) -> list[ImageRecord]:
+        """``read``, in a run that may (``write_index``: a training or caching run's rank 0) keep an index
+        of the reader's own under the cache folder, as the webdataset reader keeps its shards'
+        listings; by default ``read(config)``."""
+        return self.read(config)
+
     def split_rule(self, config: DataConfig) -> str | None:
         """How the val and test splits are made when no file gives them (for the plan line and
         ``data_summary.json``); None when the files give every split."""

@@ -26,8 +26,10 @@ keys, ``000010042`` -> 10042); else 1, 2, ... in reading order.
 
 Each record's image is ``<shard>#<member>`` (``shards/00000.tar#000000042.jpg``), which
 ``load_image`` reads from the shard with one seek (``captioning.data.tar_members``); the feature
-cache keys its rows by that name and the member's bytes. Shards are listed from their headers: the
-images' bytes are not read here.
+cache keys its rows by that name and the member's bytes. Shards are listed from their headers (the
+images' bytes are not read here), and a training or caching run keeps each listing under the cache
+folder, so that later starts read no tar header while the shard is unchanged
+(``captioning.data.shard_listings``).
 
 A bad sample (no image, no caption, a caption with no words, unreadable ``txt`` or ``json``, a key
 given twice) or a truncated shard stops the reading with one line naming the shard and the key; with
@@ -52,6 +54,8 @@ from captioning.data.imagefolder import SPLIT_NAMES, SPLIT_RULE, assign_splits
 from captioning.data.karpathy import SkipLog, read_json
 from captioning.data.readers import DATASETS, DatasetReader, check_data_paths
 from captioning.data.records import DatasetError, ImageRecord
+from captioning.data.shard_listings import FOLDER as LISTINGS_FOLDER
+from captioning.data.shard_listings import Listings
 from captioning.data.tokenizers import tokenize, tokenizer_for
 
 logger = logging.getLogger(__name__)
@@ -290,7 +294,11 @@ def _record(
 
 
 def read_shards(
-    root: str | Path, tokenizer: Callable[[str], list[str]] = tokenize, skip_bad: bool = False
+    root: str | Path,
+    tokenizer: Callable[[str], list[str]] = tokenize,
+    skip_bad: bool = False,
+    listings: Path | None = None,
+    write_listings: bool = False,
 ) -> list[ImageRecord]:
     """Read the samples of the shards ``root`` names into one record per image (module docstring).
 
@@ -298,6 +306,9 @@ def read_shards(
         root: ``data.root``: a folder of shards or a brace pattern of shard files.
         tokenizer: splits each caption into the training tokens (``data.tokenizer``).
         skip_bad: ``data.skip_bad_images``: skip and count bad samples and truncated shards' ends.
+        listings: the folder of the shards' kept listings (``captioning.data.shard_listings``); None:
+            every shard is listed from its headers.
+        write_listings: keep the listings made in ``listings`` (training and caching runs).
     Returns:
         Records in reading order (shards in order, samples in archive order).
     Raises:
@@ -310,10 +321,10 @@ def read_shards(
     splits = read_shard_splits(shards)
     skipped = SkipLog(os.fspath(root), logger)
     found: list[tuple[str, ImageRecord]] = []  # (key, record with a provisional id)
+    kept = Listings(listings, write_listings)
     for shard in shards:
         try:
-            state = os.stat(shard)
-            scan = tar_members.scan_shard(shard)
+            state, scan = kept.scan(shard)
         except tar_members.MemberError as error:
             raise DatasetError(f"{shard}: {error}") from None
         except OSError as error:
@@ -350,6 +361,7 @@ def read_shards(
                 split = splits[shard] if splits is not None else ""
                 found.append((sample.key, replace(record, split=split)))
     skipped.report()
+    kept.report()
     if not found:
         raise DatasetError(
             f"{os.fspath(root)}: no samples with an image and a caption in {len(shards)} shards"
@@ -377,8 +389,16 @@ class WebDatasetReader(DatasetReader):
     checks_root = True
 
     def read(self, config: DataConfig) -> list[ImageRecord]:
+        return self.read_records(config, write_index=False)
+
+    def read_records(self, config: DataConfig, write_index: bool) -> list[ImageRecord]:
         check_data_paths(config)
-        return read_shards(config.root, tokenizer_for(config.tokenizer), config.skip_bad_images)
+        listings = (
+            Path(config.cache_dir) if config.cache_dir else self.data_folder(config) / "features"
+        ) / LISTINGS_FOLDER
+        return read_shards(
+            config.root, tokenizer_for(config.tokenizer), config.skip_bad_images, listings, write_index
+        )
 
     def split_rule(self, config: DataConfig) -> str | None:
         return None if splits_file(shard_files(config.root)).exists() else SPLIT_RULE

@@ -7,11 +7,11 @@ member's bytes, so the feature cache, training, evaluation and the figures read 
 as they read files.
 
 Each member is read with one seek: a shard's members (their offsets and sizes) are listed once per
-process, from its headers alone (``scan_shard``, which skips over the images' bytes); the reader
-lists every shard it reads and keeps the lists (``remember``), and a process that did not (a spawned
-DataLoader worker, ``visualize.py`` reading a checkpoint's data) lists a shard on its first read
-from it. A shard whose size or modification time changed is listed again. A real file is always
-read as the file, whatever its name.
+process, from its headers alone (``scan_shard``, which skips over the images' bytes, or the listing
+kept on disk by ``captioning.data.shard_listings``); the reader lists every shard it reads and keeps
+the lists (``remember``), and a process that did not (a spawned DataLoader worker, ``visualize.py``
+reading a checkpoint's data) lists a shard on its first read from it. A shard whose size or
+modification time changed is listed again. A real file is always read as the file, whatever its name.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def scan_shard(shard: str | Path) -> ShardScan:
             archive (its first header).
     """
     scan = ShardScan()
+    path = Path(shard)  # one for all of its members
     try:
         state = os.stat(shard)
         if not stat.S_ISREG(state.st_mode):  # opening a FIFO would wait forever
@@ -129,7 +130,7 @@ def scan_shard(shard: str | Path) -> ShardScan:
                     break
                 last = info.name
                 if info.isreg():
-                    scan.members.append(Member(Path(shard), info.name, info.offset_data, info.size))
+                    scan.members.append(Member(path, info.name, info.offset_data, info.size))
             if scan.truncated is None:  # tarfile stops quietly at a short or damaged header
                 handle.seek(archive.offset)
                 block = handle.read(_BLOCK)

@@ -436,7 +436,10 @@ def test_img2dataset_shards_train_evaluate_and_visualise_with_cached_features(tm
     assert "00001.tar#000010001.jpg" in (run / "report.html").read_text(encoding="utf-8")
 
     # The grids were cached beside the shards, keyed by shard and key: a second pass computes nothing.
-    (cache,) = (tmp_path / "shards" / "features").iterdir()
+    # The shards' listings are kept there too (tests/data/test_shard_listings.py).
+    features = tmp_path / "shards" / "features"
+    assert len(list((features / "shard_listings").glob("0000?-*.json"))) == 3
+    (cache,) = (path for path in features.iterdir() if path.name != "shard_listings")
     files = json.loads((cache / "index.json").read_text())["files"]
     assert len(files) == 24 and all("#" in name for name in files)
     again = tool("train.py", *config, "--set", "train.output_dir=cached", "--cache-only")

@@ -282,6 +282,29 @@ def test_scst_and_caption_parts_report_positive_numbers_at_tiny_sizes():
 
 
 @pytest.mark.slow
+def test_shard_startup_reads_the_same_records_headers_cold_and_warm(tmp_path):
+    """benchmarks/shard_startup.py at tiny sizes: every start reads every sample; the listings are kept."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "shard_startup.py"),
+            *("--shards", "2", "--per-shard", "5", "--repeats", "1", "--json", "--folder", tmp_path),
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout)
+    for mode in ("headers", "cold", "warm"):
+        assert results[mode]["images"] == 10 and results[mode]["seconds"] > 0, (mode, results[mode])
+    assert results["listings_kib"] > 0
+    assert len(list((tmp_path / "cache" / "shard_listings").glob("*.json"))) == 2
+
+
+@pytest.mark.slow
 def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_0():
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")],
