@@ -49,7 +49,7 @@ FLAG_KEYS: dict[str, tuple[str, type, str]] = {
 # Flags whose value a registry looks up: (module, registry); --help lists the registered names.
 FLAG_REGISTRIES: dict[str, tuple[str, str]] = {
     "encoder": ("captioning.models.encoders", "ENCODERS"),
-    "decoder": ("captioning.models.captioner", "DECODERS"),
+    "decoder": ("captioning.config", "DECODERS"),
     "scoring": ("captioning.models.attention", "SCORERS"),
 }
 

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from captioning.registry import Registry
+from captioning.registry import FamilyRegistry
 from captioning.utils.errors import CaptioningError
 
 
@@ -68,6 +68,18 @@ CHAIR_TABLES = ("released", "extended")
 
 def _one_of(name: str, value: Any, choices: tuple) -> None:
     _check(value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+def _check_family(section: Any, families: FamilyRegistry) -> None:
+    """``section`` is an instance of the options class its family's name (``section.kind``) chooses."""
+    name = getattr(section, families.field)
+    expected = families.config_class(name)
+    if expected is None:
+        raise ConfigError(families.unknown_message(name))
+    _check(
+        type(section) is expected,
+        f"{families.key} {name!r} is configured by {expected.__name__}, not {type(section).__name__}",
+    )
 
 
 @dataclass(frozen=True)
@@ -141,12 +153,6 @@ class EncoderConfig:
         _check(self.fine_tune_stages >= 0, "model.encoder.fine_tune_stages must be >= 0")
 
 
-# The decoder families: model.decoder.kind -> its configuration class. The built-in families register
-# here, where configurations are read; a decoder of your own registers its class with
-# ``captioning.models.register_decoder`` (docs/extending.md).
-DECODER_CONFIGS: Registry[type[DecoderConfig]] = Registry("decoder", key="model.decoder.kind")
-
-
 @dataclass(frozen=True)
 class DecoderConfig:
     """What every caption decoder has; each family (a registered ``kind``) adds its own options."""
@@ -157,13 +163,7 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "model.decoder.")
-        family = DECODER_CONFIGS.get(self.kind)
-        if family is None:
-            raise ConfigError(DECODER_CONFIGS.unknown_message(self.kind))
-        _check(
-            type(self) is family,
-            f"model.decoder.kind {self.kind!r} is configured by {family.__name__}, not {type(self).__name__}",
-        )
+        _check_family(self, DECODERS)
         _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
         _check(
             math.isfinite(self.doubly_stochastic) and self.doubly_stochastic >= 0,
@@ -180,7 +180,16 @@ class DecoderConfig:
             )
 
 
-@DECODER_CONFIGS.register("lstm")
+# The decoder families: model.decoder.kind -> its configuration class, and the decoder class attached
+# when the models package registers it (``captioning.models.base.register_decoder``, which a decoder
+# of your own uses too: docs/extending.md). The built-in families' options are registered here, where
+# configurations are read.
+DECODERS: FamilyRegistry[DecoderConfig] = FamilyRegistry(
+    "decoder", key="model.decoder.kind", base=DecoderConfig
+)
+
+
+@DECODERS.register_options("lstm")
 @dataclass(frozen=True)
 class LSTMDecoderConfig(DecoderConfig):
     """The attention LSTM of Show, Attend and Tell (soft or hard attention)."""
@@ -228,7 +237,7 @@ class LSTMDecoderConfig(DecoderConfig):
         _check(0.0 <= self.hard_baseline_decay < 1.0, "model.decoder.hard_baseline_decay must be in [0, 1)")
 
 
-@DECODER_CONFIGS.register("transformer")
+@DECODERS.register_options("transformer")
 @dataclass(frozen=True)
 class TransformerDecoderConfig(DecoderConfig):
     """The Transformer decoder over the same grid (docs/transformer.md)."""

@@ -57,8 +57,8 @@ def test_a_name_is_registered_once():
 def test_the_help_of_train_py_lists_every_registered_encoder_decoder_and_scorer():
     from tool_runs import script_module
 
+    from captioning.config import DECODERS
     from captioning.models.attention import SCORERS
-    from captioning.models.captioner import DECODERS
     from captioning.models.encoders import ENCODERS
 
     # One line: a name is never cut by the help's line breaks.
