@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from captioning.config import DECODERS, Config, ConfigError, DataConfig, to_dict
+from captioning.config import DATASETS, DECODERS, Config, ConfigError, DataConfig, to_dict
 from captioning.registry import FamilyRegistry
 from captioning.utils.files import not_a_regular_file
 
@@ -119,7 +119,7 @@ def _expand_home(path: str, key: str) -> str:
 
 
 # The sections whose class a key of theirs chooses: the section's class -> the registry of its families.
-FAMILIES: dict[type, FamilyRegistry] = {families.base: families for families in (DECODERS,)}
+FAMILIES: dict[type, FamilyRegistry] = {families.base: families for families in (DATASETS, DECODERS)}
 
 
 def _family(families: FamilyRegistry, values: dict[str, Any], prefix: str) -> tuple[str, type]:
@@ -139,8 +139,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
     families = FAMILIES.get(cls)
     if families is not None:
         chosen, cls = _family(families, values, prefix)
-        # Configurations written before each family had its own class held every family's options:
-        # those of the other families are left out.
+        # Configurations written before each family had its own class held every family's options
+        # (every run's data section the Shapes generator's): those of the other families are left out.
         if stored:
             values = {k: v for k, v in values.items() if k in _names(cls) or families.owner(k, cls) is None}
     hints = typing.get_type_hints(cls)
@@ -154,8 +154,15 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
                 f"{prefix + unknown[0]} is an option of the {other} {families.what}, not of "
                 f"{prefix}{families.field} {chosen!r}"
             )
+        hint = ""
+        if families is not None and cls is families.base:  # e.g. a reader of a module not imported
+            hint = (
+                f"; {prefix}{families.field} {chosen!r} has no options of its own here (a {families.what} "
+                "of your own registers its options class with it: --import MODULE)"
+            )
         raise ConfigError(
             f"unknown configuration key {prefix + unknown[0]!r} in {where}; known: {', '.join(sorted(names))}"
+            + hint
         )
     kwargs = {}
     for name, value in values.items():
@@ -242,7 +249,7 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
         cls: type = Config
         parts = key.split(".")
         for depth, part in enumerate(parts):
-            # A family's section (model.decoder) takes the options of every registered family:
+            # A family's section (data, model.decoder) takes the options of every registered family:
             # which family is known only once the whole configuration is read, where an option of
             # another one is refused.
             families = (
@@ -292,16 +299,22 @@ def apply_overrides(
 
 
 def load_config(
-    path: str | Path | None = None, overrides: dict[str, Any] | None = None, stored: bool = False
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    stored: bool = False,
+    warn_left_out: bool = True,
 ) -> Config:
     """Read a YAML configuration (or start from the defaults) and apply dotted-key overrides.
 
     Args:
         path: YAML file whose nested sections mirror ``Config``; None starts from the defaults.
         overrides: ``{"train.lr": 2e-4, ...}``; values may be strings as typed on a command line.
-            A family given here (``model.decoder.kind``) replaces the file's: the file's options of
-            another family that the new one lacks are left out, with a warning naming them.
+            A family given here (``model.decoder.kind``, ``data.dataset``) replaces the file's: the
+            file's options of another family that the new one lacks are left out, with a warning
+            naming them.
         stored: the file was written by this project (a run's ``config.yaml``): see ``from_dict``.
+        warn_left_out: whether that warning is given; not for a file the user did not name (the
+            tools' default configuration), whose options are no one's choice.
     Returns:
         The validated, frozen ``Config``.
     Raises:
@@ -326,7 +339,7 @@ def load_config(
             raise ConfigError(f"{path}: YAML nested too deeply to read") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a configuration must be a mapping of sections")
-    _drop_other_family(tree, overrides or {}, path)
+    _drop_other_family(tree, overrides or {}, path, warn=warn_left_out)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
     try:
@@ -340,10 +353,10 @@ def load_config(
 def _drop_other_family(
     tree: dict[str, Any], overrides: dict[str, Any], path: str | Path | None, warn: bool = True
 ) -> None:
-    """A family chosen by ``overrides`` (``model.decoder.kind``) replaces the family of ``tree`` (a
-    file, a checkpoint's configuration): the options of another family that the new one lacks are
-    left out of ``tree`` (with a warning naming them and the shared options kept: ``dropout``,
-    ``doubly_stochastic``, ...), unless ``overrides`` sets them. A key no family has stays, for the
+    """A family chosen by ``overrides`` (``model.decoder.kind``, ``data.dataset``) replaces the family
+    of ``tree`` (a file, a checkpoint's configuration): the options of another family that the new one
+    lacks are left out of ``tree`` (with a warning naming them and the shared options kept:
+    ``dropout``, ``root``, ...), unless ``overrides`` sets them. A key no family has stays, for the
     strict check to refuse."""
     for families in FAMILIES.values():
         section_key, name = families.section, overrides.get(f"{families.section}.{families.field}")

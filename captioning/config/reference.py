@@ -19,9 +19,9 @@ from captioning.config.loading import FAMILIES
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
     """Every configuration key as ``(dotted key, type, default, meaning)``, for generated documentation.
 
-    A family's section (``model.decoder``) lists the options every family has, then each registered
-    family's own (``kind lstm: ...``): which apply depends on the family's name
-    (``model.decoder.kind``).
+    A family's section (``data``, ``model.decoder``) lists the options every family has, then each
+    registered family's own (``kind lstm: ...``, ``dataset shapes: ...``): which apply depends on
+    the family's name (``model.decoder.kind``, ``data.dataset``).
     """
     rows = []
     hints = typing.get_type_hints(cls)
