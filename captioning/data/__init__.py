@@ -24,6 +24,7 @@ from captioning.data.readers import (
     DATASETS,
     DatasetReader,
     check_data_paths,
+    data_source,
     reader_of,
     register_reader,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "build_vocabulary",
     "caption_length_summary",
     "check_data_paths",
+    "data_source",
     "divide_official_val",
     "generate_shapes",
     "load_records",
@@ -111,8 +113,9 @@ def load_records(
     records = [_clean_text(record) for record in records]
     for record in records:
         if not INT64_MIN <= record.image_id <= INT64_MAX:
-            source = config.split_file or ", ".join(config.annotations) or config.root
-            raise DatasetError(f"{source}: image id {record.image_id} does not fit a 64-bit integer")
+            raise DatasetError(
+                f"{data_source(config)}: image id {record.image_id} does not fit a 64-bit integer"
+            )
     if output_dir is not None:
         write_data_summary(records, config, Path(output_dir))
     return records

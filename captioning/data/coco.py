@@ -197,6 +197,9 @@ class CocoReader(DatasetReader):
         )
         return records if config.split_file is not None else divide_official_val(records)
 
+    def source_files(self, config: DataConfig) -> list[Path]:
+        return [*([Path(config.split_file)] if config.split_file else []), *map(Path, config.annotations)]
+
     def split_rule(self, config: DataConfig) -> str | None:
         if config.split_file is not None:
             return None

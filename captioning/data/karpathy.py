@@ -230,3 +230,6 @@ class KarpathyReader(DatasetReader):
             )
         check_data_paths(config)
         return read_karpathy(config.split_file, config.root, config.restval_to_train, own_tokenizer(config))
+
+    def source_files(self, config: DataConfig) -> list[Path]:
+        return [Path(config.split_file)] if config.split_file else []

@@ -61,6 +61,11 @@ class DatasetReader:
         ``data_summary.json``); None when the files give every split."""
         return None
 
+    def source_files(self, config: DataConfig) -> list[Path]:
+        """The files the records are read from, named in messages (and keying an ``indexed`` reader's
+        index); none by default: the records come from ``data.root``."""
+        return []
+
     def cache_under_root(self, config: DataConfig) -> bool:
         """Whether the feature cache lives in the data's folder (``data_folder``: shared by every run
         over the data); False puts it under the run folder (a folder of someone's photos is not
@@ -117,6 +122,12 @@ def reader_of(config: DataConfig) -> DatasetReader:
         UnknownNameError: one line naming ``data.dataset`` and listing the registered readers.
     """
     return reader_class(config.dataset)()
+
+
+def data_source(config: DataConfig) -> str:
+    """The files (or folder) a dataset's records are read from, for messages: its reader's
+    ``source_files`` (the Karpathy split file, the COCO annotation files), else ``data.root``."""
+    return ", ".join(map(str, reader_of(config).source_files(config))) or str(config.root)
 
 
 def own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:

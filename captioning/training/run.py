@@ -15,7 +15,7 @@ import torch
 
 from captioning.config import Config, to_dict
 from captioning.config.loading import save_config
-from captioning.data import build_vocabulary, load_records, reader_of, write_data_summary
+from captioning.data import build_vocabulary, data_source, load_records, reader_of, write_data_summary
 from captioning.data.datasets import CaptionDataset
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
@@ -30,7 +30,6 @@ from captioning.hub.checkpoint import (
 from captioning.inference.inputs import (
     caption_dataset,
     check_splits,
-    data_source,
     feature_cache_dir,
     uses_cache,
 )

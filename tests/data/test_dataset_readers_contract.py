@@ -18,7 +18,7 @@ import pytest
 
 from captioning.config import ConfigError, DataConfig, ShapesDataConfig
 from captioning.data import DATASETS, DatasetError, ImageRecord, generate_shapes
-from captioning.data.readers import reader_class
+from captioning.data.readers import data_source, reader_class
 from captioning.data.tar_members import image_exists
 from captioning.registry import UnknownNameError
 
@@ -166,6 +166,15 @@ def test_records_have_the_documented_fields(reader_case):
         else:
             assert record.split == "" and record.captions == () and record.raw == ()
     assert isinstance(reader.split_rule(fixture.config), (str, type(None)))
+
+
+def test_the_source_files_a_reader_names_exist_and_are_what_messages_name(reader_case):
+    name, fixture = reader_case
+    files = reader_class(name)().source_files(fixture.config)
+    assert all(path.is_file() for path in files), files
+    assert data_source(fixture.config) == (", ".join(map(str, files)) or fixture.config.root)
+    if name in ("karpathy", "coco"):
+        assert files and Path(fixture.config.split_file or fixture.config.annotations[0]) in files
 
 
 def test_a_malformed_entry_is_one_line_naming_the_file_and_the_entry(reader_case):
