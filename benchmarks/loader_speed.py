@@ -33,7 +33,7 @@ from PIL import Image
 from torch import nn
 from torchvision.transforms import InterpolationMode
 
-from captioning.config import Config, DataConfig, TrainConfig
+from captioning.config import Config, ShapesDataConfig, TrainConfig
 from captioning.data import build_vocabulary
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
@@ -156,7 +156,7 @@ def evict(path: Path) -> None:
 
 def read_pass(dataset: CaptionDataset, workers: int, device: torch.device) -> tuple[float, int, int]:
     """One epoch of the trainer's loader: (seconds, captions, images) delivered to ``device``."""
-    config = Config(data=DataConfig(num_workers=workers), train=TrainConfig(device=device.type))
+    config = Config(data=ShapesDataConfig(num_workers=workers), train=TrainConfig(device=device.type))
     loader = loader_for(dataset, EpochBatches(len(dataset), BATCH_IMAGES, seed=0, epoch=0), config, device)
     captions = images = 0
     start = time.perf_counter()

@@ -13,12 +13,18 @@ own registers its parts the same way and reaches the tools with ``--import MODUL
     class AdditiveAttention(Attention): ...
 
     SCORERS["additive"]      # the class; an unknown name raises one line listing the registered ones
+
+A ``FamilyRegistry`` is the registry of a concept whose every name brings options of its own (decoder
+families, dataset readers): an entry is a ``Family``, the options class and the class built from
+them, registered together by one decorator (``register_decoder``, ``register_reader``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from captioning.utils.errors import CaptioningError
 
@@ -110,3 +116,139 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.what!r}: {', '.join(self.names())})"
+
+
+C = TypeVar("C")
+Implementation = TypeVar("Implementation", bound=type)
+
+
+@dataclass(eq=False)
+class Family(Generic[C]):
+    """One registered family of parts that a configuration key chooses (``model.decoder.kind``,
+    ``data.dataset``): ``config``, the frozen dataclass that holds its options, and ``implementation``,
+    the class built from them (a ``CaptionDecoder`` subclass, a ``DatasetReader``).
+
+    The configuration layer sits beneath the code of the parts, so a built-in family's options class is
+    registered where configurations are read and its class is attached when its package is imported;
+    a family of your own registers both at once.
+    """
+
+    config: type[C]
+    implementation: Any = None  # attached by the package that defines it
+
+
+class FamilyRegistry(Registry[Family[C]]):
+    """Names -> ``Family`` entries: the key's value chooses the family, and with it the class a section
+    of the configuration is read into.
+
+    Args:
+        what, key: as for :class:`Registry`; ``key`` is the section (``model.decoder``) and its
+            field that names the family (``kind``), whose default in a family's options class is the
+            family's name.
+        base: the section's class (``DecoderConfig``); a family's options class derives from it.
+        shared: the section's class itself configures the families without options of their own,
+            and any name no family registered (a dataset reader that adds no options).
+    """
+
+    def __init__(self, what: str, key: str, base: type[C], shared: bool = False) -> None:
+        super().__init__(what, key)
+        self.base = base
+        self.shared = shared
+        self.section, _, self.field = key.rpartition(".")
+
+    def add(self, name: str, entry: Family[C]) -> None:
+        if not isinstance(entry, Family):
+            raise TypeError(
+                f"{self.what} {name!r}: a family registers its class and its options class together "
+                f"(docs/extending.md), not a bare {type(entry).__name__}"
+            )
+        super().add(name, entry)
+
+    def register_options(self, name: str) -> Callable[[type[C]], type[C]]:
+        """Decorator registering the options class of the family ``name``, whose class the package
+        that defines it attaches with :meth:`register_family` (the built-in families)."""
+
+        def add(config: type[C]) -> type[C]:
+            self._check_options(name, config)
+            self.add(name, Family(config))
+            return config
+
+        return add
+
+    def register_family(
+        self, name: str, config: type[C] | None = None
+    ) -> Callable[[Implementation], Implementation]:
+        """Decorator registering the decorated class as the family ``name``, read from ``config``
+        (default: the section's own class, where it is ``shared``): one registration gives the family
+        its class and its options. A family whose options class is registered already gets its
+        class attached.
+
+        Raises:
+            ValueError: ``name`` has a class already, is configured by another class, or ``config``
+                is not a dataclass deriving from ``base`` whose name field defaults to ``name``.
+        """
+        options = self.base if config is None else config
+
+        def add(implementation: Implementation) -> Implementation:
+            family = self.get(name)
+            if family is None:
+                self._check_options(name, options)
+                self.add(name, Family(options, implementation))
+            elif family.implementation is not None:
+                raise ValueError(f"{self.what} {name!r} is already registered")
+            elif family.config is not options:
+                raise ValueError(f"{self.what} {name!r} is configured by {family.config.__name__} already")
+            else:
+                family.implementation = implementation
+            return implementation
+
+        return add
+
+    def _check_options(self, name: str, config: type) -> None:
+        if config is self.base and self.shared:
+            return
+        if (
+            # decorated itself: a plain subclass inherits the base's fields and would lose its own
+            "__dataclass_params__" not in vars(config)
+            or not issubclass(config, self.base)
+            or getattr(config, self.field, None) != name
+        ):
+            raise ValueError(
+                f"{self.what} {name!r}: its configuration must be a dataclass deriving from "
+                f"{self.base.__name__} with {self.field} {name!r}"
+            )
+
+    def config_class(self, name: str) -> type[C] | None:
+        """The options class of ``name``: its family's, the section's own for a name no family
+        registered where it is ``shared``, else None."""
+        family = self.get(name)
+        if family is not None:
+            return family.config
+        return self.base if self.shared else None
+
+    def owner(self, option: str, besides: type | None = None) -> str | None:
+        """The name of a registered family (configured by a class other than ``besides``) whose own
+        options (not the section's shared ones) include ``option``, if one has."""
+        shared = {item.name for item in dataclasses.fields(self.base)}  # type: ignore[arg-type]
+        for name, family in self.items():
+            own = {item.name for item in dataclasses.fields(family.config)} - shared  # type: ignore[arg-type]
+            if family.config is not besides and option in own:
+                return name
+        return None
+
+    def implementation_of(self, name: str) -> Any:
+        """The class of the family ``name``.
+
+        Raises:
+            UnknownNameError: no family ``name``, or its class is not registered (its package, or
+                the module of your own that registers it, is not imported).
+        """
+        family = self.get(name)
+        if family is None or family.implementation is None:
+            raise UnknownNameError(self.unknown_message(name))
+        return family.implementation
+
+    def check(self, name: str) -> str:
+        """``name`` when a family with a class is registered under it (see :meth:`Registry.check`)."""
+        self.implementation_of(name)
+        return name

@@ -22,11 +22,11 @@ from tool_runs import REPO, kept_process_state
 
 from captioning.config import (
     Config,
-    DataConfig,
     DecodeConfig,
     EncoderConfig,
     LSTMDecoderConfig,
     ModelConfig,
+    ShapesDataConfig,
     TransformerDecoderConfig,
 )
 from captioning.data.vocab import Vocabulary
@@ -58,8 +58,7 @@ def tiny_checkpoint(
     )
     model = Captioner.build(model_config, vocab)
     torch.set_rng_state(generator_state)
-    data = DataConfig(
-        dataset="shapes",
+    data = ShapesDataConfig(
         root=str(shapes_root),
         shapes_train=12,
         shapes_val=4,

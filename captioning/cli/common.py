@@ -49,7 +49,7 @@ FLAG_KEYS: dict[str, tuple[str, type, str]] = {
 # Flags whose value a registry looks up: (module, registry); --help lists the registered names.
 FLAG_REGISTRIES: dict[str, tuple[str, str]] = {
     "encoder": ("captioning.models.encoders", "ENCODERS"),
-    "decoder": ("captioning.models.captioner", "DECODERS"),
+    "decoder": ("captioning.config", "DECODERS"),
     "scoring": ("captioning.models.attention", "SCORERS"),
 }
 
@@ -127,7 +127,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if value is not None:
             overrides[key] = value
     path = shipped_config(args.config) if args.config is not None else DEFAULT_CONFIG
-    config = load_config(path, overrides)
+    # The default file's options of another decoder or dataset than the one chosen are left out silently.
+    config = load_config(path, overrides, warn_left_out=args.config is not None)
     check_registered_names(config)
     return config
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from captioning.config import DECODER_CONFIGS, Config, ConfigError, DataConfig, DecoderConfig, to_dict
+from captioning.config import DATASETS, DECODERS, Config, ConfigError, DataConfig, to_dict
+from captioning.registry import FamilyRegistry
 from captioning.utils.files import not_a_regular_file
 
 
@@ -117,42 +118,51 @@ def _expand_home(path: str, key: str) -> str:
     return expanded
 
 
-def _decoder_family(values: Any, prefix: str) -> type[DecoderConfig]:
-    """The configuration class of the decoder family ``values["kind"]`` names (default: lstm)."""
-    kind = _coerce(str, values.get("kind", DecoderConfig.kind), prefix + "kind")
-    if kind not in DECODER_CONFIGS:
-        raise ConfigError(DECODER_CONFIGS.unknown_message(kind))
-    return DECODER_CONFIGS[kind]
+# The sections whose class a key of theirs chooses: the section's class -> the registry of its families.
+FAMILIES: dict[type, FamilyRegistry] = {families.base: families for families in (DATASETS, DECODERS)}
 
 
-def _other_family(name: str, family: type[DecoderConfig]) -> str | None:
-    """The kind of another registered decoder family that has the option ``name``, if one has."""
-    for kind, other in DECODER_CONFIGS.items():
-        if other is not family and name in {f.name for f in dataclasses.fields(other)}:
-            return kind
-    return None
+def _family(families: FamilyRegistry, values: dict[str, Any], prefix: str) -> tuple[str, type]:
+    """The name of the family a section's ``values`` choose (``kind: lstm``, ``dataset: shapes``;
+    absent: the section's default) and its configuration class."""
+    key = prefix + families.field
+    name = _coerce(str, values.get(families.field, getattr(families.base, families.field)), key)
+    cls = families.config_class(name)
+    if cls is None:
+        raise ConfigError(families.unknown_message(name))
+    return name, cls
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix or 'configuration'} must be a mapping, got {values!r}")
-    if cls is DecoderConfig:
-        cls = _decoder_family(values, prefix)
-        if stored:  # configurations written before each family had its own class held every family's keys
-            values = {k: v for k, v in values.items() if _other_family(k, cls) is None or k in _names(cls)}
+    families = FAMILIES.get(cls)
+    if families is not None:
+        chosen, cls = _family(families, values, prefix)
+        # Configurations written before each family had its own class held every family's options
+        # (every run's data section the Shapes generator's): those of the other families are left out.
+        if stored:
+            values = {k: v for k, v in values.items() if k in _names(cls) or families.owner(k, cls) is None}
     hints = typing.get_type_hints(cls)
     names = _names(cls)
     unknown = sorted(set(values) - names)
     if unknown:
         where = prefix.rstrip(".") or "the top level"
-        other = _other_family(unknown[0], cls) if issubclass(cls, DecoderConfig) else None
-        if other is not None:
+        other = families.owner(unknown[0], cls) if families is not None else None
+        if families is not None and other is not None:
             raise ConfigError(
-                f"{prefix + unknown[0]} is an option of the {other} decoder, not of "
-                f"{prefix}kind {values.get('kind', DecoderConfig.kind)!r}"
+                f"{prefix + unknown[0]} is an option of the {other} {families.what}, not of "
+                f"{prefix}{families.field} {chosen!r}"
+            )
+        hint = ""
+        if families is not None and cls is families.base:  # e.g. a reader of a module not imported
+            hint = (
+                f"; {prefix}{families.field} {chosen!r} has no options of its own here (a {families.what} "
+                "of your own registers its options class with it: --import MODULE)"
             )
         raise ConfigError(
             f"unknown configuration key {prefix + unknown[0]!r} in {where}; known: {', '.join(sorted(names))}"
+            + hint
         )
     kwargs = {}
     for name, value in values.items():
@@ -239,9 +249,12 @@ def check_overrides(overrides: dict[str, Any], sections: tuple[str, ...] | None 
         cls: type = Config
         parts = key.split(".")
         for depth, part in enumerate(parts):
-            # The decoder section takes the options of every registered family: which family is known
-            # only once the whole configuration is read, where an option of another one is refused.
-            families = [family for _, family in DECODER_CONFIGS.items()] if cls is DecoderConfig else [cls]
+            # A family's section (data, model.decoder) takes the options of every registered family:
+            # which family is known only once the whole configuration is read, where an option of
+            # another one is refused.
+            families = (
+                [cls, *(family.config for _, family in FAMILIES[cls].items())] if cls in FAMILIES else [cls]
+            )
             names = set().union(*(_names(family) for family in families))
             prefix = ".".join(parts[:depth]) + "." if depth else ""
             if part not in names:
@@ -279,22 +292,29 @@ def apply_overrides(
     """
     check_overrides(overrides, sections)
     tree = to_dict(config)
+    _drop_other_family(tree, overrides, None, warn=False)  # another family's options are not the user's
     for key, value in overrides.items():
         _set_dotted(tree, key, value)
     return from_dict(tree)
 
 
 def load_config(
-    path: str | Path | None = None, overrides: dict[str, Any] | None = None, stored: bool = False
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    stored: bool = False,
+    warn_left_out: bool = True,
 ) -> Config:
     """Read a YAML configuration (or start from the defaults) and apply dotted-key overrides.
 
     Args:
         path: YAML file whose nested sections mirror ``Config``; None starts from the defaults.
         overrides: ``{"train.lr": 2e-4, ...}``; values may be strings as typed on a command line.
-            A decoder ``kind`` given here replaces the file's decoder family: the file's options that
-            the new family lacks are left out, with a warning naming them.
+            A family given here (``model.decoder.kind``, ``data.dataset``) replaces the file's: the
+            file's options of another family that the new one lacks are left out, with a warning
+            naming them.
         stored: the file was written by this project (a run's ``config.yaml``): see ``from_dict``.
+        warn_left_out: whether that warning is given; not for a file the user did not name (the
+            tools' default configuration), whose options are no one's choice.
     Returns:
         The validated, frozen ``Config``.
     Raises:
@@ -319,7 +339,7 @@ def load_config(
             raise ConfigError(f"{path}: YAML nested too deeply to read") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a configuration must be a mapping of sections")
-    _drop_other_family(tree, overrides or {}, path)
+    _drop_other_family(tree, overrides or {}, path, warn=warn_left_out)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
     try:
@@ -330,35 +350,45 @@ def load_config(
         raise ConfigError(f"{path}: {error}" if path and not from_override else str(error)) from None
 
 
-def _drop_other_family(tree: dict[str, Any], overrides: dict[str, Any], path: str | Path | None) -> None:
-    """A decoder kind set by ``overrides`` replaces the family of ``tree`` (a file): the file's options
-    of another family that the new one lacks are left out of ``tree``, with a warning naming them and
-    the shared options kept (``dropout``, ``doubly_stochastic``, ...). A key no family has stays, for
-    the strict check to refuse."""
-    kind = overrides.get("model.decoder.kind")
-    decoder = tree.get("model", {}).get("decoder") if isinstance(tree.get("model"), dict) else None
-    if kind is None or not isinstance(decoder, dict) or str(kind) not in DECODER_CONFIGS:
-        return
-    family = DECODER_CONFIGS[str(kind)]
-    names = _names(family)
-    dropped = [
-        name
-        for name in decoder
-        if name not in names
-        and _other_family(name, family) is not None
-        and f"model.decoder.{name}" not in overrides
-    ]
-    for name in dropped:
-        del decoder[name]
-    if dropped:
-        kept = [name for name in decoder if name in names and name != "kind"]
-        logging.getLogger(__name__).warning(
-            "model.decoder.kind=%s: %s's options of another decoder left out (%s)%s",
-            kind,
-            path,
-            ", ".join(dropped),
-            f"; kept: {', '.join(kept)}" if kept else "",
-        )
+def _drop_other_family(
+    tree: dict[str, Any], overrides: dict[str, Any], path: str | Path | None, warn: bool = True
+) -> None:
+    """A family chosen by ``overrides`` (``model.decoder.kind``, ``data.dataset``) replaces the family
+    of ``tree`` (a file, a checkpoint's configuration): the options of another family that the new one
+    lacks are left out of ``tree`` (with a warning naming them and the shared options kept:
+    ``dropout``, ``root``, ...), unless ``overrides`` sets them. A key no family has stays, for the
+    strict check to refuse."""
+    for families in FAMILIES.values():
+        section_key, name = families.section, overrides.get(f"{families.section}.{families.field}")
+        section: Any = tree
+        for part in section_key.split("."):
+            section = section.get(part) if isinstance(section, dict) else None
+        if name is None or not isinstance(section, dict):
+            continue
+        family = families.config_class(str(name))
+        if family is None:
+            continue
+        names = _names(family)
+        dropped = [
+            option
+            for option in section
+            if option not in names
+            and families.owner(option, family) is not None
+            and f"{section_key}.{option}" not in overrides
+        ]
+        for option in dropped:
+            del section[option]
+        if dropped and warn:
+            kept = [option for option in section if option in names and option != families.field]
+            logging.getLogger(__name__).warning(
+                "%s=%s: %s's options of another %s left out (%s)%s",
+                families.key,
+                name,
+                path,
+                families.what,
+                ", ".join(dropped),
+                f"; kept: {', '.join(kept)}" if kept else "",
+            )
 
 
 def save_config(config: Config, path: str | Path) -> None:

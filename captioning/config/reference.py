@@ -12,31 +12,34 @@ import re
 import typing
 from typing import Any
 
-from captioning.config import DECODER_CONFIGS, Config, DecoderConfig
+from captioning.config import Config
+from captioning.config.loading import FAMILIES
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
     """Every configuration key as ``(dotted key, type, default, meaning)``, for generated documentation.
 
-    The decoder section lists the options every family has, then each registered family's own
-    (``kind lstm: ...``): which apply depends on ``model.decoder.kind``.
+    A family's section (``data``, ``model.decoder``) lists the options every family has, then each
+    registered family's own (``kind lstm: ...``, ``dataset shapes: ...``): which apply depends on
+    the family's name (``model.decoder.kind``, ``data.dataset``).
     """
     rows = []
     hints = typing.get_type_hints(cls)
     comments = _field_comments(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        if hint is DecoderConfig:
-            rows.extend(describe(DecoderConfig, prefix + f.name + "."))
-            shared = {g.name for g in dataclasses.fields(DecoderConfig)}
-            for kind, family in DECODER_CONFIGS.items():
+        if hint in FAMILIES:
+            families = FAMILIES[hint]
+            rows.extend(describe(hint, prefix + f.name + "."))
+            shared = {g.name for g in dataclasses.fields(hint)}
+            for name, family in families.items():
                 own = [
                     row
-                    for row in describe(family, prefix + f.name + ".")
+                    for row in describe(family.config, prefix + f.name + ".")
                     if row[0].rsplit(".", 1)[1] not in shared
                 ]
                 rows.extend(
-                    (key, type_name, default, f"kind {kind}: {meaning}")
+                    (key, type_name, default, f"{families.field} {name}: {meaning}")
                     for key, type_name, default, meaning in own
                 )
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint):

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from captioning.registry import Registry
+from captioning.registry import FamilyRegistry
 from captioning.utils.errors import CaptioningError
 
 
@@ -70,9 +70,24 @@ def _one_of(name: str, value: Any, choices: tuple) -> None:
     _check(value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
+def _check_family(section: Any, families: FamilyRegistry) -> None:
+    """``section`` is an instance of the options class its family's name (``section.kind``,
+    ``section.dataset``) chooses."""
+    name = getattr(section, families.field)
+    expected = families.config_class(name)
+    if expected is None:
+        raise ConfigError(families.unknown_message(name))
+    _check(
+        type(section) is expected,
+        f"{families.key} {name!r} is configured by {expected.__name__}, not {type(section).__name__}",
+    )
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the captions and images come from and how captions become token ids."""
+    """Where the captions and images come from and how captions become token ids: what every dataset
+    reader shares; a reader with options of its own (``data.dataset: shapes``) adds them in a
+    subclass registered in ``DATASETS``."""
 
     dataset: str = "shapes"  # a reader: shapes | karpathy | coco | imagefolder | folder | webdataset
     root: str = "data/shapes"  # image root (Karpathy: filepath/filename; webdataset: .tar folder or pattern)
@@ -88,16 +103,10 @@ class DataConfig:
     num_workers: int = 0  # DataLoader worker processes
     cache_dir: str | None = None  # feature cache folder; None: <data.root>/features (shards: their folder's)
     use_cache: bool = True  # cache frozen-encoder features on disk (ignored when fine-tuning)
-    # Shapes, the built-in synthetic dataset.
-    shapes_seed: int = 0  # Shapes: generator seed (same seed, same bytes)
-    shapes_train: int = 2000  # Shapes: training images
-    shapes_val: int = 200  # Shapes: validation images
-    shapes_test: int = 200  # Shapes: test images
-    shapes_image_size: int = 224  # Shapes: image side in pixels
-    shapes_max_objects: int = 3  # Shapes: at most this many objects per image (1-3)
 
     def __post_init__(self) -> None:
         _check_types(self, "data.")
+        _check_family(self, DATASETS)
         _check(
             isinstance(self.tokenizer, str) and bool(self.tokenizer.strip()),
             f"data.tokenizer must name a tokenizer, got {self.tokenizer!r}",
@@ -106,6 +115,32 @@ class DataConfig:
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
+
+
+# The dataset readers with options of their own: data.dataset -> its configuration class, and the
+# reader attached when the data package registers it (``captioning.data.readers.register_reader``,
+# which a reader of your own uses too: docs/extending.md). A reader without options of its own, or a
+# name no reader registered (refused where the data are read), is configured by DataConfig.
+DATASETS: FamilyRegistry[DataConfig] = FamilyRegistry(
+    "dataset reader", key="data.dataset", base=DataConfig, shared=True
+)
+
+
+@DATASETS.register_options("shapes")
+@dataclass(frozen=True)
+class ShapesDataConfig(DataConfig):
+    """Shapes, the built-in synthetic dataset, generated under ``data.root`` (docs/shapes.md)."""
+
+    dataset: str = "shapes"
+    shapes_seed: int = 0  # generator seed (same seed, same bytes)
+    shapes_train: int = 2000  # training images
+    shapes_val: int = 200  # validation images
+    shapes_test: int = 200  # test images
+    shapes_image_size: int = 224  # image side in pixels
+    shapes_max_objects: int = 3  # at most this many objects per image (1-3)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         _check(1 <= self.shapes_max_objects <= 3, "data.shapes_max_objects must be 1, 2 or 3")
         _check(
             min(self.shapes_train, self.shapes_val, self.shapes_test) >= 1,
@@ -141,12 +176,6 @@ class EncoderConfig:
         _check(self.fine_tune_stages >= 0, "model.encoder.fine_tune_stages must be >= 0")
 
 
-# The decoder families: model.decoder.kind -> its configuration class. The built-in families register
-# here, where configurations are read; a decoder of your own registers its class with
-# ``captioning.models.register_decoder`` (docs/extending.md).
-DECODER_CONFIGS: Registry[type[DecoderConfig]] = Registry("decoder", key="model.decoder.kind")
-
-
 @dataclass(frozen=True)
 class DecoderConfig:
     """What every caption decoder has; each family (a registered ``kind``) adds its own options."""
@@ -157,13 +186,7 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "model.decoder.")
-        family = DECODER_CONFIGS.get(self.kind)
-        if family is None:
-            raise ConfigError(DECODER_CONFIGS.unknown_message(self.kind))
-        _check(
-            type(self) is family,
-            f"model.decoder.kind {self.kind!r} is configured by {family.__name__}, not {type(self).__name__}",
-        )
+        _check_family(self, DECODERS)
         _check(0.0 <= self.dropout < 1.0, f"model.decoder.dropout must be in [0, 1), got {self.dropout}")
         _check(
             math.isfinite(self.doubly_stochastic) and self.doubly_stochastic >= 0,
@@ -180,7 +203,16 @@ class DecoderConfig:
             )
 
 
-@DECODER_CONFIGS.register("lstm")
+# The decoder families: model.decoder.kind -> its configuration class, and the decoder class attached
+# when the models package registers it (``captioning.models.base.register_decoder``, which a decoder
+# of your own uses too: docs/extending.md). The built-in families' options are registered here, where
+# configurations are read.
+DECODERS: FamilyRegistry[DecoderConfig] = FamilyRegistry(
+    "decoder", key="model.decoder.kind", base=DecoderConfig
+)
+
+
+@DECODERS.register_options("lstm")
 @dataclass(frozen=True)
 class LSTMDecoderConfig(DecoderConfig):
     """The attention LSTM of Show, Attend and Tell (soft or hard attention)."""
@@ -228,7 +260,7 @@ class LSTMDecoderConfig(DecoderConfig):
         _check(0.0 <= self.hard_baseline_decay < 1.0, "model.decoder.hard_baseline_decay must be in [0, 1)")
 
 
-@DECODER_CONFIGS.register("transformer")
+@DECODERS.register_options("transformer")
 @dataclass(frozen=True)
 class TransformerDecoderConfig(DecoderConfig):
     """The Transformer decoder over the same grid (docs/transformer.md)."""
@@ -379,7 +411,7 @@ class TrainConfig:
 class Config:
     """The whole configuration of a run."""
 
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=ShapesDataConfig)  # its class follows data.dataset
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)

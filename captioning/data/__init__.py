@@ -20,7 +20,14 @@ from captioning.data.coco import divide_official_val, read_coco
 from captioning.data.folder import read_folder
 from captioning.data.imagefolder import read_imagefolder
 from captioning.data.karpathy import read_karpathy
-from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, reader_of
+from captioning.data.readers import (
+    DATASETS,
+    DatasetReader,
+    check_data_paths,
+    data_source,
+    reader_of,
+    register_reader,
+)
 from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
@@ -31,13 +38,13 @@ from captioning.utils.files import atomic_write
 
 __all__ = [
     "DATASETS",
-    "INDEXED_READERS",
     "DatasetError",
     "DatasetReader",
     "ImageRecord",
     "build_vocabulary",
     "caption_length_summary",
     "check_data_paths",
+    "data_source",
     "divide_official_val",
     "generate_shapes",
     "load_records",
@@ -48,16 +55,12 @@ __all__ = [
     "read_shapes",
     "read_shards",
     "reader_of",
+    "register_reader",
     "split_rule",
     "write_data_summary",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-# The built-in readers of large caption files (their records are kept in a per-split index); a
-# reader's own ``indexed`` says it for any registered name.
-INDEXED_READERS = frozenset(name for name, reader in DATASETS.items() if reader.indexed)
 
 
 def split_rule(config: DataConfig) -> str | None:
@@ -111,8 +114,9 @@ def load_records(
     records = [_clean_text(record) for record in records]
     for record in records:
         if not INT64_MIN <= record.image_id <= INT64_MAX:
-            source = config.split_file or ", ".join(config.annotations) or config.root
-            raise DatasetError(f"{source}: image id {record.image_id} does not fit a 64-bit integer")
+            raise DatasetError(
+                f"{data_source(config)}: image id {record.image_id} does not fit a 64-bit integer"
+            )
     if output_dir is not None:
         write_data_summary(records, config, Path(output_dir))
     return records

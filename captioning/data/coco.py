@@ -26,7 +26,7 @@ from pycocotools.coco import COCO
 
 from captioning.config import ConfigError, DataConfig
 from captioning.data.karpathy import SkipLog, image_path_under, read_json, read_karpathy, require_field
-from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
+from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize
 
@@ -179,7 +179,7 @@ def _relative_path(file_name: str, file_folder: str) -> str:
     return f"{folder}/{file_name}" if folder else file_name
 
 
-@DATASETS.register("coco")
+@register_reader("coco")
 class CocoReader(DatasetReader):
     """The official caption files ``data.annotations`` (split from each file's name, or from Karpathy's
     ``data.split_file``), images under ``data.root``."""
@@ -196,6 +196,9 @@ class CocoReader(DatasetReader):
             config.annotations, config.root, config.split_file, config.restval_to_train, own_tokenizer(config)
         )
         return records if config.split_file is not None else divide_official_val(records)
+
+    def source_files(self, config: DataConfig) -> list[Path]:
+        return [*([Path(config.split_file)] if config.split_file else []), *map(Path, config.annotations)]
 
     def split_rule(self, config: DataConfig) -> str | None:
         if config.split_file is not None:

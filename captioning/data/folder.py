@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from captioning.config import DataConfig
-from captioning.data.readers import DATASETS, DatasetReader, check_data_paths
+from captioning.data.readers import DatasetReader, check_data_paths, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
@@ -40,7 +40,7 @@ def read_folder(folder: str | Path) -> list[ImageRecord]:
     return [ImageRecord(image_id=number, path=path, split="") for number, path in enumerate(paths, start=1)]
 
 
-@DATASETS.register("folder")
+@register_reader("folder")
 class FolderReader(DatasetReader):
     """The images directly inside ``data.root``, to caption: no splits, no captions."""
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from captioning.config import DataConfig
 from captioning.data.karpathy import image_path_under
-from captioning.data.readers import DATASETS, DatasetReader, check_data_paths
+from captioning.data.readers import DatasetReader, check_data_paths, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize, tokenizer_for
 from captioning.utils.files import not_a_regular_file, path_kind
@@ -310,7 +310,7 @@ def _image_id(entry: dict, where: str) -> int | None:
     return value
 
 
-@DATASETS.register("imagefolder")
+@register_reader("imagefolder")
 class ImageFolderReader(DatasetReader):
     """Your own images and captions under ``data.root`` (``metadata.jsonl`` or ``.csv``), tokenized with
     ``data.tokenizer``; without splits, :data:`SPLIT_RULE` makes val and test."""

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from captioning.config import ConfigError, DataConfig
-from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
+from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.utils.files import not_a_regular_file
 
@@ -216,7 +216,7 @@ def _read_image(
     return ImageRecord(image_id=image_id, path=path, split=split, captions=tuple(captions), raw=tuple(raws))
 
 
-@DATASETS.register("karpathy")
+@register_reader("karpathy")
 class KarpathyReader(DatasetReader):
     """Karpathy's split file ``data.split_file`` (dataset_flickr8k.json, ...), images under ``data.root``;
     ``restval`` joins ``train`` unless ``data.restval_to_train`` is false."""
@@ -230,3 +230,6 @@ class KarpathyReader(DatasetReader):
             )
         check_data_paths(config)
         return read_karpathy(config.split_file, config.root, config.restval_to_train, own_tokenizer(config))
+
+    def source_files(self, config: DataConfig) -> list[Path]:
+        return [Path(config.split_file)] if config.split_file else []

@@ -1,11 +1,13 @@
 """``DATASETS``: the dataset readers ``data.dataset`` names, and what every reader shares.
 
-A reader is a class registered beside its code with ``@DATASETS.register(name)``; its ``read(config)``
-turns the files a ``DataConfig`` names into ``ImageRecord``s. :func:`captioning.data.load_records`
-looks ``data.dataset`` up here, so a reader of your own registered by a module given to
+A reader is a class registered beside its code with ``@register_reader(name, config_class)``, its
+class and its options together (``config_class``: ``DataConfig``, or a subclass of it holding the
+reader's own options, as ``ShapesDataConfig``); its ``read(config)`` turns the files the configuration
+names into ``ImageRecord``s. :func:`captioning.data.load_records` looks ``data.dataset`` up in
+``DATASETS`` (``captioning.config``), so a reader of your own registered by a module given to
 ``--import`` is used by every tool (docs/extending.md, "A new dataset reader")::
 
-    @DATASETS.register("karpathy")
+    @register_reader("karpathy")
     class KarpathyReader(DatasetReader):
         indexed = True
 
@@ -20,12 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
-from captioning.config import ConfigError, DataConfig
+from captioning.config import DATASETS, ConfigError, DataConfig
 from captioning.data.records import ImageRecord
 from captioning.data.tokenizers import tokenizer_for
-from captioning.registry import Registry
 from captioning.utils.files import path_kind
 
 
@@ -66,6 +67,11 @@ class DatasetReader:
         ``data_summary.json``); None when the files give every split."""
         return None
 
+    def source_files(self, config: DataConfig) -> list[Path]:
+        """The files the records are read from, named in messages (and keying an ``indexed`` reader's
+        index); none by default: the records come from ``data.root``."""
+        return []
+
     def cache_under_root(self, config: DataConfig) -> bool:
         """Whether the feature cache lives in the data's folder (``data_folder``: shared by every run
         over the data); False puts it under the run folder (a folder of someone's photos is not
@@ -86,7 +92,33 @@ class DatasetReader:
         root is only read, e.g. a checkpoint's stored path)."""
 
 
-DATASETS: Registry[type[DatasetReader]] = Registry("dataset reader", key="data.dataset")
+ReaderClass = TypeVar("ReaderClass", bound=type[DatasetReader])
+
+
+def register_reader(
+    name: str, config_class: type[DataConfig] = DataConfig
+) -> Callable[[ReaderClass], ReaderClass]:
+    """Decorator registering a ``DatasetReader`` subclass as the reader ``name`` of ``DATASETS``,
+    configured by ``config_class``: ``DataConfig`` for a reader without options of its own, else a
+    frozen dataclass deriving from it whose ``dataset`` defaults to ``name`` (``data.*`` is read
+    into it, and its options are refused with another ``data.dataset``). The built-in readers'
+    configuration classes are registered where configurations are read (``captioning.config``).
+
+    Raises:
+        ValueError: ``name`` is taken, or is configured by another class already, or
+            ``config_class`` is not a dataclass of its name.
+    """
+    return DATASETS.register_family(name, config_class)
+
+
+def reader_class(name: str) -> type[DatasetReader]:
+    """The reader class registered as ``name``.
+
+    Raises:
+        UnknownNameError: one line naming ``data.dataset`` and listing the registered readers.
+    """
+    reader: type[DatasetReader] = DATASETS.implementation_of(name)
+    return reader
 
 
 def reader_of(config: DataConfig) -> DatasetReader:
@@ -95,7 +127,13 @@ def reader_of(config: DataConfig) -> DatasetReader:
     Raises:
         UnknownNameError: one line naming ``data.dataset`` and listing the registered readers.
     """
-    return DATASETS[config.dataset]()
+    return reader_class(config.dataset)()
+
+
+def data_source(config: DataConfig) -> str:
+    """The files (or folder) a dataset's records are read from, for messages: its reader's
+    ``source_files`` (the Karpathy split file, the COCO annotation files), else ``data.root``."""
+    return ", ".join(map(str, reader_of(config).source_files(config))) or str(config.root)
 
 
 def own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
@@ -120,7 +158,7 @@ def check_data_paths(config: DataConfig) -> None:
             data.<key>=... to where it is"``.
         UnknownNameError: ``data.dataset`` names no registered reader.
     """
-    reader = DATASETS[config.dataset]
+    reader = reader_class(config.dataset)
     for key, kind in _PATH_KEYS:
         if key == "root" and (reader.writes_root or reader.checks_root):
             continue

@@ -30,6 +30,7 @@ import numpy as np
 from captioning.config import DataConfig
 from captioning.data import coco, karpathy
 from captioning.data import records as records_module
+from captioning.data.readers import reader_of
 from captioning.data.records import ImageRecord
 from captioning.utils.files import atomic_write, not_a_regular_file
 
@@ -42,13 +43,6 @@ logger = logging.getLogger(__name__)
 def records_dir(config: DataConfig) -> Path:
     """Where the indexes of this configuration's datasets live (``data.cache_dir`` or ``data.root``)."""
     return (Path(config.cache_dir) if config.cache_dir else Path(config.root) / "features") / "records"
-
-
-def source_files(config: DataConfig) -> list[Path]:
-    """The files an indexed dataset is read from."""
-    if config.dataset == "karpathy":
-        return [Path(config.split_file)] if config.split_file else []
-    return [Path(p) for p in config.annotations] + ([Path(config.split_file)] if config.split_file else [])
 
 
 def _file_hash(path: Path) -> list:
@@ -192,7 +186,7 @@ def load_indexed(
             "dataset": config.dataset,
             "restval_to_train": config.restval_to_train,
             "tokenizer": config.tokenizer,
-            "sources": [_file_hash(path) for path in source_files(config)],
+            "sources": [_file_hash(path) for path in reader_of(config).source_files(config)],
             "code": _code_hash(),
         }
     except OSError:

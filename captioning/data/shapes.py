@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioning.config import DataConfig
+from captioning.config import DataConfig, ShapesDataConfig
 from captioning.data.karpathy import read_karpathy
-from captioning.data.readers import DATASETS, DatasetReader, check_data_paths, own_tokenizer
+from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize
 from captioning.utils.files import atomic_write
@@ -206,7 +206,7 @@ def read_shapes(root: str | Path, tokenizer: Callable[[str], list[str]] | None =
     return read_karpathy(shapes_files(root).split_file, root, tokenizer=tokenizer)
 
 
-@DATASETS.register("shapes")
+@register_reader("shapes", ShapesDataConfig)
 class ShapesReader(DatasetReader):
     """Shapes under ``data.root``, generated there first unless a folder with the same ``data.shapes_*``
     parameters is there already."""
@@ -214,6 +214,7 @@ class ShapesReader(DatasetReader):
     writes_root = True
 
     def read(self, config: DataConfig) -> list[ImageRecord]:
+        assert isinstance(config, ShapesDataConfig)  # data.dataset shapes is read into its own class
         check_data_paths(config)
         generate_shapes(
             config.root,

@@ -52,7 +52,7 @@ from captioning.config import ConfigError, DataConfig
 from captioning.data import tar_members
 from captioning.data.imagefolder import SPLIT_NAMES, SPLIT_RULE, assign_splits
 from captioning.data.karpathy import SkipLog, read_json
-from captioning.data.readers import DATASETS, DatasetReader, check_data_paths
+from captioning.data.readers import DatasetReader, check_data_paths, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.shard_listings import FOLDER as LISTINGS_FOLDER
 from captioning.data.shard_listings import Listings
@@ -381,7 +381,7 @@ def _image_ids(keys: list[str]) -> list[int]:
     return list(range(1, len(keys) + 1))
 
 
-@DATASETS.register("webdataset")
+@register_reader("webdataset")
 class WebDatasetReader(DatasetReader):
     """WebDataset tar shards (img2dataset's layout) under ``data.root``, a folder of ``.tar`` files or
     a brace pattern; splits from ``splits.json`` beside them, else :data:`SPLIT_RULE`."""

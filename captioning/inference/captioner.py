@@ -17,7 +17,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from captioning.config import Config, DecodeConfig, reward_description
-from captioning.data import load_records
+from captioning.data import data_source, load_records
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.data.tokenizers import detokenize
@@ -29,7 +29,7 @@ from captioning.hub.checkpoint import (
     load_state_checked,
 )
 from captioning.inference.batches import EpochBatches, generate_captions
-from captioning.inference.inputs import caption_dataset, check_splits, data_source, uses_cache
+from captioning.inference.inputs import caption_dataset, check_splits, uses_cache
 from captioning.models.captioner import Captioner, build_decoder
 from captioning.models.decoding import Caption, check_decoding_fits
 from captioning.models.encoders import build_encoder

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from captioning.config import Config, DataConfig
+from captioning.config import Config
 from captioning.data.datasets import CaptionDataset, usable_workers
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.readers import reader_of
@@ -106,13 +106,3 @@ def check_splits(
                 + f"the {dataset} dataset has no images in split {split!r} (it has {have}){hint}"
             )
     return counts
-
-
-def data_source(config: DataConfig) -> str:
-    """The files (or folder) a dataset's records are read from, for messages: the Karpathy split file,
-    the COCO annotation files, the image folder, Shapes' root."""
-    if config.dataset == "karpathy" and config.split_file:
-        return str(config.split_file)
-    if config.dataset == "coco" and config.annotations:
-        return ", ".join(map(str, [*([config.split_file] if config.split_file else []), *config.annotations]))
-    return str(config.root)

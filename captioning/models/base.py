@@ -13,8 +13,9 @@ A decoder (the attention LSTM of ``decoder.py``, the Transformer of ``transforme
   mean over them) in ``step`` and ``forward``, for figures and grounding;
 * ``from_config(config, vocab_size, annotation_dim, grid)``: the decoder its configuration describes.
 
-Decoder families are registered with ``@register_decoder(kind, config_class)``: ``model.decoder.kind``
-looks the class up in ``DECODERS`` and its options are those of ``config_class``. The training
+A decoder family is registered with ``@register_decoder(kind, config_class)``, its class and its
+options together: ``model.decoder.kind`` looks the family up in ``DECODERS`` (``captioning.config``),
+its options are read into ``config_class`` and its decoder is built by the class. The training
 objective is named by the class's ``objective`` (``captioning.training.losses.OBJECTIVES``).
 """
 
@@ -26,8 +27,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from torch import Tensor, nn
 
-from captioning.config import DECODER_CONFIGS, DecoderConfig
-from captioning.registry import Registry
+from captioning.config import DECODERS, DecoderConfig
 
 
 @dataclass
@@ -103,8 +103,6 @@ class CaptionDecoder(nn.Module):
     attention_layers: int = 1
     attention_heads: int = 1
     input_weight: str
-    # Set by @register_decoder: the family's configuration class.
-    config_class: ClassVar[type[DecoderConfig]]
     # The training objective (a name in captioning.training.losses.OBJECTIVES) of teacher forcing.
     objective: ClassVar[str] = "cross_entropy"
 
@@ -116,8 +114,8 @@ class CaptionDecoder(nn.Module):
     def from_config(
         cls, config: Any, vocab_size: int, annotation_dim: int, grid: tuple[int, int]
     ) -> CaptionDecoder:
-        """The decoder ``config`` (an instance of ``config_class``) describes, for V words and a
-        (gh, gw) grid of C-channel annotations."""
+        """The decoder ``config`` (an instance of the family's configuration class) describes, for V
+        words and a (gh, gw) grid of C-channel annotations."""
         raise NotImplementedError
 
     def __init__(self) -> None:
@@ -164,42 +162,26 @@ class CaptionDecoder(nn.Module):
 
 DecoderClass = TypeVar("DecoderClass", bound=type[CaptionDecoder])
 
-# model.decoder.kind -> the decoder class (its from_config builds it).
-DECODERS: Registry[type[CaptionDecoder]] = Registry("decoder", key="model.decoder.kind")
-
 
 def register_decoder(kind: str, config_class: type[DecoderConfig]) -> Callable[[DecoderClass], DecoderClass]:
-    """Decorator registering a ``CaptionDecoder`` subclass as the decoder family ``kind``.
-
-    ``config_class`` (a frozen dataclass deriving from ``DecoderConfig`` whose ``kind`` defaults to
-    ``kind``) holds the family's options: ``model.decoder.*`` is read into it. The built-in families'
-    classes are registered where configurations are read (``captioning.config``); a new one is
-    registered here too.
+    """Decorator registering a ``CaptionDecoder`` subclass as the decoder family ``kind`` of ``DECODERS``,
+    configured by ``config_class`` (a frozen dataclass deriving from ``DecoderConfig`` whose ``kind``
+    defaults to ``kind``): ``model.decoder.*`` is read into it. The built-in families' configuration
+    classes are registered where configurations are read (``captioning.config``); their decoders join
+    them here.
 
     Raises:
-        ValueError: ``kind`` is taken, or is configured by another class already.
+        ValueError: ``kind`` is taken, or is configured by another class already, or ``config_class``
+            is not a dataclass of its kind.
     """
+    return DECODERS.register_family(kind, config_class)
 
-    def add(decoder: DecoderClass) -> DecoderClass:
-        if kind in DECODERS:
-            raise ValueError(f"decoder {kind!r} is already registered")
-        known = DECODER_CONFIGS.get(kind)
-        if known is None:
-            if (
-                # decorated itself: a plain subclass inherits the base's fields and would lose its own
-                "__dataclass_params__" not in vars(config_class)
-                or not issubclass(config_class, DecoderConfig)
-                or config_class.kind != kind
-            ):
-                raise ValueError(
-                    f"decoder {kind!r}: its configuration must be a dataclass deriving from DecoderConfig "
-                    f"with kind {kind!r}"
-                )
-            DECODER_CONFIGS.add(kind, config_class)
-        elif known is not config_class:
-            raise ValueError(f"decoder {kind!r} is configured by {known.__name__} already")
-        DECODERS.add(kind, decoder)
-        decoder.config_class = config_class
-        return decoder
 
-    return add
+def decoder_class(kind: str) -> type[CaptionDecoder]:
+    """The decoder class of the family ``kind``.
+
+    Raises:
+        UnknownNameError: one line naming ``model.decoder.kind`` and listing the registered families.
+    """
+    decoder: type[CaptionDecoder] = DECODERS.implementation_of(kind)
+    return decoder

@@ -8,7 +8,7 @@ from captioning.config import DecoderConfig, ModelConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models import decoder as _lstm  # noqa: F401 - registers the lstm decoder
 from captioning.models import transformer as _transformer  # noqa: F401 - registers the transformer decoder
-from captioning.models.base import DECODERS, CaptionDecoder, DecoderOutput
+from captioning.models.base import CaptionDecoder, DecoderOutput, decoder_class
 from captioning.models.encoders import Encoder, build_encoder, encoder_builder
 
 
@@ -17,7 +17,7 @@ def build_decoder(
 ) -> CaptionDecoder:
     """The decoder family ``config.kind`` names (``DECODERS``), for V words and a (gh, gw) grid of
     C-channel annotations."""
-    return DECODERS[config.kind].from_config(config, vocab_size, annotation_dim, grid)
+    return decoder_class(config.kind).from_config(config, vocab_size, annotation_dim, grid)
 
 
 def check_model_config(config: ModelConfig) -> None:
@@ -29,7 +29,7 @@ def check_model_config(config: ModelConfig) -> None:
             encoder registry's ``ConfigError``).
     """
     encoder_builder(config.encoder.name)
-    DECODERS[config.decoder.kind].check_config(config.decoder)
+    decoder_class(config.decoder.kind).check_config(config.decoder)
 
 
 class Captioner(nn.Module):

@@ -15,7 +15,7 @@ import torch
 
 from captioning.config import Config, to_dict
 from captioning.config.loading import save_config
-from captioning.data import INDEXED_READERS, build_vocabulary, load_records, write_data_summary
+from captioning.data import build_vocabulary, data_source, load_records, reader_of, write_data_summary
 from captioning.data.datasets import CaptionDataset
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
@@ -30,7 +30,6 @@ from captioning.hub.checkpoint import (
 from captioning.inference.inputs import (
     caption_dataset,
     check_splits,
-    data_source,
     feature_cache_dir,
     uses_cache,
 )
@@ -241,7 +240,7 @@ def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Pat
             lock = lock.acquire()
             written["data summary"] = write_data_summary(records, config.data, output_dir)
             index = records_dir(config.data)
-            if config.data.dataset in INDEXED_READERS and index.is_dir():
+            if reader_of(config.data).indexed and index.is_dir():
                 written["dataset index"] = index
             distributed.barrier()  # the data are read and the folder is claimed: the other ranks go on
         for split, split_records in by_split.items():

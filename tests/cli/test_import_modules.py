@@ -278,17 +278,27 @@ def test_a_file_imported_by_an_earlier_run_in_the_process_is_not_run_again(tmp_p
     assert (tmp_path / "counts_its_runs.runs").read_text() == "x"
 
 
-# A user's dataset reader: the captions of a Karpathy-format file, with every caption lower-cased.
+# A user's dataset reader with an option of its own: the captions of a Karpathy-format file, with
+# every caption lower-cased unless data.lowercase is false.
 USER_READER = """
-from captioning.data import DATASETS, DatasetReader, check_data_paths, read_karpathy
+import dataclasses
+
+from captioning.config import DataConfig
+from captioning.data import DatasetReader, check_data_paths, read_karpathy, register_reader
 
 
-@DATASETS.register("user_lowercase")
+@dataclasses.dataclass(frozen=True)
+class LowerCaseConfig(DataConfig):
+    dataset: str = "user_lowercase"
+    lowercase: bool = True  # lower-case every caption
+
+
+@register_reader("user_lowercase", LowerCaseConfig)
 class LowerCaseReader(DatasetReader):
     def read(self, config):
         check_data_paths(config)
-        lower = lambda text: text.lower().split()
-        return read_karpathy(config.split_file, config.root, tokenizer=lower)
+        words = (lambda text: text.lower().split()) if config.lowercase else str.split
+        return read_karpathy(config.split_file, config.root, tokenizer=words)
 """
 
 
@@ -303,7 +313,7 @@ def test_a_dataset_reader_a_user_module_registers_trains_through_train_py(tmp_pa
     module.write_text(USER_READER)
     run = tmp_path / "run"
     overrides = {
-        **TINY_RUN,
+        **{key: value for key, value in TINY_RUN.items() if not key.startswith("data.shapes_")},
         "model.encoder.name": "efficientnet_lite0",
         "model.encoder.weights": "pretrained",
         "data.dataset": "user_lowercase",
@@ -316,12 +326,18 @@ def test_a_dataset_reader_a_user_module_registers_trains_through_train_py(tmp_pa
     refused = run_tool("train.py", *common)
     assert refused.returncode == 2 and not run.exists()
     assert "data.dataset names an unknown dataset reader 'user_lowercase'" in refused.stderr
-    trained = run_tool("train.py", "--import", module, *common)
+    refused = run_tool("train.py", *common, "--set", "data.lowercase=true")  # its option, without it
+    assert refused.returncode == 2 and not run.exists()
+    assert "unknown configuration key 'data.lowercase'" in refused.stderr
+    assert "data.dataset 'user_lowercase' has no options of its own here" in refused.stderr
+    trained = run_tool("train.py", "--import", module, *common, "--set", "data.lowercase=true")
     assert trained.returncode == 0, trained.stderr
     summary = json.loads((run / "data_summary.json").read_text())
     assert summary["dataset"] == "user_lowercase"
     assert summary["splits"]["train"] == {"images": 8, "captions": 40}
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["config"]["data"]["dataset"] == "user_lowercase"
+    stored = load_checkpoint(run / "checkpoints" / "last.pt")["config"]["data"]
+    assert stored["dataset"] == "user_lowercase" and stored["lowercase"] is True
+    assert not any(key.startswith("shapes_") for key in stored)
 
 
 WRONG_ENCODERS = """

@@ -15,11 +15,11 @@ from captioning.cli.visualize import visualization_config, visualize_images
 from captioning.config import (
     Config,
     ConfigError,
-    DataConfig,
     DecodeConfig,
     EncoderConfig,
     LSTMDecoderConfig,
     ModelConfig,
+    ShapesDataConfig,
 )
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
@@ -40,8 +40,7 @@ def checkpoint(
         decoder=LSTMDecoderConfig(embed_dim=16, hidden_dim=16, attention_dim=16),
     )
     model = Captioner.build(model_config, shapes_vocab)
-    data = DataConfig(
-        dataset="shapes",
+    data = ShapesDataConfig(
         root=str(tiny_shapes.root),
         shapes_train=12,
         shapes_val=4,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from captioning.config import ConfigError, DataConfig
+from captioning.config import ConfigError, DataConfig, ShapesDataConfig
 from captioning.data import DATASETS, DatasetError, ImageRecord, generate_shapes
+from captioning.data.readers import data_source, reader_class
 from captioning.data.tar_members import image_exists
 from captioning.registry import UnknownNameError
 
@@ -54,7 +55,7 @@ def _karpathy(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
 
 def _shapes(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
     sizes = {"shapes_train": 4, "shapes_val": 2, "shapes_test": 2, "shapes_image_size": 32}
-    config = DataConfig(dataset="shapes", root=str(tmp_path / "shapes"), **sizes)
+    config = ShapesDataConfig(root=str(tmp_path / "shapes"), **sizes)
 
     def break_entry() -> tuple[str, ...]:
         files = generate_shapes(config.root, num_train=4, num_val=2, num_test=2, image_size=32)
@@ -145,7 +146,7 @@ def reader_case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Fi
 
 def test_records_have_the_documented_fields(reader_case):
     name, fixture = reader_case
-    reader = DATASETS[name]()
+    reader = reader_class(name)()
     records = reader.read(fixture.config)
     assert records and all(isinstance(record, ImageRecord) for record in records)
     assert len({record.image_id for record in records}) == len(records)
@@ -167,11 +168,20 @@ def test_records_have_the_documented_fields(reader_case):
     assert isinstance(reader.split_rule(fixture.config), (str, type(None)))
 
 
+def test_the_source_files_a_reader_names_exist_and_are_what_messages_name(reader_case):
+    name, fixture = reader_case
+    files = reader_class(name)().source_files(fixture.config)
+    assert all(path.is_file() for path in files), files
+    assert data_source(fixture.config) == (", ".join(map(str, files)) or fixture.config.root)
+    if name in ("karpathy", "coco"):
+        assert files and Path(fixture.config.split_file or fixture.config.annotations[0]) in files
+
+
 def test_a_malformed_entry_is_one_line_naming_the_file_and_the_entry(reader_case):
     name, fixture = reader_case
     needles = fixture.break_entry()
     with pytest.raises((DatasetError, ConfigError)) as raised:
-        DATASETS[name]().read(fixture.config)
+        reader_class(name)().read(fixture.config)
     message = str(raised.value)
     assert "\n" not in message
     for needle in needles:
@@ -187,4 +197,4 @@ def test_an_unknown_name_is_one_line_listing_the_registered_readers(tmp_path):
     from captioning.data import load_records
 
     with pytest.raises(UnknownNameError, match="data.dataset"):
-        load_records(replace(DataConfig(), dataset="nope", root=str(tmp_path)))
+        load_records(DataConfig(dataset="nope", root=str(tmp_path)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torchvision.transforms import functional as F
 
-from captioning.config import ConfigError, DataConfig
+from captioning.config import ConfigError, DataConfig, ShapesDataConfig
 from captioning.data import DATASETS, caption_length_summary, load_records
 from captioning.data.datasets import CaptionDataset, ImageOnlyDataset, collate_captions
 from captioning.data.images import ImageError
@@ -176,8 +176,7 @@ def test_every_built_in_reader_is_registered():
 
 
 def test_load_records_shapes_generates_then_reads(tmp_path):
-    config = DataConfig(
-        dataset="shapes",
+    config = ShapesDataConfig(
         root=str(tmp_path / "shapes"),
         shapes_train=4,
         shapes_val=2,

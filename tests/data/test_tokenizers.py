@@ -11,7 +11,7 @@ from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 
 from captioning.config import TOKENIZERS as CONFIG_TOKENIZERS
-from captioning.config import Config, ConfigError, DataConfig
+from captioning.config import Config, ConfigError, DataConfig, ShapesDataConfig
 from captioning.config.loading import CHECKPOINT_SECTIONS, check_overrides, with_data_section
 from captioning.data.karpathy import read_karpathy
 from captioning.data.tokenizers import (
@@ -46,11 +46,11 @@ PUNCTUATION_ONLY = ["...!!!", "?!", "。。。", "——", "…", "！？", "‼
 
 def test_the_configuration_names_every_built_in_tokenizer_and_the_registry_checks_names():
     assert TOKENIZERS.names() == CONFIG_TOKENIZERS
-    assert DataConfig(tokenizer="jieba").tokenizer == "jieba"
+    assert ShapesDataConfig(tokenizer="jieba").tokenizer == "jieba"
     with pytest.raises(UnknownNameError, match="data.tokenizer names an unknown tokenizer 'klingon'"):
         TOKENIZERS.check("klingon")
     with pytest.raises(ConfigError, match="data.tokenizer must name a tokenizer"):
-        DataConfig(tokenizer=" ")
+        ShapesDataConfig(tokenizer=" ")
 
 
 def test_a_user_module_registers_a_tokenizer_train_py_accepts(monkeypatch):
@@ -60,9 +60,9 @@ def test_a_user_module_registers_a_tokenizer_train_py_accepts(monkeypatch):
 
     monkeypatch.setattr(TOKENIZERS, "_entries", dict(TOKENIZERS._entries))
     TOKENIZERS.register("upper")(lambda caption: caption.upper().split())
-    check_registered_names(Config(data=DataConfig(tokenizer="upper")))
+    check_registered_names(Config(data=ShapesDataConfig(tokenizer="upper")))
     with pytest.raises(UnknownNameError):
-        check_registered_names(Config(data=DataConfig(tokenizer="lower")))
+        check_registered_names(Config(data=ShapesDataConfig(tokenizer="lower")))
 
 
 def test_whitespace_keeps_pre_tokenised_words_whole_and_drops_punctuation_tokens():
@@ -163,7 +163,7 @@ def test_a_checkpoints_tokenizer_cannot_be_changed_when_evaluating():
     with pytest.raises(ConfigError, match="data.tokenizer: fixed by the checkpoint"):
         check_overrides({"data.tokenizer": "whitespace"}, CHECKPOINT_SECTIONS)
     check_overrides({"data.tokenizer": "whitespace"})  # a new run may choose it
-    trained = Config(data=DataConfig(tokenizer="characters"))
+    trained = Config(data=ShapesDataConfig(tokenizer="characters"))
     other = with_data_section(trained, DataConfig(dataset="imagefolder", root="elsewhere"))
     assert other.data.root == "elsewhere" and other.data.tokenizer == "characters"
 

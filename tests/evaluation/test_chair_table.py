@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from test_hallucination import write_instances
 
-from captioning.config import ConfigError, DataConfig
+from captioning.config import ConfigError, ShapesDataConfig
 from captioning.data.tokenizers import tokenize
 from captioning.evaluation.chair_table import ReleasedChairTable, chair_table, singular
 from captioning.evaluation.coco_words import COCO_WORDS
@@ -158,7 +158,7 @@ def test_a_dataset_s_own_categories_join_the_released_table(tmp_path: Path):
 
 
 def test_the_table_is_a_config_key():
-    assert DataConfig().chair_table == "released"
-    assert DataConfig(chair_table="extended").chair_table == "extended"
+    assert ShapesDataConfig().chair_table == "released"
+    assert ShapesDataConfig(chair_table="extended").chair_table == "extended"
     with pytest.raises(ConfigError, match="data.chair_table must be one of released, extended, got 'coco'"):
-        DataConfig(chair_table="coco")
+        ShapesDataConfig(chair_table="coco")

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from captioning.config import DECODERS as CONFIG_DECODERS
 from captioning.config import (
     ConfigError,
     DecoderConfig,
@@ -24,6 +25,7 @@ from captioning.config import (
     to_dict,
 )
 from captioning.config.loading import from_dict, load_config
+from captioning.config.reference import reference_markdown
 from captioning.data.vocab import Vocabulary
 from captioning.models.base import DECODERS, CaptionDecoder, register_decoder
 from captioning.models.captioner import build_decoder, check_model_config
@@ -53,7 +55,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def small_decoder(kind: str, seed: int = 0, **changes) -> CaptionDecoder:
     torch.manual_seed(seed)
-    config = DECODERS[kind].config_class(**{**SMALL[kind], **changes})
+    config = DECODERS[kind].config(**{**SMALL[kind], **changes})
     return build_decoder(config, V, C, GRID)
 
 
@@ -110,12 +112,12 @@ def test_select_reorders_the_state_as_beam_search_does(kind):
 
 @pytest.mark.parametrize("kind", DECODERS.names())
 def test_the_configuration_round_trips_through_a_checkpoint_dict(kind):
-    config = DECODERS[kind].config_class(**SMALL[kind])
+    config = DECODERS[kind].config(**SMALL[kind])
     stored = to_dict(ModelConfig(decoder=config))
     assert stored["decoder"]["kind"] == kind
     rebuilt = from_dict({"model": stored}).model.decoder
-    assert rebuilt == config and type(rebuilt) is DECODERS[kind].config_class
-    assert isinstance(build_decoder(rebuilt, V, C, GRID), DECODERS[kind])
+    assert rebuilt == config and type(rebuilt) is DECODERS[kind].config
+    assert isinstance(build_decoder(rebuilt, V, C, GRID), DECODERS[kind].implementation)
 
 
 @pytest.mark.parametrize("kind", DECODERS.names())
@@ -124,9 +126,7 @@ def test_the_training_objective_is_finite_and_reaches_every_parameter(kind):
     annotations, captions, lengths, image_index = batch(seed=4)
     assert decoder.objective in OBJECTIVES
     output = decoder(annotations, captions, lengths, image_index)
-    terms = objective_of(decoder)(
-        decoder, output, captions, DECODERS[kind].config_class(**SMALL[kind]), 0.1, None
-    )
+    terms = objective_of(decoder)(decoder, output, captions, DECODERS[kind].config(**SMALL[kind]), 0.1, None)
     assert torch.isfinite(terms.total)
     terms.total.backward()
     untouched = [name for name, p in decoder.named_parameters() if p.grad is None or not p.grad.abs().sum()]
@@ -135,7 +135,9 @@ def test_the_training_objective_is_finite_and_reaches_every_parameter(kind):
 
 def test_hard_attention_trains_with_its_own_objective():
     decoder = small_decoder("lstm", attention="hard")
-    assert decoder.objective == "hard_attention" and DECODERS["lstm"].objective == "cross_entropy"
+    assert (
+        decoder.objective == "hard_attention" and DECODERS["lstm"].implementation.objective == "cross_entropy"
+    )
 
 
 def test_an_option_of_another_family_is_refused_naming_both():
@@ -162,34 +164,52 @@ def test_an_unknown_scorer_is_refused_before_any_work_listing_the_registered_one
         check_model_config(config)
 
 
-def test_a_new_family_registers_its_configuration_and_is_built_by_name():
+def test_one_registration_gives_a_new_family_its_class_and_its_configuration():
     @dataclasses.dataclass(frozen=True)
     class TinyConfig(DecoderConfig):
         kind: str = "tiny_lstm_for_test"
-        hidden_dim: int = 8
+        tiny_width: int = 8  # the LSTM's size
 
     @register_decoder("tiny_lstm_for_test", TinyConfig)
     class TinyDecoder(ShowAttendTellDecoder):
         @classmethod
         def from_config(cls, config, vocab_size, annotation_dim, grid):
             return super().from_config(
-                LSTMDecoderConfig(embed_dim=8, hidden_dim=config.hidden_dim, attention_dim=8),
+                LSTMDecoderConfig(embed_dim=8, hidden_dim=config.tiny_width, attention_dim=8),
                 vocab_size,
                 annotation_dim,
             )
 
     try:
+        # One entry, in the one registry configurations are read with.
+        assert DECODERS is CONFIG_DECODERS
+        family = DECODERS["tiny_lstm_for_test"]
+        assert family.config is TinyConfig and family.implementation is TinyDecoder
         config = from_dict(
-            {"model": {"decoder": {"kind": "tiny_lstm_for_test", "hidden_dim": 6}}}
+            {"model": {"decoder": {"kind": "tiny_lstm_for_test", "tiny_width": 6}}}
         ).model.decoder
-        assert type(config) is TinyConfig and config.hidden_dim == 6
+        assert type(config) is TinyConfig and config.tiny_width == 6
+        assert load_config(None, {"model.decoder.kind": "tiny_lstm_for_test"}).model.decoder == TinyConfig()
         assert build_decoder(config, V, C, GRID).hidden_dim == 6
+        assert "kind tiny_lstm_for_test: the LSTM's size" in reference_markdown()
+        with pytest.raises(
+            ConfigError,
+            match=r"^model\.decoder\.tiny_width is an option of the tiny_lstm_for_test decoder, "
+            "not of model.decoder.kind 'transformer'$",
+        ):
+            from_dict({"model": {"decoder": {"kind": "transformer", "tiny_width": 6}}})
         with pytest.raises(ValueError, match="already registered"):
             register_decoder("tiny_lstm_for_test", TinyConfig)(TinyDecoder)
-    finally:  # leave the registries as they were for the other tests of this process
-        from captioning.config import DECODER_CONFIGS
+    finally:  # leave the registry as it was for the other tests of this process
+        del DECODERS._entries["tiny_lstm_for_test"]
 
-        del DECODERS._entries["tiny_lstm_for_test"], DECODER_CONFIGS._entries["tiny_lstm_for_test"]
+
+def test_a_built_in_familys_decoder_joins_the_configuration_registered_for_it():
+    with pytest.raises(ValueError, match="decoder 'lstm' is already registered"):
+        register_decoder("lstm", LSTMDecoderConfig)(ShowAttendTellDecoder)
+    assert DECODERS["lstm"].config is LSTMDecoderConfig
+    assert DECODERS["lstm"].implementation is ShowAttendTellDecoder
+    assert DECODERS["transformer"].config is TransformerDecoderConfig
 
 
 def test_an_older_runs_config_file_reads_as_its_family_when_read_as_stored(tmp_path):

@@ -57,8 +57,8 @@ def test_a_name_is_registered_once():
 def test_the_help_of_train_py_lists_every_registered_encoder_decoder_and_scorer():
     from tool_runs import script_module
 
+    from captioning.config import DECODERS
     from captioning.models.attention import SCORERS
-    from captioning.models.captioner import DECODERS
     from captioning.models.encoders import ENCODERS
 
     # One line: a name is never cut by the help's line breaks.
@@ -120,6 +120,35 @@ except EncoderWeightsError as error:
         "refused:",
         "missing_weights.pth:_encoder_weights_fil",
     ]  # MobileNetV3-Small: 576 channels, a 2x2 grid at 64 px; a weights file resolved by resolve_weights
+
+
+def test_the_reader_options_example_of_the_extending_page_registers_and_reads_its_option():
+    # Run in a new process: the example registers a reader this process's contract tests do not expect.
+    page = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+    blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
+    (example,) = [block for block in blocks if '@register_reader("first_captions"' in block]
+    check = """
+from captioning.config import ConfigError
+from captioning.config.loading import load_config
+from captioning.data.readers import reader_of
+
+data = load_config(None, {"data.dataset": "first_captions", "data.captions_kept": "2"}).data
+print(type(data).__name__, data.captions_kept, type(reader_of(data)).__name__)
+try:
+    load_config(None, {"data.dataset": "karpathy", "data.captions_kept": "2"})
+except ConfigError as error:
+    print(str(error).replace(" ", "_"))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", example + check], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [
+        "FirstCaptionsConfig",
+        "2",
+        "FirstCaptionsReader",
+        "data.captions_kept_is_an_option_of_the_first_captions_dataset_reader,_not_of_data.dataset_'karpathy'",
+    ]
 
 
 def test_an_encoder_name_with_a_colon_is_refused_it_would_shadow_a_family():

@@ -354,6 +354,10 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
             ["--set", "data.dataset=karpathy", "--set", "data.split_file=missing.json"],
             ["missing.json: data.split_file: no such file"],
         ),
+        (
+            ["--set", "data.dataset=karpathy", "--set", "data.shapes_train=5"],
+            ["data.shapes_train is an option of the shapes dataset reader, not of data.dataset 'karpathy'"],
+        ),
     ],
     ids=[
         "metric",
@@ -369,11 +373,14 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
         "device-meta",
         "weights",
         "split-file",
+        "shapes-option",
     ],
 )
 def test_train_refuses_bad_input_before_writing_anything(shapes, tmp_path, flags, needles):
     run = tmp_path / "run"
-    code, stderr = run_in_process("train.py", [*short_run(shapes, run), *flags])
+    # Another dataset than Shapes runs without the short Shapes run's own options.
+    dataset = next((flag.split("=", 1)[1] for flag in flags if flag.startswith("data.dataset=")), "shapes")
+    code, stderr = run_in_process("train.py", [*short_run(shapes, run, **{"data.dataset": dataset}), *flags])
     assert_one_line_error(code, stderr, *needles)
     assert not run.exists()
 

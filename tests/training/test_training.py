@@ -63,6 +63,8 @@ def tiny_overrides(data_root: Path, output_dir: Path, **extra) -> dict:
             for key, value in values.items()
             if key in ("model.decoder.dropout",) or not key.startswith("model.decoder.")
         }
+    if extra.get("data.dataset", "shapes") != "shapes":  # the sizes above are the Shapes reader's options
+        values = {key: value for key, value in values.items() if not key.startswith("data.shapes_")}
     values.update(extra)
     return values
 

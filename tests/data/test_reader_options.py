@@ -1,0 +1,118 @@
+"""A dataset reader of your own declares its options as the Shapes reader does: a ``DataConfig``
+subclass registered with the reader by one ``register_reader(name, config_class)``, read from YAML and
+``--set`` under ``data.*``, and refused with any other ``data.dataset``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from captioning.config import DATASETS, ConfigError, DataConfig, ShapesDataConfig, to_dict
+from captioning.config.loading import from_dict, load_config, parse_overrides
+from captioning.config.reference import reference_markdown
+from captioning.data import load_records, read_karpathy
+from captioning.data.readers import DatasetReader, check_data_paths, reader_of, register_reader
+from captioning.data.shapes import ShapesReader
+
+NAME = "capped_for_test"
+
+
+@dataclasses.dataclass(frozen=True)
+class CappedDataConfig(DataConfig):
+    """A Karpathy split file whose images keep their first captions only."""
+
+    dataset: str = NAME
+    captions_kept: int = 5  # captions kept per image
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.captions_kept < 1:
+            raise ConfigError(f"data.captions_kept must be >= 1, got {self.captions_kept}")
+
+
+class CappedReader(DatasetReader):
+    def read(self, config: DataConfig) -> list:
+        assert isinstance(config, CappedDataConfig)
+        check_data_paths(config)
+        kept = config.captions_kept
+        return [
+            dataclasses.replace(record, captions=record.captions[:kept], raw=record.raw[:kept])
+            for record in read_karpathy(config.split_file, config.root)
+        ]
+
+
+@pytest.fixture
+def capped_reader() -> Iterator[type[CappedReader]]:
+    """The reader registered for one test (the contract test's parameters are every registered name)."""
+    register_reader(NAME, CappedDataConfig)(CappedReader)
+    try:
+        yield CappedReader
+    finally:
+        del DATASETS._entries[NAME]
+
+
+def test_one_registration_gives_a_reader_its_class_and_its_options(capped_reader):
+    family = DATASETS[NAME]
+    assert family.config is CappedDataConfig and family.implementation is CappedReader
+    assert "dataset capped_for_test: captions kept per image" in reference_markdown()
+    assert DATASETS["shapes"].config is ShapesDataConfig and DATASETS["shapes"].implementation is ShapesReader
+    assert DATASETS["karpathy"].config is DataConfig  # a reader without options of its own
+
+
+def test_a_readers_own_options_come_from_yaml_and_set(capped_reader, karpathy_dataset, tmp_path):
+    split_file, root = karpathy_dataset
+    path = tmp_path / "capped.yaml"
+    path.write_text(
+        f"data:\n  dataset: {NAME}\n  root: {root}\n  split_file: {split_file}\n  captions_kept: 2\n",
+        encoding="utf-8",
+    )
+    config = load_config(path)
+    assert type(config.data) is CappedDataConfig and config.data.captions_kept == 2
+    assert {len(record.captions) for record in load_records(config.data)} == {2}
+    overridden = load_config(path, parse_overrides(["data.captions_kept=1"])).data
+    assert overridden.captions_kept == 1 and isinstance(reader_of(overridden), CappedReader)
+    assert {len(record.captions) for record in load_records(overridden)} == {1}
+    assert (
+        from_dict({"data": to_dict(overridden)}, stored=True).data == overridden
+    )  # as a checkpoint stores it
+    with pytest.raises(ConfigError, match="data.captions_kept must be >= 1, got 0"):
+        load_config(path, {"data.captions_kept": "0"})
+
+
+def test_a_readers_own_option_with_another_dataset_is_refused_naming_the_reader(capped_reader):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, {"data.captions_kept": "2"})  # the default dataset, shapes
+    assert str(raised.value) == (
+        "data.captions_kept is an option of the capped_for_test dataset reader, not of data.dataset 'shapes'"
+    )
+    with pytest.raises(ConfigError, match="data.shapes_train is an option of the shapes dataset reader"):
+        load_config(None, {"data.dataset": NAME, "data.shapes_train": "5"})
+
+
+def test_a_readers_options_class_must_be_a_dataclass_of_its_name():
+    class Undecorated(DataConfig):
+        dataset = "undecorated_for_test"
+
+    @dataclasses.dataclass(frozen=True)
+    class OtherName(DataConfig):
+        dataset: str = "another_name"
+
+    for config_class in (Undecorated, OtherName):
+        with pytest.raises(ValueError, match="must be a dataclass deriving from DataConfig"):
+            register_reader("undecorated_for_test", config_class)(CappedReader)
+    with pytest.raises(ValueError, match="dataset reader 'shapes' is already registered"):
+        register_reader("shapes", ShapesDataConfig)(CappedReader)
+    # A family whose options are registered where configurations are read takes its reader with them.
+    DATASETS.register_options(NAME)(CappedDataConfig)
+    try:
+        with pytest.raises(ValueError, match="'capped_for_test' is configured by CappedDataConfig already"):
+            register_reader(NAME)(CappedReader)
+        register_reader(NAME, CappedDataConfig)(CappedReader)
+        assert DATASETS[NAME].implementation is CappedReader
+    finally:
+        del DATASETS._entries[NAME]
+    with pytest.raises(TypeError, match="registers its class and its options class together"):
+        DATASETS.register("bare_for_test")(CappedReader)  # type: ignore[arg-type]
+    assert "undecorated_for_test" not in DATASETS and "bare_for_test" not in DATASETS
