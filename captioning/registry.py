@@ -164,6 +164,11 @@ class FamilyRegistry(Registry[Family[C]]):
             )
         super().add(name, entry)
 
+    def register(self, name: str, config: type[C] | None = None) -> Callable[[Any], Any]:
+        """``@DATASETS.register("name")`` as before families: :meth:`register_family` (a reader or
+        decoder class, read from ``config``, by default the section's own class)."""
+        return self.register_family(name, config)
+
     def register_options(self, name: str) -> Callable[[type[C]], type[C]]:
         """Decorator registering the options class of the family ``name``, whose class the package
         that defines it attaches with :meth:`register_family` (the built-in families)."""
