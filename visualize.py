@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from captioning.cli.common import add_import_argument, run_cli
+from captioning.utils.errors import InputError
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -117,13 +118,13 @@ def get_args_parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> None:
     if args.serve is not None:
         if args.checkpoint is not None or args.images or args.split is not None:
-            raise ValueError("--serve takes the model itself: give no --checkpoint, IMAGE or --split")
+            raise InputError("--serve takes the model itself: give no --checkpoint, IMAGE or --split")
         from captioning.cli.serve import serve
 
         serve(args.serve, port=args.port, host=args.host, device=args.device)
         return
     if args.checkpoint is None:
-        raise ValueError("give --checkpoint (with IMAGE files or --split), or --serve CHECKPOINT_OR_FOLDER")
+        raise InputError("give --checkpoint (with IMAGE files or --split), or --serve CHECKPOINT_OR_FOLDER")
     from captioning.cli.visualize import visualize_images
 
     result = visualize_images(

@@ -38,6 +38,7 @@ from captioning.inference.captioner import (
 from captioning.models.captioner import Captioner
 from captioning.models.decoding import check_decoding_fits
 from captioning.utils.device import resolve_device
+from captioning.utils.errors import InputError
 from captioning.utils.imports import import_modules
 from captioning.visualization.views import MODES, attention_view
 
@@ -280,7 +281,7 @@ def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:
     from captioning.visualization.figures import attention_figure
 
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(caption, Caption):
         raise TypeError(f"show() takes a Caption from model.caption(...), got {type(caption).__name__}")
     picture = as_rgb_image(image, "image")

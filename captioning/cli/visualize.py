@@ -19,6 +19,7 @@ from captioning.config.loading import (
 )
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
+from captioning.utils.errors import InputError
 from captioning.utils.files import output_note
 from captioning.utils.output_paths import check_output_folder, check_outputs
 from captioning.utils.text import printable
@@ -150,19 +151,19 @@ def visualize_images(
         ValueError / ConfigError: contradictory or invalid options.
     """
     if bool(images) == (split is not None):
-        raise ValueError("give IMAGE files or --split, not both" if images else "give IMAGE files or --split")
+        raise InputError("give IMAGE files or --split, not both" if images else "give IMAGE files or --split")
     if num < 1:
-        raise ValueError(f"--num must be >= 1, got {num}")
+        raise InputError(f"--num must be >= 1, got {num}")
     if mode not in MODES:
-        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InputError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if normalize not in NORMALIZATIONS:
-        raise ValueError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+        raise InputError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     import matplotlib
 
     if cmap not in matplotlib.colormaps:
-        raise ValueError(f"--cmap: unknown matplotlib colour map {cmap!r} (e.g. viridis, magma, jet)")
+        raise InputError(f"--cmap: unknown matplotlib colour map {cmap!r} (e.g. viridis, magma, jet)")
     if file_format not in FORMATS:
-        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
+        raise InputError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
     view = attention_view(layer, head)
     check_output_folder(out_dir, "--out-dir")
@@ -185,7 +186,7 @@ def visualize_images(
     try:
         model.decoder.set_attention_view(view)  # before decoding: the captions' maps are this view's
     except ValueError as error:
-        raise ValueError(f"{checkpoint}: {error}") from None
+        raise InputError(f"{checkpoint}: {error}") from None
     label = model.decoder.describe_attention()
     config = visualization_config(config, data_config, overrides, beam_size)
     if split is not None:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 from torch import Tensor, nn
 
 from captioning.config import DECODERS, DecoderConfig
+from captioning.utils.errors import InputError
 
 
 @dataclass
@@ -133,7 +134,7 @@ class CaptionDecoder(nn.Module):
             ("head", view.head, self.attention_heads),
         ):
             if index is not None and not -count <= index < count:
-                raise ValueError(
+                raise InputError(
                     f"attention {name} {index + 1 if index >= 0 else index} does not exist: "
                     f"the decoder has {count} {name}{'s' if count > 1 else ''}"
                 )

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from captioning.config import ConfigError
-from captioning.utils.errors import RunError
+from captioning.utils.errors import InputError, RunError
 
 
 def resolve_device(name: str) -> torch.device:
@@ -25,7 +25,7 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
+        raise InputError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RunError(f"device {name!r} asked for, but CUDA is not available")
     return device

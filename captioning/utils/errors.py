@@ -4,8 +4,9 @@ Every error the package raises for a problem with what it was given (a configura
 file, a checkpoint, an image, an output path, a missing Java or CUDA) is a :class:`CaptioningError`,
 and also the built-in kind it always was (``ValueError``, ``OSError``, ``RuntimeError``), so a
 caller's ``except ValueError`` keeps working. The command-line tools print such an error, and an
-``OSError`` met reading or writing a file, as one line ``error: ...``; anything else is a bug (here,
-in torch, or in a module of your own passed with ``--import``) and keeps Python's traceback.
+``OSError`` met reading or writing a file, as one line ``error: ...``; anything else, a bare
+``ValueError`` or ``RuntimeError`` included, is a bug (here, in torch, or in a module of your own
+passed with ``--import``) and keeps Python's traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from __future__ import annotations
 
 class CaptioningError(Exception):
     """An expected failure: its message is the whole story (``error: <message>`` on the command line)."""
+
+
+class InputError(CaptioningError, ValueError):
+    """A value given to a tool or a function is not one it takes (a flag, a device name, an attention
+    layer): the message names the option and what it takes."""
 
 
 class RunError(CaptioningError, RuntimeError):

@@ -4,6 +4,7 @@ Transformer's attention maps (``--layer``, ``--head``) a figure shows."""
 from __future__ import annotations
 
 from captioning.models.base import AttentionView
+from captioning.utils.errors import InputError
 
 MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
 NORMALIZATIONS = ("figure", "absolute", "word")  # as in captioning.visualization.overlay
@@ -29,7 +30,7 @@ def attention_view(layer: str | int | None = None, head: str | int | None = None
         except ValueError:
             number = 0
         if number < 1:
-            raise ValueError(f"--{name} must be a {name} number (1, 2, ...) or mean, got {value!r}")
+            raise InputError(f"--{name} must be a {name} number (1, 2, ...) or mean, got {value!r}")
         return number - 1
 
     return AttentionView(index("layer", layer, -1), index("head", head, None))

@@ -408,3 +408,37 @@ def test_an_encoder_that_returns_the_wrong_thing_is_one_line_naming_it(tmp_path,
         assert (
             "Traceback" not in result.stderr and lines[-1].startswith("error: ") and expected in lines[-1]
         ), lines
+
+
+BUGGY_READER = """
+from captioning.data.readers import DatasetReader, register_reader
+
+
+@register_reader("buggy_reader_for_test")
+class BuggyReader(DatasetReader):
+    writes_root = True
+
+    def read(self, config):
+        return [int(text) for text in ("12", "twelve")]  # the user's bug: a bare ValueError
+"""
+
+
+def test_a_bare_value_error_from_a_user_module_is_a_bug_not_an_input_problem(tmp_path, fresh_imports):
+    """A ValueError is no input problem unless the project raised it as one (``CaptioningError``): one
+    raised by a user's own reader keeps its traceback down to the user's line."""
+    (tmp_path / "buggy_reader.py").write_text(BUGGY_READER)
+    result = in_process(
+        "train.py",
+        "--import",
+        "buggy_reader.py",
+        "--set",
+        "data.dataset=buggy_reader_for_test",
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "Traceback (most recent call last):", result.stderr
+    assert any("buggy_reader.py" in line and "in read" in line for line in lines)
+    assert lines[-2] == "error: ValueError: invalid literal for int() with base 10: 'twelve'"
+    assert lines[-1].startswith("This is not a problem with the input")

@@ -27,7 +27,7 @@ from torchvision.transforms import InterpolationMode
 
 from captioning.config import ConfigError, EncoderConfig
 from captioning.registry import Registry
-from captioning.utils.errors import CaptioningError
+from captioning.utils.errors import CaptioningError, InputError
 
 
 class EncoderWeightsError(CaptioningError, RuntimeError):
@@ -247,7 +247,10 @@ class Encoder(nn.Module):
         BatchNorm layers outside the trainable stages stay in eval mode (see ``train``).
         """
         if not 0 <= stages <= len(self._stages):
-            raise ValueError(f"{self.name} has {len(self._stages)} stages; cannot fine-tune {stages}")
+            raise InputError(
+                f"model.encoder.fine_tune_stages: {self.name} has {len(self._stages)} stages; "
+                f"cannot fine-tune {stages}"
+            )
         self.requires_grad_(False)
         for stage in self._stages[len(self._stages) - stages :]:
             stage.requires_grad_(True)
