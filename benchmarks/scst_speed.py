@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from harness import PeakMemory, autocast, median_seconds, synchronize
 from loader_speed import LoaderSizes, stand_in_encoder
+from selfcritical_baseline import Att2inModel, PythonCiderD, self_critical_step
 
 from captioning.config import DecodeConfig, LSTMDecoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import SPECIALS, Vocabulary
@@ -229,3 +230,35 @@ def measure(
     results["scst_over_xe"] = results["scst_step_ms"] / results["xe_step_ms_B16x5"]
     results["scst_reward_share"] = results["scst_reward_ms"] / results["scst_step_ms"]
     return results
+
+
+def selfcritical(
+    sizes: ScstSizes,
+    vocab_size: int,
+    grid: int,
+    channels: int,
+    caption_words: dict[int, float],
+    device: torch.device,
+    repeats: int,
+) -> dict[str, Any]:
+    """Milliseconds of the framework's Att2in self-critical step (``selfcritical_baseline``) at the
+    same sizes: the same grids' shapes, samples, words, vocabulary and reference corpus (words as
+    the ids the framework's reward sees)."""
+    torch.manual_seed(0)
+    vocab = vocabulary(vocab_size)
+    corpus = {
+        image: [" ".join(str(vocab.stoi[word]) for word in ref) + f" {0}" for ref in refs]
+        for image, refs in reference_corpus(sizes, vocab, caption_words).items()
+    }
+    scorer = PythonCiderD(corpus)
+    model = Att2inModel(vocab_size, channels).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-5)
+    generator = torch.Generator().manual_seed(4)
+    grids = torch.rand(sizes.images, grid * grid, channels, generator=generator).to(device)
+    references = [corpus[image] for image in range(sizes.images)]
+
+    def step() -> None:
+        self_critical_step(model, optimizer, scorer, grids, references, sizes.samples, sizes.words)
+
+    seconds = median_seconds(step, repeats, device)
+    return {"selfcritical_scst_step_ms": seconds * 1e3}

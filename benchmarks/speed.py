@@ -685,6 +685,12 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
                 results["amp"],
             )
         )
+        results.update(
+            scst_speed.selfcritical(
+                scst_sizes, sizes.vocab_size, sizes.grid, sizes.channels, COCO_WORDS, device, tutorial_repeats
+            )
+        )
+        results["speedup_scst"] = results["selfcritical_scst_step_ms"] / results["scst_step_ms"]
     if "caption" in parts:
         caption_sizes = caption_speed.QUICK if args.quick else caption_speed.CaptionSizes()
         results["caption_sizes"] = asdict(caption_sizes)

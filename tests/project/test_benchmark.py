@@ -242,6 +242,8 @@ SCST_NUMBERS = (
     "xe_step_ms_B16x5",
     "scst_over_xe",
     "scst_reward_build_s",
+    "selfcritical_scst_step_ms",
+    "speedup_scst",
 )
 CAPTION_NUMBERS = (
     "caption_images_per_s",
@@ -272,6 +274,9 @@ def test_scst_and_caption_parts_report_positive_numbers_at_tiny_sizes():
     for key in ("scst_peak_mem_mb", "xe_peak_mem_mb", "caption_peak_mem_mb", "tutorial_caption_peak_mem_mb"):
         assert math.isfinite(results[key]) and results[key] >= 0, key
     assert math.isclose(results["scst_over_xe"], results["scst_step_ms"] / results["xe_step_ms_B16x5"])
+    assert math.isclose(
+        results["speedup_scst"], results["selfcritical_scst_step_ms"] / results["scst_step_ms"]
+    )
     assert math.isclose(
         results["speedup_caption"],
         results["caption_images_per_s"] / results["tutorial_caption_images_per_s"],
@@ -445,3 +450,47 @@ def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_s
         assert baseline.tokens == ours.tokens and baseline.finished == ours.finished
         assert math.isclose(baseline.log_prob, ours.log_prob, rel_tol=1e-5, abs_tol=1e-5)
         torch.testing.assert_close(baseline.attention, ours.attention, rtol=1e-4, atol=1e-5)
+
+
+def test_the_selfcritical_baseline_rewards_with_our_cider_d_and_learns():
+    """The framework's step scores captions as our CiderDReward does (the same reward, computed its
+    way: ids as strings with the end token, n-grams counted per call), and its step moves the
+    sampled captions' log-probabilities by the advantage."""
+    import numpy as np
+
+    from captioning.data.vocab import SPECIALS, Vocabulary
+    from captioning.training.rewards import CiderDReward
+
+    baseline = _load_baseline("selfcritical_baseline")
+    vocab = Vocabulary([*SPECIALS, *(f"w{i}" for i in range(4, 40))])
+    rng = np.random.default_rng(0)
+    corpus = {
+        image: [[vocab.itos[int(t)] for t in rng.integers(4, 40, size=int(n))] for n in rng.integers(3, 9, 3)]
+        for image in range(12)
+    }
+    as_ids = {
+        image: [" ".join(str(vocab.stoi[w]) for w in ref) + " 0" for ref in refs]
+        for image, refs in corpus.items()
+    }
+    captions = [corpus[0][1], [vocab.itos[int(t)] for t in rng.integers(4, 40, size=6)], corpus[2][0][:2]]
+    ours = CiderDReward(corpus, end_token=True)([0, 1, 2], captions, [True, True, True])
+    theirs = baseline.PythonCiderD(as_ids).score(
+        [" ".join(str(vocab.stoi[w]) for w in c) + " 0" for c in captions], [as_ids[i] for i in (0, 1, 2)]
+    )
+    np.testing.assert_allclose(theirs, ours, rtol=1e-9)
+    assert ours[0] > ours[2] > 0  # a reference scores high, a cut one lower: not all zeros
+
+    assert baseline.array_to_str([5, 7, 0, 9]) == "5 7 0"
+    torch.manual_seed(0)
+    model = baseline.Att2inModel(40, channels=8, embed=8, hidden=8, attention=8)
+    grids = torch.rand(2, 4, 8)
+    seq, log_probs = model.sample(grids, length=5, samples=3, greedy=False)
+    assert seq.shape == log_probs.shape == (6, 5) and bool((seq != 0).all())  # <end> unreachable
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    references = [as_ids[0], as_ids[1]]
+    loss = baseline.self_critical_step(
+        model, optimizer, baseline.PythonCiderD(as_ids), grids, references, 3, 5
+    )
+    assert math.isfinite(loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
