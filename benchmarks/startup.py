@@ -39,16 +39,16 @@ CAPTIONS_PER_IMAGE = 5
 _MEASURE = """
 import json, logging, sys, time
 logging.disable(logging.WARNING)
-from captioning.config import DataConfig
+from captioning.config import CocoDataConfig, KarpathyDataConfig
 from captioning.data import load_records
 from captioning.data.coco import read_coco
 from captioning.data.karpathy import read_karpathy
 
 folder, dataset, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 annotations = (f"{folder}/captions_train2014.json", f"{folder}/captions_val2014.json")
-config = DataConfig(dataset=dataset, root=f"{folder}/images", cache_dir=f"{folder}/cache_{dataset}",
-                    split_file=f"{folder}/dataset_coco.json" if dataset == "karpathy" else None,
-                    annotations=annotations if dataset == "coco" else ())
+paths = dict(root=f"{folder}/images", cache_dir=f"{folder}/cache_{dataset}")
+config = (KarpathyDataConfig(split_file=f"{folder}/dataset_coco.json", **paths) if dataset == "karpathy"
+          else CocoDataConfig(annotations=annotations, **paths))
 def peak_mib():  # this process's high-water resident size (ru_maxrss would count the forking parent's)
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
@@ -56,7 +56,7 @@ def peak_mib():  # this process's high-water resident size (ru_maxrss would coun
 base = peak_mib()
 start, cpu_start = time.perf_counter(), time.process_time()
 if mode == "plain":
-    records = (read_karpathy(config.split_file, config.root) if dataset == "karpathy"
+    records = (read_karpathy(f"{folder}/dataset_coco.json", config.root) if dataset == "karpathy"
                else read_coco(annotations, config.root))
 elif mode == "warm_split":
     records = load_records(config, splits=("test" if dataset == "karpathy" else "val",))

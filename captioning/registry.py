@@ -231,15 +231,25 @@ class FamilyRegistry(Registry[Family[C]]):
             return family.config
         return self.base if self.shared else None
 
-    def owner(self, option: str, besides: type | None = None) -> str | None:
-        """The name of a registered family (configured by a class other than ``besides``) whose own
-        options (not the section's shared ones) include ``option``, if one has."""
+    def owners(self, option: str, besides: type | None = None) -> tuple[str, ...]:
+        """The names of the registered families (configured by a class other than ``besides``) whose
+        own options (not the section's shared ones) include ``option``, in registration order: more
+        than one where their options classes share a base holding it (``data.split_file``: the
+        karpathy and coco readers')."""
         shared = {item.name for item in dataclasses.fields(self.base)}  # type: ignore[arg-type]
-        for name, family in self.items():
-            own = {item.name for item in dataclasses.fields(family.config)} - shared  # type: ignore[arg-type]
-            if family.config is not besides and option in own:
-                return name
-        return None
+        return tuple(
+            name
+            for name, family in self.items()
+            if family.config is not besides
+            and option in {item.name for item in dataclasses.fields(family.config)} - shared  # type: ignore[arg-type]
+        )
+
+    def owners_named(self, names: tuple[str, ...]) -> str:
+        """``names`` (from :meth:`owners`) for a message: ``the shapes dataset reader``, ``the karpathy
+        and coco dataset readers``."""
+        if len(names) == 1:
+            return f"the {names[0]} {self.what}"
+        return f"the {', '.join(names[:-1])} and {names[-1]} {self.what}s"
 
     def implementation_of(self, name: str) -> Any:
         """The class of the family ``name``.

@@ -16,6 +16,7 @@ from captioning.config import Config, ConfigError
 from captioning.config.loading import load_config, parse_overrides
 from captioning.utils.errors import CaptioningError
 from captioning.utils.imports import import_modules
+from captioning.utils.run_folder import is_run_config
 from captioning.utils.text import printable
 
 # The shipped configurations are package data (``configs/`` at the repository root links here).
@@ -127,8 +128,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if value is not None:
             overrides[key] = value
     path = shipped_config(args.config) if args.config is not None else DEFAULT_CONFIG
-    # The default file's options of another decoder or dataset than the one chosen are left out silently.
-    config = load_config(path, overrides, warn_left_out=args.config is not None)
+    # The default file's options of another decoder or dataset than the one chosen are left out silently,
+    # as are those a run's config.yaml of an older version holds (every reader's options).
+    config = load_config(
+        path, overrides, warn_left_out=args.config is not None, run_config=is_run_config(path)
+    )
     check_registered_names(config)
     return config
 

@@ -86,7 +86,9 @@ def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False) -> Any:
 
 
 # Keys that name files or folders: a leading ~ or ~user is expanded as a shell does (a quoted path or
-# KEY=~/x after --set reaches the program unexpanded), never taken as a folder named "~".
+# KEY=~/x after --set reaches the program unexpanded), never taken as a folder named "~". A reader's
+# own (data.split_file: the karpathy and coco readers'; data.annotations: coco's) is expanded where
+# the chosen reader's options class has it, and is refused, as any other option of theirs, where not.
 PATH_KEYS = frozenset(
     [
         "data.root",
@@ -142,17 +144,24 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
         # Configurations written before each family had its own class held every family's options
         # (every run's data section the Shapes generator's): those of the other families are left out.
         if stored:
-            values = {k: v for k, v in values.items() if k in _names(cls) or families.owner(k, cls) is None}
+            values = {k: v for k, v in values.items() if k in _names(cls) or not families.owners(k, cls)}
     hints = typing.get_type_hints(cls)
     names = _names(cls)
     unknown = sorted(set(values) - names)
     if unknown:
         where = prefix.rstrip(".") or "the top level"
-        other = families.owner(unknown[0], cls) if families is not None else None
-        if families is not None and other is not None:
+        others = families.owners(unknown[0], cls) if families is not None else ()
+        if families is not None and others:
+            # A name no family registered (a reader of a module not imported) is said to be one.
+            unregistered = (
+                f", which names no registered {families.what} (a module of your own registers it: "
+                "--import MODULE)"
+                if chosen not in families
+                else ""
+            )
             raise ConfigError(
-                f"{prefix + unknown[0]} is an option of the {other} {families.what}, not of "
-                f"{prefix}{families.field} {chosen!r}"
+                f"{prefix + unknown[0]} is an option of {families.owners_named(others)}, not of "
+                f"{prefix}{families.field} {chosen!r}{unregistered}"
             )
         hint = ""
         if families is not None and cls is families.base:  # e.g. a reader of a module not imported
@@ -303,6 +312,7 @@ def load_config(
     overrides: dict[str, Any] | None = None,
     stored: bool = False,
     warn_left_out: bool = True,
+    run_config: bool = False,
 ) -> Config:
     """Read a YAML configuration (or start from the defaults) and apply dotted-key overrides.
 
@@ -315,6 +325,10 @@ def load_config(
         stored: the file was written by this project (a run's ``config.yaml``): see ``from_dict``.
         warn_left_out: whether that warning is given; not for a file the user did not name (the
             tools' default configuration), whose options are no one's choice.
+        run_config: the file is a run folder's ``config.yaml`` given as ``--config`` (resuming it,
+            say), perhaps written by an older version whose data section held every reader's
+            options: those of a family other than the chosen one are left out without a word, as
+            from a stored configuration, while ``overrides`` are read as typed.
     Returns:
         The validated, frozen ``Config``.
     Raises:
@@ -340,6 +354,8 @@ def load_config(
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a configuration must be a mapping of sections")
     _drop_other_family(tree, overrides or {}, path, warn=warn_left_out)
+    if run_config:
+        _drop_other_family(tree, _families_of(tree), path, warn=False)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
     try:
@@ -348,6 +364,21 @@ def load_config(
         # Name the file only when the bad value came from it, not from an override (a flag or --set).
         from_override = any(str(error).startswith(key) or repr(key) in str(error) for key in overrides or {})
         raise ConfigError(f"{path}: {error}" if path and not from_override else str(error)) from None
+
+
+def _families_of(tree: dict[str, Any]) -> dict[str, Any]:
+    """The families ``tree`` chooses (``{"data.dataset": "shapes", ...}``; absent: the defaults), as
+    overrides choosing them again."""
+    chosen = {}
+    for families in FAMILIES.values():
+        section: Any = tree
+        for part in families.section.split("."):
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict):
+            chosen[f"{families.section}.{families.field}"] = section.get(
+                families.field, getattr(families.base, families.field)
+            )
+    return chosen
 
 
 def _drop_other_family(
@@ -373,7 +404,7 @@ def _drop_other_family(
             option
             for option in section
             if option not in names
-            and families.owner(option, family) is not None
+            and families.owners(option, family)
             and f"{section_key}.{option}" not in overrides
         ]
         for option in dropped:

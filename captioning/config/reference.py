@@ -32,16 +32,18 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, 
             families = FAMILIES[hint]
             rows.extend(describe(hint, prefix + f.name + "."))
             shared = {g.name for g in dataclasses.fields(hint)}
+            # An option several families share (from a base of their options classes: data.split_file,
+            # the karpathy and coco readers') is one row naming them all.
+            owned: dict[str, tuple[tuple[str, str, Any, str], list[str]]] = {}
             for name, family in families.items():
-                own = [
-                    row
-                    for row in describe(family.config, prefix + f.name + ".")
-                    if row[0].rsplit(".", 1)[1] not in shared
-                ]
-                rows.extend(
-                    (key, type_name, default, f"{families.field} {name}: {meaning}")
-                    for key, type_name, default, meaning in own
-                )
+                for row in describe(family.config, prefix + f.name + "."):
+                    if row[0].rsplit(".", 1)[1] not in shared:
+                        same = json.dumps(row, default=repr)  # the same key, type, default and meaning
+                        owned.setdefault(same, (row, []))[1].append(name)
+            rows.extend(
+                (key, type_name, default, f"{families.field} {', '.join(names)}: {meaning}")
+                for (key, type_name, default, meaning), names in owned.values()
+            )
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
             rows.extend(describe(hint, prefix + f.name + "."))
         else:
@@ -59,13 +61,18 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, 
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """The ``# comment`` after each field in the class source: the one place options are explained."""
+    """The ``# comment`` after each field in the class source, the one place options are explained:
+    a field inherited from a base class (``KarpathySplitConfig``'s ``split_file``) has the base's."""
     pattern = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
-    return {
-        m.group(1): m.group(2).strip()
-        for line in inspect.getsource(cls).splitlines()
-        if (m := pattern.match(line))
-    }
+    comments: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            comments.update(
+                (m.group(1), m.group(2).strip())
+                for line in inspect.getsource(base).splitlines()
+                if (m := pattern.match(line))
+            )
+    return comments
 
 
 def reference_markdown() -> str:

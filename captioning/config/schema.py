@@ -86,16 +86,14 @@ def _check_family(section: Any, families: FamilyRegistry) -> None:
 @dataclass(frozen=True)
 class DataConfig:
     """Where the captions and images come from and how captions become token ids: what every dataset
-    reader shares; a reader with options of its own (``data.dataset: shapes``) adds them in a
-    subclass registered in ``DATASETS``."""
+    reader shares; a reader with options of its own adds them in a subclass registered in
+    ``DATASETS`` (``ShapesDataConfig``: the Shapes generator's; ``KarpathyDataConfig`` and
+    ``CocoDataConfig``: the caption files the karpathy and coco readers read)."""
 
-    dataset: str = "shapes"  # a reader: shapes | karpathy | coco | imagefolder | folder | webdataset
+    dataset: str = "shapes"  # a reader: shapes | karpathy | coco | imagefolder | folder | webdataset | yours
     root: str = "data/shapes"  # image root (Karpathy: filepath/filename; webdataset: .tar folder or pattern)
-    split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, dataset_flickr8k.json, ...)
-    annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
-    restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
@@ -117,9 +115,10 @@ class DataConfig:
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
 
 
-# The dataset readers with options of their own: data.dataset -> its configuration class, and the
-# reader attached when the data package registers it (``captioning.data.readers.register_reader``,
-# which a reader of your own uses too: docs/extending.md). A reader without options of its own, or a
+# The dataset readers with options of their own: data.dataset -> its configuration class (the
+# built-in ones' below: shapes, karpathy, coco), and the reader attached when the data package
+# registers it (``captioning.data.readers.register_reader``, which a reader of your own uses too:
+# docs/extending.md). A reader without options of its own (imagefolder, folder, webdataset), or a
 # name no reader registered (refused where the data are read), is configured by DataConfig.
 DATASETS: FamilyRegistry[DataConfig] = FamilyRegistry(
     "dataset reader", key="data.dataset", base=DataConfig, shared=True
@@ -147,6 +146,35 @@ class ShapesDataConfig(DataConfig):
             "data.shapes_train/val/test must be >= 1",
         )
         _check(self.shapes_image_size >= 32, "data.shapes_image_size must be >= 32")
+
+
+@dataclass(frozen=True)
+class KarpathySplitConfig(DataConfig):
+    """The options of a reader of Karpathy's split file (``dataset_coco.json``, ...), shared by the
+    karpathy and coco readers' options classes (not itself a reader's: a reader of your own that reads
+    the split file derives its options class from it)."""
+
+    split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, ...); coco: optional, the splits
+    restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
+
+
+@DATASETS.register_options("karpathy")
+@dataclass(frozen=True)
+class KarpathyDataConfig(KarpathySplitConfig):
+    """Karpathy's split file ``data.split_file`` (COCO, Flickr8k, Flickr30k: docs/coco.md), which the
+    karpathy reader requires, images under ``data.root``."""
+
+    dataset: str = "karpathy"
+
+
+@DATASETS.register_options("coco")
+@dataclass(frozen=True)
+class CocoDataConfig(KarpathySplitConfig):
+    """The official COCO caption files ``data.annotations``, images under ``data.root``; each image's
+    split is Karpathy's when ``data.split_file`` is given, else its file's (docs/coco.md)."""
+
+    dataset: str = "coco"
+    annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
 
 
 # Upper bounds on the sizes a configuration (a user's, a checkpoint's or a model folder's) may ask for,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pycocotools.coco import COCO
 
-from captioning.config import ConfigError, DataConfig
+from captioning.config import CocoDataConfig, ConfigError, DataConfig
 from captioning.data.karpathy import SkipLog, image_path_under, read_json, read_karpathy, require_field
 from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
@@ -179,14 +179,15 @@ def _relative_path(file_name: str, file_folder: str) -> str:
     return f"{folder}/{file_name}" if folder else file_name
 
 
-@register_reader("coco")
+@register_reader("coco", CocoDataConfig)
 class CocoReader(DatasetReader):
     """The official caption files ``data.annotations`` (split from each file's name, or from Karpathy's
-    ``data.split_file``), images under ``data.root``."""
+    ``data.split_file``), images under ``data.root`` (``CocoDataConfig``)."""
 
     indexed = True
 
     def read(self, config: DataConfig) -> list[ImageRecord]:
+        assert isinstance(config, CocoDataConfig)  # data.dataset coco is read into its own class
         if not config.annotations:
             raise ConfigError(
                 "data.annotations is required for data.dataset=coco (e.g. captions_train2014.json)"
@@ -198,9 +199,11 @@ class CocoReader(DatasetReader):
         return records if config.split_file is not None else divide_official_val(records)
 
     def source_files(self, config: DataConfig) -> list[Path]:
+        assert isinstance(config, CocoDataConfig)
         return [*([Path(config.split_file)] if config.split_file else []), *map(Path, config.annotations)]
 
     def split_rule(self, config: DataConfig) -> str | None:
+        assert isinstance(config, CocoDataConfig)
         if config.split_file is not None:
             return None
         splits = {path: split_of_file(path) for path in config.annotations}

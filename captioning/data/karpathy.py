@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from captioning.config import ConfigError, DataConfig
+from captioning.config import ConfigError, DataConfig, KarpathyDataConfig
 from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.utils.files import not_a_regular_file
@@ -216,14 +216,15 @@ def _read_image(
     return ImageRecord(image_id=image_id, path=path, split=split, captions=tuple(captions), raw=tuple(raws))
 
 
-@register_reader("karpathy")
+@register_reader("karpathy", KarpathyDataConfig)
 class KarpathyReader(DatasetReader):
     """Karpathy's split file ``data.split_file`` (dataset_flickr8k.json, ...), images under ``data.root``;
-    ``restval`` joins ``train`` unless ``data.restval_to_train`` is false."""
+    ``restval`` joins ``train`` unless ``data.restval_to_train`` is false (``KarpathyDataConfig``)."""
 
     indexed = True
 
     def read(self, config: DataConfig) -> list[ImageRecord]:
+        assert isinstance(config, KarpathyDataConfig)  # data.dataset karpathy is read into its own class
         if config.split_file is None:
             raise ConfigError(
                 "data.split_file is required for data.dataset=karpathy (e.g. dataset_flickr8k.json)"
@@ -232,4 +233,5 @@ class KarpathyReader(DatasetReader):
         return read_karpathy(config.split_file, config.root, config.restval_to_train, own_tokenizer(config))
 
     def source_files(self, config: DataConfig) -> list[Path]:
+        assert isinstance(config, KarpathyDataConfig)
         return [Path(config.split_file)] if config.split_file else []

@@ -2,16 +2,17 @@
 
 A reader is a class registered beside its code with ``@register_reader(name, config_class)``, its
 class and its options together (``config_class``: ``DataConfig``, or a subclass of it holding the
-reader's own options, as ``ShapesDataConfig``); its ``read(config)`` turns the files the configuration
-names into ``ImageRecord``s. :func:`captioning.data.load_records` looks ``data.dataset`` up in
-``DATASETS`` (``captioning.config``), so a reader of your own registered by a module given to
-``--import`` is used by every tool (docs/extending.md, "A new dataset reader")::
+reader's own options, as ``ShapesDataConfig`` or ``KarpathyDataConfig``); its ``read(config)`` turns
+the files the configuration names into ``ImageRecord``s. :func:`captioning.data.load_records` looks
+``data.dataset`` up in ``DATASETS`` (``captioning.config``), so a reader of your own registered by a
+module given to ``--import`` is used by every tool (docs/extending.md, "A new dataset reader")::
 
-    @register_reader("karpathy")
+    @register_reader("karpathy", KarpathyDataConfig)
     class KarpathyReader(DatasetReader):
         indexed = True
 
         def read(self, config: DataConfig) -> list[ImageRecord]:
+            assert isinstance(config, KarpathyDataConfig)  # data.dataset karpathy is read into it
             check_data_paths(config)
             return read_karpathy(config.split_file, config.root, ...)
 
@@ -20,9 +21,11 @@ Every registered name is covered by tests/data/test_dataset_readers_contract.py.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from captioning.config import DATASETS, ConfigError, DataConfig
 from captioning.data.records import ImageRecord
@@ -71,6 +74,21 @@ class DatasetReader:
         """The files the records are read from, named in messages (and keying an ``indexed`` reader's
         index); none by default: the records come from ``data.root``."""
         return []
+
+    def index_options(self, config: DataConfig) -> dict[str, Any]:
+        """The options besides ``data.tokenizer`` that the records depend on, keying an ``indexed``
+        reader's index with its ``source_files``' contents: by default the reader's own options (those
+        its options class adds to ``DataConfig``'s: Karpathy's ``restval_to_train``), less the ones
+        naming files (``split_file``, ``annotations``: their contents key the index, so that the same
+        files elsewhere find it), as JSON holds them."""
+        shared = {item.name for item in dataclasses.fields(DataConfig)}
+        own = {
+            item.name: getattr(config, item.name)
+            for item in dataclasses.fields(config)
+            if item.name not in shared and item.name not in _PATH_NAMES
+        }
+        plain: dict[str, Any] = json.loads(json.dumps(own))  # tuples as lists, as the stored key has them
+        return plain
 
     def cache_under_root(self, config: DataConfig) -> bool:
         """Whether the feature cache lives in the data's folder (``data_folder``: shared by every run
@@ -141,8 +159,10 @@ def own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
     return None if config.tokenizer == "ptb" else tokenizer_for(config.tokenizer)
 
 
-# The data keys that name files or folders, and what each must be.
+# The data keys that name files or folders, and what each must be: the shared ones and the karpathy
+# and coco readers' own (split_file, annotations), checked where the reader's options class has them.
 _PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
+_PATH_NAMES = frozenset(key for key, _ in _PATH_KEYS)
 
 
 def check_data_paths(config: DataConfig) -> None:
@@ -162,7 +182,7 @@ def check_data_paths(config: DataConfig) -> None:
     for key, kind in _PATH_KEYS:
         if key == "root" and (reader.writes_root or reader.checks_root):
             continue
-        value = getattr(config, key)
+        value = getattr(config, key, None)  # split_file, annotations: only some readers' options have them
         for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
             exists = path.is_dir() if kind == "folder" else path.is_file()
             if not exists:

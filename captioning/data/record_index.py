@@ -175,18 +175,19 @@ def load_indexed(
     """The records of ``splits`` (all when None), from the index when it is current, else from ``read``.
 
     Args:
-        config: the data configuration (``dataset`` karpathy or coco).
+        config: the data configuration of an ``indexed`` reader (karpathy, coco).
         read: the reader, run when there is no current index.
         splits: the splits wanted; records keep the reader's order.
         writable: write the index after reading the source (training and caching runs).
     """
+    reader = reader_of(config)
     try:
         key = {
             "format": FORMAT_VERSION,
             "dataset": config.dataset,
-            "restval_to_train": config.restval_to_train,
+            "options": reader.index_options(config),  # the reader's own (Karpathy's restval_to_train)
             "tokenizer": config.tokenizer,
-            "sources": [_file_hash(path) for path in reader_of(config).source_files(config)],
+            "sources": [_file_hash(path) for path in reader.source_files(config)],
             "code": _code_hash(),
         }
     except OSError:

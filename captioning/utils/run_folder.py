@@ -84,6 +84,16 @@ class RunFolderError(CaptioningError, OSError):
     the message is one line naming it."""
 
 
+def is_run_config(path: str | Path) -> bool:
+    """Whether ``path`` is the ``config.yaml`` a run wrote in its run folder (beside its checkpoints,
+    history, vocabulary or data summary), not a configuration file of the user's own."""
+    path = Path(path)
+    return path.name == "config.yaml" and any(
+        (path.parent / name).exists()
+        for name in (CHECKPOINTS, "history.json", "vocab.json", "data_summary.json")
+    )
+
+
 def run_folder_of(checkpoint: str | Path) -> Path:
     """Where a tool's outputs go by default: ``<run>`` for ``<run>/checkpoints/x.pt``, else the current
     folder.

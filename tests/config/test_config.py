@@ -38,7 +38,13 @@ def test_overrides_are_typed_and_win_over_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("train:\n  lr: 1.0e-3\n  epochs: 3\nmodel:\n  decoder:\n    gate: channel\n")
     config = load_config(
-        path, {"train.lr": "2e-4", "model.decoder.deep_output": "false", "data.annotations": "a.json,b.json"}
+        path,
+        {
+            "train.lr": "2e-4",
+            "model.decoder.deep_output": "false",
+            "data.dataset": "coco",
+            "data.annotations": "a.json,b.json",
+        },
     )
     assert config.train.lr == pytest.approx(2e-4)
     assert config.train.epochs == 3

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from captioning.config import ConfigError, DataConfig, ShapesDataConfig
+from captioning.config import CocoDataConfig, ConfigError, DataConfig, KarpathyDataConfig, ShapesDataConfig
 from captioning.data import DATASETS, DatasetError, ImageRecord, generate_shapes
 from captioning.data.readers import data_source, reader_class
 from captioning.data.tar_members import image_exists
@@ -50,7 +50,7 @@ def _karpathy(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
         _edit_json(split_file, lambda data: data["images"][3].pop("sentences"))
         return split_file.name, "image 3 ", "'sentences'"
 
-    return Fixture(DataConfig(dataset="karpathy", root=str(root), split_file=str(split_file)), break_entry)
+    return Fixture(KarpathyDataConfig(root=str(root), split_file=str(split_file)), break_entry)
 
 
 def _shapes(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
@@ -67,7 +67,7 @@ def _shapes(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
 
 def _coco(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
     annotation_files, root = request.getfixturevalue("coco_dataset")
-    config = DataConfig(dataset="coco", root=str(root), annotations=tuple(map(str, annotation_files)))
+    config = CocoDataConfig(root=str(root), annotations=tuple(map(str, annotation_files)))
 
     def break_entry() -> tuple[str, ...]:
         _edit_json(annotation_files[1], lambda data: data["annotations"][1].update(image_id=999))
@@ -173,8 +173,10 @@ def test_the_source_files_a_reader_names_exist_and_are_what_messages_name(reader
     files = reader_class(name)().source_files(fixture.config)
     assert all(path.is_file() for path in files), files
     assert data_source(fixture.config) == (", ".join(map(str, files)) or fixture.config.root)
-    if name in ("karpathy", "coco"):
-        assert files and Path(fixture.config.split_file or fixture.config.annotations[0]) in files
+    if isinstance(fixture.config, KarpathyDataConfig):
+        assert files == [Path(fixture.config.split_file or "")]
+    if isinstance(fixture.config, CocoDataConfig):
+        assert files and Path(fixture.config.annotations[0]) in files
 
 
 def test_a_malformed_entry_is_one_line_naming_the_file_and_the_entry(reader_case):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torchvision.transforms import functional as F
 
-from captioning.config import ConfigError, DataConfig, ShapesDataConfig
+from captioning.config import CocoDataConfig, ConfigError, DataConfig, KarpathyDataConfig, ShapesDataConfig
 from captioning.data import DATASETS, caption_length_summary, load_records
 from captioning.data.datasets import CaptionDataset, ImageOnlyDataset, collate_captions
 from captioning.data.images import ImageError
@@ -193,12 +193,12 @@ def test_load_records_shapes_generates_then_reads(tmp_path):
 def test_load_records_karpathy_coco_and_folder(karpathy_dataset, coco_dataset):
     split_file, root = karpathy_dataset
     karpathy = load_records(
-        DataConfig(dataset="karpathy", root=str(root), split_file=str(split_file), restval_to_train=False)
+        KarpathyDataConfig(root=str(root), split_file=str(split_file), restval_to_train=False)
     )
     assert [r.split for r in karpathy] == ["train", "train", "restval", "val", "test"]
     annotation_files, coco_root = coco_dataset
     coco = load_records(
-        DataConfig(dataset="coco", root=str(coco_root), annotations=tuple(str(p) for p in annotation_files))
+        CocoDataConfig(root=str(coco_root), annotations=tuple(str(p) for p in annotation_files))
     )
     assert [r.image_id for r in coco] == [9, 25, 30, 42, 73]
     folder = load_records(DataConfig(dataset="folder", root=str(coco_root / "val2014")))
@@ -207,9 +207,9 @@ def test_load_records_karpathy_coco_and_folder(karpathy_dataset, coco_dataset):
 
 def test_load_records_needs_its_files(tmp_path):
     with pytest.raises(ConfigError, match="data.split_file"):
-        load_records(DataConfig(dataset="karpathy", root=str(tmp_path)))
+        load_records(KarpathyDataConfig(root=str(tmp_path)))
     with pytest.raises(ConfigError, match="data.annotations"):
-        load_records(DataConfig(dataset="coco", root=str(tmp_path)))
+        load_records(CocoDataConfig(root=str(tmp_path)))
 
 
 def test_caption_length_summary(tmp_path):

@@ -9,7 +9,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from captioning.config import DATASETS, ConfigError, DataConfig, ShapesDataConfig, to_dict
+from captioning.config import (
+    DATASETS,
+    ConfigError,
+    DataConfig,
+    KarpathyDataConfig,
+    KarpathySplitConfig,
+    ShapesDataConfig,
+    to_dict,
+)
 from captioning.config.loading import from_dict, load_config, parse_overrides
 from captioning.config.reference import reference_markdown
 from captioning.data import load_records, read_karpathy
@@ -20,8 +28,9 @@ NAME = "capped_for_test"
 
 
 @dataclasses.dataclass(frozen=True)
-class CappedDataConfig(DataConfig):
-    """A Karpathy split file whose images keep their first captions only."""
+class CappedDataConfig(KarpathySplitConfig):
+    """A Karpathy split file whose images keep their first captions only (``data.split_file``: the
+    options a reader of the split file shares with the karpathy and coco readers)."""
 
     dataset: str = NAME
     captions_kept: int = 5  # captions kept per image
@@ -58,7 +67,8 @@ def test_one_registration_gives_a_reader_its_class_and_its_options(capped_reader
     assert family.config is CappedDataConfig and family.implementation is CappedReader
     assert "dataset capped_for_test: captions kept per image" in reference_markdown()
     assert DATASETS["shapes"].config is ShapesDataConfig and DATASETS["shapes"].implementation is ShapesReader
-    assert DATASETS["karpathy"].config is DataConfig  # a reader without options of its own
+    assert DATASETS["karpathy"].config is KarpathyDataConfig
+    assert DATASETS["folder"].config is DataConfig  # a reader without options of its own
 
 
 def test_a_readers_own_options_come_from_yaml_and_set(capped_reader, karpathy_dataset, tmp_path):

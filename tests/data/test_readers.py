@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioning.config import DataConfig
+from captioning.config import CocoDataConfig, KarpathyDataConfig
 from captioning.data import coco, divide_official_val, load_records
 from captioning.data.coco import read_coco
 from captioning.data.folder import read_folder
@@ -340,9 +340,7 @@ def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_par
     karpathy_dataset, tmp_path, monkeypatch
 ):
     split_file, root = karpathy_dataset
-    config = DataConfig(
-        dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c")
-    )
+    config = KarpathyDataConfig(split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c"))
     assert load_records(config) == read_karpathy(split_file, root)
     assert _index_folders(tmp_path / "c") == []  # tools without a run folder (evaluate.py) only read an index
     first = load_records(config, output_dir=tmp_path / "run")
@@ -355,8 +353,7 @@ def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_par
     monkeypatch.setattr("captioning.data.karpathy.read_json", no_parsing)
     assert load_records(config) == first
     assert load_records(config, splits=("test",)) == records_of_split(first, "test")
-    moved = DataConfig(
-        dataset="karpathy",
+    moved = KarpathyDataConfig(
         split_file=str(split_file),
         root=str(tmp_path / "moved"),
         cache_dir=str(tmp_path / "c"),
@@ -378,9 +375,7 @@ def test_karpathy_index_is_written_by_a_run_then_read_split_by_split_without_par
 def test_karpathy_index_repeats_the_readers_warnings(karpathy_dataset, tmp_path, caplog):
     split_file, root = karpathy_dataset
     _edit_karpathy(split_file, lambda data: data["images"][0]["sentences"][0].update(tokens=[" "]))
-    config = DataConfig(
-        dataset="karpathy", split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c")
-    )
+    config = KarpathyDataConfig(split_file=str(split_file), root=str(root), cache_dir=str(tmp_path / "c"))
     for _ in range(2):  # the first read parses, the second reads the index
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="captioning.data"):
@@ -391,8 +386,7 @@ def test_karpathy_index_repeats_the_readers_warnings(karpathy_dataset, tmp_path,
 
 def test_coco_index_keeps_the_tokenization(coco_dataset, tmp_path, write_json, monkeypatch):
     annotation_files, root = coco_dataset
-    config = DataConfig(
-        dataset="coco",
+    config = CocoDataConfig(
         annotations=tuple(map(str, annotation_files)),
         root=str(root),
         cache_dir=str(tmp_path / "c"),

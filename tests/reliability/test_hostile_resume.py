@@ -21,7 +21,7 @@ from test_hostile import copy_run, short_run, start_in, trained_run, with_stored
 from tool_runs import REPO, in_process, run_in_process, run_tool
 
 from captioning.cli.common import add_config_arguments, config_from_args
-from captioning.config import ConfigError
+from captioning.config import ConfigError, KarpathyDataConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 __all__ = ["shapes", "trained_run"]  # module-scoped fixtures of test_faults and test_hostile
@@ -219,11 +219,19 @@ def test_a_home_relative_path_is_expanded_as_a_shell_does(tmp_path, monkeypatch)
     add_config_arguments(parser)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     args = parser.parse_args(
-        ["--set", "train.output_dir=~/runs/a", "--set", "data.split_file=null", "--set", "data.cache_dir=~"]
+        [
+            *("--set", "train.output_dir=~/runs/a", "--set", "data.dataset=karpathy"),
+            *("--set", "data.split_file=null", "--set", "data.cache_dir=~"),
+        ]
     )
     config = config_from_args(args)
     assert config.train.output_dir == str(tmp_path / "home" / "runs" / "a")
-    assert config.data.split_file is None and config.data.cache_dir is None
+    assert isinstance(config.data, KarpathyDataConfig) and config.data.split_file is None
+    assert config.data.cache_dir is None
+    args = parser.parse_args(
+        ["--set", "data.dataset=karpathy", "--set", "data.split_file=~/dataset_coco.json"]
+    )
+    assert config_from_args(args).data.split_file == str(tmp_path / "home" / "dataset_coco.json")
     args = parser.parse_args(["--set", "data.root=~no_such_user_here/data"])
     with pytest.raises(ConfigError, match="data.root: cannot expand '~no_such_user_here/data'"):
         config_from_args(args)
