@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from harness import PeakMemory, autocast, median_seconds, synchronize
 from loader_speed import LoaderSizes, stand_in_encoder
-from selfcritical_baseline import Att2inModel, PythonCiderD, self_critical_step
+from selfcritical_baseline import Att2inModel, DecoderSampler, PythonCiderD, self_critical_step
 
 from captioning.config import DecodeConfig, LSTMDecoderConfig, ModelConfig, TrainConfig
 from captioning.data.vocab import SPECIALS, Vocabulary
@@ -234,6 +234,7 @@ def measure(
 
 def selfcritical(
     sizes: ScstSizes,
+    decoder_config: LSTMDecoderConfig,
     vocab_size: int,
     grid: int,
     channels: int,
@@ -241,24 +242,40 @@ def selfcritical(
     device: torch.device,
     repeats: int,
 ) -> dict[str, Any]:
-    """Milliseconds of the framework's Att2in self-critical step (``selfcritical_baseline``) at the
-    same sizes: the same grids' shapes, samples, words, vocabulary and reference corpus (words as
-    the ids the framework's reward sees)."""
-    torch.manual_seed(0)
+    """Milliseconds of the framework's self-critical step (``selfcritical_baseline``) at the same
+    sizes (grids' shapes, samples, words, vocabulary, reference corpus with words as the ids its
+    reward sees): with its Att2in model, and with our reference decoder driven its way."""
     vocab = vocabulary(vocab_size)
-    corpus = {
-        image: [" ".join(str(vocab.stoi[word]) for word in ref) + f" {0}" for ref in refs]
-        for image, refs in reference_corpus(sizes, vocab, caption_words).items()
-    }
-    scorer = PythonCiderD(corpus)
-    model = Att2inModel(vocab_size, channels).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-5)
+    corpus = reference_corpus(sizes, vocab, caption_words)
     generator = torch.Generator().manual_seed(4)
     grids = torch.rand(sizes.images, grid * grid, channels, generator=generator).to(device)
-    references = [corpus[image] for image in range(sizes.images)]
+    results: dict[str, Any] = {}
+    for key, end in (
+        ("selfcritical_scst_step_ms", 0),
+        ("selfcritical_scst_step_ms_our_decoder", Vocabulary.end_id),
+    ):
+        torch.manual_seed(0)
+        as_ids = {
+            image: [" ".join(str(vocab.stoi[word]) for word in ref) + f" {end}" for ref in refs]
+            for image, refs in corpus.items()
+        }
+        scorer = PythonCiderD(as_ids)
+        if end == 0:
+            model: Att2inModel | DecoderSampler = Att2inModel(vocab_size, channels).to(device)
+        else:
+            decoder = build_decoder(decoder_config, vocab_size, channels, (grid, grid)).to(device)
+            with torch.no_grad():
+                decoder.out.bias[Vocabulary.end_id] = -1e4
+            model = DecoderSampler(decoder, Vocabulary.start_id, Vocabulary.end_id)
+        optimizer = torch.optim.Adam(model.parameters(), lr=2e-5)
+        references = [as_ids[image] for image in range(sizes.images)]
 
-    def step() -> None:
-        self_critical_step(model, optimizer, scorer, grids, references, sizes.samples, sizes.words)
+        def step(model=model, optimizer=optimizer, scorer=scorer, references=references, end=end) -> None:
+            # words + 1 steps: the words and the step where <end> may follow them, as our rollout runs
+            self_critical_step(
+                model, optimizer, scorer, grids, references, sizes.samples, sizes.words + 1, end
+            )
 
-    seconds = median_seconds(step, repeats, device)
-    return {"selfcritical_scst_step_ms": seconds * 1e3}
+        results[key] = median_seconds(step, repeats, device) * 1e3
+        del model, optimizer
+    return results

@@ -116,12 +116,12 @@ class Att2inModel(nn.Module):
         return seq, log_probs_taken
 
 
-def array_to_str(row: Sequence[int]) -> str:
+def array_to_str(row: Sequence[int], end: int = END) -> str:
     """The caption's ids as a string, up to and with the first end (the framework's reward input)."""
     out = []
     for token in row:
         out.append(str(int(token)))
-        if token == END:
+        if token == end:
             break
     return " ".join(out)
 
@@ -179,31 +179,76 @@ class PythonCiderD:
         return np.array(scores)
 
 
+class DecoderSampler:
+    """The framework's sampling loop driving one of our decoders (``prepare``, ``init_state``,
+    ``step``): the same function as our rollout, the framework's way of computing it (the prepared
+    grid copied per sample, the greedy baseline a separate pass, one ``multinomial`` per step), so
+    that ``speedup_scst_same_decoder`` compares the algorithms alone."""
+
+    def __init__(self, decoder: nn.Module, start: int, end: int):
+        self.decoder, self.start, self.end = decoder, start, end
+
+    def parameters(self):
+        return self.decoder.parameters()
+
+    def train(self, mode: bool = True) -> None:
+        self.decoder.train(mode)
+
+    def eval(self) -> None:
+        self.decoder.eval()
+
+    def sample(self, grids: Tensor, length: int, samples: int, greedy: bool) -> tuple[Tensor, Tensor]:
+        rows = torch.arange(grids.size(0), device=grids.device).repeat_interleave(samples)
+        prepared = self.decoder.prepare(grids).select(rows)  # one copy of the projections per sample
+        state = self.decoder.init_state(grids).select(rows)
+        word = torch.full((rows.numel(),), self.start, dtype=torch.long, device=grids.device)
+        seq = torch.full((rows.numel(), length), self.end, dtype=torch.long, device=grids.device)
+        log_probs_taken = grids.new_zeros(rows.numel(), length)
+        unfinished = torch.ones(rows.numel(), dtype=torch.bool, device=grids.device)
+        for t in range(length):
+            log_probs, state, *_ = self.decoder.step(prepared, word, state)
+            if greedy:
+                word = log_probs.detach().argmax(1)
+            else:
+                word = torch.multinomial(log_probs.detach().exp(), 1).squeeze(1)
+            taken = log_probs.gather(1, word.unsqueeze(1)).squeeze(1)
+            if t > 0:
+                unfinished = unfinished & (seq[:, t - 1] != self.end)
+            word = torch.where(unfinished, word, torch.full_like(word, self.end))
+            seq[:, t] = word
+            log_probs_taken[:, t] = taken * unfinished
+            if not bool(unfinished.any()):
+                break
+        return seq, log_probs_taken
+
+
 def self_critical_step(
-    model: Att2inModel,
+    model: Att2inModel | DecoderSampler,
     optimizer: torch.optim.Optimizer,
     scorer: PythonCiderD,
     grids: Tensor,
     references: list[list[str]],
     samples: int,
     length: int,
+    end: int = END,
 ) -> float:
-    """One self-critical step as the framework runs it; returns the loss."""
+    """One self-critical step as the framework runs it; returns the loss. ``end``: the end token's
+    id in ``model``'s vocabulary."""
     model.eval()
     with torch.no_grad():
         greedy, _ = model.sample(grids, length, 1, greedy=True)
     model.train()
     seq, log_probs = model.sample(grids, length, samples, greedy=False)
     images = grids.size(0)
-    captions = [array_to_str(row) for row in seq.cpu().numpy()]
-    baselines = [array_to_str(row) for row in greedy.cpu().numpy()]
+    captions = [array_to_str(row, end) for row in seq.cpu().numpy()]
+    baselines = [array_to_str(row, end) for row in greedy.cpu().numpy()]
     scores = scorer.score(
         captions + baselines, [references[i // samples] for i in range(len(captions))] + references
     )
     sampled, baseline = scores[: images * samples], scores[images * samples :]
     advantage = sampled - np.repeat(baseline, samples)
     reward = torch.as_tensor(advantage, dtype=log_probs.dtype, device=log_probs.device)
-    before_end = (seq[:, :-1] != END).long().cumprod(dim=1)  # no end among the earlier words
+    before_end = (seq[:, :-1] != end).long().cumprod(dim=1)  # no end among the earlier words
     ended = torch.cat([torch.ones_like(seq[:, :1]), before_end], dim=1).to(log_probs.dtype)
     loss = -(log_probs * reward.unsqueeze(1) * ended).sum() / ended.sum()
     optimizer.zero_grad(set_to_none=True)

@@ -687,10 +687,20 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
         )
         results.update(
             scst_speed.selfcritical(
-                scst_sizes, sizes.vocab_size, sizes.grid, sizes.channels, COCO_WORDS, device, tutorial_repeats
+                scst_sizes,
+                decoder_config(sizes),
+                sizes.vocab_size,
+                sizes.grid,
+                sizes.channels,
+                COCO_WORDS,
+                device,
+                tutorial_repeats,
             )
         )
         results["speedup_scst"] = results["selfcritical_scst_step_ms"] / results["scst_step_ms"]
+        results["speedup_scst_same_decoder"] = (
+            results["selfcritical_scst_step_ms_our_decoder"] / results["scst_step_ms"]
+        )
     if "caption" in parts:
         caption_sizes = caption_speed.QUICK if args.quick else caption_speed.CaptionSizes()
         results["caption_sizes"] = asdict(caption_sizes)

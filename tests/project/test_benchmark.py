@@ -243,7 +243,9 @@ SCST_NUMBERS = (
     "scst_over_xe",
     "scst_reward_build_s",
     "selfcritical_scst_step_ms",
+    "selfcritical_scst_step_ms_our_decoder",
     "speedup_scst",
+    "speedup_scst_same_decoder",
 )
 CAPTION_NUMBERS = (
     "caption_images_per_s",
@@ -494,3 +496,30 @@ def test_the_selfcritical_baseline_rewards_with_our_cider_d_and_learns():
     )
     assert math.isfinite(loss)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+    # Our decoder driven the framework's way: the same kind of step, our <end> id.
+    from captioning.models.captioner import build_decoder
+
+    decoder = build_decoder(LSTMDecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8), 40, 8, (2, 2))
+    sampler = baseline.DecoderSampler(decoder, Vocabulary.start_id, Vocabulary.end_id)
+    sampler.eval()  # as the framework's greedy baseline runs: no dropout
+    seq, log_probs = sampler.sample(grids, length=5, samples=3, greedy=True)
+    assert seq.shape == log_probs.shape == (6, 5)
+    assert torch.equal(seq[0], seq[1]) and torch.equal(seq[0], seq[2])  # greedy: one caption per image
+    before = [p.detach().clone() for p in decoder.parameters()]
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-2)
+    as_ours = {
+        image: [ref.replace(" 0", f" {Vocabulary.end_id}") for ref in refs] for image, refs in as_ids.items()
+    }
+    loss = baseline.self_critical_step(
+        sampler,
+        optimizer,
+        baseline.PythonCiderD(as_ours),
+        grids,
+        [as_ours[0], as_ours[1]],
+        3,
+        5,
+        Vocabulary.end_id,
+    )
+    assert math.isfinite(loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, decoder.parameters(), strict=True))
