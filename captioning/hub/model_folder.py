@@ -68,10 +68,11 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     checkpoints = sorted((folder / CHECKPOINTS).glob("*.pt")) if not (folder / CONFIG).exists() else []
     if checkpoints:
-        best = folder / CHECKPOINTS / "best.pt"
+        from captioning.hub.checkpoint import scored_checkpoint
+
         raise CheckpointError(
             f"{folder}: a run folder, not a model folder: give one of its checkpoints, e.g. "
-            f"{best if best in checkpoints else checkpoints[0]}"
+            f"{scored_checkpoint(folder)} (the one its test scores came from, as captioning.load picks)"
         )
     description = _read_json(folder, CONFIG)
     if not isinstance(description, dict) or description.get("format") != FORMAT:

@@ -58,3 +58,21 @@ def test_a_model_folder_keeps_its_stage_in_the_card_and_the_signature(tmp_path):
         assert reloaded.stage == stage
         _, _, reward = load_trained_captioner(folder, reloaded.device)
         assert (reward is not None) == (stage == "scst")  # the signature's scst: field comes from it
+
+
+def test_the_tools_given_a_run_folder_name_the_checkpoint_captioning_load_picks(tmp_path):
+    """``evaluate.py`` and ``visualize.py`` take a checkpoint; given a run folder they say which of its
+    checkpoints the run's test scores came from (here best_scst.pt, not best.pt)."""
+    from tool_runs import in_process
+
+    image = tmp_path / "images" / "a.png"
+    image.parent.mkdir()
+    shutil.copy(sorted((RUN.parent / "images").iterdir())[0], image)
+    for tool, arguments in (
+        ("visualize.py", ["--checkpoint", RUN, image]),
+        ("evaluate.py", ["--checkpoint", RUN, "--images", image.parent, "--results", tmp_path / "r.json"]),
+    ):
+        run = in_process(tool, *arguments)
+        assert run.returncode != 0
+        assert f"give one of its checkpoints, e.g. {RUN / 'checkpoints' / 'best_scst.pt'}" in run.stderr, tool
+        assert "test scores came from" in run.stderr
