@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +36,40 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 END = 0  # the framework's end and padding id
+
+
+def sample_words(
+    step: Callable[[Tensor, Any], tuple[Tensor, Any]],
+    state: Any,
+    rows: int,
+    length: int,
+    start: int,
+    end: int,
+    greedy: bool,
+    like: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """The framework's sampling loop: ``step(words, state) -> (log-probabilities, state)`` run
+    ``length`` times from ``start``, each row's word drawn with ``torch.multinomial`` (or the
+    argmax), rows that ended padded with ``end``; (rows, length) ids and the log-probabilities taken."""
+    word = torch.full((rows,), start, dtype=torch.long, device=like.device)
+    seq = torch.full((rows, length), end, dtype=torch.long, device=like.device)
+    log_probs_taken = like.new_zeros(rows, length)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=like.device)
+    for t in range(length):
+        log_probs, state = step(word, state)
+        if greedy:
+            word = log_probs.detach().argmax(1)
+        else:
+            word = torch.multinomial(log_probs.detach().exp(), 1).squeeze(1)
+        taken = log_probs.gather(1, word.unsqueeze(1)).squeeze(1)
+        if t > 0:
+            unfinished = unfinished & (seq[:, t - 1] != end)
+        word = torch.where(unfinished, word, torch.full_like(word, end))
+        seq[:, t] = word
+        log_probs_taken[:, t] = taken * unfinished
+        if not bool(unfinished.any()):
+            break
+    return seq, log_probs_taken
 
 
 class Att2inCore(nn.Module):
@@ -94,26 +129,12 @@ class Att2inModel(nn.Module):
             p_att = p_att.repeat_interleave(samples, dim=0)
         rows = att.size(0)
         state = (att.new_zeros(rows, self.core.hidden), att.new_zeros(rows, self.core.hidden))
-        word = torch.zeros(rows, dtype=torch.long, device=grids.device)  # the start token shares id 0
-        seq = torch.zeros(rows, length, dtype=torch.long, device=grids.device)
-        log_probs_taken = att.new_zeros(rows, length)
-        unfinished = torch.ones(rows, dtype=torch.bool, device=grids.device)
-        for t in range(length):
+
+        def step(word: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
             output, state = self.core(self.embed(word), att, p_att, state)
-            log_probs = F.log_softmax(self.logit(output), dim=1)
-            if greedy:
-                word = log_probs.detach().argmax(1)
-            else:
-                word = torch.multinomial(log_probs.detach().exp(), 1).squeeze(1)
-            taken = log_probs.gather(1, word.unsqueeze(1)).squeeze(1)
-            if t > 0:
-                unfinished = unfinished & (seq[:, t - 1] != END)
-            word = word * unfinished
-            seq[:, t] = word
-            log_probs_taken[:, t] = taken * unfinished
-            if not bool(unfinished.any()):
-                break
-        return seq, log_probs_taken
+            return F.log_softmax(self.logit(output), dim=1), state
+
+        return sample_words(step, state, rows, length, END, END, greedy, att)  # <start> shares id 0
 
 
 def array_to_str(row: Sequence[int], end: int = END) -> str:
@@ -201,25 +222,12 @@ class DecoderSampler:
         rows = torch.arange(grids.size(0), device=grids.device).repeat_interleave(samples)
         prepared = self.decoder.prepare(grids).select(rows)  # one copy of the projections per sample
         state = self.decoder.init_state(grids).select(rows)
-        word = torch.full((rows.numel(),), self.start, dtype=torch.long, device=grids.device)
-        seq = torch.full((rows.numel(), length), self.end, dtype=torch.long, device=grids.device)
-        log_probs_taken = grids.new_zeros(rows.numel(), length)
-        unfinished = torch.ones(rows.numel(), dtype=torch.bool, device=grids.device)
-        for t in range(length):
+
+        def step(word: Tensor, state: Any) -> tuple[Tensor, Any]:
             log_probs, state, *_ = self.decoder.step(prepared, word, state)
-            if greedy:
-                word = log_probs.detach().argmax(1)
-            else:
-                word = torch.multinomial(log_probs.detach().exp(), 1).squeeze(1)
-            taken = log_probs.gather(1, word.unsqueeze(1)).squeeze(1)
-            if t > 0:
-                unfinished = unfinished & (seq[:, t - 1] != self.end)
-            word = torch.where(unfinished, word, torch.full_like(word, self.end))
-            seq[:, t] = word
-            log_probs_taken[:, t] = taken * unfinished
-            if not bool(unfinished.any()):
-                break
-        return seq, log_probs_taken
+            return log_probs, state
+
+        return sample_words(step, state, rows.numel(), length, self.start, self.end, greedy, grids)
 
 
 def self_critical_step(
