@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from captioning.config import LSTMDecoderConfig
+from captioning.config import DecodeConfig, LSTMDecoderConfig
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.decoding import beam_search
 
@@ -30,15 +30,19 @@ def main() -> None:
     decoder = ShowAttendTellDecoder.from_config(config, 9490, 2048).eval()
     grids = torch.randn(16, 196, 2048)  # (B, P, C)
     for beam in (3, 5):
-        beam_search(decoder, grids[:2], beam_size=beam, max_length=50)  # warm-up
+        beam_search(
+            decoder, grids[:2], DecodeConfig(beam_size=beam, max_length=50, forbid_unk=False)
+        )  # warm-up
         batched, single = [], []
         for _ in range(3):
             start = time.perf_counter()
-            beam_search(decoder, grids, beam_size=beam, max_length=50)
+            beam_search(decoder, grids, DecodeConfig(beam_size=beam, max_length=50, forbid_unk=False))
             batched.append(time.perf_counter() - start)
             start = time.perf_counter()
             for i in range(len(grids)):
-                beam_search(decoder, grids[i : i + 1], beam_size=beam, max_length=50)
+                beam_search(
+                    decoder, grids[i : i + 1], DecodeConfig(beam_size=beam, max_length=50, forbid_unk=False)
+                )
             single.append(time.perf_counter() - start)
         b, s = statistics.median(batched), statistics.median(single)
         print(

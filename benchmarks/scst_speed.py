@@ -176,10 +176,9 @@ def measure(
             rollout(
                 model.decoder,
                 features,
-                sampler(),
-                max_length=sizes.words,
+                sampler(decode),
+                decode,
                 repeats=sizes.samples,
-                forbid_unk=decode.forbid_unk,
             )
 
     def greedy() -> None:  # the greedy baseline's rollout (eval mode, no graph)
@@ -189,8 +188,7 @@ def measure(
                 model.decoder,
                 features,
                 lambda lp: lp.argmax(1),
-                max_length=sizes.words,
-                forbid_unk=decode.forbid_unk,
+                decode,
             )
         model.decoder.train()
 

@@ -336,8 +336,13 @@ class DecodeConfig:
     min_length: int = 0  # <end> is forbidden before this many words
     length_alpha: float = 0.0  # GNMT length normalisation ((5 + len) / 6) ** alpha; 0 = none
     block_trigrams: bool = False  # forbid a trigram from appearing twice in one caption
-    temperature: float = 1.0  # sampling only
-    top_k: int = 0  # sampling only; 0 = the whole vocabulary
+    temperature: float = 1.0  # sampling and self-critical rollouts
+    top_k: int = 0  # sampling and self-critical rollouts: the k most likely words only; 0 = all
+    top_p: float = 1.0  # sampling and self-critical rollouts: the nucleus of this mass only; 1 = all
+    beam_groups: int = 1  # diverse beam search: groups of beam_size / beam_groups beams; 1 = plain
+    diversity: float = 0.0  # diverse beam search: cost of a word an earlier group chose at this step
+    repetition_penalty: float = 1.0  # CTRL: an already said word's log-prob x this (every strategy)
+    num_return: int = 1  # captions per image, ranked (beam: <= beam_size; sample: distinct draws)
     forbid_unk: bool = True  # never emit <unk> (validation, test, figures and self-critical rollouts)
     batch_size: int = 50  # images decoded at once
 
@@ -359,6 +364,26 @@ class DecodeConfig:
             f"decode.temperature must be in [0.001, 1000], got {self.temperature}",
         )
         _check(self.top_k >= 0, "decode.top_k must be >= 0")
+        _check(0 < self.top_p <= 1, f"decode.top_p must be in (0, 1], got {self.top_p}")
+        _check(
+            self.beam_groups >= 1 and self.beam_size % self.beam_groups == 0,
+            f"decode.beam_groups must be >= 1 and divide decode.beam_size ({self.beam_size}), "
+            f"got {self.beam_groups}",
+        )
+        _check(0 <= self.diversity <= 1e3, f"decode.diversity must be in [0, 1000], got {self.diversity}")
+        _check(
+            0.01 <= self.repetition_penalty <= 100,
+            f"decode.repetition_penalty must be in [0.01, 100], got {self.repetition_penalty}",
+        )
+        _check(self.num_return >= 1, f"decode.num_return must be >= 1, got {self.num_return}")
+        _check(
+            self.num_return == 1 or self.strategy != "greedy",
+            f"decode.num_return {self.num_return} needs decode.strategy beam or sample (greedy gives one)",
+        )
+        _check(
+            self.strategy != "beam" or self.num_return <= self.beam_size,
+            f"decode.num_return ({self.num_return}) must be at most decode.beam_size ({self.beam_size})",
+        )
         _check(self.batch_size >= 1, "decode.batch_size must be >= 1")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -134,11 +133,12 @@ def scst_loss(
     Loss = -sum(advantage * log p(sampled words)) / number of sampled tokens (over all processes,
     divided by ``world_size``, so that averaged gradients equal one process's).
 
-    Rollouts obey the constraints that validation decoding obeys (``decode_config.max_length``,
-    ``min_length``, ``forbid_unk``; ``<pad>`` and ``<start>`` are never emitted). They sample at
-    temperature 1 from the whole vocabulary, whatever ``temperature`` and ``top_k`` say, because
-    the policy gradient needs samples from the model's own distribution; the beam-only options
-    (``beam_size``, ``length_alpha``, ``block_trigrams``) do not apply to sampling.
+    Rollouts go through the path decoding takes (``rollout`` with ``choice_scores``): they obey
+    ``decode_config``'s constraints (``max_length``, ``min_length``, ``forbid_unk``,
+    ``block_trigrams``, ``repetition_penalty``; ``<pad>`` and ``<start>`` are never emitted), and
+    samples are drawn with its ``temperature``, ``top_k`` and ``top_p``; their defaults draw from
+    the model's own distribution, which the policy gradient assumes. The beam-only options
+    (``beam_size``, ``length_alpha``, ``beam_groups``, ``diversity``) do not apply to sampling.
 
     With hard attention the sampled locations are part of the policy: their log-probabilities
     join the words' (a row that drew the expected context contributes none), and the greedy
@@ -148,13 +148,7 @@ def scst_loss(
     annotations = annotations_of(model, batch)
     image_ids = batch["image_ids"].tolist()
     n = config.scst_samples
-    limited_rollout = functools.partial(
-        rollout,
-        max_length=decode_config.max_length,
-        min_length=decode_config.min_length,
-        forbid_unk=decode_config.forbid_unk,
-    )
-    sampled = limited_rollout(decoder, annotations, sampler(), repeats=n)
+    sampled = rollout(decoder, annotations, sampler(decode_config), decode_config, repeats=n)
     # One device-to-host copy per rollout, not one per caption.
     sample_words = [
         row[:length] for row, length in zip(sampled.tokens.tolist(), sampled.lengths.tolist(), strict=True)
@@ -163,7 +157,7 @@ def scst_loss(
     if config.scst_baseline == "greedy":
         decoder.eval()
         with torch.no_grad():
-            greedy = limited_rollout(decoder, annotations, lambda lp: lp.argmax(1))
+            greedy = rollout(decoder, annotations, lambda scores: scores.argmax(1), decode_config)
         decoder.train()
         greedy_words = [
             row[:length] for row, length in zip(greedy.tokens.tolist(), greedy.lengths.tolist(), strict=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from search_options import settings
 
 from captioning.config import LSTMDecoderConfig
 from captioning.models.attention import SCORERS, Prepared, ScaledDotAttention, build_attention
@@ -160,11 +161,11 @@ def test_prepare_runs_once_per_image_in_decoding(scoring, activation, strategy):
     hooked = projection_calls(decoder)
     annotations = torch.randn(3, P, C)
     if strategy == "greedy":
-        greedy_search(decoder, annotations, max_length=6)
+        greedy_search(decoder, annotations, settings(max_length=6))
     elif strategy == "beam":
-        beam_search(decoder, annotations, beam_size=4, max_length=6)
+        beam_search(decoder, annotations, settings(beam_size=4, max_length=6))
     else:
-        sample_captions(decoder, annotations, max_length=6)
+        sample_captions(decoder, annotations, settings(max_length=6))
     assert counter.batch_sizes == [3]  # before the beams are expanded, never once per step
     if scoring != "dot":
         assert hooked == [3]

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from search_options import settings
 
 from captioning.config import ConfigError, LSTMDecoderConfig
 from captioning.config.loading import from_dict
@@ -290,7 +291,7 @@ def test_hard_attention_draws_expected_or_sampled_anew_for_every_pass():
         decoder(annotations, captions, lengths, torch.arange(16).repeat_interleave(4))
         draws.append(decoder._use_expected.clone())
         for _ in range(3):
-            rollout(decoder, annotations, sampler(), max_length=3, repeats=4)  # 64 rows
+            rollout(decoder, annotations, sampler(), settings(max_length=3), repeats=4)  # 64 rows
             draws.append(decoder._use_expected.clone())
     assert all(d.shape == (64,) for d in draws)
     assert 0 < sum(int(d.sum()) for d in draws) < 4 * 64  # both kinds occur

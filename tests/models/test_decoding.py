@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
+from search_options import settings
 
 from captioning.config import DecodeConfig, LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
@@ -67,7 +69,10 @@ def varied_decoder(annotations: torch.Tensor, max_length: int, **options) -> Sho
     """
     for seed in range(50):
         decoder = make_decoder(seed=seed, **options)
-        if len({len(c.tokens) for c in greedy_search(decoder, annotations, max_length)}) >= 3:
+        if (
+            len({len(c.tokens) for c in greedy_search(decoder, annotations, settings(max_length=max_length))})
+            >= 3
+        ):
             return decoder
     raise AssertionError("no random decoder gives captions of varied lengths")
 
@@ -114,8 +119,8 @@ def trigrams(tokens: list[int]) -> list[tuple[int, ...]]:
 def test_beam_size_one_equals_greedy(scoring, gate, min_length):
     annotations = annotations_for(6)
     decoder = varied_decoder(annotations, 8, scoring=scoring, gate=gate)
-    greedy = greedy_search(decoder, annotations, max_length=8, min_length=min_length)
-    beam = beam_search(decoder, annotations, beam_size=1, max_length=8, min_length=min_length)
+    greedy = greedy_search(decoder, annotations, settings(max_length=8, min_length=min_length))
+    beam = beam_search(decoder, annotations, settings(beam_size=1, max_length=8, min_length=min_length))
     for g, b in zip(greedy, beam, strict=True):
         assert_same_caption(b, g)
 
@@ -170,7 +175,7 @@ def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias)
     for seed in range(20):
         decoder = make_decoder(seed=seed, vocab_size=vocab_size, end_bias=end_bias)
         best = [exhaustive_best(decoder, annotations[i : i + 1], **options) for i in range(4)]
-        small_beams = beam_search(decoder, annotations, beam_size=2, **options)
+        small_beams = beam_search(decoder, annotations, settings(beam_size=2, **options))
         unnormalised = [
             exhaustive_best(decoder, annotations[i : i + 1], max_length, min_length) for i in range(4)
         ]
@@ -183,7 +188,7 @@ def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias)
         raise AssertionError("every random decoder is solved by a beam of 2")
     # Every live hypothesis and every one of its continuations fits in the beam: 5**3 * 6 = 750.
     beam_size = (vocab_size - 1) ** max_length * vocab_size
-    beams = beam_search(decoder, annotations, beam_size=beam_size, **options)
+    beams = beam_search(decoder, annotations, settings(beam_size=beam_size, **options))
     for caption, (tokens, log_prob, finished) in zip(beams, best, strict=True):
         assert caption.tokens == tokens
         assert caption.finished == finished == (end_bias is None)
@@ -212,10 +217,10 @@ def test_batching_does_not_change_any_image(strategy, options, scoring, gate):
     annotations = annotations_for(5, seed=5)
     decoder = varied_decoder(annotations, 10, scoring=scoring, gate=gate)
     search = greedy_search if strategy == "greedy" else beam_search
-    batched = search(decoder, annotations, max_length=10, **options)
+    batched = search(decoder, annotations, settings(max_length=10, **options))
     assert len(batched) == 5
     for i in range(5):
-        (alone,) = search(decoder, annotations[i : i + 1], max_length=10, **options)
+        (alone,) = search(decoder, annotations[i : i + 1], settings(max_length=10, **options))
         assert_same_caption(batched[i], alone)
 
 
@@ -236,7 +241,7 @@ def test_batching_does_not_change_any_image(strategy, options, scoring, gate):
 def test_no_end_gives_best_unfinished_caption_of_max_length(search, options, end_bias):
     decoder = make_decoder(seed=6, end_bias=end_bias)
     annotations = annotations_for(3)
-    captions = search(decoder, annotations, max_length=5, **options)
+    captions = search(decoder, annotations, settings(max_length=5, **options))
     for i, caption in enumerate(captions):
         assert not caption.finished
         assert len(caption.tokens) == 5 and END not in caption.tokens
@@ -250,7 +255,9 @@ def test_beam_never_raises_when_trigram_blocking_leaves_no_word():
     # 4 specials + 1 word and no <end>: only 4 tokens can follow <end>-less, so at most 4**3 = 64
     # distinct trigrams exist and every hypothesis runs out of allowed words before 70 words.
     decoder = make_decoder(seed=7, vocab_size=5, end_bias=float("-inf"))
-    (caption,) = beam_search(decoder, annotations_for(1), beam_size=2, max_length=70, block_trigrams=True)
+    (caption,) = beam_search(
+        decoder, annotations_for(1), settings(beam_size=2, max_length=70, block_trigrams=True)
+    )
     assert not caption.finished
     assert len(caption.tokens) <= 70 and caption.attention.shape == (len(caption.tokens), P)
 
@@ -261,9 +268,9 @@ def test_min_length_is_respected(strategy):
     decoder = make_decoder(seed=8, end_bias=5.0)  # <end> is likely early
     annotations = annotations_for(6)
     run = {
-        "greedy": lambda **kw: greedy_search(decoder, annotations, max_length=8, **kw),
-        "beam": lambda **kw: beam_search(decoder, annotations, beam_size=3, max_length=8, **kw),
-        "sample": lambda **kw: sample_captions(decoder, annotations, max_length=8, **kw),
+        "greedy": lambda **kw: greedy_search(decoder, annotations, settings(max_length=8, **kw)),
+        "beam": lambda **kw: beam_search(decoder, annotations, settings(beam_size=3, max_length=8, **kw)),
+        "sample": lambda **kw: sample_captions(decoder, annotations, settings(max_length=8, **kw)),
     }[strategy]
     torch.manual_seed(0)
     free = run()
@@ -301,11 +308,13 @@ def bigram_decoder() -> ShowAttendTellDecoder:
 def test_block_trigrams(beam_size):
     decoder = bigram_decoder()
     annotations = annotations_for(3)
-    repeated = beam_search(decoder, annotations, beam_size=beam_size, max_length=10)
+    repeated = beam_search(decoder, annotations, settings(beam_size=beam_size, max_length=10))
     for caption in repeated:
         assert caption.tokens[:4] == [4, 5, 4, 5]  # the unconstrained search repeats "4 5 4"
         assert len(set(trigrams(caption.tokens))) < len(trigrams(caption.tokens))
-    blocked = beam_search(decoder, annotations, beam_size=beam_size, max_length=10, block_trigrams=True)
+    blocked = beam_search(
+        decoder, annotations, settings(beam_size=beam_size, max_length=10, block_trigrams=True)
+    )
     for i, caption in enumerate(blocked):
         assert len(caption.tokens) >= 4 and math.isfinite(caption.log_prob)
         assert len(set(trigrams(caption.tokens))) == len(trigrams(caption.tokens)), caption.tokens
@@ -317,10 +326,12 @@ def test_block_trigrams(beam_size):
 def all_strategies(decoder, annotations):
     torch.manual_seed(10)
     return {
-        "greedy": greedy_search(decoder, annotations, max_length=7),
-        "beam3": beam_search(decoder, annotations, beam_size=3, max_length=7),
-        "beam4-alpha": beam_search(decoder, annotations, beam_size=4, max_length=7, length_alpha=1.0),
-        "sample": sample_captions(decoder, annotations, max_length=7, temperature=1.5),
+        "greedy": greedy_search(decoder, annotations, settings(max_length=7)),
+        "beam3": beam_search(decoder, annotations, settings(beam_size=3, max_length=7)),
+        "beam4-alpha": beam_search(
+            decoder, annotations, settings(beam_size=4, max_length=7, length_alpha=1.0)
+        ),
+        "sample": sample_captions(decoder, annotations, settings(max_length=7, temperature=1.5)),
     }
 
 
@@ -366,7 +377,7 @@ def test_pad_and_start_are_never_emitted():
                 caption.tokens,
             )
     torch.manual_seed(0)
-    sampled = rollout(decoder, annotations, sampler(), max_length=7, repeats=3)
+    sampled = rollout(decoder, annotations, sampler(), settings(max_length=7), repeats=3)
     emitted = sampled.tokens[sampled.mask]
     assert emitted.numel() > 0 and not ((emitted == PAD) | (emitted == START)).any()
 
@@ -399,9 +410,11 @@ def test_caption_words():
 def test_sampling_with_top_1_equals_greedy():
     decoder = make_decoder(seed=13)
     annotations = annotations_for(5)
-    greedy = greedy_search(decoder, annotations, max_length=8, min_length=1)
+    greedy = greedy_search(decoder, annotations, settings(max_length=8, min_length=1))
     torch.manual_seed(0)
-    sampled = sample_captions(decoder, annotations, max_length=8, min_length=1, top_k=1, temperature=5.0)
+    sampled = sample_captions(
+        decoder, annotations, settings(max_length=8, min_length=1, top_k=1, temperature=5.0)
+    )
     for s, g in zip(sampled, greedy, strict=True):
         assert_same_caption(s, g)
 
@@ -412,7 +425,7 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_without():
     draws = []
     for seed in (0, 0, 1):
         torch.manual_seed(seed)
-        draws.append(sample_captions(decoder, annotations, max_length=8, temperature=2.0))
+        draws.append(sample_captions(decoder, annotations, settings(max_length=8, temperature=2.0)))
     for a, b in zip(draws[0], draws[1], strict=True):
         assert_same_caption(a, b, atol=0)
     assert [c.tokens for c in draws[0]] != [c.tokens for c in draws[2]]
@@ -423,7 +436,7 @@ def test_top_k_restricts_sampled_words():
     decoder = make_decoder(seed=15)
     annotations = annotations_for(4)
     torch.manual_seed(0)
-    captions = sample_captions(decoder, annotations, max_length=6, top_k=2, temperature=3.0)
+    captions = sample_captions(decoder, annotations, settings(max_length=6, top_k=2, temperature=3.0))
     for i, caption in enumerate(captions):
         prepared, state = decoder.prepare(annotations[i : i + 1]), decoder.init_state(annotations[i : i + 1])
         previous = START
@@ -437,9 +450,9 @@ def test_top_k_restricts_sampled_words():
 
 # ----------------------------------------------------------------------------- decode()
 @pytest.mark.parametrize(
-    "config, strategy, arguments",
+    "config, strategy",
     [
-        (DecodeConfig(strategy="greedy", max_length=6, min_length=1), "greedy_search", (6, 1, True)),
+        (DecodeConfig(strategy="greedy", max_length=6, min_length=1), "greedy_search"),
         (
             DecodeConfig(
                 strategy="beam",
@@ -450,31 +463,60 @@ def test_top_k_restricts_sampled_words():
                 forbid_unk=False,
             ),
             "beam_search",
-            (4, 6, 0, 0.5, True, False),
         ),
-        (
-            DecodeConfig(strategy="sample", max_length=6, temperature=1.5, top_k=3),
-            "sample_captions",
-            (6, 0, 1.5, 3, True),
-        ),
+        (DecodeConfig(strategy="sample", max_length=6, temperature=1.5, top_k=3), "sample_captions"),
     ],
     ids=["greedy", "beam", "sample"],
 )
-def test_decode_dispatches_to_the_strategy(config, strategy, arguments, monkeypatch):
+def test_decode_dispatches_to_the_strategy(config, strategy, monkeypatch):
     decoder = make_decoder(seed=16)
     annotations = annotations_for(3)
     torch.manual_seed(0)
     captions = decode(decoder, annotations, config)
     torch.manual_seed(0)
-    expected = getattr(decoding, strategy)(decoder, annotations, *arguments)
+    expected = getattr(decoding, strategy)(decoder, annotations, config)
     for actual, reference in zip(captions, expected, strict=True):
         assert_same_caption(actual, reference, atol=0)
-    # exactly the named strategy runs, with the configuration's options in order
+    # exactly the named strategy runs, given the whole configuration
     calls = []
-    for name in ("greedy_search", "beam_search", "sample_captions"):
-        monkeypatch.setattr(decoding, name, lambda *args, name=name: calls.append((name, args[2:])) or [])
+    for name in ("greedy", "beam", "sample"):
+        monkeypatch.setitem(
+            decoding.STRATEGIES, name, lambda *args, name=name: calls.append((name, args[2])) or []
+        )
     decode(decoder, annotations, config)
-    assert calls == [(strategy, arguments)]
+    assert calls == [(config.strategy, config)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithCap(DecodeConfig):
+    """A fork's new decoding option: one field (read by the choice below), no signature changed."""
+
+    word_cap: int = 0  # a word id the search may not choose
+
+
+def test_a_new_decoding_option_is_one_field_plus_its_use(monkeypatch):
+    decoder = make_decoder(seed=16)
+    annotations = annotations_for(3)
+    plain = _WithCap(strategy="beam", max_length=6, forbid_unk=False)
+    forbidden = decode(decoder, annotations, plain)[0].tokens[0]  # a word the model does say
+    original = decoding.choice_scores
+
+    def choice_scores(log_probs, history, step, config):
+        scores = original(log_probs, history, step, config)
+        if config.word_cap:
+            scores = scores.clone()
+            scores[:, config.word_cap] = float("-inf")
+        return scores
+
+    monkeypatch.setattr(decoding, "choice_scores", choice_scores)  # the option's use
+    for strategy in ("greedy", "beam", "sample"):
+        config = dataclasses.replace(plain, strategy=strategy, word_cap=forbidden)
+        torch.manual_seed(0)
+        captions = decode(decoder, annotations, config)  # the option reached the search unchanged
+        assert all(forbidden not in c.tokens for c in captions), strategy
+        torch.manual_seed(0)
+        free = decode(decoder, annotations, dataclasses.replace(config, word_cap=0))
+        assert any(forbidden in c.tokens for c in free), strategy
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])

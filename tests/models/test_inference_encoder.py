@@ -4,6 +4,7 @@ stay, equal to the encoder itself; with gradients or in training mode, the encod
 from __future__ import annotations
 
 import torch
+from search_options import settings
 
 from captioning.config import EncoderConfig, LSTMDecoderConfig, ModelConfig
 from captioning.data.feature_cache import cache_batch_size
@@ -68,8 +69,8 @@ def test_captions_from_the_copy_equal_those_from_the_encoder():
     model = _captioner()
     images = _images(5)
     with torch.inference_mode():
-        fast = beam_search(model.decoder, model.encode(images), beam_size=3, max_length=6)
-        plain = beam_search(model.decoder, model.encoder(images), beam_size=3, max_length=6)
+        fast = beam_search(model.decoder, model.encode(images), settings(beam_size=3, max_length=6))
+        plain = beam_search(model.decoder, model.encoder(images), settings(beam_size=3, max_length=6))
     assert [c.tokens for c in fast] == [c.tokens for c in plain]
     for a, b in zip(fast, plain, strict=True):
         torch.testing.assert_close(a.attention, b.attention, rtol=1e-3, atol=1e-4)

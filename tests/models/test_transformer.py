@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from search_options import settings
 from test_training import (  # noqa: F401
     as_flags,
     data_root,
@@ -124,15 +125,17 @@ def test_cached_steps_equal_recomputing_the_prefix_after_reordering():
 def test_beam_one_equals_greedy_and_batched_beam_equals_per_image():
     decoder = make_decoder(seed=3)
     annotations = torch.randn(5, 6, C)
-    greedy = greedy_search(decoder, annotations, max_length=8)
-    beam_one = beam_search(decoder, annotations, beam_size=1, max_length=8)
+    greedy = greedy_search(decoder, annotations, settings(max_length=8))
+    beam_one = beam_search(decoder, annotations, settings(beam_size=1, max_length=8))
     assert [c.tokens for c in greedy] == [c.tokens for c in beam_one]
     for ours, theirs in zip(greedy, beam_one, strict=True):
         assert math.isclose(ours.log_prob, theirs.log_prob, abs_tol=1e-5)
         torch.testing.assert_close(ours.attention, theirs.attention, rtol=0, atol=1e-6)
-    batched = beam_search(decoder, annotations, beam_size=3, max_length=8, length_alpha=0.7)
+    batched = beam_search(decoder, annotations, settings(beam_size=3, max_length=8, length_alpha=0.7))
     for i in range(annotations.size(0)):
-        single = beam_search(decoder, annotations[i : i + 1], beam_size=3, max_length=8, length_alpha=0.7)[0]
+        single = beam_search(
+            decoder, annotations[i : i + 1], settings(beam_size=3, max_length=8, length_alpha=0.7)
+        )[0]
         assert batched[i].tokens == single.tokens
         assert math.isclose(batched[i].score, single.score, abs_tol=1e-5)
         torch.testing.assert_close(batched[i].attention, single.attention, rtol=0, atol=1e-5)
@@ -145,9 +148,9 @@ def test_the_grid_is_encoded_once_per_image_for_all_its_beams_and_samples():
         lambda module, inputs, output: rows.append(inputs[0].size(0))
     )
     annotations = torch.randn(3, 6, C)
-    beam_search(decoder, annotations, beam_size=4, max_length=6)
+    beam_search(decoder, annotations, settings(beam_size=4, max_length=6))
     with torch.no_grad():
-        result = rollout(decoder, annotations, sampler(), max_length=6, repeats=5)
+        result = rollout(decoder, annotations, sampler(), settings(max_length=6), repeats=5)
     assert rows == [3, 3]
     assert result.tokens.size(0) == 15
 

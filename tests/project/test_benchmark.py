@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from search_options import settings
 from test_hostile import small_disk  # noqa: F401 - a fixture: a real 4 MiB tmpfs
 
 from captioning.config import LSTMDecoderConfig
@@ -390,7 +391,7 @@ def test_tutorial_beam_search_with_one_beam_is_our_greedy_caption():
         ours.out.bias[2] += 0.5
         tutorial.fc.bias[2] += 0.5
     images = torch.randn(6, 9, 6, generator=torch.Generator().manual_seed(5))
-    expected = greedy_search(ours, images, max_length=12)
+    expected = greedy_search(ours, images, settings(max_length=12))
     assert len({len(caption.tokens) for caption in expected}) >= 3
     for image, caption in zip(images, expected, strict=True):
         found, maps = baseline.tutorial_beam_search(tutorial, image, 1, start_id=1, end_id=2, max_steps=12)
@@ -442,8 +443,8 @@ def test_transformer_beam_search_without_caches_gives_the_cached_captions(beam_s
         decoder.out.bias[2] += 0.5
     recomputing = _load_baseline("recompute_baseline").RecomputingDecoder(decoder)
     grids = torch.randn(8, 6, 6, generator=torch.Generator().manual_seed(5))  # (B, P, C)
-    cached = beam_search(decoder, grids, beam_size, max_length=12)
-    recomputed = beam_search(recomputing, grids, beam_size, max_length=12)
+    cached = beam_search(decoder, grids, settings(beam_size=beam_size, max_length=12))
+    recomputed = beam_search(recomputing, grids, settings(beam_size=beam_size, max_length=12))
     # A case that can tell them apart: captions that differ, end at varied lengths or run to the limit.
     assert len({len(caption.tokens) for caption in cached}) >= 2
     assert len({tuple(caption.tokens) for caption in cached}) >= 3

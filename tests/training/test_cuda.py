@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from search_options import settings
 
 from captioning.config import LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
@@ -84,8 +85,10 @@ def test_gpu_beam_search_gives_the_cpu_captions(beam_size):
     decoder = _decoder(2).eval()
     annotations = _batch(torch.device("cpu"))[0]
     with torch.inference_mode():
-        on_cpu = beam_search(decoder, annotations, beam_size, 16)
-        on_gpu = beam_search(copy.deepcopy(decoder).cuda(), annotations.cuda(), beam_size, 16)
+        on_cpu = beam_search(decoder, annotations, settings(beam_size=beam_size, max_length=16))
+        on_gpu = beam_search(
+            copy.deepcopy(decoder).cuda(), annotations.cuda(), settings(beam_size=beam_size, max_length=16)
+        )
     assert [c.tokens for c in on_gpu] == [c.tokens for c in on_cpu]
     for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
         assert abs(gpu.log_prob - cpu.log_prob) <= 1e-4 * abs(cpu.log_prob) + 1e-5

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from search_options import settings
 from test_faults import assert_one_line_error
 from test_training import REPO, as_flags, read_steps, run_train, tiny_overrides, train_in_process
 
@@ -76,9 +77,9 @@ def test_bf16_beam_search_on_cpu_returns_valid_captions():
     ).eval()
     annotations = torch.rand(3, 9, channels)  # (B, P, C)
     with torch.inference_mode():
-        reference = beam_search(decoder, annotations, 3, 10)
+        reference = beam_search(decoder, annotations, settings(beam_size=3, max_length=10))
         with autocast(torch.device("cpu"), "bf16"):
-            captions = beam_search(decoder, annotations, 3, 10)
+            captions = beam_search(decoder, annotations, settings(beam_size=3, max_length=10))
     assert len(captions) == 3
     for caption, exact in zip(captions, reference, strict=True):
         assert 1 <= len(caption.tokens) <= 10

@@ -287,7 +287,9 @@ def test_self_critical_training_raises_the_reward():
     def greedy_reward() -> float:
         decoder.eval()
         with torch.no_grad():
-            result = rollout(decoder, annotations, lambda lp: lp.argmax(1), 6)
+            result = rollout(
+                decoder, annotations, lambda lp: lp.argmax(1), DecodeConfig(max_length=6, forbid_unk=False)
+            )
         decoder.train()
         rows = [row[:n].tolist() for row, n in zip(result.tokens, result.lengths, strict=True)]
         return float(rewarder([1, 2, 3], rows, result.finished.tolist()).mean())
