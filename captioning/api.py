@@ -62,6 +62,8 @@ class Caption:
         finished: whether ``<end>`` came within ``max_length`` words.
         attention_label: which map ``attention`` holds, in words (``layer 3 of 3, mean of 8 heads``);
             empty for a single map.
+        alternatives: with ``decode.num_return`` n > 1, the image's next n - 1 distinct captions,
+            ranked (this one is the first, the system's output); empty otherwise.
     """
 
     text: str
@@ -72,6 +74,12 @@ class Caption:
     score: float
     finished: bool
     attention_label: str = ""
+    alternatives: tuple[Caption, ...] = ()
+
+    @property
+    def ranked(self) -> list[Caption]:
+        """This caption and its ``alternatives``: the image's captions, best first."""
+        return [self, *self.alternatives]
 
     @classmethod
     def of(cls, item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
@@ -89,6 +97,7 @@ class Caption:
             float(decoded.score),
             bool(decoded.finished),
             attention_label,
+            tuple(cls.of(other, grid, attention_label) for other in item.alternatives),
         )
 
 
@@ -138,16 +147,11 @@ class CaptioningModel:
     def caption(
         self,
         images: Iterable[ImageInput],
+        decode: DecodeConfig | None = None,
         *,
-        strategy: str | None = None,
-        beam_size: int | None = None,
-        max_length: int | None = None,
-        min_length: int | None = None,
-        length_alpha: float | None = None,
-        block_trigrams: bool | None = None,
-        batch_size: int | None = None,
         layer: str | int | None = None,
         head: str | int | None = None,
+        **overrides: object,
     ) -> list[Caption]:
         """Caption images, decoded batch by batch; one ``Caption`` per image, in order.
 
@@ -159,18 +163,22 @@ class CaptioningModel:
         Args:
             images: a list or any iterable (read once, before any work) of paths, PIL images,
                 (C, H, W) tensors or (H, W, C) arrays (uint8, or floats in [0, 1]), of any size.
-            strategy, beam_size, max_length, min_length, length_alpha, block_trigrams, batch_size:
-                override the checkpoint's ``decode.*`` options for this call, as ``evaluate.py``'s
-                flags do (``beam_size`` matters when the strategy is ``beam``).
+            decode: the decoding options (``DecodeConfig``, or a subclass of it with options of
+                its own); by default the checkpoint's (``decode_config``).
+            overrides: any field of ``DecodeConfig`` by name (``strategy="beam"``, ``beam_size=5``,
+                ``top_p=0.9``, ``num_return=3``, ...), changing ``decode`` for this call, as
+                ``evaluate.py``'s flags and ``--set decode.*`` do; an unknown name is refused.
             layer, head: the attention map reported (Transformer): a decoder layer and head, 1-based,
                 or ``"mean"``; by default the mean of the heads of the last layer (as ``visualize.py``).
         Returns:
             ``Caption`` objects; captions equal ``evaluate.py --images`` on the same files and options.
+            With ``num_return`` n > 1 each holds its image's next n - 1 distinct captions, ranked,
+            in ``alternatives`` (``ranked`` lists all n).
         Raises:
             ImageError: an image cannot be read or has a wrong shape, type or range (naming ``images[k]``);
                 before any work, except a file found damaged only when its batch is decoded (truncated
                 after its header).
-            ConfigError: an invalid decoding option.
+            ConfigError: an invalid or unknown decoding option.
             ValueError: a layer or head the decoder does not have.
         """
         if isinstance(images, (str, Path, Image.Image, np.ndarray, torch.Tensor)):
@@ -178,16 +186,7 @@ class CaptioningModel:
                 f"caption() takes a list of images, got one {type(images).__name__}: "
                 "pass [image] for a single image"
             )
-        decode = decode_config_with(
-            self.config,
-            strategy=strategy,
-            beam_size=beam_size,
-            max_length=max_length,
-            min_length=min_length,
-            length_alpha=length_alpha,
-            block_trigrams=block_trigrams,
-            batch_size=batch_size,
-        )
+        decode = decode_config_with(decode or self.config.decode, **overrides)
         view = attention_view(layer, head)
         images = list(images)  # consumed once: an iterator is read here, before any work
         for k, image in enumerate(images):  # every input and file header, before any pixel is decoded

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from captioning.config import Config, DecodeConfig, reward_description
+from captioning.config import Config, ConfigError, DecodeConfig, reward_description
 from captioning.data import data_source, load_records
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import ImageRecord, records_of_split
@@ -38,12 +38,19 @@ from captioning.models.encoders import build_encoder
 @dataclass
 class Captioned:
     """One decoded image: its words, and ``text``, the caption as written (the words joined as the
-    configured tokenizer's language writes them: without spaces for ``jieba`` and ``mecab``)."""
+    configured tokenizer's language writes them: without spaces for ``jieba`` and ``mecab``);
+    with ``decode.num_return`` n > 1, ``alternatives`` holds its next n - 1 captions, ranked."""
 
     record: ImageRecord
     caption: Caption
     words: list[str] = field(default_factory=list)
     text: str = ""
+    alternatives: list[Captioned] = field(default_factory=list)
+
+    @property
+    def ranked(self) -> list[Captioned]:
+        """This caption and its ``alternatives``, best first."""
+        return [self, *self.alternatives]
 
     def __post_init__(self) -> None:
         if not self.text:
@@ -129,11 +136,12 @@ def caption_records(
         num_workers=usable_workers(config.data.num_workers),
     )
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
-    captioned = []
-    for i, _, caption in triples:
+    def captioned(record: ImageRecord, caption: Caption) -> Captioned:
         words = caption.words(model.vocab)
-        captioned.append(Captioned(records[i], caption, words, detokenize(words, config.data.tokenizer)))
-    return captioned
+        others = [captioned(record, other) for other in caption.alternatives]
+        return Captioned(record, caption, words, detokenize(words, config.data.tokenizer), others)
+
+    return [captioned(records[i], caption) for i, _, caption in triples]
 
 
 def split_records(config: Config, split: str, generate: bool = True) -> list[ImageRecord]:
@@ -143,10 +151,20 @@ def split_records(config: Config, split: str, generate: bool = True) -> list[Ima
     return records_of_split(records, split)
 
 
-def decode_config_with(config: Config, **changes) -> DecodeConfig:
-    """The checkpoint's decoding options with the non-None ``changes`` applied (validated)."""
-    from dataclasses import asdict
+def decode_config_with(config: Config | DecodeConfig, **changes) -> DecodeConfig:
+    """``config``'s decoding options (a whole configuration's ``decode`` section, or a
+    ``DecodeConfig``) with the non-None ``changes`` applied, validated as one ``DecodeConfig`` of
+    the same class (a subclass's own fields may be changed too).
 
-    values = asdict(config.decode)
-    values.update({k: v for k, v in changes.items() if v is not None})
-    return DecodeConfig(**values)
+    Raises:
+        ConfigError: a change that names no field of it (listing the fields), or an invalid value.
+    """
+    decode = config.decode if isinstance(config, Config) else config
+    names = [f.name for f in fields(decode)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"unknown decoding option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+            f"the options are {', '.join(names)}"
+        )
+    return replace(decode, **{k: v for k, v in changes.items() if v is not None})

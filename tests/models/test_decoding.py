@@ -286,11 +286,12 @@ def test_min_length_is_respected(strategy):
 
 
 # ----------------------------------------------------------------------------- trigram blocking
-def bigram_decoder() -> ShowAttendTellDecoder:
-    """A decoder whose next word depends only on the previous one and loves the cycle 4 5 4 5 ..."""
+def bigram_decoder(strength: float = 6.0) -> ShowAttendTellDecoder:
+    """A decoder whose next word depends only on the previous one and loves the cycle 4 5 4 5 ...
+    (its logits ``strength`` above the others' in the mean)."""
     decoder = make_decoder(seed=9, gate="none")
     table = torch.randn(V, V, generator=torch.Generator().manual_seed(9))  # table[previous, next]
-    table[START, 4] = table[4, 5] = table[5, 4] = 6.0
+    table[START, 4] = table[4, 5] = table[5, 4] = strength
     table[:, END] = -4.0
     with torch.no_grad():
         decoder.embedding.weight.zero_()
@@ -537,3 +538,287 @@ def test_decoding_does_not_track_gradients():
     decoder = make_decoder(seed=17)
     for captions in all_strategies(decoder, annotations_for(2)).values():
         assert all(not c.attention.requires_grad for c in captions)
+
+
+# ----------------------------------------------------------------------------- nucleus sampling
+def test_nucleus_keeps_exactly_the_smallest_set_reaching_top_p():
+    generator = torch.Generator().manual_seed(21)
+    logits = torch.randn(64, 12, generator=generator) * 2.0
+    logits[0, 3] = float("-inf")  # a word already forbidden stays forbidden
+    for top_p in (0.05, 0.3, 0.5, 0.9, 0.999):
+        kept = torch.isfinite(decoding.nucleus(logits, top_p))
+        for row in range(logits.size(0)):
+            probs = torch.softmax(logits[row], dim=0).tolist()
+            order = sorted(range(len(probs)), key=lambda w: -probs[w])  # an explicit sort
+            expected, mass = set(), 0.0
+            for word in order:
+                expected.add(word)
+                mass += probs[word]
+                if mass >= top_p:
+                    break
+            assert set(kept[row].nonzero().squeeze(1).tolist()) == expected, (top_p, row)
+    torch.testing.assert_close(decoding.nucleus(logits, 1.0), logits)
+
+
+@torch.no_grad()
+def test_top_p_combines_with_top_k_and_temperature_when_sampling():
+    decoder = make_decoder(seed=15)
+    annotations = annotations_for(4)
+    config = settings(max_length=6, top_k=4, top_p=0.6, temperature=1.5)
+    torch.manual_seed(0)
+    captions = sample_captions(decoder, annotations, config)
+    for i, caption in enumerate(captions):
+        prepared, state = decoder.prepare(annotations[i : i + 1]), decoder.init_state(annotations[i : i + 1])
+        previous = START
+        for word in caption.tokens + ([END] if caption.finished else []):
+            out = decoder.step(prepared, torch.tensor([previous]), state)
+            scores = out.log_probs[0].clone()
+            scores[[PAD, START]] = float("-inf")
+            logits = scores / 1.5
+            kth = logits.topk(4).values[-1]
+            logits[logits < kth] = float("-inf")
+            probs = torch.softmax(logits, dim=0).tolist()
+            nucleus, mass = [], 0.0
+            for w in sorted(range(V), key=lambda w: -probs[w]):
+                nucleus.append(w)
+                mass += probs[w]
+                if mass >= 0.6:
+                    break
+            assert word in nucleus and len(nucleus) <= 4
+            state, previous = out.state, word
+    # a tiny nucleus is the most likely word: greedy
+    torch.manual_seed(0)
+    tiny = sample_captions(decoder, annotations, settings(max_length=6, top_p=1e-6, temperature=3.0))
+    for s, g in zip(tiny, greedy_search(decoder, annotations, settings(max_length=6)), strict=True):
+        assert_same_caption(s, g)
+
+
+def test_self_critical_rollouts_sample_from_the_nucleus():
+    decoder = make_decoder(seed=19)
+    annotations = annotations_for(3)
+    torch.manual_seed(0)
+    sampled = rollout(decoder, annotations, sampler(settings(top_p=1e-6)), settings(max_length=6), repeats=4)
+    greedy = greedy_search(decoder, annotations, settings(max_length=6))
+    for row in range(12):
+        length = int(sampled.lengths[row])
+        assert sampled.tokens[row, :length].tolist() == greedy[row // 4].tokens
+    torch.manual_seed(0)
+    free = rollout(decoder, annotations, sampler(settings()), settings(max_length=6), repeats=4)
+    assert not torch.equal(free.tokens, sampled.tokens)  # the whole distribution samples other words
+
+
+# ----------------------------------------------------------------------------- repetition penalty
+def test_repetition_penalty_is_the_ctrl_form():
+    scores = torch.tensor([[2.0, -1.0, 0.5, -3.0, 4.0], [1.0, 1.0, -2.0, -2.0, 0.0]])
+    history = torch.tensor([[0, 1, 1], [3, 4, 3]])
+    penalised = decoding.penalize_repetitions(scores, history, 2.0)
+    expected = torch.tensor([[1.0, -2.0, 0.5, -3.0, 4.0], [1.0, 1.0, -2.0, -4.0, 0.0]])
+    torch.testing.assert_close(penalised, expected)
+    assert decoding.penalize_repetitions(scores, history, 1.0) is scores
+
+
+@torch.no_grad()
+def greedy_with_penalty(decoder, annotations, penalty: float, max_length: int) -> tuple[list[int], float]:
+    """Greedy decoding of one image with the CTRL penalty applied by hand."""
+    prepared, state = decoder.prepare(annotations), decoder.init_state(annotations)
+    previous, tokens, log_prob = START, [], 0.0
+    for _ in range(max_length + 1):
+        out = decoder.step(prepared, torch.tensor([previous]), state)
+        scores = out.log_probs[0].clone()
+        scores[[PAD, START]] = float("-inf")
+        for word in set(tokens):
+            scores[word] = scores[word] / penalty if scores[word] > 0 else scores[word] * penalty
+        word = int(scores.argmax())
+        if len(tokens) == max_length and word != END:
+            return tokens, log_prob
+        log_prob += float(out.log_probs[0, word])
+        if word == END:
+            return tokens, log_prob
+        tokens.append(word)
+        state, previous = out.state, word
+    return tokens, log_prob
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_repetition_penalty_applies_in_every_strategy(strategy):
+    decoder = bigram_decoder(strength=2.5)  # repeats 4 5 4 5 ... unconstrained
+    annotations = annotations_for(3)
+    plain = settings(strategy=strategy, beam_size=3, max_length=10)
+    torch.manual_seed(0)
+    free = decode(decoder, annotations, plain)
+    torch.manual_seed(0)
+    penalised = decode(decoder, annotations, dataclasses.replace(plain, repetition_penalty=3.0))
+    repeats = [len(c.tokens) - len(set(c.tokens)) for c in free]
+    fewer = [len(c.tokens) - len(set(c.tokens)) for c in penalised]
+    assert sum(fewer) < sum(repeats), (fewer, repeats)
+    for i, caption in enumerate(penalised):  # the reported log-probability stays the model's
+        log_prob, _, _ = replay(decoder, annotations[i : i + 1], caption.tokens, caption.finished)
+        assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
+    if strategy == "greedy":
+        for i, caption in enumerate(penalised):
+            tokens, log_prob = greedy_with_penalty(decoder, annotations[i : i + 1], 3.0, 10)
+            assert caption.tokens == tokens
+            assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- diverse beam search
+@torch.no_grad()
+def diverse_beam_reference(decoder, annotations, beam_size, groups, diversity, max_length, length_alpha):
+    """Diverse beam search for one image (1, P, C), written plainly: every group's beams one by one.
+
+    Returns every hypothesis kept (finished ones first, then by score) as (tokens, score, log_prob).
+    """
+    width = beam_size // groups
+    prepared, start_state = decoder.prepare(annotations), decoder.init_state(annotations)
+    live = [[([], 0.0, 0.0, start_state)] for _ in range(groups)]  # (tokens, score, log_prob, state)
+    finished: list[list[tuple]] = [[] for _ in range(groups)]
+    done = [False] * groups
+    for t in range(max_length + 1):
+        used = [0] * V  # the words the earlier groups' live beams took at this step
+        next_live = []
+        for g in range(groups):
+            if done[g]:
+                next_live.append([])
+                continue
+            candidates = []
+            for tokens, score, log_prob, state in live[g]:
+                out = decoder.step(prepared, torch.tensor([tokens[-1] if tokens else START]), state)
+                scores = out.log_probs[0].clone()
+                scores[[PAD, START]] = float("-inf")
+                for word in range(V):
+                    if math.isfinite(scores[word]):
+                        cost = float(scores[word]) - (diversity * used[word] if g else 0.0)
+                        model = log_prob + float(out.log_probs[0, word])
+                        candidates.append((score + cost, tokens, word, model, out.state))
+            candidates.sort(key=lambda c: -c[0])
+            best = candidates[: 2 * width]
+            for score, tokens, word, model, _ in best[:width]:
+                if word == END:
+                    penalty = ((5 + len(tokens) + 1) / 6) ** length_alpha
+                    finished[g].append((tokens, score / penalty, model, True))
+            kept = [c for c in best if c[2] != END][:width]
+            next_live.append(
+                [(tokens + [word], score, model, state) for score, tokens, word, model, state in kept]
+            )
+            for c in kept:
+                used[c[2]] += 1
+        if t == max_length:
+            break
+        live = next_live
+        done = [len(pool) >= width for pool in finished]
+        if all(done):
+            break
+    pool = [h for group in finished for h in group]
+    for g in range(groups):
+        if not done[g]:
+            for tokens, score, log_prob, _ in live[g]:
+                pool.append((tokens, score / ((5 + len(tokens)) / 6) ** length_alpha, log_prob, False))
+    pool.sort(key=lambda h: (h[3], h[1]), reverse=True)
+    ranked = []
+    for h in pool:
+        if all(h[0] != other[0] for other in ranked):
+            ranked.append(h)
+    return ranked
+
+
+@pytest.mark.parametrize(
+    "beam_size, groups, diversity, length_alpha",
+    [(2, 1, 0.0, 0.0), (4, 2, 0.8, 0.0), (6, 3, 0.5, 1.0), (6, 2, 3.0, 0.0)],
+    ids=["one-group", "2x2", "3x2-alpha", "2x3-strong"],
+)
+def test_diverse_beam_search_equals_a_plain_reference(beam_size, groups, diversity, length_alpha):
+    annotations = annotations_for(4, seed=22)
+    decoder = varied_decoder(annotations, 6)
+    config = settings(
+        beam_size=beam_size,
+        beam_groups=groups,
+        diversity=diversity,
+        max_length=6,
+        length_alpha=length_alpha,
+        num_return=beam_size,
+    )
+    captions = beam_search(decoder, annotations, config)
+    plain = beam_search(decoder, annotations, dataclasses.replace(config, diversity=0.0))
+    differs = False
+    for i, caption in enumerate(captions):
+        reference = diverse_beam_reference(
+            decoder, annotations[i : i + 1], beam_size, groups, diversity, 6, length_alpha
+        )
+        ranked = [caption, *caption.alternatives]
+        assert [c.tokens for c in ranked] == [h[0] for h in reference[:beam_size]]
+        for c, (_, score, log_prob, done) in zip(ranked, reference, strict=False):
+            assert c.score == pytest.approx(score, abs=1e-4)
+            assert c.log_prob == pytest.approx(log_prob, abs=1e-4)
+            assert c.finished == done
+        differs |= [c.tokens for c in ranked] != [c.tokens for c in [plain[i], *plain[i].alternatives]]
+    assert differs == (groups > 1)  # the penalty changes some image's captions
+
+
+def test_one_group_is_beam_search_whatever_the_diversity():
+    annotations = annotations_for(5, seed=5)
+    decoder = varied_decoder(annotations, 10)
+    plain = beam_search(decoder, annotations, settings(beam_size=4, max_length=10, length_alpha=0.5))
+    grouped = beam_search(
+        decoder, annotations, settings(beam_size=4, max_length=10, length_alpha=0.5, diversity=7.0)
+    )
+    for a, b in zip(grouped, plain, strict=True):
+        assert_same_caption(a, b, atol=0)
+
+
+# ----------------------------------------------------------------------------- several captions
+def test_num_return_gives_distinct_ranked_captions_led_by_the_best():
+    annotations = annotations_for(4)
+    decoder = varied_decoder(annotations, 8)
+    best = beam_search(decoder, annotations, settings(beam_size=5, max_length=8))
+    several = beam_search(decoder, annotations, settings(beam_size=5, max_length=8, num_return=3))
+    for i, (one, caption) in enumerate(zip(best, several, strict=True)):
+        assert_same_caption(caption, one, atol=0)  # the first is the system's output as before
+        ranked = [caption, *caption.alternatives]
+        assert len(ranked) == 3 and len({tuple(c.tokens) for c in ranked}) == 3
+        keys = [(c.finished, c.score) for c in ranked]
+        assert keys == sorted(keys, reverse=True)
+        for c in ranked:
+            log_prob, alphas, _ = replay(decoder, annotations[i : i + 1], c.tokens, c.finished)
+            assert c.log_prob == pytest.approx(log_prob, abs=1e-4)
+            torch.testing.assert_close(c.attention, alphas, rtol=0, atol=1e-5)
+    assert best[0].alternatives == []
+
+
+def test_num_return_samples_distinct_captions_ranked_by_log_prob():
+    decoder = make_decoder(seed=14)
+    annotations = annotations_for(3)
+    torch.manual_seed(0)
+    captions = sample_captions(
+        decoder, annotations, settings(strategy="sample", max_length=8, num_return=4, temperature=2.0)
+    )
+    for i, caption in enumerate(captions):
+        ranked = [caption, *caption.alternatives]
+        assert len(ranked) == 4 and len({tuple(c.tokens) for c in ranked}) == 4
+        keys = [(c.finished, c.log_prob) for c in ranked]
+        assert keys == sorted(keys, reverse=True)
+        for c in ranked:
+            log_prob, _, _ = replay(decoder, annotations[i : i + 1], c.tokens, c.finished)
+            assert c.log_prob == pytest.approx(log_prob, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "strategy, options",
+    [
+        ("greedy", {"repetition_penalty": 1.8}),
+        ("beam", {"beam_size": 4, "repetition_penalty": 1.5, "num_return": 3}),
+        ("beam", {"beam_size": 6, "beam_groups": 3, "diversity": 0.7, "num_return": 6}),
+        ("beam", {"beam_size": 4, "beam_groups": 2, "diversity": 1.5, "block_trigrams": True}),
+        ("sample", {"top_p": 1e-6, "repetition_penalty": 0.5}),
+    ],
+    ids=["greedy-penalty", "beam-penalty-n3", "diverse-n6", "diverse-trigrams", "nucleus-penalty"],
+)
+def test_batching_does_not_change_any_image_with_the_new_options(strategy, options):
+    annotations = annotations_for(5, seed=5)
+    decoder = varied_decoder(annotations, 10)
+    config = settings(strategy=strategy, max_length=10, **options)
+    batched = decode(decoder, annotations, config)
+    for i in range(5):
+        (alone,) = decode(decoder, annotations[i : i + 1], config)
+        assert len(alone.alternatives) == len(batched[i].alternatives)
+        for a, b in zip([batched[i], *batched[i].alternatives], [alone, *alone.alternatives], strict=True):
+            assert_same_caption(a, b)
