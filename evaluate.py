@@ -101,6 +101,33 @@ def get_args_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--length-alpha", type=float, help="GNMT length normalisation exponent")
     decoding.add_argument("--block-trigrams", action="store_true", default=None)
     decoding.add_argument(
+        "--repetition-penalty",
+        type=float,
+        help="CTRL repetition penalty, every strategy: a word already said has its log-probability "
+        "multiplied by this (1.2 is common; 1 = off)",
+    )
+    decoding.add_argument("--temperature", type=float, help="sampling: divide the log-probabilities by this")
+    decoding.add_argument("--top-k", type=int, help="sampling: the k most likely words only (0 = all)")
+    decoding.add_argument(
+        "--top-p",
+        type=float,
+        help="sampling: nucleus sampling, the most likely words up to this mass (1 = all)",
+    )
+    decoding.add_argument(
+        "--beam-groups",
+        type=int,
+        help="diverse beam search: split the beams into this many groups (a divisor of the beam size)",
+    )
+    decoding.add_argument(
+        "--diversity", type=float, help="diverse beam search: the cost of a word an earlier group chose"
+    )
+    decoding.add_argument(
+        "--num-return",
+        type=int,
+        help="captions per image, ranked (beam: at most the beam size; sample: distinct draws); the "
+        "first is scored, all go to <prefix>_ranked.json with the oracle and diversity measures",
+    )
+    decoding.add_argument(
         "--set",
         dest="overrides",
         action="append",

@@ -20,13 +20,16 @@ from captioning.config.loading import (
 from captioning.data.folder import read_folder
 from captioning.data.readers import DATASETS, reader_of
 from captioning.data.tokenizers import TOKENIZERS
+from captioning.evaluation.caption_sets import caption_set_lines
 from captioning.evaluation.runner import (
+    caption_set_scores,
     default_instances,
     load_boxes,
     per_image_path,
     score_captioned,
     score_results_file,
     summary_lines,
+    write_ranked_results,
     write_results,
     write_scores,
 )
@@ -58,6 +61,14 @@ def _print_summary(files: dict[str, Path | None], notes: dict[Path, str]) -> Non
 def _notes(*paths: Path | None) -> dict[Path, str]:
     """What each write is about to do to what stands at its path (``output_note``), for the summary."""
     return {path: output_note(path) for path in paths if path is not None}
+
+
+def _beside(results: Path, suffix: str) -> Path | None:
+    """``x_results.json`` -> ``x<suffix>``, a file written beside the results file; None beside a
+    device or a FIFO (/dev/null, a pipe)."""
+    if writes_in_place(results):
+        return None
+    return results.with_name(results.stem.removesuffix("_results") + suffix)
 
 
 def _outputs(*named: tuple[str, Path | None]) -> list[tuple[str, Path]]:
@@ -232,6 +243,13 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         "max_length": args.max_length,
         "length_alpha": args.length_alpha,
         "block_trigrams": args.block_trigrams,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "beam_groups": args.beam_groups,
+        "diversity": args.diversity,
+        "repetition_penalty": args.repetition_penalty,
+        "num_return": args.num_return,
     }
     overrides = parse_overrides(args.overrides)
     # Cheap checks first, so that a typo fails in a moment rather than after loading the model.
@@ -249,12 +267,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     prefix = evaluation_prefix(args.checkpoint, "images" if records is not None else args.split)
     results = args.results or run_dir / f"{prefix}_results.json"
     if records is not None:
-        # Beside the results file; none beside a device or a FIFO (/dev/null, a pipe).
-        index = (
-            None
-            if writes_in_place(results)
-            else results.with_name(results.stem.removesuffix("_results") + "_files.json")
-        )
+        index = _beside(results, "_files.json")
         outputs = _outputs(("--results", results), ("--results (image id -> file)", index))
     else:
         scores_target = _scores_paths(args.out, results)
@@ -263,15 +276,13 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             ("--out", scores_target),
             ("--out (per-image scores)", per_image_path(scores_target)),
         )
-    check_outputs(
-        outputs,
-        [
-            ("--checkpoint", args.checkpoint),
-            ("--config", args.config),
-            *(("--instances", path) for path in args.instances or ()),
-            *(("--images", record.path) for record in records or ()),
-        ],
-    )
+    inputs = [
+        ("--checkpoint", args.checkpoint),
+        ("--config", args.config),
+        *(("--instances", path) for path in args.instances or ()),
+        *(("--images", record.path) for record in records or ()),
+    ]
+    check_outputs(outputs, inputs)
     output_paths = [path for _, path in outputs]
     device = resolve_device(args.device)
     clip_scorer = None
@@ -289,6 +300,13 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
     decode_config = decode_config_with(config, **decoding)
+    # Every caption of every image, ranked, beside the results file when several are asked for
+    # (by a flag, --set or the checkpoint's own decode.num_return).
+    ranked = _beside(results, "_ranked.json") if decode_config.num_return > 1 else None
+    if ranked is not None:
+        outputs.append(("--results (every caption, ranked)", ranked))
+        check_outputs(outputs, inputs)
+        output_paths.append(ranked)
     progress = not args.no_progress
     generate, build_cache = _user_chose_paths(args, overrides, config)
 
@@ -297,6 +315,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         _report_skipped(records, captioned)
         notes = _notes(*output_paths)
         write_results(results, captioned, config.data.tokenizer)
+        if ranked is not None:
+            write_ranked_results(ranked, captioned, config.data.tokenizer)
         paths = {str(item.record.image_id): str(item.record.path) for item in captioned}
         if index is not None:
             atomic_write(
@@ -304,7 +324,12 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             )
         for item in captioned[:10]:
             print(printable(f"{item.record.path.name}: {item.text}"))  # a vocabulary's words are data
-        _print_summary({"captions": results, "image id -> file": index}, notes)
+            for rank, other in enumerate(item.alternatives, 2):
+                print(printable(f"  {rank}. {other.text}"))
+        if decode_config.num_return > 1:
+            measures = caption_set_scores(captioned, config.data.tokenizer, with_references=False)
+            print("\n".join(caption_set_lines(measures)))
+        _print_summary({"captions": results, "image id -> file": index, "ranked captions": ranked}, notes)
         return None
 
     records = split_records(config, args.split, generate=generate)
@@ -334,6 +359,20 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     )
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))
+    if decode_config.num_return > 1:  # the first caption was scored above; these measure all n
+        if ranked is not None:
+            write_ranked_results(ranked, captioned, config.data.tokenizer)
+        scores["caption sets"] = caption_set_scores(captioned, config.data.tokenizer)
+        print(f"the {decode_config.num_return} captions of each image:")
+        print("\n".join(caption_set_lines(scores["caption sets"])))
     scores_path, per_image = write_scores(scores_target, scores)
-    _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image}, notes)
+    _print_summary(
+        {
+            "captions": results,
+            "scores": scores_path,
+            "per-image scores": per_image,
+            "ranked captions": ranked,
+        },
+        notes,
+    )
     return scores

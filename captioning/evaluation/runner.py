@@ -12,6 +12,7 @@ from captioning.data.readers import reader_of
 from captioning.data.records import DatasetError
 from captioning.data.tokenizers import detokenize
 from captioning.evaluation.attributes import add_attributes, attribute_line
+from captioning.evaluation.caption_sets import caption_set_measures
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
     Instances,
@@ -40,6 +41,38 @@ def write_results(path: str | Path, captioned: list[Captioned], tokenizer: str =
     text = json.dumps(results, indent=1, ensure_ascii=False)
     atomic_write(path, lambda p: p.write_text(text, encoding="utf-8", errors="replace"))
     return Path(path)
+
+
+def write_ranked_results(path: str | Path, captioned: list[Captioned], tokenizer: str = "ptb") -> Path:
+    """Every caption of every image (``decode.num_return`` of them, ranked), one row each:
+    ``[{"image_id", "rank" (1 = the system's output), "caption", "log_prob", "score"}]``, written
+    atomically."""
+    rows = [
+        {
+            "image_id": item.record.image_id,
+            "rank": rank,
+            "caption": detokenize(ranked.words, tokenizer),
+            "log_prob": round(float(ranked.caption.log_prob), 6),
+            "score": round(float(ranked.caption.score), 6),
+        }
+        for item in captioned
+        for rank, ranked in enumerate(item.ranked, 1)
+    ]
+    text = json.dumps(rows, indent=1, ensure_ascii=False)
+    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8", errors="replace"))
+    return Path(path)
+
+
+def caption_set_scores(
+    captioned: list[Captioned], tokenizer: str = "ptb", with_references: bool = True
+) -> dict[str, float | None]:
+    """:func:`captioning.evaluation.caption_sets.caption_set_measures` of the ranked captions of
+    ``captioned`` (the oracle against each record's references when ``with_references``)."""
+    sets = {item.record.image_id: [detokenize(r.words, tokenizer) for r in item.ranked] for item in captioned}
+    references = (
+        {item.record.image_id: list(item.record.raw) for item in captioned} if with_references else None
+    )
+    return caption_set_measures(sets, references, tokenizer)
 
 
 def default_instances(config: Config) -> tuple[Path, ...]:

@@ -136,6 +136,7 @@ def caption_records(
         num_workers=usable_workers(config.data.num_workers),
     )
     triples = generate_captions(model, loader, decode_config, device, progress=progress)
+
     def captioned(record: ImageRecord, caption: Caption) -> Captioned:
         words = caption.words(model.vocab)
         others = [captioned(record, other) for other in caption.alternatives]

@@ -8,13 +8,14 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_models import photo, tiny_checkpoint, trained_checkpoint
+from tiny_models import pattern, photo, tiny_checkpoint, trained_checkpoint
 from tool_runs import ONE_THREAD, REPO, in_process
 
 import captioning
@@ -129,6 +130,76 @@ def test_decoding_options_hold_for_one_call(trained):
     assert all(len(c.words) >= 7 for c in model.caption(images[:2], min_length=7))
     with pytest.raises(ConfigError, match="beam_size"):
         model.caption(images[:1], beam_size=0)
+
+
+def test_several_ranked_captions_through_the_api_and_evaluate_images(untrained, tmp_path):
+    checkpoint = untrained["lstm"]
+    folder = tmp_path / "images"
+    paths = [photo(folder / "cat.jpg"), pattern(folder / "noise.png", seed=3)]
+    model = captioning.load(checkpoint, device="cpu")
+    best = model.caption(paths, beam_size=4, max_length=6)
+    several = model.caption(paths, beam_size=4, max_length=6, num_return=3)
+    for one, caption in zip(best, several, strict=True):
+        assert caption.text == one.text and caption.log_prob == pytest.approx(one.log_prob, abs=1e-6)
+        ranked = caption.ranked
+        assert len(ranked) == 3 and len({c.text for c in ranked}) == 3
+        keys = [(c.finished, c.score) for c in ranked]
+        assert keys == sorted(keys, reverse=True)
+        for other in ranked:
+            assert other.attention.shape == (len(other.words), *model.grid)
+            np.testing.assert_allclose(other.attention.sum(axis=(1, 2)), 1.0, atol=1e-5)
+    assert best[0].alternatives == ()
+
+    results = tmp_path / "out" / "folder_results.json"
+    run = in_process(
+        "evaluate.py",
+        "--checkpoint",
+        checkpoint,
+        "--images",
+        folder,
+        "--results",
+        results,
+        "--beam-size",
+        "4",
+        "--max-length",
+        "6",
+        "--num-return",
+        "3",
+        "--no-progress",
+    )
+    assert run.returncode == 0, run.stderr
+    files = json.loads((tmp_path / "out" / "folder_files.json").read_text())
+    by_name = {
+        Path(files[str(row["image_id"])]).name: row["caption"] for row in json.loads(results.read_text())
+    }
+    assert by_name == {path.name: caption.text for path, caption in zip(paths, several, strict=True)}
+    rows = json.loads((tmp_path / "out" / "folder_ranked.json").read_text())
+    assert len(rows) == 6
+    for path, caption in zip(paths, several, strict=True):
+        mine = sorted(
+            (row for row in rows if Path(files[str(row["image_id"])]).name == path.name),
+            key=lambda r: r["rank"],
+        )
+        assert [row["rank"] for row in mine] == [1, 2, 3]
+        assert [row["caption"] for row in mine] == [c.text for c in caption.ranked]
+        assert [row["log_prob"] for row in mine] == pytest.approx(
+            [c.log_prob for c in caption.ranked], abs=1e-5
+        )
+    assert "mBLEU-4" in run.stdout and "distinct-2" in run.stdout and "ranked captions" in run.stdout
+
+
+def test_decoding_options_are_one_object_and_unknown_names_are_refused(untrained, tmp_path):
+    model = captioning.load(untrained["lstm"], device="cpu")
+    image = [photo(tmp_path / "cat.jpg")]
+    options = replace(model.decode_config, strategy="greedy", min_length=0, max_length=2)
+    assert [c.text for c in model.caption(image, options)] == [
+        c.text for c in model.caption(image, strategy="greedy", min_length=0, max_length=2)
+    ]
+    assert len(model.caption(image, options, max_length=1)[0].words) <= 1  # an override of the object
+    with pytest.raises(ConfigError, match="beam_width"):
+        model.caption(image, beam_width=3)
+    with pytest.raises(ConfigError, match="num_return"):
+        model.caption(image, strategy="greedy", num_return=2)
 
 
 @pytest.mark.slow
