@@ -1,0 +1,71 @@
+"""Oracle and diversity measures of several captions per image, against independent computations."""
+
+from __future__ import annotations
+
+import pytest
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+
+from captioning.evaluation.caption_sets import caption_set_measures, distinct_ngrams, mutual_bleu
+from captioning.evaluation.coco_files import EvaluationInputError
+
+REFERENCES = {
+    1: ["a red circle above a blue square", "a red circle over a square", "the circle is red"],
+    2: ["two green triangles", "a pair of green triangles side by side", "green triangles"],
+    3: ["a small yellow star", "a yellow star on black", "one star in yellow"],
+}
+SETS = {
+    1: ["a red circle over a blue square", "a red square", "a blue circle above a red square"],
+    2: ["two green triangles", "two green triangles side by side", "a green triangle"],
+    3: ["a yellow star", "a star", "a yellow star on black"],
+}
+
+
+def test_oracle_cider_is_the_best_pycocoevalcap_cider_among_the_captions():
+    measures = caption_set_measures(SETS, REFERENCES)
+    # pycocoevalcap's CIDEr-D of the rank-r captions of all images, one call per rank
+    by_rank = []
+    for rank in range(3):
+        _, per_image = Cider().compute_score(
+            {i: refs for i, refs in REFERENCES.items()}, {i: [SETS[i][rank]] for i in REFERENCES}
+        )
+        by_rank.append(dict(zip(REFERENCES, per_image, strict=True)))
+    oracle = sum(max(scores[i] for scores in by_rank) for i in REFERENCES) / 3
+    assert measures["oracle CIDEr-D"] == pytest.approx(oracle, abs=1e-6)
+    assert measures["oracle CIDEr-D"] > sum(by_rank[0].values()) / 3  # some image's best is not its first
+
+
+def test_distinct_ngrams_count_by_hand():
+    # image 1: 7 + 3 + 7 = 17 words; distinct words: a red circle over blue square above = 7
+    assert distinct_ngrams([c.split() for c in SETS[1]], 1) == pytest.approx(7 / 17)
+    bigrams = {
+        ("a", "red"), ("red", "circle"), ("circle", "over"), ("over", "a"), ("a", "blue"),
+        ("blue", "square"), ("red", "square"), ("blue", "circle"), ("circle", "above"), ("above", "a"),
+    }  # fmt: skip
+    assert distinct_ngrams([c.split() for c in SETS[1]], 2) == pytest.approx(len(bigrams) / 17)
+    assert distinct_ngrams([[], []], 1) is None
+    measures = caption_set_measures(SETS)
+    expected = [distinct_ngrams([c.split() for c in SETS[i]], 2) for i in SETS]
+    assert measures["distinct-2"] == pytest.approx(sum(expected) / 3)
+    assert measures["oracle CIDEr-D"] is None and measures["captions per image"] == 3
+
+
+def test_mutual_bleu_is_each_caption_against_the_others():
+    captions = [c.split() for c in SETS[2]]
+    expected = []
+    for k, caption in enumerate(SETS[2]):
+        others = [c for j, c in enumerate(SETS[2]) if j != k]
+        score, _ = Bleu(4).compute_score({0: others}, {0: [caption]}, verbose=0)
+        expected.append(score[3])
+    assert mutual_bleu(captions) == pytest.approx(sum(expected) / 3, abs=1e-9)
+    same = ["a red circle above a blue square".split()] * 3
+    assert mutual_bleu(same) == pytest.approx(1.0)  # identical captions: no diversity
+    assert mutual_bleu(captions[:1]) is None
+    assert caption_set_measures({1: ["a red circle"]})["mBLEU-4"] is None
+
+
+def test_bad_sets_are_named():
+    with pytest.raises(EvaluationInputError, match="image 2"):
+        caption_set_measures({1: ["a"], 2: []})
+    with pytest.raises(EvaluationInputError, match="image 3"):
+        caption_set_measures({1: ["a"], 3: ["b"]}, {1: ["a"]})
