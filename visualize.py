@@ -73,6 +73,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--html", type=Path, default=None, help="also write an interactive HTML report here")
     parser.add_argument("--beam-size", type=int, default=None, help="beam size (default: the checkpoint's)")
     parser.add_argument(
+        "--num-return",
+        type=int,
+        default=None,
+        help="captions per image, ranked (at most the beam size): the figure shows the first one's "
+        "attention and lists the others under it",
+    )
+    parser.add_argument(
         "--layer",
         default=None,
         metavar="N|mean",
@@ -139,6 +146,7 @@ def main(args: argparse.Namespace) -> None:
         file_format=args.file_format,
         html=args.html,
         beam_size=args.beam_size,
+        num_return=args.num_return,
         device=args.device,
         layer=args.layer,
         head=args.head,

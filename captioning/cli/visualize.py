@@ -48,10 +48,13 @@ class VisualizationResult:
 
     def summary(self) -> str:
         """Each image's caption, then every file written (and which replaced an earlier one)."""
-        lines = [  # a file name's and a vocabulary's characters are data: printed escaped
-            printable(f"{Path(item.record.path).name}: {item.text or '(empty caption)'}")
-            for item in self.captioned
-        ]
+        lines = []
+        for item in self.captioned:  # a file name's and a vocabulary's characters are data: printed escaped
+            lines.append(printable(f"{Path(item.record.path).name}: {item.text or '(empty caption)'}"))
+            lines.extend(
+                printable(f"  {rank}. {other.text or '(empty caption)'}")
+                for rank, other in enumerate(item.alternatives, 2)
+            )
         lines.append("wrote:")
         lines.extend(f"  figure       {path}{self.notes.get(path, '')}" for path in self.figures)
         if self.report is not None:
@@ -64,12 +67,13 @@ def visualization_config(
     data_config: str | Path | None = None,
     overrides: Sequence[str] = (),
     beam_size: int | None = None,
+    num_return: int | None = None,
 ) -> Config:
     """A checkpoint's configuration, adjusted for visualizing.
 
     Decoding is beam search with the checkpoint's options unless overridden. ``data_config`` takes
     the ``data`` section from another YAML file; ``overrides`` are ``KEY=VALUE`` strings on
-    ``data.*`` and ``decode.*`` keys; ``beam_size`` wins over both.
+    ``data.*`` and ``decode.*`` keys; ``beam_size`` and ``num_return`` win over both.
 
     Raises:
         ConfigError: a malformed or non-overridable key, or an invalid value.
@@ -80,6 +84,8 @@ def visualization_config(
     values: dict[str, Any] = {"decode.strategy": "beam", **parse_overrides(overrides)}
     if beam_size is not None:
         values["decode.beam_size"] = beam_size
+    if num_return is not None:
+        values["decode.num_return"] = num_return
     return apply_overrides(config, values, sections=CHECKPOINT_SECTIONS)
 
 
@@ -113,6 +119,7 @@ def visualize_images(
     file_format: str = "png",
     html: str | Path | None = None,
     beam_size: int | None = None,
+    num_return: int | None = None,
     device: str = "auto",
     layer: str | int | None = None,
     head: str | int | None = None,
@@ -134,6 +141,8 @@ def visualize_images(
         file_format: ``png``, ``pdf`` or ``svg``.
         html: also write the interactive HTML report there.
         beam_size: overrides the checkpoint's beam size.
+        num_return: captions per image (``decode.num_return``): the figures draw the first one's
+            attention and list the others, ranked, under it; the summary prints them all.
         layer, head: the attention map drawn (see ``attention_view``): a decoder layer and head
             (1-based) or ``mean``; by default the mean over the heads of the last layer. The
             figures and the report say which map they show.
@@ -188,7 +197,7 @@ def visualize_images(
     except ValueError as error:
         raise InputError(f"{checkpoint}: {error}") from None
     label = model.decoder.describe_attention()
-    config = visualization_config(config, data_config, overrides, beam_size)
+    config = visualization_config(config, data_config, overrides, beam_size, num_return)
     if split is not None:
         # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
         generate = data_config is not None or "data.root" in parse_overrides(overrides)

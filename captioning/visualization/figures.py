@@ -146,6 +146,7 @@ def attention_figure(
     normalize: str = "figure",
     boxes: Sequence[Sequence[Box]] | None = None,
     text: str | None = None,
+    alternatives: Sequence[str] | None = None,
 ) -> FigureResult:
     """Draw the image titled by its caption, then one attention overlay per word, on one colour scale.
 
@@ -172,6 +173,8 @@ def attention_figure(
             a sharp one; the colour bar then reads as a share of each word's peak).
         boxes: per word, the (x, y, width, height) boxes in the original image's pixels of the
             objects the word names (e.g. ground-truth boxes); drawn as outlines on its panel.
+        alternatives: the image's other captions, ranked (``decode.num_return``), printed under
+            the panels as ``2. ...``, ``3. ...``: the overlays are the first caption's.
     Returns:
         A ``FigureResult`` with the figure, the (T, H, W) maps, the colour scales and the layout.
     Raises:
@@ -225,6 +228,13 @@ def attention_figure(
 
     figure_width = 2 * _MARGIN + ncols * _PANEL_WIDTH + (ncols - 1) * _GAP + bar_width
     reference_lines = []
+    if alternatives:
+        reference_lines.append("Other captions, ranked:")
+        for rank, other in enumerate(alternatives, 2):
+            wrapped = _wrap(
+                f"{rank}. " + printable(str(other)), figure_width - 2 * _MARGIN - 0.2, _REFERENCE_SIZE
+            )
+            reference_lines.extend([wrapped[0], *("   " + line for line in wrapped[1:])])
     if references:
         reference_lines.append("References:")
         for reference in references:

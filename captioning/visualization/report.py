@@ -236,6 +236,7 @@ def write_figures(
             cmap=cmap,
             boxes=word_boxes(item.words, item.record.image_id, boxes, matcher),
             text=item.text,
+            alternatives=[other.text for other in item.alternatives],
         )
         name = (names[k] if names is not None else str(item.record.image_id)) + suffix
         written.append((save_figure(result.figure, figures_dir / name), result.panels))

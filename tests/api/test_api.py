@@ -132,6 +132,7 @@ def test_decoding_options_hold_for_one_call(trained):
         model.caption(images[:1], beam_size=0)
 
 
+@pytest.mark.slow
 def test_several_ranked_captions_through_the_api_and_evaluate_images(untrained, tmp_path):
     checkpoint = untrained["lstm"]
     folder = tmp_path / "images"

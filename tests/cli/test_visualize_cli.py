@@ -243,3 +243,31 @@ def test_config_takes_the_data_section_of_an_older_runs_config_file(tmp_path: Pa
     )
     assert result.returncode == 0, result.stderr
     assert len(list(out_dir.glob("*.png"))) == 1
+
+
+@pytest.mark.slow
+def test_several_captions_are_listed_under_the_figure_and_in_the_summary(
+    tmp_path: Path, checkpoint: Path, odd_images: list[Path]
+):
+    result = visualize_images(
+        checkpoint, odd_images[:1], out_dir=tmp_path / "out", beam_size=3, num_return=3, progress=False
+    )
+    (item,) = result.captioned
+    assert len(item.alternatives) == 2 and len({c.text for c in item.ranked}) == 3
+    summary = result.summary().splitlines()
+    assert summary[:3] == [
+        f"wide.png: {item.text}",
+        *(f"  {k}. {c.text}" for k, c in enumerate(item.alternatives, 2)),
+    ]
+    from captioning.visualization.figures import attention_figure
+
+    drawn = attention_figure(
+        Image.open(odd_images[0]),
+        item.words,
+        item.caption.attention,
+        (2, 2),
+        alternatives=[c.text for c in item.alternatives],
+    )
+    text = "\n".join(t.get_text() for t in drawn.figure.texts)
+    assert "Other captions, ranked:" in text
+    assert all(f"{k}. {c.text}" in text for k, c in enumerate(item.alternatives, 2))
