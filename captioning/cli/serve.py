@@ -126,10 +126,18 @@ def _png(figure: Any) -> Image.Image:
 
 
 def caption_file(
-    model: CaptioningModel, path: str, strategy: str, beam_size: int, mode: str = "bilinear"
+    model: CaptioningModel,
+    path: str,
+    strategy: str,
+    beam_size: int,
+    mode: str = "bilinear",
+    num_return: int = 1,
 ) -> tuple[str, Image.Image, list[tuple[np.ndarray, str]]]:
     """What the page shows for one image file: the caption, ``visualize.py``'s figure, and each word's
     overlay (H, W, 3) uint8 titled ``word (beta=0.73)`` as in the figure.
+
+    ``num_return`` > 1 (at most ``beam_size``; greedy gives one): the text lists that many ranked
+    captions, ``1. ...`` first, and the figure (the first one's attention) lists the others.
 
     Raises:
         ImageError, ConfigError, ValueError: the file or an option is refused (one line).
@@ -137,7 +145,8 @@ def caption_file(
     from captioning.visualization.figures import attention_figure
     from captioning.visualization.overlay import DEFAULT_CMAP, blend
 
-    caption = model.caption([path], strategy=strategy, beam_size=int(beam_size))[0]
+    count = 1 if strategy == "greedy" else max(1, min(int(num_return), int(beam_size)))
+    caption = model.caption([path], strategy=strategy, beam_size=int(beam_size), num_return=count)[0]
     picture = load_image(path)
     drawn = attention_figure(
         picture,
@@ -148,6 +157,7 @@ def caption_file(
         mode=mode,
         attention_label=caption.attention_label,
         text=caption.text,
+        alternatives=[other.text for other in caption.alternatives],
     )
     pixels = np.asarray(
         picture.resize(drawn.image_size, Image.Resampling.BICUBIC)
@@ -159,7 +169,10 @@ def caption_file(
         for t, word in enumerate(caption.words)
     ]
     overlays = [(blend(pixels, drawn.maps[t], DEFAULT_CMAP, 0.6), title) for t, title in enumerate(titles)]
-    return caption.text or "(empty caption)", _png(drawn.figure), overlays
+    text = caption.text or "(empty caption)"
+    if caption.alternatives:
+        text = "\n".join(f"{k}. {c.text or '(empty caption)'}" for k, c in enumerate(caption.ranked, 1))
+    return text, _png(drawn.figure), overlays
 
 
 def _examples(root: Path) -> list[str]:
@@ -393,18 +406,22 @@ def _write_answer(
 
 def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     """The Gradio ``Blocks`` of the demo for ``model``; its API endpoint is ``/caption``
-    (image file, strategy, beam size) -> (caption, figure, overlays). What each request writes is
+    (image file, strategy, beam size[, captions]) -> (caption, figure, overlays). What each request writes is
     deleted once no page shows it (``RequestFiles``)."""
     gr = _gradio()
     files = RequestFiles(Path(gr.utils.get_upload_folder()))
 
-    def run(path: str | None, strategy: str, beam_size: float, request: Any = None) -> tuple:
+    def run(
+        path: str | None, strategy: str, beam_size: float, num_return: float = 1, request: Any = None
+    ) -> tuple:
         if not path:
             raise gr.Error("Upload or pick an image first.", print_exception=False)
         session = getattr(request, "session_hash", None)
         answer = files.new_answer()
         try:
-            text, figure, overlays = caption_file(model, path, strategy, int(beam_size))
+            text, figure, overlays = caption_file(
+                model, path, strategy, int(beam_size), num_return=int(num_return)
+            )
             figure_path, words = _write_answer(answer, figure, overlays)
         except (ImageError, ConfigError, ValueError) as error:
             files.discard(answer)
@@ -444,6 +461,14 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                 beam_size = gr.Slider(
                     1, 10, value=min(decode.beam_size, 10), step=1, label="beam size", elem_id="beam-size"
                 )
+                num_return = gr.Slider(
+                    1,
+                    10,
+                    value=min(decode.num_return, 10),
+                    step=1,
+                    label="captions (ranked; at most the beam size, greedy gives one)",
+                    elem_id="num-return",
+                )
                 button = gr.Button("Caption", variant="primary", elem_id="run")
                 if examples:
                     gr.Examples(examples, inputs=image, label="or pick one")
@@ -457,7 +482,7 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                     elem_id="figure",
                 )
         overlays = gr.Gallery(label="each word's attention", columns=6, format="png", elem_id="words")
-        inputs, outputs = [image, strategy, beam_size], [text, figure, overlays]
+        inputs, outputs = [image, strategy, beam_size, num_return], [text, figure, overlays]
         button.click(run, inputs, outputs, api_name="caption")
         image.upload(run, inputs, outputs, api_name=False)
         app.unload(ended)

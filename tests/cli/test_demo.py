@@ -108,11 +108,29 @@ def test_caption_through_gradio_client_equals_the_api(server, checkpoint, tmp_pa
     assert [item["caption"] for item in overlays] == [
         f"{word} (beta={beta:.2f})" for word, beta in zip(expected.words, expected.beta, strict=True)
     ]
+    several, _, _ = client.predict(handle_file(str(image)), "beam", 3, 3, api_name="/caption")
+    ranked = captioning.load(checkpoint, device="cpu").caption([image], beam_size=3, num_return=3)[0].ranked
+    assert several.splitlines() == [f"{k}. {c.text}" for k, c in enumerate(ranked, 1)]
     greedy, _, _ = client.predict(handle_file(str(image)), "greedy", 1, api_name="/caption")
     assert greedy == captioning.load(checkpoint, device="cpu").caption([image], strategy="greedy")[0].text
     with pytest.raises(Exception, match=r"notes\.png: not an image file PIL can read") as refused:
         client.predict(handle_file(str(not_an_image)), "beam", 2, api_name="/caption")
     assert "Traceback" not in str(refused.value) and "/tmp" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_the_demo_shows_several_ranked_captions(checkpoint, tmp_path):
+    from captioning.cli.serve import caption_file
+
+    image = photo(tmp_path / "cat.jpg")
+    model = captioning.load(checkpoint, device="cpu")
+    text, figure, overlays = caption_file(model, str(image), "beam", 3, num_return=3)
+    ranked = model.caption([image], beam_size=3, num_return=3)[0].ranked
+    assert text.splitlines() == [f"{k}. {c.text}" for k, c in enumerate(ranked, 1)]
+    assert len({c.text for c in ranked}) == 3
+    assert len(overlays) == len(ranked[0].words)  # the overlays are the first caption's words
+    one, _, _ = caption_file(model, str(image), "greedy", 3, num_return=3)  # greedy gives one
+    assert one == model.caption([image], strategy="greedy")[0].text
 
 
 def _browser(tmp_path: Path):
