@@ -63,6 +63,13 @@ def test_overrides_are_typed_and_win_over_the_file(tmp_path):
         ("model.decoder.deep_output", "maybe", "must be true or false"),
         ("train.lrr", "1", "unknown configuration key 'train.lrr'"),
         ("model.decoder.attention_dim", "100", "divisible"),
+        ("decode.top_p", "0", "decode.top_p must be in"),
+        ("decode.top_p", "1.5", "decode.top_p must be in"),
+        ("decode.beam_groups", "2", "decode.beam_groups must .* divide decode.beam_size"),
+        ("decode.diversity", "-1", "decode.diversity must be in"),
+        ("decode.repetition_penalty", "0", "decode.repetition_penalty must be in"),
+        ("decode.num_return", "4", "decode.num_return .* must be at most decode.beam_size"),
+        ("decode.num_return", "0", "decode.num_return must be >= 1"),
     ],
 )
 def test_bad_values_are_refused_with_the_key(key, value, message):
