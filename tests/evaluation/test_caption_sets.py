@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
+from test_visualize_cli import checkpoint  # noqa: F401 (a fixture: an untrained tiny captioner on tiny Shapes)
+from tool_runs import in_process
 
 from captioning.evaluation.caption_sets import caption_set_measures, distinct_ngrams, mutual_bleu
 from captioning.evaluation.coco_files import EvaluationInputError
@@ -69,3 +74,36 @@ def test_bad_sets_are_named():
         caption_set_measures({1: ["a"], 2: []})
     with pytest.raises(EvaluationInputError, match="image 3"):
         caption_set_measures({1: ["a"], 3: ["b"]}, {1: ["a"]})
+
+
+@pytest.mark.slow
+def test_evaluate_scores_the_first_caption_and_measures_the_sets(checkpoint: Path, tmp_path: Path):  # noqa: F811
+    out, results = tmp_path / "scores.json", tmp_path / "test_results.json"
+    common = ["--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"]
+    options = ["--strategy", "beam", "--beam-size", "3", "--set", "decode.min_length=0"]
+    run = in_process(
+        "evaluate.py", *common, *options, "--num-return", "3", "--out", out, "--results", results
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    scores = json.loads(out.read_text())
+    rows = json.loads((tmp_path / "test_ranked.json").read_text())
+    first = {row["image_id"]: row["caption"] for row in rows if row["rank"] == 1}
+    assert {r["image_id"]: r["caption"] for r in json.loads(results.read_text())} == first
+    sets: dict[int, list[str]] = {}
+    for row in sorted(rows, key=lambda r: (r["image_id"], r["rank"])):
+        sets.setdefault(row["image_id"], []).append(row["caption"])
+    assert all(len(captions) == 3 == len(set(captions)) for captions in sets.values())
+    measured = scores["caption sets"]
+    expected = caption_set_measures(sets)
+    for key in ("distinct-1", "distinct-2", "mBLEU-4", "captions per image"):
+        assert measured[key] == pytest.approx(expected[key])
+    assert measured["oracle CIDEr-D"] >= scores["CIDEr-D"] - 1e-9  # the best of three, the first among them
+    # the first caption is scored as a one-caption system's output
+    one = tmp_path / "one.json"
+    run = in_process(
+        "evaluate.py", *common, *options, "--out", one, "--results", tmp_path / "one_results.json"
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(one.read_text())["CIDEr-D"] == pytest.approx(scores["CIDEr-D"])
+    assert "caption sets" not in json.loads(one.read_text())
+    assert not (tmp_path / "one_ranked.json").exists()
