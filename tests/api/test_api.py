@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +19,11 @@ from tiny_models import pattern, photo, tiny_checkpoint, trained_checkpoint
 from tool_runs import ONE_THREAD, REPO, in_process
 
 import captioning
-from captioning.config import ConfigError
+from captioning.config import ConfigError, DecodeConfig
 from captioning.data.images import ImageError
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
+from captioning.models import decoding
 from captioning.visualization.figures import save_figure
 
 
@@ -189,16 +190,32 @@ def test_several_ranked_captions_through_the_api_and_evaluate_images(untrained, 
     assert "mBLEU-4" in run.stdout and "distinct-2" in run.stdout and "ranked captions" in run.stdout
 
 
-def test_decoding_options_are_one_object_and_unknown_names_are_refused(untrained, tmp_path):
+@dataclasses.dataclass(frozen=True)
+class _WithOption(DecodeConfig):
+    word_cap: int = 0
+
+
+def test_decoding_options_are_one_object_and_unknown_names_are_refused(untrained, tmp_path, monkeypatch):
     model = captioning.load(untrained["lstm"], device="cpu")
     image = [photo(tmp_path / "cat.jpg")]
-    options = replace(model.decode_config, strategy="greedy", min_length=0, max_length=2)
+    options = dataclasses.replace(model.decode_config, strategy="greedy", min_length=0, max_length=2)
     assert [c.text for c in model.caption(image, options)] == [
         c.text for c in model.caption(image, strategy="greedy", min_length=0, max_length=2)
     ]
     assert len(model.caption(image, options, max_length=1)[0].words) <= 1  # an override of the object
     with pytest.raises(ConfigError, match="beam_width"):
         model.caption(image, beam_width=3)
+    # a fork's new option: a field of a DecodeConfig subclass reaches the search through caption()
+    reached = []
+    original = decoding.choice_scores
+
+    def choice_scores(log_probs, history, step, config):
+        reached.append(config.word_cap)
+        return original(log_probs, history, step, config)
+
+    monkeypatch.setattr(decoding, "choice_scores", choice_scores)
+    model.caption(image, _WithOption(**vars(options)), word_cap=7)
+    assert reached and set(reached) == {7}
     with pytest.raises(ConfigError, match="num_return"):
         model.caption(image, strategy="greedy", num_return=2)
 

@@ -275,6 +275,26 @@ def test_self_critical_rollouts_obey_the_decoding_constraints():
     assert all(len(row) == 0 for row in seen)  # unconstrained, the model stops at once
 
 
+def test_self_critical_rollouts_sample_with_the_decoding_options():
+    torch.manual_seed(4)
+    decoder = make_decoder(dropout=0.0).train()
+    seen: list[list[int]] = []
+
+    def rewarder(image_ids, token_ids, finished):
+        seen.extend(token_ids)
+        return np.array([float(len(row)) for row in token_ids])
+
+    batch = {"features": torch.randn(3, P, C), "image_ids": torch.tensor([1, 2, 3])}
+    train = TrainConfig(scst_samples=4, scst_baseline="greedy")
+    for options, same in (({"top_p": 1e-6}, True), ({"top_k": 1, "temperature": 5.0}, True), ({}, False)):
+        seen.clear()
+        torch.manual_seed(0)
+        scst_loss(_Model(decoder), batch, rewarder, train, DecodeConfig(max_length=6, **options))
+        samples, greedy = seen[:12], seen[12:]
+        # a nucleus of one word (or the top 1) samples the greedy caption; the whole distribution does not
+        assert (samples == [row for row in greedy for _ in range(4)]) == same, options
+
+
 def test_self_critical_hard_attention_gives_the_locations_a_policy_gradient():
     torch.manual_seed(3)
     decoder = make_decoder(attention="hard", expected_prob=0.0).train()  # every context a sampled location
