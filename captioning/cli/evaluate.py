@@ -254,7 +254,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     overrides = parse_overrides(args.overrides)
     # Cheap checks first, so that a typo fails in a moment rather than after loading the model.
     check_overrides(overrides, CHECKPOINT_SECTIONS)
-    decode_config_with(Config(), **decoding)
+    # Each flag's own range now; what depends on the checkpoint's options (num_return and
+    # beam_groups against its beam_size) is checked once it is loaded.
+    early_beam = args.beam_size or (args.num_return or 1) * (args.beam_groups or 1)
+    decode_config_with(Config(), **{**decoding, "beam_size": early_beam})
     records = read_folder(args.images) if args.images is not None else None
     # Only the data section is read: a run's config.yaml of any version is taken (stored=True).
     data_config = load_config(args.config, stored=True).data if args.config is not None else None

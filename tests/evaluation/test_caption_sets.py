@@ -80,7 +80,8 @@ def test_bad_sets_are_named():
 def test_evaluate_scores_the_first_caption_and_measures_the_sets(checkpoint: Path, tmp_path: Path):  # noqa: F811
     out, results = tmp_path / "scores.json", tmp_path / "test_results.json"
     common = ["--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"]
-    options = ["--strategy", "beam", "--beam-size", "3", "--set", "decode.min_length=0"]
+    # the beam size from --set: --num-return is checked against it once the checkpoint is loaded
+    options = ["--strategy", "beam", "--set", "decode.beam_size=3", "--set", "decode.min_length=0"]
     run = in_process(
         "evaluate.py", *common, *options, "--num-return", "3", "--out", out, "--results", results
     )
