@@ -131,6 +131,10 @@ def item_html(
     separator = " " if item.text == " ".join(words) else ""
     caption = separator.join(links) if links else "<em>(empty caption)</em>"
     references = "".join(f"<li>{html.escape(str(ref))}</li>" for ref in item.record.raw)
+    # the image's other captions, ranked (decode.num_return); the overlays are the first one's
+    others = "".join(
+        f"<li>{html.escape(other.text or '(empty caption)')}</li>" for other in item.alternatives
+    )
     return (
         f'<section class="item" id="img{index}">\n'
         f"<h2>{name} &middot; image {item.record.image_id}"
@@ -138,6 +142,7 @@ def item_html(
         + "</h2>\n"
         f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
         f'<p class="caption">{caption}</p>\n'
+        + (f'<p>Other captions, ranked:</p>\n<ol class="refs" start="2">{others}</ol>\n' if others else "")
         + (f'<ol class="refs">{references}</ol>\n' if references else "")
         + "</section>"
     )

@@ -250,9 +250,18 @@ def test_several_captions_are_listed_under_the_figure_and_in_the_summary(
     tmp_path: Path, checkpoint: Path, odd_images: list[Path]
 ):
     result = visualize_images(
-        checkpoint, odd_images[:1], out_dir=tmp_path / "out", beam_size=3, num_return=3, progress=False
+        checkpoint,
+        odd_images[:1],
+        out_dir=tmp_path / "out",
+        html=tmp_path / "page.html",
+        beam_size=3,
+        num_return=3,
+        progress=False,
     )
     (item,) = result.captioned
+    page = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "Other captions, ranked:" in page
+    assert all(f"<li>{c.text}</li>" in page for c in item.alternatives)
     assert len(item.alternatives) == 2 and len({c.text for c in item.ranked}) == 3
     summary = result.summary().splitlines()
     assert summary[:3] == [
