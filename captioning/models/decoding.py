@@ -321,7 +321,8 @@ def beam_search(decoder: CaptionDecoder, annotations: Tensor, config: DecodeConf
         annotations: (B, P, C) image grids.
     Returns:
         The best caption of each image, in order, holding the next ``num_return - 1`` distinct
-        ones, ranked, as its ``alternatives`` (finished ones first).
+        ones, ranked, as its ``alternatives`` (finished ones first; fewer when fewer distinct
+        hypotheses were kept: different groups may hold the same caption).
     """
     device = annotations.device
     batch, k, groups = annotations.size(0), config.beam_size, config.beam_groups

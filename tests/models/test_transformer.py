@@ -131,14 +131,22 @@ def test_beam_one_equals_greedy_and_batched_beam_equals_per_image():
     for ours, theirs in zip(greedy, beam_one, strict=True):
         assert math.isclose(ours.log_prob, theirs.log_prob, abs_tol=1e-5)
         torch.testing.assert_close(ours.attention, theirs.attention, rtol=0, atol=1e-6)
-    batched = beam_search(decoder, annotations, settings(beam_size=3, max_length=8, length_alpha=0.7))
-    for i in range(annotations.size(0)):
-        single = beam_search(
-            decoder, annotations[i : i + 1], settings(beam_size=3, max_length=8, length_alpha=0.7)
-        )[0]
-        assert batched[i].tokens == single.tokens
-        assert math.isclose(batched[i].score, single.score, abs_tol=1e-5)
-        torch.testing.assert_close(batched[i].attention, single.attention, rtol=0, atol=1e-5)
+    plain = settings(beam_size=3, max_length=8, length_alpha=0.7)
+    diverse = settings(
+        beam_size=4, beam_groups=2, diversity=1.0, repetition_penalty=1.3, num_return=4, max_length=8
+    )
+    for options in (plain, diverse):  # the caches move with their beams, whatever the search
+        batched = beam_search(decoder, annotations, options)
+        for i in range(annotations.size(0)):
+            single = beam_search(decoder, annotations[i : i + 1], options)[0]
+            # (fewer when two groups hold the same caption: a set of distinct ones is returned)
+            assert len(batched[i].alternatives) == len(single.alternatives) <= options.num_return - 1
+            for a, b in zip(
+                [batched[i], *batched[i].alternatives], [single, *single.alternatives], strict=True
+            ):
+                assert a.tokens == b.tokens
+                assert math.isclose(a.score, b.score, abs_tol=1e-5)
+                torch.testing.assert_close(a.attention, b.attention, rtol=0, atol=1e-5)
 
 
 def test_the_grid_is_encoded_once_per_image_for_all_its_beams_and_samples():
