@@ -94,6 +94,7 @@ class DataConfig:
     root: str = "data/shapes"  # image root (Karpathy: filepath/filename; webdataset: .tar folder or pattern)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
+    pointing_tolerance: float = 15.0  # pixels: the published pointing game's hit radius (Zhang et al. 2016)
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
@@ -110,6 +111,10 @@ class DataConfig:
             f"data.tokenizer must name a tokenizer, got {self.tokenizer!r}",
         )  # which names exist is the tokenizer registry's (captioning.data.tokenizers.TOKENIZERS)
         _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
+        _check(
+            0 < self.pointing_tolerance <= 10**6,
+            f"data.pointing_tolerance must be a number of pixels in (0, 1e6], got {self.pointing_tolerance}",
+        )
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")

@@ -25,10 +25,18 @@ from captioning.evaluation.hallucination import chair
 from captioning.utils.run_folder import scores_path_for
 
 # metric -> (per-image field that says the image was measured, how to get (sum, count) from an entry)
-RATIO_METRICS = ("grounding-mass", "grounding-pointing", "CHAIR-i", "CHAIR-s", *ATTRIBUTE_METRICS)
+RATIO_METRICS = (
+    "grounding-mass",
+    "grounding-pointing",
+    "grounding-pointing-published",
+    "CHAIR-i",
+    "CHAIR-s",
+    *ATTRIBUTE_METRICS,
+)
 _PRESENCE = {
     "grounding-mass": "grounding-words",
     "grounding-pointing": "grounding-words",
+    "grounding-pointing-published": "grounding-pointing-published",
     "CHAIR-i": "CHAIR-mentions",
     "CHAIR-s": "CHAIR-s",
     **{metric: count for metric, (_, count) in ATTRIBUTE_METRICS.items()},
