@@ -262,15 +262,36 @@ class LSTMDecoderConfig(DecoderConfig):
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
     init_layers: int = 1  # layers of the h_0/c_0 MLP; 2 as the authors' COCO script (C->C ReLU)
     output_tanh: bool = False  # tanh over equation 7's sum before the output layer (authors' code)
+    hidden_dropout: bool = (
+        False  # deep output: dropout on h_t before L_h too (authors' code); else only before L_o
+    )
+    annotation_layers: int = (
+        1  # additive scoring: layers over the annotations; 2 = authors' n_layers_att=2 (A->A, tanh)
+    )
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
     hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
     hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
     hard_expected_prob: float = 0.5  # hard attention: probability of the expected context instead of a sample
+    # paper: every term's gradient reaches alpha_t (equation 12 plus equation 14's penalty); authors: only
+    # REINFORCE's and the entropy's, as capgen.py's known_grads (no gradient from the penalty or through
+    # the expected context); docs/training.md
+    hard_alpha_gradients: str = "paper"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._positive("embed_dim", "hidden_dim", "attention_dim", "num_heads", "init_layers")
+        self._positive(
+            "embed_dim", "hidden_dim", "attention_dim", "num_heads", "init_layers", "annotation_layers"
+        )
+        _check(
+            self.annotation_layers == 1 or self.scoring == "additive",
+            "model.decoder.annotation_layers > 1 needs model.decoder.scoring additive",
+        )
+        _check(
+            not self.hidden_dropout or self.deep_output,
+            "model.decoder.hidden_dropout needs model.decoder.deep_output",
+        )
+        _one_of("model.decoder.hard_alpha_gradients", self.hard_alpha_gradients, ("paper", "authors"))
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))

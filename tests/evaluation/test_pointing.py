@@ -147,4 +147,6 @@ def test_a_coarse_map_is_upsampled_to_the_image_before_its_maximum_is_taken():
     # a point 10 px right of a box that ends at pixel 29 hits within 15 px, and misses within 10
     mask = np.zeros((64, 64), dtype=bool)
     mask[23, 20:30] = True
-    assert published_hit(weights, mask, (64.0, 64.0), 15) and not published_hit(weights, mask, (64.0, 64.0), 10)
+    assert published_hit(weights, mask, (64.0, 64.0), 15) and not published_hit(
+        weights, mask, (64.0, 64.0), 10
+    )
