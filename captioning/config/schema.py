@@ -262,12 +262,8 @@ class LSTMDecoderConfig(DecoderConfig):
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
     init_layers: int = 1  # layers of the h_0/c_0 MLP; 2 as the authors' COCO script (C->C ReLU)
     output_tanh: bool = False  # tanh over equation 7's sum before the output layer (authors' code)
-    hidden_dropout: bool = (
-        False  # deep output: dropout on h_t before L_h too (authors' code); else only before L_o
-    )
-    annotation_layers: int = (
-        1  # additive scoring: layers over the annotations; 2 = authors' n_layers_att=2 (A->A, tanh)
-    )
+    hidden_dropout: bool = False  # dropout on h_t before L_h too (authors' code; deep output only)
+    annotation_layers: int = 1  # additive scoring: 2 adds an A->A tanh layer (authors' n_layers_att=2)
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
     hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
@@ -276,7 +272,7 @@ class LSTMDecoderConfig(DecoderConfig):
     # paper: every term's gradient reaches alpha_t (equation 12 plus equation 14's penalty); authors: only
     # REINFORCE's and the entropy's, as capgen.py's known_grads (no gradient from the penalty or through
     # the expected context); docs/training.md
-    hard_alpha_gradients: str = "paper"
+    hard_alpha_gradients: str = "paper"  # hard attention: paper | authors (the penalty without gradient)
 
     def __post_init__(self) -> None:
         super().__post_init__()
