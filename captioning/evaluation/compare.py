@@ -212,11 +212,11 @@ def compare_results_files(
             )
         sides.append(side)
     # The class mean over one class list for every run of both sides.
-    runs = [run for side in sides for run in side["ratios"]]
-    for run, statistics in zip(
-        runs, aligned_classes([c for side in sides for c in side["classes"]]), strict=False
+    every_run = [ratios for side in sides for ratios in side["ratios"]]
+    for ratios, statistics in zip(
+        every_run, aligned_classes([c for side in sides for c in side["classes"]]), strict=False
     ):
-        run[CLASS_MEAN] = statistics
+        ratios[CLASS_MEAN] = statistics
     shared = [
         metric
         for metric in (*RATIO_METRICS, CLASS_MEAN)

@@ -390,8 +390,10 @@ def merged_grounding(per_image: Mapping[int, ImageGrounding]) -> ImageGrounding:
     """Every image's mentions as one :class:`ImageGrounding` (in the images' order)."""
     merged = ImageGrounding([], [], [], [])
     for grounding in per_image.values():
-        for into, values in zip(merged, grounding, strict=True):
-            into.extend(values)
+        merged.masses.extend(grounding.masses)
+        merged.hits.extend(grounding.hits)
+        merged.published_hits.extend(grounding.published_hits)
+        merged.classes.extend(grounding.classes)
     return merged
 
 
