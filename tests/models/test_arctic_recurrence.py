@@ -22,6 +22,7 @@ import pytest
 import torch
 from tool_runs import REPO
 
+from captioning.config import LSTMDecoderConfig
 from captioning.config.loading import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
@@ -184,3 +185,27 @@ def test_hidden_dropout_drops_h_before_l_h_in_training():
         torch.zeros(1, 512, dtype=torch.float64), hidden[:1], torch.zeros(1, 512, dtype=torch.float64)
     )
     assert seen[1].unique().tolist() == [1.0]
+
+
+@pytest.mark.parametrize("gradients", ["paper", "authors"])
+def test_under_the_authors_hard_attention_the_expected_context_sends_alpha_no_gradient(gradients):
+    config = LSTMDecoderConfig(
+        attention="hard",
+        embed_dim=8,
+        hidden_dim=8,
+        attention_dim=8,
+        hard_expected_prob=1.0,  # every caption uses the expected context: no sampled location
+        hard_alpha_gradients=gradients,
+    )
+    decoder = ShowAttendTellDecoder.from_config(config, vocab_size=VOCAB, annotation_dim=6).train()
+    generator = torch.Generator().manual_seed(1)
+    captions = torch.randint(Vocabulary.start_id + 2, VOCAB, (3, 5), generator=generator)
+    captions[:, 0] = Vocabulary.start_id
+    output = decoder(torch.rand(3, 9, 6, generator=generator), captions, torch.full((3,), 5))
+    output.logits.sum().backward()
+    score_gradient = decoder.attention.score.weight.grad  # reaches it only through alpha
+    if gradients == "paper":
+        assert score_gradient is not None and score_gradient.abs().sum() > 0
+    else:
+        assert score_gradient is None or score_gradient.abs().sum() == 0
+    assert decoder.embedding.weight.grad is not None and decoder.embedding.weight.grad.abs().sum() > 0
