@@ -14,6 +14,8 @@ from pycocotools import mask as mask_utils
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.grounding import WordMatcher, grounding_scores, load_instances
 from captioning.evaluation.pointing import map_maximum, object_mask, published_hit
+from captioning.evaluation.ratios import aligned_classes, class_statistics
+from captioning.evaluation.significance import class_mean_score
 
 SIDE = 100  # image side in pixels; the attention grid has one cell per pixel unless said otherwise
 
@@ -150,3 +152,23 @@ def test_a_coarse_map_is_upsampled_to_the_image_before_its_maximum_is_taken():
     assert published_hit(weights, mask, (64.0, 64.0), 15) and not published_hit(
         weights, mask, (64.0, 64.0), 10
     )
+
+
+def test_the_class_mean_is_bootstrapped_over_one_class_list_and_a_malformed_entry_is_one_line():
+    a = class_statistics(
+        [
+            {"image_id": 1, "grounding-classes": {"dog": [1, 1]}},
+            {"image_id": 2, "grounding-classes": {"cat": [0, 2]}},
+        ],
+        [1, 2],
+        "a.json",
+    )
+    b = class_statistics(
+        [{"image_id": 1, "grounding-classes": {"dog": [1, 2]}}, {"image_id": 2}], [1, 2], "b.json"
+    )
+    first, second = aligned_classes([a, b])  # classes cat, dog: (N, 4) each
+    assert first.tolist() == [[0, 0, 1, 1], [0, 2, 0, 0]] and second.tolist() == [[0, 0, 1, 2], [0, 0, 0, 0]]
+    assert class_mean_score(np.stack([first.sum(0), second.sum(0)])).tolist() == [0.5, 0.5]
+    assert aligned_classes([a, {}]) == []  # scores written before the published game: not compared
+    with pytest.raises(EvaluationInputError, match=r"^c\.json: image_id 1: grounding-classes: malformed"):
+        class_statistics([{"image_id": 1, "grounding-classes": {"dog": 3}}], [1], "c.json")
