@@ -159,6 +159,15 @@ def get_args_parser() -> argparse.ArgumentParser:
         "data.chair_table, else released",
     )
     scoring.add_argument(
+        "--pointing-tolerance",
+        type=float,
+        metavar="PIXELS",
+        help="the published pointing game (Zhang et al. 2016) counts a hit when a named object's "
+        "pixel lies within this many pixels of the attention map's maximum (default: the "
+        "checkpoint's data.pointing_tolerance, else 15, as published); the strict pointing game "
+        "is printed beside it",
+    )
+    scoring.add_argument(
         "--no-java", action="store_true", help="use the pure-Python path even if Java is present"
     )
     scoring.add_argument(

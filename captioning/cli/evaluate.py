@@ -300,6 +300,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
     if args.chair_table is not None:
         config = replace(config, data=replace(config.data, chair_table=args.chair_table))
+    if getattr(args, "pointing_tolerance", None) is not None:
+        config = replace(config, data=replace(config.data, pointing_tolerance=args.pointing_tolerance))
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
     decode_config = decode_config_with(config, **decoding)
@@ -359,6 +361,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         reward=reward,
         clip_scorer=clip_scorer,
         tokenizer=config.data.tokenizer,
+        tolerance=config.data.pointing_tolerance,
     )
     scores["checkpoint"] = str(args.checkpoint)
     print(scores_text(scores, len(captioned)))

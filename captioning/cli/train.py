@@ -61,6 +61,7 @@ def evaluate_test_split(
         chair=config.data.chair_table,
         reward=reward,
         tokenizer=config.data.tokenizer,
+        tolerance=config.data.pointing_tolerance,
     )
     scores["checkpoint"] = str(checkpoint)
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)

@@ -94,6 +94,7 @@ class DataConfig:
     root: str = "data/shapes"  # image root (Karpathy: filepath/filename; webdataset: .tar folder or pattern)
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
+    pointing_tolerance: float = 15.0  # pixels: the published pointing game's hit radius (Zhang et al. 2016)
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
@@ -110,6 +111,10 @@ class DataConfig:
             f"data.tokenizer must name a tokenizer, got {self.tokenizer!r}",
         )  # which names exist is the tokenizer registry's (captioning.data.tokenizers.TOKENIZERS)
         _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
+        _check(
+            0 < self.pointing_tolerance <= 10**6,
+            f"data.pointing_tolerance must be a number of pixels in (0, 1e6], got {self.pointing_tolerance}",
+        )
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
         _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
@@ -257,15 +262,32 @@ class LSTMDecoderConfig(DecoderConfig):
     deep_output: bool = True  # equation 7; False gives a plain linear output over h_t
     init_layers: int = 1  # layers of the h_0/c_0 MLP; 2 as the authors' COCO script (C->C ReLU)
     output_tanh: bool = False  # tanh over equation 7's sum before the output layer (authors' code)
+    hidden_dropout: bool = False  # dropout on h_t before L_h too (authors' code; deep output only)
+    annotation_layers: int = 1  # additive scoring: 2 adds an A->A tanh layer (authors' n_layers_att=2)
     # Hard attention (equation 12: REINFORCE with a moving-average baseline and an entropy bonus).
     hard_reinforce: float = 1.0  # hard attention: lambda_r, weight of the REINFORCE term
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
     hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
     hard_expected_prob: float = 0.5  # hard attention: probability of the expected context instead of a sample
+    # paper: every term's gradient reaches alpha_t (equation 12 plus equation 14's penalty); authors: only
+    # REINFORCE's and the entropy's, as capgen.py's known_grads (no gradient from the penalty or through
+    # the expected context); docs/training.md
+    hard_alpha_gradients: str = "paper"  # hard attention: paper | authors (the penalty without gradient)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._positive("embed_dim", "hidden_dim", "attention_dim", "num_heads", "init_layers")
+        self._positive(
+            "embed_dim", "hidden_dim", "attention_dim", "num_heads", "init_layers", "annotation_layers"
+        )
+        _check(
+            self.annotation_layers == 1 or self.scoring == "additive",
+            "model.decoder.annotation_layers > 1 needs model.decoder.scoring additive",
+        )
+        _check(
+            not self.hidden_dropout or self.deep_output,
+            "model.decoder.hidden_dropout needs model.decoder.deep_output",
+        )
+        _one_of("model.decoder.hard_alpha_gradients", self.hard_alpha_gradients, ("paper", "authors"))
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))

@@ -16,11 +16,18 @@ from captioning.evaluation.coco_files import EvaluationInputError, load_coco_ref
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import score_captions, tokenize_captions
-from captioning.evaluation.ratios import RATIO_METRICS, chair_statistics, read_ratio_statistics
+from captioning.evaluation.ratios import (
+    CLASS_MEAN,
+    RATIO_METRICS,
+    aligned_classes,
+    chair_statistics,
+    read_ratio_statistics,
+)
 from captioning.evaluation.scorers import METRICS
 from captioning.evaluation.signature import make_signature, signature_differences
 from captioning.evaluation.significance import (
     bleu_statistics,
+    class_mean_score,
     comparison_table,
     corpus_bleu,
     group_bootstrap,
@@ -28,6 +35,9 @@ from captioning.evaluation.significance import (
 )
 from captioning.utils.files import atomic_write, output_note
 from captioning.utils.memory import available_bytes, gib
+
+# Ratio metrics whose score is not one sum over one count.
+RATIO_SCORES = {CLASS_MEAN: class_mean_score}
 
 
 def per_image_metrics() -> tuple[str, ...]:
@@ -151,7 +161,13 @@ def compare_results_files(
         use_java = shutil.which("java") is not None
     sides = []
     for runs, captions in ((runs_a, captions_a), (runs_b, captions_b)):
-        side: dict[str, list[Any]] = {"per_image": [], "bleu": [], "ratios": [], "signatures": []}
+        side: dict[str, list[Any]] = {
+            "per_image": [],
+            "bleu": [],
+            "ratios": [],
+            "classes": [],
+            "signatures": [],
+        }
         for path, run in zip(runs, captions, strict=True):
             scores = score_captions(
                 references,
@@ -171,7 +187,8 @@ def compare_results_files(
             # BLEU's statistics from each run's own tokens: Java's tokenizer may have timed out for one only.
             gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
             side["bleu"].append(bleu_statistics(gts, res, image_ids))
-            ratios = read_ratio_statistics(path, image_ids)
+            ratios, classes = read_ratio_statistics(path, image_ids)
+            side["classes"].append(classes)
             if instances is not None:
                 ratios.update(
                     chair_statistics(
@@ -194,9 +211,15 @@ def compare_results_files(
                 )
             )
         sides.append(side)
+    # The class mean over one class list for every run of both sides.
+    every_run = [ratios for side in sides for ratios in side["ratios"]]
+    for ratios, statistics in zip(
+        every_run, aligned_classes([c for side in sides for c in side["classes"]]), strict=False
+    ):
+        ratios[CLASS_MEAN] = statistics
     shared = [
         metric
-        for metric in RATIO_METRICS
+        for metric in (*RATIO_METRICS, CLASS_MEAN)
         if all(metric in ratios for side in sides for ratios in side["ratios"])
     ]
     a, b = sides
@@ -209,6 +232,7 @@ def compare_results_files(
         seed,
         [{m: r[m] for m in shared} for r in a["ratios"]],
         [{m: r[m] for m in shared} for r in b["ratios"]],
+        RATIO_SCORES,
     )
 
     def one_or_all(values: list) -> Any:
@@ -235,8 +259,9 @@ def run_scores(side: dict, comparisons: Mapping[str, Any]) -> dict[str, list[flo
         if metric.startswith("BLEU-"):
             sums = np.stack([stats.sum(axis=0) for stats in side["bleu"]])
             scores[metric] = corpus_bleu(sums, int(metric[5:])).tolist()
-        elif metric in RATIO_METRICS:
-            scores[metric] = ratio_score(np.stack([r[metric].sum(axis=0) for r in side["ratios"]])).tolist()
+        elif metric in RATIO_METRICS or metric == CLASS_MEAN:
+            score = RATIO_SCORES.get(metric, ratio_score)
+            scores[metric] = score(np.stack([r[metric].sum(axis=0) for r in side["ratios"]])).tolist()
         else:
             scores[metric] = [float(np.mean(run[metric])) for run in side["per_image"]]
     return scores

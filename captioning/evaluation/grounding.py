@@ -8,12 +8,20 @@ as a Shapes colour), two numbers are measured on the attention map of the mentio
 - mass: the share of the attention inside the union of the named objects' boxes, each grid
   cell's weight spread uniformly over the cell's area (so a box covering half a cell gets half
   that cell's weight);
-- pointing game: whether the centre of the most attended cell lies inside one of those boxes
-  (edges included). When several cells share the maximum, the word scores the share of them that
-  hit, the expected hit of breaking the tie at random: a flat map scores the chance rate, not
-  whatever the first cell happens to cover.
+- the strict pointing game (``grounding-pointing``): whether the centre of the most attended cell
+  lies inside one of those boxes (edges included). When several cells share the maximum, the word
+  scores the share of them that hit, the expected hit of breaking the tie at random: a flat map
+  scores the chance rate, not whatever the first cell happens to cover;
+- the published pointing game (``grounding-pointing-published``; Zhang et al. 2016, "Top-down
+  neural attention by excitation backprop", as TorchRay's benchmark computes it): the map is
+  upsampled to the image's pixels (bilinear, pixel centres aligned), its maximum taken (the first
+  in row-major order), and the mention hits when any ground-truth pixel lies strictly within
+  ``tolerance`` pixels of it (default 15). The ground truth is the union of the named objects'
+  segmentation masks (polygons or RLE, decoded with pycocotools), or their boxes for objects
+  without a segmentation. Reported as the mean over mentions and, as papers report it, as the mean
+  over categories of each category's accuracy (``grounding-pointing-published-classes``).
 
-Boxes of zero width or height cover nothing and are left out of both.
+Boxes of zero width or height cover nothing and are left out of all three.
 
 The attention grid covers the whole image (the encoder resizes without cropping): cell (r, c) of a
 (gh, gw) grid spans x in [c W/gw, (c+1) W/gw) and y in [r H/gh, (r+1) H/gh).
@@ -24,12 +32,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from captioning.evaluation.coco_files import EvaluationInputError, read_coco_file
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
+from captioning.evaluation.pointing import (
+    DEFAULT_TOLERANCE,
+    MAX_PIXELS,
+    checked_segmentation,
+    class_mean,
+    is_number,
+    object_mask,
+    published_hit,
+)
 
 # Annotation fields of the COCO format; any other field is an attribute (Shapes writes color, size).
 _COCO_FIELDS = frozenset(
@@ -45,11 +62,14 @@ class ObjectBox:
         category: category name, lower case (``"dog"``, ``"circle"``).
         bbox: (x, y, width, height) in pixels, COCO convention.
         attributes: the annotation's extra fields, e.g. ``{"color": "red", "size": "large"}``.
+        segmentation: the annotation's COCO segmentation (a list of polygons, or an RLE dict), None
+            without one (the box stands for the object in the published pointing game).
     """
 
     category: str
     bbox: tuple[float, float, float, float]
     attributes: Mapping[str, Any] = field(default_factory=dict)
+    segmentation: Any = None
 
 
 @dataclass
@@ -65,9 +85,6 @@ class Instances:
     image_sizes: dict[int, tuple[float, float]]
     objects: dict[int, list[ObjectBox]]
     categories: tuple[str, ...] = ()
-
-
-MAX_PIXELS = 10**7  # image sides and box coordinates beyond this are not images
 
 
 def load_instances(instances_file: str | Path) -> Instances:
@@ -89,7 +106,7 @@ def load_instances(instances_file: str | Path) -> Instances:
     image_sizes: dict[int, tuple[float, float]] = {}
     for image_id, image in coco.imgs.items():
         size = (image["width"], image["height"])
-        if not all(_is_number(v) and 0 < v <= MAX_PIXELS for v in size):
+        if not all(is_number(v) and 0 < v <= MAX_PIXELS for v in size):
             raise EvaluationInputError(
                 f"{instances_file}: image {image_id}: width and height must be positive "
                 f"and at most {MAX_PIXELS}, got {size[0]!r:.40} x {size[1]!r:.40}"
@@ -102,7 +119,7 @@ def load_instances(instances_file: str | Path) -> Instances:
         if not (
             isinstance(bbox, list)
             and len(bbox) == 4
-            and all(_is_number(v) for v in bbox)
+            and all(is_number(v) for v in bbox)
             and bbox[2] >= 0
             and bbox[3] >= 0
         ):
@@ -119,10 +136,16 @@ def load_instances(instances_file: str | Path) -> Instances:
                 f"{where}: category_id {annotation['category_id']!r} is not in 'categories'"
             )
         attributes = {k: v for k, v in annotation.items() if k not in _COCO_FIELDS}
+        segmentation = checked_segmentation(
+            where, annotation.get("segmentation"), image_sizes[annotation["image_id"]]
+        )
         x, y, width, height = (float(v) for v in bbox)
         objects[annotation["image_id"]].append(
             ObjectBox(
-                str(coco.cats[annotation["category_id"]]["name"]).lower(), (x, y, width, height), attributes
+                str(coco.cats[annotation["category_id"]]["name"]).lower(),
+                (x, y, width, height),
+                attributes,
+                segmentation,
             )
         )
     categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
@@ -147,10 +170,6 @@ def _check_categories(instances_file: str | Path, categories: Sequence[Mapping[s
                 f"{where}: id {category_id!r:.40} is also the id of categories[{seen[category_id]}]"
             )
         seen[category_id] = index
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
 
 
 class WordMatcher:
@@ -263,11 +282,29 @@ def box_coverage(
     return np.clip(cell_area / ((width / cols) * (height / rows)), 0.0, 1.0)
 
 
+class ImageGrounding(NamedTuple):
+    """One image's grounding, one entry per mention in caption order (all empty without mentions).
+
+    Attributes:
+        masses: the share of the mention's attention inside the named boxes.
+        hits: the strict pointing game's (expected) hit: the most attended cell's centre in a box.
+        published_hits: the published pointing game's hit (1.0 or 0.0), :mod:`captioning.evaluation.pointing`.
+        classes: the mention's class: the named objects' category (categories joined by ``+`` when a
+            word such as a colour names objects of several).
+    """
+
+    masses: list[float]
+    hits: list[float]
+    published_hits: list[float]
+    classes: list[str]
+
+
 def grounding_per_image(
     items: Iterable[tuple[int, Sequence[str], np.ndarray, tuple[int, int]]],
     instances: Instances,
     matcher: WordMatcher,
-) -> dict[int, tuple[list[float], list[float]]]:
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> dict[int, ImageGrounding]:
     """Attention mass in, and pointing-game hits on, the objects that generated words name, per image.
 
     Args:
@@ -275,13 +312,13 @@ def grounding_per_image(
             attention maps (T, gh*gw) (row-major cells) or (T, gh, gw), and grid = (gh, gw).
         instances: the images' boxes (:func:`load_instances`).
         matcher: decides which words name which objects.
+        tolerance: the published pointing game's tolerance in pixels.
     Returns:
-        image id -> (the mass inside the named boxes of each mention, its pointing hit), in caption
-        order; both lists are empty for an image whose caption names no annotated object.
+        image id -> its :class:`ImageGrounding`.
     Raises:
         ValueError: an image without instances, or attention whose shape does not fit words and grid.
     """
-    per_image: dict[int, tuple[list[float], list[float]]] = {}
+    per_image: dict[int, ImageGrounding] = {}
     for image_id, words, attention, grid in items:
         if image_id not in instances.image_sizes:
             raise ValueError(f"image {image_id!r} is not in the instances file")
@@ -296,19 +333,20 @@ def grounding_per_image(
             )
         image_size = instances.image_sizes[image_id]
         width, height = image_size
-        masses: list[float] = []
-        hits: list[float] = []
+        result = ImageGrounding([], [], [], [])
+        masks: dict[int, np.ndarray] = {}  # id(object) -> its pixels, decoded once per image
         for index, named in matcher.mentions(words, instances.objects.get(image_id, [])):
             weights = maps[index]  # (gh, gw)
-            boxes = [obj.bbox for obj in named if obj.bbox[2] > 0 and obj.bbox[3] > 0]
+            present = [obj for obj in named if obj.bbox[2] > 0 and obj.bbox[3] > 0]
+            boxes = [obj.bbox for obj in present]
             if not boxes:
                 continue
             total = weights.sum()
             inside = (weights * box_coverage(boxes, image_size, grid)).sum()
-            masses.append(float(inside / total) if total > 0 else 0.0)
+            result.masses.append(float(inside / total) if total > 0 else 0.0)
             peak_rows, peak_cols = np.nonzero(weights >= weights.max() - 1e-9 * abs(weights.max()))
             centres = zip((peak_cols + 0.5) * width / cols, (peak_rows + 0.5) * height / rows, strict=True)
-            hits.append(
+            result.hits.append(
                 float(
                     np.mean(
                         [
@@ -318,38 +356,67 @@ def grounding_per_image(
                     )
                 )
             )
-        per_image[image_id] = (masses, hits)
+            for obj in present:
+                if id(obj) not in masks:
+                    masks[id(obj)] = object_mask(obj.bbox, obj.segmentation, image_size)
+            truth = np.logical_or.reduce([masks[id(obj)] for obj in present])  # (H, W)
+            result.published_hits.append(float(published_hit(weights, truth, image_size, tolerance)))
+            result.classes.append("+".join(sorted({obj.category for obj in present})))
+        per_image[image_id] = result
     return per_image
 
 
-def image_grounding_json(masses: Sequence[float], hits: Sequence[float]) -> dict[str, float | int | None]:
-    """``grounding-mass`` and ``grounding-pointing``, the means over the mentions (None without any),
-    and ``grounding-words``, how many mentions there are."""
-    return {
-        "grounding-mass": float(np.mean(masses)) if masses else None,
-        "grounding-pointing": float(np.mean(hits)) if hits else None,
-        "grounding-words": len(masses),
+def image_grounding_json(grounding: ImageGrounding, classes: bool = False) -> dict[str, float | int | None]:
+    """``grounding-mass``, ``grounding-pointing`` (strict) and ``grounding-pointing-published``, the
+    means over the mentions (None without any), and ``grounding-words``, how many mentions there
+    are; with ``classes``, also ``grounding-pointing-published-classes``, the published game's mean
+    over classes of each class's accuracy, as papers report it."""
+    result: dict[str, float | int | None] = {
+        "grounding-mass": float(np.mean(grounding.masses)) if grounding.masses else None,
+        "grounding-pointing": float(np.mean(grounding.hits)) if grounding.hits else None,
+        "grounding-pointing-published": (
+            float(np.mean(grounding.published_hits)) if grounding.published_hits else None
+        ),
     }
+    if classes:
+        result["grounding-pointing-published-classes"] = class_mean(
+            grounding.published_hits, grounding.classes
+        )
+    result["grounding-words"] = len(grounding.masses)
+    return result
+
+
+def merged_grounding(per_image: Mapping[int, ImageGrounding]) -> ImageGrounding:
+    """Every image's mentions as one :class:`ImageGrounding` (in the images' order)."""
+    merged = ImageGrounding([], [], [], [])
+    for grounding in per_image.values():
+        merged.masses.extend(grounding.masses)
+        merged.hits.extend(grounding.hits)
+        merged.published_hits.extend(grounding.published_hits)
+        merged.classes.extend(grounding.classes)
+    return merged
 
 
 def grounding_scores(
     items: Iterable[tuple[int, Sequence[str], np.ndarray, tuple[int, int]]],
     instances: Instances,
     matcher: WordMatcher,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> dict[str, float | int | None]:
     """Attention mass in, and pointing-game hits on, the objects that generated words name.
 
     Args:
-        items, instances, matcher: as for :func:`grounding_per_image`.
+        items, instances, matcher, tolerance: as for :func:`grounding_per_image`.
     Returns:
         ``{"grounding-mass": mean share of attention inside the named boxes, "grounding-pointing":
-        share of mentions whose most attended cell centre is inside a named box, "grounding-words":
-        number of mentions counted (one per phrase)}``; the first two are None when no word names
-        an object. Every mention weighs the same, whichever image it is in.
+        share of mentions whose most attended cell centre is inside a named box (the strict rule),
+        "grounding-pointing-published": share of mentions whose map maximum is within ``tolerance``
+        pixels of a named object's pixels (Zhang et al. 2016), "grounding-pointing-published-classes":
+        the same averaged over classes, "grounding-words": number of mentions counted (one per
+        phrase)}``; the rates are None when no word names an object. In the mention means every
+        mention weighs the same, whichever image it is in.
     Raises:
         ValueError: an image without instances, or attention whose shape does not fit words and grid.
     """
-    per_image = grounding_per_image(items, instances, matcher)
-    masses = [mass for image_masses, _ in per_image.values() for mass in image_masses]
-    hits = [hit for _, image_hits in per_image.values() for hit in image_hits]
-    return image_grounding_json(masses, hits)
+    per_image = grounding_per_image(items, instances, matcher, tolerance)
+    return image_grounding_json(merged_grounding(per_image), classes=True)

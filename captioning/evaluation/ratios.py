@@ -25,10 +25,18 @@ from captioning.evaluation.hallucination import chair
 from captioning.utils.run_folder import scores_path_for
 
 # metric -> (per-image field that says the image was measured, how to get (sum, count) from an entry)
-RATIO_METRICS = ("grounding-mass", "grounding-pointing", "CHAIR-i", "CHAIR-s", *ATTRIBUTE_METRICS)
+RATIO_METRICS = (
+    "grounding-mass",
+    "grounding-pointing",
+    "grounding-pointing-published",
+    "CHAIR-i",
+    "CHAIR-s",
+    *ATTRIBUTE_METRICS,
+)
 _PRESENCE = {
     "grounding-mass": "grounding-words",
     "grounding-pointing": "grounding-words",
+    "grounding-pointing-published": "grounding-pointing-published",
     "CHAIR-i": "CHAIR-mentions",
     "CHAIR-s": "CHAIR-s",
     **{metric: count for metric, (_, count) in ATTRIBUTE_METRICS.items()},
@@ -85,21 +93,68 @@ def ratio_statistics(
     return result
 
 
+# The published pointing game's mean over classes: per image, each class's (hits, mentions).
+CLASS_MEAN = "grounding-pointing-published-classes"
+
+
+def class_statistics(
+    entries: Sequence[Mapping[str, Any]], image_ids: Sequence[int], where: str
+) -> dict[str, np.ndarray]:
+    """Per-image (published hits, mentions) of each class, from the entries' ``grounding-classes``.
+
+    Returns:
+        class -> (N, 2) float64 in the order of ``image_ids``; {} when no entry holds classes (scores
+        written before the published pointing game).
+    Raises:
+        EvaluationInputError: an entry's ``grounding-classes`` is not ``{class: [hits, mentions]}``.
+    """
+    by_id = {entry.get("image_id"): entry for entry in entries if isinstance(entry, Mapping)}
+    result: dict[str, np.ndarray] = {}
+    for row, image_id in enumerate(image_ids):
+        classes = by_id.get(image_id, {}).get("grounding-classes")
+        if classes is None:
+            continue
+        try:
+            for name, (hits, mentions) in classes.items():
+                result.setdefault(str(name), np.zeros((len(image_ids), 2)))[row] = (
+                    float(hits),
+                    float(mentions),
+                )
+        except (AttributeError, TypeError, ValueError) as error:
+            raise EvaluationInputError(
+                f"{where}: image_id {image_id}: grounding-classes: malformed ({error})"
+            ) from None
+    return result
+
+
+def aligned_classes(runs: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+    """The runs' class statistics over one class list (the union, sorted): (N, 2K) per run, the columns
+    (hits, mentions) of each class in turn; [] when a run has none."""
+    if not runs or not all(runs):
+        return []
+    names = sorted(set().union(*runs))
+    images = len(next(iter(runs[0].values())))
+    return [np.concatenate([run.get(name, np.zeros((images, 2))) for name in names], axis=1) for run in runs]
+
+
 def per_image_scores_of(results: str | Path) -> Path:
     """Where the per-image scores of a results file are: ``x_results.json`` -> ``x_scores.per_image.json``."""
     scores = scores_path_for(results)
     return scores.with_name(scores.stem + ".per_image.json")
 
 
-def read_ratio_statistics(results: str | Path, image_ids: Sequence[int]) -> dict[str, np.ndarray]:
-    """:func:`ratio_statistics` from the per-image scores beside a results file; {} when there are none.
+def read_ratio_statistics(
+    results: str | Path, image_ids: Sequence[int]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """:func:`ratio_statistics` and :func:`class_statistics` from the per-image scores beside a results
+    file; ({}, {}) when there are none.
 
     Raises:
         EvaluationInputError: the file is there but is not a JSON list of entries for these images.
     """
     path = per_image_scores_of(results)
     if not path.is_file():
-        return {}
+        return {}, {}
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -108,7 +163,7 @@ def read_ratio_statistics(results: str | Path, image_ids: Sequence[int]) -> dict
         raise EvaluationInputError(
             f"{path}: expected a list of per-image scores, got {type(entries).__name__}"
         )
-    return ratio_statistics(entries, image_ids, str(path))
+    return ratio_statistics(entries, image_ids, str(path)), class_statistics(entries, image_ids, str(path))
 
 
 def chair_statistics(

@@ -15,15 +15,18 @@ from captioning.evaluation.attributes import add_attributes, attribute_line
 from captioning.evaluation.caption_sets import caption_set_measures
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
+    ImageGrounding,
     Instances,
     WordMatcher,
     grounding_per_image,
     image_grounding_json,
     load_instances,
+    merged_grounding,
 )
 from captioning.evaluation.hallucination import add_chair, chair_line
 from captioning.evaluation.java import DEFAULT_TIMEOUT_S
 from captioning.evaluation.metrics import EvaluationInputError, score_captions
+from captioning.evaluation.pointing import DEFAULT_TOLERANCE
 from captioning.evaluation.signature import make_signature, parse_signature
 from captioning.inference.captioner import Captioned
 from captioning.utils.files import atomic_write, writes_in_place
@@ -115,13 +118,15 @@ def add_boxed_scores(
     references: Mapping[int, Sequence[str]],
     attention: Mapping[int, tuple] | None = None,
     chair: str = "released",
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> None:
     """Add attention grounding (when ``attention`` is given), CHAIR and, when the boxes annotate
     attributes, attribute hallucination (:mod:`captioning.evaluation.attributes`) to ``result`` in
     place, over the images ``boxes`` cover; ``grounding-images``, ``CHAIR-images`` and
     ``attribute-images`` count them (the others are left out of these only). Each covered image's
     ``per_image`` entry gets its own grounding fields (``grounding-words``, ``grounding-mass``,
-    ``grounding-pointing``), CHAIR fields and attribute fields.
+    ``grounding-pointing``, ``grounding-pointing-published`` and ``grounding-classes``, its
+    published hits and mentions per class), CHAIR fields and attribute fields.
 
     Args:
         result: the scores being built (with its ``per_image`` list).
@@ -131,22 +136,18 @@ def add_boxed_scores(
         attention: image id -> (attention maps (T, P), grid) of the generated caption.
         chair: CHAIR's word table (:data:`captioning.config.CHAIR_TABLES`); grounding always reads
             captions with the extended one.
+        tolerance: the published pointing game's tolerance in pixels.
     """
     covered = [image_id for image_id in words if image_id in boxes.image_sizes]
     matcher = WordMatcher()
     if attention is not None:
         items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
-        per_image = grounding_per_image(items, boxes, matcher)
-        result.update(
-            image_grounding_json(
-                [m for masses, _ in per_image.values() for m in masses],
-                [h for _, hits in per_image.values() for h in hits],
-            )
-        )
+        per_image = grounding_per_image(items, boxes, matcher, tolerance)
+        result.update(image_grounding_json(merged_grounding(per_image), classes=True))
         result["grounding-images"] = len(covered)
         if "per_image" in result:
             result["per_image"] = [
-                {**entry, **image_grounding_json(*per_image[entry["image_id"]])}
+                {**entry, **image_fields(per_image[entry["image_id"]])}
                 if entry.get("image_id") in per_image
                 else entry
                 for entry in result["per_image"]
@@ -155,6 +156,18 @@ def add_boxed_scores(
     add_chair(result, covered_words, references, boxes, chair_table(chair))
     result["CHAIR-images"] = len(covered)
     add_attributes(result, covered_words, boxes, chair_table(chair))
+
+
+def image_fields(grounding: ImageGrounding) -> dict[str, Any]:
+    """One image's per-image grounding fields: the means of :func:`image_grounding_json` and
+    ``grounding-classes``, class -> [published hits, mentions], from which ``--compare`` rebuilds
+    the class mean."""
+    classes: dict[str, list[float]] = {}
+    for hit, name in zip(grounding.published_hits, grounding.classes, strict=True):
+        totals = classes.setdefault(name, [0.0, 0.0])
+        totals[0] += hit
+        totals[1] += 1
+    return {**image_grounding_json(grounding), "grounding-classes": classes}
 
 
 def score_captioned(
@@ -170,13 +183,14 @@ def score_captioned(
     reward: str | None = None,
     clip_scorer: ClipScorer | None = None,
     tokenizer: str = "ptb",
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> dict:
     """Caption metrics against each record's references, plus attention grounding and CHAIR (with the
     word table ``chair``) on the images ``boxes`` cover (``grounding-images`` and ``CHAIR-images`` of
     them; the others are left out of these only), CLIP-S and RefCLIP-S with ``clip_scorer`` (also per
     image), and the signature of the scores (``decode``, ``checkpoint`` and its self-critical
     ``reward`` describe the system). ``tokenizer``: the checkpoint's ``data.tokenizer``, which the
-    metrics tokenize with."""
+    metrics tokenize with; ``tolerance``: the published pointing game's, in pixels (in the signature)."""
     references = {item.record.image_id: list(item.record.raw) for item in captioned}
     candidates = {item.record.image_id: detokenize(item.words, tokenizer) for item in captioned}
     scores = score_captions(
@@ -193,6 +207,7 @@ def score_captioned(
             references,
             {item.record.image_id: (item.caption.attention.numpy(), grid) for item in captioned},
             chair,
+            tolerance,
         )
     if clip_scorer is not None:
         from captioning.evaluation.clip_score import clip_scores
@@ -216,6 +231,7 @@ def score_captioned(
         clip=clip_scorer.description if clip_scorer is not None else None,
         boxes=boxes,
         table=chair_table(chair) if boxes is not None else None,
+        pointing=tolerance if boxes is not None else None,
     )
     return result
 
@@ -242,10 +258,18 @@ def grounding_line(scores: Mapping[str, Any], images: int) -> str | None:
             "grounding: no generated word names an annotated object "
             f"({covered} of {images} images with boxes)"
         )
+    published = scores.get("grounding-pointing-published")
+    tolerance = parse_signature(scores.get("signature", "")).get("point", "?")
     return (
-        f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}, pointing game "
-        f"{scores['grounding-pointing']:.3f}, over {scores['grounding-words']} object words in {covered} of "
-        f"{images} images with boxes"
+        f"grounding: attention mass in the named object's box {scores['grounding-mass']:.3f}; pointing game "
+        f"(strict: most attended cell's centre in the box) {scores['grounding-pointing']:.3f}"
+        + (
+            f"; pointing game (published, Zhang et al. 2016: maximum within {tolerance} of the object) "
+            f"{published:.3f} per mention, {scores['grounding-pointing-published-classes']:.3f} per class"
+            if published is not None
+            else ""
+        )
+        + f"; over {scores['grounding-words']} object words in {covered} of {images} images with boxes"
     )
 
 

@@ -26,7 +26,8 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
 - ``inst``: with grounding and CHAIR, sha256 (12 hex digits) of the boxes of the instances files
   (image sizes, every object's category, box and attributes, the category list: the same boxes
   give the same hash from any files), and ``words``: of the CHAIR word table (synonyms, phrases
-  that name no object, modifiers).
+  that name no object, modifiers);
+- ``point``: with attention grounding, the published pointing game's tolerance (``15px``).
 
 ``decode``, ``ckpt``, ``scst`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
@@ -67,13 +68,15 @@ def _canonical_hash(value: Any) -> str:
 
 
 def boxes_hash(boxes: Instances) -> str:
-    """sha256 (first 12 hex digits) of the boxes grounding and CHAIR read, independent of file order."""
+    """sha256 (first 12 hex digits) of the boxes (and segmentations) grounding and CHAIR read,
+    independent of file order."""
     images = sorted(
         (
             str(image_id),
             list(size),
             sorted(
                 [box.category, list(box.bbox), dict(box.attributes)]
+                + ([box.segmentation] if box.segmentation is not None else [])
                 for box in boxes.objects.get(image_id, ())
             ),
         )
@@ -129,6 +132,7 @@ def make_signature(
     clip: str | None = None,
     boxes: Instances | None = None,
     table: CategoryWords | ReleasedChairTable | None = None,
+    pointing: float | None = None,
 ) -> str:
     """The signature of scores of ``len(references)`` images against ``references``.
 
@@ -144,6 +148,7 @@ def make_signature(
             weights had a self-critical stage.
         clip: the CLIP model and weights of CLIP-S (``ClipScorer.description``), when computed.
         boxes, table: the instances' boxes and the word table of grounding and CHAIR, when computed.
+        pointing: the published pointing game's tolerance in pixels, when grounding was computed.
     Returns:
         ``key:value|key:value...`` (see the module docstring).
     """
@@ -168,6 +173,8 @@ def make_signature(
     if boxes is not None:
         fields["inst"] = boxes_hash(boxes)
         fields["words"] = words_hash(table if table is not None else COCO_WORDS)
+    if pointing is not None:
+        fields["point"] = f"{pointing:g}px"
     return "|".join(f"{key}:{value}" for key, value in fields.items())
 
 

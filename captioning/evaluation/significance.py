@@ -195,6 +195,18 @@ def ratio_score(sums: np.ndarray) -> np.ndarray:
         return np.where(sums[:, 1] > 0, sums[:, 0] / np.where(sums[:, 1] > 0, sums[:, 1], 1.0), np.nan)
 
 
+def class_mean_score(sums: np.ndarray) -> np.ndarray:
+    """(M, 2K) summed (hits, mentions) of K classes -> (M,) the mean over the classes with mentions of
+    each class's hit rate (NaN where no class has one): the published pointing game's class mean."""
+    pairs = sums.reshape(len(sums), -1, 2)  # (M, K, 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = np.where(
+            pairs[..., 1] > 0, pairs[..., 0] / np.where(pairs[..., 1] > 0, pairs[..., 1], 1.0), np.nan
+        )
+        counted = np.isfinite(rates).sum(axis=1)  # (M,)
+        return np.where(counted > 0, np.nansum(rates, axis=1) / np.maximum(counted, 1), np.nan)
+
+
 def mean_score(images: int) -> Callable[[np.ndarray], np.ndarray]:
     """The score of a per-image-mean metric from its (M, 1) summed per-image values."""
     return lambda sums: sums[:, 0] / images
@@ -209,6 +221,7 @@ def group_bootstrap(
     seed: int = 0,
     ratios_a: Sequence[Mapping[str, np.ndarray]] | None = None,
     ratios_b: Sequence[Mapping[str, np.ndarray]] | None = None,
+    ratio_scores: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
 ) -> dict[str, Comparison]:
     """Compare k runs of A with k' runs of B on the same N images (see the module docstring).
 
@@ -217,6 +230,8 @@ def group_bootstrap(
             metrics, same image order; the metrics of the first run of A are compared).
         bleu_a, bleu_b: one (N, 10) array per run, or None.
         ratios_a, ratios_b: one mapping per run, metric -> (N, 2) (sum, count), or None.
+        ratio_scores: metric -> its score of summed statistics, for ratio metrics that are not one
+            sum over one count (:func:`class_mean_score`); :func:`ratio_score` for the others.
     Returns:
         metric -> :class:`Comparison` (group means, B - A, interval, p-value, Holm-adjusted p-value).
     """
@@ -252,7 +267,7 @@ def group_bootstrap(
                 counts,
                 [column(run[metric]) for run in ratios_a],
                 [column(run[metric]) for run in ratios_b],
-                ratio_score,
+                (ratio_scores or {}).get(metric, ratio_score),
                 seed,
             )
     # A metric undefined on either side (grounding without boxes) is no test: left out, and not

@@ -92,11 +92,28 @@ class AdditiveAttention(Attention):
         hidden_dim: H, the decoder state size.
         attention_dim: A, the projection size.
         activation: ``tanh`` (paper) or ``relu`` (the popular tutorial).
+        annotation_layers: layers over the annotations before W_h h is added: 1 (W_a a_i, the
+            paper) or more, each extra one an A -> A linear layer and tanh (the authors' code,
+            ``n_layers_att``; their COCO script uses 2).
     """
 
-    def __init__(self, annotation_dim: int, hidden_dim: int, attention_dim: int, activation: str = "tanh"):
+    def __init__(
+        self,
+        annotation_dim: int,
+        hidden_dim: int,
+        attention_dim: int,
+        activation: str = "tanh",
+        annotation_layers: int = 1,
+    ):
         super().__init__()
         self.annotation_proj = nn.Linear(annotation_dim, attention_dim)
+        # Extra layers of the authors' n_layers_att (none by default, so older weights load as before).
+        self.annotation_layers = nn.Sequential(
+            *[
+                nn.Sequential(nn.Linear(attention_dim, attention_dim), nn.Tanh())
+                for _ in range(annotation_layers - 1)
+            ]
+        )
         self.query_proj = nn.Linear(hidden_dim, attention_dim, bias=False)
         self.score = nn.Linear(attention_dim, 1, bias=False)  # a bias would cancel in the softmax
         # In place on the fresh (N, P, A) sum: one large temporary per step instead of two (autograd
@@ -105,7 +122,8 @@ class AdditiveAttention(Attention):
         self.context_dim = annotation_dim
 
     def prepare(self, annotations: Tensor) -> Prepared:
-        return Prepared(self.annotation_proj(annotations), annotations)  # (B, P, A), (B, P, C)
+        keys = self.annotation_layers(self.annotation_proj(annotations))  # (B, P, A)
+        return Prepared(keys, annotations)  # (B, P, A), (B, P, C)
 
     def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
         query = self.query_proj(query).view(
@@ -198,7 +216,9 @@ SCORERS: Registry[ScorerBuilder] = Registry("attention scorer", key="model.decod
 @SCORERS.register("additive")
 def additive(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
     """Bahdanau's MLP scorer of the paper (``activation`` tanh; relu as the popular tutorial)."""
-    return AdditiveAttention(annotation_dim, hidden_dim, config.attention_dim, config.activation)
+    return AdditiveAttention(
+        annotation_dim, hidden_dim, config.attention_dim, config.activation, config.annotation_layers
+    )
 
 
 @SCORERS.register("dot")

@@ -62,6 +62,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
             tanh layers (the authors' COCO script uses 2).
         output_tanh: tanh over equation 7's sum before the output layer, as the authors' code
             does (the paper prints none); deep output only.
+        hidden_dropout: dropout on h_t before L_h too, as the authors' code does; deep output only.
     """
 
     input_weight = "init_h.weight"
@@ -78,10 +79,11 @@ class ShowAttendTellDecoder(CaptionDecoder):
         dropout: float = 0.5,
         init_layers: int = 1,
         output_tanh: bool = False,
+        hidden_dropout: bool = False,
     ):
         super().__init__()
-        if output_tanh and not deep_output:
-            raise ValueError("output_tanh needs the deep output")
+        if (output_tanh or hidden_dropout) and not deep_output:
+            raise ValueError("output_tanh and hidden_dropout need the deep output")
         self.vocab_size = vocab_size
         self.annotation_dim = annotation_dim
         self.hidden_dim = hidden_dim
@@ -107,6 +109,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         self.dropout = nn.Dropout(dropout)
         self.deep_output = deep_output
         self.output_tanh = output_tanh
+        self.hidden_dropout = hidden_dropout
         # The compiled recurrence step, once compile_step has made it.
         self._compiled_cell: Callable[[Tensor, Prepared, DecoderState], CellOutput] | None = None
         if deep_output:
@@ -148,10 +151,14 @@ class ShowAttendTellDecoder(CaptionDecoder):
             "dropout": config.dropout,
             "init_layers": config.init_layers,
             "output_tanh": config.output_tanh,
+            "hidden_dropout": config.hidden_dropout,
         }
         if config.attention == "hard":
             return HardAttentionDecoder(
-                **kwargs, expected_prob=config.hard_expected_prob, baseline_decay=config.hard_baseline_decay
+                **kwargs,
+                expected_prob=config.hard_expected_prob,
+                baseline_decay=config.hard_baseline_decay,
+                expected_gradient=config.hard_alpha_gradients == "paper",
             )
         return ShowAttendTellDecoder(**kwargs)
 
@@ -205,6 +212,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         Only the deep output reads ``embedded`` and ``context``; they may be None without it.
         """
         if self.deep_output:
+            hidden = self.dropout(hidden) if self.hidden_dropout else hidden
             deep = embedded + self.hidden_to_out(hidden) + self.context_to_out(context)  # (..., m)
             return self.out(self.dropout(torch.tanh(deep) if self.output_tanh else deep))
         return self.out(self.dropout(hidden))
@@ -346,14 +354,26 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
     (``captioning.training.losses.hard_attention_loss``). Self-critical rollouts sample locations
     too and their log-probabilities join the policy gradient (``StepOutput.location_log_prob``).
     At inference the expected context is used.
+
+    ``expected_gradient`` False keeps the expected context's gradient from reaching alpha_t, as in
+    the authors' code, where ``known_grads`` sets the gradient on alpha to REINFORCE's and the
+    entropy's alone (``model.decoder.hard_alpha_gradients: authors``).
     """
 
     objective = "hard_attention"
     reward_baseline: Tensor  # () buffer: the moving average of the rewards, NaN until the first step
 
-    def __init__(self, *args, expected_prob: float = 0.5, baseline_decay: float = 0.9, **kwargs):
+    def __init__(
+        self,
+        *args,
+        expected_prob: float = 0.5,
+        baseline_decay: float = 0.9,
+        expected_gradient: bool = True,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.expected_prob = expected_prob
+        self.expected_gradient = expected_gradient
         self.baseline_decay = baseline_decay
         self.register_buffer("reward_baseline", torch.full((), float("nan")))  # NaN until the first step
         self._use_expected: Tensor | None = None
@@ -367,9 +387,9 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
         return super().prepare(annotations)
 
     def _context(self, weights: Tensor, prepared: Prepared) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        expected = self.attention.combine(weights, prepared)
         if not self.training:
-            return expected, None, None
+            return self.attention.combine(weights, prepared), None, None
+        expected = self.attention.combine(weights if self.expected_gradient else weights.detach(), prepared)
         if self._use_expected is None or self._use_expected.numel() < weights.size(0):
             # At the first step after prepare() every row is active. The draws are i.i.d. per row,
             # so the length-sorted order of the teacher-forced pass does not matter.

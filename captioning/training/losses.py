@@ -16,6 +16,8 @@ the P positions, ``lambda = alpha_c * L / P`` with L the mean target tokens per 
 code (``capgen.py``) sums the penalty over the N captions of a batch, averages it over the P
 positions and adds it to the per-caption mean log-likelihood, so its ``alpha_c`` is
 ``lambda = alpha_c * N / P`` here (0.33 for their COCO script's batch of 64 on 196 positions).
+Their hard-attention weights convert the same way (:func:`hard_attention_loss`, docs/training.md):
+``lambda_r = N / (10 T)`` and ``lambda_e = N * alpha_entropy_c``.
 
 The penalty reads ``DecoderOutput.alphas`` whatever the decoder: for the Transformer that is the
 mean over heads of the last layer's cross-attention, the map its figures show (its shipped
@@ -24,6 +26,7 @@ configurations set lambda = 0, as published Transformer captioners use no such p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +135,7 @@ def hard_attention_loss(
     reinforce_weight: float = 1.0,
     label_smoothing: float = 0.0,
     num_tokens: float | None = None,
+    penalty_gradient: bool = True,
 ) -> LossTerms:
     """The estimator of equation 12 (section 4.1), as a loss whose gradient it is.
 
@@ -149,14 +153,27 @@ def hard_attention_loss(
     The doubly stochastic penalty acts on the distributions alpha_t from which the locations are
     drawn (the paper introduces it for soft attention): it asks every location to be expected
     to be visited about once over the caption, and it is differentiable there without REINFORCE.
-    The authors' code applies it for both kinds of attention too.
+    The authors' code (``capgen.py``) adds it to the cost under hard attention too, but passes
+    ``known_grads`` for alpha: the gradient that reaches alpha is REINFORCE's and the entropy's
+    alone, so in their hard-attention runs the penalty is a number in the cost without any
+    gradient. ``penalty_gradient`` False does the same (the penalty is still reported); True, the
+    default, differentiates it as the paper's equations read.
+
+    The authors' weights (their ``capgen.py``: the cost a mean over the N captions of summed
+    per-token costs, one caption length T per batch; the gradient on alpha ``(b - mean_t
+    cost) / 10 * (-s / alpha) + alpha_entropy_c * (log alpha + 1)``, not divided by N) are, on
+    this function's per-token scale, ``reinforce_weight = N / (10 T)`` and ``entropy_weight =
+    N * alpha_entropy_c`` (docs/training.md; tests/training/test_penalty_conversion.py checks the
+    gradients). Their baseline is a moving average of the per-token mean cost started at 0; this
+    one of the summed log-likelihood, started at the first batch's mean.
     """
     location_log_probs, entropies = output.location_log_probs, output.entropies
     if location_log_probs is None or entropies is None:
         raise ValueError(
             "hard_attention_loss needs the sampled locations of a hard-attention decoder in training mode"
         )
-    terms = caption_loss(output, captions, penalty_weight, label_smoothing, num_tokens)
+    penalised = output if penalty_gradient else dataclasses.replace(output, alphas=output.alphas.detach())
+    terms = caption_loss(penalised, captions, penalty_weight, label_smoothing, num_tokens)
     steps = output.logits.size(1)
     targets = captions[:, 1 : steps + 1]
     token_log_probs = -F.cross_entropy(
@@ -212,7 +229,8 @@ def hard_attention_objective(
     label_smoothing: float,
     num_tokens: float | None,
 ) -> LossTerms:
-    """Equation 12 (:func:`hard_attention_loss`) with the configuration's hard-attention weights."""
+    """Equation 12 (:func:`hard_attention_loss`) with the configuration's hard-attention weights; the
+    penalty's gradient as ``hard_alpha_gradients`` says (``authors``: none)."""
     if not isinstance(decoder, HardAttentionDecoder):
         raise TypeError(
             f"the hard_attention objective trains a HardAttentionDecoder, not {type(decoder).__name__}"
@@ -226,6 +244,7 @@ def hard_attention_objective(
         config.hard_reinforce,
         label_smoothing,
         num_tokens,
+        penalty_gradient=config.hard_alpha_gradients == "paper",
     )
 
 

@@ -71,6 +71,7 @@ RESUMABLE_KEYS = frozenset(
         "data.annotations",
         "data.instances",
         "data.chair_table",
+        "data.pointing_tolerance",
         "data.num_workers",
         "data.use_cache",
         "data.skip_bad_images",

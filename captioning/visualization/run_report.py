@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 COLUMNS = (
     ("CIDEr-D", "CIDEr-D", "ascending"),
     ("grounding-mass", "grounding mass", "ascending"),
-    ("grounding-pointing", "pointing", "ascending"),
+    ("grounding-pointing", "pointing (strict)", "ascending"),
+    ("grounding-pointing-published", "pointing (published)", "ascending"),
     ("CHAIR-i", "CHAIR-i", "descending"),
     ("CHAIR-s", "CHAIR-s", "descending"),
     ("attribute-precision", "attribute precision", "ascending"),

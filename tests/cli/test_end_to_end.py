@@ -168,6 +168,8 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
         "--no-progress",
         "--no-java",
         "--spice",
+        "--pointing-tolerance",
+        "20",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
@@ -184,6 +186,16 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
     assert (
         signature["ckpt"] == file_hash(checkpoint) and signature["n"] == "8" and signature["tok"] == "python"
     )
+    # both pointing games, the published one with the tolerance asked for (in the signature)
+    assert signature["point"] == "20px"
+    assert {
+        "grounding-pointing",
+        "grounding-pointing-published",
+        "grounding-pointing-published-classes",
+    } <= set(scores)
+    if scores["grounding-words"]:
+        assert "pointing game (strict" in result.stdout and "pointing game (published" in result.stdout
+        assert "within 20px of the object" in result.stdout
 
 
 def test_evaluate_set_changes_decoding_but_never_the_model(demo, tmp_path):

@@ -4,6 +4,7 @@ seeds against seeds, ``--names``, and ``--aggregate``'s interval and its refusal
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,8 +95,14 @@ def test_per_image_grounding_adds_up_to_the_overall_score():
     assert per_image[2]["CHAIR-mentions"] == 2 and per_image[3]["hallucinated"] == ["circle"]
 
 
-def write_system(folder: Path, captions: dict[int, str], grounding_mass: float | None = None) -> Path:
-    """``folder/test_results.json``, and beside it per-image scores with one grounded mention an image."""
+def write_system(
+    folder: Path,
+    captions: dict[int, str],
+    grounding_mass: float | None = None,
+    published: Callable[[int], tuple[str, float]] = lambda i: ("dog", 1.0),
+) -> Path:
+    """``folder/test_results.json``, and beside it per-image scores with one grounded mention an image
+    (``published``: image id -> the mention's class and its published pointing hit)."""
     folder.mkdir(parents=True, exist_ok=True)
     results = folder / "test_results.json"
     results.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in captions.items()]))
@@ -106,6 +113,8 @@ def write_system(folder: Path, captions: dict[int, str], grounding_mass: float |
                 "CIDEr-D": 0.0,
                 "grounding-mass": grounding_mass,
                 "grounding-pointing": 1.0,
+                "grounding-pointing-published": published(i)[1],
+                "grounding-classes": {published(i)[0]: [published(i)[1], 1]},
                 "grounding-words": 1,
             }
             for i in captions
@@ -117,7 +126,10 @@ def write_system(folder: Path, captions: dict[int, str], grounding_mass: float |
 def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path):  # noqa: F811
     good = {e["image_id"]: e["caption"] for e in json.loads(files["a"].read_text())}
     bad = {e["image_id"]: e["caption"] for e in json.loads(files["b"].read_text())}
-    lstm, transformer = write_system(tmp_path / "lstm", good, 0.8), write_system(tmp_path / "tf", bad, 0.4)
+    # A: a dog mention hit on 3 of 4 images, a cat mention missed on the 4th: 0.75 per mention, 0.5 per
+    # class; B: dogs hit everywhere, 1.0 both ways.
+    lstm = write_system(tmp_path / "lstm", good, 0.8, lambda i: ("dog", 1.0) if i % 4 else ("cat", 0.0))
+    transformer = write_system(tmp_path / "tf", bad, 0.4)
     out = tmp_path / "comparison.json"
     result = evaluate(
         "--compare",
@@ -140,6 +152,10 @@ def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path): 
     metrics = comparison["metrics"]
     assert metrics["grounding-mass"]["difference"] == pytest.approx(-0.4)
     assert metrics["grounding-pointing"]["difference"] == pytest.approx(0.0)
+    assert metrics["grounding-pointing-published"]["a"] == pytest.approx(0.75)
+    assert metrics["grounding-pointing-published"]["difference"] == pytest.approx(0.25)
+    assert metrics["grounding-pointing-published-classes"]["a"] == pytest.approx(0.5)
+    assert metrics["grounding-pointing-published-classes"]["difference"] == pytest.approx(0.5)
     assert metrics["CHAIR-s"]["difference"] == pytest.approx(0.5)  # B hallucinates on 20 of 40 images
     assert metrics["CHAIR-i"]["b"] == pytest.approx(0.5) and metrics["CHAIR-i"]["ci_low"] > 0
     assert all(m["p_holm"] >= m["p_value"] for m in metrics.values())

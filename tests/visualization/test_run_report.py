@@ -113,8 +113,8 @@ def test_report_holds_config_scores_curves_and_a_row_per_image(tmp_path, run_ite
     assert "<th>train_loss</th>" in page and "<th>val_CIDEr-D</th>" in page and 'data-value="0.43"' in page
     assert len(re.findall(r'<tr data-index="\d+">', page)) == 4
     assert (
-        "image 11 &middot; CIDEr-D 0.100, grounding mass 0.800, pointing 1.000, CHAIR-i 0.500, CHAIR-s 1.000"
-        in page
+        "image 11 &middot; CIDEr-D 0.100, grounding mass 0.800, pointing (strict) 1.000, "
+        "CHAIR-i 0.500, CHAIR-s 1.000" in page
     )
     assert "image 12 &middot; CIDEr-D 0.500</h2>" in page
     assert "http://" not in page and "https://" not in page and "<link" not in page  # nothing fetched
