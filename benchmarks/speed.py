@@ -60,6 +60,7 @@ from captioning.models.encoders import Encoder, build_encoder
 from captioning.training.engine import flatten_captions
 from captioning.training.losses import caption_loss
 from captioning.training.optim import adam
+from captioning.utils.device import cpu_bf16_instructions
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
 COCO_CAPTIONS = 566_747
@@ -574,6 +575,9 @@ def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]
         "cpu": cpu,
         "threads": threads,
         "amp": amp,
+        # bf16 on a CPU without bf16 instructions is an order of magnitude slower (bf16_cost)
+        "cpu_capability": cpu_bf16_instructions()[0],
+        "cpu_bf16_instructions": cpu_bf16_instructions()[1],
         "torch": torch.__version__,
         "captioning": str(Path(captioning.__file__).parent),
         "load_average_start": os.getloadavg()[0],
