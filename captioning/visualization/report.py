@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from captioning.data.images import load_image
 from captioning.evaluation.grounding import Instances, WordMatcher, word_boxes
 from captioning.utils.files import atomic_write
-from captioning.visualization.figures import Box, attention_figure, save_figure, statistics_text
+from captioning.visualization.figures import Box, attention_figure, font_note, save_figure, statistics_text
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,
     attention_statistics,
@@ -36,6 +37,8 @@ from captioning.visualization.pages import page_asset, render_page
 
 if TYPE_CHECKING:
     from captioning.inference.captioner import Captioned
+
+logger = logging.getLogger(__name__)
 
 VIEWER_STYLE = page_asset("viewer.css")
 
@@ -219,6 +222,9 @@ def write_figures(
         (file, panels) of each figure, in the order of ``items``.
     """
     figures_dir = Path(figures_dir)
+    note = font_note(text for item in items for text in (item.text, *item.record.raw))
+    if note:
+        logger.warning(note)
     matcher = WordMatcher()
     written = []
     for k, item in enumerate(tqdm(items, desc="figures", disable=not progress, leave=False, unit="image")):
