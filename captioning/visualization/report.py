@@ -91,7 +91,8 @@ def item_html(
     note: str = "",
     matcher: WordMatcher | None = None,
 ) -> str:
-    """One image's section: the picture, one overlay per word (shown by its word's link), references.
+    """One image's section: the picture as it is, beside it the picture under one overlay per word
+    (shown by its word's link), references.
     ``matcher``: the category-word table that finds each word's boxes, shared by a page's images.
 
     ``map_side``: the overlays are drawn at most this long (the page stretches them over the
@@ -115,7 +116,8 @@ def item_html(
     named = word_boxes(words, item.record.image_id, boxes, matcher)
     betas = item.caption.betas
     name = html.escape(Path(item.record.path).name)
-    layers = [f'<img class="photo" src="{_data_uri(np.asarray(image), "JPEG")}" alt="{name}">']
+    photo = _data_uri(np.asarray(image), "JPEG")
+    layers = [f'<img class="photo" src="{photo}" alt="{name}">']
     links = []
     for t, word in enumerate(words):
         map_id = f"img{index}-w{t}"
@@ -139,7 +141,12 @@ def item_html(
         f"<h2>{name} &middot; image {item.record.image_id}"
         + (f" &middot; {html.escape(note)}" if note else "")
         + "</h2>\n"
-        f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
+        # the image itself beside its overlays: a colour the overlay darkens can be checked there
+        f'<div class="pair">\n<img class="plain" src="{photo}" alt="{name}" '
+        f'width="{width}" height="{height}">\n'
+        f'<div class="stage" style="width:{width}px;height:{height}px">\n'
+        + "\n".join(layers)
+        + "\n</div>\n</div>\n"
         f'<p class="caption">{caption}</p>\n'
         + (f'<ol class="refs">{references}</ol>\n' if references else "")
         + "</section>"
