@@ -59,7 +59,15 @@ def _number(value: Any) -> float | None:
 
 
 # Each curve of a panel: a line style and a marker of its own, so that curves that coincide both show.
-_CURVE_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"))
+_CURVE_STYLES = (
+    ("-", "o"),
+    ("--", "s"),
+    (":", "^"),
+    ("-.", "D"),
+    ((0, (5, 1, 1, 1)), "v"),
+    ((0, (1, 1)), "x"),
+    ((0, (8, 2)), "+"),
+)
 
 # Validation metrics on a 0-10 scale (CIDEr-D reaches 5 and more); the others lie in [0, 1].
 _WIDE_SCALE = ("CIDEr",)
