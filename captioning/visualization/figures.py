@@ -140,7 +140,7 @@ def font_note(texts: Iterable[str]) -> str | None:
         return None
     shown = missing[:8] + ("..." if len(missing) > 8 else "")
     return (
-        f"warning: no installed font has {len(missing)} of the characters in these captions ({shown}); "
+        f"warning: {len(missing)} characters of these captions ({shown}) are in no installed font, so "
         f"the figures draw them as empty boxes: {FONT_FIX}"
     )
 
