@@ -42,7 +42,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--checkpoint",
         type=Path,
-        help="a checkpoint written by train.py, or a model folder written by save_pretrained",
+        help="a checkpoint written by train.py, a run folder (the checkpoint its test scores came from), "
+        "or a model folder written by save_pretrained",
     )
     source.add_argument(
         "--split", default=None, help="split of the checkpoint's dataset to decode (train/val/test)"

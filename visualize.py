@@ -30,13 +30,14 @@ def get_args_parser() -> argparse.ArgumentParser:
         "  python visualize.py --split val --num 20 --checkpoint best.pt --html val.html\n"
         "  python visualize.py photo.jpg --checkpoint best.pt --layer 1 --head 3   # a Transformer's head\n"
         "  python visualize.py photo.jpg --checkpoint best.pt --normalize word --cmap jet   # the old look\n"
-        "  python visualize.py --serve runs/shapes/checkpoints/best.pt --port 7860   # a demo in the browser",
+        "  python visualize.py --serve runs/shapes --port 7860   # a demo in the browser",
     )
     parser.add_argument("images", nargs="*", type=Path, metavar="IMAGE", help="image files to caption")
     parser.add_argument(
         "--checkpoint",
         type=Path,
-        help="a checkpoint written by train.py, or a model folder written by save_pretrained",
+        help="a checkpoint written by train.py, a run folder (the checkpoint its test scores came from), "
+        "or a model folder written by save_pretrained",
     )
     parser.add_argument(
         "--out-dir",
@@ -109,7 +110,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="CHECKPOINT_OR_FOLDER",
-        help="serve a local web app (Gradio) captioning uploaded images with this model",
+        help="serve a local web app (Gradio) captioning uploaded images with this model: a checkpoint, "
+        "a run folder (the checkpoint its test scores came from) or a model folder",
     )
     demo.add_argument("--port", type=int, default=7860, help="the demo's port (default: 7860)")
     demo.add_argument(

@@ -60,6 +60,7 @@ from captioning.models.encoders import Encoder, build_encoder
 from captioning.training.engine import flatten_captions
 from captioning.training.losses import caption_loss
 from captioning.training.optim import adam
+from captioning.utils.device import bf16_cost, cpu_bf16_instructions
 
 COCO_IMAGES = 113_287  # Karpathy train + restval
 COCO_CAPTIONS = 566_747
@@ -574,6 +575,9 @@ def environment(device: torch.device, threads: int, amp: bool) -> dict[str, Any]
         "cpu": cpu,
         "threads": threads,
         "amp": amp,
+        # bf16 on a CPU without bf16 instructions is an order of magnitude slower (bf16_cost)
+        "cpu_capability": cpu_bf16_instructions()[0],
+        "cpu_bf16_instructions": cpu_bf16_instructions()[1],
         "torch": torch.__version__,
         "captioning": str(Path(captioning.__file__).parent),
         "load_average_start": os.getloadavg()[0],
@@ -632,6 +636,9 @@ def run_parts(args: argparse.Namespace) -> dict[str, Any]:
     if loader is not None:  # a disk too small is refused before anything is measured
         loader_speed.cache_parent(args.loader_dir, loader)
     torch.manual_seed(0)
+    slow_bf16 = bf16_cost(device, "bf16" if args.amp else "none")
+    if slow_bf16:  # said before anything is measured: the bf16 parts may take an hour there
+        print(f"note: {slow_bf16}", file=sys.stderr, flush=True)
     results: dict[str, Any] = {
         **environment(device, threads, args.amp),
         "quick": args.quick,

@@ -253,15 +253,11 @@ def load(path: str | Path, device: str = "auto", imports: Sequence[str] = ()) ->
             its configuration (one line naming the file).
         EncoderWeightsError: the encoder's pretrained weights cannot be found.
     """
-    from captioning.hub.checkpoint import scored_checkpoint
-    from captioning.hub.model_folder import CONFIG
-    from captioning.utils.run_folder import CHECKPOINTS
+    from captioning.hub.checkpoint import model_path
 
     import_modules(list(imports), option="imports")
     torch_device = resolve_device(device)
-    path = Path(path)
-    if path.is_dir() and not (path / CONFIG).exists() and (path / CHECKPOINTS).is_dir():
-        path = scored_checkpoint(path)  # a run folder: the checkpoint its test scores came from
+    path = model_path(path)  # a run folder: the checkpoint its test scores came from
     captioner, config, reward = load_trained_captioner(path, torch_device)
     return CaptioningModel(captioner, config, torch_device, path, "scst" if reward else "xe")
 

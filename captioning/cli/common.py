@@ -258,3 +258,14 @@ def _refuse_nul_bytes(args: argparse.Namespace) -> None:
             if isinstance(item, (str, Path)) and "\x00" in str(item):
                 option = _OPTION_OF.get(name) or "--" + name.replace("_", "-")
                 raise ConfigError(f"{option}: {str(item)!r} contains a NUL character")
+
+
+def checkpoint_to_read(path: str | Path) -> Path:
+    """``--checkpoint`` / ``--serve`` as ``captioning.load`` reads it: a run folder stands for the
+    checkpoint its test scores came from (said in one line); a file or model folder as given."""
+    from captioning.hub.checkpoint import model_path
+
+    chosen = model_path(path)
+    if chosen != Path(path):
+        print(f"checkpoint: {chosen} (the one the test scores of {path} came from)", flush=True)
+    return chosen

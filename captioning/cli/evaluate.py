@@ -8,6 +8,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
+from captioning.cli.common import checkpoint_to_read
 from captioning.config import Config, ConfigError
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
@@ -237,6 +238,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         raise ConfigError("give --checkpoint (with --split or --images), or --annotations with --results")
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
+    args.checkpoint = checkpoint_to_read(args.checkpoint)
     decoding = {
         "strategy": args.strategy,
         "beam_size": args.beam_size,

@@ -497,7 +497,8 @@ def serve(
     device: str = "auto",
     block: bool = True,
 ) -> Any:
-    """Load ``checkpoint`` (a file or a model folder) and serve the demo at ``http://host:port``.
+    """Load ``checkpoint`` (a file, a model folder, or a run folder as ``captioning.load`` reads it)
+    and serve the demo at ``http://host:port``.
 
     The port and gradio's presence are checked before the model is loaded, the model before gradio
     is imported. Uploads over ``MAX_UPLOAD_BYTES`` are refused. With ``block`` the call returns
@@ -517,7 +518,7 @@ def serve(
     try:
         with _sigterm_interrupts():
             app = _launch(model, folder, host, port)
-            print(f"demo of {checkpoint}: http://{host}:{port} (Ctrl+C stops it)", flush=True)
+            print(f"demo of {model.source}: http://{host}:{port} (Ctrl+C stops it)", flush=True)
             if not block:
                 return app
             app.block_thread()  # returns on Ctrl+C (or SIGTERM), the server closed

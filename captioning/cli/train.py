@@ -68,7 +68,9 @@ def evaluate_test_split(
     outputs.files["test scores"] = scores_path
     if per_image_path is not None:  # none beside scores written to a device or a pipe
         outputs.files["test scores per image"] = per_image_path
-    outputs.caption_warning = degenerate_captions([item.text for item in captioned], "test")
+    outputs.caption_warning = degenerate_captions(
+        [item.text for item in captioned], "test", config.data.tokenizer
+    )
     print(f"test split ({len(captioned)} images, {checkpoint.name}):\n{scores['table']}")
     for line in summary_lines(scores, len(captioned)):
         print(line)

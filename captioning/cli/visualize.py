@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from captioning.cli.common import checkpoint_to_read
 from captioning.config import Config
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
@@ -176,6 +177,7 @@ def visualize_images(
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
     view = attention_view(layer, head)
     check_output_folder(out_dir, "--out-dir")
+    checkpoint = checkpoint_to_read(checkpoint)
     paths = [Path(p) for p in images]
     figures = [("--out-dir", Path(out_dir) / f"{stem}.{file_format}") for stem in _unique_stems(paths)]
     check_outputs(

@@ -171,6 +171,12 @@ def _row_bytes(positions: int, channels: int) -> int:
     return positions * channels * np.dtype(DTYPE).itemsize
 
 
+def cache_bytes(grid: tuple[int, int], channels: int, images: int) -> int:
+    """The bytes of the feature rows of ``images`` images of an encoder's (gh, gw) ``grid`` and
+    ``channels``: the size of a full cache's ``features.npy`` less its header."""
+    return images * _row_bytes(grid[0] * grid[1], channels)
+
+
 def intact_rows(folder: Path, capacity: int, positions: int, channels: int) -> tuple[int, str]:
     """How many leading rows of ``features.npy`` and ``state.bin`` can be trusted, and what is wrong.
 

@@ -24,6 +24,7 @@ from captioning.config.loading import load_config
 from captioning.evaluation.attributes import ATTRIBUTE_COUNTS
 from captioning.evaluation.coco_files import EvaluationInputError, read_json
 from captioning.evaluation.compare import warn_if_signatures_differ
+from captioning.evaluation.scorers import METRICS
 from captioning.utils.files import atomic_write, not_a_regular_file, output_note, same_file
 
 # Keys that may differ between the runs of one configuration: the seed, where the run was written,
@@ -93,6 +94,20 @@ def check_same_configuration(paths: Sequence[Path], configs: Sequence[Mapping[st
                 )
 
 
+# Scores that are shares of words, mentions or images, in [0, 1] (grounding, CHAIR, attributes).
+_SHARE_PREFIXES = ("grounding-", "CHAIR-", "attribute-")
+
+
+def metric_range(key: str) -> tuple[float, float] | None:
+    """The least and the most a score can be (a metric's ``lowest`` and ``highest``: CIDEr-D [0, 10],
+    BLEU [0, 1]; shares such as CHAIR [0, 1]), or None when unknown (a metric of your own that
+    does not register its key)."""
+    for _, metric in METRICS.items():
+        if key in metric.reports:
+            return metric.lowest, metric.highest
+    return (0.0, 1.0) if key.startswith(_SHARE_PREFIXES) else None
+
+
 def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean, sample standard deviation, min, max and 95% interval of the mean of every metric that
     every run reports.
@@ -100,7 +115,9 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     Args:
         runs: the scores dicts (two or more).
     Returns:
-        metric -> ``{"mean", "std", "min", "max", "ci_low", "ci_high"}``, in the first run's key order.
+        metric -> ``{"mean", "std", "min", "max", "ci_low", "ci_high"}``, in the first run's key order;
+        an interval that passes the metric's range (``metric_range``; with n = 2, t(0.975, 1) is
+        12.7) is clipped to it, and ``"clipped": true`` says so.
     """
 
     def number(value: Any) -> TypeGuard[float]:
@@ -122,6 +139,11 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
             "ci_low": mean - half,
             "ci_high": mean + half,
         }
+        bounds = metric_range(key)
+        if bounds is not None and (mean - half < bounds[0] or mean + half > bounds[1]):
+            summary[key].update(
+                ci_low=max(mean - half, bounds[0]), ci_high=min(mean + half, bounds[1]), clipped=True
+            )
     return summary
 
 
@@ -214,11 +236,19 @@ def aggregate_table(aggregate: Mapping[str, Any]) -> str:
         lines.append(
             f"{name:<{width}}  {100 * s['mean']:7.2f}  {100 * s['std']:6.2f}  {100 * s['min']:7.2f}  "
             f"{100 * s['max']:7.2f}  [{100 * s['ci_low']:7.2f}, {100 * s['ci_high']:7.2f}]"
+            + ("*" if s.get("clipped") else "")
         )
+    runs = len(aggregate["runs"])
     lines.append(
-        f"{len(aggregate['runs'])} runs, seeds {', '.join(map(str, aggregate['seeds']))}; "
+        f"{runs} runs, seeds {', '.join(map(str, aggregate['seeds']))}; "
         "std over runs (n - 1); interval of the mean over seeds (Student's t)"
     )
+    if any(s.get("clipped") for s in metrics.values()):
+        lines.append(
+            f"* clipped to the metric's range: with n = {runs}, t(0.975, {runs - 1}) = "
+            f"{float(student_t.ppf(0.975, runs - 1)):.1f} makes the interval wider than the scores "
+            "can go; more seeds narrow it"
+        )
     return "\n".join(lines)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from captioning.data.tokenizers import tokenizer_for
+
 MOSTLY = 0.8  # the share of captions from which "empty" or "the same" is worth a warning
 FEW = 3  # "the same few captions": at most this many distinct ones (with empty ones) cover MOSTLY
 
@@ -25,12 +27,15 @@ _SAME_CAUSE = (
 )
 
 
-def degenerate_captions(captions: Sequence[str], split: str) -> str | None:
+def degenerate_captions(captions: Sequence[str], split: str, tokenizer: str = "ptb") -> str | None:
     """One warning line when at least ``MOSTLY`` of ``captions`` are empty or the same caption, else None.
 
     Args:
-        captions: one generated caption per image, words joined by spaces ("" for an empty one).
+        captions: one generated caption per image, as written in the results ("" for an empty one;
+            Chinese and Japanese words joined without spaces).
         split: what the captions are of, for the message ("validation", "test").
+        tokenizer: the run's ``data.tokenizer``, which counts a caption's words: "一个大的黄色正方形"
+            is one string but five jieba words.
     """
     total = len(captions)
     if total == 0:
@@ -42,7 +47,8 @@ def degenerate_captions(captions: Sequence[str], split: str) -> str | None:
     commonest, count = counts.most_common(1)[0]
     if total >= 2 and count >= MOSTLY * total:
         return f"warning: {count} of {total} {split} captions are the same, {commonest!r}; {_SAME_CAUSE}"
-    short = sum(1 for caption in captions if len(caption.split()) <= 1)
+    words = tokenizer_for(tokenizer)
+    short = sum(1 for caption in captions if len(words(caption)) <= 1)
     if total >= 2 and short >= MOSTLY * total:  # 13 empty and 12 "a" say as little as 25 empty
         return (
             f"warning: {short} of {total} {split} captions are empty or one word "

@@ -159,7 +159,7 @@ def score_captions(
 def _unavailable(metric: Metric, tokenizer: str, use_java: bool, requested: bool) -> str | None:
     """Why ``metric`` is not computed for these captions, or None when it is."""
     if metric.english_only and tokenizer != "ptb":
-        return f"English only (data.tokenizer ptb); these captions were scored with the {tokenizer} tokenizer"
+        return f"English only; these captions were scored with the {tokenizer} tokenizer, not ptb"
     if metric.on_request and not requested:
         return "not requested (evaluate.py --spice computes it; spice=True in Python)"
     if metric.needs_java and not use_java:

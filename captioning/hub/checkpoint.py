@@ -271,6 +271,18 @@ def check_state_fits(
         )
 
 
+def model_path(path: str | Path) -> Path:
+    """What ``captioning.load`` and the tools read for ``path``: a run folder's checkpoint whose test
+    scores the run reports (``scored_checkpoint``); a checkpoint file or a model folder as it is."""
+    from captioning.hub.model_folder import CONFIG
+    from captioning.utils.run_folder import CHECKPOINTS
+
+    path = Path(path)
+    if path.is_dir() and not (path / CONFIG).exists() and (path / CHECKPOINTS).is_dir():
+        return scored_checkpoint(path)
+    return path
+
+
 def scored_checkpoint(run: Path) -> Path:
     """The checkpoint of a run folder whose test scores the run reports: the one ``test_scores.json``'s
     signature names (by its hash), else the one the main job scores (``run_folder.best_checkpoint``:

@@ -137,6 +137,7 @@ def describe_plan(
     test: bool = True,
     cache_dir: Path | None = None,
     busy: str | None = None,
+    precision: str | None = None,
 ) -> str:
     """One line saying what a run will do: each stage's epochs, steps per epoch, images per split,
     and where a resumed run continues.
@@ -149,6 +150,8 @@ def describe_plan(
         cache_dir: the feature cache folder, when features are cached (``cache_location``).
         busy: what a busy machine will cost and the setting that helps
             (:func:`captioning.training.cpu_threads.busy_machine_advice`), said last.
+        precision: what mixed precision will cost on this device
+            (:func:`captioning.utils.device.bf16_cost`), said before ``busy``.
     """
     train = config.train
     state = state or {}
@@ -186,6 +189,8 @@ def describe_plan(
         if state.get("batch_in_epoch"):
             where += f", {state['batch_in_epoch']} batches into epoch {epoch + 1}"
         parts.append(where)
+    if precision:
+        parts.append(precision)
     if busy:
         parts.append(busy)
     return "; ".join(parts)

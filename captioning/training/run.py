@@ -50,7 +50,7 @@ from captioning.training.plan import (
 from captioning.training.resume_state import check_resume_payload, check_training_fits
 from captioning.training.trainer import Trainer
 from captioning.utils import distributed
-from captioning.utils.device import amp_dtype, resolve_device, seed_everything
+from captioning.utils.device import amp_dtype, bf16_cost, resolve_device, seed_everything
 from captioning.utils.errors import RunError
 from captioning.utils.output_paths import check_output_folder
 from captioning.utils.run_folder import (
@@ -109,7 +109,15 @@ def build_run_model(
         state = None
     if group.is_main:
         cache_dir = feature_cache_dir(config, Path(config.train.output_dir)) if uses_cache(config) else None
-        plan = describe_plan(config, counts, state, test, cache_dir, busy_machine_advice(device))
+        plan = describe_plan(
+            config,
+            counts,
+            state,
+            test,
+            cache_dir,
+            busy_machine_advice(device),
+            bf16_cost(device, config.train.amp),
+        )
         print(plan, flush=True)
         note = warmup_note(config, counts["train"])
         if note:

@@ -68,7 +68,8 @@ def validation_scores(
         references = {dataset.records[i].image_id: list(dataset.records[i].raw) for i, _, _ in decoded}
         scores = score_captions(references, candidates, use_java=False, tokenizer=config.data.tokenizer)
         examples = [(image_id, caption, references[image_id][:1]) for _, image_id, caption in decoded[:3]]
-        result = (scores.overall, examples, degenerate_captions(list(candidates.values()), "validation"))
+        warning = degenerate_captions(list(candidates.values()), "validation", config.data.tokenizer)
+        result = (scores.overall, examples, warning)
     if group.world_size > 1:
         result = distributed.broadcast_object(result)
     if result is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from captioning.data.images import load_image
 from captioning.evaluation.grounding import Instances, WordMatcher, word_boxes
 from captioning.utils.files import atomic_write
-from captioning.visualization.figures import Box, attention_figure, save_figure, statistics_text
+from captioning.visualization.figures import Box, attention_figure, font_note, save_figure, statistics_text
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,
     attention_statistics,
@@ -36,6 +37,8 @@ from captioning.visualization.pages import page_asset, render_page
 
 if TYPE_CHECKING:
     from captioning.inference.captioner import Captioned
+
+logger = logging.getLogger(__name__)
 
 VIEWER_STYLE = page_asset("viewer.css")
 
@@ -88,7 +91,8 @@ def item_html(
     note: str = "",
     matcher: WordMatcher | None = None,
 ) -> str:
-    """One image's section: the picture, one overlay per word (shown by its word's link), references.
+    """One image's section: the picture as it is, beside it the picture under one overlay per word
+    (shown by its word's link), references.
     ``matcher``: the category-word table that finds each word's boxes, shared by a page's images.
 
     ``map_side``: the overlays are drawn at most this long (the page stretches them over the
@@ -112,7 +116,8 @@ def item_html(
     named = word_boxes(words, item.record.image_id, boxes, matcher)
     betas = item.caption.betas
     name = html.escape(Path(item.record.path).name)
-    layers = [f'<img class="photo" src="{_data_uri(np.asarray(image), "JPEG")}" alt="{name}">']
+    photo = _data_uri(np.asarray(image), "JPEG")
+    layers = [f'<img class="photo" src="{photo}" alt="{name}">']
     links = []
     for t, word in enumerate(words):
         map_id = f"img{index}-w{t}"
@@ -140,7 +145,12 @@ def item_html(
         f"<h2>{name} &middot; image {item.record.image_id}"
         + (f" &middot; {html.escape(note)}" if note else "")
         + "</h2>\n"
-        f'<div class="stage" style="width:{width}px;height:{height}px">\n' + "\n".join(layers) + "\n</div>\n"
+        # the image itself beside its overlays: a colour the overlay darkens can be checked there
+        f'<div class="pair">\n<img class="plain" src="{photo}" alt="{name}" '
+        f'width="{width}" height="{height}">\n'
+        f'<div class="stage" style="width:{width}px;height:{height}px">\n'
+        + "\n".join(layers)
+        + "\n</div>\n</div>\n"
         f'<p class="caption">{caption}</p>\n'
         + (f'<p>Other captions, ranked:</p>\n<ol class="refs" start="2">{others}</ol>\n' if others else "")
         + (f'<ol class="refs">{references}</ol>\n' if references else "")
@@ -224,6 +234,9 @@ def write_figures(
         (file, panels) of each figure, in the order of ``items``.
     """
     figures_dir = Path(figures_dir)
+    note = font_note(text for item in items for text in (item.text, *item.record.raw))
+    if note:
+        logger.warning(note)
     matcher = WordMatcher()
     written = []
     for k, item in enumerate(tqdm(items, desc="figures", disable=not progress, leave=False, unit="image")):

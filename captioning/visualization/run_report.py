@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,6 +58,17 @@ def _number(value: Any) -> float | None:
         else None
     )
 
+
+# Each curve of a panel: a line style and a marker of its own, so that curves that coincide both show.
+_CURVE_STYLES = (
+    ("-", "o"),
+    ("--", "s"),
+    (":", "^"),
+    ("-.", "D"),
+    ((0, (5, 1, 1, 1)), "v"),
+    ((0, (1, 1)), "x"),
+    ((0, (8, 2)), "+"),
+)
 
 # Validation metrics on a 0-10 scale (CIDEr-D reaches 5 and more); the others lie in [0, 1].
 _WIDE_SCALE = ("CIDEr",)
@@ -138,16 +150,24 @@ def _value(record: Mapping[str, Any], key: str, penalty_weight: float | None) ->
 
 
 def curves_png(history: Sequence[Mapping[str, Any]], penalty_weight: float | None = None) -> bytes:
-    """Training and validation curves per epoch as one PNG (empty without epochs): one panel per
-    quantity and scale (``curve_panels``), each legend below its panel, a dotted line where a stage
-    begins.
-
-    Args:
-        history: the ``epochs`` of ``history.json``: ``{"stage", "epoch", "train_loss", "val_CIDEr-D", ...}``.
-        penalty_weight: the doubly stochastic penalty's weight (``model.decoder.doubly_stochastic``).
-    """
+    """Training and validation curves per epoch as one PNG (``curves_figure``; empty without epochs)."""
     if not history:
         return b""
+    buffer = io.BytesIO()
+    curves_figure(history, penalty_weight).savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
+def curves_figure(history: Sequence[Mapping[str, Any]], penalty_weight: float | None = None) -> Figure:
+    """Training and validation curves per epoch: one panel per quantity and scale (``curve_panels``),
+    each legend below its panel, a dotted line where a stage begins; each curve of a panel has its
+    own line style and marker, and a panel of one stage spans that stage's epochs.
+
+    Args:
+        history: the ``epochs`` of ``history.json`` (at least one): ``{"stage", "epoch", "train_loss",
+            "val_CIDEr-D", ...}``.
+        penalty_weight: the doubly stochastic penalty's weight (``model.decoder.doubly_stochastic``).
+    """
     panels = curve_panels(history, penalty_weight)
     columns = min(3, max(1, len(panels)))
     rows = math.ceil(len(panels) / columns)
@@ -155,27 +175,39 @@ def curves_png(history: Sequence[Mapping[str, Any]], penalty_weight: float | Non
     FigureCanvasAgg(figure)
     for position, (title, curves) in enumerate(panels, start=1):
         ax = figure.add_subplot(rows, columns, position)
-        for label, key, stage in curves:
+        for (label, key, stage), (line, marker) in zip(curves, itertools.cycle(_CURVE_STYLES), strict=False):
             values = (
                 (x, _value(record, key, penalty_weight))
                 for x, record in enumerate(history, start=1)
                 if stage is None or record.get("stage") == stage
             )
             points = [(x, y) for x, y in values if y is not None]
-            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=label)
+            # a line style and hollow marker each: curves that coincide (BLEU-4 and NLTK's) both show
+            ax.plot(
+                [x for x, _ in points],
+                [y for _, y in points],
+                linestyle=line,
+                marker=marker,
+                markersize=4,
+                markerfacecolor="none" if marker != "o" else None,
+                label=label,
+            )
         for x in range(1, len(history)):
             if history[x].get("stage") != history[x - 1].get("stage"):
                 ax.axvline(x + 0.5, color="#888", linestyle=":", linewidth=1)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("epoch (all stages)", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlim(0.5, len(history) + 0.5)
+        # a stage's own panel spans that stage's epochs, not the whole run's
+        stages = {stage for _, _, stage in curves}
+        shown = [
+            x for x, record in enumerate(history, start=1) if None in stages or record.get("stage") in stages
+        ]
+        ax.set_xlim(min(shown) - 0.5, max(shown) + 0.5)
+        ax.set_xlabel("epoch (all stages)" if None in stages else "epoch of the run", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90)
-    return buffer.getvalue()
+    return figure
 
 
 def curve_keys(history: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -239,14 +271,29 @@ def _table_html(items: Sequence[Captioned], per_image: Mapping[int, Mapping[str,
         for key, header, worst in COLUMNS
         if any(key in per_image.get(item.record.image_id, {}) for item in items)
     ]
+    # The page opens sorted by the first column, worst first, as a first click on it sorts.
+    order = list(range(len(items)))
+    if columns:
+        key, _, worst = columns[0]
+        sign = 1 if worst == "ascending" else -1
+
+        def worst_first(index: int) -> tuple[bool, float, int]:
+            value = _number(per_image.get(items[index].record.image_id, {}).get(key))
+            return value is None, 0.0 if value is None else sign * value, index  # unscored ones last
+
+        order.sort(key=worst_first)
     head = "".join(
-        f'<th data-worst="{worst}"><button type="button">{html.escape(header)}</button></th>'
-        for _, header, worst in columns
+        f'<th data-worst="{worst}"' + (f' aria-sort="{worst}"' if k == 0 else "") + ">"
+        f'<button type="button">{html.escape(header)}</button></th>'
+        for k, (_, header, worst) in enumerate(columns)
     )
+    # CHAIR's hallucinated objects need object annotations: without them the column is left out.
+    hallucination = any("hallucinated" in per_image.get(item.record.image_id, {}) for item in items)
     # Phrases whose colour, size or object is not in the image, when the boxes annotate attributes.
     phrases = any("wrong-phrases" in per_image.get(item.record.image_id, {}) for item in items)
     rows = []
-    for index, item in enumerate(items):
+    for index in order:
+        item = items[index]
         scores = per_image.get(item.record.image_id, {})
         name = html.escape(Path(item.record.path).name)
         hallucinated = ", ".join(map(str, scores.get("hallucinated", [])))
@@ -255,14 +302,21 @@ def _table_html(items: Sequence[Captioned], per_image: Mapping[int, Mapping[str,
             f'<tr data-index="{index}"><td><a href="#img{index}">{name}</a></td>'
             f"<td>{html.escape(item.text) or '<em>(empty caption)</em>'}</td>"
             + "".join(_cell(scores.get(key)) for key, _, _ in columns)
-            + f"<td>{html.escape(hallucinated)}</td>"
+            + (f"<td>{html.escape(hallucinated)}</td>" if hallucination else "")
             + (f"<td>{html.escape(wrong)}</td>" if phrases else "")
             + "</tr>"
         )
+    missing = (
+        ""
+        if hallucination
+        else '<p class="note">No "hallucinated" column: CHAIR names the objects a caption invents from the '
+        "images' object annotations (instances), and this dataset has none.</p>\n"
+    )
     return (
-        '<table class="images">\n<thead><tr><th>image</th><th>caption</th>'
+        missing
+        + '<table class="images">\n<thead><tr><th>image</th><th>caption</th>'
         + head
-        + "<th>hallucinated</th>"
+        + ("<th>hallucinated</th>" if hallucination else "")
         + ("<th>wrong phrases</th>" if phrases else "")
         + "</tr></thead>\n<tbody>\n"
         + "\n".join(rows)

@@ -60,19 +60,28 @@ def test_a_model_folder_keeps_its_stage_in_the_card_and_the_signature(tmp_path):
         assert (reward is not None) == (stage == "scst")  # the signature's scst: field comes from it
 
 
-def test_the_tools_given_a_run_folder_name_the_checkpoint_captioning_load_picks(tmp_path):
-    """``evaluate.py`` and ``visualize.py`` take a checkpoint; given a run folder they say which of its
-    checkpoints the run's test scores came from (here best_scst.pt, not best.pt)."""
+def test_the_tools_given_a_run_folder_read_the_checkpoint_captioning_load_picks(tmp_path):
+    """``evaluate.py --checkpoint``, ``visualize.py --checkpoint`` (and ``--serve``, through
+    ``captioning.load``) take a run folder as ``captioning.load`` does: the checkpoint its test scores
+    came from (here best_scst.pt, not best.pt), named in one line."""
     from tool_runs import in_process
 
+    from captioning.hub.checkpoint import model_path
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
     image = tmp_path / "images" / "a.png"
     image.parent.mkdir()
     shutil.copy(sorted((RUN.parent / "images").iterdir())[0], image)
+    chosen = run / "checkpoints" / "best_scst.pt"
+    assert model_path(run) == chosen and model_path(chosen) == chosen
+    out = tmp_path / "figures"
     for tool, arguments in (
-        ("visualize.py", ["--checkpoint", RUN, image]),
-        ("evaluate.py", ["--checkpoint", RUN, "--images", image.parent, "--results", tmp_path / "r.json"]),
+        ("visualize.py", ["--checkpoint", run, image, "--out-dir", out]),
+        ("evaluate.py", ["--checkpoint", run, "--images", image.parent, "--results", tmp_path / "r.json"]),
     ):
-        run = in_process(tool, *arguments)
-        assert run.returncode != 0
-        assert f"give one of its checkpoints, e.g. {RUN / 'checkpoints' / 'best_scst.pt'}" in run.stderr, tool
-        assert "test scores came from" in run.stderr
+        result = in_process(tool, "--no-progress", *arguments)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f"checkpoint: {chosen} (the one the test scores of {run} came from)" in result.stdout, tool
+    assert (out / "a.png").is_file()
+    assert json.loads((tmp_path / "r.json").read_text())[0]["caption"]

@@ -295,6 +295,31 @@ def test_aggregate_interval_of_the_mean(tmp_path):
     assert "95% interval" in stdout and f"{100 * (0.7 - half):7.2f}" in stdout
 
 
+def test_aggregate_intervals_of_two_seeds_stay_in_the_metrics_range_and_say_so(tmp_path):
+    paths = [
+        write_run(tmp_path / f"seed{seed}", seed, {"BLEU-4": bleu, "CIDEr-D": cider, "CHAIR-i": chair})
+        for seed, bleu, cider, chair in ((1, 0.2, 4.7, 0.01), (2, 0.9, 4.8, 0.02))
+    ]
+    out = tmp_path / "aggregate.json"
+    code, stdout, stderr = evaluate_in_process("--aggregate", *map(str, paths), "--out", str(out))
+    assert code == 0, stderr
+    metrics = json.loads(out.read_text())["metrics"]
+    # t(0.975, 1) = 12.7: BLEU-4's 0.55 +- 4.45 and CHAIR-i's 0.015 +- 0.064 pass [0, 1]
+    assert (metrics["BLEU-4"]["ci_low"], metrics["BLEU-4"]["ci_high"]) == (0.0, 1.0)
+    assert metrics["BLEU-4"]["clipped"] is True and metrics["CHAIR-i"]["ci_low"] == 0.0
+    half = 12.706204736174707 * np.std([4.7, 4.8], ddof=1) / np.sqrt(2)  # within CIDEr-D's [0, 10]
+    assert (metrics["CIDEr-D"]["ci_low"], metrics["CIDEr-D"]["ci_high"]) == pytest.approx(
+        (4.75 - half, 4.75 + half)
+    )
+    assert "clipped" not in metrics["CIDEr-D"]
+    lines = stdout.splitlines()
+    assert next(line for line in lines if line.startswith("BLEU-4 ")).endswith("[   0.00,  100.00]*")
+    assert next(line for line in lines if line.startswith("CIDEr-D ")).endswith("]")
+    assert (
+        "* clipped to the metric's range: with n = 2, t(0.975, 1) = 12.7 makes the interval wider" in stdout
+    )
+
+
 def test_aggregate_refusing_different_decoders_names_the_decoder_kind(tmp_path):
     paths = [write_run(tmp_path / "lstm", 1, {"CIDEr-D": 0.5}), tmp_path / "transformer" / "test_scores.json"]
     paths[1].parent.mkdir()

@@ -128,6 +128,12 @@ def test_quick_run_reports_finite_positive_numbers(quick_results):
     for key in MEMORY:  # a part may fit in memory freed by an earlier one
         assert math.isfinite(quick_results[key]) and quick_results[key] >= 0, key
     assert quick_results["quick"] is True and quick_results["device"] == "cpu"
+    # the vector instructions the figures were measured with (bf16 without them is 10x slower)
+    from captioning.utils.device import cpu_bf16_instructions
+
+    assert [quick_results["cpu_capability"], quick_results["cpu_bf16_instructions"]] == list(
+        cpu_bf16_instructions()
+    )
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from captioning.config import ConfigError, LSTMDecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.decoding import beam_search
-from captioning.utils.device import autocast
+from captioning.utils.device import autocast, bf16_cost
 
 # bf16 keeps 8 bits of mantissa (relative rounding 2**-8 = 0.4 % per product); the tiny run's
 # logged losses stayed within 0.02 % of float32's over its 8 steps (the loss itself is float32).
@@ -57,6 +57,33 @@ def test_fp16_on_cpu_is_refused_in_one_line_before_any_work(shapes_root, tmp_pat
     completed = train_in_process(as_flags(overrides))
     assert_one_line_error(completed.returncode, completed.stderr, "train.amp: fp16 needs a CUDA device")
     assert not output_dir.exists()
+
+
+@pytest.mark.slow
+def test_bf16_on_a_cpu_without_bf16_instructions_is_named_in_the_plan(shapes_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # a Zen 2 EPYC
+    overrides = {"train.amp": "bf16", "train.device": "cpu", "train.max_steps": 1}
+    completed = train_in_process(as_flags(tiny_overrides(shapes_root, tmp_path / "run", **overrides)))
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    lines = completed.stdout.splitlines()
+    plan = next(k for k, line in enumerate(lines) if line.startswith("plan: "))
+    assert (
+        "; train.amp=bf16 on a CPU without bf16 instructions (torch CPU capability AVX2): bf16 products run "
+        "without vector instructions, an order of magnitude slower than float32; set train.amp=none"
+    ) in lines[plan]
+    assert not any(line.startswith("epoch") for line in lines[:plan])  # said before any step
+
+    # A CPU that multiplies bf16 natively, and float32 anywhere, say nothing.
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert bf16_cost(torch.device("cpu"), "bf16") is None
+    assert bf16_cost(torch.device("cpu"), "none") is None
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    converted = bf16_cost(torch.device("cpu"), "bf16")
+    assert "(torch CPU capability AVX512): bf16 products are converted" in converted
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert bf16_cost(torch.device("cuda"), "bf16") is None  # a GPU's bf16 is its own
 
 
 def test_autocast_refuses_fp16_on_cpu_and_casts_bf16():

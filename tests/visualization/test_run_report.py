@@ -14,7 +14,13 @@ from PIL import Image
 from test_visualization import GRID, captioned_item, one_hot
 
 from captioning.evaluation.grounding import Instances, ObjectBox
-from captioning.visualization.run_report import curve_keys, curve_panels, curves_png, write_run_report
+from captioning.visualization.run_report import (
+    curve_keys,
+    curve_panels,
+    curves_figure,
+    curves_png,
+    write_run_report,
+)
 
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HISTORY = [
@@ -117,6 +123,11 @@ def test_report_holds_config_scores_curves_and_a_row_per_image(tmp_path, run_ite
         "CHAIR-i 0.500, CHAIR-s 1.000" in page
     )
     assert "image 12 &middot; CIDEr-D 0.500</h2>" in page
+    # rows worst first by CIDEr-D (images 11, 12, 10, 13 are items 1, 2, 0, 3)
+    assert re.findall(r'<tr data-index="(\d+)">', page) == ["1", "2", "0", "3"]
+    assert "<th>hallucinated</th>" in page and "square, square" in page
+    # each image's section shows the image itself beside the one under its attention maps
+    assert page.count('<img class="plain" ') == 4 and page.count('<img class="photo" ') == 4
     assert "http://" not in page and "https://" not in page and "<link" not in page  # nothing fetched
 
 
@@ -212,11 +223,14 @@ def test_table_sorts_worst_first_and_an_image_opens(tmp_path, run_items):
             driver.find_element(By.XPATH, f"//table[@class='images']//th/button[text()='{header}']").click()
 
         ids = list(PER_IMAGE)  # item k shows image ids[k]
-        assert order() == ["img0", "img1", "img2", "img3"]
-        click("CIDEr-D")  # worst first: lowest CIDEr-D
+        # the page opens worst first by CIDEr-D, as a first click sorts
         assert order() == [f"img{ids.index(i)}" for i in (11, 12, 10, 13)]
+        header = driver.find_element(By.XPATH, "//table[@class='images']//th[button[text()='CIDEr-D']]")
+        assert header.get_attribute("aria-sort") == "ascending"
         click("CIDEr-D")  # then best first
         assert order() == [f"img{ids.index(i)}" for i in (13, 10, 12, 11)]
+        click("CIDEr-D")  # and worst first again
+        assert order() == [f"img{ids.index(i)}" for i in (11, 12, 10, 13)]
         click("CHAIR-i")  # worst first: most hallucination; image 12 without boxes last
         assert order() == [f"img{ids.index(i)}" for i in (13, 11, 10, 12)]
         click("grounding mass")
@@ -237,3 +251,46 @@ def test_table_sorts_worst_first_and_an_image_opens(tmp_path, run_items):
         ] == [False, False, False, True]
     finally:
         driver.quit()
+
+
+def test_without_object_annotations_the_hallucinated_column_is_left_out_and_said_why(tmp_path, run_items):
+    items, scores, _ = run_items
+    plain = [{"image_id": entry["image_id"], "CIDEr-D": entry["CIDEr-D"]} for entry in scores["per_image"]]
+    page = write_run_report(tmp_path / "r.html", items, GRID, {**scores, "per_image": plain}).read_text()
+    assert "<th>hallucinated</th>" not in page
+    assert (
+        'No "hallucinated" column: CHAIR names the objects a caption invents from the images\' object' in page
+    )
+    assert (
+        len(
+            re.findall(
+                r'<tr data-index="\d+"><td><a href="#img\d+">grey.png</a></td><td>a red circle</td>'
+                r'<td class="number" data-value="[\d.]+">[\d.]+</td></tr>',
+                page,
+            )
+        )
+        == 4
+    )
+
+
+def test_curves_that_coincide_both_show_and_a_stage_panel_spans_its_epochs():
+    history = [
+        {
+            "stage": "xe",
+            "epoch": e,
+            "train_loss": 3.0 - e / 10,
+            "val_BLEU-4": 0.1 * e,
+            "val_BLEU-4 (NLTK corpus)": 0.1 * e,
+        }
+        for e in range(1, 17)
+    ] + [{"stage": "scst", "epoch": e, "train_loss": -0.1, "train_reward": 0.5 + e / 10} for e in (1, 2)]
+    figure = curves_figure(history)
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    scores = panels["validation scores in [0, 1]"]
+    bleu, nltk = [line for line in scores.get_lines() if not line.get_label().startswith("_")]
+    assert (bleu.get_ydata() == nltk.get_ydata()).all()  # the same numbers, drawn two ways
+    assert (bleu.get_linestyle(), bleu.get_marker()) != (nltk.get_linestyle(), nltk.get_marker())
+    assert nltk.get_markerfacecolor() == "none"  # a hollow marker shows the one under it
+    assert scores.get_xlim() == (0.5, 18.5)
+    assert panels["self-critical stage: loss and reward"].get_xlim() == (16.5, 18.5)  # its 2 epochs
+    assert panels["cross-entropy stage: loss"].get_xlim() == (0.5, 16.5)

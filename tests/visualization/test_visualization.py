@@ -257,7 +257,8 @@ def test_report_is_self_contained(tmp_path: Path, report_items):
     page = path.read_text(encoding="utf-8")
     assert "http://" not in page and "https://" not in page
     sources = re.findall(r'src="([^"]*)"', page)
-    assert len(sources) == 3 + 3 + 1  # each image, plus one overlay per word
+    # each image twice (as it is, and under its maps), and an overlay per word
+    assert len(sources) == 2 * 3 + 3 + 1
     assert all(source.startswith(("data:image/png;base64,", "data:image/jpeg;base64,")) for source in sources)
     assert "<link" not in page and "url(" not in page
     for word in ("circle", "square", "flat", "&lt;unk&gt;"):
