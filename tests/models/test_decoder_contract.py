@@ -128,7 +128,9 @@ def test_the_training_objective_is_finite_and_reaches_every_parameter(kind):
     assert decoder.objective in OBJECTIVES
     output = decoder(annotations, captions, lengths, image_index)
     train = TrainConfig(label_smoothing=0.1)
-    terms = objective_of(decoder)(decoder, output, captions, DECODERS[kind].config(**SMALL[kind]), train, None)
+    terms = objective_of(decoder)(
+        decoder, output, captions, DECODERS[kind].config(**SMALL[kind]), train, None
+    )
     assert torch.isfinite(terms.total)
     terms.total.backward()
     untouched = [name for name, p in decoder.named_parameters() if p.grad is None or not p.grad.abs().sum()]
