@@ -247,7 +247,7 @@ class LSTMDecoderConfig(DecoderConfig):
 
     kind: str = "lstm"
     attention: str = "soft"  # soft (section 4.2) | hard (stochastic, section 4.1)
-    scoring: str = "additive"  # a registered attention scorer: additive | dot | scaled_dot | multihead
+    scoring: str = "additive"  # a registered attention scorer (captioning.models.attention.SCORERS)
     activation: str = "tanh"  # additive scoring non-linearity: tanh (paper) | relu (tutorial)
     num_heads: int = 8  # heads of the multihead scorer
     embed_dim: int = 512  # word embedding size
@@ -269,11 +269,6 @@ class LSTMDecoderConfig(DecoderConfig):
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))
-        if self.scoring == "multihead":
-            _check(
-                self.attention_dim % self.num_heads == 0,
-                "model.decoder.attention_dim must be divisible by model.decoder.num_heads",
-            )
         _check(
             not self.output_tanh or self.deep_output,
             "model.decoder.output_tanh needs model.decoder.deep_output",

@@ -344,8 +344,8 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
         (["--seed", "-1"], ["train.seed must be in [0, 2**32 - 1], got -1"]),
         (["--encoder", "nonexistent"], ["model.encoder.name must be one of"]),
         (
-            ["--scoring", "cosine"],
-            ["model.decoder.scoring names an unknown attention scorer 'cosine'", "additive", "--import"],
+            ["--scoring", "luong_concat"],
+            ["model.decoder.scoring", "'luong_concat'", "additive", "--import"],
         ),
         (["--decoder", "gru"], ["model.decoder.kind names an unknown decoder 'gru'", "lstm, transformer"]),
         (["--device", "meta"], ["device must be auto, cpu, cuda or cuda:N, got 'meta'"]),

@@ -189,12 +189,12 @@ from captioning.training.losses import hard_attention_loss
 
 tests = Path(sys.argv[2]).parent  # the test modules import each other across folders
 sys.path[:0] = [str(tests), *(str(folder) for folder in tests.iterdir() if folder.is_dir())]
-from test_losses import make_batch
+from test_losses import C, make_batch
 
 group = distributed.init_from_environment("cpu")
 torch.manual_seed(0)
 decoder = ShowAttendTellDecoder.from_config(LSTMDecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,
-                                            attention_dim=16, dropout=0.0, hard_expected_prob=1.0), 11, 12)
+                                            attention_dim=16, dropout=0.0, hard_expected_prob=1.0), 11, C)
 decoder = distributed.wrap(decoder, group, torch.device("cpu")).train()
 baselines = []
 for step in range(2):
