@@ -59,9 +59,6 @@ def _check_types(section: object, prefix: str) -> None:
 
 SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
 PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
-# The caption tokenizers of captioning.data.tokenizers.TOKENIZERS; only ptb is English's
-# (METEOR and SPICE need it).
-TOKENIZERS = ("ptb", "whitespace", "characters", "jieba", "mecab")  # the built-in ones
 # CHAIR's word tables: the authors' released table and rules, or this project's extended one.
 CHAIR_TABLES = ("released", "extended")
 
@@ -95,7 +92,7 @@ class DataConfig:
     instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
     min_word_count: int = 5  # words seen fewer times in train become <unk>
-    tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
+    tokenizer: str = "ptb"  # a registered tokenizer (captioning.data.tokenizers.TOKENIZERS); ptb is English's
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
