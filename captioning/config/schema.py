@@ -16,11 +16,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from captioning.registry import FamilyRegistry
-from captioning.utils.errors import CaptioningError
-
-
-class ConfigError(CaptioningError, ValueError):
-    """A configuration value or file is invalid; the message names the key."""
+from captioning.utils.errors import ConfigError
 
 
 def _check(condition: bool, message: str) -> None:

@@ -42,11 +42,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import captioning
 from captioning.config import DecodeConfig
 from captioning.data.tokenizers import tokenizer_version
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
 from captioning.hub.identity import file_hash, parse_signature
+from captioning.utils.version import package_version
 
 if TYPE_CHECKING:
     from captioning.evaluation.chair_table import ReleasedChairTable
@@ -146,7 +146,7 @@ def _implementation() -> str:
         toolkit = version("pycocoevalcap")
     except PackageNotFoundError:  # pragma: no cover - it is a dependency
         toolkit = "unknown"
-    return f"pycocoevalcap-{toolkit},captioning-{captioning.__version__}"
+    return f"pycocoevalcap-{toolkit},captioning-{package_version()}"
 
 
 def make_signature(
