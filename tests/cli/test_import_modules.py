@@ -448,5 +448,5 @@ def test_a_bare_value_error_from_a_user_module_is_a_bug_not_an_input_problem(tmp
     lines = result.stderr.strip().splitlines()
     assert lines[0] == "Traceback (most recent call last):", result.stderr
     assert any("buggy_reader.py" in line and "in read" in line for line in lines)
-    assert lines[-2] == "error: ValueError: invalid literal for int() with base 10: 'twelve'"
+    assert lines[-2].startswith("error: ValueError: ") and "'twelve'" in lines[-2]  # the kind and the value
     assert lines[-1].startswith("This is not a problem with the input")

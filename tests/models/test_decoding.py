@@ -110,7 +110,9 @@ def trigrams(tokens: list[int]) -> list[tuple[int, ...]]:
 
 # ----------------------------------------------------------------------------- beam 1 == greedy
 @pytest.mark.parametrize("min_length", [0, 3])
-@pytest.mark.parametrize("scoring, gate", [("additive", "scalar"), ("multihead", "channel"), ("general", "none")])
+@pytest.mark.parametrize(
+    "scoring, gate", [("additive", "scalar"), ("multihead", "channel"), ("general", "none")]
+)
 def test_beam_size_one_equals_greedy(scoring, gate, min_length):
     annotations = annotations_for(6)
     decoder = varied_decoder(annotations, 8, scoring=scoring, gate=gate)

@@ -660,10 +660,9 @@ def test_java_that_never_answers_times_out_to_the_java_less_path(tmp_path):
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert (
-        result.stderr.strip()
-        == "warning: the PTB tokenizer (Java) did not finish in 2 s; scoring without Java (no METEOR)"
-    )
+    (warning,) = result.stderr.strip().splitlines()  # one line: what timed out, after how long, what is lost
+    assert warning.startswith("warning: ")
+    assert all(needle in warning for needle in ("PTB tokenizer", "2 s", "without Java", "METEOR")), warning
     scores = json.loads((tmp_path / "run_scores.json").read_text())
     assert scores["tokenizer"] == "python" and scores["METEOR"] is None and scores["CIDEr-D"] is not None
 
