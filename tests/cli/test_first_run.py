@@ -210,5 +210,5 @@ def test_a_resumes_length_note_names_what_it_keeps_adds_or_cannot_change():
     shorter, note = resumed_length(
         load_config(None, {"train.epochs": 3, "train.scst_epochs": 1}), stored, given={"train.scst_epochs"}
     )
-    assert shorter.train.scst_epochs == 1 and note == "resume: shortens the run: train.scst_epochs 2 -> 1"
+    assert shorter.train.scst_epochs == 1 and note is not None and "train.scst_epochs 2 -> 1" in note
     assert resumed_length(stored, stored, given=set()) == (stored, None)
