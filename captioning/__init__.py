@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from captioning.utils.version import package_version
+
+__version__ = package_version()
 
 _API = ("Caption", "CaptioningModel", "load", "show")
 

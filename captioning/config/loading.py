@@ -19,16 +19,19 @@ from typing import Any
 
 import yaml
 
-from captioning.config import DATASETS, DECODERS, Config, ConfigError, DataConfig, to_dict
+from captioning.config import DATASETS, DECODERS, Config, ConfigError, DataConfig, path_options, to_dict
 from captioning.registry import FamilyRegistry
 from captioning.utils.files import not_a_regular_file
 
 
-def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False) -> Any:
+def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False, path: bool = False) -> Any:
     """Turn a YAML/CLI value into the field's declared type, or raise ConfigError naming the key.
 
     ``strict``: the value was written by this project (a checkpoint, a model folder): a number or a
-    truth value written as text (``"64"``) is refused, never read as one.
+    truth value written as text (``"64"``) is refused, never read as one. ``path``: the field names
+    files or folders (a ``PathOption`` on its type): a leading ``~`` or ``~user`` is expanded as a
+    shell does (a quoted path or KEY=~/x after --set reaches the program unexpanded), never taken as
+    a folder named "~".
     """
     if strict and isinstance(value, str) and type_hint in (int, float, bool):
         raise ConfigError(
@@ -41,7 +44,7 @@ def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False) -> Any:
         if is_null and type(None) in options:
             return None
         inner = [t for t in options if t is not type(None)]
-        return _coerce(inner[0], value, key, strict)
+        return _coerce(inner[0], value, key, strict, path)
     if origin is tuple:
         if value is None:  # older configurations wrote null for an empty optional file
             return ()
@@ -49,7 +52,7 @@ def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False) -> Any:
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(_coerce(str, v, key) for v in value)
+        return tuple(_coerce(str, v, key, path=path) for v in value)
     if type_hint is bool:
         if isinstance(value, bool):
             return value
@@ -81,25 +84,9 @@ def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False) -> Any:
             raise ConfigError(f"{key} must be a string, got {value!r}")
         if "\x00" in str(value):
             raise ConfigError(f"{key} must not contain a NUL character")
-        return _expand_home(str(value), key) if key in PATH_KEYS else str(value)
+        return _expand_home(str(value), key) if path else str(value)
     return value
 
-
-# Keys that name files or folders: a leading ~ or ~user is expanded as a shell does (a quoted path or
-# KEY=~/x after --set reaches the program unexpanded), never taken as a folder named "~". A reader's
-# own (data.split_file: the karpathy and coco readers'; data.annotations: coco's) is expanded where
-# the chosen reader's options class has it, and is refused, as any other option of theirs, where not.
-PATH_KEYS = frozenset(
-    [
-        "data.root",
-        "data.split_file",
-        "data.annotations",
-        "data.instances",
-        "data.cache_dir",
-        "model.encoder.weights",
-        "train.output_dir",
-    ]
-)
 
 # The spellings YAML reads as null; --set KEY=VALUE reads them the same way.
 YAML_NULLS = frozenset(["", "~", "null", "Null", "NULL"])
@@ -146,6 +133,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
         if stored:
             values = {k: v for k, v in values.items() if k in _names(cls) or not families.owners(k, cls)}
     hints = typing.get_type_hints(cls)
+    paths = path_options(cls)
     names = _names(cls)
     unknown = sorted(set(values) - names)
     if unknown:
@@ -180,7 +168,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str, stored: bool = False)
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = _build(hint, value, key + ".", stored)
         else:
-            kwargs[name] = _coerce(hint, value, key, strict=stored)
+            kwargs[name] = _coerce(hint, value, key, strict=stored, path=name in paths)
     return cls(**kwargs)
 
 

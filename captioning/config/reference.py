@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import json
 import re
+import types
 import typing
 from typing import Any
 
@@ -53,11 +54,19 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, 
                 default = f.default_factory()
             else:
                 raise TypeError(f"{cls.__name__}.{f.name} has no default: every option needs one")
-            type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "").replace(
-                " | ", " or "
-            )
+            type_name = _type_name(hint)
             rows.append((prefix + f.name, type_name, default, comments.get(f.name, "")))
     return rows
+
+
+def _type_name(hint: Any) -> str:
+    """``str``, ``str or None``, ``tuple``: the type, whatever marker it carries (``FilePath``)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    origin = typing.get_origin(hint)
+    return getattr(origin or hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def _field_comments(cls: type) -> dict[str, str]:

@@ -13,14 +13,10 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from captioning.registry import FamilyRegistry
-from captioning.utils.errors import CaptioningError
-
-
-class ConfigError(CaptioningError, ValueError):
-    """A configuration value or file is invalid; the message names the key."""
+from captioning.utils.errors import ConfigError
 
 
 def _check(condition: bool, message: str) -> None:
@@ -28,6 +24,41 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+@dataclass(frozen=True)
+class PathOption:
+    """The marker of an option that names a file or folder, declared on its type
+    (``split_file: FilePath | None``, ``annotations: tuple[FilePath, ...]``): wherever it is read, a
+    leading ``~`` is expanded as a shell does, and a data option that ``must_exist`` is checked before
+    any work (``captioning.data.readers.check_data_paths``). A reader of your own marks its own the
+    same way."""
+
+    kind: str  # file | folder
+    must_exist: bool = True  # False: a place the project writes, or a name that may be a path
+
+
+FilePath = Annotated[str, PathOption("file")]  # a file that must exist
+FolderPath = Annotated[str, PathOption("folder")]  # a folder that must exist
+OutputFolder = Annotated[str, PathOption("folder", must_exist=False)]  # a folder written, made if need be
+NameOrFile = Annotated[str, PathOption("file", must_exist=False)]  # a name, or a path to a file
+
+
+def path_options(cls: type) -> dict[str, PathOption]:
+    """The fields of a section class that name files or folders (alone, in a tuple or optional), with
+    their markers, by field name."""
+    if cls not in _PATHS:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        found = {item.name: _marker(hints[item.name]) for item in dataclasses.fields(cls)}
+        _PATHS[cls] = {name: marker for name, marker in found.items() if marker is not None}
+    return _PATHS[cls]
+
+
+def _marker(hint: Any) -> PathOption | None:
+    if typing.get_origin(hint) is Annotated:
+        return next((extra for extra in hint.__metadata__ if isinstance(extra, PathOption)), None)
+    return next(filter(None, map(_marker, typing.get_args(hint))), None)
+
+
+_PATHS: dict[type, dict[str, PathOption]] = {}
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
@@ -59,9 +90,6 @@ def _check_types(section: object, prefix: str) -> None:
 
 SCHEDULES = ("none", "step", "plateau", "noam", "cosine")
 PER_STEP_SCHEDULES = ("noam", "cosine")  # the others step once per epoch
-# The caption tokenizers of captioning.data.tokenizers.TOKENIZERS; only ptb is English's
-# (METEOR and SPICE need it).
-TOKENIZERS = ("ptb", "whitespace", "characters", "jieba", "mecab")  # the built-in ones
 # CHAIR's word tables: the authors' released table and rules, or this project's extended one.
 CHAIR_TABLES = ("released", "extended")
 
@@ -91,16 +119,16 @@ class DataConfig:
     ``CocoDataConfig``: the caption files the karpathy and coco readers read)."""
 
     dataset: str = "shapes"  # a reader: shapes | karpathy | coco | imagefolder | folder | webdataset | yours
-    root: str = "data/shapes"  # image root (Karpathy: filepath/filename; webdataset: .tar folder or pattern)
-    instances: tuple[str, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
+    root: FolderPath = "data/shapes"  # images (Karpathy: filepath/filename; webdataset: .tar folder, pattern)
+    instances: tuple[FilePath, ...] = ()  # COCO instances JSON files with boxes, for attention grounding
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
     pointing_tolerance: float = 15.0  # pixels: the published pointing game's hit radius (Zhang et al. 2016)
     min_word_count: int = 5  # words seen fewer times in train become <unk>
-    tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
+    tokenizer: str = "ptb"  # a registered tokenizer (captioning.data.tokenizers.TOKENIZERS); ptb is English's
     max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
-    cache_dir: str | None = None  # feature cache folder; None: <data.root>/features (shards: their folder's)
+    cache_dir: OutputFolder | None = None  # feature cache; None: <data.root>/features (shards': theirs)
     use_cache: bool = True  # cache frozen-encoder features on disk (ignored when fine-tuning)
 
     def __post_init__(self) -> None:
@@ -159,7 +187,7 @@ class KarpathySplitConfig(DataConfig):
     karpathy and coco readers' options classes (not itself a reader's: a reader of your own that reads
     the split file derives its options class from it)."""
 
-    split_file: str | None = None  # Karpathy split JSON (dataset_coco.json, ...); coco: optional, the splits
+    split_file: FilePath | None = None  # Karpathy split JSON (dataset_coco.json, ...); coco: optional
     restval_to_train: bool = True  # Karpathy's 'restval' images join 'train'
 
 
@@ -179,7 +207,7 @@ class CocoDataConfig(KarpathySplitConfig):
     split is Karpathy's when ``data.split_file`` is given, else its file's (docs/coco.md)."""
 
     dataset: str = "coco"
-    annotations: tuple[str, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
+    annotations: tuple[FilePath, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
 
 
 # Upper bounds on the sizes a configuration (a user's, a checkpoint's or a model folder's) may ask for,
@@ -194,7 +222,7 @@ class EncoderConfig:
     """The CNN that turns an image into a grid of annotation vectors."""
 
     name: str = "efficientnet_lite0"  # a name from captioning.models.encoders.ENCODERS
-    weights: str = "pretrained"  # pretrained | none | path to a state-dict file
+    weights: NameOrFile = "pretrained"  # pretrained | none | path to a state-dict file
     image_size: int = 224  # images resized to a square of this side, no crop (the grid covers the image)
     grid_size: int = 0  # 0 keeps the native grid; else adaptive pooling to grid_size x grid_size
     fine_tune_stages: int = 0  # last N stages trained; 0 = frozen (features can be cached)
@@ -252,7 +280,7 @@ class LSTMDecoderConfig(DecoderConfig):
 
     kind: str = "lstm"
     attention: str = "soft"  # soft (section 4.2) | hard (stochastic, section 4.1)
-    scoring: str = "additive"  # a registered attention scorer: additive | dot | scaled_dot | multihead
+    scoring: str = "additive"  # a registered attention scorer (captioning.models.attention.SCORERS)
     activation: str = "tanh"  # additive scoring non-linearity: tanh (paper) | relu (tutorial)
     num_heads: int = 8  # heads of the multihead scorer
     embed_dim: int = 512  # word embedding size
@@ -291,11 +319,6 @@ class LSTMDecoderConfig(DecoderConfig):
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))
-        if self.scoring == "multihead":
-            _check(
-                self.attention_dim % self.num_heads == 0,
-                "model.decoder.attention_dim must be divisible by model.decoder.num_heads",
-            )
         _check(
             not self.output_tanh or self.deep_output,
             "model.decoder.output_tanh needs model.decoder.deep_output",
@@ -413,7 +436,7 @@ class DecodeConfig:
 class TrainConfig:
     """The optimisation: cross-entropy stage, then optionally self-critical."""
 
-    output_dir: str = "runs/shapes"  # checkpoints, logs, results and figures go here
+    output_dir: OutputFolder = "runs/shapes"  # checkpoints, logs, results and figures go here
     overwrite: bool = False  # another run's outputs in output_dir are deleted; else refused
     resume: str = "none"  # none | auto: continue from output_dir's checkpoints/last.pt if there is one
     epochs: int = 4  # cross-entropy epochs

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from captioning.config import DATASETS, ConfigError, DataConfig
+from captioning.config import DATASETS, ConfigError, DataConfig, path_options
 from captioning.data.records import ImageRecord
 from captioning.data.tokenizers import tokenizer_for
 from captioning.utils.files import path_kind
@@ -85,7 +85,7 @@ class DatasetReader:
         own = {
             item.name: getattr(config, item.name)
             for item in dataclasses.fields(config)
-            if item.name not in shared and item.name not in _PATH_NAMES
+            if item.name not in shared and item.name not in path_options(type(config))
         }
         plain: dict[str, Any] = json.loads(json.dumps(own))  # tuples as lists, as the stored key has them
         return plain
@@ -159,12 +159,6 @@ def own_tokenizer(config: DataConfig) -> Callable[[str], list[str]] | None:
     return None if config.tokenizer == "ptb" else tokenizer_for(config.tokenizer)
 
 
-# The data keys that name files or folders, and what each must be: the shared ones and the karpathy
-# and coco readers' own (split_file, annotations), checked where the reader's options class has them.
-_PATH_KEYS = (("root", "folder"), ("split_file", "file"), ("annotations", "file"), ("instances", "file"))
-_PATH_NAMES = frozenset(key for key, _ in _PATH_KEYS)
-
-
 def check_data_paths(config: DataConfig) -> None:
     """Every file and folder the data configuration names must exist (a reader that writes its root,
     as Shapes, or checks it itself, as the webdataset reader, is spared that one); each reader checks
@@ -179,10 +173,11 @@ def check_data_paths(config: DataConfig) -> None:
         UnknownNameError: ``data.dataset`` names no registered reader.
     """
     reader = reader_class(config.dataset)
-    for key, kind in _PATH_KEYS:
-        if key == "root" and (reader.writes_root or reader.checks_root):
+    for key, option in path_options(type(config)).items():  # the options marked FilePath, FolderPath
+        if not option.must_exist or (key == "root" and (reader.writes_root or reader.checks_root)):
             continue
-        value = getattr(config, key, None)  # split_file, annotations: only some readers' options have them
+        kind = option.kind
+        value = getattr(config, key)
         for path in map(Path, value if isinstance(value, tuple) else [value] if value else []):
             exists = path.is_dir() if kind == "folder" else path.is_file()
             if not exists:

@@ -37,16 +37,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, Field, fields
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import captioning
 from captioning.config import DecodeConfig
 from captioning.data.tokenizers import tokenizer_version
 from captioning.evaluation.coco_words import COCO_WORDS, CategoryWords
 from captioning.hub.identity import file_hash, parse_signature
+from captioning.utils.version import package_version
 
 if TYPE_CHECKING:
     from captioning.evaluation.chair_table import ReleasedChairTable
@@ -94,23 +95,53 @@ def words_hash(table: CategoryWords | ReleasedChairTable) -> str:
     return _canonical_hash([synonyms, sorted(table.double_words.items())])
 
 
+# How a decoding option is written in ``decode`` when a short form reads better than ``name=value``:
+# a field's function returns its part (None: not written). Only the caption-changing fields of
+# DecodeConfig are visited; beam_size is written with the strategy it belongs to.
+_DECODE_PARTS: dict[str, Callable[[Any], str | None]] = {
+    "strategy": lambda d: d.strategy + (str(d.beam_size) if d.strategy == "beam" else ""),
+    "beam_size": lambda d: None,
+    "max_length": lambda d: f"max{d.max_length}",
+    "min_length": lambda d: f"min{d.min_length}" if d.min_length else None,
+    "length_alpha": lambda d: f"alpha{d.length_alpha:g}" if d.length_alpha else None,
+    "block_trigrams": lambda d: "notri" if d.block_trigrams else None,
+    "temperature": lambda d: f"t{d.temperature:g}" if d.strategy == "sample" else None,
+    "top_k": lambda d: f"k{d.top_k}" if d.strategy == "sample" else None,
+    "forbid_unk": lambda d: None if d.forbid_unk else "unk",
+}
+
+# Decoding options that change how fast captions come, never which: batched decoding equals
+# decoding one image at a time.
+_NOT_IN_SIGNATURE = frozenset({"batch_size"})
+
+
 def decode_description(decode: DecodeConfig) -> str:
-    """The decoding settings that change the captions, e.g. ``beam3.max20`` or ``sample.max16.t0.7.k5``."""
-    parts = [
-        decode.strategy + (str(decode.beam_size) if decode.strategy == "beam" else ""),
-        f"max{decode.max_length}",
-    ]
-    if decode.min_length:
-        parts.append(f"min{decode.min_length}")
-    if decode.length_alpha:
-        parts.append(f"alpha{decode.length_alpha:g}")
-    if decode.block_trigrams:
-        parts.append("notri")
-    if decode.strategy == "sample":
-        parts.append(f"t{decode.temperature:g}.k{decode.top_k}")
-    if not decode.forbid_unk:
-        parts.append("unk")
+    """The decoding settings that change the captions, e.g. ``beam3.max20`` or ``sample.max16.t0.7.k5``.
+
+    Every field of the decoding options counts: one with a short form above is written that way,
+    any other (a new option) as ``name=value`` whenever it differs from its default, so two
+    decodings that differ in an option never share a signature.
+    """
+    parts = []
+    for option in fields(decode):
+        if option.name in _NOT_IN_SIGNATURE:
+            continue
+        value = getattr(decode, option.name)
+        if option.name in _DECODE_PARTS:
+            part = _DECODE_PARTS[option.name](decode)
+        elif value != _default(option):
+            part = f"{option.name}={value:g}" if isinstance(value, float) else f"{option.name}={value}"
+        else:
+            part = None
+        if part is not None:
+            parts.append(part)
     return ".".join(parts)
+
+
+def _default(option: Field) -> Any:
+    if option.default_factory is not MISSING:
+        return option.default_factory()
+    return option.default
 
 
 def _implementation() -> str:
@@ -118,7 +149,7 @@ def _implementation() -> str:
         toolkit = version("pycocoevalcap")
     except PackageNotFoundError:  # pragma: no cover - it is a dependency
         toolkit = "unknown"
-    return f"pycocoevalcap-{toolkit},captioning-{captioning.__version__}"
+    return f"pycocoevalcap-{toolkit},captioning-{package_version()}"
 
 
 def make_signature(

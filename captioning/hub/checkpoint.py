@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from captioning.config import Config, ConfigError, to_dict
+from captioning.config import Config, ConfigError, LSTMDecoderConfig, to_dict
 from captioning.config.loading import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
 from captioning.utils.errors import CaptioningError
@@ -221,6 +221,7 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
         # Written before the self-critical reward counted the caption's end: its weights, and a resumed
         # run, keep the reward they were trained with (train.scst_reward_eos false).
         config = replace(config, train=replace(config.train, scst_reward_eos=False))
+    config = _general_scorer_of_old_dot(config, payload.get("decoder") or {})
     try:  # a registered name, or <family>:<model> of a known family (timm:, open_clip:)
         encoder_builder(config.model.encoder.name)
     except ConfigError:
@@ -232,6 +233,20 @@ def checkpoint_config(payload: dict[str, Any], path: str | Path = "checkpoint") 
             "MODULE, in Python load(..., imports=[MODULE])"
         ) from None
     return config, vocab
+
+
+def _general_scorer_of_old_dot(config: Config, decoder_weights: dict[str, Any]) -> Config:
+    """Luong's general scorer was named ``dot`` before ``dot`` became the plain dot product, which has
+    no weights: a stored ``dot`` whose decoder holds the scorer's ``query_proj`` is the general one,
+    and is read as ``general`` (the same weights, the same captions)."""
+    decoder = config.model.decoder
+    if (
+        isinstance(decoder, LSTMDecoderConfig)
+        and decoder.scoring == "dot"
+        and "attention.query_proj.weight" in decoder_weights
+    ):
+        return replace(config, model=replace(config.model, decoder=replace(decoder, scoring="general")))
+    return config
 
 
 def load_state_checked(

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from captioning.hub.model_folder import weights_file
 from captioning.models.encoders import file_identity
 
 _DIGITS = 12  # hex digits of a sha256 kept in a signature field
+WEIGHTS = "model.safetensors"  # a model folder's weights file (captioning.hub.model_folder)
+
+
+def is_model_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder (``captioning.load`` then reads it as a model folder)."""
+    return Path(path).is_dir()
+
+
+def weights_file(path: str | Path) -> Path:
+    """The file whose bytes identify a model: a checkpoint itself, or a model folder's weights."""
+    return Path(path) / WEIGHTS if is_model_folder(path) else Path(path)
 
 
 def file_hash(path: str | Path) -> str:

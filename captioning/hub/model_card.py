@@ -8,9 +8,9 @@ import re
 import shlex
 from typing import Any
 
-import captioning
 from captioning.config import Config, LSTMDecoderConfig, TransformerDecoderConfig, to_dict
 from captioning.utils.text import printable
+from captioning.utils.version import package_version
 
 _METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
 
@@ -138,7 +138,7 @@ def model_card(
     lines = [
         f"# {_md(name)}",
         "",
-        f"An image captioning model with visual attention, written by `captioning` {captioning.__version__}.",
+        f"An image captioning model with visual attention, written by `captioning` {package_version()}.",
         "",
         "| | |",
         "| --- | --- |",

@@ -29,25 +29,16 @@ import torch
 from captioning.config import Config
 from captioning.hub.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from captioning.hub.checkpoint import VERSION as CHECKPOINT_VERSION
-from captioning.hub.checkpoint import CheckpointError, check_payload
+from captioning.hub.checkpoint import CheckpointError, check_payload, scored_checkpoint
+from captioning.hub.identity import WEIGHTS
 from captioning.utils.files import not_a_regular_file
 from captioning.utils.run_folder import CHECKPOINTS
 from captioning.utils.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-model"
 VERSION = 1
-WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
+CONFIG, VOCAB, CARD = "config.json", "vocab.json", "README.md"  # beside WEIGHTS (hub.identity)
 SECTIONS = ("decoder", "encoder")  # weight names are "<section>.<parameter>"
-
-
-def is_model_folder(path: str | Path) -> bool:
-    """Whether ``path`` is a folder (``captioning.load`` then reads it as a model folder)."""
-    return Path(path).is_dir()
-
-
-def weights_file(path: str | Path) -> Path:
-    """The file whose bytes identify a model: a checkpoint itself, or a model folder's weights."""
-    return Path(path) / WEIGHTS if is_model_folder(path) else Path(path)
 
 
 def encoder_weights_needed(config: Config) -> bool:
@@ -68,8 +59,6 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     checkpoints = sorted((folder / CHECKPOINTS).glob("*.pt")) if not (folder / CONFIG).exists() else []
     if checkpoints:
-        from captioning.hub.checkpoint import scored_checkpoint
-
         raise CheckpointError(
             f"{folder}: a run folder, not a model folder: give one of its checkpoints, e.g. "
             f"{scored_checkpoint(folder)} (the one its test scores came from, as captioning.load picks)"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from captioning.config import to_dict
+from captioning.hub.identity import is_model_folder
 from captioning.hub.model_card import model_card
 from captioning.hub.model_folder import (
     CARD,
@@ -19,7 +20,6 @@ from captioning.hub.model_folder import (
     VOCAB,
     WEIGHTS,
     encoder_weights_needed,
-    is_model_folder,
 )
 from captioning.utils.files import atomic_write, not_a_regular_file, replace_folder
 from captioning.utils.output_paths import check_output_folder

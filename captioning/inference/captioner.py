@@ -69,7 +69,8 @@ def load_trained_captioner(
 ) -> tuple[Captioner, Config, str | None]:
     """:func:`load_captioner`, and the self-critical reward its weights were tuned with
     (:func:`captioning.evaluation.signature.reward_description`; None after cross-entropy only)."""
-    from captioning.hub.model_folder import is_model_folder, load_folder
+    from captioning.hub.identity import is_model_folder
+    from captioning.hub.model_folder import load_folder
 
     payload = load_folder(checkpoint) if is_model_folder(checkpoint) else load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from captioning.config import LSTMDecoderConfig
+from captioning.config import ConfigError, LSTMDecoderConfig
 from captioning.registry import Registry
 
 
@@ -133,8 +133,13 @@ class AdditiveAttention(Attention):
         return self.score(hidden.flatten(0, 1)).squeeze(-1).unsqueeze(1)  # (N, 1, P)
 
 
-class DotAttention(Attention):
-    """Multiplicative (Luong 'general') scoring: e_ti = a_i . W h_{t-1}; values = a_i."""
+class GeneralAttention(Attention):
+    """Luong's 'general' (bilinear) scoring: e_ti = a_i . W h_{t-1}; values = a_i.
+
+    Registered as ``general``; configurations and checkpoints written before it had that name call
+    it ``dot``: a checkpoint or model folder naming ``dot`` whose weights hold this scorer's ``query_proj``
+    is read as ``general`` (``captioning.hub.checkpoint.checkpoint_config``).
+    """
 
     def __init__(self, annotation_dim: int, hidden_dim: int):
         super().__init__()
@@ -142,12 +147,59 @@ class DotAttention(Attention):
         self.context_dim = annotation_dim
 
     def prepare(self, annotations: Tensor) -> Prepared:
-        return Prepared(annotations, annotations)
+        return Prepared(annotations, annotations)  # (B, P, C), (B, P, C)
 
     def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
         keys = prepared.keys  # (B, P, C)
         query = self.query_proj(query).view(-1, prepared.group, keys.size(-1)).transpose(1, 2)  # (B, C, G)
         return torch.bmm(keys, query).transpose(1, 2).reshape(-1, 1, keys.size(1))  # (N, 1, P)
+
+
+class DotAttention(Attention):
+    """Luong's 'dot' scoring, the plain dot product: e_ti = a_i . h_{t-1}, no weights; values = a_i.
+
+    The decoder state and the annotation vectors must have one size (``hidden_dim`` = C).
+    """
+
+    def __init__(self, annotation_dim: int, hidden_dim: int):
+        super().__init__()
+        if annotation_dim != hidden_dim:
+            raise ConfigError(
+                f"model.decoder.scoring dot (a_i . h, no weights) needs model.decoder.hidden_dim equal to "
+                f"the annotations' {annotation_dim} channels, got {hidden_dim}; scoring general "
+                "(a_i . W h) takes any sizes"
+            )
+        self.context_dim = annotation_dim
+
+    def prepare(self, annotations: Tensor) -> Prepared:
+        return Prepared(annotations, annotations)  # (B, P, C), (B, P, C)
+
+    def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
+        keys = prepared.keys  # (B, P, C)
+        query = query.view(-1, prepared.group, keys.size(-1)).transpose(1, 2)  # (B, C, G)
+        return torch.bmm(keys, query.to(keys.dtype)).transpose(1, 2).reshape(-1, 1, keys.size(1))  # (N, 1, P)
+
+
+class CosineAttention(GeneralAttention):
+    """Cosine similarity: e_ti = s cos(a_i, W h_{t-1}), s a learned scale (10 at first); values = a_i.
+
+    Cosines lie in [-1, 1], whose softmax over P positions is nearly uniform: the scale lets the
+    weights sharpen as training needs.
+    """
+
+    def __init__(self, annotation_dim: int, hidden_dim: int):
+        super().__init__(annotation_dim, hidden_dim)
+        self.log_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+
+    def prepare(self, annotations: Tensor) -> Prepared:
+        return Prepared(F.normalize(annotations, dim=-1), annotations)  # unit keys (B, P, C), values
+
+    def scores(self, prepared: Prepared, query: Tensor) -> Tensor:
+        keys = prepared.keys  # (B, P, C), unit length
+        query = F.normalize(self.query_proj(query), dim=-1)  # (N, C)
+        query = query.view(-1, prepared.group, keys.size(-1)).transpose(1, 2)  # (B, C, G)
+        cosines = torch.bmm(keys, query).transpose(1, 2).reshape(-1, 1, keys.size(1))  # (N, 1, P)
+        return self.log_scale.exp() * cosines
 
 
 class KeyValueProjection(nn.Linear):
@@ -221,10 +273,22 @@ def additive(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) ->
     )
 
 
+@SCORERS.register("general")
+def general(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
+    """Luong's general (bilinear) scorer; the context is the annotation vector itself (size C)."""
+    return GeneralAttention(annotation_dim, hidden_dim)
+
+
 @SCORERS.register("dot")
 def dot(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
-    """Luong's general (bilinear) scorer; the context is the annotation vector itself (size C)."""
+    """Luong's dot scorer, a_i . h without weights (``hidden_dim`` must equal C); context size C."""
     return DotAttention(annotation_dim, hidden_dim)
+
+
+@SCORERS.register("cosine")
+def cosine(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
+    """Scaled cosine similarity of a_i and W h; the context is the annotation vector itself (size C)."""
+    return CosineAttention(annotation_dim, hidden_dim)
 
 
 @SCORERS.register("scaled_dot")
@@ -236,6 +300,11 @@ def scaled_dot(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) 
 @SCORERS.register("multihead")
 def multihead(annotation_dim: int, hidden_dim: int, config: LSTMDecoderConfig) -> Attention:
     """Scaled dot product with ``num_heads`` heads of ``attention_dim / num_heads`` each."""
+    if config.attention_dim % config.num_heads:
+        raise ConfigError(
+            f"model.decoder.attention_dim ({config.attention_dim}) must be divisible by "
+            f"model.decoder.num_heads ({config.num_heads}) for scoring multihead"
+        )
     return ScaledDotAttention(annotation_dim, hidden_dim, config.attention_dim, config.num_heads)
 
 

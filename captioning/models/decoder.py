@@ -128,8 +128,13 @@ class ShowAttendTellDecoder(CaptionDecoder):
 
     @classmethod
     def check_config(cls, config: LSTMDecoderConfig) -> None:
-        """``model.decoder.scoring`` must name a registered scorer (``SCORERS``)."""
+        """``model.decoder.scoring`` must name a registered scorer (``SCORERS``) that takes the
+        configuration's sizes: the scorer is built once on the meta device (no memory), so the checks
+        its builder makes (``multihead``: heads dividing ``attention_dim``) refuse a bad value before
+        any work. Checks on the annotations' size wait for the encoder (``dot``)."""
         SCORERS.check(config.scoring)
+        with torch.device("meta"):
+            SCORERS[config.scoring](config.hidden_dim, config.hidden_dim, config)
 
     @classmethod
     def from_config(

@@ -252,7 +252,7 @@ def train_one_epoch(
                 decoder = distributed.unwrap(model.decoder)
                 # Equation 14 (equation 12 with hard attention): OBJECTIVES[decoder.objective]
                 terms = OBJECTIVES[decoder.objective](
-                    decoder, output, captions, decoder_config, config.label_smoothing, num_tokens
+                    decoder, output, captions, decoder_config, config, num_tokens
                 )
                 loss = terms.total
                 numbers = {

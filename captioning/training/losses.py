@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from captioning.config import DecoderConfig, LSTMDecoderConfig
+from captioning.config import DecoderConfig, LSTMDecoderConfig, TrainConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.base import CaptionDecoder
 from captioning.models.decoder import DecoderOutput, HardAttentionDecoder
@@ -200,8 +200,10 @@ def hard_attention_loss(
 
 
 # The objective of one teacher-forced batch: (decoder, its output for N captions, the captions (N, L),
-# the decoder's configuration, label smoothing, the token count to divide by or None) -> LossTerms.
-Objective = Callable[[CaptionDecoder, DecoderOutput, Tensor, Any, float, "float | None"], LossTerms]
+# the decoder's configuration, the training section, the token count to divide by or None) -> LossTerms.
+# A loss option of your own is a field of the training section (or of its subclass) read where it is
+# used: no signature changes.
+Objective = Callable[[CaptionDecoder, DecoderOutput, Tensor, Any, TrainConfig, "float | None"], LossTerms]
 
 # A decoder class's ``objective`` names its entry here; a decoder of your own may register its own.
 OBJECTIVES: Registry[Objective] = Registry("training objective")
@@ -213,11 +215,12 @@ def cross_entropy_objective(
     output: DecoderOutput,
     captions: Tensor,
     config: DecoderConfig,
-    label_smoothing: float,
+    train: TrainConfig,
     num_tokens: float | None,
 ) -> LossTerms:
-    """Equation 14 (:func:`caption_loss`) with the configuration's ``doubly_stochastic`` lambda."""
-    return caption_loss(output, captions, config.doubly_stochastic, label_smoothing, num_tokens)
+    """Equation 14 (:func:`caption_loss`) with the decoder's ``doubly_stochastic`` lambda and the
+    training section's ``label_smoothing``."""
+    return caption_loss(output, captions, config.doubly_stochastic, train.label_smoothing, num_tokens)
 
 
 @OBJECTIVES.register("hard_attention")
@@ -226,7 +229,7 @@ def hard_attention_objective(
     output: DecoderOutput,
     captions: Tensor,
     config: LSTMDecoderConfig,
-    label_smoothing: float,
+    train: TrainConfig,
     num_tokens: float | None,
 ) -> LossTerms:
     """Equation 12 (:func:`hard_attention_loss`) with the configuration's hard-attention weights; the
@@ -242,7 +245,7 @@ def hard_attention_objective(
         config.doubly_stochastic,
         config.hard_entropy,
         config.hard_reinforce,
-        label_smoothing,
+        train.label_smoothing,
         num_tokens,
         penalty_gradient=config.hard_alpha_gradients == "paper",
     )

@@ -8,8 +8,7 @@ import random
 import numpy as np
 import torch
 
-from captioning.config import ConfigError
-from captioning.utils.errors import InputError, RunError
+from captioning.utils.errors import ConfigError, InputError, RunError
 
 
 def resolve_device(name: str) -> torch.device:

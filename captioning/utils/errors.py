@@ -16,6 +16,11 @@ class CaptioningError(Exception):
     """An expected failure: its message is the whole story (``error: <message>`` on the command line)."""
 
 
+class ConfigError(CaptioningError, ValueError):
+    """A configuration value or file is invalid; the message names the key (``captioning.config``
+    raises it, and its public names include it)."""
+
+
 class InputError(CaptioningError, ValueError):
     """A value given to a tool or a function is not one it takes (a flag, a device name, an attention
     layer): the message names the option and what it takes."""

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
-from captioning.config import ConfigError
-from captioning.utils.errors import CaptioningError
+from captioning.utils.errors import CaptioningError, ConfigError
 from captioning.utils.files import not_a_regular_file
 
 

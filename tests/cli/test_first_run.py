@@ -199,18 +199,16 @@ def test_a_resumes_length_note_names_what_it_keeps_adds_or_cannot_change():
     stored = load_config(None, {"train.epochs": 3, "train.scst_epochs": 2})
     repeated = load_config(None, {"train.epochs": 20, "train.scst_epochs": 2})  # the configuration file's 20
     kept, note = resumed_length(repeated, stored, given=set())
-    assert kept.train.epochs == 3 and note == (
-        "resume: keeps the checkpoint's train.epochs=3 (the configuration "
-        "says 20; pass --epochs 20 to change it)"
-    )
+    assert kept.train.epochs == 3 and note is not None and note.startswith("resume: ")
+    assert all(needle in note for needle in ("train.epochs=3", "20", "--epochs 20")), note  # kept, said, fix
     longer, note = resumed_length(repeated, stored, given={"train.epochs"})
-    assert longer.train.epochs == 20 and note == "resume: adds 17 cross-entropy epochs (train.epochs 3 -> 20)"
+    assert longer.train.epochs == 20 and note is not None
+    assert all(needle in note for needle in ("17", "train.epochs 3 -> 20")), note
     _, note = resumed_length(repeated, stored, given={"train.epochs"}, stage="scst")
-    assert (
-        note == "resume: train.epochs 3 -> 20 changes nothing: the checkpoint is in its self-critical stage"
-    )
+    assert note is not None
+    assert all(needle in note for needle in ("train.epochs 3 -> 20", "nothing", "self-critical")), note
     shorter, note = resumed_length(
         load_config(None, {"train.epochs": 3, "train.scst_epochs": 1}), stored, given={"train.scst_epochs"}
     )
-    assert shorter.train.scst_epochs == 1 and note == "resume: shortens the run: train.scst_epochs 2 -> 1"
+    assert shorter.train.scst_epochs == 1 and note is not None and "train.scst_epochs 2 -> 1" in note
     assert resumed_length(stored, stored, given=set()) == (stored, None)

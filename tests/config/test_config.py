@@ -62,7 +62,6 @@ def test_overrides_are_typed_and_win_over_the_file(tmp_path):
         ("train.epochs", "2.5", "train.epochs must be an integer"),
         ("model.decoder.deep_output", "maybe", "must be true or false"),
         ("train.lrr", "1", "unknown configuration key 'train.lrr'"),
-        ("model.decoder.attention_dim", "100", "divisible"),
         ("decode.top_p", "0", "decode.top_p must be in"),
         ("decode.top_p", "1.5", "decode.top_p must be in"),
         ("decode.beam_groups", "2", "decode.beam_groups must .* divide decode.beam_size"),
@@ -74,8 +73,6 @@ def test_overrides_are_typed_and_win_over_the_file(tmp_path):
 )
 def test_bad_values_are_refused_with_the_key(key, value, message):
     overrides = {key: value}
-    if key == "model.decoder.attention_dim":
-        overrides["model.decoder.scoring"] = "multihead"
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
 

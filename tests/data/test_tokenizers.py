@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 
-from captioning.config import TOKENIZERS as CONFIG_TOKENIZERS
 from captioning.config import Config, ConfigError, DataConfig, ShapesDataConfig
 from captioning.config.loading import CHECKPOINT_SECTIONS, check_overrides, with_data_section
 from captioning.data.karpathy import read_karpathy
@@ -44,11 +43,12 @@ OWN_RULES = [name for name in TOKENIZERS.names() if name not in ("ptb", "jieba")
 PUNCTUATION_ONLY = ["...!!!", "?!", "。。。", "——", "…", "！？", "‼️", "「」《》", "¿¡", "、，：；", "!\u0301"]
 
 
-def test_the_configuration_names_every_built_in_tokenizer_and_the_registry_checks_names():
-    assert TOKENIZERS.names() == CONFIG_TOKENIZERS
+def test_the_configuration_takes_any_name_and_the_registry_checks_names():
     assert ShapesDataConfig(tokenizer="jieba").tokenizer == "jieba"
-    with pytest.raises(UnknownNameError, match="data.tokenizer names an unknown tokenizer 'klingon'"):
+    with pytest.raises(UnknownNameError) as unknown:
         TOKENIZERS.check("klingon")
+    assert "data.tokenizer" in str(unknown.value) and "'klingon'" in str(unknown.value)
+    assert all(name in str(unknown.value) for name in TOKENIZERS.names())
     with pytest.raises(ConfigError, match="data.tokenizer must name a tokenizer"):
         ShapesDataConfig(tokenizer=" ")
 

@@ -289,7 +289,8 @@ def test_images_are_read_from_their_shard_in_any_process_and_checked_as_files(tm
     assert np.array_equal(np.asarray(load_image(records[1].path)), np.asarray(picture))
     with pytest.raises(ImageError) as raised:
         load_image(records[2].path, "image 2")
-    assert _one_line(raised) == f"{tars[0]}#000000002.jpg (image 2): not an image file PIL can read"
+    line = _one_line(raised)  # the archive's member, the entry, what is wrong with it
+    assert line.startswith(f"{tars[0]}#000000002.jpg (image 2): ") and "not an image" in line, line
     with pytest.raises(ImageError, match=r"00000.tar#000000003.png \(image 3\): image too large \(1x40000"):
         load_image(records[3].path, "image 3")
     missing = Path(f"{tars[0]}#000000099.jpg")

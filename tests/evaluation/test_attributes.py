@@ -131,10 +131,15 @@ def test_scores_carry_the_numbers_per_image_and_in_the_summary(instances):
     assert result["per_image"][0]["wrong-phrases"] == ["small green square"]
     assert "attribute-phrases" not in result["per_image"][2]  # no boxes for image 9
     line = attribute_line(result)
-    assert line == (
-        "attribute hallucination: precision 0.6667 (2 of 3 phrases right), recall 0.6667 (2 of 3 objects), "
-        "1 of 2 captions with a wrong phrase"
-    )
+    assert line.startswith("attribute hallucination: ")
+    for number in (
+        "precision 0.6667",
+        "2 of 3 phrases",
+        "recall 0.6667",
+        "2 of 3 objects",
+        "1 of 2 captions",
+    ):
+        assert number in line, (number, line)
     assert line in summary_lines({**result, "signature": "s"}, 3)
     # --compare rebuilds the same ratios from the per-image entries, or from the captions themselves.
     stored = ratio_statistics(result["per_image"][:2], [1, 2])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import make_dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from captioning.config import (
 )
 from captioning.data.vocab import Vocabulary
 from captioning.evaluation.signature import (
+    decode_description,
     make_signature,
     parse_signature,
     references_hash,
@@ -160,3 +161,26 @@ def test_a_checkpoint_from_before_the_end_token_keeps_the_reward_it_was_trained_
     loaded, _ = checkpoint_config(payload, "old.pt")
     assert loaded.train.scst_reward_eos is expected
     assert reward_description(loaded.train) == ("cider-d.eos" if expected else "cider-d.noeos")
+
+
+def test_a_new_decoding_option_reaches_the_signature_from_its_field():
+    # The decoding part is read from the options' fields: a new field is in the signature once it
+    # differs from its default, with no line of signature code.
+    wider = make_dataclass(
+        "WiderDecodeConfig", [("diversity", float, 0.0)], bases=(DecodeConfig,), frozen=True
+    )
+    assert decode_description(wider()) == decode_description(DecodeConfig()) == "beam3.max20"
+    assert decode_description(wider(diversity=0.5)) == "beam3.max20.diversity=0.5"
+    assert make_signature(REFERENCES, "ptb", wider(diversity=0.5)) != make_signature(
+        REFERENCES, "ptb", wider()
+    )
+    # The batch size changes how fast captions come, not which.
+    assert decode_description(DecodeConfig(batch_size=7)) == "beam3.max20"
+    described = {
+        "sample.max16.t0.7.k5": DecodeConfig(strategy="sample", max_length=16, temperature=0.7, top_k=5),
+        "greedy.max20.min3.alpha0.6.notri.unk": DecodeConfig(
+            strategy="greedy", min_length=3, length_alpha=0.6, block_trigrams=True, forbid_unk=False
+        ),
+    }
+    for text, decode in described.items():
+        assert decode_description(decode) == text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +65,10 @@ def save(path: Path, config: Config, vocab: Vocabulary, decoder: ShowAttendTellD
     save_checkpoint(path, config=config, vocab=vocab, decoder_state=decoder.state_dict(), **extra)
 
 
-@pytest.mark.parametrize("attention, scoring", [("soft", "multihead"), ("soft", "additive"), ("hard", "dot")])
+@pytest.mark.parametrize(
+    "attention, scoring",
+    [("soft", "multihead"), ("soft", "additive"), ("hard", "general"), ("soft", "cosine")],
+)
 def test_round_trip_rebuilds_an_identical_decoder(tmp_path, attention, scoring):
     torch.manual_seed(0)
     config, vocab = make_config(attention, scoring), make_vocab()
@@ -89,6 +93,36 @@ def test_round_trip_rebuilds_an_identical_decoder(tmp_path, attention, scoring):
         assert float(rebuilt.reward_baseline) == -2.5
     assert payload["training"]["epoch"] == 3 and payload["training"]["history"] == [{"CIDEr-D": 0.5}]
     assert payload["encoder"] is None and payload["encoder_fingerprint"] is None
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_a_checkpoint_naming_dot_before_general_had_its_name_gives_the_same_outputs(tmp_path, attention):
+    # Luong's general scorer was registered as dot before dot became the weightless dot product:
+    # such a file holds the general scorer's query_proj, and is read as general.
+    torch.manual_seed(0)
+    config, vocab = make_config(attention, "general"), make_vocab()
+    decoder = ShowAttendTellDecoder.from_config(config.model.decoder, len(vocab), C)
+    if attention == "hard":
+        decoder.reward_baseline.fill_(-2.5)  # a trained one's
+    old = Config(model=ModelConfig(decoder=replace(config.model.decoder, scoring="dot")))
+    path = tmp_path / "old.pt"
+    save(path, old, vocab, decoder)
+    payload = load_checkpoint(path)
+    assert payload["config"]["model"]["decoder"]["scoring"] == "dot"
+    stored_config, _ = checkpoint_config(payload, path)
+    assert stored_config.model.decoder.scoring == "general"
+    rebuilt = ShowAttendTellDecoder.from_config(stored_config.model.decoder, len(vocab), C)
+    load_state_checked(rebuilt, payload["decoder"], "decoder", path)
+    for original, restored in zip(decoder_outputs(decoder), decoder_outputs(rebuilt), strict=True):
+        assert torch.equal(original, restored)
+    # A file of today's dot (no scorer weights) keeps it.
+    plain = replace(config.model.decoder, scoring="dot", hidden_dim=C)
+    today = ShowAttendTellDecoder.from_config(plain, len(vocab), C)
+    if attention == "hard":
+        today.reward_baseline.fill_(-2.5)
+    save(tmp_path / "dot.pt", Config(model=ModelConfig(decoder=plain)), vocab, today)
+    stored, _ = checkpoint_config(load_checkpoint(tmp_path / "dot.pt"), tmp_path / "dot.pt")
+    assert stored.model.decoder.scoring == "dot"
 
 
 def test_file_loads_with_plain_weights_only_torch_load(tmp_path):

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from search_options import settings
 
-from captioning.config import LSTMDecoderConfig
-from captioning.models.attention import SCORERS, Prepared, ScaledDotAttention, build_attention
+from captioning.config import ConfigError, LSTMDecoderConfig, ModelConfig
+from captioning.models.attention import SCORERS, ScaledDotAttention, build_attention
+from captioning.models.captioner import check_model_config
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.decoding import beam_search, greedy_search, sample_captions
 from captioning.registry import UnknownNameError
 
-C, H, A, P, HEADS = 12, 16, 16, 9, 4  # annotation channels, hidden, attention size, positions, heads
+# annotation channels, hidden, attention size, positions, heads; C = H so that every scorer builds (dot)
+C, H, A, P, HEADS = 16, 16, 8, 9, 4
 VOCAB = 10
 
 # Every registered scorer (so a newly registered one is covered), and the additive one's ReLU variant.
@@ -72,44 +76,41 @@ def test_weights_depend_on_query_and_image(scoring, activation):
 
 
 def test_unknown_scoring_and_indivisible_heads_are_rejected():
-    with pytest.raises(
-        UnknownNameError, match="model.decoder.scoring names an unknown attention scorer 'cosine'"
-    ):
-        make_scorer("cosine")
+    with pytest.raises(UnknownNameError) as unknown:
+        make_scorer("luong_concat")
+    assert "model.decoder.scoring" in str(unknown.value) and "'luong_concat'" in str(unknown.value)
+    assert all(name in str(unknown.value) for name in SCORERS.names())  # the registered names, listed
     with pytest.raises(ValueError, match="not divisible"):
         ScaledDotAttention(C, H, 10, num_heads=4)
+    # A scorer's own checks of the configuration's sizes run with the names', before any work.
+    config = ModelConfig(decoder=replace(scorer_config("multihead"), attention_dim=10))
+    with pytest.raises(ConfigError) as indivisible:
+        check_model_config(config)
+    assert "model.decoder.attention_dim" in str(indivisible.value) and "model.decoder.num_heads" in str(
+        indivisible.value
+    )
 
 
-def test_multihead_context_concatenates_heads_before_projection():
-    torch.manual_seed(2)
-    attention = make_scorer("multihead")
-    assert attention.num_heads == HEADS
-    prepared = attention.prepare(torch.randn(2, P, C))
-    assert prepared.keys.shape == (2, HEADS, P, A // HEADS)
-    assert prepared.values.shape == (2, HEADS, P, A // HEADS)
-    # One-hot weights on position 3 in every head: the context is the projected value at position 3.
-    weights = torch.zeros(2, HEADS, P)
-    weights[..., 3] = 1.0
-    expected = attention.output_proj(prepared.values[:, :, 3].flatten(1))
-    torch.testing.assert_close(attention.combine(weights, prepared), expected)
-
-
-def test_prepared_select_and_head():
-    keys = torch.arange(4 * P * 2, dtype=torch.float32).view(4, P, 2)
-    values = -keys
-    prepared = Prepared(keys, values)
-    index = torch.tensor([2, 2, 0, 3, 1])
-    selected = prepared.select(index)
-    assert isinstance(selected, Prepared)
-    assert torch.equal(selected.keys, keys[index]) and torch.equal(selected.values, values[index])
-    head = prepared.head(2)
-    assert isinstance(head, Prepared)
-    assert torch.equal(head.keys, keys[:2]) and torch.equal(head.values, values[:2])
-    # a view, not a copy: the shrinking active batch costs nothing
-    assert head.keys.data_ptr() == keys.data_ptr() and head.values.data_ptr() == values.data_ptr()
-    # multi-head layout (B, nh, P, dk) selects on the batch dimension too
-    heads = Prepared(torch.randn(3, HEADS, P, 2), torch.randn(3, HEADS, P, 2))
-    assert torch.equal(heads.select(torch.tensor([1, 0])).keys, heads.keys[[1, 0]])
+def test_the_dot_scorer_is_the_plain_dot_product_and_general_is_bilinear():
+    torch.manual_seed(0)
+    annotations, query = torch.randn(2, P, C), torch.randn(2, H)
+    dot = make_scorer("dot")
+    assert list(dot.parameters()) == []
+    expected = torch.softmax(torch.einsum("bpc,bc->bp", annotations, query), dim=-1)
+    torch.testing.assert_close(dot(dot.prepare(annotations), query)[:, 0], expected)
+    general = make_scorer("general")
+    (weight,) = general.parameters()  # W: (C, H)
+    expected = torch.softmax(torch.einsum("bpc,bc->bp", annotations, query @ weight.T), dim=-1)
+    torch.testing.assert_close(general(general.prepare(annotations), query)[:, 0], expected)
+    cosine = make_scorer("cosine")
+    projected = torch.nn.functional.normalize(query @ cosine.query_proj.weight.T, dim=-1)
+    cosines = torch.einsum("bpc,bc->bp", torch.nn.functional.normalize(annotations, dim=-1), projected)
+    torch.testing.assert_close(
+        cosine(cosine.prepare(annotations), query)[:, 0], torch.softmax(10 * cosines, -1)
+    )
+    with pytest.raises(ConfigError) as sizes:
+        build_attention(scorer_config("dot"), C + 1)
+    assert "model.decoder.hidden_dim" in str(sizes.value) and "general" in str(sizes.value)
 
 
 class PrepareCounter:
@@ -127,12 +128,17 @@ class PrepareCounter:
 
 
 def projection_calls(decoder: ShowAttendTellDecoder) -> list[int]:
-    """Rows seen by every call of the module that projects the annotations (a forward hook)."""
-    attention = decoder.attention
-    module = getattr(attention, "annotation_proj", None) or getattr(attention, "key_value_proj", None)
+    """Images seen by every call of a submodule of the scorer on annotation vectors ((B, P, C), not
+    the (N, P, A) of a step), whatever the scorer names its modules (a forward hook on each)."""
     calls: list[int] = []
-    if module is not None:
-        module.register_forward_hook(lambda mod, inputs, output: calls.append(inputs[0].size(0)))
+
+    def record(module, inputs, output):
+        x = inputs[0] if inputs else None
+        if isinstance(x, torch.Tensor) and x.dim() == 3 and (x.size(1), x.size(2)) == (P, C):
+            calls.append(inputs[0].size(0))
+
+    for module in decoder.attention.modules():
+        module.register_forward_hook(record)
     return calls
 
 
@@ -148,8 +154,7 @@ def test_prepare_runs_once_per_image_in_teacher_forcing(scoring, activation, att
     lengths = torch.tensor([7, 5, 3, 6, 2])
     decoder(annotations, captions, lengths, image_index=torch.tensor([0, 0, 1, 1, 1]))
     assert counter.batch_sizes == [2]  # once, for the 2 images, not per caption or per step
-    if scoring != "dot":  # dot scoring has no annotation projection
-        assert hooked == [2]
+    assert set(hooked) <= {2}  # every module that reads the annotations reads them once per image
 
 
 @pytest.mark.parametrize("scoring, activation", SCORINGS, ids=SCORING_IDS)
@@ -167,8 +172,7 @@ def test_prepare_runs_once_per_image_in_decoding(scoring, activation, strategy):
     else:
         sample_captions(decoder, annotations, settings(max_length=6))
     assert counter.batch_sizes == [3]  # before the beams are expanded, never once per step
-    if scoring != "dot":
-        assert hooked == [3]
+    assert set(hooked) <= {3}
 
 
 @pytest.mark.parametrize("heads", [1, 4])

@@ -115,7 +115,9 @@ def trigrams(tokens: list[int]) -> list[tuple[int, ...]]:
 
 # ----------------------------------------------------------------------------- beam 1 == greedy
 @pytest.mark.parametrize("min_length", [0, 3])
-@pytest.mark.parametrize("scoring, gate", [("additive", "scalar"), ("multihead", "channel"), ("dot", "none")])
+@pytest.mark.parametrize(
+    "scoring, gate", [("additive", "scalar"), ("multihead", "channel"), ("general", "none")]
+)
 def test_beam_size_one_equals_greedy(scoring, gate, min_length):
     annotations = annotations_for(6)
     decoder = varied_decoder(annotations, 8, scoring=scoring, gate=gate)
@@ -338,7 +340,7 @@ def all_strategies(decoder, annotations):
 
 @pytest.mark.parametrize(
     "scoring, gate",
-    [("additive", "scalar"), ("multihead", "channel"), ("scaled_dot", "none"), ("dot", "scalar")],
+    [("additive", "scalar"), ("multihead", "channel"), ("scaled_dot", "none"), ("general", "scalar")],
 )
 def test_captions_carry_their_attention_and_log_prob(scoring, gate):
     decoder = make_decoder(seed=11, scoring=scoring, gate=gate)

@@ -59,6 +59,20 @@ def test_an_import_that_points_up_breaks_the_contract(tmp_path, importer, import
     assert f"{importer_module} -> {imported}" in result.stdout
 
 
+def test_an_import_inside_a_function_counts_and_utils_may_not_import_the_configuration(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "captioning", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPOSITORY / ".importlinter", tmp_path / ".importlinter")
+    with open(tmp_path / "captioning" / "utils" / "files.py", "a", encoding="utf-8") as handle:
+        handle.write("\n\ndef _late():\n    from captioning.config import Config\n\n    return Config\n")
+    with open(tmp_path / "captioning" / "models" / "decoder.py", "a", encoding="utf-8") as handle:
+        handle.write("\n\ndef _late():\n    from captioning.hub import checkpoint\n\n    return checkpoint\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Utilities stand on nothing of the configuration BROKEN" in result.stdout
+    assert "captioning.utils.files -> captioning.config" in result.stdout
+    assert "captioning.models.decoder -> captioning.hub" in result.stdout
+
+
 def test_an_annotation_only_import_that_points_up_breaks_it_too(tmp_path):
     """``exclude_type_checking_imports = False``: an import under ``if TYPE_CHECKING:`` counts."""
     shutil.copytree(PACKAGE, tmp_path / "captioning", ignore=shutil.ignore_patterns("__pycache__"))

@@ -97,7 +97,7 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.encoders import build_encoder
 
 encoder = build_encoder(EncoderConfig(name="my_encoder", weights="none", image_size=64))
-config = LSTMDecoderConfig(scoring="cosine", embed_dim=8, hidden_dim=8, attention_dim=8)
+config = LSTMDecoderConfig(scoring="scaled_general", embed_dim=8, hidden_dim=8, attention_dim=8)
 decoder = ShowAttendTellDecoder.from_config(config, 10, encoder.channels).eval()
 grids = encoder(torch.rand(2, 3, 64, 64))  # (B, P, C)
 step = decoder.step(decoder.prepare(grids), torch.tensor([1, 1]), decoder.init_state(grids))

@@ -329,34 +329,35 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
+        # What each line must name: the key, the value refused, what it takes or how to fix it.
         (
             ["--set", "train.metric=CIDEr"],
-            ["train.metric names 'CIDEr'", "computes BLEU-1, BLEU-2, BLEU-3, BLEU-4, ROUGE-L, CIDEr-D"],
+            ["train.metric", "'CIDEr'", "BLEU-4", "ROUGE-L", "CIDEr-D"],
         ),
-        (["--set", "train.metric=METEOR"], ["train.metric names 'METEOR'", "need no Java"]),
+        (["--set", "train.metric=METEOR"], ["train.metric", "'METEOR'", "Java"]),
         (
             ["--set", "data.dataset=nope"],
-            ["data.dataset names an unknown dataset reader 'nope'", "shapes", "karpathy", "imagefolder"],
+            ["data.dataset", "'nope'", "shapes", "karpathy", "imagefolder"],
         ),
-        (["--set", "decode.length_alpha=inf"], ["decode.length_alpha must be a finite number"]),
-        (["--set", "decode.temperature=1e-300"], ["decode.temperature must be in [0.001, 1000]"]),
-        (["--set", "train.lr=nan"], ["train.lr must be a finite number"]),
-        (["--seed", "-1"], ["train.seed must be in [0, 2**32 - 1], got -1"]),
-        (["--encoder", "nonexistent"], ["model.encoder.name must be one of"]),
+        (["--set", "decode.length_alpha=inf"], ["decode.length_alpha", "finite"]),
+        (["--set", "decode.temperature=1e-300"], ["decode.temperature", "[0.001, 1000]"]),
+        (["--set", "train.lr=nan"], ["train.lr", "finite"]),
+        (["--seed", "-1"], ["train.seed", "-1", "2**32 - 1"]),
+        (["--encoder", "nonexistent"], ["model.encoder.name", "nonexistent"]),
         (
-            ["--scoring", "cosine"],
-            ["model.decoder.scoring names an unknown attention scorer 'cosine'", "additive", "--import"],
+            ["--scoring", "luong_concat"],
+            ["model.decoder.scoring", "'luong_concat'", "additive", "--import"],
         ),
-        (["--decoder", "gru"], ["model.decoder.kind names an unknown decoder 'gru'", "lstm, transformer"]),
-        (["--device", "meta"], ["device must be auto, cpu, cuda or cuda:N, got 'meta'"]),
+        (["--decoder", "gru"], ["model.decoder.kind", "'gru'", "lstm", "transformer"]),
+        (["--device", "meta"], ["device", "'meta'", "cpu", "cuda:N"]),
         (["--set", "model.encoder.weights=missing.pt"], ["missing.pt"]),
         (
             ["--set", "data.dataset=karpathy", "--set", "data.split_file=missing.json"],
-            ["missing.json: data.split_file: no such file"],
+            ["missing.json", "data.split_file", "no such file"],
         ),
         (
             ["--set", "data.dataset=karpathy", "--set", "data.shapes_train=5"],
-            ["data.shapes_train is an option of the shapes dataset reader, not of data.dataset 'karpathy'"],
+            ["data.shapes_train", "shapes dataset reader", "'karpathy'"],
         ),
     ],
     ids=[
@@ -660,10 +661,9 @@ def test_java_that_never_answers_times_out_to_the_java_less_path(tmp_path):
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert (
-        result.stderr.strip()
-        == "warning: the PTB tokenizer (Java) did not finish in 2 s; scoring without Java (no METEOR)"
-    )
+    (warning,) = result.stderr.strip().splitlines()  # one line: what timed out, after how long, what is lost
+    assert warning.startswith("warning: ")
+    assert all(needle in warning for needle in ("PTB tokenizer", "2 s", "without Java", "METEOR")), warning
     scores = json.loads((tmp_path / "run_scores.json").read_text())
     assert scores["tokenizer"] == "python" and scores["METEOR"] is None and scores["CIDEr-D"] is not None
 

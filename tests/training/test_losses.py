@@ -189,12 +189,12 @@ from captioning.training.losses import hard_attention_loss
 
 tests = Path(sys.argv[2]).parent  # the test modules import each other across folders
 sys.path[:0] = [str(tests), *(str(folder) for folder in tests.iterdir() if folder.is_dir())]
-from test_losses import make_batch
+from test_losses import C, make_batch
 
 group = distributed.init_from_environment("cpu")
 torch.manual_seed(0)
 decoder = ShowAttendTellDecoder.from_config(LSTMDecoderConfig(attention="hard", embed_dim=16, hidden_dim=24,
-                                            attention_dim=16, dropout=0.0, hard_expected_prob=1.0), 11, 12)
+                                            attention_dim=16, dropout=0.0, hard_expected_prob=1.0), 11, C)
 decoder = distributed.wrap(decoder, group, torch.device("cpu")).train()
 baselines = []
 for step in range(2):
@@ -310,3 +310,54 @@ def test_self_critical_hard_attention_gives_the_locations_a_policy_gradient():
     # log-probabilities reach them.
     attention_grads = [p.grad for p in decoder.attention.parameters() if p.grad is not None]
     assert attention_grads and sum(float(g.abs().sum()) for g in attention_grads) > 0
+
+
+def test_a_new_loss_option_is_one_field_plus_its_use(monkeypatch):
+    # A fork's new loss option: one field (here on a subclass of the training section, as a field
+    # added to TrainConfig would be) and an objective that reads it. The engine's step passes the
+    # section through untouched, so nothing else changes.
+    import dataclasses
+
+    from captioning.config import EncoderConfig, ModelConfig
+    from captioning.models.captioner import Captioner
+    from captioning.training.engine import TrainState, train_one_epoch
+    from captioning.training.losses import OBJECTIVES, LossTerms, cross_entropy_objective
+
+    @dataclasses.dataclass(frozen=True)
+    class ScaledTrainConfig(TrainConfig):
+        loss_scale: float = 1.0  # the new option
+
+    seen: list[float] = []
+
+    def scaled_objective(decoder, output, captions, config, train, num_tokens) -> LossTerms:
+        seen.append(train.loss_scale)
+        terms = cross_entropy_objective(decoder, output, captions, config, train, num_tokens)
+        return LossTerms(train.loss_scale * terms.total, terms.cross_entropy, terms.attention_penalty)
+
+    monkeypatch.setattr(OBJECTIVES, "_entries", dict(OBJECTIVES._entries))
+    OBJECTIVES.register("scaled_for_test")(scaled_objective)
+    vocab = Vocabulary.build([["a", "red", "circle"]], min_count=1)
+    decoder_config = LSTMDecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8, dropout=0.0)
+    model_config = ModelConfig(encoder=EncoderConfig(weights="none", image_size=32), decoder=decoder_config)
+    torch.manual_seed(0)
+    model = Captioner.build(model_config, vocab)
+    monkeypatch.setattr(model.decoder, "objective", "scaled_for_test")
+    batch = {
+        "images": torch.randn(2, 3, 32, 32),
+        "lengths": torch.full((2, 1), 5),
+        "captions": torch.tensor([[[1, 4, 5, 6, 2]], [[1, 6, 5, 4, 2]]]),
+        "image_ids": torch.tensor([1, 2]),
+        "indices": torch.arange(2),
+    }
+    losses = {}
+    for scale in (1.0, 3.0):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        train = ScaledTrainConfig(loss_scale=scale, grad_clip=0.0)
+        state = TrainState()
+        train_one_epoch(
+            model, [batch], optimizer, train, state, torch.device("cpu"),
+            decoder_config=decoder_config, progress=False,
+        )  # fmt: skip
+        losses[scale] = state.epoch_sums["loss"]
+    assert seen == [1.0, 3.0]
+    assert losses[3.0] == pytest.approx(3.0 * losses[1.0], rel=1e-5)
