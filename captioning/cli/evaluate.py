@@ -258,7 +258,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     check_overrides(overrides, CHECKPOINT_SECTIONS)
     # Each flag's own range now; what depends on the checkpoint's options (num_return and
     # beam_groups against its beam_size) is checked once it is loaded.
-    early_beam = args.beam_size or (args.num_return or 1) * (args.beam_groups or 1)
+    early_beam = (
+        args.beam_size if args.beam_size is not None else (args.num_return or 1) * (args.beam_groups or 1)
+    )
     decode_config_with(Config(), **{**decoding, "beam_size": early_beam})
     records = read_folder(args.images) if args.images is not None else None
     # Only the data section is read: a run's config.yaml of any version is taken (stored=True).

@@ -289,7 +289,7 @@ def check_state_fits(
 def model_path(path: str | Path) -> Path:
     """What ``captioning.load`` and the tools read for ``path``: a run folder's checkpoint whose test
     scores the run reports (``scored_checkpoint``); a checkpoint file or a model folder as it is."""
-    from captioning.hub.model_folder import CONFIG
+    from captioning.hub.identity import CONFIG
     from captioning.utils.run_folder import CHECKPOINTS
 
     path = Path(path)

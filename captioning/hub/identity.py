@@ -9,6 +9,7 @@ from captioning.models.encoders import file_identity
 
 _DIGITS = 12  # hex digits of a sha256 kept in a signature field
 WEIGHTS = "model.safetensors"  # a model folder's weights file (captioning.hub.model_folder)
+CONFIG, VOCAB, CARD = "config.json", "vocab.json", "README.md"  # the model folder's other files
 
 
 def is_model_folder(path: str | Path) -> bool:

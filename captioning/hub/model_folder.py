@@ -30,14 +30,13 @@ from captioning.config import Config
 from captioning.hub.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from captioning.hub.checkpoint import VERSION as CHECKPOINT_VERSION
 from captioning.hub.checkpoint import CheckpointError, check_payload, scored_checkpoint
-from captioning.hub.identity import WEIGHTS
+from captioning.hub.identity import CARD, CONFIG, VOCAB, WEIGHTS
 from captioning.utils.files import not_a_regular_file
 from captioning.utils.run_folder import CHECKPOINTS
 from captioning.utils.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-model"
 VERSION = 1
-CONFIG, VOCAB, CARD = "config.json", "vocab.json", "README.md"  # beside WEIGHTS (hub.identity)
 SECTIONS = ("decoder", "encoder")  # weight names are "<section>.<parameter>"
 
 

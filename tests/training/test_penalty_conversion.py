@@ -17,6 +17,7 @@ import pytest
 import torch
 from tool_runs import REPO
 
+from captioning.config import TrainConfig
 from captioning.config.loading import load_config
 from captioning.models.decoder import DecoderOutput, HardAttentionDecoder, ShowAttendTellDecoder
 from captioning.training.losses import doubly_stochastic_penalty, hard_attention_objective
@@ -75,7 +76,7 @@ def our_alpha_gradient(alphas, sampled, logits, captions, baseline, config, step
     assert isinstance(decoder, HardAttentionDecoder)
     # their baseline b is a per-token mean cost; this one a summed log-likelihood: -T b
     decoder.reward_baseline.fill_(-steps * baseline)
-    loss = hard_attention_objective(decoder, output, captions, config, 0.0, None)
+    loss = hard_attention_objective(decoder, output, captions, config, TrainConfig(), None)
     (gradient,) = torch.autograd.grad(loss.total, leaf)
     return steps * gradient.permute(1, 0, 2)  # (T, N, P)
 
