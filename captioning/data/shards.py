@@ -39,7 +39,6 @@ given twice) or a truncated shard stops the reading with one line naming the sha
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -57,6 +56,7 @@ from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.shard_listings import FOLDER as LISTINGS_FOLDER
 from captioning.data.shard_listings import Listings
 from captioning.data.tokenizers import tokenize, tokenizer_for
+from captioning.utils.json_files import JsonError, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +209,9 @@ def _samples(
             if key in keys:
                 sample.problem = ("keys given twice", "key given twice, not in consecutive files")
             keys.add(key)
+        unsafe = tar_members.unsafe_name(member.name)
+        if unsafe is not None and sample.problem is None:
+            sample.problem = ("members named outside their shard", f"member {member.name!r}: {unsafe}")
         if suffix in sample.files and sample.problem is None:
             sample.problem = (
                 "samples with two files of one kind",
@@ -242,9 +245,9 @@ def _captions(files: dict[str, tar_members.Member], handle: BinaryIO) -> list[st
     if "json" in files:
         text = _text(files["json"], "its json", handle)
         try:
-            meta = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as error:
-            raise _Bad("unreadable captions", f"its json is not valid JSON ({error})") from None
+            meta = parse_json(text)
+        except JsonError as error:
+            raise _Bad("unreadable captions", f"its json: {error}") from None
         if not isinstance(meta, dict):
             raise _Bad("unreadable captions", f"its json must be an object, got {type(meta).__name__}")
         captions = meta.get("captions")
@@ -299,6 +302,7 @@ def read_shards(
     skip_bad: bool = False,
     listings: Path | None = None,
     write_listings: bool = False,
+    under: Path | None = None,
 ) -> list[ImageRecord]:
     """Read the samples of the shards ``root`` names into one record per image (module docstring).
 
@@ -309,6 +313,8 @@ def read_shards(
         listings: the folder of the shards' kept listings (``captioning.data.shard_listings``); None:
             every shard is listed from its headers.
         write_listings: keep the listings made in ``listings`` (training and caching runs).
+        under: the folder the user named that holds ``listings``: nothing below it is written
+            through a link (``captioning.utils.files.refuse_links``).
     Returns:
         Records in reading order (shards in order, samples in archive order).
     Raises:
@@ -321,7 +327,7 @@ def read_shards(
     splits = read_shard_splits(shards)
     skipped = SkipLog(os.fspath(root), logger)
     found: list[tuple[str, ImageRecord]] = []  # (key, record with a provisional id)
-    kept = Listings(listings, write_listings)
+    kept = Listings(listings, write_listings, under)
     for shard in shards:
         try:
             state, scan = kept.scan(shard)
@@ -393,11 +399,10 @@ class WebDatasetReader(DatasetReader):
 
     def read_records(self, config: DataConfig, write_index: bool) -> list[ImageRecord]:
         check_data_paths(config)
-        listings = (
-            Path(config.cache_dir) if config.cache_dir else self.data_folder(config) / "features"
-        ) / LISTINGS_FOLDER
+        under = Path(config.cache_dir) if config.cache_dir else self.data_folder(config)
+        listings = (under if config.cache_dir else under / "features") / LISTINGS_FOLDER
         return read_shards(
-            config.root, tokenizer_for(config.tokenizer), config.skip_bad_images, listings, write_index
+            config.root, tokenizer_for(config.tokenizer), config.skip_bad_images, listings, write_index, under
         )
 
     def split_rule(self, config: DataConfig) -> str | None:

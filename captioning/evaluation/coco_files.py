@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from pycocotools.coco import COCO
 
 from captioning.utils.errors import CaptioningError
-from captioning.utils.files import not_a_regular_file
+from captioning.utils.json_files import JsonError, read_json_file
 
 
 class EvaluationInputError(CaptioningError, ValueError):
@@ -132,18 +131,12 @@ def read_json(path: str | Path) -> Any:
         EvaluationInputError: one line naming the file: missing, not a regular file, not JSON, or
             nested too deeply.
     """
-    kind = not_a_regular_file(path)
-    if kind is not None:
-        raise EvaluationInputError(f"{path}: {kind}")
     try:
-        with open(path, encoding="utf-8") as file:
-            return json.load(file)
+        return read_json_file(path)  # the project's one JSON reader: a regular file, bounded
     except FileNotFoundError:
         raise EvaluationInputError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise EvaluationInputError(f"{path}: not valid JSON ({error})") from None
-    except RecursionError:
-        raise EvaluationInputError(f"{path}: JSON nested too deeply to read") from None
+    except JsonError as error:
+        raise EvaluationInputError(str(error)) from None
 
 
 __all__ = ["EvaluationInputError", "load_coco_references", "load_results", "read_coco_file", "read_json"]
