@@ -118,6 +118,10 @@ def scan_shard(shard: str | Path) -> ShardScan:
                     after = f" after {last!r}" if last else ""
                     scan.truncated = f"the archive breaks off{after} ({error})"
                     break
+                except (ValueError, OverflowError, EOFError) as error:  # a field tarfile cannot use
+                    after = f" after {last!r}" if last else ""
+                    scan.truncated = f"unreadable tar header at byte {archive.offset}{after} ({error})"
+                    break
                 if info is None:
                     break
                 # the list tarfile keeps is not used here, and a shard has tens of thousands of members
