@@ -45,12 +45,16 @@ def _own_key_and_no_kept_listings(tmp_path, monkeypatch) -> Iterator[None]:
     tar_members.forget_all()
 
 
+class Hung(BaseException):
+    """Raised by ``within``: no ``except OSError`` of the code under test can take it for a read error."""
+
+
 @contextmanager
 def within(seconds: int) -> Iterator[None]:
     """Fail (instead of hanging the suite) when the body runs longer than ``seconds``."""
 
     def expired(*_):
-        raise TimeoutError(f"still running after {seconds} s: a loop or a blocked open")
+        raise Hung(f"still running after {seconds} s: a loop or a blocked open")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.alarm(seconds)
@@ -229,11 +233,8 @@ def test_an_edited_listing_hashed_again_without_the_key_is_listed_again(tmp_path
     first = load_records(_config(tmp_path / "shards"), write_index=True)
     listing = _listing_of(tmp_path / "shards", tars[0])
     payload = json.loads(listing.read_text(encoding="utf-8"))
-    members = payload["members"]
-    # key 0's image made to point at key 5's bytes, and key 3's files dropped
-    image = {name: (offset, size) for name, offset, size in members}
-    members[0][1:] = list(image["000000005.jpg"])
-    payload["members"] = [entry for entry in members if not entry[0].startswith("000000003")]
+    # key 3's files dropped (the order and bounds of the rest hold): its sample would vanish
+    payload["members"] = [entry for entry in payload["members"] if not entry[0].startswith("000000003")]
     del payload["digest"]
     unkeyed = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     import hashlib
