@@ -79,13 +79,13 @@ def parse_json(text: str | bytes) -> Any:
     else:
         data = text.encode("utf-8", "surrogatepass")
     if _too_deep(data):
-        raise JsonError(f"arrays and objects nested more than {MAX_DEPTH} deep")
+        raise JsonError(f"JSON nested too deeply (arrays and objects more than {MAX_DEPTH} deep)")
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise JsonError(f"not valid JSON ({error.msg} at line {error.lineno})") from None
     except RecursionError:  # not reached below MAX_DEPTH; kept for an interpreter with a tiny stack
-        raise JsonError(f"arrays and objects nested more than {MAX_DEPTH} deep") from None
+        raise JsonError(f"JSON nested too deeply (arrays and objects more than {MAX_DEPTH} deep)") from None
     except ValueError:  # Python's int() past its limit
         raise JsonError(f"an integer of more than {MAX_INT_DIGITS} digits") from None
 

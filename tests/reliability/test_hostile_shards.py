@@ -274,7 +274,7 @@ def test_a_listing_pointing_a_name_at_another_members_bytes_is_refused_when_read
     ("text", "needle"),
     [
         ('{"images": [{"id": ' + "9" * 5000 + "}]}", "an integer of more than 4300 digits"),
-        ("[" * 5000 + "]" * 5000, "arrays and objects nested more than 200 deep"),
+        ("[" * 5000 + "]" * 5000, "JSON nested too deeply (arrays and objects more than 200 deep)"),
     ],
 )
 def test_json_past_the_bounds_is_one_line_naming_the_file(tmp_path, text, needle):
