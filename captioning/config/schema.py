@@ -83,6 +83,9 @@ def _check_family(section: Any, families: FamilyRegistry) -> None:
     )
 
 
+MAX_CAPTION_LENGTH = 500  # data.max_caption_length: words a stored caption may hold
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the captions and images come from and how captions become token ids: what every dataset
@@ -96,7 +99,7 @@ class DataConfig:
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
-    max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
+    max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut (<= 500)
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
     cache_dir: str | None = None  # feature cache folder; None: <data.root>/features (shards: their folder's)
@@ -106,12 +109,17 @@ class DataConfig:
         _check_types(self, "data.")
         _check_family(self, DATASETS)
         _check(
-            isinstance(self.tokenizer, str) and bool(self.tokenizer.strip()),
-            f"data.tokenizer must name a tokenizer, got {self.tokenizer!r}",
+            isinstance(self.tokenizer, str) and 0 < len(self.tokenizer.strip()) <= 200,
+            f"data.tokenizer must name a tokenizer, got {self.tokenizer!r:.60}"
+            + (f" ({len(self.tokenizer)} characters)" if isinstance(self.tokenizer, str) else ""),
         )  # which names exist is the tokenizer registry's (captioning.data.tokenizers.TOKENIZERS)
         _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
-        _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
+        _check(
+            1 <= self.max_caption_length <= MAX_CAPTION_LENGTH,
+            f"data.max_caption_length must be in [1, {MAX_CAPTION_LENGTH}] (each caption is stored at this "
+            f"length, {MAX_CAPTION_LENGTH} is decode.max_length's bound), got {self.max_caption_length}",
+        )
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
 
 

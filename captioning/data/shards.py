@@ -83,8 +83,89 @@ def _library() -> tuple[Callable[[str], tuple[str | None, str | None]], Callable
     return base_plus_ext, braceexpand.braceexpand
 
 
+MAX_SHARDS = 1_000_000  # names one pattern may expand to (LAION-5B's largest part has 231,350 shards)
+_RANGE = re.compile(r"^(-?\d+|[a-zA-Z])\.\.(-?\d+|[a-zA-Z])(?:\.\.(-?\d+))?$")
+
+
+def _group_end(pattern: str, start: int) -> int:
+    """The index of the brace closing the one at ``start``; -1 when it is not closed."""
+    depth, position = 0, start
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "\\":
+            position += 1
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return position
+        position += 1
+    return -1
+
+
+def _top_level_commas(body: str) -> list[str]:
+    parts, depth, start, position = [], 0, 0, 0
+    while position < len(body):
+        char = body[position]
+        if char == "\\":
+            position += 1
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(body[start:position])
+            start = position + 1
+        position += 1
+    return [*parts, body[start:]]
+
+
+def expansion_size(pattern: str) -> int:
+    """How many names a brace pattern expands to, counted without expanding it (``{a..b}`` ranges of
+    numbers or letters with an optional step, ``{x,y}`` alternatives, nested); a brace that is not a
+    group counts as itself."""
+    total, position = 1, 0
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "\\":
+            position += 2
+            continue
+        if char != "{":
+            position += 1
+            continue
+        end = _group_end(pattern, position)
+        if end < 0:
+            return total  # unbalanced: the library says so
+        body = pattern[position + 1 : end]
+        bounds = _RANGE.match(body)
+        if bounds is not None:
+            first, last, step = bounds.groups()
+            if first.lstrip("-").isdigit() and last.lstrip("-").isdigit():
+                if max(len(first), len(last)) > 18:
+                    return MAX_SHARDS + 1
+                span = abs(int(last) - int(first))
+            else:
+                span = abs(ord(last) - ord(first))
+            size = span // max(1, abs(int(step))) + 1 if step and len(step) <= 18 else span + 1
+        else:
+            alternatives = _top_level_commas(body)
+            size = sum(expansion_size(part) for part in alternatives) if len(alternatives) > 1 else 1
+        total *= size
+        if total > MAX_SHARDS:
+            return total
+        position = end + 1
+    return total
+
+
 def _expand(pattern: str, where: str) -> list[str]:
     _, expand = _library()
+    size = expansion_size(pattern)
+    if size > MAX_SHARDS:  # the library builds every name in memory before giving the first
+        raise ConfigError(
+            f"{pattern:.200}: {where}: names {size} shards or more, beyond the {MAX_SHARDS} one pattern "
+            "may name (no bigger set of shards is published); check the pattern's ranges"
+        )
     try:
         return list(expand(pattern))
     except Exception as error:  # braceexpand's UnbalancedBracesError

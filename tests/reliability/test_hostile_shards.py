@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,9 +23,10 @@ from shard_fixture import write_img2dataset
 from test_faults import assert_one_line_error, shapes
 from test_hostile import short_run
 from test_hostile_bounds import cache_copy
-from tool_runs import REPO, in_process
+from test_training import as_flags
+from tool_runs import ONE_THREAD, REPO, in_process
 
-from captioning.config import DataConfig
+from captioning.config import ConfigError, DataConfig
 from captioning.data import load_records, shard_listings, tar_members
 from captioning.data.records import DatasetError
 from captioning.evaluation.coco_files import EvaluationInputError, read_json
@@ -301,3 +304,55 @@ def test_a_huge_integer_in_a_shards_json_names_the_shard_and_the_key(tmp_path):
     with pytest.raises(DatasetError) as raised:
         load_records(_config(tmp_path / "shards"))
     assert "key '000000001': its json: an integer of more than 4300 digits" in str(raised.value)
+
+
+# ------------------------------------------------------------------ sizes bounded by what they cost
+
+
+@pytest.mark.slow  # a real process under a real memory cap (the import of torch is most of its time)
+def test_a_brace_pattern_of_a_billion_shards_is_refused_under_a_memory_cap(tmp_path):
+    write_img2dataset(tmp_path / "shards", shards=1, per_shard=2)
+    pattern = str(tmp_path / "shards" / "{000000000..999999999}.tar")
+    result = subprocess.run(
+        [
+            "prlimit",
+            f"--as={4 * 2**30}",  # the library alone would take 3 GB in 30 s before refusing
+            sys.executable,
+            str(REPO / "train.py"),
+            "--cache-only",
+            "--no-progress",
+            *as_flags({"data.dataset": "webdataset", "data.root": pattern}),
+            *as_flags({"train.output_dir": tmp_path / "run"}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ONE_THREAD,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, "data.root: names 1000000000 shards or more, beyond the 1000000"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_brace_pattern_in_splits_json_is_bounded_before_it_is_expanded(tmp_path):
+    write_img2dataset(tmp_path / "shards", shards=1, per_shard=2)
+    splits = tmp_path / "shards" / "splits.json"
+    splits.write_text(json.dumps({"train": ["{0..9}{0..99999}{0..99}.tar"]}), encoding="utf-8")
+    with within(20), pytest.raises(ConfigError, match=r"split 'train': names 100000000 shards or more"):
+        load_records(_config(tmp_path / "shards"))
+
+
+def test_a_max_caption_length_beyond_its_bound_is_refused_before_any_work(shapes, tmp_path):
+    result = in_process(
+        "train.py",
+        *short_run(shapes, tmp_path / "run", **{"data.max_caption_length": 1_000_000_000}),
+        cwd=REPO,
+        timeout=60,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, "data.max_caption_length must be in [1, 500]", "got 1000000000"
+    )
+    assert not (tmp_path / "run").exists()
