@@ -99,7 +99,7 @@ class DataConfig:
     chair_table: str = "released"  # CHAIR's words: released (Rohrbach et al.'s) | extended (this project's)
     min_word_count: int = 5  # words seen fewer times in train become <unk>
     tokenizer: str = "ptb"  # ptb (English) | whitespace (pre-tokenised text) | characters (Chinese, Japanese)
-    max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut (<= 500)
+    max_caption_length: int = 20  # words per caption, without <start>/<end>; longer ones are cut
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of stopping
     num_workers: int = 0  # DataLoader worker processes
     cache_dir: str | None = None  # feature cache folder; None: <data.root>/features (shards: their folder's)
