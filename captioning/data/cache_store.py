@@ -64,6 +64,14 @@ def no_space(what: Path, needed: str = "") -> OSError:
     )
 
 
+def _size_text(size: int) -> str:
+    """``size`` bytes for a message, in the unit that shows it (never "0.0 GiB")."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     """Replace ``path`` with ``value`` as JSON: a crash or a full disk leaves the old file intact."""
     temporary = path.with_name(path.name + ".tmp")
@@ -253,7 +261,7 @@ def resize(
             os.posix_fallocate(descriptor, 0, size)
         except OSError as error:
             if error.errno == errno.ENOSPC:
-                raise no_space(path, f" (needs {size / 2**30:.1f} GiB)") from error
+                raise no_space(path, f" (needs {_size_text(size)})") from error
             if error.errno == errno.EFBIG:  # beyond the file system's (or ulimit -f's) largest file
                 raise FeatureCacheError(
                     f"{path}: cannot hold {capacity} rows ({size} bytes: {error.strerror})"

@@ -116,7 +116,7 @@ def save_pretrained(model: SavableModel, folder: str | Path, overwrite: bool = F
     """
     from safetensors.torch import save
 
-    folder = Path(folder)
+    folder = Path(folder).expanduser()  # "~/models/x" is the user's folder, never one named "~"
     others = check_save_target(folder, overwrite)
     config = model.config
     tensors = {f"decoder.{name}": value for name, value in model.captioner.decoder.state_dict().items()}

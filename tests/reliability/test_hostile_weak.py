@@ -1,0 +1,57 @@
+"""Small promises, one line each: a YAML key given twice, an empty configuration, a filesystem root as
+an output folder, ``save_pretrained("~/...")`` and the cache's full-disk message for a small file."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from test_faults import assert_one_line_error
+from tool_runs import REPO, in_process
+
+import captioning
+from captioning.data import cache_store
+from captioning.utils.output_paths import RunFolderError, check_output_folder
+
+FIXTURE = REPO / "tests" / "fixtures" / "pre_move" / "run" / "checkpoints" / "best.pt"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("train:\n  epochs: 1\n  epochs: 99999999\n", "key 'epochs' given twice in one section"),
+        ("# nothing but a comment\n", "an empty configuration (no section)"),
+        ("", "an empty configuration (no section)"),
+    ],
+)
+def test_a_configuration_that_says_nothing_or_a_key_twice_is_refused_before_any_work(tmp_path, text, needle):
+    config = tmp_path / "run.yaml"
+    config.write_text(text, encoding="utf-8")
+    result = in_process("train.py", "--config", config, "--no-progress", cwd=tmp_path, timeout=60)
+    assert_one_line_error(result.returncode, result.stderr, f"{config}: ", needle)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run.yaml"]  # no demo data, no run
+
+
+def test_the_root_of_the_file_system_is_no_output_folder():
+    with pytest.raises(RunFolderError, match=r"^/: train.output_dir: the root of the file system"):
+        check_output_folder(Path("/"), "train.output_dir")
+
+
+def test_save_pretrained_expands_a_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    folder = captioning.load(FIXTURE).save_pretrained("~/models/tiny")
+    assert Path(folder) == tmp_path / "home" / "models" / "tiny"
+    assert (tmp_path / "home" / "models" / "tiny" / "config.json").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_full_disk_names_a_small_cache_files_size_in_its_own_unit(tmp_path, monkeypatch):
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_store.os, "posix_fallocate", full)
+    with pytest.raises(OSError) as raised:
+        cache_store.resize(tmp_path, 0, 4, positions=2, channels=3)
+    assert "(needs 176 bytes)" in str(raised.value) and "0.0 GiB" not in str(raised.value)
