@@ -1,9 +1,9 @@
 """Small promises, one line each: a YAML key given twice, an empty configuration, a filesystem root as
-an output folder, ``save_pretrained("~/...")`` and the cache's full-disk message for a small file."""
+an output folder and ``save_pretrained("~/...")`` (the cache's full-disk message for a small file:
+``tests/data/test_feature_cache.py::test_full_disk_at_allocation_says_how_much_is_needed``)."""
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,6 @@ from test_faults import assert_one_line_error
 from tool_runs import REPO, in_process
 
 import captioning
-from captioning.data import cache_store
 from captioning.utils.output_paths import RunFolderError, check_output_folder
 
 FIXTURE = REPO / "tests" / "fixtures" / "pre_move" / "run" / "checkpoints" / "best.pt"
@@ -45,13 +44,3 @@ def test_save_pretrained_expands_a_home_folder(tmp_path, monkeypatch):
     assert Path(folder) == tmp_path / "home" / "models" / "tiny"
     assert (tmp_path / "home" / "models" / "tiny" / "config.json").is_file()
     assert not (tmp_path / "~").exists()
-
-
-def test_a_full_disk_names_a_small_cache_files_size_in_its_own_unit(tmp_path, monkeypatch):
-    def full(*args):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(cache_store.os, "posix_fallocate", full)
-    with pytest.raises(OSError) as raised:
-        cache_store.resize(tmp_path, 0, 4, positions=2, channels=3)
-    assert "(needs 176 bytes)" in str(raised.value) and "0.0 GiB" not in str(raised.value)
