@@ -45,6 +45,27 @@ def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> C
             for key in entry_keys:
                 if key not in entry:
                     raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
+    # What pycocotools' index reads of every entry, given the lists: each image's and category's id, and
+    # each annotation's category when there are categories (else a KeyError or TypeError inside it).
+    needed = {"images": ["id"], "categories": ["id"]}
+    if "categories" in data:
+        needed["annotations"] = ["category_id"]
+    for list_key, entry_keys in needed.items():
+        if list_key not in data:
+            continue
+        entries = data[list_key]
+        if not isinstance(entries, list):
+            raise EvaluationInputError(f"{path}: {list_key!r} must be a list, got {type(entries).__name__}")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise EvaluationInputError(f"{path}: {list_key}[{index}] is not an object")
+            for key in entry_keys:
+                if key not in entry:
+                    raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
+                if isinstance(entry[key], (dict, list)):
+                    raise EvaluationInputError(
+                        f"{path}: {list_key}[{index}]: {key} must be an integer or a string"
+                    )
     for list_key in ("images", "annotations"):  # a repeated id would silently replace an entry in the index
         first_index: dict[Any, int] = {}
         for index, entry in enumerate(data.get(list_key) or []):

@@ -4,6 +4,7 @@ an output folder and ``save_pretrained("~/...")`` (the cache's full-disk message
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,39 @@ def test_save_pretrained_expands_a_home_folder(tmp_path, monkeypatch):
     assert Path(folder) == tmp_path / "home" / "models" / "tiny"
     assert (tmp_path / "home" / "models" / "tiny" / "config.json").is_file()
     assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda data: data["images"].append({"file_name": "x.jpg"}), "images[1] has no 'id'"),
+        (lambda data: data.update(images=5), "'images' must be a list, got int"),
+        (lambda data: data.update(categories=["person"]), "categories[0] is not an object"),
+        (lambda data: data.update(categories=[{"name": "person"}]), "categories[0] has no 'id'"),
+        (
+            lambda data: data.update(categories=[{"id": 1, "name": "a"}]),
+            "annotations[0] has no 'category_id'",
+        ),
+    ],
+)
+def test_an_annotations_file_pycocotools_cannot_index_is_one_line(tmp_path, edit, needle):
+    data = {
+        "images": [{"id": 1, "file_name": "a.jpg"}],
+        "annotations": [{"id": 1, "image_id": 1, "caption": "a red square"}],
+    }
+    edit(data)
+    annotations = tmp_path / "captions.json"
+    annotations.write_text(json.dumps(data), encoding="utf-8")
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": 1, "caption": "a red square"}]), encoding="utf-8")
+    result = in_process(
+        "evaluate.py",
+        "--annotations",
+        annotations,
+        "--results",
+        results,
+        "--no-java",
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert_one_line_error(result.returncode, result.stderr, f"{annotations}: {needle}")
