@@ -314,7 +314,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node)
         if isinstance(key, (str, int, float, bool)) and key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"key {key!r:.60} given twice in one section", key_node.start_mark
