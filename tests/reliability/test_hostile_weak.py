@@ -81,3 +81,10 @@ def test_an_annotations_file_pycocotools_cannot_index_is_one_line(tmp_path, edit
         timeout=60,
     )
     assert_one_line_error(result.returncode, result.stderr, f"{annotations}: {needle}")
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_import_name_is_one_line(tmp_path, name):
+    result = in_process("train.py", "--import", name, "--no-progress", cwd=tmp_path, timeout=60)
+    assert_one_line_error(result.returncode, result.stderr, "--import", "give a module name or a .py file")
+    assert list(tmp_path.iterdir()) == []
