@@ -88,3 +88,24 @@ def test_an_empty_import_name_is_one_line(tmp_path, name):
     result = in_process("train.py", "--import", name, "--no-progress", cwd=tmp_path, timeout=60)
     assert_one_line_error(result.returncode, result.stderr, "--import", "give a module name or a .py file")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["two\nlines", "", "x" * 61])
+def test_a_compare_column_name_that_would_break_the_table_is_one_line(tmp_path, name):
+    annotations = tmp_path / "captions.json"
+    annotations.write_text(
+        json.dumps(
+            {
+                "images": [{"id": 1, "file_name": "a.jpg"}],
+                "annotations": [{"id": 1, "image_id": 1, "caption": "a red square"}],
+            }
+        ),
+        encoding="utf-8",
+    )
+    for side in ("a", "b"):
+        (tmp_path / f"{side}.json").write_text(json.dumps([{"image_id": 1, "caption": "a square"}]))
+    flags = ["--compare", tmp_path / "a.json", tmp_path / "b.json", "--names", name, "B"]
+    result = in_process(
+        "evaluate.py", *flags, "--annotations", annotations, "--no-java", cwd=tmp_path, timeout=60
+    )
+    assert_one_line_error(result.returncode, result.stderr, "--names", "one line of at most 60 printable")
