@@ -12,6 +12,11 @@ kept on disk by ``captioning.data.shard_listings``); the reader lists every shar
 the lists (``remember``), and a process that did not (a spawned DataLoader worker, ``visualize.py``
 reading a checkpoint's data) lists a shard on its first read from it. A shard whose size or
 modification time changed is listed again. A real file is always read as the file, whatever its name.
+
+What a shard says is bounded: a header whose size is negative or that does not lie after the one
+before it ends the listing as a damaged shard (tarfile would read it again forever); a member's name
+is a name inside its shard, never a path (``unsafe_name``: absolute, ``..`` or a NUL refused); each
+member is read with the header before its bytes, which must be that member's (``read_member``).
 """
 
 from __future__ import annotations
