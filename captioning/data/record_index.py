@@ -48,6 +48,9 @@ def records_dir(config: DataConfig) -> Path:
 
 def _file_hash(path: Path) -> list:
     digest = hashlib.blake2b(digest_size=16)
+    kind = not_a_regular_file(path)
+    if kind is not None:  # opening a FIFO would wait forever: the reader names it instead
+        raise OSError(f"{path}: {kind}")
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
