@@ -14,7 +14,9 @@ What it writes stays in one folder it owns, ``captioning-demo-*`` in the tempora
 images and gradio's cache (``GRADIO_TEMP_DIR`` points there). A session keeps only its latest upload and
 answer there (what its page still shows), deleted when it asks again or ends (the tab is closed,
 ``Client.close()``), at the latest ``KEEP_ANSWER_S`` (answer) and ``STALE_S`` idle (upload) later
-(``RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too.
+(``RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too. Requests
+posting files are bounded per client, in flight and by what the folder holds
+(``captioning.cli.upload_guard``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 from PIL import Image
 
 from captioning.api import CaptioningModel, load
+from captioning.cli.upload_guard import guard_uploads
 from captioning.config import ConfigError
 from captioning.data.images import ImageError, load_image
 from captioning.utils.errors import CaptioningError
@@ -441,7 +444,9 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
 
     decode = model.decode_config
     with gr.Blocks(title="captioning demo", analytics_enabled=False) as app:
-        gr.Markdown(f"## Image captioning with visual attention\n`{model!r}`")
+        # a code span that nothing in the model's name (a folder's path) can leave: no markup reaches the page
+        shown = repr(model).replace("`", "'").replace("\r", " ").replace("\n", " ")
+        gr.Markdown(f"## Image captioning with visual attention\n`{shown}`")
         with gr.Row():
             with gr.Column():
                 image = gr.Image(
@@ -550,4 +555,5 @@ def _launch(model: CaptioningModel, folder: DemoFolder, host: str, port: int) ->
         footer_links=[],
         theme=gr.themes.Base(font=["system-ui", "sans-serif"], font_mono=["monospace"]),
     )  # no web fonts
+    guard_uploads(app.server_app, folder.cache)  # uploads bounded per client and in total
     return app

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from captioning.inference.captioner import caption_records, load_trained_caption
 from captioning.training.run import RunOutputs, best_checkpoint, cache_features, start_run
 from captioning.utils import distributed
 from captioning.utils.device import resolve_device
+from captioning.utils.json_files import read_json_file
 
 # The run report shows this many test images at most (each one's attention maps are embedded).
 REPORT_IMAGES = 200
@@ -104,7 +104,7 @@ def write_report_of_run(
 
     config_path, history_path = output_dir / "config.yaml", output_dir / "history.json"
     config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
-    stored = json.loads(history_path.read_text(encoding="utf-8")) if history_path.is_file() else {}
+    stored = read_json_file(history_path) if history_path.is_file() else {}
     history = stored.get("epochs", [])
     weight = ((stored.get("config") or {}).get("model") or {}).get("decoder", {}).get("doubly_stochastic")
     return write_run_report(

@@ -295,6 +295,25 @@ def apply_overrides(
     return from_dict(tree)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML would keep the last)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if isinstance(key, (str, int, float, bool)) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r:.60} given twice in one section", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -334,11 +353,16 @@ def load_config(
         except UnicodeDecodeError as error:
             raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
         try:
-            tree = yaml.safe_load(text) or {}
+            tree = yaml.load(text, Loader=_UniqueKeyLoader)
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
         except RecursionError:
             raise ConfigError(f"{path}: YAML nested too deeply to read") from None
+        if tree is None:  # an empty or comment-only file would silently run the defaults (the demo)
+            raise ConfigError(
+                f"{path}: an empty configuration (no section); give the sections to change, or leave out "
+                "--config for the defaults"
+            )
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a configuration must be a mapping of sections")
     _drop_other_family(tree, overrides or {}, path, warn=warn_left_out)

@@ -111,6 +111,9 @@ def _check_family(section: Any, families: FamilyRegistry) -> None:
     )
 
 
+MAX_CAPTION_LENGTH = 500  # data.max_caption_length: words a stored caption may hold
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the captions and images come from and how captions become token ids: what every dataset
@@ -135,8 +138,9 @@ class DataConfig:
         _check_types(self, "data.")
         _check_family(self, DATASETS)
         _check(
-            isinstance(self.tokenizer, str) and bool(self.tokenizer.strip()),
-            f"data.tokenizer must name a tokenizer, got {self.tokenizer!r}",
+            isinstance(self.tokenizer, str) and 0 < len(self.tokenizer.strip()) <= 200,
+            f"data.tokenizer must name a tokenizer, got {self.tokenizer!r:.60}"
+            + (f" ({len(self.tokenizer)} characters)" if isinstance(self.tokenizer, str) else ""),
         )  # which names exist is the tokenizer registry's (captioning.data.tokenizers.TOKENIZERS)
         _one_of("data.chair_table", self.chair_table, CHAIR_TABLES)
         _check(
@@ -144,7 +148,11 @@ class DataConfig:
             f"data.pointing_tolerance must be a number of pixels in (0, 1e6], got {self.pointing_tolerance}",
         )
         _check(self.min_word_count >= 1, f"data.min_word_count must be >= 1, got {self.min_word_count}")
-        _check(self.max_caption_length >= 1, "data.max_caption_length must be >= 1")
+        _check(
+            1 <= self.max_caption_length <= MAX_CAPTION_LENGTH,
+            f"data.max_caption_length must be in [1, {MAX_CAPTION_LENGTH}] (each caption is stored at this "
+            f"length, {MAX_CAPTION_LENGTH} is decode.max_length's bound), got {self.max_caption_length}",
+        )
         _check(self.num_workers >= 0, "data.num_workers must be >= 0")
 
 

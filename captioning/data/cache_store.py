@@ -31,6 +31,7 @@ import numpy as np
 
 from captioning.utils.errors import CaptioningError
 from captioning.utils.files import not_a_regular_file
+from captioning.utils.json_files import JsonError, parse_json
 
 fcntl: ModuleType | None
 try:
@@ -44,6 +45,9 @@ INDEX_VERSION = 2
 DTYPE = np.float16
 NOT_COMPUTED, COMPUTED, UNREADABLE = 0, 1, 2
 _LOCK_NAME = "build.lock"
+# Every file a cache's folder holds; each is opened without following a link (O_NOFOLLOW).
+CACHE_FILES = ("features.npy", "state.bin", "index.json", "index.json.tmp", _LOCK_NAME)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _INDEX_FIELDS = {"version": int, "key": dict, "capacity": int, "rows": dict, "files": dict, "bad": dict}
 
 
@@ -60,11 +64,21 @@ def no_space(what: Path, needed: str = "") -> OSError:
     )
 
 
+def _size_text(size: int) -> str:
+    """``size`` bytes for a message, in the unit that shows it (never "0.0 GiB")."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     """Replace ``path`` with ``value`` as JSON: a crash or a full disk leaves the old file intact."""
     temporary = path.with_name(path.name + ".tmp")
     try:
-        with temporary.open("w", encoding="utf-8") as handle:
+        temporary.unlink(missing_ok=True)  # a link planted there is removed, never written through
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
+        with open(descriptor, "w", encoding="utf-8") as handle:
             json.dump(value, handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -105,9 +119,9 @@ def read_index(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError) as error:
         raise _damaged(path, f"cannot read it ({error})") from None
     try:
-        index = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise _damaged(path, f"not valid JSON ({error.msg} at line {error.lineno})") from None
+        index = parse_json(text)
+    except JsonError as error:
+        raise _damaged(path, str(error)) from None
     if not isinstance(index, dict):
         raise _damaged(path, f"expected a JSON object, got {type(index).__name__}")
     for name, kind in _INDEX_FIELDS.items():
@@ -246,14 +260,14 @@ def resize(
     header = _npy_header(capacity, positions, channels)
     size = len(header) + capacity * _row_bytes(positions, channels)
     mode = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if intact == 0 else 0)
-    descriptor = os.open(path, mode, 0o666)
+    descriptor = os.open(path, mode | _NOFOLLOW, 0o666)
     try:
         os.pwrite(descriptor, header, 0)  # same length whatever the row count: the data does not move
         try:
             os.posix_fallocate(descriptor, 0, size)
         except OSError as error:
             if error.errno == errno.ENOSPC:
-                raise no_space(path, f" (needs {size / 2**30:.1f} GiB)") from error
+                raise no_space(path, f" (needs {_size_text(size)})") from error
             if error.errno == errno.EFBIG:  # beyond the file system's (or ulimit -f's) largest file
                 raise FeatureCacheError(
                     f"{path}: cannot hold {capacity} rows ({size} bytes: {error.strerror})"
@@ -265,7 +279,7 @@ def resize(
     finally:
         os.close(descriptor)
     state_path = folder / "state.bin"
-    descriptor = os.open(state_path, os.O_RDWR | os.O_CREAT, 0o666)
+    descriptor = os.open(state_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
     try:
         os.ftruncate(descriptor, intact)  # drops the states of rows that cannot be trusted
         os.ftruncate(descriptor, capacity)  # new bytes read as zeros: not computed
@@ -303,7 +317,7 @@ def build_lock(path: Path) -> Iterator[None]:
     if fcntl is None:
         yield
         return
-    descriptor = os.open(path / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    descriptor = os.open(path / _LOCK_NAME, os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK, 0o666)
     locked = False
     try:
         try:

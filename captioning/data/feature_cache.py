@@ -42,6 +42,7 @@ from captioning.data.cache_build import Build, GridEncoder, agree, cache_batch_s
 from captioning.data.cache_store import DTYPE, FeatureCacheError
 from captioning.data.image_files import stat_images
 from captioning.data.records import ImageRecord
+from captioning.utils.files import refuse_links
 from captioning.utils.output_paths import check_output_folder
 
 __all__ = ["FeatureCache", "FeatureCacheError", "GridEncoder", "cache_batch_size"]
@@ -124,6 +125,7 @@ class FeatureCache:
         rank: int = 0,
         world_size: int = 1,
         build: bool = True,
+        under: str | Path | None = None,
     ) -> FeatureCache | None:
         """Open the cache of ``encoder`` over ``records``, computing whatever rows are missing.
 
@@ -149,6 +151,9 @@ class FeatureCache:
             rank, world_size: this process's place in a ``torchrun`` job.
             build: False opens a complete cache only, writing nothing (a folder the user did not
                 choose, e.g. one named in a checkpoint).
+            under: the folder the user named that holds ``directory`` (``data.cache_dir``, else the
+                data's folder; by default ``directory``): nothing below it is written through a
+                symbolic link or into anything but a regular file (``refuse_links``).
         Returns:
             The complete ``FeatureCache`` over ``records``; None when ``build`` is False and the
             cache does not hold every row.
@@ -179,7 +184,12 @@ class FeatureCache:
                 return cls(builder.folder, rows, builder.grid_shape, bad, builder.key["fingerprint"])
             if not build:
                 return None
-        # Rows are to be written: a read-only or unwritable cache folder fails now, not after encoding.
+        # Rows are to be written: a read-only or unwritable cache folder fails now, not after encoding,
+        # and so does a link or an odd file where the cache writes (one planted to redirect a write).
+        root = Path(directory) if under is None else Path(under)
+        refuse_links(builder.folder, root, folder=True)
+        for name in store.CACHE_FILES:
+            refuse_links(builder.folder / name, root)
         check_output_folder(builder.folder, "data.cache_dir")
         with ExitStack() as held:
             group = held.enter_context(waiting_group(world_size))

@@ -30,7 +30,6 @@ splits or two ids, two images given one id.
 from __future__ import annotations
 
 import csv
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -43,6 +42,7 @@ from captioning.data.readers import DatasetReader, check_data_paths, register_re
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize, tokenizer_for
 from captioning.utils.files import not_a_regular_file, path_kind
+from captioning.utils.json_files import JsonError, parse_json
 
 METADATA_NAMES = ("metadata.jsonl", "metadata.csv")
 SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
@@ -233,11 +233,9 @@ def _jsonl_entries(file: Any, metadata: Path) -> Iterator[tuple[int, Any]]:
         if not text.strip():
             continue
         try:
-            yield line, json.loads(text)
-        except json.JSONDecodeError as error:
-            raise DatasetError(f"{metadata}: line {line}: not valid JSON ({error.msg})") from None
-        except RecursionError:
-            raise DatasetError(f"{metadata}: line {line}: JSON nested too deeply to read") from None
+            yield line, parse_json(text)
+        except JsonError as error:
+            raise DatasetError(f"{metadata}: line {line}: {error}") from None
 
 
 def _csv_entries(file: Any, metadata: Path) -> Iterator[tuple[int, Any]]:

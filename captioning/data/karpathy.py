@@ -23,7 +23,6 @@ with the COCO reader.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from typing import Any
 from captioning.config import ConfigError, DataConfig, KarpathyDataConfig
 from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
-from captioning.utils.files import not_a_regular_file
+from captioning.utils.json_files import JsonError, read_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -44,22 +43,12 @@ _TYPE_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an obj
 
 def read_json(path: Path) -> Any:
     """Parse a JSON file, turning every failure into a one-line ``DatasetError`` naming the file."""
-    kind = not_a_regular_file(path)
-    if kind is not None:
-        raise DatasetError(f"{path}: {kind}")
     try:
-        with open(path, encoding="utf-8") as file:
-            return json.load(file)
+        return read_json_file(path)  # the project's one JSON reader: a regular file, bounded
     except FileNotFoundError:
         raise DatasetError(f"{path}: file not found") from None
-    except OSError as error:
-        raise DatasetError(f"{path}: cannot read ({error.strerror})") from None
-    except UnicodeDecodeError:
-        raise DatasetError(f"{path.name}: not UTF-8 text") from None
-    except json.JSONDecodeError as error:
-        raise DatasetError(f"{path.name}: not valid JSON ({error.msg} at line {error.lineno})") from None
-    except RecursionError:
-        raise DatasetError(f"{path}: JSON nested too deeply to read") from None
+    except JsonError as error:
+        raise DatasetError(str(error)) from None
 
 
 def require_field(entry: Any, name: str, kind: type, where: str) -> Any:

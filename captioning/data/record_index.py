@@ -33,6 +33,7 @@ from captioning.data import records as records_module
 from captioning.data.readers import reader_of
 from captioning.data.records import ImageRecord
 from captioning.utils.files import atomic_write, not_a_regular_file
+from captioning.utils.json_files import read_json_file
 
 FORMAT_VERSION = 1
 _CODE = (karpathy, coco, records_module)  # modules whose code decides what an index holds
@@ -47,6 +48,9 @@ def records_dir(config: DataConfig) -> Path:
 
 def _file_hash(path: Path) -> list:
     digest = hashlib.blake2b(digest_size=16)
+    kind = not_a_regular_file(path)
+    if kind is not None:  # opening a FIFO would wait forever: the reader names it instead
+        raise OSError(f"{path}: {kind}")
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
@@ -160,7 +164,7 @@ def _read_meta(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     if not_a_regular_file(folder / "meta.json") is not None:
         return None  # not an index this code wrote: read the source files again
     try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        meta = read_json_file(folder / "meta.json")
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) and meta.get("key") == key else None
@@ -219,11 +223,14 @@ def load_indexed(
         data_logger.removeHandler(remember)
     # Ids beyond 64 bits cannot be indexed; load_records refuses them, naming the source file.
     if writable and all(-(2**63) <= record.image_id < 2**63 for record in records):
-        _write(folder, key, records, root, remember.lines)
+        # never through a link under the folder the user named (data.cache_dir, else data.root)
+        _write(folder, key, records, root, remember.lines, Path(config.cache_dir or config.root))
     return _select(records, splits)
 
 
-def _write(folder: Path, key: dict[str, Any], records: list[ImageRecord], root: Path, warnings: list) -> None:
+def _write(
+    folder: Path, key: dict[str, Any], records: list[ImageRecord], root: Path, warnings: list, under: Path
+) -> None:
     by_split: dict[str, list[tuple[int, ImageRecord]]] = {}
     for position, record in enumerate(records):
         by_split.setdefault(record.split, []).append((position, record))
@@ -235,9 +242,9 @@ def _write(folder: Path, key: dict[str, Any], records: list[ImageRecord], root: 
                 with open(path, "wb") as handle:
                     np.savez(handle, allow_pickle=False, **arrays)
 
-            atomic_write(folder / f"{split}.npz", write)
+            atomic_write(folder / f"{split}.npz", write, under=under)
         meta = json.dumps({"key": key, "splits": list(by_split), "warnings": warnings})
-        atomic_write(folder / "meta.json", lambda path: path.write_text(meta, encoding="utf-8"))
+        atomic_write(folder / "meta.json", lambda path: path.write_text(meta, encoding="utf-8"), under=under)
     except (
         OSError,
         ValueError,

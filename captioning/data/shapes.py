@@ -36,6 +36,7 @@ from captioning.data.readers import DatasetReader, check_data_paths, own_tokeniz
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize
 from captioning.utils.files import atomic_write
+from captioning.utils.json_files import read_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -256,7 +257,7 @@ def _relative_path(split: str, image_id: int) -> str:
 
 def _is_complete(files: ShapesFiles, parameters: dict[str, Any], layout: list[tuple[int, str, int]]) -> bool:
     try:
-        manifest = json.loads(files.manifest.read_text(encoding="utf-8"))
+        manifest = read_json_file(files.manifest)
     except (OSError, ValueError):
         return False
     needed = [files.split_file, files.instances, *files.captions.values()]

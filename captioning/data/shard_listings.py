@@ -9,21 +9,27 @@ each listing it made under ``<data.cache_dir>/shard_listings/`` (by default
 
     00000-<hash of the shard's absolute path>.json
 
-It holds the shard's absolute path, its size, modification and change times when it was listed,
-what ``tar_members.scan_shard`` found, and a hash of all of that. A later start (any tool, any rank)
-uses a listing only when the shard's path and ``stat`` are the ones it records and the hash holds;
-anything else (the shard touched, rewritten or replaced, a damaged, truncated or edited listing) is
-listed from the headers again, never trusted, and rewritten when the run may write. Every file is
-written atomically (``captioning.utils.files.atomic_write``). Tools that take their configuration
-from a checkpoint only read listings, never write them.
+It holds the shard's absolute path, its size, modification and change times, inode and device when
+it was listed, what ``tar_members.scan_shard`` found, and a hash of all of that keyed by the user's
+own key (``key_file``: made on first use, readable by the user alone), so that a listing edited and
+hashed again by anyone without the key does not hold. A later start (any tool, any rank) uses a
+listing only when the shard's path and ``stat`` are the ones it records and the keyed hash holds;
+anything else (the shard touched, rewritten or replaced, a damaged, truncated or edited listing, one
+another user wrote) is listed from the headers again, never trusted, and rewritten when the run may
+write. Each member's bytes are read with the tar header before them, which must be that member's
+(``tar_members.read_member``). Every file is written atomically under the cache folder, never
+through a link (``captioning.utils.files.atomic_write`` with ``under``). Tools that take their
+configuration from a checkpoint only read listings, never write them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 from typing import Any
@@ -31,9 +37,11 @@ from typing import Any
 from captioning.data import tar_members
 from captioning.data.tar_members import Member, ShardScan
 from captioning.utils.files import atomic_write, not_a_regular_file
+from captioning.utils.json_files import read_json_file
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FOLDER = "shard_listings"
+KEY_NAME = "listings.key"
 _FIELDS = {"format", "shard", "stat", "members", "truncated", "cut", "digest"}
 
 logger = logging.getLogger(__name__)
@@ -46,12 +54,53 @@ def listing_path(folder: Path, shard: str | Path) -> Path:
 
 
 def _stamp(state: os.stat_result) -> list[int]:
-    return [state.st_size, state.st_mtime_ns, state.st_ctime_ns]
+    return [state.st_size, state.st_mtime_ns, state.st_ctime_ns, state.st_ino, state.st_dev]
 
 
-def _digest(payload: dict[str, Any]) -> str:
+def key_file() -> Path:
+    """The user's key that signs listings: ``$XDG_CACHE_HOME/captioning/listings.key`` (by default
+    under ``~/.cache``), 32 random bytes readable by the user alone, made on first use."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "captioning" / KEY_NAME
+
+
+def _key() -> bytes | None:
+    """This user's listing key (made when missing); None when it can be neither read nor made."""
+    path = key_file()
+    for _ in range(2):
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                continue  # another process made it first: read that one
+            except OSError:
+                return None
+            try:
+                key = secrets.token_bytes(32)
+                os.write(descriptor, key)
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            return key
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return None
+            key = os.read(descriptor, 64)
+        finally:
+            os.close(descriptor)
+        return key if len(key) == 32 else None
+    return None
+
+
+def _digest(payload: dict[str, Any], key: bytes) -> str:
+    """A hash keyed by the user's key: a listing edited by anyone without it does not hold."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16, key=key).hexdigest()
 
 
 def _payload(shard: str | Path, state: os.stat_result, scan: ShardScan) -> dict[str, Any]:
@@ -70,11 +119,14 @@ def _scan_of(payload: Any, shard: str | Path, state: os.stat_result) -> ShardSca
     if not isinstance(payload, dict) or set(payload) != _FIELDS:
         return None
     recorded = payload.pop("digest")
+    key = _key()
     if (
-        payload["format"] != FORMAT_VERSION
+        key is None
+        or payload["format"] != FORMAT_VERSION
         or payload["shard"] != os.path.abspath(shard)
         or payload["stat"] != _stamp(state)
-        or recorded != _digest(payload)
+        or not isinstance(recorded, str)
+        or not hmac.compare_digest(recorded, _digest(payload, key))
     ):
         return None
     if not isinstance(payload["members"], list) or any(
@@ -107,7 +159,7 @@ def read_listing(folder: Path, shard: str | Path, state: os.stat_result) -> Shar
     if not_a_regular_file(path) is not None:
         return None
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
+        payload = read_json_file(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
@@ -116,15 +168,25 @@ def read_listing(folder: Path, shard: str | Path, state: os.stat_result) -> Shar
     return _scan_of(payload, shard, state)
 
 
-def write_listing(folder: Path, shard: str | Path, state: os.stat_result, scan: ShardScan) -> None:
-    """Keep ``scan``, the listing of ``shard`` made when it was ``state``, in ``folder``.
+def write_listing(
+    folder: Path, shard: str | Path, state: os.stat_result, scan: ShardScan, under: Path | None = None
+) -> None:
+    """Keep ``scan``, the listing of ``shard`` made when it was ``state``, in ``folder``, never through a
+    link or into anything but a regular file below ``under`` (by default ``folder``'s parent).
 
     Raises:
         OSError, ValueError: the folder cannot be written (``atomic_write``'s one-line errors).
     """
+    key = _key()
+    if key is None:
+        raise OSError(f"cannot read or make the listings key {key_file()}")
     payload = _payload(shard, state, scan)
-    text = json.dumps({**payload, "digest": _digest(payload)}, separators=(",", ":"))
-    atomic_write(listing_path(folder, shard), lambda path: path.write_text(text, encoding="utf-8"))
+    text = json.dumps({**payload, "digest": _digest(payload, key)}, separators=(",", ":"))
+    atomic_write(
+        listing_path(folder, shard),
+        lambda path: path.write_text(text, encoding="utf-8"),
+        under=folder.parent if under is None else under,
+    )
 
 
 class Listings:
@@ -133,10 +195,13 @@ class Listings:
     Args:
         folder: where listings are kept; None: every shard is listed from its headers.
         writable: keep the listings made (a training or caching run's rank 0).
+        under: the folder the user named that holds ``folder`` (``data.cache_dir``, else the shards'
+            folder): nothing below it is written through a link (by default ``folder``'s parent).
     """
 
-    def __init__(self, folder: Path | None, writable: bool) -> None:
+    def __init__(self, folder: Path | None, writable: bool, under: Path | None = None) -> None:
         self.folder, self.writable = folder, writable and folder is not None
+        self.under = under
         self._unwritable: str | None = None  # why the first listing could not be kept
 
     def scan(self, shard: Path) -> tuple[os.stat_result, ShardScan]:
@@ -154,7 +219,7 @@ class Listings:
         scan = tar_members.scan_shard(shard)
         if self.writable and self.folder is not None and self._unwritable is None:
             try:
-                write_listing(self.folder, shard, state, scan)
+                write_listing(self.folder, shard, state, scan, self.under)
             except (OSError, ValueError) as error:  # a read-only folder: the run goes on, unkept
                 self._unwritable = str(error).splitlines()[0]
         return state, scan

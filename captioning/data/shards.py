@@ -39,7 +39,6 @@ given twice) or a truncated shard stops the reading with one line naming the sha
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -57,6 +56,7 @@ from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.shard_listings import FOLDER as LISTINGS_FOLDER
 from captioning.data.shard_listings import Listings
 from captioning.data.tokenizers import tokenize, tokenizer_for
+from captioning.utils.json_files import JsonError, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +83,89 @@ def _library() -> tuple[Callable[[str], tuple[str | None, str | None]], Callable
     return base_plus_ext, braceexpand.braceexpand
 
 
+MAX_SHARDS = 1_000_000  # names one pattern may expand to (LAION-5B's largest part has 231,350 shards)
+_RANGE = re.compile(r"^(-?\d+|[a-zA-Z])\.\.(-?\d+|[a-zA-Z])(?:\.\.(-?\d+))?$")
+
+
+def _group_end(pattern: str, start: int) -> int:
+    """The index of the brace closing the one at ``start``; -1 when it is not closed."""
+    depth, position = 0, start
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "\\":
+            position += 1
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return position
+        position += 1
+    return -1
+
+
+def _top_level_commas(body: str) -> list[str]:
+    parts, depth, start, position = [], 0, 0, 0
+    while position < len(body):
+        char = body[position]
+        if char == "\\":
+            position += 1
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(body[start:position])
+            start = position + 1
+        position += 1
+    return [*parts, body[start:]]
+
+
+def expansion_size(pattern: str) -> int:
+    """How many names a brace pattern expands to, counted without expanding it (``{a..b}`` ranges of
+    numbers or letters with an optional step, ``{x,y}`` alternatives, nested); a brace that is not a
+    group counts as itself."""
+    total, position = 1, 0
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "\\":
+            position += 2
+            continue
+        if char != "{":
+            position += 1
+            continue
+        end = _group_end(pattern, position)
+        if end < 0:
+            return total  # unbalanced: the library says so
+        body = pattern[position + 1 : end]
+        bounds = _RANGE.match(body)
+        if bounds is not None:
+            first, last, step = bounds.groups()
+            if first.lstrip("-").isdigit() and last.lstrip("-").isdigit():
+                if max(len(first), len(last)) > 18:
+                    return MAX_SHARDS + 1
+                span = abs(int(last) - int(first))
+            else:
+                span = abs(ord(last) - ord(first))
+            size = span // max(1, abs(int(step))) + 1 if step and len(step) <= 18 else span + 1
+        else:
+            alternatives = _top_level_commas(body)
+            size = sum(expansion_size(part) for part in alternatives) if len(alternatives) > 1 else 1
+        total *= size
+        if total > MAX_SHARDS:
+            return total
+        position = end + 1
+    return total
+
+
 def _expand(pattern: str, where: str) -> list[str]:
     _, expand = _library()
+    size = expansion_size(pattern)
+    if size > MAX_SHARDS:  # the library builds every name in memory before giving the first
+        raise ConfigError(
+            f"{pattern:.200}: {where}: names {size} shards or more, beyond the {MAX_SHARDS} one pattern "
+            "may name (no bigger set of shards is published); check the pattern's ranges"
+        )
     try:
         return list(expand(pattern))
     except Exception as error:  # braceexpand's UnbalancedBracesError
@@ -209,6 +290,9 @@ def _samples(
             if key in keys:
                 sample.problem = ("keys given twice", "key given twice, not in consecutive files")
             keys.add(key)
+        unsafe = tar_members.unsafe_name(member.name)
+        if unsafe is not None and sample.problem is None:
+            sample.problem = ("members named outside their shard", f"member {member.name!r}: {unsafe}")
         if suffix in sample.files and sample.problem is None:
             sample.problem = (
                 "samples with two files of one kind",
@@ -242,9 +326,9 @@ def _captions(files: dict[str, tar_members.Member], handle: BinaryIO) -> list[st
     if "json" in files:
         text = _text(files["json"], "its json", handle)
         try:
-            meta = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as error:
-            raise _Bad("unreadable captions", f"its json is not valid JSON ({error})") from None
+            meta = parse_json(text)
+        except JsonError as error:
+            raise _Bad("unreadable captions", f"its json: {error}") from None
         if not isinstance(meta, dict):
             raise _Bad("unreadable captions", f"its json must be an object, got {type(meta).__name__}")
         captions = meta.get("captions")
@@ -299,6 +383,7 @@ def read_shards(
     skip_bad: bool = False,
     listings: Path | None = None,
     write_listings: bool = False,
+    under: Path | None = None,
 ) -> list[ImageRecord]:
     """Read the samples of the shards ``root`` names into one record per image (module docstring).
 
@@ -309,6 +394,8 @@ def read_shards(
         listings: the folder of the shards' kept listings (``captioning.data.shard_listings``); None:
             every shard is listed from its headers.
         write_listings: keep the listings made in ``listings`` (training and caching runs).
+        under: the folder the user named that holds ``listings``: nothing below it is written
+            through a link (``captioning.utils.files.refuse_links``).
     Returns:
         Records in reading order (shards in order, samples in archive order).
     Raises:
@@ -321,7 +408,7 @@ def read_shards(
     splits = read_shard_splits(shards)
     skipped = SkipLog(os.fspath(root), logger)
     found: list[tuple[str, ImageRecord]] = []  # (key, record with a provisional id)
-    kept = Listings(listings, write_listings)
+    kept = Listings(listings, write_listings, under)
     for shard in shards:
         try:
             state, scan = kept.scan(shard)
@@ -393,11 +480,10 @@ class WebDatasetReader(DatasetReader):
 
     def read_records(self, config: DataConfig, write_index: bool) -> list[ImageRecord]:
         check_data_paths(config)
-        listings = (
-            Path(config.cache_dir) if config.cache_dir else self.data_folder(config) / "features"
-        ) / LISTINGS_FOLDER
+        under = Path(config.cache_dir) if config.cache_dir else self.data_folder(config)
+        listings = (under if config.cache_dir else under / "features") / LISTINGS_FOLDER
         return read_shards(
-            config.root, tokenizer_for(config.tokenizer), config.skip_bad_images, listings, write_index
+            config.root, tokenizer_for(config.tokenizer), config.skip_bad_images, listings, write_index, under
         )
 
     def split_rule(self, config: DataConfig) -> str | None:

@@ -12,6 +12,11 @@ kept on disk by ``captioning.data.shard_listings``); the reader lists every shar
 the lists (``remember``), and a process that did not (a spawned DataLoader worker, ``visualize.py``
 reading a checkpoint's data) lists a shard on its first read from it. A shard whose size or
 modification time changed is listed again. A real file is always read as the file, whatever its name.
+
+What a shard says is bounded: a header whose size is negative or that does not lie after the one
+before it ends the listing as a damaged shard (tarfile would read it again forever); a member's name
+is a name inside its shard, never a path (``unsafe_name``: absolute, ``..`` or a NUL refused); each
+member is read with the header before its bytes, which must be that member's (``read_member``).
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ def scan_shard(shard: str | Path) -> ShardScan:
                 )
                 raise MemberError(what) from None
             last = None
+            position = -1  # the offset of the last header read: every next one lies beyond it
             while True:
                 try:
                     info = archive.next()
@@ -117,10 +123,20 @@ def scan_shard(shard: str | Path) -> ShardScan:
                     after = f" after {last!r}" if last else ""
                     scan.truncated = f"the archive breaks off{after} ({error})"
                     break
+                except (ValueError, OverflowError, EOFError) as error:  # a field tarfile cannot use
+                    after = f" after {last!r}" if last else ""
+                    scan.truncated = f"unreadable tar header at byte {archive.offset}{after} ({error})"
+                    break
                 if info is None:
                     break
                 # the list tarfile keeps is not used here, and a shard has tens of thousands of members
                 archive.members.clear()  # type: ignore[attr-defined]
+                broken = _bad_header(info, position)
+                if broken is not None:  # a negative size sends tarfile back to the same header forever
+                    after = f" after {last!r}" if last else ""
+                    scan.truncated = f"unreadable tar header at byte {info.offset}{after} ({broken})"
+                    break
+                position = info.offset
                 if info.offset_data + info.size > size:
                     scan.truncated = (
                         f"{info.name!r} ends past the end of the file (at byte "
@@ -146,6 +162,27 @@ def scan_shard(shard: str | Path) -> ShardScan:
     except OSError as error:
         raise MemberError(f"cannot read the shard ({error.strerror or error})") from None
     return scan
+
+
+def _bad_header(info: tarfile.TarInfo, previous: int) -> str | None:
+    """What is wrong with a header's fields (each bounded by what a tar can hold), or None."""
+    if info.size < 0:
+        return f"member {info.name!r} has a negative size ({info.size})"
+    if info.offset <= previous or info.offset_data <= info.offset:
+        return f"member {info.name!r} does not lie after the header before it"
+    return None
+
+
+def unsafe_name(name: str) -> str | None:
+    """Why a member's name cannot name an image inside its shard, or None: a member's name is a name
+    inside the shard, never a path, so an absolute name, a ``..`` part or a NUL byte is refused."""
+    if "\0" in name:
+        return "its name holds a NUL byte"
+    if name.startswith("/"):
+        return "its name is absolute"
+    if ".." in name.split("/"):
+        return "its name climbs out of the shard ('..')"
+    return None
 
 
 @dataclass
@@ -190,6 +227,9 @@ def locate(path: str | Path) -> tuple[Member, os.stat_result] | None:
     if parts is None:
         return None
     shard, name = parts
+    unsafe = unsafe_name(name)
+    if unsafe is not None:
+        raise MemberError(f"member {name!r}: {unsafe}")
     try:
         state = os.stat(shard)
     except FileNotFoundError:
@@ -209,26 +249,60 @@ def locate(path: str | Path) -> tuple[Member, os.stat_result] | None:
     return Member(shard, name, *found), state
 
 
+def _plain_name(name: str) -> bool:
+    """Whether a tar header holds ``name`` whole (no PAX or GNU long-name header needed)."""
+    return name.isascii() and len(name.encode()) <= 100
+
+
+def _header_problem(member: Member, block: bytes) -> str | None:
+    """Why the tar header just before ``member``'s bytes is not that member's, or None."""
+    try:
+        header = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError as error:
+        return f"no tar header before its bytes ({error})"
+    if not header.isreg() or header.size != member.size:
+        return f"the header before its bytes is of {header.name!r} ({header.size} bytes)"
+    if _plain_name(member.name) and header.name != member.name:
+        return f"the header before its bytes names {header.name!r}"
+    return None
+
+
 def read_member(member: Member, handle: BinaryIO | None = None) -> bytes:
     """The bytes of ``member`` (one seek and one read), through ``handle`` (the shard open for
     reading) when given.
 
+    The tar header just before the bytes is read with them and must be the member's (a regular file
+    of its size, and of its name where the header holds the name whole): a listing that points a
+    name at another member's bytes is refused, whoever wrote it.
+
     Raises:
-        MemberError: the shard is shorter than the member's end, or cannot be read.
+        MemberError: the shard is shorter than the member's end, cannot be read, or holds another
+            header before the member's bytes.
     """
+    start = member.offset - _BLOCK
+    if start < 0:
+        raise MemberError(f"no tar header before its bytes (offset {member.offset})")
     try:
         if handle is not None:
-            handle.seek(member.offset)
-            data = handle.read(member.size)
+            handle.seek(start)
+            data = handle.read(_BLOCK + member.size)
         else:
             with open(member.shard, "rb") as opened:
-                opened.seek(member.offset)
-                data = opened.read(member.size)
+                opened.seek(start)
+                data = opened.read(_BLOCK + member.size)
     except OSError as error:
         raise MemberError(f"cannot read the shard ({error.strerror or error})") from None
-    if len(data) != member.size:
-        raise MemberError(f"the shard ends inside this file ({len(data)} of its {member.size} bytes)")
-    return data
+    if len(data) != _BLOCK + member.size:
+        got = max(0, len(data) - _BLOCK)
+        raise MemberError(f"the shard ends inside this file ({got} of its {member.size} bytes)")
+    problem = _header_problem(member, data[:_BLOCK])
+    if problem is not None:
+        _LISTINGS.pop(os.path.abspath(member.shard), None)  # this process lists the shard again
+        raise MemberError(
+            f"{problem}: the listing of the shard does not match it (edited?); remove its "
+            "shard_listings folder to list it from its headers"
+        )
+    return data[_BLOCK:]
 
 
 def member_stat(path: str | Path) -> os.stat_result | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from captioning.utils.errors import CaptioningError
 from captioning.utils.files import atomic_write, not_a_regular_file
+from captioning.utils.json_files import read_json_file
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
@@ -104,7 +105,7 @@ class Vocabulary:
         if kind is not None:
             raise VocabularyError(f"{path}: {kind}")
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = read_json_file(Path(path))
         except (OSError, json.JSONDecodeError) as error:
             raise VocabularyError(f"{path}: cannot read vocabulary ({error})") from None
         try:

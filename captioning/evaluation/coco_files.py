@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from pycocotools.coco import COCO
 
 from captioning.utils.errors import CaptioningError
-from captioning.utils.files import not_a_regular_file
+from captioning.utils.json_files import JsonError, read_json_file
 
 
 class EvaluationInputError(CaptioningError, ValueError):
@@ -46,6 +45,27 @@ def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> C
             for key in entry_keys:
                 if key not in entry:
                     raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
+    # What pycocotools' index reads of every entry, given the lists: each image's and category's id, and
+    # each annotation's category when there are categories (else a KeyError or TypeError inside it).
+    needed = {"images": ["id"], "categories": ["id"]}
+    if "categories" in data:
+        needed["annotations"] = ["category_id"]
+    for list_key, entry_keys in needed.items():
+        if list_key not in data:
+            continue
+        entries = data[list_key]
+        if not isinstance(entries, list):
+            raise EvaluationInputError(f"{path}: {list_key!r} must be a list, got {type(entries).__name__}")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise EvaluationInputError(f"{path}: {list_key}[{index}] is not an object")
+            for key in entry_keys:
+                if key not in entry:
+                    raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
+                if isinstance(entry[key], (dict, list)):
+                    raise EvaluationInputError(
+                        f"{path}: {list_key}[{index}]: {key} must be an integer or a string"
+                    )
     for list_key in ("images", "annotations"):  # a repeated id would silently replace an entry in the index
         first_index: dict[Any, int] = {}
         for index, entry in enumerate(data.get(list_key) or []):
@@ -132,18 +152,12 @@ def read_json(path: str | Path) -> Any:
         EvaluationInputError: one line naming the file: missing, not a regular file, not JSON, or
             nested too deeply.
     """
-    kind = not_a_regular_file(path)
-    if kind is not None:
-        raise EvaluationInputError(f"{path}: {kind}")
     try:
-        with open(path, encoding="utf-8") as file:
-            return json.load(file)
+        return read_json_file(path)  # the project's one JSON reader: a regular file, bounded
     except FileNotFoundError:
         raise EvaluationInputError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise EvaluationInputError(f"{path}: not valid JSON ({error})") from None
-    except RecursionError:
-        raise EvaluationInputError(f"{path}: JSON nested too deeply to read") from None
+    except JsonError as error:
+        raise EvaluationInputError(str(error)) from None
 
 
 __all__ = ["EvaluationInputError", "load_coco_references", "load_results", "read_coco_file", "read_json"]

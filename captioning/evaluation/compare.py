@@ -151,6 +151,11 @@ def compare_results_files(
         run a side, ``signatures`` and ``results`` hold one string each, else lists.
     """
     check_bootstrap_options(resamples, seed)
+    for name in names or ():  # a column heading: one printable line, or the table breaks
+        if not isinstance(name, str) or not name.strip() or not name.isprintable() or len(name) > 60:
+            raise EvaluationInputError(
+                f"--names {name!r:.80}: a column name is one line of at most 60 printable characters"
+            )
     runs_a = [Path(results_a)] if isinstance(results_a, str | Path) else [Path(p) for p in results_a]
     runs_b = [Path(results_b)] if isinstance(results_b, str | Path) else [Path(p) for p in results_b]
     columns = (names[0], names[1]) if names else default_names(runs_a, runs_b)

@@ -22,6 +22,7 @@ from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.grounding import Instances
 from captioning.evaluation.hallucination import chair
+from captioning.utils.json_files import read_json_file
 from captioning.utils.run_folder import scores_path_for
 
 # metric -> (per-image field that says the image was measured, how to get (sum, count) from an entry)
@@ -156,7 +157,7 @@ def read_ratio_statistics(
     if not path.is_file():
         return {}, {}
     try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
+        entries = read_json_file(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise EvaluationInputError(f"{path}: not a readable per-image scores file ({error})") from None
     if not isinstance(entries, list):

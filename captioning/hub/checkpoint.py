@@ -9,7 +9,6 @@ previous checkpoint whole.
 from __future__ import annotations
 
 import io
-import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from captioning.config.loading import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
 from captioning.utils.errors import CaptioningError
 from captioning.utils.files import NoSpaceError, atomic_write, not_a_regular_file
+from captioning.utils.json_files import read_json_file
 from captioning.utils.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-checkpoint"
@@ -310,7 +310,7 @@ def scored_checkpoint(run: Path) -> Path:
     from captioning.utils.run_folder import CHECKPOINTS
 
     try:
-        signature = json.loads((run / "test_scores.json").read_text(encoding="utf-8")).get("signature", "")
+        signature = read_json_file(run / "test_scores.json").get("signature", "")
         digest = parse_signature(signature).get("ckpt") if isinstance(signature, str) else None
     except (OSError, ValueError, AttributeError):
         digest = None

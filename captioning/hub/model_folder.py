@@ -32,6 +32,7 @@ from captioning.hub.checkpoint import VERSION as CHECKPOINT_VERSION
 from captioning.hub.checkpoint import CheckpointError, check_payload, scored_checkpoint
 from captioning.hub.identity import CARD, CONFIG, VOCAB, WEIGHTS
 from captioning.utils.files import not_a_regular_file
+from captioning.utils.json_files import read_json_file
 from captioning.utils.run_folder import CHECKPOINTS
 from captioning.utils.state_files import StateFileError, read_state_file
 
@@ -133,6 +134,6 @@ def _read_json(folder: Path, name: str) -> Any:
             "model.safetensors and README.md)"
         )
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json_file(path)
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise CheckpointError(f"{path}: not valid JSON ({error})") from None

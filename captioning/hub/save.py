@@ -22,6 +22,7 @@ from captioning.hub.model_folder import (
     encoder_weights_needed,
 )
 from captioning.utils.files import atomic_write, not_a_regular_file, replace_folder
+from captioning.utils.json_files import read_json_file
 from captioning.utils.output_paths import check_output_folder
 from captioning.utils.run_folder import CHECKPOINTS, LOCK_NAME, RunFolderError, run_folder_of
 
@@ -95,7 +96,7 @@ def check_save_target(folder: Path, overwrite: bool = False) -> list[str]:
 
 def _is_model_config(path: Path) -> bool:
     try:
-        description = json.loads(path.read_text(encoding="utf-8"))
+        description = read_json_file(path)
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(description, dict) and description.get("format") == FORMAT
@@ -115,7 +116,7 @@ def save_pretrained(model: SavableModel, folder: str | Path, overwrite: bool = F
     """
     from safetensors.torch import save
 
-    folder = Path(folder)
+    folder = Path(folder).expanduser()  # "~/models/x" is the user's folder, never one named "~"
     others = check_save_target(folder, overwrite)
     config = model.config
     tensors = {f"decoder.{name}": value for name, value in model.captioner.decoder.state_dict().items()}
@@ -178,7 +179,7 @@ def known_scores(source: str | Path) -> dict[str, Any] | None:
     source = Path(source)
     if is_model_folder(source):
         try:
-            return json.loads((source / CONFIG).read_text(encoding="utf-8")).get("scores")
+            return read_json_file(source / CONFIG).get("scores")
         except (OSError, ValueError, AttributeError):
             return None
     if source.resolve().parent.name != CHECKPOINTS:
@@ -189,7 +190,7 @@ def known_scores(source: str | Path) -> dict[str, Any] | None:
         if not candidate.is_file():
             continue
         try:
-            scores = json.loads(candidate.read_text(encoding="utf-8"))
+            scores = read_json_file(candidate)
         except (OSError, ValueError):
             continue
         if not isinstance(scores, dict) or not isinstance(scores.get("signature"), str):

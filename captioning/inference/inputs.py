@@ -73,6 +73,8 @@ def caption_dataset(
             rank=group.rank,
             world_size=group.world_size,
             build=build_cache,
+            # the folder the user named: below it the cache writes through no link
+            under=config.data.cache_dir or feature_cache_dir(config, output_dir).parent,
         )
     if cache is not None:
         return dataset(features=cache, unreadable=set(cache.bad))

@@ -134,7 +134,54 @@ def output_note(path: str | Path) -> str:
     return f"  (written into {path_kind(path)})" if kind == "in place" else ""
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
+class LinkedPathError(CaptioningError, OSError):
+    """A file or folder the project writes under a data or cache folder is a symbolic link, or is there
+    and is not a regular file (a folder); the message names it and where it leads."""
+
+
+def refuse_links(path: str | Path, under: str | Path, folder: bool = False) -> None:
+    """Refuse, before a write, a symbolic link at ``path`` or at any folder between ``under`` (the folder
+    the user named, itself not checked) and ``path``, and a ``path`` that is there but is not a regular
+    file: what a data or cache folder holds is written in place by the project only, never through a
+    link a data file or another user planted, and never into a FIFO (which would block the writer).
+    With ``folder``, ``path`` is a folder the project writes into, and must be one where it exists.
+
+    Raises:
+        LinkedPathError: one line naming the link (and its target) or the odd file.
+    """
+    path, under = Path(path), Path(under)
+    try:
+        parts = path.relative_to(under).parts
+    except ValueError:  # not below the folder: only the path itself is checked
+        parts = ()
+    chain = [under.joinpath(*parts[: depth + 1]) for depth in range(len(parts))] or [path]
+    for current in chain:
+        try:
+            state = os.lstat(current)
+        except FileNotFoundError:
+            return  # nothing further down exists yet
+        except (OSError, ValueError):
+            return  # unreadable, or a NUL in the name: the write itself says so
+        last = current is chain[-1]
+        if stat.S_ISLNK(state.st_mode):
+            try:
+                target = os.readlink(current)
+            except OSError:
+                target = "?"
+            raise LinkedPathError(
+                f"{current}: a symbolic link (to {target}); the project writes its files under {under} "
+                "itself and never through a link: remove the link (or set data.cache_dir to another folder)"
+            )
+        if (not last or folder) and not stat.S_ISDIR(state.st_mode):
+            raise LinkedPathError(f"{current}: is {kind_of(state.st_mode)}, not a folder; remove it")
+        if last and not folder and not stat.S_ISREG(state.st_mode):
+            raise LinkedPathError(
+                f"{current}: is {kind_of(state.st_mode)}, not a regular file; the project writes a file "
+                "there: remove it"
+            )
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], object], under: str | Path | None = None) -> None:
     """Call ``write(temporary_path)`` (its return value is ignored) then move the result over ``path``
     in one rename.
 
@@ -144,12 +191,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
     (/dev/null, a pipe) is written in place, a folder, socket or block device refused; a symbolic
     link to a file keeps pointing there, and its target is replaced.
 
+    With ``under`` (a data or cache folder holding ``path``), ``refuse_links(path, under)`` holds first:
+    no link at ``path`` or between, nothing but a regular file replaced, nothing written in place.
+
     Raises:
         NoSpaceError: the disk (or /dev/full) is full; one line naming the file.
         NotReplacedError: ``path`` is a folder, a socket or a block device.
+        LinkedPathError: with ``under``, a link or an odd file on the way (``refuse_links``).
     """
     path = Path(path)
-    if output_kind(path) == "in place":
+    if under is not None:
+        refuse_links(path, under)
+    elif output_kind(path) == "in place":
         try:
             write(path)
         except OSError as error:

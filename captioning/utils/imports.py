@@ -29,6 +29,8 @@ def import_modules(names: Sequence[str], option: str = "--import") -> None:
             failure while the module runs is its own and keeps its traceback.
     """
     for name in names:
+        if not name.strip():  # importlib would raise a bare ValueError
+            raise ConfigError(f"{option} {name!r:.60}: give a module name or a .py file")
         is_file = name.endswith(".py") or os.sep in name
         spec = _file_spec(name, option) if is_file else None
         if not is_file and os.getcwd() not in sys.path:

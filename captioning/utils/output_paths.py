@@ -101,6 +101,9 @@ def check_outputs(
 def check_output_folder(path: str | Path, option: str) -> None:
     """Refuse, before any work, an output folder that exists as a file or cannot be created or written."""
     path = Path(path)
+    resolved = path.resolve()
+    if resolved == Path(resolved.anchor):  # a run's files and clean-up would be spread over the system
+        raise RunFolderError(f"{path}: {option}: the root of the file system; give a folder of its own")
     if path.exists() and not path.is_dir():
         raise RunFolderError(f"{path}: {option}: exists and is not a folder")
     if path.is_dir():

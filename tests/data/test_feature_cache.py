@@ -201,7 +201,7 @@ def test_full_disk_at_allocation_says_how_much_is_needed(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full_disk)
-    with pytest.raises(OSError, match=r"features.npy \(needs 0.0 GiB\)"):
+    with pytest.raises(OSError, match=r"features.npy \(needs 128 bytes\)"):
         _build(tmp_path, encoder, records)
 
 

@@ -131,7 +131,7 @@ def test_a_damaged_or_foreign_listing_is_never_trusted(shards, listed, damage):
         else:
             payload["format"] = 0
         del payload["digest"]
-        payload["digest"] = shard_listings._digest(payload)
+        payload["digest"] = shard_listings._digest(payload, shard_listings._key())  # the user's own key
         path.write_text(json.dumps(payload), encoding="utf-8")
     listed.clear()
     assert _start(config) == first
