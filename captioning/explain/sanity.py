@@ -68,7 +68,7 @@ def cascading_randomisation(
     maps_of: Callable[[CaptionDecoder], dict[str, Tensor]],
     select: Tensor,
     threshold: float = 0.5,
-    seed: int = 0,
+    seed: int = 2018,
 ) -> dict[str, dict]:
     """Each method's rank correlation with its trained maps after each stage of the cascade.
 
@@ -77,7 +77,8 @@ def cascading_randomisation(
         maps_of: a decoder -> each method's maps (B, T, P) of the same captions.
         select: (B, T) the real words.
         threshold: the correlation after the whole cascade at or above which a method is flagged.
-        seed: the draws of the re-initialisation.
+        seed: the draws of the re-initialisation (not 0, the seed many models are built with: an
+            untrained model would be re-drawn as it is).
     Returns:
         method -> ``{"stages": [...], "spearman": [one per stage], "final": the last, "flagged": bool}``.
     """
