@@ -171,6 +171,40 @@ def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     return list(args.compare), list(against)
 
 
+def _faithfulness_settings(args: argparse.Namespace):
+    """``--faithfulness`` and its options checked before any work (None without it)."""
+    if getattr(args, "faithfulness", None) is None:
+        return None
+    if args.split is None:
+        raise ConfigError(
+            "--faithfulness explains the captions of a split: give it with --checkpoint and --split"
+        )
+    from captioning.explain import METHODS
+    from captioning.explain.methods import parse_methods
+    from captioning.explain.study import FaithfulnessSettings
+
+    if args.faithfulness_images < 0:
+        raise ConfigError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
+    methods = METHODS.names() if args.faithfulness == "default" else parse_methods(args.faithfulness)
+    return FaithfulnessSettings(
+        methods=methods,
+        ig_steps=args.ig_steps,
+        curve_steps=args.curve_steps,
+        random_seeds=args.random_seeds,
+        sanity_images=args.sanity_images,
+    )
+
+
+def _fitted_methods(settings, requested: str, decoder):
+    """The settings with the methods that fit ``decoder``: all that do by default, else the ones named
+    (one that does not fit is refused)."""
+    from captioning.explain.methods import applicable_methods, parse_methods
+
+    if requested == "default":
+        return replace(settings, methods=applicable_methods(decoder))
+    return replace(settings, methods=parse_methods(requested, decoder))
+
+
 def _scores_paths(out: Path | None, results: Path) -> Path:
     return out if out is not None else scores_path_for(results)
 
@@ -224,6 +258,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
     if args.checkpoint is None:
         raise ConfigError("give --checkpoint (with --split or --images), or --annotations with --results")
+    faithfulness = _faithfulness_settings(args)
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
     decoding = {
@@ -281,6 +316,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
     model, config, reward = load_trained_captioner(args.checkpoint, device)
+    if faithfulness is not None:
+        faithfulness = _fitted_methods(faithfulness, args.faithfulness, model.decoder)
     if data_config is not None:
         config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
@@ -333,6 +370,24 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         tokenizer=config.data.tokenizer,
     )
     scores["checkpoint"] = str(args.checkpoint)
+    if faithfulness is not None:
+        from captioning.explain.split import signature_field, split_study, table_lines
+
+        study = split_study(
+            model,
+            config,
+            captioned,
+            device,
+            faithfulness,
+            boxes,
+            run_dir,
+            build_cache,
+            args.faithfulness_images,
+            progress,
+        )
+        scores["faithfulness"] = study
+        scores["signature"] += f"|faith:{signature_field(faithfulness, study['images'])}"
+        print("\n".join(table_lines(study)))
     print(scores_text(scores, len(captioned)))
     scores_path, per_image = write_scores(scores_target, scores)
     _print_summary({"captions": results, "scores": scores_path, "per-image scores": per_image}, notes)

@@ -23,14 +23,16 @@ logits equal ``TransformerDecoder.forward``'s).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from captioning.explain.methods import ExplainInputs, register_method
 from captioning.models.base import CaptionDecoder
-from captioning.models.transformer import MultiHeadAttention, TransformerDecoder
+from captioning.models.transformer import EncoderBlock, MultiHeadAttention, TransformerDecoder
 
 
 @dataclass
@@ -87,9 +89,9 @@ def traced_forward(
     steps = int(lengths.max().item()) - 1
     encoder: list[Tensor] = []
     x = decoder.dropout(decoder.grid_projection(annotations) + decoder.grid_code)  # (N, P, d)
-    for block in decoder.grid_encoder:
-        x = block.residual(x, 0, lambda h, block=block: _attend(block.attention, h, h, encoder))
-        x = block.residual(x, 1, block.feed_forward)
+    for grid_block in cast("Iterable[EncoderBlock]", decoder.grid_encoder):
+        x = grid_block.residual(x, 0, lambda h, b=grid_block: _attend(b.attention, h, h, encoder))
+        x = grid_block.residual(x, 1, grid_block.feed_forward)
     encoded = decoder.grid_norm(x)
     self_weights: list[Tensor] = []
     cross_weights: list[Tensor] = []

@@ -18,6 +18,8 @@ from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.transformer import TransformerDecoder
 from captioning.utils.errors import InputError
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 V, C, GRID = 11, 5, (2, 3)
 P = GRID[0] * GRID[1]
 TOKENS = [[4, 7, 5], [6, 8, 9, 10, 4]]  # two captions of 3 and 5 words

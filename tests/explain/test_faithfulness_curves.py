@@ -16,6 +16,8 @@ from captioning.explain.scoring import WordScorer, caption_tensor
 from captioning.explain.study import explain_batch
 from captioning.models.decoder import ShowAttendTellDecoder
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 P, C, KEY = 8, 3, 5
 FULL, EMPTY = torch.sigmoid(torch.tensor(5.0)).item(), torch.sigmoid(torch.tensor(-5.0)).item()
 

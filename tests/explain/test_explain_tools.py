@@ -1,0 +1,69 @@
+"""The explanation tools end to end through the real commands on tiny runs: ``evaluate.py --faithfulness``
+(the table in the scores, its settings in the signature), ``visualize.py --method`` and ``model.explain``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import tiny_checkpoint
+from tool_runs import REPO, in_process
+
+from captioning.data.shapes import ShapesFiles
+from captioning.data.vocab import Vocabulary
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module", params=["lstm", "transformer"])
+def run(
+    request, tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary
+):
+    folder = tmp_path_factory.mktemp(f"run_{request.param}")
+    return request.param, tiny_checkpoint(
+        folder / "checkpoints" / "best.pt", tiny_shapes.root, shapes_vocab, request.param
+    )
+
+
+def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run):
+    kind, checkpoint = run
+    scores_path = tmp_path / "scores.json"
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress",
+        "--results", tmp_path / "results.json", "--out", scores_path,
+        "--faithfulness", "--ig-steps", "2", "--curve-steps", "2",
+        "--random-seeds", "2", "--sanity-images", "2",
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    scores = json.loads(scores_path.read_text())
+    table = scores["faithfulness"]
+    expected = ["attention", "gradient", "integrated_gradients", "gradcam", "occlusion"]
+    expected += ["rollout", "chefer"] if kind == "transformer" else []
+    assert list(table["methods"]) == expected
+    assert table["images"] == 4
+    for name in expected:
+        row = table["methods"][name]
+        assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
+        assert row["deletion_gap"] == pytest.approx(table["random"]["deletion_auc"] - row["deletion_auc"])
+        assert isinstance(row["sanity_flagged"], bool)
+        assert row["grounding_mentions"] >= 0  # Shapes writes its boxes: grounding per method
+        assert table["sanity"][name]["stages"][0] == "attention"
+    assert set(table["by_word_class"]) == {"object", "attribute", "function", "other"}
+    assert len(table["per_image"]) == 4
+    assert "|faith:" + "+".join(expected) + ",ig2,steps2,seeds2,sanity2@0.5,n4" in scores["signature"]
+    assert "faithfulness of 4 images" in result.stdout and "integrated_gradients" in result.stdout
+
+
+def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, run):
+    kind, checkpoint = run
+    arguments = ["--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"]
+    unknown = in_process("evaluate.py", *arguments, "--faithfulness", "attention,lime", cwd=REPO)
+    assert unknown.returncode == 2 and "unknown attribution method 'lime'" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    if kind == "lstm":
+        refused = in_process("evaluate.py", *arguments, "--faithfulness", "rollout", cwd=REPO)
+        assert refused.returncode == 2 and "rollout: explains a Transformer" in refused.stderr
+    assert not (checkpoint.parents[1] / "eval_best_test_results.json").exists()
