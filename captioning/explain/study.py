@@ -229,3 +229,58 @@ def _per_image(
             }
         rows.append(row)
     return rows
+
+
+@dataclass
+class WordExplanation:
+    """One caption's maps and curves.
+
+    Attributes:
+        maps: method -> (T, P) maps of its T words.
+        deletion, insertion: method -> (T, K) the word's probability after each step of the curve.
+        deletion_auc, insertion_auc: method -> (T,) the areas.
+    """
+
+    maps: dict[str, Tensor]
+    deletion: dict[str, Tensor]
+    insertion: dict[str, Tensor]
+    deletion_auc: dict[str, Tensor]
+    insertion_auc: dict[str, Tensor]
+
+
+def explain_captions(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    tokens: Sequence[Sequence[int]],
+    methods: Sequence[str],
+    baseline: Tensor,
+    settings: FaithfulnessSettings,
+    curves: bool = True,
+) -> list[WordExplanation]:
+    """Each method's maps of B captions of B grids (B, P, C) and, with ``curves``, each word's
+    deletion and insertion curves (empty dicts without)."""
+    explanations = []
+    for first in range(0, annotations.size(0), settings.batch_images):
+        part = slice(first, min(annotations.size(0), first + settings.batch_images))
+        grids = annotations[part]
+        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, baseline, settings.explain)
+        index = scorer.word_mask.nonzero()
+        results = {
+            name: method_curves(
+                scorer.words_at, grids, baseline, maps[name][index[:, 0], index[:, 1]], index, settings.curves
+            )
+            for name in (methods if curves else ())
+        }
+        for row in range(grids.size(0)):
+            count = len(tokens[first + row])
+            mine = index[:, 0] == row
+            explanations.append(
+                WordExplanation(
+                    {name: maps[name][row, :count].cpu() for name in methods},
+                    {name: result.deletion[mine].cpu() for name, result in results.items()},
+                    {name: result.insertion[mine].cpu() for name, result in results.items()},
+                    {name: result.deletion_area[mine].cpu() for name, result in results.items()},
+                    {name: result.insertion_area[mine].cpu() for name, result in results.items()},
+                )
+            )
+    return explanations

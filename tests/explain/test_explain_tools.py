@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from tiny_models import tiny_checkpoint
 from tool_runs import REPO, in_process
 
@@ -67,3 +69,30 @@ def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, r
         refused = in_process("evaluate.py", *arguments, "--faithfulness", "rollout", cwd=REPO)
         assert refused.returncode == 2 and "rollout: explains a Transformer" in refused.stderr
     assert not (checkpoint.parents[1] / "eval_best_test_results.json").exists()
+
+
+def test_model_explain_gives_maps_and_curves(run, tiny_shapes: ShapesFiles):
+    import captioning
+
+    kind, checkpoint = run
+    model = captioning.load(checkpoint, device="cpu")
+    images = sorted((tiny_shapes.root / "test").glob("*.png"))[:2]
+    methods = ["attention", "occlusion"] + (["rollout"] if kind == "transformer" else [])
+    explanations = model.explain(images, methods=methods, curve_steps=2)
+    captions = model.caption(images)
+    assert len(explanations) == 2
+    for explanation, caption in zip(explanations, captions, strict=True):
+        words = len(caption.words)
+        assert explanation.caption.words == caption.words
+        assert set(explanation.maps) == set(methods)
+        for name in methods:
+            assert explanation.maps[name].shape == (words, *model.grid)
+            assert explanation.curves.deletion[name].shape == (words, 3)
+            # nothing removed yet and everything inserted: the same grid, the same probability
+            torch.testing.assert_close(
+                explanation.curves.deletion[name][:, 0], explanation.curves.insertion[name][:, -1]
+            )
+        # the attention of the teacher-forced caption is the attention it was written with
+        np.testing.assert_allclose(explanation.maps["attention"], caption.attention, atol=1e-5)
+    with pytest.raises(captioning.utils.errors.CaptioningError):
+        model.explain(images, methods="nonexistent")
