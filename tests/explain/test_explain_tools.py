@@ -96,3 +96,53 @@ def test_model_explain_gives_maps_and_curves(run, tiny_shapes: ShapesFiles):
         np.testing.assert_allclose(explanation.maps["attention"], caption.attention, atol=1e-5)
     with pytest.raises(captioning.utils.errors.CaptioningError):
         model.explain(images, methods="nonexistent")
+
+
+def test_visualize_draws_one_row_per_method(tmp_path: Path, run, tiny_shapes: ShapesFiles):
+    kind, checkpoint = run
+    methods = "attention,gradcam" + (",chefer" if kind == "transformer" else "")
+    result = in_process(
+        "visualize.py", "--checkpoint", checkpoint, "--split", "test", "--num", "2",
+        "--set", f"data.root={tiny_shapes.root}",
+        "--method", methods, "--out-dir", tmp_path / "figures", "--no-progress",
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = sorted((tmp_path / "figures").glob("*.png"))
+    assert len(figures) == 2 and str(figures[0]) in result.stdout
+    from PIL import Image
+
+    one_row = in_process(
+        "visualize.py", "--checkpoint", checkpoint, "--split", "test", "--num", "1",
+        "--set", f"data.root={tiny_shapes.root}",
+        "--method", "attention", "--out-dir", tmp_path / "one", "--no-progress",
+        cwd=REPO,
+    )  # fmt: skip
+    assert one_row.returncode == 0, one_row.stderr
+    rows = len(methods.split(","))
+    tall, short = Image.open(figures[0]).size[1], Image.open(next((tmp_path / "one").glob("*.png"))).size[1]
+    assert tall > (rows - 0.5) * short  # a row per method
+    refused = in_process(
+        "visualize.py", "--checkpoint", checkpoint, "--split", "test", "--method", "attention,nothing",
+        "--out-dir", tmp_path / "never", cwd=REPO,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "unknown attribution method 'nothing'" in refused.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_method_figure_statistics_and_scale():
+    from PIL import Image
+
+    from captioning.visualization.method_figures import method_figure, shares
+
+    maps = {"a": np.array([[1.0, 0.0, 0.0, 0.0], [-1.0, 2.0, 2.0, 0.0]]), "b": np.zeros((2, 4))}
+    np.testing.assert_allclose(shares(maps["a"]), [[1, 0, 0, 0], [0, 0.5, 0.5, 0]])
+    np.testing.assert_allclose(shares(maps["b"]), np.full((2, 4), 0.25))  # nothing positive: uniform
+    figure = method_figure(Image.new("RGB", (40, 30)), ["a", "b"], maps, (2, 2))
+    texts = [text.get_text() for ax in figure.axes for text in ax.texts]
+    assert "peak 1.00 \u00b7 H 0.00 (1.0 cells)" in texts and "peak 0.50 \u00b7 H 0.69 (2.0 cells)" in texts
+    bars = [ax for ax in figure.axes if not ax.images]
+    # one colour bar per row, 0 to the row's largest positive value (an all-zero row: 0 to 1)
+    assert sorted(tuple(ax.get_ylim()) for ax in bars) == [(0.0, 1.0), (0.0, 2.0)]
+    with pytest.raises(ValueError, match="3 maps for 2 words"):
+        method_figure(Image.new("RGB", (40, 30)), ["a", "b"], {"c": np.zeros((3, 4))}, (2, 2))
