@@ -57,6 +57,15 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run):
     assert len(table["per_image"]) == 4
     assert "|faith:" + "+".join(expected) + ",ig2,steps2,seeds2,sanity2@0.5,n4" in scores["signature"]
     assert "faithfulness of 4 images" in result.stdout and "integrated_gradients" in result.stdout
+    # the run report shows the table beside the scores
+    from captioning.visualization.run_report import write_run_report
+
+    page = write_run_report(tmp_path / "report.html", [], (2, 2), scores).read_text(encoding="utf-8")
+    assert "Does the map explain the word? (4 images)" in page
+    for name in expected:
+        assert f"<tr><td>{name}" in page
+    deletion = f'<td class="number">{table["methods"]["occlusion"]["deletion_auc"]:.3f}</td>'
+    assert deletion in page.split("<tr><td>occlusion")[1].split("</tr>")[0]
 
 
 def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, run):
