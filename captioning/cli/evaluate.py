@@ -114,6 +114,7 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     option = "--compare" if args.compare else "--aggregate"
     inputs = [
         *((option, path) for path in args.compare or args.aggregate),
+        *(("--compare (its scores)", scores_path_for(path)) for path in args.compare or ()),
         *(("--against", path) for path in getattr(args, "against", None) or ()),
         ("--annotations", args.annotations),
         *(("--aggregate", path.parent / "config.yaml") for path in args.aggregate or ()),
@@ -129,7 +130,7 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     from captioning.evaluation.compare import compare_command
 
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
-    return compare_command(
+    comparison = compare_command(
         args.annotations,
         results_a,
         results_b,
@@ -144,6 +145,35 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         tokenizer=args.tokenizer,
         chair=args.chair_table or "released",
     )
+    if len(results_a) == len(results_b) == 1:
+        _compare_faithfulness(results_a[0], results_b[0], args, comparison)
+    return comparison
+
+
+def _compare_faithfulness(
+    results_a: Path, results_b: Path, args: argparse.Namespace, comparison: dict
+) -> None:
+    """The faithfulness rows of both systems' scores, when both hold them: printed, and added to
+    ``--out``'s comparison."""
+    from captioning.evaluation.significance import comparison_table
+    from captioning.explain.compare import faithfulness_comparison, faithfulness_of
+
+    a, b = faithfulness_of(results_a), faithfulness_of(results_b)
+    if a is None or b is None:
+        return
+    rows, images = faithfulness_comparison(a, b, args.resamples, args.seed)
+    if not rows:
+        return
+    names = (comparison["names"]["a"], comparison["names"]["b"])
+    print(
+        f"faithfulness of the maps, {images} images explained by both "
+        "(areas x100; deletion: lower is faithful)"
+    )
+    print(comparison_table(rows, names))
+    comparison["faithfulness"] = {name: row.to_json() for name, row in rows.items()}
+    if args.out is not None:
+        overall = {k: v for k, v in comparison.items() if k != "table"}
+        atomic_write(args.out, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
 
 
 def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:

@@ -155,3 +155,40 @@ def test_method_figure_statistics_and_scale():
     assert sorted(tuple(ax.get_ylim()) for ax in bars) == [(0.0, 1.0), (0.0, 2.0)]
     with pytest.raises(ValueError, match="3 maps for 2 words"):
         method_figure(Image.new("RGB", (40, 30)), ["a", "b"], {"c": np.zeros((3, 4))}, (2, 2))
+
+
+def test_compare_bootstraps_the_faithfulness_rows(tmp_path: Path):
+    ids = list(range(1, 21))
+    refs = {
+        "images": [{"id": i} for i in ids],
+        "annotations": [{"image_id": i, "caption": "a red circle"} for i in ids],
+    }
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    for name, deletion in (("a", 0.2), ("b", 0.5)):  # B's occlusion maps delete worse on every image
+        (tmp_path / f"{name}_results.json").write_text(
+            json.dumps([{"image_id": i, "caption": "a red circle"} for i in ids])
+        )
+        rng = np.random.default_rng(len(name))
+        per_image = [
+            {
+                "image_id": i,
+                "random": {"deletion_auc": 0.6, "insertion_auc": 0.4},
+                "occlusion": {"deletion_auc": deletion + 0.05 * rng.standard_normal(), "insertion_auc": 0.7},
+            }
+            for i in ids
+        ]
+        table = {"methods": {"occlusion": {}}, "per_image": per_image}
+        (tmp_path / f"{name}_scores.json").write_text(json.dumps({"faithfulness": table}))
+    out = tmp_path / "comparison.json"
+    result = in_process(
+        "evaluate.py", "--compare", tmp_path / "a_results.json", tmp_path / "b_results.json",
+        "--annotations", tmp_path / "refs.json", "--no-java", "--resamples", "200", "--out", out,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "faithfulness of the maps, 20 images explained by both" in result.stdout
+    rows = json.loads(out.read_text())["faithfulness"]
+    assert set(rows) == {"occlusion deletion", "occlusion insertion", "random deletion", "random insertion"}
+    deletion = rows["occlusion deletion"]
+    assert deletion["difference"] == pytest.approx(0.3, abs=0.05) and deletion["p_value"] < 0.05
+    assert rows["random deletion"]["difference"] == pytest.approx(0.0)
