@@ -126,10 +126,16 @@ def _png(figure: Any) -> Image.Image:
 
 
 def caption_file(
-    model: CaptioningModel, path: str, strategy: str, beam_size: int, mode: str = "bilinear"
+    model: CaptioningModel,
+    path: str,
+    strategy: str,
+    beam_size: int,
+    mode: str = "bilinear",
+    method: str = "none",
 ) -> tuple[str, Image.Image, list[tuple[np.ndarray, str]]]:
     """What the page shows for one image file: the caption, ``visualize.py``'s figure, and each word's
-    overlay (H, W, 3) uint8 titled ``word (beta=0.73)`` as in the figure.
+    overlay (H, W, 3) uint8 titled ``word (beta=0.73)`` as in the figure. With an attribution
+    ``method`` (``captioning.explain``), the figure is ``visualize.py --method attention,METHOD``'s.
 
     Raises:
         ImageError, ConfigError, ValueError: the file or an option is refused (one line).
@@ -159,7 +165,15 @@ def caption_file(
         for t, word in enumerate(caption.words)
     ]
     overlays = [(blend(pixels, drawn.maps[t], DEFAULT_CMAP, 0.6), title) for t, title in enumerate(titles)]
-    return caption.text or "(empty caption)", _png(drawn.figure), overlays
+    figure = drawn.figure
+    if method != "none":
+        from captioning.visualization.method_figures import method_figure
+
+        explained = model.explain(
+            [path], ["attention", method], curves=False, strategy=strategy, beam_size=int(beam_size)
+        )[0]
+        figure = method_figure(picture, caption.words, explained.maps, model.grid, mode)
+    return caption.text or "(empty caption)", _png(figure), overlays
 
 
 def _examples(root: Path) -> list[str]:
@@ -395,16 +409,22 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     """The Gradio ``Blocks`` of the demo for ``model``; its API endpoint is ``/caption``
     (image file, strategy, beam size) -> (caption, figure, overlays). What each request writes is
     deleted once no page shows it (``RequestFiles``)."""
+    from captioning.explain.methods import applicable_methods
+
     gr = _gradio()
     files = RequestFiles(Path(gr.utils.get_upload_folder()))
 
-    def run(path: str | None, strategy: str, beam_size: float, request: Any = None) -> tuple:
+    def run(
+        path: str | None, strategy: str, beam_size: float, method: str = "none", request: Any = None
+    ) -> tuple:
         if not path:
             raise gr.Error("Upload or pick an image first.", print_exception=False)
         session = getattr(request, "session_hash", None)
         answer = files.new_answer()
         try:
-            text, figure, overlays = caption_file(model, path, strategy, int(beam_size))
+            text, figure, overlays = caption_file(
+                model, path, strategy, int(beam_size), method=method or "none"
+            )
             figure_path, words = _write_answer(answer, figure, overlays)
         except (ImageError, ConfigError, ValueError) as error:
             files.discard(answer)
@@ -444,6 +464,19 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                 beam_size = gr.Slider(
                     1, 10, value=min(decode.beam_size, 10), step=1, label="beam size", elem_id="beam-size"
                 )
+                method = gr.Dropdown(
+                    [
+                        "none",
+                        *(
+                            name
+                            for name in applicable_methods(model.captioner.decoder)
+                            if name != "attention"
+                        ),
+                    ],
+                    value="none",
+                    label="an attribution method beside attention",
+                    elem_id="method",
+                )
                 button = gr.Button("Caption", variant="primary", elem_id="run")
                 if examples:
                     gr.Examples(examples, inputs=image, label="or pick one")
@@ -457,7 +490,7 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                     elem_id="figure",
                 )
         overlays = gr.Gallery(label="each word's attention", columns=6, format="png", elem_id="words")
-        inputs, outputs = [image, strategy, beam_size], [text, figure, overlays]
+        inputs, outputs = [image, strategy, beam_size, method], [text, figure, overlays]
         button.click(run, inputs, outputs, api_name="caption")
         image.upload(run, inputs, outputs, api_name=False)
         app.unload(ended)

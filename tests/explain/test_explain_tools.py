@@ -192,3 +192,16 @@ def test_compare_bootstraps_the_faithfulness_rows(tmp_path: Path):
     deletion = rows["occlusion deletion"]
     assert deletion["difference"] == pytest.approx(0.3, abs=0.05) and deletion["p_value"] < 0.05
     assert rows["random deletion"]["difference"] == pytest.approx(0.0)
+
+
+def test_the_demo_draws_a_method_beside_attention(run, tiny_shapes: ShapesFiles):
+    import captioning
+    from captioning.cli.serve import caption_file
+
+    _, checkpoint = run
+    model = captioning.load(checkpoint, device="cpu")
+    image = str(sorted((tiny_shapes.root / "test").glob("*.png"))[0])
+    text, attention_only, overlays = caption_file(model, image, "beam", 2)
+    same, beside, same_overlays = caption_file(model, image, "beam", 2, method="gradcam")
+    assert same == text and len(same_overlays) == len(overlays)
+    assert beside.size != attention_only.size  # the two-row figure of visualize.py --method attention,gradcam
