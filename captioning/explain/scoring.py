@@ -14,10 +14,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from captioning.data.vocab import Vocabulary
 from captioning.models.base import CaptionDecoder
 
 
-def caption_tensor(tokens: Sequence[Sequence[int]], start_id: int, end_id: int) -> tuple[Tensor, Tensor]:
+def caption_tensor(
+    tokens: Sequence[Sequence[int]], start_id: int = Vocabulary.start_id, end_id: int = Vocabulary.end_id
+) -> tuple[Tensor, Tensor]:
     """``<start> w1 .. wn <end>`` per caption, padded with 0: captions (N, L) and lengths (N,).
 
     Args:

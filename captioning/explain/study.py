@@ -93,11 +93,9 @@ def explain_batch(
     methods: Sequence[str],
     baseline: Tensor,
     settings: ExplainSettings,
-    start_id: int = 1,
-    end_id: int = 2,
 ) -> tuple[dict[str, Tensor], WordScorer]:
     """Each method's maps (B, T, P) of B captions (word ids without ``<start>``/``<end>``) of B grids."""
-    captions, lengths = caption_tensor(tokens, start_id, end_id)
+    captions, lengths = caption_tensor(tokens)
     scorer = WordScorer(decoder, captions.to(annotations.device), lengths.to(annotations.device))
     inputs = ExplainInputs(scorer, annotations, baseline, settings)
     return {name: explain(name, inputs) for name in methods}, scorer
@@ -175,7 +173,7 @@ def faithfulness_study(
                 model, annotations[:count], tokens[:count], methods, baseline, settings.explain
             )[0]
 
-        mask = WordScorer(decoder, *caption_tensor(tokens[:count], 1, 2)).word_mask.to(annotations.device)
+        mask = WordScorer(decoder, *caption_tensor(tokens[:count])).word_mask.to(annotations.device)
         result["sanity"] = cascading_randomisation(decoder, maps_of, mask, settings.sanity_threshold)
         for name in methods:
             result["methods"][name]["sanity_spearman"] = result["sanity"][name]["final"]
