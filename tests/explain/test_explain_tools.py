@@ -205,3 +205,21 @@ def test_the_demo_draws_a_method_beside_attention(run, tiny_shapes: ShapesFiles)
     same, beside, same_overlays = caption_file(model, image, "beam", 2, method="gradcam")
     assert same == text and len(same_overlays) == len(overlays)
     assert beside.size != attention_only.size  # the two-row figure of visualize.py --method attention,gradcam
+
+
+@pytest.mark.slow
+def test_a_method_of_ones_own_reaches_the_tools_through_import(tmp_path: Path, run, tiny_shapes: ShapesFiles):
+    """The example of docs/extending.md, through the real command in its own process."""
+    from tool_runs import run_tool
+
+    _, checkpoint = run
+    page = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+    example = page.split("# my_methods.py\n")[1].split("```")[0]
+    (tmp_path / "my_methods.py").write_text(example)
+    result = run_tool(
+        "visualize.py", "--import", tmp_path / "my_methods.py", "--checkpoint", checkpoint, "--split", "test",
+        "--num", "1", "--set", f"data.root={tiny_shapes.root}", "--method", "attention,squared_gradient",
+        "--out-dir", tmp_path / "figures", "--no-progress",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(list((tmp_path / "figures").glob("*.png"))) == 1
