@@ -247,6 +247,12 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     for flag in ("against", "names"):
         if getattr(args, flag, None) and not getattr(args, "compare", None):
             raise ConfigError(f"--{flag} goes with --compare")
+    if getattr(args, "faithfulness", None) is not None and (
+        getattr(args, "aggregate", None) or getattr(args, "compare", None) or args.annotations is not None
+    ):
+        raise ConfigError(
+            "--faithfulness explains the captions of a split: give it with --checkpoint and --split"
+        )
     if getattr(args, "aggregate", None) or getattr(args, "compare", None):
         return _compare_or_aggregate(args, use_java)
     if getattr(args, "clip_score", None) is not None and (args.checkpoint is None or args.split is None):

@@ -78,6 +78,13 @@ def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, r
         refused = in_process("evaluate.py", *arguments, "--faithfulness", "rollout", cwd=REPO)
         assert refused.returncode == 2 and "rollout: explains a Transformer" in refused.stderr
     assert not (checkpoint.parents[1] / "eval_best_test_results.json").exists()
+    scoring_a_file = in_process(
+        "evaluate.py", "--annotations", "refs.json", "--results", "results.json", "--faithfulness", cwd=REPO
+    )
+    assert (
+        scoring_a_file.returncode == 2
+        and "--faithfulness explains the captions of a split" in scoring_a_file.stderr
+    )
 
 
 def test_model_explain_gives_maps_and_curves(run, tiny_shapes: ShapesFiles):
