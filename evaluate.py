@@ -200,6 +200,29 @@ def get_args_parser() -> argparse.ArgumentParser:
         "only with ptb. A checkpoint's "
         "captions are scored with its own data.tokenizer",
     )
+    explaining = parser.add_argument_group("faithfulness of the maps (with --checkpoint and --split)")
+    explaining.add_argument(
+        "--faithfulness",
+        nargs="?",
+        const="default",
+        metavar="METHODS",
+        help="also explain every word with attribution methods (comma-separated: attention, gradient, "
+        "integrated_gradients, gradcam, occlusion; rollout, chefer for the Transformer; default: all "
+        "that fit the model) and measure them: deletion and insertion areas against a random order, "
+        "cascading randomisation, grounding and hallucinated mentions per method; written into the "
+        "scores as 'faithfulness' (docs/attention-and-report.md)",
+    )
+    explaining.add_argument(
+        "--faithfulness-images", type=int, default=0, metavar="N", help="explain the first N images (0: all)"
+    )
+    explaining.add_argument("--ig-steps", type=int, default=16, help="integrated gradients' steps (16)")
+    explaining.add_argument(
+        "--curve-steps", type=int, default=10, help="points of each curve after the first (10)"
+    )
+    explaining.add_argument("--random-seeds", type=int, default=3, help="random orders of the control (3)")
+    explaining.add_argument(
+        "--sanity-images", type=int, default=8, help="images of the cascading randomisation (8; 0: none)"
+    )
     parser.add_argument(
         "--skip-bad-images",
         action="store_true",

@@ -92,6 +92,14 @@ def get_args_parser() -> argparse.ArgumentParser:
         metavar="H|mean",
         help="attention head H (1-based) or the mean of the heads (default: mean)",
     )
+    parser.add_argument(
+        "--method",
+        default=None,
+        metavar="METHODS",
+        help="draw attribution methods beside attention, one row per method on its own colour scale: "
+        "comma-separated names (attention, gradient, integrated_gradients, gradcam, occlusion; rollout, "
+        "chefer for the Transformer; an --import module may add one), e.g. --method attention,gradcam",
+    )
     data = parser.add_argument_group("images of a dataset split instead of IMAGE files")
     data.add_argument("--split", default=None, help="train, val or test of the checkpoint's dataset")
     data.add_argument("--num", type=int, default=20, help="the first NUM images of the split (default: 20)")
@@ -155,6 +163,7 @@ def main(args: argparse.Namespace) -> None:
         progress=not args.no_progress,
         normalize=args.normalize,
         cmap=args.cmap,
+        methods=args.method,
     )
     print(result.summary())
 

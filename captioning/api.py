@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,6 +100,23 @@ class Caption:
             attention_label,
             tuple(cls.of(other, grid, attention_label) for other in item.alternatives),
         )
+
+
+@dataclass(frozen=True, eq=False)
+class Explanation:
+    """One image's caption and, per method, where each word's evidence lies (``model.explain``).
+
+    Attributes:
+        caption: the :class:`Caption`.
+        maps: method -> (T, gh, gw) float32 map of each word (``attention`` sums to 1; the others are
+            signed scores on their own scale).
+        curves: the per-word curves (``deletion``, ``insertion``: method -> (T, K) tensors of the word's
+            probability; ``deletion_auc``, ``insertion_auc``: method -> (T,)), empty without curves.
+    """
+
+    caption: Caption
+    maps: dict[str, np.ndarray]
+    curves: Any
 
 
 class CaptioningModel:
@@ -225,6 +243,60 @@ class CaptioningModel:
             self.captioner, config, records, self.device, decode, progress=False, pictures=pictures
         )
         return [Caption.of(item, self.grid, label) for item in captioned]
+
+    def explain(
+        self,
+        images: Iterable[ImageInput],
+        methods: Sequence[str] | str = ("attention", "gradient", "gradcam"),
+        *,
+        curves: bool = True,
+        ig_steps: int = 16,
+        curve_steps: int = 10,
+        baseline: torch.Tensor | None = None,
+        **decoding,
+    ) -> list[Explanation]:
+        """Caption images and explain each word with attribution methods (``captioning.explain``).
+
+        Args:
+            images: as for :meth:`caption`.
+            methods: names in ``captioning.explain.METHODS`` (a list or ``"attention,gradcam"``).
+            curves: also each word's deletion and insertion curves (the word's probability as the
+                cells are removed, or inserted, in the order its map ranks them).
+            ig_steps, curve_steps: integrated gradients' steps; the curves' points after the first.
+            baseline: (C,) the feature a removed cell takes; default: the mean grid feature of ``images``.
+            decoding: ``caption``'s keyword arguments (``beam_size=3``, ...).
+        Returns:
+            one :class:`Explanation` per image, in order.
+        Raises:
+            InputError: a method that cannot explain this model (rollout of an LSTM); as ``caption``.
+            UnknownNameError: an unregistered method.
+        """
+        from captioning.explain.methods import parse_methods
+        from captioning.explain.study import FaithfulnessSettings, explain_captions
+
+        images = list(images)
+        names = parse_methods(
+            methods if isinstance(methods, str) else ",".join(methods), self.captioner.decoder
+        )
+        settings = FaithfulnessSettings(methods=names, ig_steps=ig_steps, curve_steps=curve_steps)
+        captions = self.caption(images, **decoding)
+        transform = self.captioner.encoder.transform
+        with torch.no_grad():
+            pixels = torch.stack(
+                [transform(as_rgb_image(image, f"images[{k}]")) for k, image in enumerate(images)]
+            )
+            grids = self.captioner.encode(pixels.to(self.device)).float()  # (B, P, C)
+        tokens = [[self.vocab.stoi[word] for word in caption.words] for caption in captions]
+        mean = grids.mean(dim=(0, 1)) if baseline is None else baseline.to(grids)
+        explained = explain_captions(self.captioner.decoder, grids, tokens, names, mean, settings, curves)
+        return [
+            Explanation(
+                caption,
+                {name: maps.numpy().reshape(-1, *self.grid) for name, maps in item.maps.items()},
+                item,
+            )
+            for caption, item in zip(captions, explained, strict=True)
+        ]
 
     def save_pretrained(self, folder: str | Path, overwrite: bool = False) -> Path:
         """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)

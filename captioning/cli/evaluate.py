@@ -126,6 +126,7 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     option = "--compare" if args.compare else "--aggregate"
     inputs = [
         *((option, path) for path in args.compare or args.aggregate),
+        *(("--compare (its scores)", scores_path_for(path)) for path in args.compare or ()),
         *(("--against", path) for path in getattr(args, "against", None) or ()),
         ("--annotations", args.annotations),
         *(("--aggregate", path.parent / "config.yaml") for path in args.aggregate or ()),
@@ -141,7 +142,7 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     from captioning.evaluation.compare import compare_command
 
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
-    return compare_command(
+    comparison = compare_command(
         args.annotations,
         results_a,
         results_b,
@@ -156,6 +157,35 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         tokenizer=args.tokenizer,
         chair=args.chair_table or "released",
     )
+    if len(results_a) == len(results_b) == 1:
+        _compare_faithfulness(results_a[0], results_b[0], args, comparison)
+    return comparison
+
+
+def _compare_faithfulness(
+    results_a: Path, results_b: Path, args: argparse.Namespace, comparison: dict
+) -> None:
+    """The faithfulness rows of both systems' scores, when both hold them: printed, and added to
+    ``--out``'s comparison."""
+    from captioning.evaluation.significance import comparison_table
+    from captioning.explain.compare import faithfulness_comparison, faithfulness_of
+
+    a, b = faithfulness_of(results_a), faithfulness_of(results_b)
+    if a is None or b is None:
+        return
+    rows, images = faithfulness_comparison(a, b, args.resamples, args.seed)
+    if not rows:
+        return
+    names = (comparison["names"]["a"], comparison["names"]["b"])
+    print(
+        f"faithfulness of the maps, {images} images explained by both "
+        "(areas x100; deletion: lower is faithful)"
+    )
+    print(comparison_table(rows, names))
+    comparison["faithfulness"] = {name: row.to_json() for name, row in rows.items()}
+    if args.out is not None:
+        overall = {k: v for k, v in comparison.items() if k != "table"}
+        atomic_write(args.out, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))
 
 
 def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
@@ -183,6 +213,40 @@ def _compare_groups(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     return list(args.compare), list(against)
 
 
+def _faithfulness_settings(args: argparse.Namespace):
+    """``--faithfulness`` and its options checked before any work (None without it)."""
+    if getattr(args, "faithfulness", None) is None:
+        return None
+    if args.split is None:
+        raise ConfigError(
+            "--faithfulness explains the captions of a split: give it with --checkpoint and --split"
+        )
+    from captioning.explain import METHODS
+    from captioning.explain.methods import parse_methods
+    from captioning.explain.study import FaithfulnessSettings
+
+    if args.faithfulness_images < 0:
+        raise ConfigError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
+    methods = METHODS.names() if args.faithfulness == "default" else parse_methods(args.faithfulness)
+    return FaithfulnessSettings(
+        methods=methods,
+        ig_steps=args.ig_steps,
+        curve_steps=args.curve_steps,
+        random_seeds=args.random_seeds,
+        sanity_images=args.sanity_images,
+    )
+
+
+def _fitted_methods(settings, requested: str, decoder):
+    """The settings with the methods that fit ``decoder``: all that do by default, else the ones named
+    (one that does not fit is refused)."""
+    from captioning.explain.methods import applicable_methods, parse_methods
+
+    if requested == "default":
+        return replace(settings, methods=applicable_methods(decoder))
+    return replace(settings, methods=parse_methods(requested, decoder))
+
+
 def _scores_paths(out: Path | None, results: Path) -> Path:
     return out if out is not None else scores_path_for(results)
 
@@ -195,6 +259,12 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     for flag in ("against", "names"):
         if getattr(args, flag, None) and not getattr(args, "compare", None):
             raise ConfigError(f"--{flag} goes with --compare")
+    if getattr(args, "faithfulness", None) is not None and (
+        getattr(args, "aggregate", None) or getattr(args, "compare", None) or args.annotations is not None
+    ):
+        raise ConfigError(
+            "--faithfulness explains the captions of a split: give it with --checkpoint and --split"
+        )
     if getattr(args, "aggregate", None) or getattr(args, "compare", None):
         return _compare_or_aggregate(args, use_java)
     if getattr(args, "clip_score", None) is not None and (args.checkpoint is None or args.split is None):
@@ -236,6 +306,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
     if args.checkpoint is None:
         raise ConfigError("give --checkpoint (with --split or --images), or --annotations with --results")
+    faithfulness = _faithfulness_settings(args)
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
     args.checkpoint = checkpoint_to_read(args.checkpoint)
@@ -299,6 +370,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
     model, config, reward = load_trained_captioner(args.checkpoint, device)
+    if faithfulness is not None:
+        faithfulness = _fitted_methods(faithfulness, args.faithfulness, model.decoder)
     if data_config is not None:
         config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
@@ -368,6 +441,24 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         tolerance=config.data.pointing_tolerance,
     )
     scores["checkpoint"] = str(args.checkpoint)
+    if faithfulness is not None:
+        from captioning.explain.split import signature_field, split_study, table_lines
+
+        study = split_study(
+            model,
+            config,
+            captioned,
+            device,
+            faithfulness,
+            boxes,
+            run_dir,
+            build_cache,
+            args.faithfulness_images,
+            progress,
+        )
+        scores["faithfulness"] = study
+        scores["signature"] += f"|faith:{signature_field(faithfulness, study['images'])}"
+        print("\n".join(table_lines(study)))
     print(scores_text(scores, len(captioned)))
     if decode_config.num_return > 1:  # the first caption was scored above; these measure all n
         if ranked is not None:

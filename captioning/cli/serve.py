@@ -135,9 +135,11 @@ def caption_file(
     beam_size: int,
     mode: str = "bilinear",
     num_return: int = 1,
+    method: str = "none",
 ) -> tuple[str, Image.Image, list[tuple[np.ndarray, str]]]:
     """What the page shows for one image file: the caption, ``visualize.py``'s figure, and each word's
-    overlay (H, W, 3) uint8 titled ``word (beta=0.73)`` as in the figure.
+    overlay (H, W, 3) uint8 titled ``word (beta=0.73)`` as in the figure. With an attribution
+    ``method`` (``captioning.explain``), the figure is ``visualize.py --method attention,METHOD``'s.
 
     ``num_return`` > 1 (at most ``beam_size``; greedy gives one): the text lists that many ranked
     captions, ``1. ...`` first, and the figure (the first one's attention) lists the others.
@@ -175,7 +177,15 @@ def caption_file(
     text = caption.text or "(empty caption)"
     if caption.alternatives:
         text = "\n".join(f"{k}. {c.text or '(empty caption)'}" for k, c in enumerate(caption.ranked, 1))
-    return text, _png(drawn.figure), overlays
+    figure = drawn.figure
+    if method != "none":
+        from captioning.visualization.method_figures import method_figure
+
+        explained = model.explain(
+            [path], ["attention", method], curves=False, strategy=strategy, beam_size=int(beam_size)
+        )[0]
+        figure = method_figure(picture, caption.words, explained.maps, model.grid, mode)
+    return text, _png(figure), overlays
 
 
 def _examples(root: Path) -> list[str]:
@@ -411,11 +421,18 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     """The Gradio ``Blocks`` of the demo for ``model``; its API endpoint is ``/caption``
     (image file, strategy, beam size[, captions]) -> (caption, figure, overlays). What each request writes is
     deleted once no page shows it (``RequestFiles``)."""
+    from captioning.explain.methods import applicable_methods
+
     gr = _gradio()
     files = RequestFiles(Path(gr.utils.get_upload_folder()))
 
     def run(
-        path: str | None, strategy: str, beam_size: float, num_return: float = 1, request: Any = None
+        path: str | None,
+        strategy: str,
+        beam_size: float,
+        num_return: float = 1,
+        method: str = "none",
+        request: Any = None,
     ) -> tuple:
         if not path:
             raise gr.Error("Upload or pick an image first.", print_exception=False)
@@ -423,7 +440,7 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
         answer = files.new_answer()
         try:
             text, figure, overlays = caption_file(
-                model, path, strategy, int(beam_size), num_return=int(num_return)
+                model, path, strategy, int(beam_size), num_return=int(num_return), method=method or "none"
             )
             figure_path, words = _write_answer(answer, figure, overlays)
         except (ImageError, ConfigError, ValueError) as error:
@@ -474,6 +491,19 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                     label="captions (ranked; at most the beam size, greedy gives one)",
                     elem_id="num-return",
                 )
+                method = gr.Dropdown(
+                    [
+                        "none",
+                        *(
+                            name
+                            for name in applicable_methods(model.captioner.decoder)
+                            if name != "attention"
+                        ),
+                    ],
+                    value="none",
+                    label="an attribution method beside attention",
+                    elem_id="method",
+                )
                 button = gr.Button("Caption", variant="primary", elem_id="run")
                 if examples:
                     gr.Examples(examples, inputs=image, label="or pick one")
@@ -487,7 +517,8 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                     elem_id="figure",
                 )
         overlays = gr.Gallery(label="each word's attention", columns=6, format="png", elem_id="words")
-        inputs, outputs = [image, strategy, beam_size, num_return], [text, figure, overlays]
+        inputs = [image, strategy, beam_size, num_return, method]
+        outputs = [text, figure, overlays]
         button.click(run, inputs, outputs, api_name="caption")
         image.upload(run, inputs, outputs, api_name=False)
         app.unload(ended)

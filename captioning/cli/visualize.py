@@ -127,6 +127,7 @@ def visualize_images(
     progress: bool = True,
     normalize: str = "figure",
     cmap: str = "viridis",
+    methods: str | None = None,
 ) -> VisualizationResult:
     """Caption images with a checkpoint and draw one attention figure per image.
 
@@ -152,6 +153,9 @@ def visualize_images(
             largest weight, with a colour bar), ``absolute`` (0 to 1) or ``word`` (each map to its
             own peak, the old view: a flat map then looks as hot as a sharp one).
         cmap: a matplotlib colour map (default viridis, perceptually uniform).
+        methods: attribution methods (``"attention,gradcam"``, names of ``captioning.explain.METHODS``):
+            each figure then has one row per method, each on its own colour scale
+            (``captioning.visualization.method_figures``).
     With ``split``, each word that names an annotated object of the dataset's instances
     (``data.instances``; Shapes: its own) has that object's box drawn on its panel.
 
@@ -175,6 +179,10 @@ def visualize_images(
     if file_format not in FORMATS:
         raise InputError(f"--format must be one of {', '.join(FORMATS)}, got {file_format!r}")
     check_overrides(parse_overrides(overrides), CHECKPOINT_SECTIONS)
+    if methods is not None:
+        from captioning.explain.methods import parse_methods
+
+        parse_methods(methods)  # the names, before any work; whether they fit the model once it is loaded
     view = attention_view(layer, head)
     check_output_folder(out_dir, "--out-dir")
     checkpoint = checkpoint_to_read(checkpoint)
@@ -199,6 +207,8 @@ def visualize_images(
     except ValueError as error:
         raise InputError(f"{checkpoint}: {error}") from None
     label = model.decoder.describe_attention()
+    if methods is not None:
+        methods = ",".join(parse_methods(methods, model.decoder))
     config = visualization_config(config, data_config, overrides, beam_size, num_return)
     if split is not None:
         # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
@@ -224,19 +234,24 @@ def visualize_images(
             *([Path(html)] if html is not None else []),
         ]
     }
-    written = write_figures(
-        captioned,
-        out_dir,
-        model.grid,
-        mode,
-        "." + file_format,
-        names,
-        progress,
-        label,
-        normalize=normalize,
-        cmap=cmap,
-        boxes=boxes,
-    )
+    if methods is not None:
+        written = _method_figures(
+            model, decode_from_images, captioned, methods, out_dir, stems, file_format, mode, cmap
+        )
+    else:
+        written = write_figures(
+            captioned,
+            out_dir,
+            model.grid,
+            mode,
+            "." + file_format,
+            names,
+            progress,
+            label,
+            normalize=normalize,
+            cmap=cmap,
+            boxes=boxes,
+        )
     report = (
         write_report(
             captioned,
@@ -254,3 +269,33 @@ def visualize_images(
     return VisualizationResult(
         captioned, [path for path, _ in written], [panels for _, panels in written], report, notes
     )
+
+
+def _method_figures(
+    model, config, captioned, methods: str, out_dir, stems, file_format: str, mode: str, cmap: str
+) -> list[tuple[Path, int]]:
+    """One figure per image with a row per attribution method: (path, panels) per image."""
+    import torch
+
+    from captioning.data.images import load_image
+    from captioning.explain.split import split_grids
+    from captioning.explain.study import FaithfulnessSettings, explain_captions
+    from captioning.visualization.figures import save_figure
+    from captioning.visualization.method_figures import method_figure
+
+    names = tuple(methods.split(","))
+    device = next(model.decoder.parameters()).device
+    grids = split_grids(model, config, captioned, device, Path("."), build_cache=False, progress=False)
+    tokens = [item.caption.tokens for item in captioned]
+    with torch.no_grad():
+        baseline = grids.mean(dim=(0, 1))  # (C,) the mean grid feature of these images
+    explained = explain_captions(
+        model.decoder, grids, tokens, names, baseline, FaithfulnessSettings(methods=names), curves=False
+    )
+    written = []
+    for item, explanation, stem in zip(captioned, explained, stems, strict=True):
+        maps = {name: explanation.maps[name].numpy() for name in names}
+        figure = method_figure(load_image(item.record.path), item.words, maps, model.grid, mode, cmap)
+        path = save_figure(figure, Path(out_dir) / f"{stem}.{file_format}")
+        written.append((path, len(item.words) + 1))
+    return written

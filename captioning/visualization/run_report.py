@@ -26,6 +26,7 @@ from matplotlib.ticker import MaxNLocator
 
 from captioning.evaluation.grounding import Instances, WordMatcher
 from captioning.utils.files import atomic_write
+from captioning.visualization.faithfulness_table import faithfulness_html
 from captioning.visualization.overlay import DEFAULT_CMAP
 from captioning.visualization.pages import page_asset, render_page
 from captioning.visualization.report import VIEWER_SCRIPT, VIEWER_STYLE, item_html
@@ -246,7 +247,8 @@ def _scores_html(scores: Mapping[str, Any], images: int) -> str:
 
     table = scores.get("table") or "\n".join(f"{k}: {v}" for k, v in scores.items() if _number(v) is not None)
     lines = summary_lines(scores, images) if "signature" in scores else []
-    return f"<pre>{html.escape(table)}\n\n" + html.escape("\n".join(lines)) + "</pre>"
+    faithfulness = faithfulness_html(scores["faithfulness"]) if "faithfulness" in scores else ""
+    return f"<pre>{html.escape(table)}\n\n" + html.escape("\n".join(lines)) + "</pre>" + faithfulness
 
 
 def _cell(value: Any) -> str:

@@ -1,0 +1,102 @@
+"""The quantity every attribution explains: the log-probability of a caption's word given its prefix.
+
+A caption the model wrote is fed back to it (teacher forcing on its own words), so the score of word
+t is ``log p(w_t | w_<t, grid)``, a differentiable function of the annotation grid (B, P, C). Every
+method of :mod:`captioning.explain.methods` and the curves of :mod:`captioning.explain.faithfulness`
+read it through :class:`WordScorer`, which any callable of the same shape can stand in for (a test's
+constructed model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from captioning.data.vocab import Vocabulary
+from captioning.models.base import CaptionDecoder
+
+
+def caption_tensor(
+    tokens: Sequence[Sequence[int]], start_id: int = Vocabulary.start_id, end_id: int = Vocabulary.end_id
+) -> tuple[Tensor, Tensor]:
+    """``<start> w1 .. wn <end>`` per caption, padded with 0: captions (N, L) and lengths (N,).
+
+    Args:
+        tokens: each caption's word ids, without ``<start>`` and ``<end>`` (``Caption.tokens``).
+    """
+    rows = [[start_id, *caption, end_id] for caption in tokens]
+    longest = max(len(row) for row in rows)
+    captions = torch.zeros(len(rows), longest, dtype=torch.long)
+    for index, row in enumerate(rows):
+        captions[index, : len(row)] = torch.tensor(row)
+    return captions, torch.tensor([len(row) for row in rows])
+
+
+class WordScorer:
+    """``log p(w_t | w_<t, grid)`` of B captions under a decoder, as a function of the grids.
+
+    Args:
+        decoder: any ``CaptionDecoder`` (put in eval mode by the caller: dropout off, hard attention
+            uses its expected context).
+        captions: (B, L) ``<start> w1 .. wn <end>`` token ids padded with 0, caption b of image b.
+        lengths: (B,) tokens per caption including ``<start>`` and ``<end>``.
+
+    The explained words are w1 .. wn (T = L - 2 at most); ``word_mask`` (B, T) marks the real ones.
+    """
+
+    def __init__(self, decoder: CaptionDecoder, captions: Tensor, lengths: Tensor):
+        self.decoder = decoder
+        self.captions = captions
+        self.lengths = lengths
+        self.words = int(lengths.max().item()) - 2  # T: the <end> token is not explained
+        steps = torch.arange(self.words, device=lengths.device)
+        self.word_mask = (lengths - 2).unsqueeze(1) > steps  # (B, T)
+
+    @property
+    def images(self) -> int:
+        return self.captions.size(0)
+
+    def all_words(self, annotations: Tensor) -> Tensor:
+        """(M, P, C) grids, M a multiple of B (row m is image m % B) -> (M, T) word log-probabilities
+        (0 after each caption's end)."""
+        rows = torch.arange(annotations.size(0), device=annotations.device) % self.images
+        captions, lengths = self.captions[rows], self.lengths[rows]
+        output = self.decoder(annotations, captions, lengths)
+        log_probs = _log_softmax(output.logits)[:, : self.words]  # (M, T, V)
+        targets = captions[:, 1 : self.words + 1]  # (M, T) the word each step predicts
+        chosen = log_probs.gather(2, targets.unsqueeze(2)).squeeze(2)  # (M, T)
+        return chosen * self.word_mask[rows]
+
+    def words_at(self, annotations: Tensor, rows: Tensor, words: Tensor) -> Tensor:
+        """Word ``words[m]`` of caption ``rows[m]`` under grid m: (M, P, C), (M,), (M,) -> (M,).
+
+        Each row runs only as far as its word (the prefix and the word), so M scattered words cost
+        no more than their prefixes.
+        """
+        captions = self.captions[rows]
+        lengths = words + 2  # <start> .. w_t: t + 1 steps
+        output = self.decoder(annotations, captions, lengths)
+        log_probs = _log_softmax(output.logits)  # (M, T', V)
+        targets = captions.gather(1, (words + 1).unsqueeze(1)).squeeze(1)  # (M,)
+        step = log_probs[torch.arange(rows.numel(), device=rows.device), words]  # (M, V)
+        return step.gather(1, targets.unsqueeze(1)).squeeze(1)
+
+    def word(self, t: int):
+        """The function (M, P, C) -> (M,) scoring word t of each caption (what captum attributes)."""
+
+        def score(annotations: Tensor) -> Tensor:
+            return self.all_words(annotations)[:, t]
+
+        return score
+
+
+def _log_softmax(logits: Tensor) -> Tensor:
+    """Log-probabilities in float32 at least (float64 stays float64)."""
+    return torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+
+
+def mean_feature(annotations: Tensor) -> Tensor:
+    """The baseline grid feature: the mean over images and cells, (N, P, C) -> (C,)."""
+    return annotations.detach().float().mean(dim=(0, 1))

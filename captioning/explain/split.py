@@ -1,0 +1,114 @@
+"""The faithfulness study of a captioned split (``evaluate.py --checkpoint C --split S --faithfulness``):
+the images' grids (from the feature cache when the split's captions were decoded from it, else through
+the encoder), the study of :mod:`captioning.explain.study`, and its line in the scores' signature."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from captioning.config import Config
+from captioning.data.datasets import ImageOnlyDataset, collate_captions
+from captioning.evaluation.grounding import Instances
+from captioning.explain.study import FaithfulnessSettings, faithfulness_study
+from captioning.inference.batches import annotations_of, move
+from captioning.inference.captioner import Captioned
+from captioning.inference.inputs import caption_dataset, uses_cache
+from captioning.models.captioner import Captioner
+
+
+@torch.no_grad()
+def split_grids(
+    model: Captioner,
+    config: Config,
+    captioned: Sequence[Captioned],
+    device: torch.device,
+    output_dir: Path,
+    build_cache: bool = True,
+    progress: bool = True,
+) -> torch.Tensor:
+    """(N, P, C) float32 grids of the captioned images, in their order."""
+    records = [item.record for item in captioned]
+    dataset: Dataset
+    if all(r.captions for r in records) and uses_cache(config):
+        dataset = caption_dataset(
+            records, model, config, device, output_dir, progress, 1, build_cache=build_cache
+        )
+    else:
+        dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images)
+    loader = DataLoader(dataset, batch_size=config.decode.batch_size, collate_fn=collate_captions)
+    return torch.cat(
+        [annotations_of(model, move(batch, device)).float() for batch in loader if batch is not None]
+    )
+
+
+def split_study(
+    model: Captioner,
+    config: Config,
+    captioned: Sequence[Captioned],
+    device: torch.device,
+    settings: FaithfulnessSettings,
+    instances: Instances | None,
+    output_dir: Path,
+    build_cache: bool = True,
+    images: int = 0,
+    progress: bool = True,
+) -> dict:
+    """The faithfulness table of the first ``images`` (0: all) captioned images of a split."""
+    chosen = [item for item in captioned if item.caption.tokens][: images or None]
+    grids = split_grids(model, config, chosen, device, output_dir, build_cache, progress)
+    references = {item.record.image_id: [list(tokens) for tokens in item.record.captions] for item in chosen}
+    model.eval()
+    result = faithfulness_study(
+        model.decoder,
+        grids,
+        [item.caption.tokens for item in chosen],
+        [item.words for item in chosen],
+        [item.record.image_id for item in chosen],
+        model.grid,
+        settings,
+        instances,
+        references,
+        progress,
+    )
+    result["images"] = len(chosen)
+    return result
+
+
+def signature_field(settings: FaithfulnessSettings, images: int) -> str:
+    """The study's settings as one signature value (no ``|`` or ``:``)."""
+    return (
+        f"{'+'.join(settings.methods)},ig{settings.ig_steps},steps{settings.curve_steps},"
+        f"seeds{settings.random_seeds},sanity{settings.sanity_images}@{settings.sanity_threshold},n{images},"
+        "baseline=mean"
+    )
+
+
+def table_lines(result: dict) -> list[str]:
+    """The per-method table as console lines."""
+    header = (
+        f"{'method':<22}{'deletion':>9}{'insertion':>10}{'del gap':>9}{'ins gap':>9}{'sanity r':>9}"
+        f"{'mass':>7}{'pointing':>9}"
+    )
+    random = result["random"]
+    lines = [
+        f"faithfulness of {result.get('images', '?')} images (deletion: lower is better; insertion: higher)",
+        header,
+        f"{'random':<22}{random['deletion_auc']:>9.3f}{random['insertion_auc']:>10.3f}",
+    ]
+
+    def number(value, width: int, digits: int = 3) -> str:
+        return f"{value:>{width}.{digits}f}" if isinstance(value, float) else f"{'-':>{width}}"
+
+    for name, row in result["methods"].items():
+        flag = " (flagged)" if row.get("sanity_flagged") else ""
+        lines.append(
+            f"{name:<22}{number(row['deletion_auc'], 9)}{number(row['insertion_auc'], 10)}"
+            f"{number(row['deletion_gap'], 9)}{number(row['insertion_gap'], 9)}"
+            f"{number(row.get('sanity_spearman'), 9, 2)}{number(row.get('grounding_mass'), 7, 2)}"
+            f"{number(row.get('pointing'), 9, 2)}{flag}"
+        )
+    return lines

@@ -1,0 +1,284 @@
+"""The faithfulness table of a captioned split: every method's curves, the random control, the sanity
+check, grounding and hallucinated mentions, in one pass over the images.
+
+What ``evaluate.py --faithfulness`` writes into the scores (``faithfulness``), what the run report
+shows and what ``docs/attention-and-report.md`` tabulates for the demo models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from captioning.evaluation.grounding import Instances
+from captioning.explain.faithfulness import CurveSettings, WordCurves, method_curves, random_curves, summarise
+from captioning.explain.methods import ExplainInputs, ExplainSettings, explain, parse_methods
+from captioning.explain.plausibility import (
+    WORD_CLASSES,
+    Explained,
+    grounding_rows,
+    hallucination_summary,
+    mention_rows,
+    word_classes,
+)
+from captioning.explain.sanity import cascading_randomisation
+from captioning.explain.scoring import WordScorer, caption_tensor
+from captioning.models.base import CaptionDecoder
+from captioning.utils.errors import InputError
+
+
+@dataclass(frozen=True)
+class FaithfulnessSettings:
+    """The options of a faithfulness study (stored in the scores' signature).
+
+    Attributes:
+        methods: the attribution methods (``METHODS`` names).
+        ig_steps, batch_rows: as :class:`captioning.explain.methods.ExplainSettings`.
+        curve_steps: points of each deletion and insertion curve after the first.
+        random_seeds: random orders of the control.
+        sanity_images: images whose maps the cascading randomisation recomputes (0: none).
+        sanity_threshold: the final rank correlation at or above which a method is flagged.
+        batch_images: images explained together.
+    """
+
+    methods: tuple[str, ...] = ("attention", "gradient", "integrated_gradients", "gradcam", "occlusion")
+    ig_steps: int = 16
+    batch_rows: int = 256
+    curve_steps: int = 10
+    random_seeds: int = 3
+    sanity_images: int = 8
+    sanity_threshold: float = 0.5
+    batch_images: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("curve_steps", "random_seeds", "batch_images"):
+            if getattr(self, name) < 1:
+                raise InputError(f"faithfulness {name} must be at least 1, got {getattr(self, name)}")
+        if self.sanity_images < 0:
+            raise InputError(f"faithfulness sanity_images must be 0 or more, got {self.sanity_images}")
+
+    @property
+    def explain(self) -> ExplainSettings:
+        return ExplainSettings(self.ig_steps, self.batch_rows)
+
+    @property
+    def curves(self) -> CurveSettings:
+        return CurveSettings(self.curve_steps, self.random_seeds, self.batch_rows)
+
+    def signature(self) -> dict:
+        """The settings as JSON values."""
+        values = asdict(self)
+        values["methods"] = list(self.methods)
+        return values
+
+
+@dataclass
+class _Collected:
+    per_method: dict[str, list[WordCurves]] = field(default_factory=dict)
+    control: list[list[WordCurves]] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)
+    word_images: list[int] = field(default_factory=list)
+    explained: list[Explained] = field(default_factory=list)
+
+
+def explain_batch(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    tokens: Sequence[Sequence[int]],
+    methods: Sequence[str],
+    baseline: Tensor,
+    settings: ExplainSettings,
+) -> tuple[dict[str, Tensor], WordScorer]:
+    """Each method's maps (B, T, P) of B captions (word ids without ``<start>``/``<end>``) of B grids."""
+    captions, lengths = caption_tensor(tokens)
+    scorer = WordScorer(decoder, captions.to(annotations.device), lengths.to(annotations.device))
+    inputs = ExplainInputs(scorer, annotations, baseline, settings)
+    return {name: explain(name, inputs) for name in methods}, scorer
+
+
+def faithfulness_study(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    tokens: Sequence[Sequence[int]],
+    words: Sequence[Sequence[str]],
+    image_ids: Sequence[int],
+    grid: tuple[int, int],
+    settings: FaithfulnessSettings,
+    instances: Instances | None = None,
+    references: Mapping[int, Sequence[Sequence[str]]] | None = None,
+    progress: bool = True,
+) -> dict:
+    """The faithfulness table of N captioned images.
+
+    Args:
+        decoder: the model's decoder (eval mode).
+        annotations: (N, P, C) the images' grids; their mean feature is the baseline.
+        tokens: each caption's word ids (``Caption.tokens``); words: the same as words.
+        image_ids: the images' ids (for grounding, hallucination and the per-image rows).
+        grid: (gh, gw), P = gh * gw.
+        settings: methods and options.
+        instances: boxes, for grounding and hallucinated mentions (optional).
+        references: image id -> tokenised reference captions (CHAIR's objects named by them).
+    Returns:
+        ``{"settings", "methods": {method: row}, "random", "by_word_class", "sanity", "hallucination",
+        "per_image"}`` (JSON values).
+    """
+    methods = parse_methods(",".join(settings.methods), decoder)
+    baseline = annotations.detach().float().mean(dim=(0, 1))  # (C,) the mean grid feature
+    collected = _Collected({name: [] for name in methods})
+    batches = range(0, annotations.size(0), settings.batch_images)
+    for first in tqdm(batches, desc="explaining", disable=not progress, leave=False, unit="batch"):
+        part = slice(first, min(annotations.size(0), first + settings.batch_images))
+        grids = annotations[part]
+        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, baseline, settings.explain)
+        index = scorer.word_mask.nonzero()  # (W, 2): (caption row, word)
+        for name in methods:
+            chosen = maps[name][index[:, 0], index[:, 1]]  # (W, P)
+            collected.per_method[name].append(
+                method_curves(scorer.words_at, grids, baseline, chosen, index, settings.curves)
+            )
+        collected.control.append(random_curves(scorer.words_at, grids, baseline, index, settings.curves))
+        for row, image_id in enumerate(image_ids[part]):
+            caption = list(words[first + row])
+            collected.classes += word_classes(caption, instances)
+            collected.word_images += [image_id] * len(caption)
+            collected.explained.append(
+                Explained(
+                    image_id,
+                    caption,
+                    {name: maps[name][row, : len(caption)].cpu().numpy() for name in methods},
+                    grid,
+                )
+            )
+    per_method = {name: _joined(parts) for name, parts in collected.per_method.items()}
+    control = [_joined([batch[seed] for batch in collected.control]) for seed in range(settings.random_seeds)]
+    everything = torch.ones(len(collected.classes), dtype=torch.bool)
+    table = summarise(per_method, control, everything)
+    result: dict = {"settings": settings.signature(), "random": table.pop("random"), "methods": table}
+    result["by_word_class"] = {
+        word_class: summarise(per_method, control, torch.tensor([c == word_class for c in collected.classes]))
+        for word_class in WORD_CLASSES
+    }
+    result["per_image"] = _per_image(per_method, control, collected.word_images)
+    if settings.sanity_images:
+        count = min(settings.sanity_images, annotations.size(0))
+
+        def maps_of(model: CaptionDecoder) -> dict[str, Tensor]:
+            return explain_batch(
+                model, annotations[:count], tokens[:count], methods, baseline, settings.explain
+            )[0]
+
+        mask = WordScorer(decoder, *caption_tensor(tokens[:count])).word_mask.to(annotations.device)
+        result["sanity"] = cascading_randomisation(decoder, maps_of, mask, settings.sanity_threshold)
+        for name in methods:
+            result["methods"][name]["sanity_spearman"] = result["sanity"][name]["final"]
+            result["methods"][name]["sanity_flagged"] = result["sanity"][name]["flagged"]
+    if instances is not None:
+        grounding = grounding_rows(collected.explained, instances)
+        mentions = mention_rows(collected.explained, instances, references)
+        hallucination = hallucination_summary(mentions, methods)
+        result["hallucination"] = hallucination
+        for name in methods:
+            result["methods"][name].update(
+                {
+                    "grounding_mass": grounding[name]["mass"],
+                    "pointing": grounding[name]["pointing"],
+                    "grounding_mentions": grounding[name]["mentions"],
+                    "hallucinated_object_mass": hallucination[name]["hallucinated"]["object_mass"],
+                    "grounded_object_mass": hallucination[name]["grounded"]["object_mass"],
+                    "hallucinated_entropy": hallucination[name]["hallucinated"]["entropy"],
+                    "grounded_entropy": hallucination[name]["grounded"]["entropy"],
+                }
+            )
+    return result
+
+
+def _joined(parts: Sequence[WordCurves]) -> WordCurves:
+    return WordCurves(torch.cat([p.deletion for p in parts]), torch.cat([p.insertion for p in parts]))
+
+
+def _per_image(
+    per_method: Mapping[str, WordCurves], control: Sequence[WordCurves], word_images: Sequence[int]
+) -> list:
+    """Per image, each method's (and the control's mean) deletion and insertion areas over its words:
+    the rows a paired bootstrap of two studies resamples."""
+    images = np.asarray(word_images)
+    random_deletion = torch.stack([c.deletion_area for c in control]).mean(0).numpy()
+    random_insertion = torch.stack([c.insertion_area for c in control]).mean(0).numpy()
+    rows = []
+    for image_id in dict.fromkeys(word_images):
+        chosen = images == image_id
+        row: dict = {
+            "image_id": int(image_id),
+            "random": {
+                "deletion_auc": float(random_deletion[chosen].mean()),
+                "insertion_auc": float(random_insertion[chosen].mean()),
+            },
+        }
+        for name, result in per_method.items():
+            row[name] = {
+                "deletion_auc": float(result.deletion_area.numpy()[chosen].mean()),
+                "insertion_auc": float(result.insertion_area.numpy()[chosen].mean()),
+            }
+        rows.append(row)
+    return rows
+
+
+@dataclass
+class WordExplanation:
+    """One caption's maps and curves.
+
+    Attributes:
+        maps: method -> (T, P) maps of its T words.
+        deletion, insertion: method -> (T, K) the word's probability after each step of the curve.
+        deletion_auc, insertion_auc: method -> (T,) the areas.
+    """
+
+    maps: dict[str, Tensor]
+    deletion: dict[str, Tensor]
+    insertion: dict[str, Tensor]
+    deletion_auc: dict[str, Tensor]
+    insertion_auc: dict[str, Tensor]
+
+
+def explain_captions(
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    tokens: Sequence[Sequence[int]],
+    methods: Sequence[str],
+    baseline: Tensor,
+    settings: FaithfulnessSettings,
+    curves: bool = True,
+) -> list[WordExplanation]:
+    """Each method's maps of B captions of B grids (B, P, C) and, with ``curves``, each word's
+    deletion and insertion curves (empty dicts without)."""
+    explanations = []
+    for first in range(0, annotations.size(0), settings.batch_images):
+        part = slice(first, min(annotations.size(0), first + settings.batch_images))
+        grids = annotations[part]
+        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, baseline, settings.explain)
+        index = scorer.word_mask.nonzero()
+        results = {
+            name: method_curves(
+                scorer.words_at, grids, baseline, maps[name][index[:, 0], index[:, 1]], index, settings.curves
+            )
+            for name in (methods if curves else ())
+        }
+        for row in range(grids.size(0)):
+            count = len(tokens[first + row])
+            mine = index[:, 0] == row
+            explanations.append(
+                WordExplanation(
+                    {name: maps[name][row, :count].cpu() for name in methods},
+                    {name: result.deletion[mine].cpu() for name, result in results.items()},
+                    {name: result.insertion[mine].cpu() for name, result in results.items()},
+                    {name: result.deletion_area[mine].cpu() for name, result in results.items()},
+                    {name: result.insertion_area[mine].cpu() for name, result in results.items()},
+                )
+            )
+    return explanations

@@ -1,0 +1,232 @@
+"""The explanation tools end to end through the real commands on tiny runs: ``evaluate.py --faithfulness``
+(the table in the scores, its settings in the signature), ``visualize.py --method`` and ``model.explain``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import tiny_checkpoint
+from tool_runs import REPO, in_process
+
+from captioning.data.shapes import ShapesFiles
+from captioning.data.vocab import Vocabulary
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module", params=["lstm", "transformer"])
+def run(
+    request, tmp_path_factory: pytest.TempPathFactory, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary
+):
+    folder = tmp_path_factory.mktemp(f"run_{request.param}")
+    return request.param, tiny_checkpoint(
+        folder / "checkpoints" / "best.pt", tiny_shapes.root, shapes_vocab, request.param
+    )
+
+
+def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run):
+    kind, checkpoint = run
+    scores_path = tmp_path / "scores.json"
+    result = in_process(
+        "evaluate.py",
+        "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress",
+        "--results", tmp_path / "results.json", "--out", scores_path,
+        "--faithfulness", "--ig-steps", "2", "--curve-steps", "2",
+        "--random-seeds", "2", "--sanity-images", "2",
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    scores = json.loads(scores_path.read_text())
+    table = scores["faithfulness"]
+    expected = ["attention", "gradient", "integrated_gradients", "gradcam", "occlusion"]
+    expected += ["rollout", "chefer"] if kind == "transformer" else []
+    assert list(table["methods"]) == expected
+    assert table["images"] == 4
+    for name in expected:
+        row = table["methods"][name]
+        assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
+        assert row["deletion_gap"] == pytest.approx(table["random"]["deletion_auc"] - row["deletion_auc"])
+        assert isinstance(row["sanity_flagged"], bool)
+        assert row["grounding_mentions"] >= 0  # Shapes writes its boxes: grounding per method
+        assert table["sanity"][name]["stages"][0] == "attention"
+    assert set(table["by_word_class"]) == {"object", "attribute", "function", "other"}
+    assert len(table["per_image"]) == 4
+    assert "|faith:" + "+".join(expected) + ",ig2,steps2,seeds2,sanity2@0.5,n4" in scores["signature"]
+    assert "faithfulness of 4 images" in result.stdout and "integrated_gradients" in result.stdout
+    # the run report shows the table beside the scores
+    from captioning.visualization.run_report import write_run_report
+
+    page = write_run_report(tmp_path / "report.html", [], (2, 2), scores).read_text(encoding="utf-8")
+    assert "Does the map explain the word? (4 images)" in page
+    for name in expected:
+        assert f"<tr><td>{name}" in page
+    deletion = f'<td class="number">{table["methods"]["occlusion"]["deletion_auc"]:.3f}</td>'
+    assert deletion in page.split("<tr><td>occlusion")[1].split("</tr>")[0]
+
+
+def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, run):
+    kind, checkpoint = run
+    arguments = ["--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"]
+    unknown = in_process("evaluate.py", *arguments, "--faithfulness", "attention,lime", cwd=REPO)
+    assert unknown.returncode == 2 and "unknown attribution method 'lime'" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    if kind == "lstm":
+        refused = in_process("evaluate.py", *arguments, "--faithfulness", "rollout", cwd=REPO)
+        assert refused.returncode == 2 and "rollout: explains a Transformer" in refused.stderr
+    assert not (checkpoint.parents[1] / "eval_best_test_results.json").exists()
+    scoring_a_file = in_process(
+        "evaluate.py", "--annotations", "refs.json", "--results", "results.json", "--faithfulness", cwd=REPO
+    )
+    assert (
+        scoring_a_file.returncode == 2
+        and "--faithfulness explains the captions of a split" in scoring_a_file.stderr
+    )
+
+
+def test_model_explain_gives_maps_and_curves(run, tiny_shapes: ShapesFiles):
+    import captioning
+
+    kind, checkpoint = run
+    model = captioning.load(checkpoint, device="cpu")
+    images = sorted((tiny_shapes.root / "test").glob("*.png"))[:2]
+    methods = ["attention", "occlusion"] + (["rollout"] if kind == "transformer" else [])
+    explanations = model.explain(images, methods=methods, curve_steps=2)
+    captions = model.caption(images)
+    assert len(explanations) == 2
+    for explanation, caption in zip(explanations, captions, strict=True):
+        words = len(caption.words)
+        assert explanation.caption.words == caption.words
+        assert set(explanation.maps) == set(methods)
+        for name in methods:
+            assert explanation.maps[name].shape == (words, *model.grid)
+            assert explanation.curves.deletion[name].shape == (words, 3)
+            # nothing removed yet and everything inserted: the same grid, the same probability
+            torch.testing.assert_close(
+                explanation.curves.deletion[name][:, 0], explanation.curves.insertion[name][:, -1]
+            )
+        # the attention of the teacher-forced caption is the attention it was written with
+        np.testing.assert_allclose(explanation.maps["attention"], caption.attention, atol=1e-5)
+    with pytest.raises(captioning.utils.errors.CaptioningError):
+        model.explain(images, methods="nonexistent")
+
+
+def test_visualize_draws_one_row_per_method(tmp_path: Path, run, tiny_shapes: ShapesFiles):
+    kind, checkpoint = run
+    methods = "attention,gradcam" + (",chefer" if kind == "transformer" else "")
+    result = in_process(
+        "visualize.py", "--checkpoint", checkpoint, "--split", "test", "--num", "2",
+        "--set", f"data.root={tiny_shapes.root}",
+        "--method", methods, "--out-dir", tmp_path / "figures", "--no-progress",
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = sorted((tmp_path / "figures").glob("*.png"))
+    assert len(figures) == 2 and str(figures[0]) in result.stdout
+    from PIL import Image
+
+    one_row = in_process(
+        "visualize.py", "--checkpoint", checkpoint, "--split", "test", "--num", "1",
+        "--set", f"data.root={tiny_shapes.root}",
+        "--method", "attention", "--out-dir", tmp_path / "one", "--no-progress",
+        cwd=REPO,
+    )  # fmt: skip
+    assert one_row.returncode == 0, one_row.stderr
+    rows = len(methods.split(","))
+    tall, short = Image.open(figures[0]).size[1], Image.open(next((tmp_path / "one").glob("*.png"))).size[1]
+    assert tall > (rows - 0.5) * short  # a row per method
+    refused = in_process(
+        "visualize.py", "--checkpoint", checkpoint, "--split", "test", "--method", "attention,nothing",
+        "--out-dir", tmp_path / "never", cwd=REPO,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "unknown attribution method 'nothing'" in refused.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_method_figure_statistics_and_scale():
+    from PIL import Image
+
+    from captioning.visualization.method_figures import method_figure, shares
+
+    maps = {"a": np.array([[1.0, 0.0, 0.0, 0.0], [-1.0, 2.0, 2.0, 0.0]]), "b": np.zeros((2, 4))}
+    np.testing.assert_allclose(shares(maps["a"]), [[1, 0, 0, 0], [0, 0.5, 0.5, 0]])
+    np.testing.assert_allclose(shares(maps["b"]), np.full((2, 4), 0.25))  # nothing positive: uniform
+    figure = method_figure(Image.new("RGB", (40, 30)), ["a", "b"], maps, (2, 2))
+    texts = [text.get_text() for ax in figure.axes for text in ax.texts]
+    assert "peak 1.00 \u00b7 H 0.00 (1.0 cells)" in texts and "peak 0.50 \u00b7 H 0.69 (2.0 cells)" in texts
+    bars = [ax for ax in figure.axes if not ax.images]
+    # one colour bar per row, 0 to the row's largest positive value (an all-zero row: 0 to 1)
+    assert sorted(tuple(ax.get_ylim()) for ax in bars) == [(0.0, 1.0), (0.0, 2.0)]
+    with pytest.raises(ValueError, match="3 maps for 2 words"):
+        method_figure(Image.new("RGB", (40, 30)), ["a", "b"], {"c": np.zeros((3, 4))}, (2, 2))
+
+
+def test_compare_bootstraps_the_faithfulness_rows(tmp_path: Path):
+    ids = list(range(1, 21))
+    refs = {
+        "images": [{"id": i} for i in ids],
+        "annotations": [{"image_id": i, "caption": "a red circle"} for i in ids],
+    }
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    for name, deletion in (("a", 0.2), ("b", 0.5)):  # B's occlusion maps delete worse on every image
+        (tmp_path / f"{name}_results.json").write_text(
+            json.dumps([{"image_id": i, "caption": "a red circle"} for i in ids])
+        )
+        rng = np.random.default_rng(len(name))
+        per_image = [
+            {
+                "image_id": i,
+                "random": {"deletion_auc": 0.6, "insertion_auc": 0.4},
+                "occlusion": {"deletion_auc": deletion + 0.05 * rng.standard_normal(), "insertion_auc": 0.7},
+            }
+            for i in ids
+        ]
+        table = {"methods": {"occlusion": {}}, "per_image": per_image}
+        (tmp_path / f"{name}_scores.json").write_text(json.dumps({"faithfulness": table}))
+    out = tmp_path / "comparison.json"
+    result = in_process(
+        "evaluate.py", "--compare", tmp_path / "a_results.json", tmp_path / "b_results.json",
+        "--annotations", tmp_path / "refs.json", "--no-java", "--resamples", "200", "--out", out,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "faithfulness of the maps, 20 images explained by both" in result.stdout
+    rows = json.loads(out.read_text())["faithfulness"]
+    assert set(rows) == {"occlusion deletion", "occlusion insertion", "random deletion", "random insertion"}
+    deletion = rows["occlusion deletion"]
+    assert deletion["difference"] == pytest.approx(0.3, abs=0.05) and deletion["p_value"] < 0.05
+    assert rows["random deletion"]["difference"] == pytest.approx(0.0)
+
+
+def test_the_demo_draws_a_method_beside_attention(run, tiny_shapes: ShapesFiles):
+    import captioning
+    from captioning.cli.serve import caption_file
+
+    _, checkpoint = run
+    model = captioning.load(checkpoint, device="cpu")
+    image = str(sorted((tiny_shapes.root / "test").glob("*.png"))[0])
+    text, attention_only, overlays = caption_file(model, image, "beam", 2)
+    same, beside, same_overlays = caption_file(model, image, "beam", 2, method="gradcam")
+    assert same == text and len(same_overlays) == len(overlays)
+    assert beside.size != attention_only.size  # the two-row figure of visualize.py --method attention,gradcam
+
+
+@pytest.mark.slow
+def test_a_method_of_ones_own_reaches_the_tools_through_import(tmp_path: Path, run, tiny_shapes: ShapesFiles):
+    """The example of docs/extending.md, through the real command in its own process."""
+    from tool_runs import run_tool
+
+    _, checkpoint = run
+    page = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+    example = page.split("# my_methods.py\n")[1].split("```")[0]
+    (tmp_path / "my_methods.py").write_text(example)
+    result = run_tool(
+        "visualize.py", "--import", tmp_path / "my_methods.py", "--checkpoint", checkpoint, "--split", "test",
+        "--num", "1", "--set", f"data.root={tiny_shapes.root}", "--method", "attention,squared_gradient",
+        "--out-dir", tmp_path / "figures", "--no-progress",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(list((tmp_path / "figures").glob("*.png"))) == 1

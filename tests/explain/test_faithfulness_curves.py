@@ -1,0 +1,129 @@
+"""Deletion and insertion on a constructed model whose word depends on one known cell: a map pointing at
+it gives the ideal curves, a random map the random control's; the cascading randomisation flags a method
+whose maps do not change and passes one that does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from captioning.config import LSTMDecoderConfig
+from captioning.explain.faithfulness import CurveSettings, area, method_curves, random_curves, summarise
+from captioning.explain.methods import ExplainSettings
+from captioning.explain.sanity import cascading_randomisation, randomisation_stages, spearman
+from captioning.explain.scoring import WordScorer, caption_tensor
+from captioning.explain.study import explain_batch
+from captioning.models.decoder import ShowAttendTellDecoder
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+P, C, KEY = 8, 3, 5
+FULL, EMPTY = torch.sigmoid(torch.tensor(5.0)).item(), torch.sigmoid(torch.tensor(-5.0)).item()
+
+
+def key_cell_word(annotations: torch.Tensor, rows: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """A word whose log-probability reads only cell KEY's first channel: p = sigmoid(10 (a - 0.5))."""
+    return torch.nn.functional.logsigmoid(10 * (annotations[:, KEY, 0] - 0.5))
+
+
+def image() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    annotations = torch.ones(1, P, C)  # the image: every feature 1
+    baseline = torch.zeros(C)  # a removed cell: 0
+    words = torch.tensor([[0, 0]])  # one word: caption 0, word 0
+    return annotations, baseline, words
+
+
+def test_a_map_on_the_key_cell_gives_the_ideal_curves():
+    annotations, baseline, words = image()
+    settings = CurveSettings(steps=P, random_seeds=1)
+    pointing = torch.zeros(1, P)
+    pointing[0, KEY] = 1.0
+    result = method_curves(key_cell_word, annotations, baseline, pointing, words, settings)
+    # deletion: the key cell goes first, the word's probability falls at once; insertion: rises at once
+    np.testing.assert_allclose(result.deletion[0].numpy(), [FULL] + [EMPTY] * P, rtol=1e-5)
+    np.testing.assert_allclose(result.insertion[0].numpy(), [EMPTY] + [FULL] * P, rtol=1e-5)
+    ideal_deletion = (FULL + EMPTY) / (2 * P) + EMPTY * (P - 1) / P
+    assert result.deletion_area.item() == pytest.approx(ideal_deletion, rel=1e-5)
+    # a map that ranks the key cell last: the worst curves
+    last = method_curves(key_cell_word, annotations, baseline, -pointing, words, settings)
+    np.testing.assert_allclose(last.deletion[0].numpy(), [FULL] * P + [EMPTY], rtol=1e-5)
+
+
+def test_a_random_map_gives_the_random_controls_curve():
+    annotations, baseline, words = image()
+    settings = CurveSettings(steps=P, random_seeds=400)
+    control = random_curves(key_cell_word, annotations, baseline, words, settings)
+    mean = torch.stack([c.deletion[0] for c in control]).mean(0).numpy()
+    # the key cell is among the first k of a random order with probability k / P
+    k = np.arange(P + 1)
+    expected = EMPTY + (FULL - EMPTY) * (1 - k / P)
+    np.testing.assert_allclose(mean, expected, atol=0.06)
+    areas = np.array([c.deletion_area.item() for c in control])
+    random_map = torch.rand(1, P, generator=torch.Generator().manual_seed(7))
+    result = method_curves(key_cell_word, annotations, baseline, random_map, words, settings)
+    # a random map's area is one draw of the control's distribution
+    assert areas.min() <= result.deletion_area.item() <= areas.max()
+    assert area(torch.tensor(expected)).item() == pytest.approx(areas.mean(), abs=0.03)
+    pointing = torch.zeros(1, P)
+    pointing[0, KEY] = 1.0
+    table = summarise(
+        {"pointing": method_curves(key_cell_word, annotations, baseline, pointing, words, settings)},
+        control,
+        torch.tensor([True]),
+    )
+    assert table["pointing"]["deletion_gap"] > 0.3 and table["pointing"]["insertion_gap"] > 0.3
+    assert table["random"]["deletion_auc_std"] > 0
+
+
+def tiny_lstm() -> ShowAttendTellDecoder:
+    torch.manual_seed(0)
+    config = LSTMDecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8, dropout=0.0)
+    return ShowAttendTellDecoder.from_config(config, 11, C).eval()
+
+
+def test_the_curves_read_the_real_decoders_words():
+    decoder = tiny_lstm()
+    annotations = torch.rand(2, P, C, generator=torch.Generator().manual_seed(0))
+    captions, lengths = caption_tensor([[4, 7, 5], [6, 8]], 1, 2)
+    scorer = WordScorer(decoder, captions, lengths)
+    index = scorer.word_mask.nonzero()
+    with torch.no_grad():
+        full = scorer.all_words(annotations)[index[:, 0], index[:, 1]].exp()
+        empty = scorer.all_words(torch.zeros_like(annotations))[index[:, 0], index[:, 1]].exp()
+    maps = torch.rand(index.size(0), P)
+    result = method_curves(scorer.words_at, annotations, torch.zeros(C), maps, index, CurveSettings(steps=4))
+    torch.testing.assert_close(result.deletion[:, 0], full)  # nothing deleted yet: the word as written
+    torch.testing.assert_close(result.deletion[:, -1], empty)  # everything deleted
+    torch.testing.assert_close(result.insertion[:, 0], empty)
+    torch.testing.assert_close(result.insertion[:, -1], full)
+
+
+def test_the_sanity_check_flags_maps_that_do_not_change():
+    decoder = tiny_lstm()
+    annotations = torch.rand(3, P, C, generator=torch.Generator().manual_seed(0))
+    tokens = [[4, 7, 5], [6, 8], [9, 4, 4, 10]]
+    captions, lengths = caption_tensor(tokens, 1, 2)
+    mask = WordScorer(decoder, captions, lengths).word_mask
+
+    def maps_of(model):
+        maps = explain_batch(model, annotations, tokens, ["attention"], torch.zeros(C), ExplainSettings())[0]
+        # a constructed method that shows the input, whatever the model: each cell's feature norm
+        maps["input_norm"] = annotations.norm(dim=-1).unsqueeze(1).expand(-1, mask.size(1), -1)
+        return maps
+
+    before = {name: value.clone() for name, value in maps_of(decoder).items()}
+    result = cascading_randomisation(decoder, maps_of, mask, threshold=0.5)
+    assert result["input_norm"]["flagged"] and result["input_norm"]["final"] == pytest.approx(1.0)
+    assert not result["attention"]["flagged"] and result["attention"]["final"] < 0.5
+    assert result["attention"]["stages"][0] == "attention"
+    assert len(result["attention"]["spearman"]) == len(randomisation_stages(decoder))
+    # the trained decoder itself is left as it was
+    torch.testing.assert_close(maps_of(decoder)["attention"], before["attention"])
+
+
+def test_spearman_ranks_ties_and_skips_constant_maps():
+    before = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]])
+    assert spearman(before, before * 10) == pytest.approx(1.0)
+    assert spearman(before, -before) == pytest.approx(-1.0)
+    assert spearman(before[1:], before[1:]) is None
