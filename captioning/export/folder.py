@@ -171,10 +171,17 @@ def export_onnx(
 
 def _quantise(path: Path) -> None:
     """``path`` replaced by its int8 dynamic quantisation (weights of MatMul and Gemm in int8)."""
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     def write(temporary: Path) -> None:
-        quantize_dynamic(str(path), str(temporary), weight_type=QuantType.QInt8)
+        previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)  # its advice to run shape inference first: the graph has the shapes
+        try:
+            quantize_dynamic(str(path), str(temporary), weight_type=QuantType.QInt8)
+        finally:
+            logging.disable(previous)
 
     atomic_write(path, write)
 

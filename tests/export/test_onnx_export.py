@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from tiny_models import tiny_checkpoint
 
 import captioning
@@ -279,3 +280,34 @@ def test_the_export_refuses_folders_it_must_not_replace(exports, tmp_path, monke
     with pytest.raises(InputError, match=r'need the onnx library: pip install -e "\.\[onnx\]"'):
         model.export(tmp_path / "without")
     assert (tmp_path / "notes" / "notes.txt").read_text() == "mine"
+
+
+def test_an_int8_export_quantises_the_decoder_step_and_stays_close(exports, tiny_shapes, tmp_path):
+    """int8 weights in the step's matrix products: its first-word log-probabilities move a little (on a
+    trained model the captions stay; benchmarks/README.md), the encoder and the search as they were."""
+    import onnx
+
+    from captioning.models.decoding import START
+
+    model, float_folder = exports["lstm"]
+    folder = model.export(tmp_path / "int8", quantise="int8")
+    assert json.loads((folder / "config.json").read_text())["onnx"]["quantisation"] == "int8"
+    operators = {node.op_type for node in onnx.load(str(folder / "decoder_step.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= operators
+    images = sorted((tiny_shapes.root / "test").glob("*.png"))
+    first_words = []
+    for onnx_model in (captioning.load(f, runtime="onnxruntime") for f in (float_folder, folder)):
+        captioner = onnx_model.captioner
+        pictures = torch.stack([captioner.encoder.transform(Image.open(p).convert("RGB")) for p in images])
+        annotations = captioner.encode(pictures)
+        decoder = captioner.decoder
+        tokens = torch.full((len(images),), START, dtype=torch.long)
+        first_words.append(
+            decoder.step(decoder.prepare(annotations), tokens, decoder.init_state(annotations)).log_probs
+        )
+    difference = (first_words[0] - first_words[1]).abs().max().item()
+    assert 0 < difference < 0.05
+    captions = captioning.load(folder, runtime="onnxruntime").caption(images, beam_size=3)
+    assert all(np.allclose(c.attention.sum(axis=(1, 2)), 1, atol=1e-5) for c in captions)
+    with pytest.raises(InputError, match="quantise must be one of none, int8, got 'int4'"):
+        model.export(tmp_path / "int4", quantise="int4")
