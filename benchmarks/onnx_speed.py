@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import OtherLoad, median_seconds
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the captioning package of this checkout
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # the captioning package of this checkout; the harness
+
+from harness import OtherLoad, median_seconds  # noqa: E402
 
 import captioning  # noqa: E402
 from captioning.data.folder import IMAGE_SUFFIXES  # noqa: E402
