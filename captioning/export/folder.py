@@ -32,7 +32,7 @@ import torch
 from captioning.config import Config, ConfigError
 from captioning.config.loading import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
-from captioning.export.graphs import ENCODER, GRAPHS, PREPARE, STEP, StepLayout, export_graphs
+from captioning.export.graphs import GRAPHS, STEP, StepLayout, export_graphs
 from captioning.hub.checkpoint import CheckpointError
 from captioning.hub.model_folder import CONFIG, FORMAT, ONNX_FORMAT, VOCAB
 from captioning.hub.save import model_description, write_text
@@ -293,4 +293,4 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path}: not valid JSON ({error})") from None
 
 
-__all__ = ["ENCODER", "PREPARE", "STEP", "ExportDescription", "export_onnx", "read_export", "require"]
+__all__ = ["ExportDescription", "check_export_target", "export_onnx", "read_export", "require"]
