@@ -311,3 +311,26 @@ def test_an_int8_export_quantises_the_decoder_step_and_stays_close(exports, tiny
     assert all(np.allclose(c.attention.sum(axis=(1, 2)), 1, atol=1e-5) for c in captions)
     with pytest.raises(InputError, match="quantise must be one of none, int8, got 'int4'"):
         model.export(tmp_path / "int4", quantise="int4")
+
+
+@pytest.mark.slow
+def test_the_benchmark_compares_the_three_runtimes_on_a_folder(exports, tiny_shapes):
+    """benchmarks/onnx_speed.py at tiny sizes: every number it promises, and its word counts agree with
+    the captions (no timing asserted)."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "onnx_speed.py"
+    spec = importlib.util.spec_from_file_location("onnx_speed_under_test", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, _ = exports["lstm"]
+    arguments = module.get_args_parser().parse_args(
+        [str(model.source), str(tiny_shapes.root / "test"), "--repeats", "1"]
+    )
+    results = module.main(arguments)
+    assert results["images"] == 4 and results["onnxruntime_same_words"] == 4
+    assert 0 <= results["onnxruntime_max_log_prob_diff"] < 1e-4
+    assert 0 <= results["onnxruntime_int8_same_words"] <= 4
+    for name in ("torch", "onnxruntime", "onnxruntime_int8"):
+        assert results[f"{name}_images_per_s"] > 0
+    assert "| onnxruntime | " in module.table(results)
