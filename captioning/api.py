@@ -130,13 +130,20 @@ class CaptioningModel:
     """
 
     def __init__(
-        self, captioner: Captioner, config: Config, device: torch.device, source: Path, stage: str = "xe"
+        self,
+        captioner: Captioner,
+        config: Config,
+        device: torch.device,
+        source: Path,
+        stage: str = "xe",
+        runtime: str = "torch",
     ) -> None:
         self.captioner = captioner
         self.config = config
         self.device = device
         self.source = Path(source)
         self.stage = stage  # the training its weights had: xe (cross-entropy) or scst (then self-critical)
+        self.runtime = runtime  # what runs the networks: torch, or onnxruntime (an ONNX export)
 
     def __repr__(self) -> str:
         model = self.config.model
@@ -144,7 +151,8 @@ class CaptioningModel:
         return (
             f"CaptioningModel({str(self.source)!r}, {stage}: {model.encoder.name} encoder, "
             f"{model.decoder.kind} decoder, "
-            f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, on {self.device})"
+            f"{len(self.vocab)} words, grid {self.grid[0]}x{self.grid[1]}, "
+            + (f"on {self.device})" if self.runtime == "torch" else f"run by {self.runtime} on the CPU)")
         )
 
     @property
@@ -306,11 +314,45 @@ class CaptioningModel:
         refused naming them; ``overwrite=True`` replaces the model's files there and keeps the rest."""
         from captioning.hub.save import save_pretrained
 
+        self._needs_weights("save_pretrained")
         return save_pretrained(self, folder, overwrite=overwrite)
 
+    def export(
+        self, folder: str | Path, format: str = "onnx", overwrite: bool = False, quantise: str = "none"
+    ) -> Path:
+        """Write the model as ONNX graphs (the encoder, the decoder's per-image work, its initial state
+        and one decoding step) beside its vocabulary and configuration, each graph checked with
+        ``onnx.checker``; ``captioning.load(folder, runtime="onnxruntime")`` captions with them. See
+        ``captioning.export``.
 
-def load(path: str | Path, device: str = "auto", imports: Sequence[str] = ()) -> CaptioningModel:
-    """Load a checkpoint written by ``train.py`` or a folder written by ``save_pretrained``.
+        Args:
+            format: ``onnx``.
+            overwrite: replace an earlier export in ``folder``.
+            quantise: ``none``, or ``int8`` (the decoder step's weights, for the CPU).
+        Raises:
+            RunFolderError: ``folder`` is a run folder, a model folder or holds other files.
+            InputError: another format, or onnx is not installed (``pip install -e ".[onnx]"``).
+        """
+        from captioning.export.folder import export_onnx
+
+        if format != "onnx":
+            raise InputError(f"format must be onnx, got {format!r}")
+        self._needs_weights("export")
+        return export_onnx(self, folder, overwrite=overwrite, quantise=quantise)
+
+    def _needs_weights(self, what: str) -> None:
+        if self.runtime != "torch":
+            raise InputError(
+                f"{what}() needs the PyTorch weights; this model ({self.source}) runs ONNX graphs: "
+                "load the checkpoint or model folder it was exported from"
+            )
+
+
+def load(
+    path: str | Path, device: str = "auto", imports: Sequence[str] = (), runtime: str = "torch"
+) -> CaptioningModel:
+    """Load a checkpoint written by ``train.py`` or a folder written by ``save_pretrained`` (or, with
+    ``runtime="onnxruntime"``, by ``model.export``).
 
     Args:
         path: a run folder (``runs/shapes``: the checkpoint its test scores came from, as named in
@@ -320,6 +362,8 @@ def load(path: str | Path, device: str = "auto", imports: Sequence[str] = ()) ->
         imports: modules of your own that register the parts the checkpoint names (an encoder, a
             decoder, a scorer, a tokenizer), imported first: module names (``my_parts``) or paths to
             ``.py`` files, as the tools' ``--import`` takes them.
+        runtime: ``torch``, or ``onnxruntime``: ``path`` is a folder written by ``model.export`` whose
+            graphs ONNX Runtime runs on the CPU (``device`` ``auto`` or ``cpu``), with the same search.
     Raises:
         CheckpointError: a missing, corrupt or foreign checkpoint or folder, or weights that do not fit
             its configuration (one line naming the file).
@@ -328,6 +372,17 @@ def load(path: str | Path, device: str = "auto", imports: Sequence[str] = ()) ->
     from captioning.hub.checkpoint import model_path
 
     import_modules(list(imports), option="imports")
+    if runtime not in ("torch", "onnxruntime"):
+        raise InputError(f"runtime must be torch or onnxruntime, got {runtime!r}")
+    if runtime == "onnxruntime":
+        from captioning.export.runtime import load_onnx
+
+        if device not in ("auto", "cpu"):
+            raise InputError(
+                f"runtime='onnxruntime' runs on the CPU: device must be auto or cpu, got {device!r}"
+            )
+        captioner, config, stage = load_onnx(path)
+        return CaptioningModel(captioner, config, torch.device("cpu"), Path(path), stage, runtime)
     torch_device = resolve_device(device)
     path = model_path(path)  # a run folder: the checkpoint its test scores came from
     captioner, config, reward = load_trained_captioner(path, torch_device)

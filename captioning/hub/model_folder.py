@@ -38,6 +38,7 @@ from captioning.utils.state_files import StateFileError, read_state_file
 
 FORMAT = "captioning-model"
 VERSION = 1
+ONNX_FORMAT = "captioning-onnx"  # an ONNX export (model.export(folder, format="onnx"), captioning.export)
 SECTIONS = ("decoder", "encoder")  # weight names are "<section>.<parameter>"
 
 
@@ -64,6 +65,11 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
             f"{scored_checkpoint(folder)} (the one its test scores came from, as captioning.load picks)"
         )
     description = _read_json(folder, CONFIG)
+    if isinstance(description, dict) and description.get("format") == ONNX_FORMAT:
+        raise CheckpointError(
+            f"{folder / CONFIG}: an ONNX export, which holds no PyTorch weights: load it with "
+            "captioning.load(folder, runtime='onnxruntime')"
+        )
     if not isinstance(description, dict) or description.get("format") != FORMAT:
         raise CheckpointError(
             f'{folder / CONFIG}: not a captioning model folder (no "format": "{FORMAT}"; '

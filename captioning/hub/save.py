@@ -126,15 +126,8 @@ def save_pretrained(model: SavableModel, folder: str | Path, overwrite: bool = F
         )
     # safetensors stores no shared memory (tied embeddings): one contiguous CPU copy per name.
     tensors = {name: value.detach().to("cpu", copy=True).contiguous() for name, value in tensors.items()}
-    scores = known_scores(model.source)
-    description = {
-        "format": FORMAT,
-        "version": VERSION,
-        "config": to_dict(config),
-        "encoder_fingerprint": model.captioner.encoder.fingerprint(),
-        "stage": model.stage,
-        "scores": scores,
-    }
+    description = model_description(model)
+    scores = description["scores"]
     # The bytes are written by atomic_write itself (safetensors' save_file would rename a file of its
     # own into place, with its own permissions).
     weights = save(tensors, metadata={"format": FORMAT})
@@ -155,15 +148,33 @@ def save_pretrained(model: SavableModel, folder: str | Path, overwrite: bool = F
 
     def write(staging: Path) -> None:
         atomic_write(staging / WEIGHTS, lambda path: path.write_bytes(weights))
-        _write_text(staging / VOCAB, json.dumps(model.vocab.to_dict(), ensure_ascii=False))
-        _write_text(staging / CARD, card)
-        _write_text(staging / CONFIG, json.dumps(description, indent=2))
+        write_text(staging / VOCAB, json.dumps(model.vocab.to_dict(), ensure_ascii=False))
+        write_text(staging / CARD, card)
+        write_text(staging / CONFIG, json.dumps(description, indent=2))
 
     replace_folder(folder, write, carry=others)
     return folder
 
 
-def _write_text(path: Path, text: str) -> None:
+def model_description(
+    model: SavableModel, format_name: str = FORMAT, version: int = VERSION
+) -> dict[str, Any]:
+    """What a model folder's ``config.json`` holds (also the start of an ONNX export's): the format and
+    its version, the full configuration, the encoder's fingerprint, the training stage and the test
+    scores known for ``model.source`` (``known_scores``)."""
+    return {
+        "format": format_name,
+        "version": version,
+        "config": to_dict(model.config),
+        "encoder_fingerprint": model.captioner.encoder.fingerprint(),
+        "stage": model.stage,
+        "scores": known_scores(model.source),
+    }
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` and a final newline to ``path`` (UTF-8), atomically."""
+
     def write(temporary: Path) -> None:
         temporary.write_text(text + "\n", encoding="utf-8")
 

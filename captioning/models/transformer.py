@@ -407,7 +407,8 @@ class TransformerDecoder(CaptionDecoder):
 
     def step(self, prepared: TransformerPrepared, tokens: Tensor, state: TransformerState) -> StepOutput:
         """Advance N rows by one word: tokens (N,), caches of t words -> log-probs (N, V), alpha (N, P)."""
-        position = torch.tensor([state.length], device=tokens.device)
+        # (1,) from the cache's length: traced as such (torch.tensor would be a constant in an ONNX graph)
+        position = torch.arange(state.length, state.length + 1, device=tokens.device)
         x = self._embed(tokens, position)  # (N, d)
         x, state, weights = (self._compiled_step_blocks or self._step_blocks)(x, state, prepared)
         logits = self.out(x)  # (N, V)

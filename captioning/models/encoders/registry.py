@@ -147,6 +147,20 @@ def optional_library(module: str, extra: str, name: str) -> ModuleType:
         ) from None
 
 
+def image_transform(
+    image_size: int, interpolation: InterpolationMode, mean: tuple[float, ...], std: tuple[float, ...]
+) -> Callable[[Any], torch.Tensor]:
+    """PIL RGB image -> normalised (3, S, S) float tensor: resized to a square without cropping (the
+    grid covers the whole image), scaled to [0, 1], normalised per channel."""
+    return transforms.Compose(
+        [
+            transforms.Resize((image_size, image_size), interpolation=interpolation, antialias=True),
+            transforms.ToTensor(),
+            transforms.Normalize(mean, std),
+        ]
+    )
+
+
 class Encoder(nn.Module):
     """A backbone cut before pooling, pooled to a fixed grid of annotation vectors.
 
@@ -178,13 +192,7 @@ class Encoder(nn.Module):
         self.position_embedding_size = backbone.position_embedding_size
         if self.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
-        self.transform = transforms.Compose(
-            [
-                transforms.Resize((image_size, image_size), interpolation=self.interpolation, antialias=True),
-                transforms.ToTensor(),
-                transforms.Normalize(self.mean, self.std),
-            ]
-        )
+        self.transform = image_transform(image_size, self.interpolation, self.mean, self.std)
         # Shapes from a pass over meta tensors (shapes only: no memory, no arithmetic).
         was_training = self.backbone.training
         meta_state = {
