@@ -370,8 +370,6 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
     model, config, reward = load_trained_captioner(args.checkpoint, device)
-    if faithfulness is not None:
-        faithfulness = _fitted_methods(faithfulness, args.faithfulness, model.decoder)
     if data_config is not None:
         config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
@@ -381,6 +379,11 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         config = replace(config, data=replace(config.data, pointing_tolerance=args.pointing_tolerance))
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
+    if faithfulness is not None:
+        faithfulness = replace(
+            _fitted_methods(faithfulness, args.faithfulness, model.decoder),
+            pointing_tolerance=config.data.pointing_tolerance,
+        )
     decode_config = decode_config_with(config, **decoding)
     # Every caption of every image, ranked, beside the results file when several are asked for
     # (by a flag, --set or the checkpoint's own decode.num_return).

@@ -23,8 +23,16 @@ import numpy as np
 
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.coco_words import COCO_WORDS
-from captioning.evaluation.grounding import Instances, WordMatcher, box_coverage, grounding_per_image
+from captioning.evaluation.grounding import (
+    Instances,
+    WordMatcher,
+    box_coverage,
+    grounding_per_image,
+    image_grounding_json,
+    merged_grounding,
+)
 from captioning.evaluation.hallucination import chair_vocabulary
+from captioning.evaluation.pointing import DEFAULT_TOLERANCE
 
 FUNCTION_WORDS = frozenset(
     """a an the this that these those some any each every of in on at by for with from to into onto
@@ -94,11 +102,16 @@ class Explained:
     grid: tuple[int, int]
 
 
-def grounding_rows(explained: Sequence[Explained], instances: Instances) -> dict[str, dict]:
+def grounding_rows(
+    explained: Sequence[Explained], instances: Instances, tolerance: float = DEFAULT_TOLERANCE
+) -> dict[str, dict]:
     """Per method: ``mass`` (share of the map's positive part in the named boxes), ``pointing`` (the
-    most relevant cell's centre inside a named box; ties share the hit) and ``mentions``, over every
-    object mention of the images in the instances file. The pointing-game rules measured are the ones
-    :mod:`captioning.evaluation.grounding` defines."""
+    strict rule: the most relevant cell's centre inside a named box; ties share the hit),
+    ``pointing_published`` and ``pointing_published_classes`` (Zhang et al. 2016: the upsampled map's
+    maximum within ``tolerance`` pixels of a named object's pixels, over mentions and averaged over
+    classes) and ``mentions``, over every object mention of the images in the instances file. The
+    rules are the ones :mod:`captioning.evaluation.grounding` and :mod:`~captioning.evaluation.pointing`
+    define, so each method's row reads beside the attention scores of ``evaluate.py``."""
     matcher = WordMatcher()
     covered = [item for item in explained if item.image_id in instances.image_sizes]
     methods = list(explained[0].maps) if explained else []
@@ -111,13 +124,15 @@ def grounding_rows(explained: Sequence[Explained], instances: Instances) -> dict
             ),
             instances,
             matcher,
+            tolerance,
         )
-        masses = [mass for image_masses, _ in per_image.values() for mass in image_masses]
-        hits = [hit for _, image_hits in per_image.values() for hit in image_hits]
+        scores = image_grounding_json(merged_grounding(per_image), classes=True)
         rows[method] = {
-            "mass": float(np.mean(masses)) if masses else None,
-            "pointing": float(np.mean(hits)) if hits else None,
-            "mentions": len(masses),
+            "mass": scores["grounding-mass"],
+            "pointing": scores["grounding-pointing"],
+            "pointing_published": scores["grounding-pointing-published"],
+            "pointing_published_classes": scores["grounding-pointing-published-classes"],
+            "mentions": scores["grounding-words"],
         }
     return rows
 

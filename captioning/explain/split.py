@@ -83,7 +83,7 @@ def signature_field(settings: FaithfulnessSettings, images: int) -> str:
     return (
         f"{'+'.join(settings.methods)},ig{settings.ig_steps},steps{settings.curve_steps},"
         f"seeds{settings.random_seeds},sanity{settings.sanity_images}@{settings.sanity_threshold},n{images},"
-        "baseline=mean"
+        f"baseline=mean,point{settings.pointing_tolerance:g}px"
     )
 
 

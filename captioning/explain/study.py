@@ -44,6 +44,7 @@ class FaithfulnessSettings:
         sanity_images: images whose maps the cascading randomisation recomputes (0: none).
         sanity_threshold: the final rank correlation at or above which a method is flagged.
         batch_images: images explained together.
+        pointing_tolerance: the published pointing game's tolerance in pixels (``data.pointing_tolerance``).
     """
 
     methods: tuple[str, ...] = ("attention", "gradient", "integrated_gradients", "gradcam", "occlusion")
@@ -54,6 +55,7 @@ class FaithfulnessSettings:
     sanity_images: int = 8
     sanity_threshold: float = 0.5
     batch_images: int = 8
+    pointing_tolerance: float = 15.0
 
     def __post_init__(self) -> None:
         for name in ("curve_steps", "random_seeds", "batch_images"):
@@ -179,7 +181,7 @@ def faithfulness_study(
             result["methods"][name]["sanity_spearman"] = result["sanity"][name]["final"]
             result["methods"][name]["sanity_flagged"] = result["sanity"][name]["flagged"]
     if instances is not None:
-        grounding = grounding_rows(collected.explained, instances)
+        grounding = grounding_rows(collected.explained, instances, settings.pointing_tolerance)
         mentions = mention_rows(collected.explained, instances, references)
         hallucination = hallucination_summary(mentions, methods)
         result["hallucination"] = hallucination
@@ -188,6 +190,8 @@ def faithfulness_study(
                 {
                     "grounding_mass": grounding[name]["mass"],
                     "pointing": grounding[name]["pointing"],
+                    "pointing_published": grounding[name]["pointing_published"],
+                    "pointing_published_classes": grounding[name]["pointing_published_classes"],
                     "grounding_mentions": grounding[name]["mentions"],
                     "hallucinated_object_mass": hallucination[name]["hallucinated"]["object_mass"],
                     "grounded_object_mass": hallucination[name]["grounded"]["object_mass"],

@@ -30,7 +30,7 @@ from captioning.config import Config
 from captioning.hub.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from captioning.hub.checkpoint import VERSION as CHECKPOINT_VERSION
 from captioning.hub.checkpoint import CheckpointError, check_payload, scored_checkpoint
-from captioning.hub.identity import CARD, CONFIG, VOCAB, WEIGHTS
+from captioning.hub.identity import CONFIG, VOCAB, WEIGHTS
 from captioning.utils.files import not_a_regular_file
 from captioning.utils.json_files import read_json_file
 from captioning.utils.run_folder import CHECKPOINTS

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from captioning.config import to_dict
-from captioning.hub.identity import is_model_folder
+from captioning.hub.identity import CARD, is_model_folder
 from captioning.hub.model_card import model_card
 from captioning.hub.model_folder import (
-    CARD,
     CONFIG,
     FORMAT,
     SECTIONS,

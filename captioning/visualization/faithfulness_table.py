@@ -15,7 +15,9 @@ COLUMNS = (
     ("insertion_gap", "insertion gap to random"),
     ("sanity_spearman", "rank correlation after randomisation"),
     ("grounding_mass", "mass in box"),
-    ("pointing", "pointing game"),
+    ("pointing", "pointing game (strict)"),
+    ("pointing_published", "pointing game (published, mentions)"),
+    ("pointing_published_classes", "pointing game (published, classes)"),
     ("hallucinated_object_mass", "object mass: hallucinated"),
     ("grounded_object_mass", "object mass: grounded"),
 )

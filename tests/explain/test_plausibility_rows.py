@@ -36,7 +36,13 @@ def test_grounding_and_hallucinated_mentions_per_method():
     flat[1] = [-3.0, 1.0, 1.0, 1.0]  # negative scores are no evidence: the dog cell counts as 0
     item = Explained(1, words, {"sharp": on_dog, "flat": flat}, (2, 2))
     rows = grounding_rows([item], INSTANCES)
-    assert rows["sharp"] == {"mass": 1.0, "pointing": 1.0, "mentions": 1}
+    assert rows["sharp"] == {
+        "mass": 1.0,
+        "pointing": 1.0,
+        "pointing_published": 1.0,
+        "pointing_published_classes": 1.0,
+        "mentions": 1,
+    }
     assert rows["flat"]["mass"] == 0.0 and rows["flat"]["pointing"] == 0.0
     mentions = mention_rows([item], INSTANCES, references={1: [["a", "dog"]]})
     assert [(m["word"], m["category"], m["hallucinated"]) for m in mentions] == [
@@ -58,3 +64,15 @@ def test_grounding_and_hallucinated_mentions_per_method():
 def test_entropy_is_normalised():
     assert entropy(np.array([0.25, 0.25, 0.25, 0.25])) == pytest.approx(1.0)
     assert entropy(np.array([0.0, 3.0, 0.0, -1.0])) == 0.0
+
+
+def test_each_methods_row_carries_both_pointing_games():
+    """A map peaking on the cell beside the dog's box: its centre (75, 25) is 25 px from the box, so
+    the strict rule misses, and the published one hits with a 30 px tolerance, not with 15."""
+    beside = np.full((5, 4), 0.25)
+    beside[1] = [0.0, 1.0, 0.0, 0.0]
+    item = Explained(1, ["a", "dog", "and", "a", "cat"], {"beside": beside}, (2, 2))
+    lenient = grounding_rows([item], INSTANCES, tolerance=30)["beside"]
+    assert lenient["pointing"] == 0.0
+    assert lenient["pointing_published"] == 1.0 and lenient["pointing_published_classes"] == 1.0
+    assert grounding_rows([item], INSTANCES, tolerance=15)["beside"]["pointing_published"] == 0.0
