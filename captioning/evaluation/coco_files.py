@@ -21,6 +21,23 @@ class EvaluationInputError(CaptioningError, ValueError):
     """References, candidates or an annotation/results file are malformed."""
 
 
+def _check_entries(
+    path: str | Path, list_key: str, entries: list, entry_keys: Sequence[str], plain_values: bool
+) -> None:
+    """Every entry of ``entries`` is an object holding ``entry_keys`` (with ``plain_values``: each an
+    integer or a string, as pycocotools' index keys them); else one line naming the file and entry."""
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise EvaluationInputError(f"{path}: {list_key}[{index}] is not an object")
+        for key in entry_keys:
+            if key not in entry:
+                raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
+            if plain_values and isinstance(entry[key], (dict, list)):
+                raise EvaluationInputError(
+                    f"{path}: {list_key}[{index}]: {key} must be an integer or a string"
+                )
+
+
 def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> COCO:
     """Read a COCO-format JSON file into a pycocotools ``COCO`` index, with one-line errors.
 
@@ -36,15 +53,9 @@ def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> C
     if not isinstance(data, dict):
         raise EvaluationInputError(f"{path}: expected a COCO JSON object, got {type(data).__name__}")
     for list_key, entry_keys in required.items():
-        entries = data.get(list_key)
-        if not isinstance(entries, list):
+        if not isinstance(data.get(list_key), list):
             raise EvaluationInputError(f"{path}: missing the list {list_key!r}")
-        for index, entry in enumerate(entries):
-            if not isinstance(entry, dict):
-                raise EvaluationInputError(f"{path}: {list_key}[{index}] is not an object")
-            for key in entry_keys:
-                if key not in entry:
-                    raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
+        _check_entries(path, list_key, data[list_key], entry_keys, plain_values=False)
     # What pycocotools' index reads of every entry, given the lists: each image's and category's id, and
     # each annotation's category when there are categories (else a KeyError or TypeError inside it).
     needed = {"images": ["id"], "categories": ["id"]}
@@ -56,16 +67,7 @@ def read_coco_file(path: str | Path, required: Mapping[str, Sequence[str]]) -> C
         entries = data[list_key]
         if not isinstance(entries, list):
             raise EvaluationInputError(f"{path}: {list_key!r} must be a list, got {type(entries).__name__}")
-        for index, entry in enumerate(entries):
-            if not isinstance(entry, dict):
-                raise EvaluationInputError(f"{path}: {list_key}[{index}] is not an object")
-            for key in entry_keys:
-                if key not in entry:
-                    raise EvaluationInputError(f"{path}: {list_key}[{index}] has no {key!r}")
-                if isinstance(entry[key], (dict, list)):
-                    raise EvaluationInputError(
-                        f"{path}: {list_key}[{index}]: {key} must be an integer or a string"
-                    )
+        _check_entries(path, list_key, entries, entry_keys, plain_values=True)
     for list_key in ("images", "annotations"):  # a repeated id would silently replace an entry in the index
         first_index: dict[Any, int] = {}
         for index, entry in enumerate(data.get(list_key) or []):

@@ -110,6 +110,7 @@ def test_every_decoder_family_searches_the_same_through_its_graphs(tmp_path, fam
     words, log-probabilities and attention: ``prepare``, ``init_state``, ``step`` and ``select``
     round-trip, with rows per image and the cache length read from the shapes."""
     from captioning.models.decoding import beam_search, greedy_search
+    from search_options import settings
 
     kind, options = FAMILIES[family]
     torch.manual_seed(0)
@@ -130,9 +131,9 @@ def test_every_decoder_family_searches_the_same_through_its_graphs(tmp_path, fam
     assert isinstance(onnx_decoder.prepare(annotations), OnnxPrepared)
     assert isinstance(onnx_decoder.init_state(annotations), OnnxState)
     searches = [
-        lambda d: greedy_search(d, annotations, max_length=7),
+        lambda d: greedy_search(d, annotations, settings(max_length=7)),
         lambda d: beam_search(
-            d, annotations, beam_size=4, max_length=7, length_alpha=0.7, block_trigrams=True
+            d, annotations, settings(beam_size=4, max_length=7, length_alpha=0.7, block_trigrams=True)
         ),
     ]
     for search in searches:
