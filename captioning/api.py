@@ -41,7 +41,7 @@ from captioning.models.decoding import check_decoding_fits
 from captioning.utils.device import resolve_device
 from captioning.utils.errors import InputError
 from captioning.utils.imports import import_modules
-from captioning.visualization.views import MODES, attention_view
+from captioning.visualization.views import MODES, attention_view, check_layer_choice
 
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
 """A path, a PIL image, a (C, H, W) tensor or an (H, W, C) array (see ``as_rgb_image``)."""
@@ -222,6 +222,7 @@ class CaptioningModel:
         positions = self.grid[0] * self.grid[1]
         check_decoding_fits(decode, len(self.vocab), positions, len(images), self.device)
         decoder = self.captioner.decoder
+        check_layer_choice(decoder, self.config.model.decoder.kind, "layer", layer)
         decoder.set_attention_view(view)  # the captions' maps are this view's
         label = decoder.describe_attention()
         # In this process: no DataLoader workers for pictures already in memory.

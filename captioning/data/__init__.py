@@ -95,8 +95,8 @@ def load_records(
     Returns:
         One record per image, in the reader's order.
     Raises:
-        DatasetError: an image id outside the 64-bit range results and tensors hold; Shapes
-            data missing where it may not be generated.
+        DatasetError: an image id outside the 64-bit range results and tensors hold; an image with
+            over ``MAX_CAPTIONS_PER_IMAGE`` captions; Shapes data missing where it may not be generated.
         UnknownNameError: ``config.dataset`` names no registered reader (one line listing them).
     """
     reader = reader_of(config)
@@ -117,12 +117,21 @@ def load_records(
             raise DatasetError(
                 f"{data_source(config)}: image id {record.image_id} does not fit a 64-bit integer"
             )
+        if len(record.raw) > MAX_CAPTIONS_PER_IMAGE:
+            raise DatasetError(
+                f"{data_source(config)}: image id {record.image_id} ({record.path}): {len(record.raw)} "
+                f"captions; at most {MAX_CAPTIONS_PER_IMAGE:,} per image (each is a training sample and "
+                "a scoring reference)"
+            )
     if output_dir is not None:
         write_data_summary(records, config, Path(output_dir))
     return records
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Captions one image may hold: published datasets give 5 to 7 (COCO, Flickr); an image with hundreds of
+# thousands would make every epoch and every score that image's.
+MAX_CAPTIONS_PER_IMAGE = 1000
 
 
 def _clean_text(record: ImageRecord) -> ImageRecord:
