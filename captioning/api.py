@@ -38,6 +38,7 @@ from captioning.inference.captioner import (
 )
 from captioning.models.captioner import Captioner
 from captioning.models.decoding import check_decoding_fits
+from captioning.models.encoders.activations import check_encoder_fits
 from captioning.utils.device import resolve_device
 from captioning.utils.errors import InputError
 from captioning.utils.imports import import_modules
@@ -221,6 +222,8 @@ class CaptioningModel:
             return []
         positions = self.grid[0] * self.grid[1]
         check_decoding_fits(decode, len(self.vocab), positions, len(images), self.device)
+        images_per_pass = min(decode.batch_size, len(images))
+        check_encoder_fits(self.captioner.encoder, images_per_pass, self.device, "decode.batch_size")
         decoder = self.captioner.decoder
         check_layer_choice(decoder, self.config.model.decoder.kind, "layer", layer)
         decoder.set_attention_view(view)  # the captions' maps are this view's
