@@ -204,11 +204,10 @@ class Encoder(nn.Module):
             key: tensor.to("meta")
             for key, tensor in [*self.backbone.named_parameters(), *self.backbone.named_buffers()]
         }
+        image = torch.empty(1, 3, image_size, image_size, device="meta")
         with torch.no_grad(), ActivationMeter() as meter:
-            image = torch.empty(1, 3, image_size, image_size, device="meta")
-            meter.live = meter.total = image.numel() * image.element_size()
+            meter.live = meter.total = image.numel() * image.element_size()  # held through the pass
             probe = functional_call(self.backbone.eval(), meta_state, (image,))
-            del image
         self.backbone.train(was_training)
         self.activation_bytes = (meter.peak, meter.total)  # one image: at once (no_grad), all kept
         if not isinstance(probe, torch.Tensor) or probe.dim() != 4:
