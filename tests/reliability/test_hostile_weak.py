@@ -237,3 +237,33 @@ def test_a_layer_named_for_an_lstm_is_refused():
         ):
             model.caption([picture], layer=layer)
     assert model.caption([picture], head=1)[0].attention_label == ""  # its one head may be named
+
+
+@pytest.mark.parametrize(
+    ("edit", "extra", "needle"),
+    [
+        (
+            lambda image: image.update(split="train"),
+            [],
+            "split.json: the karpathy dataset has no images in split 'val'",
+        ),
+        (
+            lambda image: None,
+            ["--set", "train.epochs=0"],
+            "train.epochs: this loop trains at least 1 epoch, got 0",
+        ),
+        (lambda image: image.update(filename="gone.png"), [], "gone.png"),
+    ],
+)
+def test_plain_train_refuses_what_it_cannot_train_on_in_one_line_before_any_work(
+    tmp_path, edit, extra, needle
+):
+    flags = tiny_split(tmp_path)
+    split = json.loads((tmp_path / "split.json").read_text(encoding="utf-8"))
+    edit(split["images"][2])  # the val image
+    (tmp_path / "split.json").write_text(json.dumps(split), encoding="utf-8")
+    result = in_process(
+        "examples/plain_train.py", *flags, *extra, "--output-dir", tmp_path / "run", cwd=tmp_path, timeout=60
+    )
+    assert_one_line_error(result.returncode, result.stderr, needle)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "features").exists()
