@@ -222,6 +222,7 @@ class CocoDataConfig(KarpathySplitConfig):
 # before the data package is imported does not take them for readers of a module not imported.
 for _name in ("imagefolder", "folder", "webdataset"):
     DATASETS.register_options(_name)(DataConfig)
+del _name
 
 
 # Upper bounds on the sizes a configuration (a user's, a checkpoint's or a model folder's) may ask for,
