@@ -126,18 +126,15 @@ def caption_records(
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     dataset: Dataset
-    cached = pictures is None and all(r.captions for r in records) and uses_cache(config)
-    if cached:  # the encoder runs over the cache's batches, else over the decoding's
-        images = cache_batch_size(device)
-        check_encoder_fits(model.encoder, images, device, None)
-    else:
-        images = min(decode_config.batch_size, max(len(records), 1))
-        check_encoder_fits(model.encoder, images, device, "decode.batch_size")
-    if cached:
+    # The encoder runs over the feature cache's batches, else over the decoding's: both bounded first.
+    if pictures is None and all(r.captions for r in records) and uses_cache(config):
+        check_encoder_fits(model.encoder, cache_batch_size(device), device, None)
         dataset = caption_dataset(
             records, model, config, device, output_dir or Path("."), progress, 1, build_cache=build_cache
         )
     else:
+        images = min(decode_config.batch_size, max(len(records), 1))
+        check_encoder_fits(model.encoder, images, device, "decode.batch_size")
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images, pictures)
     loader = DataLoader(
         dataset,
