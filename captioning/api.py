@@ -38,10 +38,11 @@ from captioning.inference.captioner import (
 )
 from captioning.models.captioner import Captioner
 from captioning.models.decoding import check_decoding_fits
+from captioning.models.encoders.activations import check_encoder_fits
 from captioning.utils.device import resolve_device
 from captioning.utils.errors import InputError
 from captioning.utils.imports import import_modules
-from captioning.visualization.views import MODES, attention_view
+from captioning.visualization.views import MODES, attention_view, check_layer_choice
 
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
 """A path, a PIL image, a (C, H, W) tensor or an (H, W, C) array (see ``as_rgb_image``)."""
@@ -221,7 +222,10 @@ class CaptioningModel:
             return []
         positions = self.grid[0] * self.grid[1]
         check_decoding_fits(decode, len(self.vocab), positions, len(images), self.device)
+        images_per_pass = min(decode.batch_size, len(images))
+        check_encoder_fits(self.captioner.encoder, images_per_pass, self.device, "decode.batch_size")
         decoder = self.captioner.decoder
+        check_layer_choice(decoder, self.config.model.decoder.kind, "layer", layer)
         decoder.set_attention_view(view)  # the captions' maps are this view's
         label = decoder.describe_attention()
         # In this process: no DataLoader workers for pictures already in memory.

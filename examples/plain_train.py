@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from captioning.cli.common import add_import_argument, config_from_args, run_cli
-from captioning.data import build_vocabulary, load_records
+from captioning.data import build_vocabulary, data_source, load_records
 from captioning.data.datasets import collate_captions
 from captioning.data.records import records_of_split
 from captioning.data.tokenizers import detokenize
@@ -46,12 +46,14 @@ from captioning.evaluation.metrics import score_captions
 from captioning.hub.checkpoint import save_checkpoint
 from captioning.inference.batches import annotations_of
 from captioning.inference.captioner import caption_records
-from captioning.inference.inputs import caption_dataset
+from captioning.inference.inputs import caption_dataset, check_splits
 from captioning.models.captioner import Captioner
 from captioning.training.engine import flatten_captions
 from captioning.training.losses import objective_of
 from captioning.training.optim import cosine_factor
+from captioning.training.plan import check_images_exist
 from captioning.utils.device import resolve_device, seed_everything
+from captioning.utils.errors import InputError
 from captioning.utils.output_paths import check_output_file, check_output_folder
 
 
@@ -90,12 +92,16 @@ def main(args: argparse.Namespace) -> Path:
     checkpoint = output_dir / "checkpoints" / "plain.pt"
     check_output_folder(output_dir, "--output-dir")  # before any work, as train.py
     check_output_file(checkpoint, "--output-dir")
+    if config.train.epochs < 1:  # train.py's 0 epochs scores a model; here there would be none to write
+        raise InputError(f"train.epochs: this loop trains at least 1 epoch, got {config.train.epochs}")
     progress = not args.no_progress
     device = resolve_device(config.train.device)
     seed_everything(config.train.seed, config.train.deterministic)
 
     # Data: records of each split, the vocabulary of the training captions.
     records = load_records(config.data)
+    check_splits(records, config.data.dataset, ("train", "val"), data_source(config.data))
+    check_images_exist(records, config.data.skip_bad_images)  # before the first is cached, as train.py
     train, val = records_of_split(records, "train"), records_of_split(records, "val")
     vocab = build_vocabulary(train, config.data.min_word_count)
 

@@ -10,10 +10,17 @@ posts files (``multipart/form-data``) reaches it, refuses with one line:
   sessions end or their files go stale (``RequestFiles``).
 
 So parallel uploads cannot fill the disk, and the files already there keep being served.
+
+Gradio spools each file part of a posted form into a temporary file at the top of its folder and
+moves only the parts named ``files`` into place (a folder of their own); a part named otherwise, or
+one cut off without its closing boundary, would stay there until the demo stops. When the last
+request posting files ends, the guard removes every file that appeared at the top of the folder
+while such requests ran (what gradio keeps is never there), so nothing spooled outlives its request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -54,6 +61,7 @@ class UploadGuard:
     def __init__(self, app: App, folder: Path, stored_bytes: int = STORED_MB * 2**20) -> None:
         self.app, self.folder, self.stored_bytes = app, folder, stored_bytes
         self.active: Counter[str] = Counter()  # client address -> requests posting files in flight
+        self.before: set[str] = set()  # the top of the folder when the first of them began
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._posts_files(scope):
@@ -67,6 +75,8 @@ class UploadGuard:
             limit = self.stored_bytes // 2**20
             await _refuse(send, 507, f"the demo holds its limit of {limit} MB of files; retry later")
             return
+        if not self.active:
+            self.before = _top_files(self.folder)
         self.active[client] += 1
         try:
             await self.app(scope, receive, send)
@@ -74,6 +84,10 @@ class UploadGuard:
             self.active[client] -= 1
             if not self.active[client]:
                 del self.active[client]
+            if not self.active:  # no request spools now: what the ended ones left at the top goes
+                for name in _top_files(self.folder) - self.before:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.folder / name)
 
     @staticmethod
     def _posts_files(scope: Scope) -> bool:
@@ -81,6 +95,15 @@ class UploadGuard:
             return False
         headers = dict(scope.get("headers") or [])
         return headers.get(b"content-type", b"").lower().startswith(b"multipart/")
+
+
+def _top_files(folder: Path) -> set[str]:
+    """The names of the regular files (not links, not folders) at the top of ``folder``."""
+    try:
+        with os.scandir(folder) as entries:
+            return {entry.name for entry in entries if entry.is_file(follow_symlinks=False)}
+    except OSError:
+        return set()
 
 
 async def _refuse(send: Send, status: int, message: str) -> None:

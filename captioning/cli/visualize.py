@@ -24,7 +24,7 @@ from captioning.utils.errors import InputError
 from captioning.utils.files import output_note
 from captioning.utils.output_paths import check_output_folder, check_outputs
 from captioning.utils.text import printable
-from captioning.visualization.views import FORMATS, MODES, NORMALIZATIONS, attention_view
+from captioning.visualization.views import FORMATS, MODES, NORMALIZATIONS, attention_view, check_layer_choice
 
 if TYPE_CHECKING:
     from captioning.inference.captioner import Captioned
@@ -202,6 +202,7 @@ def visualize_images(
 
     torch_device = resolve_device(device)
     model, config = load_captioner(checkpoint, torch_device)
+    check_layer_choice(model.decoder, config.model.decoder.kind, "--layer", layer)
     try:
         model.decoder.set_attention_view(view)  # before decoding: the captions' maps are this view's
     except ValueError as error:

@@ -218,6 +218,13 @@ class CocoDataConfig(KarpathySplitConfig):
     annotations: tuple[FilePath, ...] = ()  # COCO caption annotation files (captions_train2014.json, ...)
 
 
+# The built-in readers without options of their own are known here too, so that a configuration read
+# before the data package is imported does not take them for readers of a module not imported.
+for _name in ("imagefolder", "folder", "webdataset"):
+    DATASETS.register_options(_name)(DataConfig)
+del _name
+
+
 # Upper bounds on the sizes a configuration (a user's, a checkpoint's or a model folder's) may ask for,
 # checked before any tensor is allocated: far above any published captioning model (widths of 512 to
 # 2048, images of 224 to 576 pixels), far below a size whose allocation fails or overflows.

@@ -41,6 +41,7 @@ __all__ = [
     "DatasetError",
     "DatasetReader",
     "ImageRecord",
+    "MAX_CAPTIONS_PER_IMAGE",
     "build_vocabulary",
     "caption_length_summary",
     "check_data_paths",
@@ -95,8 +96,8 @@ def load_records(
     Returns:
         One record per image, in the reader's order.
     Raises:
-        DatasetError: an image id outside the 64-bit range results and tensors hold; Shapes
-            data missing where it may not be generated.
+        DatasetError: an image id outside the 64-bit range results and tensors hold; an image with
+            over ``MAX_CAPTIONS_PER_IMAGE`` captions; Shapes data missing where it may not be generated.
         UnknownNameError: ``config.dataset`` names no registered reader (one line listing them).
     """
     reader = reader_of(config)
@@ -106,7 +107,10 @@ def load_records(
         check_data_paths(config)  # also when the index answers without the reader
         # Cleaned before indexing: the index is UTF-8, which cannot hold a lone surrogate.
         records = load_indexed(
-            config, lambda data: [_clean_text(r) for r in reader.read(data)], splits, writable=writable
+            config,
+            lambda data: _check_caption_counts([_clean_text(r) for r in reader.read(data)], config),
+            splits,
+            writable=writable,
         )
     else:
         records = reader.read_records(config, writable)
@@ -117,12 +121,29 @@ def load_records(
             raise DatasetError(
                 f"{data_source(config)}: image id {record.image_id} does not fit a 64-bit integer"
             )
+    _check_caption_counts(records, config)
     if output_dir is not None:
         write_data_summary(records, config, Path(output_dir))
     return records
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Captions one image may hold: published datasets give 5 to 7 (COCO, Flickr); an image with hundreds of
+# thousands would make every epoch and every score that image's.
+MAX_CAPTIONS_PER_IMAGE = 1000
+
+
+def _check_caption_counts(records: list[ImageRecord], config: DataConfig) -> list[ImageRecord]:
+    """``records``, when no image has over ``MAX_CAPTIONS_PER_IMAGE`` captions (checked before an
+    index of them is written)."""
+    for record in records:
+        if len(record.raw) > MAX_CAPTIONS_PER_IMAGE:
+            raise DatasetError(
+                f"{data_source(config)}: image id {record.image_id} ({record.path}): {len(record.raw)} "
+                f"captions; at most {MAX_CAPTIONS_PER_IMAGE:,} per image (each is a training sample and "
+                "a scoring reference)"
+            )
+    return records
 
 
 def _clean_text(record: ImageRecord) -> ImageRecord:

@@ -44,6 +44,7 @@ from captioning.data.image_files import stat_images
 from captioning.data.records import ImageRecord
 from captioning.utils.files import refuse_links
 from captioning.utils.output_paths import check_output_folder
+from captioning.utils.run_folder import RunFolderError
 
 __all__ = ["FeatureCache", "FeatureCacheError", "GridEncoder", "cache_batch_size"]
 
@@ -197,7 +198,13 @@ class FeatureCache:
             error = None
             if rank == 0:
                 try:
-                    builder.folder.mkdir(parents=True, exist_ok=True)
+                    try:
+                        builder.folder.mkdir(parents=True, exist_ok=True)
+                    except OSError as failed:  # /proc, a read-only mount, ...: the key, not a bare errno
+                        raise RunFolderError(
+                            f"{builder.folder}: data.cache_dir: cannot create the feature cache's folder "
+                            f"here ({failed.strerror or failed}); give a writable folder"
+                        ) from failed
                     held.enter_context(store.build_lock(builder.folder))
                     builder.plan()
                 except Exception as caught:  # re-raised on every rank by agree

@@ -172,7 +172,8 @@ _LONE_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 class TokenizerError(CaptioningError, ValueError):
-    """A tokenizer that cannot run here (its segmenter is not installed)."""
+    """A tokenizer that cannot run here (its segmenter is not installed), or one of the user's that
+    breaks the contract (returns no list of str, calls ``sys.exit``)."""
 
 
 def replace_lone_surrogates(text: str) -> str:
@@ -455,12 +456,46 @@ def tokenizer_version(name: str) -> str:
 
 
 def tokenizer_for(name: str) -> Callable[[str], list[str]]:
-    """The tokenizer ``data.tokenizer`` names (registered in :data:`TOKENIZERS`).
+    """The tokenizer ``data.tokenizer`` names (registered in :data:`TOKENIZERS`); one registered by a
+    module of the user's is wrapped in :class:`CheckedTokenizer`.
 
     Raises:
         UnknownNameError: an unknown name, listing the registered ones.
     """
-    return TOKENIZERS[name]
+    function = TOKENIZERS[name]
+    if getattr(function, "__module__", None) == __name__:  # the built-in ones return lists of str
+        return function
+    return CheckedTokenizer(name, function)
+
+
+class CheckedTokenizer:
+    """A tokenizer of the user's, held to the contract: a caption in, a list of str out. What breaks it
+    (ints or bytes returned, a ``sys.exit()`` inside) is one line naming the tokenizer, where it would
+    be a traceback far from it or, for ``SystemExit(0)``, a run that ends with status 0 having done
+    nothing. An exception it raises keeps its traceback (a bug in the user's code)."""
+
+    def __init__(self, name: str, function: Callable[[str], list[str]]) -> None:
+        self.name, self.function = name, function
+
+    def __call__(self, caption: str) -> list[str]:
+        try:
+            tokens = self.function(caption)
+        except SystemExit as stop:
+            raise TokenizerError(
+                f"data.tokenizer {self.name!r}: called sys.exit({stop.code!r}) on caption {caption!r:.60}; "
+                "a tokenizer returns a list of str"
+            ) from None
+        if not isinstance(tokens, list) or not all(isinstance(token, str) for token in tokens):
+            found = (
+                type(tokens).__name__
+                if not isinstance(tokens, list)
+                else "a list holding " + type(next(t for t in tokens if not isinstance(t, str))).__name__
+            )
+            raise TokenizerError(
+                f"data.tokenizer {self.name!r}: returned {found} for caption {caption!r:.60}; a tokenizer "
+                "returns a list of str"
+            )
+        return tokens
 
 
 # Tokenizers whose words a benchmark's results files join without spaces (Chinese and Japanese

@@ -163,6 +163,7 @@ class OnnxDecoder(CaptionDecoder):
     """
 
     input_weight = ""
+    layered = True  # the view is the export's: set_attention_view refuses any other
 
     def __init__(
         self,

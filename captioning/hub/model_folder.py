@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from captioning.config import Config
+from captioning.data.tokenizers import TOKENIZERS
 from captioning.hub.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from captioning.hub.checkpoint import VERSION as CHECKPOINT_VERSION
 from captioning.hub.checkpoint import CheckpointError, check_payload, scored_checkpoint
@@ -122,7 +123,29 @@ def load_folder(folder: str | Path) -> dict[str, Any]:
         "stage": description.get("stage") if description.get("stage") in ("xe", "scst") else None,
     }
     check_payload(payload, weights)
+    _check_words(folder, payload)
     return payload
+
+
+def _check_words(folder: Path, payload: dict[str, Any]) -> None:
+    """Refuse a folder whose tokenizer is not registered, or whose vocabulary holds a word that is empty
+    or holds whitespace (a caption's words are joined by spaces: ``'a b'`` would read as two words
+    and ``''`` as none). Checked here, where a folder is read, not where a vocabulary is built."""
+    data = (payload["config"] or {}).get("data") or {}
+    name = data.get("tokenizer", "ptb") if isinstance(data, dict) else "ptb"
+    if isinstance(name, str) and name not in TOKENIZERS:
+        raise CheckpointError(
+            f"{folder / CONFIG}: data.tokenizer {name!r:.60} names no registered tokenizer (registered: "
+            f"{', '.join(TOKENIZERS.names())}; one of your own: captioning.load(..., imports=[MODULE]), "
+            "--import MODULE)"
+        )
+    words = payload["vocab"].get("words") if isinstance(payload["vocab"], dict) else None
+    for index, word in enumerate(words if isinstance(words, list) else []):
+        if isinstance(word, str) and (not word or word.split() != [word]):
+            raise CheckpointError(
+                f"{folder / VOCAB}: words[{index}] {word!r:.60} is not a word (empty or holding "
+                "whitespace, where a caption's words are joined by spaces)"
+            )
 
 
 def _read_json(folder: Path, name: str) -> Any:

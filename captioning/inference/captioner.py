@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from captioning.config import Config, ConfigError, DecodeConfig, reward_description
 from captioning.data import data_source, load_records
+from captioning.data.cache_build import cache_batch_size
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.data.tokenizers import detokenize
@@ -33,6 +34,7 @@ from captioning.inference.inputs import caption_dataset, check_splits, uses_cach
 from captioning.models.captioner import Captioner, build_decoder
 from captioning.models.decoding import Caption, check_decoding_fits
 from captioning.models.encoders import build_encoder
+from captioning.models.encoders.activations import check_encoder_fits
 
 
 @dataclass
@@ -124,11 +126,15 @@ def caption_records(
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     dataset: Dataset
+    # The encoder runs over the feature cache's batches, else over the decoding's: both bounded first.
     if pictures is None and all(r.captions for r in records) and uses_cache(config):
+        check_encoder_fits(model.encoder, cache_batch_size(device), device, None)
         dataset = caption_dataset(
             records, model, config, device, output_dir or Path("."), progress, 1, build_cache=build_cache
         )
     else:
+        images = min(decode_config.batch_size, max(len(records), 1))
+        check_encoder_fits(model.encoder, images, device, "decode.batch_size")
         dataset = ImageOnlyDataset(records, model.encoder.transform, config.data.skip_bad_images, pictures)
     loader = DataLoader(
         dataset,

@@ -103,6 +103,9 @@ class CaptionDecoder(nn.Module):
     annotation_dim: int
     attention_layers: int = 1
     attention_heads: int = 1
+    # Whether its attention comes in layers that a view chooses among (a Transformer's); a decoder with
+    # one attention (the LSTM's) refuses a layer that is named (captioning.visualization.views).
+    layered: ClassVar[bool] = False
     input_weight: str
     # The training objective (a name in captioning.training.losses.OBJECTIVES) of teacher forcing.
     objective: ClassVar[str] = "cross_entropy"

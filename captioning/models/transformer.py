@@ -266,6 +266,7 @@ class TransformerDecoder(CaptionDecoder):
     """
 
     input_weight = "grid_projection.weight"
+    layered = True
     grid_code: Tensor  # (P, d) buffer: the position code of the grid
 
     def __init__(

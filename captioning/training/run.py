@@ -16,6 +16,7 @@ import torch
 from captioning.config import Config, to_dict
 from captioning.config.loading import save_config
 from captioning.data import build_vocabulary, data_source, load_records, reader_of, write_data_summary
+from captioning.data.cache_build import cache_batch_size
 from captioning.data.datasets import CaptionDataset
 from captioning.data.feature_cache import FeatureCache
 from captioning.data.record_index import records_dir
@@ -36,7 +37,8 @@ from captioning.inference.inputs import (
 from captioning.models.base import CaptionDecoder
 from captioning.models.captioner import Captioner, build_decoder
 from captioning.models.decoding import check_decoding_fits
-from captioning.models.encoders import build_encoder
+from captioning.models.encoders import Encoder, build_encoder
+from captioning.models.encoders.activations import check_encoder_fits
 from captioning.training.claim import auto_resume_point
 from captioning.training.cpu_threads import busy_machine_advice, say_if_busy
 from captioning.training.engine import TrainState
@@ -77,6 +79,19 @@ class RunOutputs:
     )
 
 
+def check_encoder_passes(encoder: Encoder, config: Config, device: torch.device) -> None:
+    """Refuse, before the data are read, encoder passes whose activations do not fit in free memory:
+    the feature cache's batches, or (no cache) the training batches (kept for the backward pass when
+    the encoder is fine-tuned) and the validation's decoding batches."""
+    if uses_cache(config):
+        images = cache_batch_size(device)
+        check_encoder_fits(encoder, images, device, None)
+        return
+    fine_tuned = config.model.encoder.fine_tune_stages > 0
+    check_encoder_fits(encoder, config.train.batch_size, device, "train.batch_size", training=fine_tuned)
+    check_encoder_fits(encoder, config.decode.batch_size, device, "decode.batch_size")
+
+
 def build_run_model(
     config: Config,
     resume: Path | None,
@@ -95,6 +110,7 @@ def build_run_model(
     # data are read or generated (Shapes writes tens of MB). Nothing between this and the decoder
     # draws from torch's random stream, so the weights are those Captioner.build gives.
     encoder = build_encoder(config.model.encoder)
+    check_encoder_passes(encoder, config, device)
     records = load_records(config.data, write_index=group.is_main)  # the dataset index: rank 0
     needed = ("train", "val", "test") if test else ("train", "val")
     counts = check_splits(records, config.data.dataset, needed, data_source(config.data))

@@ -110,7 +110,14 @@ def read_json_file(path: str | Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
         raise JsonError(f"{path}: {state.st_size} bytes, more than the {max_bytes} this file may have")
     try:
         with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
+            # read(n) reserves n bytes first: asking for the bound would take 4 GiB of address space
+            # for a file of a few bytes (a MemoryError under ulimit -v). Its size, then what it grew.
+            chunks = [handle.read(min(state.st_size, max_bytes) + 1)]
+            size = len(chunks[0])
+            while size <= max_bytes and (chunk := handle.read(min(2**24, max_bytes + 1 - size))):
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
     except OSError as error:
         raise JsonError(f"{path}: cannot read ({error.strerror or error})") from None
     if len(data) > max_bytes:

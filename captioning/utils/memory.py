@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 import os
+import resource
 
 import torch
 
 
 def available_bytes(device: torch.device | str = "cpu") -> int | None:
     """Bytes a new allocation may take now: CUDA's free memory, else the system's ``MemAvailable``
-    (or free pages where ``/proc/meminfo`` is missing); None when it cannot be known."""
+    (or free pages where ``/proc/meminfo`` is missing), and at most what this process's address-space
+    limit (``ulimit -v``, ``prlimit --as``) leaves; None when it cannot be known."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    system = _system_available()
+    room = _address_space_left()
+    if system is None or room is None:
+        return room if system is None else system
+    return min(system, room)
+
+
+def _address_space_left() -> int | None:
+    """What ``RLIMIT_AS`` leaves this process beyond its present size (``VmSize``); None unlimited."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return max(limit - int(line.split()[1]) * 1024, 0)
+    except (OSError, ValueError):
+        pass
+    return limit
+
+
+def _system_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:

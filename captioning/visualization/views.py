@@ -3,7 +3,7 @@ Transformer's attention maps (``--layer``, ``--head``) a figure shows."""
 
 from __future__ import annotations
 
-from captioning.models.base import AttentionView
+from captioning.models.base import AttentionView, CaptionDecoder
 from captioning.utils.errors import InputError
 
 MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
@@ -34,3 +34,17 @@ def attention_view(layer: str | int | None = None, head: str | int | None = None
         return number - 1
 
     return AttentionView(index("layer", layer, -1), index("head", head, None))
+
+
+def check_layer_choice(decoder: CaptionDecoder, kind: str, option: str, layer: str | int | None) -> None:
+    """Refuse a layer named (``--layer``, ``layer=``) for a decoder whose attention has no layers to
+    choose among (the LSTM's one attention): the user thinks of another model.
+
+    Raises:
+        InputError: naming the option, its value and the decoder family.
+    """
+    if layer is not None and not decoder.layered:
+        raise InputError(
+            f"{option} {layer!r}: model.decoder.kind {kind!r} has one attention, not layers to choose "
+            f"among; leave {option} out (it chooses a Transformer's layer)"
+        )

@@ -26,6 +26,7 @@ from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
 from captioning.config import ConfigError, EncoderConfig
+from captioning.models.encoders.activations import ActivationMeter
 from captioning.registry import Registry
 from captioning.utils.errors import CaptioningError, InputError
 
@@ -171,6 +172,9 @@ class Encoder(nn.Module):
         grid_size: adaptive average pooling to grid_size x grid_size; 0 keeps the native grid.
     Attributes:
         channels: C, the feature channels.
+        activation_bytes: the activations of one image at ``image_size``: the most alive at once
+            (a pass without gradients) and all of them (kept for a backward pass), measured on
+            meta tensors (``activations.check_encoder_fits``).
         grid: (h, w) of the output grid for ``image_size``; P = h * w.
         transform: PIL RGB image -> normalised (3, S, S) float tensor. Resizes to a square without
             cropping, so the grid covers the whole image (attention maps and grounding rely on it).
@@ -193,16 +197,19 @@ class Encoder(nn.Module):
         if self.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         self.transform = image_transform(image_size, self.interpolation, self.mean, self.std)
-        # Shapes from a pass over meta tensors (shapes only: no memory, no arithmetic).
+        # Shapes from a pass over meta tensors (shapes only: no memory, no arithmetic), and the bytes its
+        # activations would take (the input image's included) for check_encoder_fits.
         was_training = self.backbone.training
         meta_state = {
             key: tensor.to("meta")
             for key, tensor in [*self.backbone.named_parameters(), *self.backbone.named_buffers()]
         }
-        probe = functional_call(
-            self.backbone.eval(), meta_state, (torch.empty(1, 3, image_size, image_size, device="meta"),)
-        )
+        image = torch.empty(1, 3, image_size, image_size, device="meta")
+        with torch.no_grad(), ActivationMeter() as meter:
+            meter.live = meter.total = image.numel() * image.element_size()  # held through the pass
+            probe = functional_call(self.backbone.eval(), meta_state, (image,))
         self.backbone.train(was_training)
+        self.activation_bytes = (meter.peak, meter.total)  # one image: at once (no_grad), all kept
         if not isinstance(probe, torch.Tensor) or probe.dim() != 4:
             got = f"shape {tuple(probe.shape)}" if isinstance(probe, torch.Tensor) else type(probe).__name__
             raise ConfigError(
