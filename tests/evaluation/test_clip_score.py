@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from messages import raises_naming
 from PIL import Image
 from test_visualize_cli import checkpoint  # noqa: F401 (a fixture: an untrained tiny captioner on tiny Shapes)
 from tool_runs import in_process
@@ -108,11 +109,9 @@ def test_clip_s_and_ref_clip_s_equal_a_hand_computation(clip_file, images) -> No
 
 
 def test_clip_score_is_refused_without_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match="--clip-score needs CLIP weights"):
+    with raises_naming(ConfigError, "--clip-score", "pretrained", "none"):
         load_clip_scorer("none")
-    with pytest.raises(
-        EncoderWeightsError, match=r"nowhere.pt: encoder weights file not found \(--clip-score"
-    ):
+    with raises_naming(EncoderWeightsError, tmp_path / "nowhere.pt", "--clip-score"):
         load_clip_scorer(str(tmp_path / "nowhere.pt"))
     import huggingface_hub
 

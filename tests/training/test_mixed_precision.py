@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from messages import raises_naming
 from search_options import settings
 from test_faults import assert_one_line_error
 from test_training import REPO, as_flags, read_steps, run_train, tiny_overrides, train_in_process
@@ -87,7 +88,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_in_the_plan(shapes_roo
 
 
 def test_autocast_refuses_fp16_on_cpu_and_casts_bf16():
-    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
+    with raises_naming(ConfigError, "train.amp", "fp16", "bf16"):
         autocast(torch.device("cpu"), "fp16")
     layer = torch.nn.Linear(4, 4)
     with autocast(torch.device("cpu"), "bf16"):
