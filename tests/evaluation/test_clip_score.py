@@ -126,11 +126,7 @@ def test_clip_score_is_refused_without_weights(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(EncoderWeightsError) as caught:
         load_clip_scorer("pretrained")
     message = str(caught.value)
-    assert (
-        "\n" not in message
-        and "open_clip_model.safetensors" in message
-        and "set --clip-score to its path" in message
-    )
+    assert "\n" not in message and "open_clip_model.safetensors" in message and "--clip-score" in message
 
 
 @pytest.mark.slow
@@ -186,7 +182,8 @@ def test_evaluate_refuses_clip_score_before_decoding(checkpoint: Path, tmp_path:
         cwd=ROOT,
     )
     assert result.returncode != 0
-    assert "missing.pt: encoder weights file not found (--clip-score" in result.stderr
+    error = result.stderr.strip().splitlines()[-1]  # the file, and the flag that named it
+    assert str(tmp_path / "missing.pt") in error and "--clip-score" in error, result.stderr
     assert not (tmp_path / "results.json").exists()  # stopped before decoding
     result = in_process(
         "evaluate.py",
