@@ -238,6 +238,6 @@ def test_character_captions_that_are_cut_say_which_keys_to_raise(tmp_path):
     ]
     count, message = caption_length_summary(records, max_length=20)
     assert count == 44 and message.startswith("44 of 100 training captions (44.0%) exceed 20 words")
-    assert "set data.max_caption_length=26 and decode.max_length=26" in message
+    assert "data.max_caption_length=26" in message and "decode.max_length=26" in message  # the fix
     _, quiet = caption_length_summary(records, max_length=30)
     assert "set data" not in quiet

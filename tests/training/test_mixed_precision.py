@@ -68,10 +68,8 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_in_the_plan(shapes_roo
     assert completed.returncode == 0, completed.stderr[-2000:]
     lines = completed.stdout.splitlines()
     plan = next(k for k, line in enumerate(lines) if line.startswith("plan: "))
-    assert (
-        "; train.amp=bf16 on a CPU without bf16 instructions (torch CPU capability AVX2): bf16 products run "
-        "without vector instructions, an order of magnitude slower than float32; set train.amp=none"
-    ) in lines[plan]
+    # the setting, the CPU's capability, and the fix
+    assert all(name in lines[plan] for name in ("train.amp=bf16", "AVX2", "set train.amp=none")), lines[plan]
     assert not any(line.startswith("epoch") for line in lines[:plan])  # said before any step
 
     # A CPU that multiplies bf16 natively, and float32 anywhere, say nothing.
@@ -82,7 +80,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_in_the_plan(shapes_roo
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     converted = bf16_cost(torch.device("cpu"), "bf16")
-    assert "(torch CPU capability AVX512): bf16 products are converted" in converted
+    assert converted is not None and "AVX512" in converted and "bf16" in converted
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert bf16_cost(torch.device("cuda"), "bf16") is None  # a GPU's bf16 is its own
 
