@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from messages import raises_naming
+from test_faults import assert_one_line_error
 from tiny_models import photo, tiny_checkpoint
 from tool_runs import ONE_THREAD, REPO, in_process
 
@@ -207,13 +208,7 @@ def test_a_taken_port_is_refused_before_loading_anything(checkpoint):
         taken.listen()
         port = taken.getsockname()[1]
         result = in_process("visualize.py", "--serve", checkpoint, "--port", port)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        (
-            f"error: --port {port}: 127.0.0.1:{port} is not free (Address already in use); "
-            "give another port with --port N"
-        )
-    ]
+    assert_one_line_error(result.returncode, result.stderr, f"--port {port}", f"127.0.0.1:{port}", "--port N")
 
 
 @pytest.mark.parametrize(

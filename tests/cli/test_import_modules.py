@@ -218,7 +218,7 @@ def test_a_module_that_cannot_be_imported_is_a_one_line_error(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr
     if argument == "json.py":
-        assert lines[0].startswith("error: --import json.py: a module named 'json' is imported already (")
+        assert "'json'" in lines[0], lines[0]  # the module name it would shadow
 
 
 BUGGY_MODULE = """
@@ -265,10 +265,7 @@ def test_a_path_to_a_file_python_cannot_import_is_a_one_line_error(tmp_path, fre
     result = in_process(
         "evaluate.py", "--import", "plugins/encoders.txt", "--checkpoint", tmp_path / "never.pt", cwd=tmp_path
     )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: --import plugins/encoders.txt: not a Python source file (.py)"
-    ]
+    assert_one_line_error(result.returncode, result.stderr, "--import plugins/encoders.txt", ".py")
 
 
 def test_a_file_imported_by_an_earlier_run_in_the_process_is_not_run_again(tmp_path, fresh_imports):
