@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from messages import raises_naming
 from test_demo import OFFLINE, STARTUP_S, _browser, free_port
 from tiny_models import pattern, photo, tiny_checkpoint
 from tool_runs import REPO
@@ -154,7 +155,7 @@ def test_an_upload_over_the_limit_is_refused_and_not_stored(demo, tmp_path):
     # gradio_client reads the limit from the app and refuses before sending anything
     client = Client(demo.url, verbose=False, download_files=str(tmp_path / "downloads"))
     try:
-        with pytest.raises(ValueError, match=f"exceeds the maximum file size of {MAX_UPLOAD_BYTES} bytes"):
+        with raises_naming(ValueError, MAX_UPLOAD_BYTES, one_line=False):
             client.predict(handle_file(str(big)), "beam", 2, api_name="/caption")
     finally:
         client.close()
@@ -167,7 +168,7 @@ def test_an_upload_over_the_limit_is_refused_and_not_stored(demo, tmp_path):
         timeout=120,
     ).json()["event_id"]
     answer = httpx.get(f"{demo.url}/gradio_api/call/caption/{event}", timeout=120).text
-    assert "event: error" in answer and "over the demo's upload limit of 20 MB" in answer, answer
+    assert "event: error" in answer and "20 MB" in answer, answer  # the limit it is over
     assert demo.files() == before
 
 
@@ -190,7 +191,7 @@ def test_a_session_keeps_only_its_latest_upload_and_answer_and_nothing_once_it_e
             assert Path(figure).is_file() and all(Path(item["image"]).is_file() for item in overlays)
             words = [f"answers/*/word-{t:03d}.png" for t in range(len(overlays))]
             assert request_files(demo, before) == sorted([f"*/{image.name}", "answers/*/figure.png", *words])
-        with pytest.raises(Exception, match=r"notes\.png: not an image file PIL can read"):
+        with raises_naming(Exception, not_an_image.name, "PIL", one_line=False):
             client.predict(handle_file(str(not_an_image)), "beam", 2, api_name="/caption")
         assert "*/notes.png" not in request_files(demo, before)  # deleted at once
     finally:

@@ -131,8 +131,9 @@ def test_compare_refuses_different_image_sets(files: dict[str, Path], tmp_path: 
     assert_one_line_error(
         result.returncode,
         result.stderr,
-        f"{files['a']}: image_id 40: not in {files['b']} "
-        "(a paired comparison needs both systems' captions of the same images)",
+        str(files["a"]),
+        "image_id 40",
+        str(files["b"]),
     )
     assert not out.exists()
 
@@ -208,7 +209,7 @@ def test_compare_and_aggregate_check_out_before_reading_anything(files, tmp_path
         ["--aggregate", missing, missing],
     ):
         code, _, stderr = evaluate_in_process(*map(str, tool), "--out", str(folder))
-        assert_one_line_error(code, stderr, f"{folder}: --out: is a folder")
+        assert_one_line_error(code, stderr, str(folder), "--out")
     before = files["a"].read_bytes()
     code, _, stderr = evaluate_in_process(
         "--compare",
@@ -220,7 +221,7 @@ def test_compare_and_aggregate_check_out_before_reading_anything(files, tmp_path
         str(files["a"]),
         "--no-java",
     )
-    assert_one_line_error(code, stderr, f"{files['a']}: --out: is an input")
+    assert_one_line_error(code, stderr, str(files["a"]), "--out")
     assert files["a"].read_bytes() == before
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+from test_faults import assert_one_line_error
 from tool_runs import in_process, run_tool
 
 from captioning.hub.checkpoint import load_checkpoint
@@ -217,7 +218,7 @@ def test_a_module_that_cannot_be_imported_is_a_one_line_error(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr
     if argument == "json.py":
-        assert lines[0].startswith("error: --import json.py: a module named 'json' is imported already (")
+        assert "'json'" in lines[0], lines[0]  # the module name it would shadow
 
 
 BUGGY_MODULE = """
@@ -253,9 +254,9 @@ def test_a_bug_in_a_user_module_keeps_its_traceback_through_every_tool(
     assert lines[0] == "Traceback (most recent call last):", result.stderr
     assert any("buggy_user_module.py" in line and "line 7, in project" in line for line in lines)
     assert any(line.strip() == "return grid @ weight  # the user's bug: (2, 4) @ (3, 5)" for line in lines)
-    assert "(raised while importing --import buggy_user_module.py)" in lines
-    assert lines[-2].startswith("error: RuntimeError: mat1 and mat2 shapes cannot be multiplied")
-    assert lines[-1].startswith("This is not a problem with the input: the traceback above shows where")
+    assert any("--import buggy_user_module.py" in line for line in lines[1:-2])  # the module it came from
+    assert lines[-2].startswith("error: RuntimeError: ") and "mat1" in lines[-2]  # torch's own message
+    assert "traceback" in lines[-1]  # the last line points at the traceback, not at the input
 
 
 def test_a_path_to_a_file_python_cannot_import_is_a_one_line_error(tmp_path, fresh_imports):
@@ -264,10 +265,7 @@ def test_a_path_to_a_file_python_cannot_import_is_a_one_line_error(tmp_path, fre
     result = in_process(
         "evaluate.py", "--import", "plugins/encoders.txt", "--checkpoint", tmp_path / "never.pt", cwd=tmp_path
     )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: --import plugins/encoders.txt: not a Python source file (.py)"
-    ]
+    assert_one_line_error(result.returncode, result.stderr, "--import plugins/encoders.txt", ".py")
 
 
 def test_a_file_imported_by_an_earlier_run_in_the_process_is_not_run_again(tmp_path, fresh_imports):
@@ -328,16 +326,27 @@ def test_a_dataset_reader_a_user_module_registers_trains_through_train_py(tmp_pa
     flags = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
     common = ["--output-dir", run, "--device", "cpu", "--no-test", "--no-progress", *flags]
     refused = run_tool("train.py", *common)
-    assert refused.returncode == 2 and not run.exists()
-    assert refused.stderr.strip().splitlines() == [  # its Karpathy options name the readers that have them
-        "error: data.split_file is an option of the karpathy and coco dataset readers, not of data.dataset "
-        "'user_lowercase', which names no registered dataset reader (a module of your own registers it: "
-        "--import MODULE)"
-    ]
+    assert not run.exists()
+    # its Karpathy options name the readers that have them, and the flag that registers the user's reader
+    assert_one_line_error(
+        refused.returncode,
+        refused.stderr,
+        "data.split_file",
+        "karpathy",
+        "coco",
+        "data.dataset 'user_lowercase'",
+        "--import",
+    )
     refused = run_tool("train.py", *common, "--set", "data.lowercase=true")  # its option, without it
-    assert refused.returncode == 2 and not run.exists()
-    assert "unknown configuration key 'data.lowercase'" in refused.stderr
-    assert "data.dataset 'user_lowercase' has no options of its own here" in refused.stderr
+    assert not run.exists()
+    assert_one_line_error(
+        refused.returncode,
+        refused.stderr,
+        "'data.lowercase'",
+        "data.dataset 'user_lowercase'",
+        "--import",
+        alone=False,
+    )
     trained = run_tool("train.py", "--import", module, *common, "--set", "data.lowercase=true")
     assert trained.returncode == 0, trained.stderr
     summary = json.loads((run / "data_summary.json").read_text())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 from pathlib import Path
 
 import pytest
+from messages import raises_naming
 
 from captioning.cli.common import add_config_arguments, config_from_args
 from captioning.config import Config, ConfigError, to_dict
@@ -54,39 +54,39 @@ def test_overrides_are_typed_and_win_over_the_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "key, value, message",
+    "key, value, names",
     [
-        ("decode.beam_size", "0", "decode.beam_size must be >= 1"),
-        ("train.lr", "-1", "train.lr must be > 0"),
-        ("train.epochs", "two", "train.epochs must be an integer"),
-        ("train.epochs", "2.5", "train.epochs must be an integer"),
-        ("model.decoder.deep_output", "maybe", "must be true or false"),
-        ("train.lrr", "1", "unknown configuration key 'train.lrr'"),
-        ("decode.top_p", "0", "decode.top_p must be in"),
-        ("decode.top_p", "1.5", "decode.top_p must be in"),
-        ("decode.beam_groups", "2", "decode.beam_groups must .* divide decode.beam_size"),
-        ("decode.diversity", "-1", "decode.diversity must be in"),
-        ("decode.repetition_penalty", "0", "decode.repetition_penalty must be in"),
-        ("decode.num_return", "4", "decode.num_return .* must be at most decode.beam_size"),
-        ("decode.num_return", "0", "decode.num_return must be >= 1"),
+        ("decode.beam_size", "0", ("decode.beam_size", "0")),
+        ("train.lr", "-1", ("train.lr", "-1")),
+        ("train.epochs", "two", ("train.epochs", "'two'")),
+        ("train.epochs", "2.5", ("train.epochs", "'2.5'")),
+        ("model.decoder.deep_output", "maybe", ("model.decoder.deep_output", "'maybe'")),
+        ("train.lrr", "1", ("'train.lrr'", "epochs")),  # the keys it could have meant
+        ("decode.top_p", "0", ("decode.top_p", "0.0")),
+        ("decode.top_p", "1.5", ("decode.top_p", "1.5")),
+        ("decode.beam_groups", "2", ("decode.beam_groups", "decode.beam_size", "2")),
+        ("decode.diversity", "-1", ("decode.diversity", "-1")),
+        ("decode.repetition_penalty", "0", ("decode.repetition_penalty", "0")),
+        ("decode.num_return", "4", ("decode.num_return", "decode.beam_size", "4")),
+        ("decode.num_return", "0", ("decode.num_return", "0")),
     ],
 )
-def test_bad_values_are_refused_with_the_key(key, value, message):
+def test_bad_values_are_refused_with_the_key(key, value, names):
     overrides = {key: value}
-    with pytest.raises(ConfigError, match=message):
+    with raises_naming(ConfigError, *names):
         load_config(None, overrides)
 
 
 def test_bad_files(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read"):
+    with raises_naming(ConfigError, tmp_path / "missing.yaml"):
         load_config(tmp_path / "missing.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: [1, 2\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with raises_naming(ConfigError, broken, "YAML"):
         load_config(broken)
     listed = tmp_path / "list.yaml"
     listed.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="mapping"):
+    with raises_naming(ConfigError, listed, "mapping"):
         load_config(listed)
 
 
@@ -130,12 +130,12 @@ def test_overrides_on_a_loaded_configuration():
     assert changed.decode.beam_size == 7 and changed.data.root == "elsewhere"
     assert changed.model == config.model and changed.train == config.train
     assert dataclasses.replace(changed.decode, beam_size=config.decode.beam_size) == config.decode
-    with pytest.raises(ConfigError, match=r"^model.decoder.hidden_dim: only data.\* and decode.\* keys"):
+    with raises_naming(ConfigError, "model.decoder.hidden_dim", "data.*", "decode.*"):
         apply_overrides(config, {"model.decoder.hidden_dim": "8"}, CHECKPOINT_SECTIONS)
     assert apply_overrides(config, {"model.decoder.hidden_dim": "8"}).model.decoder.hidden_dim == 8
-    with pytest.raises(ConfigError, match="decode.beam_size must be an integer"):
+    with raises_naming(ConfigError, "decode.beam_size", "'many'"):
         apply_overrides(config, {"decode.beam_size": "many"})
-    with pytest.raises(ConfigError, match="unknown configuration key 'decode.beams'"):
+    with raises_naming(ConfigError, "'decode.beams'", "beam_size"):
         apply_overrides(config, {"decode.beams": "3"})
     for malformed in ("decode.beam_size", "=3"):
         with pytest.raises(ConfigError, match="KEY=VALUE"):
@@ -144,20 +144,20 @@ def test_overrides_on_a_loaded_configuration():
 
 def test_overrides_are_checked_alone_before_they_meet_a_configuration():
     # Key names, sections and types fail at once; rules between fields wait for the real configuration.
-    for overrides, message in (
-        ({"decode.beams": "3"}, "unknown configuration key 'decode.beams' in decode;"),
-        ({"decode": "3"}, "decode is a section"),
-        ({"decode.beam_size.x": "1"}, "'decode.beam_size' is not a section"),
-        ({"decode.beam_size": "x"}, "decode.beam_size must be an integer"),
-        ({"model.decoder.gate": "none"}, "only data.* and decode.* keys"),
+    for overrides, names in (
+        ({"decode.beams": "3"}, ("'decode.beams'", "beam_size")),
+        ({"decode": "3"}, ("decode", "decode.strategy")),  # a key of the section to set instead
+        ({"decode.beam_size.x": "1"}, ("'decode.beam_size.x'", "'decode.beam_size'")),
+        ({"decode.beam_size": "x"}, ("decode.beam_size", "'x'")),
+        ({"model.decoder.gate": "none"}, ("model.decoder.gate", "data.*", "decode.*")),
     ):
-        with pytest.raises(ConfigError, match=re.escape(message)):
+        with raises_naming(ConfigError, *names):
             check_overrides(overrides, CHECKPOINT_SECTIONS)
     longer = {"decode.min_length": "25"}
     check_overrides(longer, CHECKPOINT_SECTIONS)  # fine against a checkpoint decoding up to 50 words
     trained = apply_overrides(Config(), {"decode.max_length": 50})
     assert apply_overrides(trained, longer, CHECKPOINT_SECTIONS).decode.min_length == 25
-    with pytest.raises(ConfigError, match=re.escape("decode.min_length must be in [0, max_length]")):
+    with raises_naming(ConfigError, "decode.min_length", "max_length"):
         apply_overrides(Config(), longer, CHECKPOINT_SECTIONS)  # max_length 20
 
 

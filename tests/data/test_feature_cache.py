@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from messages import raises_naming
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -181,7 +182,7 @@ def test_full_disk_while_writing_the_index_keeps_the_previous_one(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)  # the index of the six new rows cannot be written
-    with pytest.raises(OSError, match="no space left on device writing the feature cache") as caught:
+    with raises_naming(OSError, tmp_path, "index.json", "data.cache_dir") as caught:
         _build(tmp_path, encoder, records)
     monkeypatch.undo()
     assert caught.value.errno == errno.ENOSPC and counter.calls == 0  # before any work

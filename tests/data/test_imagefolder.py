@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from messages import raises_naming
 
 from captioning.config import DataConfig
 from captioning.data import load_records, split_rule
@@ -105,57 +106,55 @@ ROW = {"file_name": "a.png", "caption": "a cat", "split": "train", "image_id": 1
 
 
 @pytest.mark.parametrize(
-    ("second", "message"),
+    ("second", "names"),
     [
-        ({**ROW, "file_name": "missing.png", "image_id": 2}, "image file 'missing.png' not found"),
-        ({**ROW, "caption": "  "}, "empty caption"),
-        ({**ROW, "caption": "..."}, "caption '...' has no words"),
-        ({**ROW, "caption": []}, "must be a string or a non-empty list of strings"),
-        ({**ROW, "caption": 3}, "must be a string or a non-empty list of strings"),
-        ({**ROW, "split": "dev"}, "unknown split 'dev'"),
-        ({**ROW, "file_name": "b.png", "image_id": 1}, "image_id 1 names 'b.png', but 'a.png' at"),
-        ({**ROW, "image_id": 7}, "'a.png' has image_id 7, but 1 at"),
-        ({**ROW, "split": "test"}, "'a.png' in split 'test', but 'train' at"),
-        ({**ROW, "image_id": "x"}, "field 'image_id' must be an integer"),
-        ({**ROW, "image_id": "--5"}, "field 'image_id' must be an integer, got '--5'"),
-        ({**ROW, "image_id": "4_2"}, "field 'image_id' must be an integer, got '4_2'"),
-        ({**ROW, "file_name": "C:img00.png"}, "image path 'C:img00.png' starts with a drive (C:)"),
-        ({**ROW, "file_name": "/etc/passwd"}, "image path '/etc/passwd' is absolute"),
-        ({"file_name": "b.png", "caption": "a dog", "image_id": 2}, "no 'split', unlike the rows before it"),
-        ({**ROW, "file_name": "../a.png"}, "must not contain '..'"),
-        ({"caption": "a cat"}, "missing field 'file_name'"),
-        ({"file_name": "a.png"}, "missing field 'caption' (or 'text')"),
-        ({**ROW, "text": "a cat"}, "both 'caption' and 'text'"),
-        ([1, 2], "expected an object, got list"),
+        ({**ROW, "file_name": "missing.png", "image_id": 2}, ("'missing.png'",)),
+        ({**ROW, "caption": "  "}, ("caption",)),
+        ({**ROW, "caption": "..."}, ("'...'",)),
+        ({**ROW, "caption": []}, ("'caption'", "[]")),
+        ({**ROW, "caption": 3}, ("'caption'", "3")),
+        ({**ROW, "split": "dev"}, ("'dev'", "train, val")),
+        ({**ROW, "file_name": "b.png", "image_id": 1}, ("image_id 1", "'b.png'", "'a.png'", "line 1")),
+        ({**ROW, "image_id": 7}, ("'a.png'", "image_id 7", "line 1")),
+        ({**ROW, "split": "test"}, ("'a.png'", "'test'", "'train'", "line 1")),
+        ({**ROW, "image_id": "x"}, ("'image_id'", "'x'")),
+        ({**ROW, "image_id": "--5"}, ("'image_id'", "'--5'")),
+        ({**ROW, "image_id": "4_2"}, ("'image_id'", "'4_2'")),
+        ({**ROW, "file_name": "C:img00.png"}, ("'C:img00.png'", "(C:)")),
+        ({**ROW, "file_name": "/etc/passwd"}, ("'/etc/passwd'",)),
+        ({"file_name": "b.png", "caption": "a dog", "image_id": 2}, ("'split'",)),
+        ({**ROW, "file_name": "../a.png"}, ("'../a.png'", "'..'")),
+        ({"caption": "a cat"}, ("'file_name'",)),
+        ({"file_name": "a.png"}, ("'caption'", "'text'")),
+        ({**ROW, "text": "a cat"}, ("'caption'", "'text'")),
+        ([1, 2], ("list",)),
     ],
 )
-def test_a_bad_jsonl_row_is_refused_naming_file_and_line(tmp_path, make_image, second, message):
+def test_a_bad_jsonl_row_is_refused_naming_file_and_line(tmp_path, make_image, second, names):
     make_image(tmp_path / "a.png")
     make_image(tmp_path / "b.png")
     metadata = write_jsonl(tmp_path / "metadata.jsonl", [ROW, second])
-    with pytest.raises(DatasetError) as error:
+    with raises_naming(DatasetError, f"{metadata}: line 2", *names):
         read_imagefolder(tmp_path)
-    assert str(error.value).startswith(f"{metadata}: line 2: ")
-    assert message in str(error.value)
-    assert "\n" not in str(error.value)
 
 
 def test_bad_json_and_bad_csv_lines_are_named(tmp_path, make_image):
     make_image(tmp_path / "a.png")
     metadata = tmp_path / "metadata.jsonl"
     metadata.write_text(json.dumps(ROW) + "\n\n{oops\n", encoding="utf-8")
-    with pytest.raises(DatasetError, match=rf"^{metadata}: line 3: not valid JSON"):
+    with raises_naming(DatasetError, f"{metadata}: line 3", "JSON"):
         read_imagefolder(tmp_path)
     metadata.unlink()
     metadata = tmp_path / "metadata.csv"
     metadata.write_text("file_name,caption\na.png,a cat\na.png,a cat,extra\n", encoding="utf-8")
-    with pytest.raises(DatasetError, match=rf"^{metadata}: line 3: more fields than the header's 2"):
+    with raises_naming(DatasetError, f"{metadata}: line 3", "more", "2") as more:
         read_imagefolder(tmp_path)
     metadata.write_text("file_name,caption\na.png,a cat\na.png\n", encoding="utf-8")
-    with pytest.raises(DatasetError, match=rf"^{metadata}: line 3: fewer fields than the header's 2"):
+    with raises_naming(DatasetError, f"{metadata}: line 3", "fewer", "2") as fewer:
         read_imagefolder(tmp_path)
+    assert str(more.value) != str(fewer.value)  # too many and too few fields are told apart
     metadata.write_bytes(b"file_name,caption\na.png,\xff\xfe\n")
-    with pytest.raises(DatasetError, match=rf"^{metadata}: not UTF-8 text"):
+    with raises_naming(DatasetError, metadata, "UTF-8"):
         read_imagefolder(tmp_path)
 
 
@@ -164,9 +163,7 @@ def test_a_repeated_csv_column_is_refused_naming_the_file_and_the_column(tmp_pat
     make_image(tmp_path / "a.png")
     metadata = tmp_path / "metadata.csv"
     metadata.write_text("file_name,caption,caption\na.png,a cat,a dog\n", encoding="utf-8")
-    with pytest.raises(
-        DatasetError, match=rf"^{metadata}: line 1: the header names column 'caption' 2 times"
-    ):
+    with raises_naming(DatasetError, f"{metadata}: line 1", "'caption'", "2"):
         read_imagefolder(tmp_path)
 
 
@@ -176,43 +173,39 @@ def test_a_bad_row_in_a_split_folder_names_that_folders_file(tmp_path, make_imag
     metadata = write_csv(
         tmp_path / "val" / "metadata.csv", ["file_name", "caption", "split"], [["a.png", "a cat", "train"]]
     )
-    with pytest.raises(DatasetError, match=rf"^{metadata}: line 2: split 'train' in the val folder"):
+    with raises_naming(DatasetError, f"{metadata}: line 2", "'train'", "val"):
         read_imagefolder(tmp_path)
 
 
 def test_layout_errors(tmp_path, make_image):
-    with pytest.raises(
-        DatasetError, match="no metadata.jsonl or metadata.csv there or in a split sub-folder"
-    ):
+    with raises_naming(DatasetError, tmp_path, "metadata.jsonl", "metadata.csv", "train/"):
         read_imagefolder(tmp_path)
     write_jsonl(tmp_path / "metadata.jsonl", [ROW])
     write_csv(tmp_path / "metadata.csv", ["file_name", "caption"], [["a.png", "a cat"]])
-    with pytest.raises(DatasetError, match="both metadata.jsonl and metadata.csv; keep one"):
+    with raises_naming(DatasetError, tmp_path, "metadata.jsonl", "metadata.csv"):
         read_imagefolder(tmp_path)
     (tmp_path / "metadata.csv").write_text("file_name,caption\n", encoding="utf-8")
     (tmp_path / "metadata.jsonl").unlink()
-    with pytest.raises(DatasetError, match=r"metadata.csv: no rows \(one per image or per caption\)"):
+    with raises_naming(DatasetError, tmp_path / "metadata.csv", "rows"):
         read_imagefolder(tmp_path)
     write_jsonl(tmp_path / "train" / "metadata.jsonl", [ROW])
-    with pytest.raises(DatasetError, match="metadata at the root and in split sub-folders"):
+    with raises_naming(DatasetError, tmp_path / "metadata.csv", tmp_path / "train" / "metadata.jsonl"):
         read_imagefolder(tmp_path)
 
 
 def test_a_folder_named_as_an_image_is_refused(tmp_path):
     (tmp_path / "a.png").mkdir()
     metadata = write_jsonl(tmp_path / "metadata.jsonl", [ROW])
-    with pytest.raises(
-        DatasetError, match=rf"^{metadata}: line 1: image file 'a.png' is a folder, not a file"
-    ):
+    with raises_naming(DatasetError, f"{metadata}: line 1", "'a.png'", "folder"):
         read_imagefolder(tmp_path)
 
 
 def test_fifos_are_refused_without_waiting_for_a_writer(tmp_path, make_image):
     os.mkfifo(tmp_path / "metadata.jsonl")
-    with pytest.raises(DatasetError, match=r"metadata.jsonl: not a regular file \(a FIFO\)"):
+    with raises_naming(DatasetError, tmp_path / "metadata.jsonl", "FIFO"):
         read_imagefolder(tmp_path)
     (tmp_path / "metadata.jsonl").unlink()
     os.mkfifo(tmp_path / "a.png")
     metadata = write_jsonl(tmp_path / "metadata.jsonl", [ROW])
-    with pytest.raises(DatasetError, match=rf"^{metadata}: line 1: image file 'a.png' is a FIFO, not a file"):
+    with raises_naming(DatasetError, f"{metadata}: line 1", "'a.png'", "FIFO"):
         read_imagefolder(tmp_path)

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Iterator
 
 import pytest
+from messages import raises_naming
 
 from captioning.config import (
     DATASETS,
@@ -88,16 +89,15 @@ def test_a_readers_own_options_come_from_yaml_and_set(capped_reader, karpathy_da
     assert (
         from_dict({"data": to_dict(overridden)}, stored=True).data == overridden
     )  # as a checkpoint stores it
-    with pytest.raises(ConfigError, match="data.captions_kept must be >= 1, got 0"):
+    with raises_naming(ConfigError, "data.captions_kept", "0"):
         load_config(path, {"data.captions_kept": "0"})
 
 
 def test_a_readers_own_option_with_another_dataset_is_refused_naming_the_reader(capped_reader):
-    with pytest.raises(ConfigError) as raised:
+    # the key, the reader it belongs to, the dataset chosen
+    with raises_naming(ConfigError, "data.captions_kept", "capped_for_test", "'shapes'"):
         load_config(None, {"data.captions_kept": "2"})  # the default dataset, shapes
-    message = str(raised.value)  # the key, the reader it belongs to, the dataset chosen
-    assert all(needle in message for needle in ("data.captions_kept", "capped_for_test", "'shapes'")), message
-    with pytest.raises(ConfigError, match="data.shapes_train is an option of the shapes dataset reader"):
+    with raises_naming(ConfigError, "data.shapes_train", "shapes", f"data.dataset '{NAME}'"):
         load_config(None, {"data.dataset": NAME, "data.shapes_train": "5"})
 
 
@@ -110,14 +110,14 @@ def test_a_readers_options_class_must_be_a_dataclass_of_its_name():
         dataset: str = "another_name"
 
     for config_class in (Undecorated, OtherName):
-        with pytest.raises(ValueError, match="must be a dataclass deriving from DataConfig"):
+        with raises_naming(ValueError, "'undecorated_for_test'", "dataclass", "DataConfig"):
             register_reader("undecorated_for_test", config_class)(CappedReader)
-    with pytest.raises(ValueError, match="dataset reader 'shapes' is already registered"):
+    with raises_naming(ValueError, "'shapes'", "registered"):
         register_reader("shapes", ShapesDataConfig)(CappedReader)
     # A family whose options are registered where configurations are read takes its reader with them.
     DATASETS.register_options(NAME)(CappedDataConfig)
     try:
-        with pytest.raises(ValueError, match="'capped_for_test' is configured by CappedDataConfig already"):
+        with raises_naming(ValueError, f"'{NAME}'", "CappedDataConfig"):
             register_reader(NAME)(CappedReader)
         register_reader(NAME, CappedDataConfig)(CappedReader)
         assert DATASETS[NAME].implementation is CappedReader
@@ -131,7 +131,7 @@ def test_a_readers_options_class_must_be_a_dataclass_of_its_name():
         assert DATASETS["bare_for_test"].config is DataConfig
     finally:
         del DATASETS._entries["bare_for_test"]
-    with pytest.raises(TypeError, match="registers its class and its options class together"):
+    with raises_naming(TypeError, "'bare_for_test'", "docs/extending.md"):
         DATASETS.add("bare_for_test", CappedReader)  # type: ignore[arg-type]
     assert "undecorated_for_test" not in DATASETS and "bare_for_test" not in DATASETS
 
@@ -157,10 +157,8 @@ def test_a_readers_own_path_option_is_expanded_and_checked(karpathy_dataset, tmp
         }
         config = load_config(None, overrides).data
         assert config.stopwords == str(tmp_path / "stop.txt")  # ~ expanded as a shell does
-        with pytest.raises(ConfigError) as missing:
+        with raises_naming(ConfigError, tmp_path / "stop.txt", "data.stopwords"):
             check_data_paths(config)
-        message = str(missing.value)
-        assert str(tmp_path / "stop.txt") in message and "data.stopwords" in message
         (tmp_path / "stop.txt").write_text("a\n", encoding="utf-8")
         check_data_paths(config)  # now there: accepted
         assert "stopwords" not in reader_of(config).index_options(config)  # its contents key the index

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
+from messages import raises_naming
 
 from captioning.data import DatasetError, build_vocabulary
 from captioning.data.records import ImageRecord
@@ -45,7 +45,7 @@ def test_ids_do_not_depend_on_record_order():
 
 
 def test_vocabulary_needs_training_captions():
-    with pytest.raises(DatasetError, match="no training images"):
+    with raises_naming(DatasetError, "train"):
         build_vocabulary(_records({"test": ["a dog"]}), min_count=1)
 
 
@@ -64,11 +64,11 @@ def test_json_round_trip(tmp_path):
 
 def test_bad_vocabulary_files(tmp_path):
     (tmp_path / "broken.json").write_text("{", encoding="utf-8")
-    with pytest.raises(VocabularyError, match="broken.json"):
+    with raises_naming(VocabularyError, tmp_path / "broken.json", "JSON"):
         Vocabulary.load(tmp_path / "broken.json")
-    with pytest.raises(VocabularyError, match="must start with"):
+    with raises_naming(VocabularyError, ", ".join(SPECIALS)):
         Vocabulary(["a", "b"])
-    with pytest.raises(VocabularyError, match="duplicate word 'a'"):
+    with raises_naming(VocabularyError, "'a'", "duplicate"):
         Vocabulary([*SPECIALS, "a", "a"])
 
 

@@ -338,7 +338,11 @@ def test_aggregate_refusing_different_decoders_names_the_decoder_kind(tmp_path):
     assert_one_line_error(
         code,
         stderr,
-        f"{paths[1]}: model.decoder.kind: 'transformer' here but 'lstm' in {paths[0]}",
+        str(paths[1]),
+        "model.decoder.kind",
+        "'transformer'",
+        "'lstm'",
+        str(paths[0]),
         "--compare",
     )
 
@@ -357,4 +361,4 @@ def test_seed_groups_refuse_runs_of_other_images(files, tmp_path):  # noqa: F811
         str(files["refs"]),
         "--no-java",
     )
-    assert_one_line_error(code, stderr, f"{runs_a[0]}: image_id 7: not in {fewer}")
+    assert_one_line_error(code, stderr, str(runs_a[0]), "image_id 7", str(fewer))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from messages import raises_naming
 from pycocotools import mask as mask_utils
 
 from captioning.evaluation.coco_files import EvaluationInputError
@@ -109,21 +110,23 @@ def test_rle_segmentations_compressed_or_not_decode_to_their_mask(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("segmentation", "message"),
+    ("segmentation", "names"),
     [
-        ([[1.0, 2.0, 3.0]], r"segmentation\[0\] must be a polygon"),
-        ({"size": [SIDE, SIDE], "counts": [5, 3]}, "must be a list of polygons or an RLE"),  # too short
-        ({"size": [SIDE, SIDE], "counts": [SIDE * SIDE + 7]}, "must be a list of polygons or an RLE"),
-        ({"size": [10, 10], "counts": [100]}, r"\[100, 100\]\} \(the image's height and width\)"),
-        ({"size": [SIDE, SIDE], "counts": "\x7f\x7f"}, "must be a list of polygons or an RLE"),
+        ([[1.0, 2.0, 3.0]], ("segmentation[0]", "polygon", "[1.0, 2.0, 3.0]")),
+        ({"size": [SIDE, SIDE], "counts": [5, 3]}, ("segmentation", "RLE", "[5, 3]")),  # too short
+        (
+            {"size": [SIDE, SIDE], "counts": [SIDE * SIDE + 7]},
+            ("segmentation", "RLE", f"[{SIDE * SIDE + 7}]"),
+        ),
+        ({"size": [10, 10], "counts": [100]}, ("segmentation", f"[{SIDE}, {SIDE}]", "[10, 10]")),
+        ({"size": [SIDE, SIDE], "counts": "\x7f\x7f"}, ("segmentation", "RLE")),
     ],
 )
-def test_a_bad_segmentation_is_one_line_naming_the_file_and_entry(tmp_path, segmentation, message):
+def test_a_bad_segmentation_is_one_line_naming_the_file_and_entry(tmp_path, segmentation, names):
     # Runs that do not cover the image exactly would make pycocotools write past its buffer.
     path = write_instances(tmp_path / "i.json", [{**BOX, "segmentation": segmentation}])
-    with pytest.raises(EvaluationInputError, match=rf"i\.json: annotations\[0\]: .*{message}") as error:
+    with raises_naming(EvaluationInputError, f"{path}: annotations[0]", *names):
         load_instances(path)
-    assert "\n" not in str(error.value)
 
 
 def test_the_class_mean_differs_from_the_mention_mean(tmp_path):
@@ -170,5 +173,5 @@ def test_the_class_mean_is_bootstrapped_over_one_class_list_and_a_malformed_entr
     assert first.tolist() == [[0, 0, 1, 1], [0, 2, 0, 0]] and second.tolist() == [[0, 0, 1, 2], [0, 0, 0, 0]]
     assert class_mean_score(np.stack([first.sum(0), second.sum(0)])).tolist() == [0.5, 0.5]
     assert aligned_classes([a, {}]) == []  # scores written before the published game: not compared
-    with pytest.raises(EvaluationInputError, match=r"^c\.json: image_id 1: grounding-classes: malformed"):
+    with raises_naming(EvaluationInputError, "c.json", "image_id 1", "grounding-classes"):
         class_statistics([{"image_id": 1, "grounding-classes": {"dog": 3}}], [1], "c.json")

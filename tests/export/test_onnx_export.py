@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from messages import raises_naming
 from PIL import Image
 from tiny_models import tiny_checkpoint
 
@@ -187,98 +188,97 @@ def _edit_config(folder: Path, change) -> None:
 
 
 @pytest.mark.parametrize(
-    ("tamper", "message"),
+    ("tamper", "file", "names"),
     [
-        (lambda f: (f / "decoder_step.onnx").unlink(), r"decoder_step\.onnx: file not found"),
-        (
-            lambda f: (f / "encoder.onnx").write_bytes(b"\x08\x07"),
-            r"encoder\.onnx: not the graph config\.json names",
-        ),
-        (lambda f: (f / "vocab.json").unlink(), r"vocab\.json: file not found"),
-        (lambda f: (f / "config.json").write_text("{"), r"config\.json: not valid JSON"),
-        (lambda f: _edit_config(f, lambda d: d.update(version=7)), r"ONNX export version 7 is not supported"),
+        (lambda f: (f / "decoder_step.onnx").unlink(), "decoder_step.onnx", ("encoder.onnx",)),
+        (lambda f: (f / "encoder.onnx").write_bytes(b"\x08\x07"), "encoder.onnx", ("config.json", "sha256")),
+        (lambda f: (f / "vocab.json").unlink(), "vocab.json", ("model.export(",)),
+        (lambda f: (f / "config.json").write_text("{"), "config.json", ("JSON",)),
+        (lambda f: _edit_config(f, lambda d: d.update(version=7)), "config.json", ("version 7",)),
         (
             lambda f: _edit_config(f, lambda d: d["onnx"]["layout"].update(state=1)),
-            r"decoder_init\.onnx: takes annotations and gives state_0, state_1, not what config\.json",
+            "decoder_init.onnx",
+            ("state_0, state_1", "config.json"),
         ),
         (
             lambda f: _edit_config(f, lambda d: d["onnx"]["layout"].update(state="2")),
-            r'entry "onnx\.layout\.state" must be int',
+            "config.json",
+            ('"onnx.layout.state"', '"2"'),
         ),
         (
             lambda f: _edit_config(f, lambda d: d["encoder_fingerprint"].update(grid=[3, 3])),
-            r"encoder\.onnx: gives annotations of \(4, 1280\) .* says \(9, 1280\)",
+            "encoder.onnx",
+            ("(4, 1280)", "(9, 1280)", '"encoder_fingerprint"'),
         ),
         (
             lambda f: _edit_config(f, lambda d: d["encoder_fingerprint"].update(interpolation="sideways")),
-            r'entry "encoder_fingerprint" must describe the encoder',
+            "config.json",
+            ('"encoder_fingerprint"', "interpolation"),
         ),
         (
             lambda f: (f / "vocab.json").write_text(
                 json.dumps({"words": json.loads((f / "vocab.json").read_text())["words"][:5]})
             ),
-            r"decoder_step\.onnx: scores 41 words .* vocabulary has 5 words",
+            "decoder_step.onnx",
+            ("41 words", "5 words"),
         ),
     ],
 )
-def test_a_changed_or_incomplete_export_is_refused_in_one_line(exports, tmp_path, tamper, message):
+def test_a_changed_or_incomplete_export_is_refused_in_one_line(exports, tmp_path, tamper, file, names):
     folder = _copy(exports["lstm"][1], tmp_path)
     tamper(folder)
-    with pytest.raises(CheckpointError, match=message) as caught:
+    with raises_naming(CheckpointError, folder / file, *names):
         captioning.load(folder, runtime="onnxruntime")
-    assert "\n" not in str(caught.value)
 
 
 def test_each_runtime_names_the_other_for_the_wrong_folder(exports, tmp_path):
     model, folder = exports["lstm"]
-    with pytest.raises(
-        CheckpointError, match="an ONNX export, which holds no PyTorch weights: .*runtime='onnxruntime'"
-    ):
+    with raises_naming(CheckpointError, folder / "config.json", "runtime='onnxruntime'"):
         captioning.load(folder)
     pretrained = model.save_pretrained(tmp_path / "model")
-    with pytest.raises(CheckpointError, match="a PyTorch model folder, not an ONNX export"):
+    with raises_naming(CheckpointError, pretrained / "config.json", "runtime='onnxruntime'", "format='onnx'"):
         captioning.load(pretrained, runtime="onnxruntime")
-    with pytest.raises(CheckpointError, match="no such folder"):
+    with raises_naming(CheckpointError, tmp_path / "missing", "model.export"):
         captioning.load(tmp_path / "missing", runtime="onnxruntime")
-    with pytest.raises(InputError, match="runtime must be torch or onnxruntime, got 'tensorrt'"):
+    with raises_naming(InputError, "runtime", "torch", "onnxruntime", "'tensorrt'"):
         captioning.load(folder, runtime="tensorrt")
-    with pytest.raises(InputError, match="runs on the CPU: device must be auto or cpu, got 'cuda'"):
+    with raises_naming(InputError, "runtime='onnxruntime'", "device", "cpu", "'cuda'"):
         captioning.load(folder, runtime="onnxruntime", device="cuda")
 
 
 def test_what_needs_pytorch_weights_or_another_map_is_refused(exports, tmp_path):
     onnx_model = captioning.load(exports["transformer"][1], runtime="onnxruntime")
-    for call in (
-        lambda: onnx_model.save_pretrained(tmp_path / "m"),
-        lambda: onnx_model.export(tmp_path / "e"),
+    for name, call in (
+        ("save_pretrained()", lambda: onnx_model.save_pretrained(tmp_path / "m")),
+        ("export()", lambda: onnx_model.export(tmp_path / "e")),
     ):
-        with pytest.raises(InputError, match="needs the PyTorch weights; this model .* runs ONNX graphs"):
+        with raises_naming(InputError, name, exports["transformer"][1], "ONNX"):
             call()
-    with pytest.raises(InputError, match=r"reports one attention map \(layer 2 of 2, mean of 2 heads\)"):
+    with raises_naming(InputError, "layer 2 of 2", "2 heads"):
         onnx_model.caption([np.zeros((8, 8, 3), dtype=np.uint8)], layer=1)
     assert not (tmp_path / "m").exists() and not (tmp_path / "e").exists()
 
 
 def test_the_export_refuses_folders_it_must_not_replace(exports, tmp_path, monkeypatch):
     model, folder = exports["lstm"]
-    with pytest.raises(InputError, match="format must be onnx, got 'torchscript'"):
+    with raises_naming(InputError, "format", "onnx", "'torchscript'"):
         model.export(tmp_path / "x", format="torchscript")
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    with pytest.raises(RunFolderError, match="a run folder"):
+    with raises_naming(RunFolderError, run, "checkpoints", run / "onnx"):
         model.export(run)
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "notes.txt").write_text("mine")
-    with pytest.raises(RunFolderError, match=r"not an ONNX export \(holds notes\.txt\)"):
+    with raises_naming(RunFolderError, tmp_path / "notes", "notes.txt"):
         model.export(tmp_path / "notes")
     again = _copy(folder, tmp_path)
-    with pytest.raises(RunFolderError, match="holds an ONNX export already; pass overwrite=True"):
+    with raises_naming(RunFolderError, again, "overwrite=True"):
         model.export(again)
     (again / "encoder.onnx").write_bytes(b"old")
     model.export(again, overwrite=True)  # replaced whole: the old graph is gone
     assert captioning.load(again, runtime="onnxruntime").caption([np.zeros((8, 8, 3), dtype=np.uint8)])
     monkeypatch.setitem(__import__("sys").modules, "onnx", None)
-    with pytest.raises(InputError, match=r'need the onnx library: pip install -e "\.\[onnx\]"'):
+    with raises_naming(InputError, 'pip install -e ".[onnx]"'):
         model.export(tmp_path / "without")
     assert (tmp_path / "notes" / "notes.txt").read_text() == "mine"
 
@@ -310,7 +310,7 @@ def test_an_int8_export_quantises_the_decoder_step_and_stays_close(exports, tiny
     assert 0 < difference < 0.05
     captions = captioning.load(folder, runtime="onnxruntime").caption(images, beam_size=3)
     assert all(np.allclose(c.attention.sum(axis=(1, 2)), 1, atol=1e-5) for c in captions)
-    with pytest.raises(InputError, match="quantise must be one of none, int8, got 'int4'"):
+    with raises_naming(InputError, "quantise", "none, int8", "'int4'"):
         model.export(tmp_path / "int4", quantise="int4")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from messages import raises_naming
 from test_hostile import small_disk  # a real small tmpfs (root only)
 from tool_runs import ONE_THREAD, REPO
 
@@ -120,9 +121,7 @@ def test_a_device_or_fifo_where_a_model_file_goes_is_refused_before_writing(tmp_
     before = contents(folder)
     (folder / "model.safetensors").unlink()
     os.mknod(folder / "model.safetensors", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # like /dev/null
-    with pytest.raises(
-        RunFolderError, match=r"model\.safetensors: not a regular file \(a character device\)"
-    ):
+    with raises_naming(RunFolderError, folder / "model.safetensors", "character device"):
         model.save_pretrained(folder)
     assert stat.S_ISCHR((folder / "model.safetensors").lstat().st_mode)  # still the device
     assert hashlib.sha256((folder / "config.json").read_bytes()).hexdigest() == before["config.json"]
@@ -132,7 +131,7 @@ def test_a_device_or_fifo_where_a_model_file_goes_is_refused_before_writing(tmp_
     os.mkfifo(fifo_folder / "config.json")
     signal.alarm(20)  # a blocking open of the FIFO would fail the test, not hang it
     try:
-        with pytest.raises(RunFolderError, match=r"config\.json: not a regular file \(a FIFO\)"):
+        with raises_naming(RunFolderError, fifo_folder / "config.json", "FIFO"):
             model.save_pretrained(fifo_folder)
     finally:
         signal.alarm(0)
@@ -145,9 +144,8 @@ def test_a_users_folder_is_not_replaced_unless_asked(tmp_path):
     mine.mkdir()
     (mine / "README.md").write_text("my notes\n")
     (mine / "config.json").write_text('{"learning_rate": 3}\n')
-    with pytest.raises(
-        RunFolderError, match=r"mine: not a model folder \(its config\.json is not a model folder's\)"
-    ):
+    # the folder, the files it would replace, the way to replace them
+    with raises_naming(RunFolderError, mine, "config.json, README.md", "overwrite=True") as refused:
         model.save_pretrained(mine)
     assert (mine / "README.md").read_text() == "my notes\n" and sorted(os.listdir(mine)) == [
         "README.md",
@@ -155,8 +153,9 @@ def test_a_users_folder_is_not_replaced_unless_asked(tmp_path):
     ]
 
     (mine / "data.csv").write_text("a,b\n")
-    with pytest.raises(RunFolderError, match=r"holds data\.csv beside a model folder's files"):
+    with raises_naming(RunFolderError, mine, "data.csv", "overwrite=True"):
         model.save_pretrained(mine)
+    assert "data.csv" not in str(refused.value)  # named only when it is there
     model.save_pretrained(mine, overwrite=True)  # asked: the model's files replaced, the rest kept
     assert (mine / "data.csv").read_text() == "a,b\n"
     assert captioning.load(mine).vocab.to_dict() == model.vocab.to_dict()
@@ -175,7 +174,7 @@ def test_a_run_folder_and_its_checkpoints_are_refused_even_when_asked(tmp_path):
     (run / "vocab.json").write_text('{"words": ["mine"]}')
     for target in (run, run / "checkpoints"):
         for overwrite in (False, True):
-            with pytest.raises(RunFolderError, match="a run folder"):
+            with raises_naming(RunFolderError, target, "run", target / "model"):
                 model.save_pretrained(target, overwrite=overwrite)
     assert (run / "vocab.json").read_text() == '{"words": ["mine"]}'
     assert sorted(os.listdir(run / "checkpoints")) == ["best.pt"]

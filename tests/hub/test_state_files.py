@@ -7,6 +7,7 @@ import zipfile
 
 import pytest
 import torch
+from messages import raises_naming
 from safetensors.torch import save_file
 
 from captioning.hub.checkpoint import CheckpointError, load_checkpoint
@@ -84,10 +85,11 @@ def test_checkpoints_and_encoder_weights_share_the_reader(tmp_path):
     each with its own error type and its own word for the file."""
     path = tmp_path / "hostile.pt"
     torch.save({"x": Payload()}, path)
-    with pytest.raises(CheckpointError, match="refused: the checkpoint holds objects other than tensors"):
+    with raises_naming(CheckpointError, path, "checkpoint", "tensors") as checkpoint:
         load_checkpoint(path)
-    with pytest.raises(EncoderWeightsError, match="refused: the state-dict file holds objects other than"):
+    with raises_naming(EncoderWeightsError, path, "state-dict file", "tensors"):
         read_state_dict(path)
+    assert "state-dict" not in str(checkpoint.value)  # each says what the file was meant to be
     torch.save([torch.ones(1)], path)
-    with pytest.raises(EncoderWeightsError, match="expected a state dict, found a list"):
+    with raises_naming(EncoderWeightsError, path, "state dict", "list"):
         read_state_dict(path)

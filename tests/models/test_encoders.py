@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from messages import raises_naming
 from PIL import Image
 from torch import nn
 
@@ -110,7 +111,7 @@ def test_unknown_name_lists_the_registry() -> None:
 
 def test_missing_local_weights_file(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere.pth"
-    with pytest.raises(EncoderWeightsError, match="nowhere.pth: encoder weights file not found"):
+    with raises_naming(EncoderWeightsError, missing, "model.encoder.weights"):
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights=str(missing)))
 
 
@@ -120,7 +121,7 @@ def test_local_weights_with_wrong_keys_names_them(tmp_path: Path) -> None:
     state["extra.weight"] = torch.zeros(1)
     path = tmp_path / "lite0.pth"
     torch.save(state, path)
-    with pytest.raises(EncoderWeightsError, match=r"missing 1 \(_fc.bias\); unexpected 1 \(extra.weight\)"):
+    with raises_naming(EncoderWeightsError, path, "_fc.bias", "extra.weight"):
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights=str(path)))
 
 
@@ -286,9 +287,8 @@ def test_random_weights_are_told_apart_by_the_cache_key():
 
 
 def test_a_grid_finer_than_the_native_one_is_refused():
-    with pytest.raises(
-        ConfigError, match=r"model.encoder.grid_size 14 is finer than efficientnet_lite0's native 7x7"
-    ):
+    # the key and its value, the encoder and its grid, the keys that fix it
+    with raises_naming(ConfigError, "model.encoder.grid_size 14", "efficientnet_lite0", "7x7", "image_size"):
         build_encoder(EncoderConfig(name="efficientnet_lite0", weights="none", image_size=224, grid_size=14))
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from messages import raises_naming
 from search_options import settings
 from test_training import (  # noqa: F401
     as_flags,
@@ -200,7 +201,7 @@ def test_noam_warms_up_linearly_then_decays_as_inverse_square_root():
 
 
 def test_config_validation_and_old_checkpoints_load_as_lstm():
-    with pytest.raises(ConfigError, match="model.decoder.d_model .* divisible"):
+    with raises_naming(ConfigError, "model.decoder.d_model (30)", "model.decoder.num_heads (8)"):
         TransformerDecoderConfig(d_model=30, num_heads=8)
     with pytest.raises(ConfigError, match="model.decoder.kind"):
         LSTMDecoderConfig(kind="gru")

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from messages import raises_naming
 from search_options import settings
 from test_faults import assert_one_line_error
 from test_training import REPO, as_flags, read_steps, run_train, tiny_overrides, train_in_process
@@ -55,7 +56,7 @@ def test_fp16_on_cpu_is_refused_in_one_line_before_any_work(shapes_root, tmp_pat
     output_dir = tmp_path / "run"
     overrides = tiny_overrides(shapes_root, output_dir, **{"train.amp": "fp16", "train.device": "cpu"})
     completed = train_in_process(as_flags(overrides))
-    assert_one_line_error(completed.returncode, completed.stderr, "train.amp: fp16 needs a CUDA device")
+    assert_one_line_error(completed.returncode, completed.stderr, "train.amp", "fp16", "bf16")
     assert not output_dir.exists()
 
 
@@ -67,10 +68,8 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_in_the_plan(shapes_roo
     assert completed.returncode == 0, completed.stderr[-2000:]
     lines = completed.stdout.splitlines()
     plan = next(k for k, line in enumerate(lines) if line.startswith("plan: "))
-    assert (
-        "; train.amp=bf16 on a CPU without bf16 instructions (torch CPU capability AVX2): bf16 products run "
-        "without vector instructions, an order of magnitude slower than float32; set train.amp=none"
-    ) in lines[plan]
+    # the setting, the CPU's capability, and the fix
+    assert all(name in lines[plan] for name in ("train.amp=bf16", "AVX2", "set train.amp=none")), lines[plan]
     assert not any(line.startswith("epoch") for line in lines[:plan])  # said before any step
 
     # A CPU that multiplies bf16 natively, and float32 anywhere, say nothing.
@@ -81,13 +80,13 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_in_the_plan(shapes_roo
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     converted = bf16_cost(torch.device("cpu"), "bf16")
-    assert "(torch CPU capability AVX512): bf16 products are converted" in converted
+    assert converted is not None and "AVX512" in converted and "bf16" in converted
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert bf16_cost(torch.device("cuda"), "bf16") is None  # a GPU's bf16 is its own
 
 
 def test_autocast_refuses_fp16_on_cpu_and_casts_bf16():
-    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
+    with raises_naming(ConfigError, "train.amp", "fp16", "bf16"):
         autocast(torch.device("cpu"), "fp16")
     layer = torch.nn.Linear(4, 4)
     with autocast(torch.device("cpu"), "bf16"):

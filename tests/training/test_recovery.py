@@ -220,7 +220,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(shapes, tmp
     ]
     code, stderr = run_in_process("train.py", args)
     monkeypatch.undo()
-    assert_one_line_error(code, stderr, f"{last}: no space left on device")
+    assert_one_line_error(code, stderr, str(last), "space")
     assert last.read_bytes() == previous["bytes"]
     assert load_checkpoint(last)["training"]["state"]["global_step"] == 2
     assert [p.name for p in last.parent.iterdir()] == ["last.pt"]  # no temporary file left behind
@@ -246,7 +246,7 @@ def test_full_disk_while_writing_results_keeps_the_previous_file(shapes, tmp_pat
         ["--checkpoint", shapes.checkpoint, "--images", folder, "--results", results, "--no-progress"],
     )
     monkeypatch.undo()
-    assert_one_line_error(code, stderr, f"{results}: no space left on device")
+    assert_one_line_error(code, stderr, str(results), "space")
     assert results.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "results.json"]
 
@@ -271,13 +271,9 @@ def test_full_disk_while_caching_features_keeps_the_index(cache_shapes, tmp_path
     ]
     code, stderr = run_in_process("train.py", args)
     monkeypatch.undo()
-    line = assert_one_line_error(
-        code,
-        stderr,
-        "no space left on device writing the feature cache",
-        str(previous["path"].parent / "features.npy"),
+    assert_one_line_error(
+        code, stderr, "space", str(previous["path"].parent / "features.npy"), "data.cache_dir"
     )
-    assert "data.cache_dir" in line
     assert previous["path"].read_bytes() == previous["bytes"]
     assert (
         len(json.loads(previous["bytes"])["rows"]) == CACHE_IMAGES

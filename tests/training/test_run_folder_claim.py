@@ -3,7 +3,7 @@ plain files: no model, no torch."""
 
 from __future__ import annotations
 
-import pytest
+from messages import raises_naming
 
 from captioning.utils.run_folder import (
     RunFolderError,
@@ -23,7 +23,9 @@ def touch(path, text="x"):
 def test_a_new_run_refuses_earlier_checkpoints_unless_overwrite(tmp_path, capsys):
     touch(tmp_path / "checkpoints" / "best.pt")
     notes = touch(tmp_path / "notes.txt")
-    with pytest.raises(RunFolderError, match=r"holds an earlier run's checkpoints \(best\.pt\)"):
+    with raises_naming(
+        RunFolderError, tmp_path, "best.pt", "--resume", "train.overwrite=true", "--output-dir"
+    ):
         claim_output_dir(tmp_path, overwrite=False)
     assert (tmp_path / "checkpoints" / "best.pt").exists()
     claim_output_dir(tmp_path, overwrite=True)
@@ -37,12 +39,12 @@ def test_resume_auto_continues_last_starts_over_on_leftovers_and_refuses_more(tm
     touch(tmp_path / "steps.jsonl")
     assert auto_resume_choice(tmp_path, look_for_resume(tmp_path), False) == (None, True)
     touch(tmp_path / "test_scores.json")
-    with pytest.raises(RunFolderError, match=r"holds more than a launch .* \(test_scores\.json\)"):
+    with raises_naming(RunFolderError, tmp_path, "--resume auto", "test_scores.json", "train.overwrite=true"):
         auto_resume_choice(tmp_path, look_for_resume(tmp_path), False)
     assert auto_resume_choice(tmp_path, look_for_resume(tmp_path), True) == (None, False)
     last = tmp_path / "checkpoints" / "last.pt"
     last.mkdir(parents=True)
-    with pytest.raises(RunFolderError, match=r"last\.pt: is a folder, not a checkpoint"):
+    with raises_naming(RunFolderError, last, "folder", "--output-dir"):
         auto_resume_choice(tmp_path, look_for_resume(tmp_path), True)
     last.rmdir()
     touch(last)
@@ -51,7 +53,7 @@ def test_resume_auto_continues_last_starts_over_on_leftovers_and_refuses_more(tm
 
 def test_the_best_validation_metric_is_scored_a_tie_to_self_critical(tmp_path):
     folder = tmp_path / "checkpoints"
-    with pytest.raises(RunFolderError, match="no checkpoint found"):
+    with raises_naming(RunFolderError, folder, "checkpoint"):
         best_checkpoint(tmp_path, lambda path: 0.0)
     metrics = {"last": 0.9, "best": 1.2, "best_scst": 1.1}
     touch(folder / "last.pt")

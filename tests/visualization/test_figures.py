@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.patches import Rectangle
+from messages import raises_naming
 from PIL import Image
 
 from captioning.evaluation.grounding import Instances, ObjectBox, word_boxes
@@ -56,7 +57,7 @@ def test_display_ranges(normalize, tops):
     # Without the sharp word, the figure's scale tops at the largest remaining weight, 0.4.
     assert display_range(sharp_flat_and_split()[1:], "figure") == [(0.0, pytest.approx(0.4))] * 2
     assert display_range(sharp_flat_and_split()[1:], "absolute") == [(0.0, 1.0), (0.0, 1.0)]
-    with pytest.raises(ValueError, match="normalize must be one of"):
+    with raises_naming(ValueError, "normalize", "figure, absolute, word", "'global'"):
         display_range(sharp_flat_and_split(), "global")
 
 
