@@ -47,7 +47,7 @@ from harness import OtherLoad, PeakMemory, autocast, median_seconds, synchronize
 from tutorial_baseline import TutorialDecoder, tutorial_beam_search, tutorial_loss
 
 import captioning
-from captioning.config import EncoderConfig, LSTMDecoderConfig
+from captioning.config import DecodeConfig, EncoderConfig, LSTMDecoderConfig
 from captioning.data import build_vocabulary, generate_shapes, read_shapes
 from captioning.data.datasets import CaptionDataset, collate_captions
 from captioning.data.feature_cache import FeatureCache, cache_batch_size
@@ -339,7 +339,14 @@ def beam_decoding(
         for k in sizes.beam_sizes:
             with autocast(device, amp):
                 seconds = median_seconds(
-                    functools.partial(beam_search, decoder, grids, k, sizes.beam_max_length), repeats, device
+                    functools.partial(
+                        beam_search,
+                        decoder,
+                        grids,
+                        DecodeConfig(beam_size=k, max_length=sizes.beam_max_length, forbid_unk=False),
+                    ),
+                    repeats,
+                    device,
                 )
             ours[str(k)] = sizes.beam_images / seconds
     few = grids[: sizes.tutorial_beam_images]

@@ -24,7 +24,7 @@ import torch
 from harness import PeakMemory, autocast, median_seconds
 from recompute_baseline import RecomputingDecoder
 
-from captioning.config import TransformerDecoderConfig
+from captioning.config import DecodeConfig, TransformerDecoderConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoding import beam_search
 from captioning.models.transformer import TransformerDecoder
@@ -219,7 +219,12 @@ def beam_decoding(
             for k in sizes.beam_sizes:
                 with autocast(device, amp):
                     seconds = median_seconds(
-                        functools.partial(beam_search, searched, grids, k, sizes.beam_max_length),
+                        functools.partial(
+                            beam_search,
+                            searched,
+                            grids,
+                            DecodeConfig(beam_size=k, max_length=sizes.beam_max_length, forbid_unk=False),
+                        ),
                         runs,
                         device,
                     )
