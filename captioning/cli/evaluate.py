@@ -157,28 +157,31 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         tokenizer=args.tokenizer,
         chair=args.chair_table or "released",
     )
-    if len(results_a) == len(results_b) == 1:
-        _compare_faithfulness(results_a[0], results_b[0], args, comparison)
+    _compare_faithfulness(results_a, results_b, args, comparison)
     return comparison
 
 
 def _compare_faithfulness(
-    results_a: Path, results_b: Path, args: argparse.Namespace, comparison: dict
+    results_a: list[Path], results_b: list[Path], args: argparse.Namespace, comparison: dict
 ) -> None:
-    """The faithfulness rows of both systems' scores, when both hold them: printed, and added to
-    ``--out``'s comparison."""
+    """The faithfulness rows of the systems' scores (one run a side or several), when every run's
+    scores hold them: printed, and added to ``--out``'s comparison."""
     from captioning.evaluation.significance import comparison_table
     from captioning.explain.compare import faithfulness_comparison, faithfulness_of
 
-    a, b = faithfulness_of(results_a), faithfulness_of(results_b)
-    if a is None or b is None:
+    a, b = [faithfulness_of(path) for path in results_a], [faithfulness_of(path) for path in results_b]
+    tables_a, tables_b = [t for t in a if t is not None], [t for t in b if t is not None]
+    if len(tables_a) < len(a) or len(tables_b) < len(b):
+        if tables_a or tables_b:  # some runs explained, not all: say why no rows
+            print("faithfulness of the maps: not compared, the scores of some runs hold no table")
         return
-    rows, images = faithfulness_comparison(a, b, args.resamples, args.seed)
+    rows, images = faithfulness_comparison(tables_a, tables_b, args.resamples, args.seed)
     if not rows:
         return
     names = (comparison["names"]["a"], comparison["names"]["b"])
+    both = "by both" if len(a) == len(b) == 1 else f"by all {len(a) + len(b)} runs"
     print(
-        f"faithfulness of the maps, {images} images explained by both "
+        f"faithfulness of the maps, {images} images explained {both} "
         "(areas x100; deletion: lower is faithful)"
     )
     print(comparison_table(rows, names))
