@@ -228,8 +228,10 @@ def _faithfulness_settings(args: argparse.Namespace):
     from captioning.explain.methods import parse_methods
     from captioning.explain.study import FaithfulnessSettings
 
-    if args.faithfulness_images < 0:
-        raise ConfigError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
+    for flag in ("faithfulness_images", "faithfulness_figures"):
+        if getattr(args, flag, 0) < 0:
+            option = "--" + flag.replace("_", "-")
+            raise ConfigError(f"{option} must be 0 or more, got {getattr(args, flag)}")
     methods = METHODS.names() if args.faithfulness == "default" else parse_methods(args.faithfulness)
     return FaithfulnessSettings(
         methods=methods,
@@ -252,6 +254,50 @@ def _fitted_methods(settings, requested: str, decoder):
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
     return out if out is not None else scores_path_for(results)
+
+
+def _faithfulness_page_path(scores: Path) -> Path | None:
+    """``x_scores.json`` -> ``x_faithfulness.html`` beside it; None beside a device or a FIFO."""
+    if writes_in_place(scores):
+        return None
+    return scores.with_name(scores.stem.removesuffix("_scores") + "_faithfulness.html")
+
+
+def _write_faithfulness_page(
+    page: Path,
+    scores: dict,
+    explained: list,
+    captioned: list,
+    grid: tuple[int, int],
+    figures: int,
+    progress: bool,
+) -> Path:
+    """The faithfulness page of ``scores`` with the maps of the first ``figures`` explained images."""
+    from captioning.data.images import load_image
+    from captioning.visualization.faithfulness_page import ExplainedImage, write_faithfulness_page
+
+    records = {item.record.image_id: item.record for item in captioned}
+    areas = {row["image_id"]: row for row in scores["faithfulness"].get("per_image", [])}
+    items = [
+        ExplainedImage(
+            one.image_id,
+            Path(records[one.image_id].path).name,
+            one.words,
+            one.maps,
+            areas.get(one.image_id, {}),
+        )
+        for one in explained[:figures]
+    ]
+    return write_faithfulness_page(
+        page,
+        scores["faithfulness"],
+        items,
+        [load_image(records[item.image_id].path) for item in items],
+        grid,
+        checkpoint=scores.get("checkpoint"),
+        signature=scores.get("signature", ""),
+        progress=progress,
+    )
 
 
 def evaluate(args: argparse.Namespace) -> dict | None:
@@ -347,15 +393,19 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     run_dir = run_folder_of(args.checkpoint)
     prefix = evaluation_prefix(args.checkpoint, "images" if records is not None else args.split)
     results = args.results or run_dir / f"{prefix}_results.json"
+    page: Path | None = None  # the faithfulness page, with --faithfulness
     if records is not None:
         index = _beside(results, "_files.json")
         outputs = _outputs(("--results", results), ("--results (image id -> file)", index))
     else:
         scores_target = _scores_paths(args.out, results)
+        if faithfulness is not None:
+            page = _faithfulness_page_path(scores_target)
         outputs = _outputs(
             ("--results", results),
             ("--out", scores_target),
             ("--out (per-image scores)", per_image_path(scores_target)),
+            ("--out (faithfulness page)", page),
         )
     inputs = [
         ("--checkpoint", args.checkpoint),
@@ -447,6 +497,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         tolerance=config.data.pointing_tolerance,
     )
     scores["checkpoint"] = str(args.checkpoint)
+    explained: list = []  # each explained image's maps per method, for the page
     if faithfulness is not None:
         from captioning.explain.split import signature_field, split_study, table_lines
 
@@ -461,6 +512,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             build_cache,
             args.faithfulness_images,
             progress,
+            explained,
         )
         scores["faithfulness"] = study
         scores["signature"] += f"|faith:{signature_field(faithfulness, study['images'])}"
@@ -473,11 +525,16 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         print(f"the {decode_config.num_return} captions of each image:")
         print("\n".join(caption_set_lines(scores["caption sets"])))
     scores_path, per_image = write_scores(scores_target, scores)
+    if page is not None:
+        _write_faithfulness_page(
+            page, scores, explained, captioned, model.grid, args.faithfulness_figures, progress
+        )
     _print_summary(
         {
             "captions": results,
             "scores": scores_path,
             "per-image scores": per_image,
+            "faithfulness page": page,
             "ranked captions": ranked,
         },
         notes,
