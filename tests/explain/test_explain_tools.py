@@ -107,7 +107,7 @@ def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: 
         name = re.search(r"<h3>(.*?):", section).group(1)
         picture = Image.open(images / name)  # a test image of the split
         figure = re.search(
-            r'alt="maps of each word, one row per method: ([^"]*)" src="data:image/png;base64,([^"]+)"',
+            r'alt="maps of each word, one row per method: ([^"]*)" src="data:image/jpeg;base64,([^"]+)"',
             section,
         )
         assert figure.group(1).split(", ") == methods
