@@ -215,6 +215,14 @@ def get_args_parser() -> argparse.ArgumentParser:
     explaining.add_argument(
         "--faithfulness-images", type=int, default=0, metavar="N", help="explain the first N images (0: all)"
     )
+    explaining.add_argument(
+        "--faithfulness-figures",
+        type=int,
+        default=20,
+        metavar="N",
+        help="draw the maps of the first N explained images, one row per method, on the page "
+        "<name>_faithfulness.html written beside the scores with the table (20; 0: the table only)",
+    )
     explaining.add_argument("--ig-steps", type=int, default=16, help="integrated gradients' steps (16)")
     explaining.add_argument(
         "--curve-steps", type=int, default=10, help="points of each curve after the first (10)"

@@ -157,28 +157,31 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         tokenizer=args.tokenizer,
         chair=args.chair_table or "released",
     )
-    if len(results_a) == len(results_b) == 1:
-        _compare_faithfulness(results_a[0], results_b[0], args, comparison)
+    _compare_faithfulness(results_a, results_b, args, comparison)
     return comparison
 
 
 def _compare_faithfulness(
-    results_a: Path, results_b: Path, args: argparse.Namespace, comparison: dict
+    results_a: list[Path], results_b: list[Path], args: argparse.Namespace, comparison: dict
 ) -> None:
-    """The faithfulness rows of both systems' scores, when both hold them: printed, and added to
-    ``--out``'s comparison."""
+    """The faithfulness rows of the systems' scores (one run a side or several), when every run's
+    scores hold them: printed, and added to ``--out``'s comparison."""
     from captioning.evaluation.significance import comparison_table
     from captioning.explain.compare import faithfulness_comparison, faithfulness_of
 
-    a, b = faithfulness_of(results_a), faithfulness_of(results_b)
-    if a is None or b is None:
+    a, b = [faithfulness_of(path) for path in results_a], [faithfulness_of(path) for path in results_b]
+    tables_a, tables_b = [t for t in a if t is not None], [t for t in b if t is not None]
+    if len(tables_a) < len(a) or len(tables_b) < len(b):
+        if tables_a or tables_b:  # some runs explained, not all: say why no rows
+            print("faithfulness of the maps: not compared, the scores of some runs hold no table")
         return
-    rows, images = faithfulness_comparison(a, b, args.resamples, args.seed)
+    rows, images = faithfulness_comparison(tables_a, tables_b, args.resamples, args.seed)
     if not rows:
         return
     names = (comparison["names"]["a"], comparison["names"]["b"])
+    both = "by both" if len(a) == len(b) == 1 else f"by all {len(a) + len(b)} runs"
     print(
-        f"faithfulness of the maps, {images} images explained by both "
+        f"faithfulness of the maps, {images} images explained {both} "
         "(areas x100; deletion: lower is faithful)"
     )
     print(comparison_table(rows, names))
@@ -225,8 +228,10 @@ def _faithfulness_settings(args: argparse.Namespace):
     from captioning.explain.methods import parse_methods
     from captioning.explain.study import FaithfulnessSettings
 
-    if args.faithfulness_images < 0:
-        raise ConfigError(f"--faithfulness-images must be 0 or more, got {args.faithfulness_images}")
+    for flag in ("faithfulness_images", "faithfulness_figures"):
+        if getattr(args, flag, 0) < 0:
+            option = "--" + flag.replace("_", "-")
+            raise ConfigError(f"{option} must be 0 or more, got {getattr(args, flag)}")
     methods = METHODS.names() if args.faithfulness == "default" else parse_methods(args.faithfulness)
     return FaithfulnessSettings(
         methods=methods,
@@ -249,6 +254,50 @@ def _fitted_methods(settings, requested: str, decoder):
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
     return out if out is not None else scores_path_for(results)
+
+
+def _faithfulness_page_path(scores: Path) -> Path | None:
+    """``x_scores.json`` -> ``x_faithfulness.html`` beside it; None beside a device or a FIFO."""
+    if writes_in_place(scores):
+        return None
+    return scores.with_name(scores.stem.removesuffix("_scores") + "_faithfulness.html")
+
+
+def _write_faithfulness_page(
+    page: Path,
+    scores: dict,
+    explained: list,
+    captioned: list,
+    grid: tuple[int, int],
+    figures: int,
+    progress: bool,
+) -> Path:
+    """The faithfulness page of ``scores`` with the maps of the first ``figures`` explained images."""
+    from captioning.data.images import load_image
+    from captioning.visualization.faithfulness_page import ExplainedImage, write_faithfulness_page
+
+    records = {item.record.image_id: item.record for item in captioned}
+    areas = {row["image_id"]: row for row in scores["faithfulness"].get("per_image", [])}
+    items = [
+        ExplainedImage(
+            one.image_id,
+            Path(records[one.image_id].path).name,
+            one.words,
+            one.maps,
+            areas.get(one.image_id, {}),
+        )
+        for one in explained[:figures]
+    ]
+    return write_faithfulness_page(
+        page,
+        scores["faithfulness"],
+        items,
+        [load_image(records[item.image_id].path) for item in items],
+        grid,
+        checkpoint=scores.get("checkpoint"),
+        signature=scores.get("signature", ""),
+        progress=progress,
+    )
 
 
 def evaluate(args: argparse.Namespace) -> dict | None:
@@ -344,15 +393,19 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     run_dir = run_folder_of(args.checkpoint)
     prefix = evaluation_prefix(args.checkpoint, "images" if records is not None else args.split)
     results = args.results or run_dir / f"{prefix}_results.json"
+    page: Path | None = None  # the faithfulness page, with --faithfulness
     if records is not None:
         index = _beside(results, "_files.json")
         outputs = _outputs(("--results", results), ("--results (image id -> file)", index))
     else:
         scores_target = _scores_paths(args.out, results)
+        if faithfulness is not None:
+            page = _faithfulness_page_path(scores_target)
         outputs = _outputs(
             ("--results", results),
             ("--out", scores_target),
             ("--out (per-image scores)", per_image_path(scores_target)),
+            ("--out (faithfulness page)", page),
         )
     inputs = [
         ("--checkpoint", args.checkpoint),
@@ -444,6 +497,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         tolerance=config.data.pointing_tolerance,
     )
     scores["checkpoint"] = str(args.checkpoint)
+    explained: list = []  # each explained image's maps per method, for the page
     if faithfulness is not None:
         from captioning.explain.split import signature_field, split_study, table_lines
 
@@ -458,6 +512,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             build_cache,
             args.faithfulness_images,
             progress,
+            explained,
         )
         scores["faithfulness"] = study
         scores["signature"] += f"|faith:{signature_field(faithfulness, study['images'])}"
@@ -470,11 +525,16 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         print(f"the {decode_config.num_return} captions of each image:")
         print("\n".join(caption_set_lines(scores["caption sets"])))
     scores_path, per_image = write_scores(scores_target, scores)
+    if page is not None:
+        _write_faithfulness_page(
+            page, scores, explained, captioned, model.grid, args.faithfulness_figures, progress
+        )
     _print_summary(
         {
             "captions": results,
             "scores": scores_path,
             "per-image scores": per_image,
+            "faithfulness page": page,
             "ranked captions": ranked,
         },
         notes,

@@ -1,16 +1,18 @@
-"""``evaluate.py --compare A B``: the faithfulness rows of the two systems' scores, paired bootstrap.
+"""``evaluate.py --compare A B`` (or ``--compare A1 A2 ... --against B1 B2 ...``): the faithfulness
+rows of the systems' scores, paired bootstrap.
 
-When both results files have scores beside them (``x_results.json`` -> ``x_scores.json``) that hold a
+When every results file has scores beside it (``x_results.json`` -> ``x_scores.json``) that hold a
 faithfulness table (``evaluate.py --faithfulness``), each method's deletion and insertion areas, and
-the random control's, are compared over the images both explained: the mean of the per-image areas,
-B - A, its 95% interval and p-value from the same paired bootstrap as the metrics
-(:func:`captioning.evaluation.significance.group_bootstrap`).
+the random control's, are compared over the images every run explained: the mean of the per-image
+areas (averaged over a side's runs), B - A, its 95% interval and p-value from the same paired
+bootstrap as the metrics (:func:`captioning.evaluation.significance.group_bootstrap`), which with
+several runs a side resamples the runs too (the variance between seeds).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +36,27 @@ def faithfulness_of(results: Path) -> Mapping[str, Any] | None:
 
 
 def faithfulness_comparison(
-    a: Mapping[str, Any], b: Mapping[str, Any], resamples: int, seed: int
+    a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], resamples: int, seed: int
 ) -> tuple[dict[str, Comparison], int]:
-    """Each shared method's (and ``random``'s) ``deletion`` and ``insertion`` area, B against A, over
-    the images both tables explained: (comparisons, images)."""
-    rows_a = {row["image_id"]: row for row in a["per_image"]}
-    rows_b = {row["image_id"]: row for row in b["per_image"]}
-    common = [image for image in rows_a if image in rows_b]
-    if not common:
+    """Each method every table has (and ``random``): its ``deletion`` and ``insertion`` area, B's runs
+    against A's (one table per run, at least one a side), over the images every table explained:
+    (comparisons, images)."""
+    tables = [*a, *b]
+    rows = [{row["image_id"]: row for row in table["per_image"]} for table in tables]
+    common = [image for image in rows[0] if all(image in other for other in rows[1:])]
+    if not common or not a or not b:
         return {}, 0
-    methods = [name for name in a.get("methods", {}) if name in b.get("methods", {})] + ["random"]
+    methods = [
+        name for name in tables[0].get("methods", {}) if all(name in t.get("methods", {}) for t in tables)
+    ] + ["random"]
 
-    def columns(rows: Mapping[Any, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    def columns(run: Mapping[Any, Mapping[str, Any]]) -> dict[str, np.ndarray]:
         return {
-            f"{name} {curve}": np.array([rows[image][name][f"{curve}_auc"] for image in common])
+            f"{name} {curve}": np.array([run[image][name][f"{curve}_auc"] for image in common])
             for name in methods
             for curve in ("deletion", "insertion")
         }
 
-    return group_bootstrap([columns(rows_a)], [columns(rows_b)], resamples=resamples, seed=seed), len(common)
+    runs = [columns(run) for run in rows]
+    comparisons = group_bootstrap(runs[: len(a)], runs[len(a) :], resamples=resamples, seed=seed)
+    return comparisons, len(common)

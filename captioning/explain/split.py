@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from captioning.config import Config
 from captioning.data.datasets import ImageOnlyDataset, collate_captions
 from captioning.evaluation.grounding import Instances
+from captioning.explain.plausibility import Explained
 from captioning.explain.study import FaithfulnessSettings, faithfulness_study
 from captioning.inference.batches import annotations_of, move
 from captioning.inference.captioner import Captioned
@@ -56,8 +57,10 @@ def split_study(
     build_cache: bool = True,
     images: int = 0,
     progress: bool = True,
+    maps_out: list[Explained] | None = None,
 ) -> dict:
-    """The faithfulness table of the first ``images`` (0: all) captioned images of a split."""
+    """The faithfulness table of the first ``images`` (0: all) captioned images of a split;
+    ``maps_out``, when given, receives each explained image's maps per method."""
     chosen = [item for item in captioned if item.caption.tokens][: images or None]
     grids = split_grids(model, config, chosen, device, output_dir, build_cache, progress)
     references = {item.record.image_id: [list(tokens) for tokens in item.record.captions] for item in chosen}
@@ -73,6 +76,7 @@ def split_study(
         instances,
         references,
         progress,
+        maps_out,
     )
     result["images"] = len(chosen)
     return result

@@ -114,6 +114,7 @@ def faithfulness_study(
     instances: Instances | None = None,
     references: Mapping[int, Sequence[Sequence[str]]] | None = None,
     progress: bool = True,
+    maps_out: list[Explained] | None = None,
 ) -> dict:
     """The faithfulness table of N captioned images.
 
@@ -126,6 +127,8 @@ def faithfulness_study(
         settings: methods and options.
         instances: boxes, for grounding and hallucinated mentions (optional).
         references: image id -> tokenised reference captions (CHAIR's objects named by them).
+        maps_out: when given, receives each image's maps per method (:class:`Explained`), in order
+            (for a page that draws them).
     Returns:
         ``{"settings", "methods": {method: row}, "random", "by_word_class", "sanity", "hallucination",
         "per_image"}`` (JSON values).
@@ -157,6 +160,8 @@ def faithfulness_study(
                     grid,
                 )
             )
+    if maps_out is not None:
+        maps_out.extend(collected.explained)
     per_method = {name: _joined(parts) for name, parts in collected.per_method.items()}
     control = [_joined([batch[seed] for batch in collected.control]) for seed in range(settings.random_seeds)]
     everything = torch.ones(len(collected.classes), dtype=torch.bool)

@@ -57,6 +57,7 @@ RUN_OUTPUTS = (
     f"{EVAL_PREFIX}*_scores.json",
     f"{EVAL_PREFIX}*_scores.per_image.json",
     f"{EVAL_PREFIX}*_files.json",
+    f"{EVAL_PREFIX}*_faithfulness.html",
 )
 _SUBFOLDERS = ("figures", "tensorboard", CHECKPOINTS)
 # What a launch that died before its first checkpoint leaves: ``--resume auto`` may start over on these only.

@@ -266,6 +266,48 @@ def test_seed_groups_through_the_command_line(files, tmp_path):  # noqa: F811
     assert "2 runs of A, 2 of B" in stdout and "variance between seeds" in stdout
 
 
+def test_seed_groups_bootstrap_the_faithfulness_rows(files, tmp_path):  # noqa: F811
+    """Each run's occlusion maps delete its words as well on every image (A's seeds 0.1 and 0.3, B's
+    0.5 and 0.7): the images add no variance, the seeds do, so the interval is the seed groups' one
+    (as in ``test_seeds_against_seeds_interval_holds_the_seed_variance``), not a point."""
+    captions = {e["image_id"]: e["caption"] for e in json.loads(files["a"].read_text())}
+    runs = {}
+    for name, deletion in (("a1", 0.1), ("a2", 0.3), ("b1", 0.5), ("b2", 0.7)):
+        runs[name] = write_system(tmp_path / name, captions)
+        per_image = [
+            {
+                "image_id": i,
+                "random": {"deletion_auc": 0.6, "insertion_auc": 0.4},
+                "occlusion": {"deletion_auc": deletion, "insertion_auc": 0.7},
+            }
+            for i in captions
+        ]
+        table = {"methods": {"occlusion": {}}, "per_image": per_image}
+        (tmp_path / name / "test_scores.json").write_text(json.dumps({"faithfulness": table}))
+    out = tmp_path / "seeds.json"
+    code, stdout, stderr = evaluate_in_process(
+        "--compare", str(runs["a1"]), str(runs["a2"]), "--against", str(runs["b1"]), str(runs["b2"]),
+        "--annotations", str(files["refs"]), "--no-java", "--resamples", "2000", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert f"faithfulness of the maps, {len(captions)} images explained by all 4 runs" in stdout
+    rows = json.loads(out.read_text())["faithfulness"]
+    assert set(rows) == {"occlusion deletion", "occlusion insertion", "random deletion", "random insertion"}
+    deletion = rows["occlusion deletion"]
+    assert (deletion["a"], deletion["b"], deletion["difference"]) == pytest.approx((0.2, 0.6, 0.4))
+    assert (deletion["ci_low"], deletion["ci_high"]) == pytest.approx((0.2, 0.6))
+    assert rows["occlusion insertion"]["difference"] == pytest.approx(0.0)
+    # one run of B without a table: no rows, and the output says why
+    (tmp_path / "b2" / "test_scores.json").unlink()
+    code, stdout, stderr = evaluate_in_process(
+        "--compare", str(runs["a1"]), str(runs["a2"]), "--against", str(runs["b1"]), str(runs["b2"]),
+        "--annotations", str(files["refs"]), "--no-java", "--resamples", "200", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "not compared, the scores of some runs hold no table" in stdout
+    assert "faithfulness" not in json.loads(out.read_text())
+
+
 @pytest.mark.parametrize(
     "extra, needle",
     [

@@ -28,7 +28,7 @@ def run(
     )
 
 
-def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run):
+def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run, tiny_shapes: ShapesFiles):
     kind, checkpoint = run
     scores_path = tmp_path / "scores.json"
     result = in_process(
@@ -36,7 +36,7 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run):
         "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress",
         "--results", tmp_path / "results.json", "--out", scores_path,
         "--faithfulness", "--ig-steps", "2", "--curve-steps", "2",
-        "--random-seeds", "2", "--sanity-images", "2",
+        "--random-seeds", "2", "--sanity-images", "2", "--faithfulness-figures", "2",
         cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -66,6 +66,61 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run):
         assert f"<tr><td>{name}" in page
     deletion = f'<td class="number">{table["methods"]["occlusion"]["deletion_auc"]:.3f}</td>'
     assert deletion in page.split("<tr><td>occlusion")[1].split("</tr>")[0]
+    page_path = tmp_path / "scores_faithfulness.html"
+    assert_faithfulness_page(page_path, result.stdout, table, tiny_shapes.root / "test", expected)
+
+
+def figure_height(picture, words: int, rows: int) -> int:
+    """The pixel height of a method figure of ``rows`` methods as the faithfulness page draws it."""
+    import io
+
+    from PIL import Image
+
+    from captioning.visualization.method_figures import method_figure
+
+    maps = {f"m{k}": np.zeros((words, 1)) for k in range(rows)}
+    buffer = io.BytesIO()
+    method_figure(picture, ["w"] * words, maps, (1, 1), max_side=160).savefig(buffer, format="png", dpi=72)
+    return Image.open(buffer).size[1]
+
+
+def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: Path, methods: list) -> None:
+    """The page beside the scores: the table, and the first 2 explained test images, each with its
+    figure of maps (one row per method) and its own areas per method."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    assert re.search(r"faithfulness page\s+" + re.escape(str(page_path)), stdout)
+    page = page_path.read_text(encoding="utf-8")
+    assert "Does the map explain the word? (4 images)" in page
+    assert all(f"<tr><td>{name}" in page for name in methods)  # the table, a row per method
+    sections = re.findall(
+        r'<section class="image" id="(img\d+)" data-image-id="(\d+)">(.*?)</section>', page, re.S
+    )
+    first_two = [row["image_id"] for row in table["per_image"][:2]]
+    assert [int(image_id) for _, image_id, _ in sections] == first_two  # --faithfulness-figures 2
+    for anchor, image_id, section in sections:
+        assert f'href="#{anchor}"' in page  # the list of images opens each one
+        name = re.search(r"<h3>(.*?):", section).group(1)
+        picture = Image.open(images / name)  # a test image of the split
+        figure = re.search(
+            r'alt="maps of each word, one row per method: ([^"]*)" src="data:image/jpeg;base64,([^"]+)"',
+            section,
+        )
+        assert figure.group(1).split(", ") == methods
+        drawn = Image.open(io.BytesIO(base64.b64decode(figure.group(2))))
+        # one row per method: a figure of one row, plus a row's height (two rows' less one's) per method
+        words = len(re.search(r"<h3>.*?: (.*?)</h3>", section).group(1).split())
+        one, two = figure_height(picture, words, 1), figure_height(picture, words, 2)
+        assert abs(drawn.size[1] - (one + (len(methods) - 1) * (two - one))) < (two - one) / 2
+        areas = dict(
+            re.findall(r'<tr class="method"><td>(\w+)</td><td class="number">([\d.]+)</td>', section)
+        )
+        row = next(r for r in table["per_image"] if r["image_id"] == int(image_id))
+        assert areas == {name: f"{row[name]['deletion_auc']:.3f}" for name in [*methods, "random"]}
 
 
 def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, run):
