@@ -58,6 +58,7 @@ RUN_OUTPUTS = (
     f"{EVAL_PREFIX}*_scores.per_image.json",
     f"{EVAL_PREFIX}*_files.json",
     f"{EVAL_PREFIX}*_faithfulness.html",
+    f"{EVAL_PREFIX}*_ranked.json",
 )
 _SUBFOLDERS = ("figures", "tensorboard", CHECKPOINTS)
 # What a launch that died before its first checkpoint leaves: ``--resume auto`` may start over on these only.
