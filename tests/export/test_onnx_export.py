@@ -110,8 +110,9 @@ def test_every_decoder_family_searches_the_same_through_its_graphs(tmp_path, fam
     """Greedy and beam search (4 beams, trigram blocking) over the graphs give the PyTorch decoder's
     words, log-probabilities and attention: ``prepare``, ``init_state``, ``step`` and ``select``
     round-trip, with rows per image and the cache length read from the shapes."""
-    from captioning.models.decoding import beam_search, greedy_search
     from search_options import settings
+
+    from captioning.models.decoding import beam_search, greedy_search
 
     kind, options = FAMILIES[family]
     torch.manual_seed(0)
