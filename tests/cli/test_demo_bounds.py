@@ -164,7 +164,7 @@ def test_an_upload_over_the_limit_is_refused_and_not_stored(demo, tmp_path):
     inline = "data:image/png;base64," + base64.b64encode(big.read_bytes()).decode()
     event = httpx.post(
         f"{demo.url}/gradio_api/call/caption",
-        json={"data": [{"url": inline, "meta": {"_type": "gradio.FileData"}}, "beam", 2]},
+        json={"data": [{"url": inline, "meta": {"_type": "gradio.FileData"}}, "beam", 2, 1, "none"]},
         timeout=120,
     ).json()["event_id"]
     answer = httpx.get(f"{demo.url}/gradio_api/call/caption/{event}", timeout=120).text
