@@ -18,9 +18,9 @@ from tool_runs import REPO, in_process
 import captioning
 
 FIXTURE = REPO / "tests" / "fixtures" / "pre_move" / "run" / "checkpoints" / "best.pt"
-HOSTILE = (
-    "\x1b]0;owned\x07\x1b[31mred\nerror: fake\ud800"  # OSC title, colour, a line break, a lone surrogate
-)
+# OSC title, colour, a move to the line's start, a lone surrogate (a word holding a line break or any
+# whitespace is refused when the folder is read: test_hostile_weak.py)
+HOSTILE = "\x1b]0;owned\x07\x1b[31mred\x1b[1Gerror:fake\ud800"
 
 
 @pytest.fixture
@@ -66,8 +66,8 @@ def test_evaluate_and_visualize_print_a_vocabularys_words_escaped(hostile_folder
     for output in (evaluated.stdout, shown.stdout):
         assert "\x1b" not in output and "\x07" not in output and "\ud800" not in output
         (line,) = [line for line in output.splitlines() if line.startswith("red.png: ")]
-        assert r"\x1b]0;owned\x07\x1b[31mred\nerror: fake\ud800" in line  # shown, escaped, on one line
-        assert not any(line.startswith("error: fake") for line in output.splitlines())
+        assert r"\x1b]0;owned\x07\x1b[31mred\x1b[1Gerror:fake\ud800" in line  # shown, escaped, on one line
+        assert not any(line.startswith("error:fake") for line in output.splitlines())
     # the results file keeps the words as they are (JSON escapes them)
     (entry,) = json.loads(results.read_text(encoding="utf-8"))
     assert entry["caption"].startswith(HOSTILE.replace("\ud800", "?"))  # valid UTF-8: no lone surrogate
