@@ -419,8 +419,8 @@ def _write_answer(
 
 def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     """The Gradio ``Blocks`` of the demo for ``model``; its API endpoint is ``/caption``
-    (image file, strategy, beam size, captions, method) -> (caption, figure, overlays). What each request writes is
-    deleted once no page shows it (``RequestFiles``)."""
+    (image file, strategy, beam size, captions, method) -> (caption, figure, overlays). What each
+    request writes is deleted once no page shows it (``RequestFiles``)."""
     from captioning.explain.methods import applicable_methods
 
     gr = _gradio()
