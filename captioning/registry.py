@@ -14,6 +14,10 @@ own registers its parts the same way and reaches the tools with ``--import MODUL
 
     SCORERS["additive"]      # the class; an unknown name raises one line listing the registered ones
 
+An entry that should live only for a block (a test, a notebook cell trying a variant) is registered
+in a scope: ``with SCORERS.registered("halved", HalvedAttention): ...``, or ``with SCORERS.scope():``
+around decorators and imports; when the block ends the registry holds what it held before.
+
 A ``FamilyRegistry`` is the registry of a concept whose every name brings options of its own (decoder
 families, dataset readers): an entry is a ``Family``, the options class and the class built from
 them, registered together by one decorator (``register_decoder``, ``register_reader``).
@@ -21,6 +25,7 @@ them, registered together by one decorator (``register_decoder``, ``register_rea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +34,8 @@ from typing import Any, Generic, TypeVar
 from captioning.utils.errors import CaptioningError
 
 T = TypeVar("T")
+
+_ALL: list[Registry[Any]] = []  # every registry made, in order (``registries``)
 
 
 class UnknownNameError(CaptioningError, ValueError):
@@ -48,6 +55,7 @@ class Registry(Generic[T]):
         self.what = what
         self.key = key
         self._entries: dict[str, T] = {}
+        _ALL.append(self)
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator adding the decorated class or function under ``name``; a name is registered once.
@@ -69,6 +77,29 @@ class Registry(Generic[T]):
         if name in self._entries:
             raise ValueError(f"{self.what} {name!r} is already registered")
         self._entries[name] = entry
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Registry[T]]:
+        """A block whose registrations are undone when it ends, however it ends: the registry then
+        holds exactly the entries it held when the block began (a family's attached class included).
+        """
+        saved = dict(self._entries)
+        attached = {name: entry.implementation for name, entry in saved.items() if isinstance(entry, Family)}
+        try:
+            yield self
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)
+            for name, implementation in attached.items():
+                saved[name].implementation = implementation  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def registered(self, name: str, entry: Any, *args: Any) -> Iterator[Any]:
+        """``entry`` registered under ``name`` for the block (with ``register``'s further arguments:
+        a family's options class), removed when it ends; yields the entry."""
+        with self.scope():
+            self.register(name, *args)(entry)
+            yield entry
 
     def __getitem__(self, name: str) -> T:
         if name not in self._entries:
@@ -116,6 +147,11 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.what!r}: {', '.join(self.names())})"
+
+
+def registries() -> tuple[Registry[Any], ...]:
+    """Every registry made so far (each extension point's, and any a module of your own made)."""
+    return tuple(_ALL)
 
 
 C = TypeVar("C")

@@ -8,7 +8,8 @@
   ``train2014/COCO_train2014_....jpg`` layout, as ``(annotation_files, image_root)``.
 - ``tiny_shapes``: a Shapes folder (12/4/4 images of 64 px), generated once per session.
 - ``shapes_records``, ``shapes_vocab``: its records and a vocabulary (min_count 1) counted on train.
-- ``process_state`` (every test): puts back what a tool run in this process changes (tests/tool_runs.py).
+- ``process_state`` (every test): puts back what a tool run in this process changes, and every
+  registry's entries (tests/tool_runs.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from tool_runs import kept_process_state
+from tool_runs import kept_process_state, kept_registries
 
 from captioning.data import build_vocabulary
 from captioning.data.records import ImageRecord
@@ -177,6 +178,6 @@ def single_thread():
 def process_state() -> Iterator[None]:
     """Puts back, after each test, what a tool run in this process changes for the whole process
     (``tool_runs.kept_process_state``): later tests in the same worker see it as a subprocess would
-    have left it."""
-    with kept_process_state():
+    have left it; and every registry as it was (``kept_registries``)."""
+    with kept_process_state(), kept_registries():
         yield

@@ -21,8 +21,9 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import ModuleType
 
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from captioning.cli.common import run_cli
+from captioning.registry import registries
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,6 +54,25 @@ def run_tool(script: str, *args, timeout: float = 300, cwd: Path = REPO) -> subp
 
 
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
+
+
+@contextmanager
+def kept_registries() -> Iterator[None]:
+    """Every registry as it was before the block (``Registry.scope``), and the modules imported in the
+    block from the temporary folder (a user module a test wrote and a tool imported) forgotten with
+    the entries they registered: nothing a test registers reaches another test's parameters."""
+    modules = set(sys.modules)
+    temporary = os.path.realpath(tempfile.gettempdir())
+    with ExitStack() as stack:
+        for registry in registries():
+            stack.enter_context(registry.scope())
+        try:
+            yield
+        finally:
+            for name in set(sys.modules) - modules:
+                file = getattr(sys.modules[name], "__file__", None) or ""
+                if os.path.realpath(file).startswith(temporary + os.sep):
+                    del sys.modules[name]
 
 
 @contextmanager

@@ -57,11 +57,8 @@ class CappedReader(DatasetReader):
 @pytest.fixture
 def capped_reader() -> Iterator[type[CappedReader]]:
     """The reader registered for one test (the contract test's parameters are every registered name)."""
-    register_reader(NAME, CappedDataConfig)(CappedReader)
-    try:
+    with DATASETS.registered(NAME, CappedReader, CappedDataConfig):
         yield CappedReader
-    finally:
-        del DATASETS._entries[NAME]
 
 
 def test_one_registration_gives_a_reader_its_class_and_its_options(capped_reader):
@@ -115,22 +112,17 @@ def test_a_readers_options_class_must_be_a_dataclass_of_its_name():
     with raises_naming(ValueError, "'shapes'", "registered"):
         register_reader("shapes", ShapesDataConfig)(CappedReader)
     # A family whose options are registered where configurations are read takes its reader with them.
-    DATASETS.register_options(NAME)(CappedDataConfig)
-    try:
+    with DATASETS.scope():
+        DATASETS.register_options(NAME)(CappedDataConfig)
         with raises_naming(ValueError, f"'{NAME}'", "CappedDataConfig"):
             register_reader(NAME)(CappedReader)
         register_reader(NAME, CappedDataConfig)(CappedReader)
         assert DATASETS[NAME].implementation is CappedReader
-    finally:
-        del DATASETS._entries[NAME]
     # A module written before readers had options of their own still registers with DATASETS.register:
     # its reader is read from DataConfig, and the registry holds a family all the same.
-    try:
-        DATASETS.register("bare_for_test")(CappedReader)
+    with DATASETS.registered("bare_for_test", CappedReader):
         assert DATASETS["bare_for_test"].implementation is CappedReader
         assert DATASETS["bare_for_test"].config is DataConfig
-    finally:
-        del DATASETS._entries["bare_for_test"]
     with raises_naming(TypeError, "'bare_for_test'", "docs/extending.md"):
         DATASETS.add("bare_for_test", CappedReader)  # type: ignore[arg-type]
     assert "undecorated_for_test" not in DATASETS and "bare_for_test" not in DATASETS
@@ -146,8 +138,7 @@ class StopwordsDataConfig(CappedDataConfig):
 
 def test_a_readers_own_path_option_is_expanded_and_checked(karpathy_dataset, tmp_path, monkeypatch):
     split_file, root = karpathy_dataset
-    register_reader("stopwords_for_test", StopwordsDataConfig)(CappedReader)
-    try:
+    with DATASETS.registered("stopwords_for_test", CappedReader, StopwordsDataConfig):
         monkeypatch.setenv("HOME", str(tmp_path))
         overrides = {
             "data.dataset": "stopwords_for_test",
@@ -162,5 +153,3 @@ def test_a_readers_own_path_option_is_expanded_and_checked(karpathy_dataset, tmp
         (tmp_path / "stop.txt").write_text("a\n", encoding="utf-8")
         check_data_paths(config)  # now there: accepted
         assert "stopwords" not in reader_of(config).index_options(config)  # its contents key the index
-    finally:
-        del DATASETS._entries["stopwords_for_test"]

@@ -59,11 +59,10 @@ def test_a_user_module_registers_a_tokenizer_train_py_accepts(monkeypatch):
     from captioning.cli.common import check_registered_names
     from captioning.config import Config
 
-    monkeypatch.setattr(TOKENIZERS, "_entries", dict(TOKENIZERS._entries))
-    TOKENIZERS.register("upper")(lambda caption: caption.upper().split())
-    check_registered_names(Config(data=ShapesDataConfig(tokenizer="upper")))
-    with pytest.raises(UnknownNameError):
-        check_registered_names(Config(data=ShapesDataConfig(tokenizer="lower")))
+    with TOKENIZERS.registered("upper", lambda caption: caption.upper().split()):
+        check_registered_names(Config(data=ShapesDataConfig(tokenizer="upper")))
+        with pytest.raises(UnknownNameError):
+            check_registered_names(Config(data=ShapesDataConfig(tokenizer="lower")))
 
 
 def test_whitespace_keeps_pre_tokenised_words_whole_and_drops_punctuation_tokens():

@@ -175,7 +175,6 @@ def test_one_registration_gives_a_new_family_its_class_and_its_configuration():
         kind: str = "tiny_lstm_for_test"
         tiny_width: int = 8  # the LSTM's size
 
-    @register_decoder("tiny_lstm_for_test", TinyConfig)
     class TinyDecoder(ShowAttendTellDecoder):
         @classmethod
         def from_config(cls, config, vocab_size, annotation_dim, grid):
@@ -185,7 +184,8 @@ def test_one_registration_gives_a_new_family_its_class_and_its_configuration():
                 annotation_dim,
             )
 
-    try:
+    with DECODERS.scope():
+        register_decoder("tiny_lstm_for_test", TinyConfig)(TinyDecoder)
         # One entry, in the one registry configurations are read with.
         assert DECODERS is CONFIG_DECODERS
         family = DECODERS["tiny_lstm_for_test"]
@@ -201,8 +201,7 @@ def test_one_registration_gives_a_new_family_its_class_and_its_configuration():
             from_dict({"model": {"decoder": {"kind": "transformer", "tiny_width": 6}}})
         with raises_naming(ValueError, "'tiny_lstm_for_test'", "registered"):
             register_decoder("tiny_lstm_for_test", TinyConfig)(TinyDecoder)
-    finally:  # leave the registry as it was for the other tests of this process
-        del DECODERS._entries["tiny_lstm_for_test"]
+    assert "tiny_lstm_for_test" not in DECODERS  # the registry as it was for the other tests of this process
 
 
 def test_a_built_in_familys_decoder_joins_the_configuration_registered_for_it():

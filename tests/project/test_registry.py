@@ -52,6 +52,55 @@ def test_a_name_is_registered_once():
     assert registry["alpha"] == 1
 
 
+def test_an_entry_registered_for_a_block_is_gone_when_it_ends_however_it_ends():
+    registry = Registry("widget")
+    registry.add("alpha", 1)
+    with registry.registered("beta", 2) as entry:
+        assert entry == 2 and registry.names() == ("alpha", "beta")
+    assert registry.names() == ("alpha",)
+    with pytest.raises(KeyError), registry.scope():
+        registry.add("gamma", 3)
+        raise KeyError("a failing test")
+    assert registry.names() == ("alpha",)
+    with pytest.raises(ValueError, match="'alpha'"), registry.registered("alpha", 4):
+        pass  # a name registered already is refused, and the scope leaves the first entry alone
+    assert registry["alpha"] == 1
+
+
+def test_a_scope_puts_back_a_familys_attached_class_and_its_options():
+    from captioning.config import DECODERS, LSTMDecoderConfig
+    from captioning.models.decoder import ShowAttendTellDecoder
+
+    lstm = DECODERS["lstm"]
+    with DECODERS.scope():
+        lstm.implementation = None  # what attaching a class to registered options starts from
+        DECODERS.register_family("lstm", LSTMDecoderConfig)(dict)
+        assert DECODERS.implementation_of("lstm") is dict
+    assert DECODERS["lstm"] is lstm and lstm.implementation is ShowAttendTellDecoder
+
+
+def test_every_registry_is_put_back_after_each_test_with_the_user_modules_it_imported(tmp_path):
+    from tool_runs import kept_registries
+
+    from captioning.models.attention import SCORERS
+    from captioning.registry import registries
+
+    assert SCORERS in registries()
+    module = tmp_path / "scorer_of_a_test.py"
+    module.write_text(
+        "from captioning.models.attention import SCORERS\nSCORERS.add('scorer_of_a_test', object)\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with kept_registries():
+            import scorer_of_a_test  # noqa: F401
+
+            assert "scorer_of_a_test" in SCORERS
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert "scorer_of_a_test" not in SCORERS and "scorer_of_a_test" not in sys.modules
+
+
 def test_the_help_of_train_py_lists_every_registered_encoder_decoder_and_scorer():
     from tool_runs import script_module
 

@@ -195,14 +195,13 @@ def test_an_image_with_more_captions_than_the_bound_is_refused_naming_it(tmp_pat
 def test_a_user_tokenizer_that_breaks_its_contract_is_one_line_naming_it(
     tmp_path, monkeypatch, name, returns, needle
 ):
-    monkeypatch.setattr(TOKENIZERS, "_entries", dict(TOKENIZERS._entries))
-    TOKENIZERS.register(name)(returns)
-    flags = tiny_split(tmp_path)
-    result = in_process("train.py", *flags, "--set", f"data.tokenizer={name}", cwd=tmp_path, timeout=60)
-    assert_one_line_error(
-        result.returncode, result.stderr, f"data.tokenizer {name!r}: {needle}", "'a red square'"
-    )  # a SystemExit(0) inside is no successful run
-    assert not (tmp_path / "run").exists()
+    with TOKENIZERS.registered(name, returns):
+        flags = tiny_split(tmp_path)
+        result = in_process("train.py", *flags, "--set", f"data.tokenizer={name}", cwd=tmp_path, timeout=60)
+        assert_one_line_error(
+            result.returncode, result.stderr, f"data.tokenizer {name!r}: {needle}", "'a red square'"
+        )  # a SystemExit(0) inside is no successful run
+        assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

@@ -334,30 +334,31 @@ def test_a_new_loss_option_is_one_field_plus_its_use(monkeypatch):
         terms = cross_entropy_objective(decoder, output, captions, config, train, num_tokens)
         return LossTerms(train.loss_scale * terms.total, terms.cross_entropy, terms.attention_penalty)
 
-    monkeypatch.setattr(OBJECTIVES, "_entries", dict(OBJECTIVES._entries))
-    OBJECTIVES.register("scaled_for_test")(scaled_objective)
-    vocab = Vocabulary.build([["a", "red", "circle"]], min_count=1)
-    decoder_config = LSTMDecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8, dropout=0.0)
-    model_config = ModelConfig(encoder=EncoderConfig(weights="none", image_size=32), decoder=decoder_config)
-    torch.manual_seed(0)
-    model = Captioner.build(model_config, vocab)
-    monkeypatch.setattr(model.decoder, "objective", "scaled_for_test")
-    batch = {
-        "images": torch.randn(2, 3, 32, 32),
-        "lengths": torch.full((2, 1), 5),
-        "captions": torch.tensor([[[1, 4, 5, 6, 2]], [[1, 6, 5, 4, 2]]]),
-        "image_ids": torch.tensor([1, 2]),
-        "indices": torch.arange(2),
-    }
-    losses = {}
-    for scale in (1.0, 3.0):
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        train = ScaledTrainConfig(loss_scale=scale, grad_clip=0.0)
-        state = TrainState()
-        train_one_epoch(
-            model, [batch], optimizer, train, state, torch.device("cpu"),
-            decoder_config=decoder_config, progress=False,
-        )  # fmt: skip
-        losses[scale] = state.epoch_sums["loss"]
-    assert seen == [1.0, 3.0]
-    assert losses[3.0] == pytest.approx(3.0 * losses[1.0], rel=1e-5)
+    with OBJECTIVES.registered("scaled_for_test", scaled_objective):
+        vocab = Vocabulary.build([["a", "red", "circle"]], min_count=1)
+        decoder_config = LSTMDecoderConfig(embed_dim=8, hidden_dim=8, attention_dim=8, dropout=0.0)
+        model_config = ModelConfig(
+            encoder=EncoderConfig(weights="none", image_size=32), decoder=decoder_config
+        )
+        torch.manual_seed(0)
+        model = Captioner.build(model_config, vocab)
+        monkeypatch.setattr(model.decoder, "objective", "scaled_for_test")
+        batch = {
+            "images": torch.randn(2, 3, 32, 32),
+            "lengths": torch.full((2, 1), 5),
+            "captions": torch.tensor([[[1, 4, 5, 6, 2]], [[1, 6, 5, 4, 2]]]),
+            "image_ids": torch.tensor([1, 2]),
+            "indices": torch.arange(2),
+        }
+        losses = {}
+        for scale in (1.0, 3.0):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+            train = ScaledTrainConfig(loss_scale=scale, grad_clip=0.0)
+            state = TrainState()
+            train_one_epoch(
+                model, [batch], optimizer, train, state, torch.device("cpu"),
+                decoder_config=decoder_config, progress=False,
+            )  # fmt: skip
+            losses[scale] = state.epoch_sums["loss"]
+        assert seen == [1.0, 3.0]
+        assert losses[3.0] == pytest.approx(3.0 * losses[1.0], rel=1e-5)
