@@ -87,38 +87,31 @@ MAX_SHARDS = 1_000_000  # names one pattern may expand to (LAION-5B's largest pa
 _RANGE = re.compile(r"^(-?\d+|[a-zA-Z])\.\.(-?\d+|[a-zA-Z])(?:\.\.(-?\d+))?$")
 
 
+def _scan(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """Each unescaped character of ``text`` from ``start``: (position, character, brace depth after
+    it); a backslash's character is skipped with it."""
+    depth, position = 0, start
+    while position < len(text):
+        char = text[position]
+        if char == "\\":
+            position += 2
+            continue
+        depth += (char == "{") - (char == "}")
+        yield position, char, depth
+        position += 1
+
+
 def _group_end(pattern: str, start: int) -> int:
     """The index of the brace closing the one at ``start``; -1 when it is not closed."""
-    depth, position = 0, start
-    while position < len(pattern):
-        char = pattern[position]
-        if char == "\\":
-            position += 1
-        elif char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return position
-        position += 1
-    return -1
+    return next(
+        (position for position, char, depth in _scan(pattern, start) if char == "}" and not depth), -1
+    )
 
 
 def _top_level_commas(body: str) -> list[str]:
-    parts, depth, start, position = [], 0, 0, 0
-    while position < len(body):
-        char = body[position]
-        if char == "\\":
-            position += 1
-        elif char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(body[start:position])
-            start = position + 1
-        position += 1
-    return [*parts, body[start:]]
+    """``body`` split at its commas outside braces."""
+    cuts = [position for position, char, depth in _scan(body) if char == "," and not depth]
+    return [body[begin + 1 : end] for begin, end in zip([-1, *cuts], [*cuts, len(body)], strict=True)]
 
 
 def expansion_size(pattern: str) -> int:
