@@ -139,12 +139,18 @@ class LinkedPathError(CaptioningError, OSError):
     and is not a regular file (a folder); the message names it and where it leads."""
 
 
-def refuse_links(path: str | Path, under: str | Path, folder: bool = False) -> None:
+def refuse_links(
+    path: str | Path,
+    under: str | Path,
+    folder: bool = False,
+    instead: str = "set data.cache_dir to another folder",
+) -> None:
     """Refuse, before a write, a symbolic link at ``path`` or at any folder between ``under`` (the folder
     the user named, itself not checked) and ``path``, and a ``path`` that is there but is not a regular
-    file: what a data or cache folder holds is written in place by the project only, never through a
-    link a data file or another user planted, and never into a FIFO (which would block the writer).
+    file: what a data, cache or run folder holds is written in place by the project only, never through
+    a link a data file or another user planted, and never into a FIFO (which would block the writer).
     With ``folder``, ``path`` is a folder the project writes into, and must be one where it exists.
+    ``instead`` is what the message offers besides removing the link.
 
     Raises:
         LinkedPathError: one line naming the link (and its target) or the odd file.
@@ -170,7 +176,7 @@ def refuse_links(path: str | Path, under: str | Path, folder: bool = False) -> N
                 target = "?"
             raise LinkedPathError(
                 f"{current}: a symbolic link (to {target}); the project writes its files under {under} "
-                "itself and never through a link: remove the link (or set data.cache_dir to another folder)"
+                f"itself and never through a link: remove the link (or {instead})"
             )
         if (not last or folder) and not stat.S_ISDIR(state.st_mode):
             raise LinkedPathError(f"{current}: is {kind_of(state.st_mode)}, not a folder; remove it")

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from captioning.utils.errors import CaptioningError, RunError
-from captioning.utils.files import NoSpaceError, path_kind
+from captioning.utils.files import NoSpaceError, path_kind, refuse_links
 
 fcntl: ModuleType | None
 try:
@@ -150,18 +150,15 @@ def check_run_subfolders(output_dir: str | Path) -> None:
     replace a user's).
 
     Raises:
-        RunFolderError: naming the sub-folder and where it leads.
+        LinkedPathError: naming the sub-folder and where it leads, or what it is when not a folder.
     """
     for name in _SUBFOLDERS:
-        path = Path(output_dir) / name
-        if path.is_symlink():
-            raise RunFolderError(
-                f"{path}: a symbolic link (to {os.readlink(path)}); a run writes its {name} in its own "
-                "folder and never through a link: remove the link, or put the whole run folder "
-                "(train.output_dir) where you want the files"
-            )
-        if path.exists() and not path.is_dir():
-            raise RunFolderError(f"{path}: exists and is not a folder; the run writes its {name} there")
+        refuse_links(
+            Path(output_dir) / name,
+            output_dir,
+            folder=True,
+            instead="put the whole run folder, train.output_dir, where you want the files",
+        )
 
 
 def remove_project_outputs(output_dir: str | Path) -> list[Path]:

@@ -352,6 +352,16 @@ def test_overwrite_never_follows_a_link_out_of_the_run_folder_nor_removes_a_user
     assert (run / "checkpoints" / "last.pt").is_file()
 
 
+@pytest.mark.parametrize("make", [lambda path: path.write_text("a file"), os.mkfifo], ids=["file", "fifo"])
+def test_a_run_sub_folder_that_is_not_a_folder_is_refused_before_any_work(shapes, tmp_path, make):
+    run = tmp_path / "run"
+    run.mkdir()
+    make(run / "figures")
+    refused = in_process("train.py", *short_run(shapes, run), cwd=REPO)
+    assert_one_line_error(refused.returncode, refused.stderr, str(run / "figures"), "not a folder")
+    assert sorted(os.listdir(run)) == ["figures"]  # nothing written
+
+
 def test_visualize_says_which_files_it_replaced(shapes, tmp_path, make_image):
     image = make_image(tmp_path / "photo.png", size=(64, 64))
     args = [
