@@ -14,9 +14,9 @@ What it writes stays in one folder it owns, ``captioning-demo-*`` in the tempora
 images and gradio's cache (``GRADIO_TEMP_DIR`` points there). A session keeps only its latest upload and
 answer there (what its page still shows), deleted when it asks again or ends (the tab is closed,
 ``Client.close()``), at the latest ``KEEP_ANSWER_S`` (answer) and ``STALE_S`` idle (upload) later
-(``RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too. Requests
-posting files are bounded per client, in flight and by what the folder holds
-(``captioning.cli.upload_guard``).
+(``RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too. Every POST
+is bounded by what the folder holds and by what its client posted lately, requests posting files also
+in flight, and the queue by its length (``captioning.cli.upload_guard``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import numpy as np
 from PIL import Image
 
 from captioning.api import CaptioningModel, load
-from captioning.cli.upload_guard import guard_uploads
+from captioning.cli.upload_guard import QUEUED, guard_uploads
 from captioning.config import ConfigError
 from captioning.data.images import ImageError, load_image
 from captioning.utils.errors import CaptioningError
@@ -570,6 +570,7 @@ def _launch(model: CaptioningModel, folder: DemoFolder, host: str, port: int) ->
     gr = _gradio()
     examples = _examples(folder.examples)
     app = build_app(model, examples)
+    app.queue(max_size=QUEUED)  # calls accepted but not run yet write nothing yet: bounded in number
     app.launch(
         server_name=host,
         server_port=port,

@@ -1,15 +1,22 @@
-"""Bounds on what the live demo (``captioning.cli.serve``) accepts into its folder from uploads.
+"""Bounds on what the live demo (``captioning.cli.serve``) accepts into its folder.
 
 Gradio keeps every file posted to its upload route (an hour, for a page that may still use it) and
-bounds each file's size only. ``UploadGuard`` wraps the demo's web app and, before a request that
-posts files (``multipart/form-data``) reaches it, refuses with one line:
+bounds each file's size only; an image sent inline to the API (``/gradio_api/call/caption`` with a
+``data:`` URL) is decoded into the same folder, and every answer writes its figures there (kept ten
+minutes). ``UploadGuard`` wraps the demo's web app and, before a POST reaches it (any POST: a JSON
+body can carry an image as well as a form), refuses with one line:
 
-- ``429`` when the client already has ``PER_CLIENT`` such requests in flight, or all clients
-  ``IN_FLIGHT``;
-- ``507`` when the demo's folder already holds ``STORED_MB`` MiB (uploads and answers), until
-  sessions end or their files go stale (``RequestFiles``).
+- ``507`` when the demo's folder already holds ``STORED_MB`` MiB (uploads, decoded inline images and
+  answers, whatever route wrote them), until sessions end or their files go stale (``RequestFiles``);
+- ``429`` when the client posted ``CLIENT_MB`` MiB of request bodies in the last ``CLIENT_WINDOW_S``
+  seconds (the time an answer is kept), counted as the bodies arrive (a body announced larger is
+  refused before it is read): one client cannot take the whole folder;
+- ``429`` when the client already has ``PER_CLIENT`` requests posting files (forms) in flight, or all
+  clients ``IN_FLIGHT``.
 
-So parallel uploads cannot fill the disk, and the files already there keep being served.
+What a request already accepted adds is bounded too: one body (the demo's upload limit) per
+request in flight, and the demo's queue holds at most ``QUEUED`` calls (``serve``). So parallel or
+repeated requests cannot fill the disk, and the files already there keep being served.
 
 Gradio spools each file part of a posted form into a temporary file at the top of its folder and
 moves only the parts named ``files`` into place (a folder of their own); a part named otherwise, or
@@ -22,7 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,9 @@ from typing import Any
 PER_CLIENT = 2  # requests posting files in flight from one client address
 IN_FLIGHT = 8  # requests posting files in flight from all clients
 STORED_MB = 200  # the demo's folder may hold this much before uploads wait (10 of the largest uploads)
+CLIENT_MB = 60  # request bodies one client may post within CLIENT_WINDOW_S (3 of the largest uploads)
+CLIENT_WINDOW_S = 600.0  # as long as an answer is kept (serve.KEEP_ANSWER_S)
+QUEUED = 16  # calls waiting in the demo's queue (what they will write is not in the folder yet)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -58,22 +69,39 @@ class UploadGuard:
         stored_bytes: the most ``folder`` may hold before posting files is refused.
     """
 
-    def __init__(self, app: App, folder: Path, stored_bytes: int = STORED_MB * 2**20) -> None:
-        self.app, self.folder, self.stored_bytes = app, folder, stored_bytes
+    def __init__(
+        self,
+        app: App,
+        folder: Path,
+        stored_bytes: int = STORED_MB * 2**20,
+        client_bytes: int = CLIENT_MB * 2**20,
+    ) -> None:
+        self.app, self.folder, self.stored_bytes, self.client_bytes = app, folder, stored_bytes, client_bytes
         self.active: Counter[str] = Counter()  # client address -> requests posting files in flight
         self.before: set[str] = set()  # the top of the folder when the first of them began
+        self.posted: dict[str, deque[tuple[float, int]]] = {}  # client -> (time, body bytes) received
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._posts_files(scope):
+        if scope.get("type") != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
         client = (scope.get("client") or ("?", 0))[0]
-        if self.active[client] >= PER_CLIENT or sum(self.active.values()) >= IN_FLIGHT:
-            await _refuse(send, 429, f"too many uploads at once (at most {PER_CLIENT} per client); retry")
-            return
         if folder_bytes(self.folder) >= self.stored_bytes:
             limit = self.stored_bytes // 2**20
             await _refuse(send, 507, f"the demo holds its limit of {limit} MB of files; retry later")
+            return
+        if self._posted(client) + _announced(scope) > self.client_bytes:
+            limit = self.client_bytes // 2**20
+            await _refuse(
+                send, 429, f"this client posted {limit} MB in {CLIENT_WINDOW_S / 60:.0f} minutes; retry later"
+            )
+            return
+        receive = self._counted(client, receive)
+        if not self._posts_files(scope):
+            await self.app(scope, receive, send)
+            return
+        if self.active[client] >= PER_CLIENT or sum(self.active.values()) >= IN_FLIGHT:
+            await _refuse(send, 429, f"too many uploads at once (at most {PER_CLIENT} per client); retry")
             return
         if not self.active:
             self.before = _top_files(self.folder)
@@ -89,12 +117,41 @@ class UploadGuard:
                     with contextlib.suppress(OSError):
                         os.unlink(self.folder / name)
 
+    def _posted(self, client: str) -> int:
+        """The body bytes ``client`` posted within the window (older records dropped)."""
+        records = self.posted.get(client)
+        if records is None:
+            return 0
+        now = time.monotonic()
+        while records and now - records[0][0] > CLIENT_WINDOW_S:
+            records.popleft()
+        if not records:
+            del self.posted[client]
+            return 0
+        return sum(size for _, size in records)
+
+    def _counted(self, client: str, receive: Receive) -> Receive:
+        """``receive`` recording each body chunk's size for ``client`` as it arrives."""
+
+        async def counted() -> MutableMapping[str, Any]:
+            message = await receive()
+            size = len(message.get("body") or b"")
+            if size:
+                self.posted.setdefault(client, deque()).append((time.monotonic(), size))
+            return message
+
+        return counted
+
     @staticmethod
     def _posts_files(scope: Scope) -> bool:
-        if scope.get("type") != "http" or scope.get("method") != "POST":
-            return False
         headers = dict(scope.get("headers") or [])
         return headers.get(b"content-type", b"").lower().startswith(b"multipart/")
+
+
+def _announced(scope: Scope) -> int:
+    """The body size a request's ``content-length`` announces (0 when absent or not a number)."""
+    value = dict(scope.get("headers") or []).get(b"content-length", b"0")
+    return int(value) if value.isdigit() and len(value) < 20 else 0
 
 
 def _top_files(folder: Path) -> set[str]:
