@@ -14,30 +14,24 @@ What it writes stays in one folder it owns, ``captioning-demo-*`` in the tempora
 images and gradio's cache (``GRADIO_TEMP_DIR`` points there). A session keeps only its latest upload and
 answer there (what its page still shows), deleted when it asks again or ends (the tab is closed,
 ``Client.close()``), at the latest ``KEEP_ANSWER_S`` (answer) and ``STALE_S`` idle (upload) later
-(``RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too. Every POST
-is bounded by what the folder holds and by what its client posted lately, requests posting files also
-in flight, and the queue by its length (``captioning.cli.upload_guard``).
+(``demo_files.RequestFiles``). The folder is removed when the demo exits, on Ctrl+C and SIGTERM too.
+Every POST is bounded by what the folder holds and by what its client posted lately, requests
+posting files also in flight, and the queue by its length (``captioning.cli.upload_guard``).
 """
 
 from __future__ import annotations
 
-import atexit
 import errno
 import html
 import importlib.util
 import io
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -46,6 +40,7 @@ import numpy as np
 from PIL import Image
 
 from captioning.api import CaptioningModel, load
+from captioning.cli.demo_files import DemoFolder, RequestFiles
 from captioning.cli.upload_guard import QUEUED, guard_uploads
 from captioning.config import ConfigError
 from captioning.data.images import ImageError, load_image
@@ -56,9 +51,6 @@ DEFAULT_HOST = "127.0.0.1"
 EXAMPLES = 3  # Shapes images offered to pick from
 MAX_UPLOAD_MB = 20  # the largest upload accepted (MiB): a 12-megapixel JPEG is 3-8 MB
 MAX_UPLOAD_BYTES = MAX_UPLOAD_MB * 1024 * 1024
-KEEP_ANSWER_S = 600  # an answer's images are deleted this long after it was given, at the latest
-STALE_S = 3600  # a session idle this long loses its upload; an upload no request used, too
-FOLDER_PREFIX = "captioning-demo-"
 
 
 class DemoError(CaptioningError, RuntimeError):
@@ -196,31 +188,6 @@ def _examples(root: Path) -> list[str]:
     return [str(path) for path in sorted((files.root / "test").glob("*.png"))]
 
 
-class DemoFolder:
-    """The folder one start of the demo owns (``captioning-demo-*`` in the temporary folder, or in a
-    ``GRADIO_TEMP_DIR`` given): ``examples/`` and ``gradio/``, gradio's cache, where
-    ``GRADIO_TEMP_DIR`` points while the demo runs. ``remove()`` (also run at exit) deletes it and puts
-    ``GRADIO_TEMP_DIR`` back."""
-
-    def __init__(self) -> None:
-        self._previous = os.environ.get("GRADIO_TEMP_DIR")
-        self.root = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=self._previous or None))
-        self.examples = self.root / "examples"
-        self.cache = self.root / "gradio"
-        self.cache.mkdir()
-        os.environ["GRADIO_TEMP_DIR"] = str(self.cache)  # read by gradio at import and per component
-        atexit.register(self.remove)
-
-    def remove(self) -> None:
-        atexit.unregister(self.remove)
-        shutil.rmtree(self.root, ignore_errors=True)
-        if os.environ.get("GRADIO_TEMP_DIR") == str(self.cache):
-            if self._previous is None:
-                os.environ.pop("GRADIO_TEMP_DIR", None)
-            else:
-                os.environ["GRADIO_TEMP_DIR"] = self._previous
-
-
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -237,137 +204,6 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _delete(path: str | Path) -> None:
-    """Delete a file or folder in gradio's cache and the per-file folder that held it, if left empty."""
-    path = Path(path)
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-    try:
-        path.parent.rmdir()  # gradio stores each file in a folder named by its hash
-    except OSError:
-        pass
-
-
-@dataclass
-class _Session:
-    upload: str | None = None  # the image its page shows (captioned again on "Caption")
-    answer: Path | None = None  # the folder of the figure and overlays its page shows
-    answered: float = 0.0  # time.monotonic() when ``answer`` was given
-    seen: float = field(default_factory=time.monotonic)
-
-
-class RequestFiles:
-    """What the requests wrote in gradio's cache, kept while a page or client can still use it.
-
-    A session (one page, one ``gradio_client.Client``, one call of the HTTP API) keeps its latest upload
-    and latest answer. An answer is deleted when a newer one is given to the session, when the session
-    ends (``end``, gradio's unload event: the tab closed, ``Client.close()``) or ``KEEP_ANSWER_S`` after
-    it was given (pages and clients fetch its images at once). An upload is deleted when another
-    replaces it, when the session ends or has been idle ``STALE_S``; one no request used (never
-    captioned) after ``STALE_S``; one that is not an image at once. Examples and an upload another
-    session holds are never deleted.
-
-    Args:
-        cache: gradio's cache folder (where answers are written).
-
-    ``blocks`` (the app, set once built) tells which files are uploads (``Blocks.upload_file_set``) and
-    which gradio keeps (``keep_in_cache``: the examples' copies).
-    """
-
-    def __init__(self, cache: Path):
-        self.cache = cache
-        self.blocks: Any = None
-        self._sessions: dict[str, _Session] = {}
-        self._lock = threading.Lock()
-
-    def new_answer(self) -> Path:
-        """An empty folder for one answer's images, in gradio's cache (served from there, not copied)."""
-        folder = self.cache / "answers" / uuid.uuid4().hex
-        folder.mkdir(parents=True)
-        return folder
-
-    def keep(self, session: str | None, upload: str, answer: Path | None) -> None:
-        """Record that ``session``'s page now shows ``upload`` (and ``answer``, if given); delete what
-        it no longer shows, and what ended or idle sessions and unused uploads left."""
-        with self._lock:
-            state = self._sessions.setdefault(session or uuid.uuid4().hex, _Session())
-            now = time.monotonic()
-            if answer is not None:
-                if state.answer is not None:
-                    _delete(state.answer)
-                state.answer, state.answered = answer, now
-            if state.upload is not None and state.upload != upload:
-                self._drop_upload(state.upload, state)
-            state.upload, state.seen = upload, now
-            self._sweep()
-
-    def adopt(self, path: str) -> None:
-        """``path`` is an image gradio decoded from a request (a ``data:`` URL): handled as an upload."""
-        self._uploads().add(path)
-
-    def end(self, session: str | None) -> None:
-        """The session is over (its tab closed): delete its files."""
-        with self._lock:
-            state = self._sessions.pop(session, None) if session else None
-            if state is not None:
-                self._forget(state)
-            self._sweep()
-
-    def refused(self, upload: str) -> None:
-        """``upload`` is not an image: no page can use it."""
-        with self._lock:
-            self._drop_upload(upload, None)
-
-    def discard(self, answer: Path) -> None:
-        _delete(answer)
-
-    def _forget(self, state: _Session) -> None:
-        if state.answer is not None:
-            _delete(state.answer)
-        if state.upload is not None:
-            self._drop_upload(state.upload, state)
-        state.answer = state.upload = None
-
-    def _uploads(self) -> set[str]:
-        return self.blocks.upload_file_set if self.blocks is not None else set()
-
-    def _kept(self) -> set[str]:
-        blocks = self.blocks.blocks.values() if self.blocks is not None else ()
-        return set().union(*(getattr(block, "keep_in_cache", set()) for block in blocks))
-
-    def _drop_upload(self, upload: str, owner: _Session | None) -> None:
-        uploads = self._uploads()
-        if upload not in uploads or upload in self._kept():
-            return  # an example, or not an upload
-        if any(state.upload == upload for state in self._sessions.values() if state is not owner):
-            return  # another page shows the same file
-        _delete(upload)
-        uploads.discard(upload)
-
-    def _sweep(self) -> None:
-        now = time.monotonic()
-        for key, state in list(self._sessions.items()):
-            if now - state.seen > STALE_S:
-                del self._sessions[key]
-                self._forget(state)
-            elif state.answer is not None and now - state.answered > KEEP_ANSWER_S:
-                _delete(state.answer)
-                state.answer = None
-        held = {state.upload for state in self._sessions.values()}
-        for upload in list(self._uploads()):
-            if upload not in held and _age(upload) > STALE_S:
-                self._drop_upload(upload, None)
-
-
-def _age(path: str) -> float:
-    try:
-        return time.time() - os.stat(path).st_mtime
-    except OSError:
-        return float("inf")
 
 
 def _too_large() -> str:
@@ -417,12 +253,47 @@ def _write_answer(
     return str(folder / "figure.png"), words
 
 
+def _inputs(gr: Any, model: CaptioningModel, files: RequestFiles, examples: list[str] | None) -> tuple:
+    """The demo's input column: ([image, strategy, beam size, captions, method], the Caption button),
+    in the order of the ``/caption`` endpoint's parameters."""
+    from captioning.explain.methods import applicable_methods
+
+    decode = model.decode_config
+    image = gr.Image(
+        type="filepath", image_mode=None, label="image", sources=["upload", "clipboard"], elem_id="image"
+    )
+    _refuse_non_images(gr, image, files)
+    strategy = gr.Radio(
+        ["beam", "greedy"],
+        value="greedy" if decode.strategy == "greedy" else "beam",
+        label="decoding",
+        elem_id="strategy",
+    )
+    beam_size = gr.Slider(
+        1, 10, value=min(decode.beam_size, 10), step=1, label="beam size", elem_id="beam-size"
+    )
+    num_return = gr.Slider(
+        1,
+        10,
+        value=min(decode.num_return, 10),
+        step=1,
+        label="captions (ranked; at most the beam size, greedy gives one)",
+        elem_id="num-return",
+    )
+    methods = [name for name in applicable_methods(model.captioner.decoder) if name != "attention"]
+    method = gr.Dropdown(
+        ["none", *methods], value="none", label="an attribution method beside attention", elem_id="method"
+    )
+    button = gr.Button("Caption", variant="primary", elem_id="run")
+    if examples:
+        gr.Examples(examples, inputs=image, label="or pick one")
+    return [image, strategy, beam_size, num_return, method], button
+
+
 def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     """The Gradio ``Blocks`` of the demo for ``model``; its API endpoint is ``/caption``
     (image file, strategy, beam size, captions, method) -> (caption, figure, overlays). What each
     request writes is deleted once no page shows it (``RequestFiles``)."""
-    from captioning.explain.methods import applicable_methods
-
     gr = _gradio()
     files = RequestFiles(Path(gr.utils.get_upload_folder()))
 
@@ -459,54 +330,13 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
     # gradio passes the request to a parameter annotated gr.Request (resolved at run time, not as text)
     run.__annotations__["request"] = ended.__annotations__["request"] = gr.Request
 
-    decode = model.decode_config
     with gr.Blocks(title="captioning demo", analytics_enabled=False) as app:
         # a code span that nothing in the model's name (a folder's path) can leave: no markup reaches the page
         shown = repr(model).replace("`", "'").replace("\r", " ").replace("\n", " ")
         gr.Markdown(f"## Image captioning with visual attention\n`{shown}`")
         with gr.Row():
             with gr.Column():
-                image = gr.Image(
-                    type="filepath",
-                    image_mode=None,
-                    label="image",
-                    sources=["upload", "clipboard"],
-                    elem_id="image",
-                )
-                _refuse_non_images(gr, image, files)
-                strategy = gr.Radio(
-                    ["beam", "greedy"],
-                    value="greedy" if decode.strategy == "greedy" else "beam",
-                    label="decoding",
-                    elem_id="strategy",
-                )
-                beam_size = gr.Slider(
-                    1, 10, value=min(decode.beam_size, 10), step=1, label="beam size", elem_id="beam-size"
-                )
-                num_return = gr.Slider(
-                    1,
-                    10,
-                    value=min(decode.num_return, 10),
-                    step=1,
-                    label="captions (ranked; at most the beam size, greedy gives one)",
-                    elem_id="num-return",
-                )
-                method = gr.Dropdown(
-                    [
-                        "none",
-                        *(
-                            name
-                            for name in applicable_methods(model.captioner.decoder)
-                            if name != "attention"
-                        ),
-                    ],
-                    value="none",
-                    label="an attribution method beside attention",
-                    elem_id="method",
-                )
-                button = gr.Button("Caption", variant="primary", elem_id="run")
-                if examples:
-                    gr.Examples(examples, inputs=image, label="or pick one")
+                inputs, button = _inputs(gr, model, files, examples)
             with gr.Column():
                 text = gr.Textbox(label="caption", interactive=False, elem_id="caption")
                 figure = gr.Image(
@@ -517,10 +347,9 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                     elem_id="figure",
                 )
         overlays = gr.Gallery(label="each word's attention", columns=6, format="png", elem_id="words")
-        inputs = [image, strategy, beam_size, num_return, method]
         outputs = [text, figure, overlays]
         button.click(run, inputs, outputs, api_name="caption")
-        image.upload(run, inputs, outputs, api_name=False)
+        inputs[0].upload(run, inputs, outputs, api_name=False)
         app.unload(ended)
     files.blocks = app
     return app

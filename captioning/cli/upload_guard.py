@@ -39,7 +39,7 @@ PER_CLIENT = 2  # requests posting files in flight from one client address
 IN_FLIGHT = 8  # requests posting files in flight from all clients
 STORED_MB = 200  # the demo's folder may hold this much before uploads wait (10 of the largest uploads)
 CLIENT_MB = 60  # request bodies one client may post within CLIENT_WINDOW_S (3 of the largest uploads)
-CLIENT_WINDOW_S = 600.0  # as long as an answer is kept (serve.KEEP_ANSWER_S)
+CLIENT_WINDOW_S = 600.0  # as long as an answer is kept (demo_files.KEEP_ANSWER_S)
 QUEUED = 16  # calls waiting in the demo's queue (what they will write is not in the folder yet)
 
 Scope = MutableMapping[str, Any]

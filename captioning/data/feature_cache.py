@@ -185,52 +185,69 @@ class FeatureCache:
                 return cls(builder.folder, rows, builder.grid_shape, bad, builder.key["fingerprint"])
             if not build:
                 return None
-        # Rows are to be written: a read-only or unwritable cache folder fails now, not after encoding,
-        # and so does a link or an odd file where the cache writes (one planted to redirect a write).
         root = Path(directory) if under is None else Path(under)
-        refuse_links(builder.folder, root, folder=True)
-        for name in store.CACHE_FILES:
-            refuse_links(builder.folder / name, root)
-        check_output_folder(builder.folder, "data.cache_dir")
-        with ExitStack() as held:
-            group = held.enter_context(waiting_group(world_size))
-            builder.hash_together(rank, world_size, group)
-            error = None
-            if rank == 0:
-                try:
-                    try:
-                        builder.folder.mkdir(parents=True, exist_ok=True)
-                    except OSError as failed:  # /proc, a read-only mount, ...: the key, not a bare errno
-                        raise RunFolderError(
-                            f"{builder.folder}: data.cache_dir: cannot create the feature cache's folder "
-                            f"here ({failed.strerror or failed}); give a writable folder"
-                        ) from failed
-                    held.enter_context(store.build_lock(builder.folder))
-                    builder.plan()
-                except Exception as caught:  # re-raised on every rank by agree
-                    error = caught
-            agree(error, world_size, group)
-            try:
-                computed = builder.compute_share(
-                    encoder,
-                    batch_size or cache_batch_size(torch.device(device)),
-                    torch.device(device),
-                    num_workers,
-                    progress,
-                    rank,
-                    world_size,
-                )
-            except Exception as caught:  # re-raised on every rank by agree
-                error = caught
-            agree(error, world_size, group)
-            if rank == 0:
-                builder.finish()
-            agree(None, world_size, group)  # the index is written before any rank reads it
-        if rank != 0:
-            builder.read_index()
+        device = torch.device(device)
+        computed = _compute_missing_rows(
+            builder, root, encoder, batch_size or cache_batch_size(device), device, num_workers, progress,
+            rank, world_size,
+        )  # fmt: skip
         if world_size > 1:
             logger.info(
                 "feature cache %s: rank %d of %d computed %d rows", builder.folder, rank, world_size, computed
             )
         rows, bad = builder.rows_and_bad()
         return cls(builder.folder, rows, builder.grid_shape, bad, builder.key["fingerprint"], computed)
+
+
+def _compute_missing_rows(
+    builder: Build,
+    root: Path,
+    encoder: GridEncoder,
+    batch_size: int,
+    device: torch.device,
+    num_workers: int,
+    progress: bool,
+    rank: int,
+    world_size: int,
+) -> int:
+    """Compute the rows ``builder`` lacks, each rank its share, under the cache's build lock (rank 0
+    plans and writes the index); return how many rows this rank computed. ``root``: the folder the
+    user named, below which nothing is written through a link.
+    """
+    # Rows are to be written: a read-only or unwritable cache folder fails now, not after encoding,
+    # and so does a link or an odd file where the cache writes (one planted to redirect a write).
+    refuse_links(builder.folder, root, folder=True)
+    for name in store.CACHE_FILES:
+        refuse_links(builder.folder / name, root)
+    check_output_folder(builder.folder, "data.cache_dir")
+    with ExitStack() as held:
+        group = held.enter_context(waiting_group(world_size))
+        builder.hash_together(rank, world_size, group)
+        error = None
+        if rank == 0:
+            try:
+                try:
+                    builder.folder.mkdir(parents=True, exist_ok=True)
+                except OSError as failed:  # /proc, a read-only mount, ...: the key, not a bare errno
+                    raise RunFolderError(
+                        f"{builder.folder}: data.cache_dir: cannot create the feature cache's folder "
+                        f"here ({failed.strerror or failed}); give a writable folder"
+                    ) from failed
+                held.enter_context(store.build_lock(builder.folder))
+                builder.plan()
+            except Exception as caught:  # re-raised on every rank by agree
+                error = caught
+        agree(error, world_size, group)
+        try:
+            computed = builder.compute_share(
+                encoder, batch_size, device, num_workers, progress, rank, world_size
+            )
+        except Exception as caught:  # re-raised on every rank by agree
+            error = caught
+        agree(error, world_size, group)
+        if rank == 0:
+            builder.finish()
+        agree(None, world_size, group)  # the index is written before any rank reads it
+    if rank != 0:
+        builder.read_index()
+    return computed

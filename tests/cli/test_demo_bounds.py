@@ -24,8 +24,9 @@ from test_demo import OFFLINE, STARTUP_S, _browser, free_port
 from tiny_models import pattern, photo, tiny_checkpoint
 from tool_runs import REPO
 
-from captioning.cli import serve
-from captioning.cli.serve import FOLDER_PREFIX, MAX_UPLOAD_BYTES, DemoFolder, RequestFiles
+from captioning.cli import demo_files
+from captioning.cli.demo_files import FOLDER_PREFIX, DemoFolder, RequestFiles
+from captioning.cli.serve import MAX_UPLOAD_BYTES
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
 
@@ -327,11 +328,11 @@ def test_request_files_delete_a_refused_upload_at_once_and_stale_ones_later(tmp_
     assert not Path(notes).exists()
     shown = answer(files)
     files.keep("page", cat, shown)
-    files._sessions["page"].answered -= serve.KEEP_ANSWER_S + 1
+    files._sessions["page"].answered -= demo_files.KEEP_ANSWER_S + 1
     files.keep("api call", cat, None)  # any request sweeps
     assert not shown.exists() and Path(unused).is_file() and Path(cat).is_file()
-    files._sessions["page"].seen -= serve.STALE_S + 1  # the page went silent an hour ago
-    old = time.time() - serve.STALE_S - 1
+    files._sessions["page"].seen -= demo_files.STALE_S + 1  # the page went silent an hour ago
+    old = time.time() - demo_files.STALE_S - 1
     os.utime(unused, (old, old))  # uploaded an hour ago, never captioned
     files.keep("api call", cat, None)
     assert "page" not in files._sessions and not Path(unused).exists()
