@@ -16,7 +16,7 @@ from captioning.explain.scoring import WordScorer, caption_tensor
 from captioning.explain.transformer import traced_forward
 from captioning.models.transformer import TransformerDecoder
 from captioning.utils.errors import InputError
-from tests.messages import raises_naming
+from messages import raises_naming
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
