@@ -12,7 +12,7 @@ from captioning.data.readers import reader_of
 from captioning.data.records import DatasetError
 from captioning.data.tokenizers import detokenize
 from captioning.evaluation.attributes import add_attributes, attribute_line
-from captioning.evaluation.caption_sets import caption_set_measures
+from captioning.evaluation.caption_sets import caption_set_measures, how_sets_were_drawn
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
     ImageGrounding,
@@ -67,15 +67,18 @@ def write_ranked_results(path: str | Path, captioned: list[Captioned], tokenizer
 
 
 def caption_set_scores(
-    captioned: list[Captioned], tokenizer: str = "ptb", with_references: bool = True
-) -> dict[str, float | None]:
+    captioned: list[Captioned], tokenizer: str = "ptb", with_references: bool = True, strategy: str = "beam"
+) -> dict[str, float | str | None]:
     """:func:`captioning.evaluation.caption_sets.caption_set_measures` of the ranked captions of
-    ``captioned`` (the oracle against each record's references when ``with_references``)."""
+    ``captioned`` (the oracle against each record's references when ``with_references``), with
+    ``sets``: how ``decode.strategy`` drew them (:func:`how_sets_were_drawn`)."""
     sets = {item.record.image_id: [detokenize(r.words, tokenizer) for r in item.ranked] for item in captioned}
     references = (
         {item.record.image_id: list(item.record.raw) for item in captioned} if with_references else None
     )
-    return caption_set_measures(sets, references, tokenizer)
+    measures: dict[str, float | str | None] = dict(caption_set_measures(sets, references, tokenizer))
+    measures["sets"] = how_sets_were_drawn(strategy)
+    return measures
 
 
 def default_instances(config: Config) -> tuple[Path, ...]:
