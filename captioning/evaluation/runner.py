@@ -146,7 +146,9 @@ def add_boxed_scores(
     if attention is not None:
         items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
         per_image = grounding_per_image(items, boxes, matcher, tolerance)
-        result.update(image_grounding_json(merged_grounding(per_image), classes=True))
+        result.update(
+            image_grounding_json(merged_grounding(per_image), classes=True, categories=boxes.categories)
+        )
         result["grounding-images"] = len(covered)
         if "per_image" in result:
             result["per_image"] = [
@@ -268,12 +270,18 @@ def grounding_line(scores: Mapping[str, Any], images: int) -> str | None:
         f"(strict: most attended cell's centre in the box) {scores['grounding-pointing']:.3f}"
         + (
             f"; pointing game (published, Zhang et al. 2016: maximum within {tolerance} of the object) "
-            f"{published:.3f} per mention, {scores['grounding-pointing-published-classes']:.3f} per class"
+            f"{published:.3f} per mention, {_rate(scores.get('grounding-pointing-published-classes'))} per "
+            "category (every category of the instances files, one never named counting 0), "
+            f"{_rate(scores.get('grounding-pointing-published-mentioned-classes'))} per class named"
             if published is not None
             else ""
         )
         + f"; over {scores['grounding-words']} object words in {covered} of {images} images with boxes"
     )
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def summary_lines(scores: Mapping[str, Any], images: int) -> list[str]:

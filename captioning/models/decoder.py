@@ -356,8 +356,8 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
     probability ``expected_prob`` a caption uses the expected context instead (the paper's
     variance reduction). ``expected_draw`` "caption" draws that choice for each caption (the paper);
     "minibatch" draws it once for every caption of the pass, as the authors' ``capgen.py`` draws its
-    ``h_sampling_mask`` once per minibatch. Trained with the variational lower bound (equation 12): REINFORCE on the
-    location log-probabilities with the caption's log-likelihood as reward, a moving-average
+    ``h_sampling_mask`` once per minibatch. Trained with the variational lower bound (equation 12):
+    REINFORCE on the location log-probabilities with the caption's log-likelihood as reward, a moving-average
     baseline (the buffer ``reward_baseline``, saved in checkpoints) and an entropy bonus
     (``captioning.training.losses.hard_attention_loss``). Self-critical rollouts sample locations
     too and their log-probabilities join the policy gradient (``StepOutput.location_log_prob``).
@@ -406,9 +406,8 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
             # At the first step after prepare() every row is active. The draws are i.i.d. per row
             # (or one for all), so the length-sorted order of the teacher-forced pass does not matter.
             draws = weights.size(0) if self.expected_draw == "caption" else 1
-            self._use_expected = (
-                torch.rand(draws, device=weights.device) < self.expected_prob
-            ).expand(weights.size(0))  # (n,)
+            drawn = torch.rand(draws, device=weights.device) < self.expected_prob  # (n,) or (1,)
+            self._use_expected = drawn.expand(weights.size(0))  # (n,)
         alpha = weights.mean(dim=1)  # (n, P)
         location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)  # (n,)
         one_hot = torch.zeros_like(weights).scatter_(

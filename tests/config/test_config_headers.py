@@ -64,7 +64,8 @@ CLAIMS: dict[str, Callable[[Config], bool]] = {
     "capgen.py": _arctic,
     # the header says how its decoding differs from generate_caps.py's (beam 1, 200 words): beam 3, 20 words
     "generate_caps.py": lambda c: (
-        (c.decode.strategy, c.decode.beam_size, c.decode.max_length, c.decode.length_alpha) == ("beam", 3, 20, 0)
+        (c.decode.strategy, c.decode.beam_size, c.decode.max_length, c.decode.length_alpha)
+        == ("beam", 3, 20, 0)
     ),
     "Vaswani et al. 2017": lambda c: (
         c.model.decoder.kind == "transformer"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from messages import raises_naming
 
 from captioning.config import TransformerDecoderConfig
 from captioning.explain import ExplainInputs, ExplainSettings, explain
@@ -16,7 +17,6 @@ from captioning.explain.scoring import WordScorer, caption_tensor
 from captioning.explain.transformer import traced_forward
 from captioning.models.transformer import TransformerDecoder
 from captioning.utils.errors import InputError
-from messages import raises_naming
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -64,7 +64,9 @@ def handle_residual(relevance: np.ndarray) -> np.ndarray:
     return out + np.eye(n)
 
 
-def reference_map(decoder: TransformerDecoder, annotations: torch.Tensor, tokens: list[int], t: int) -> np.ndarray:
+def reference_map(
+    decoder: TransformerDecoder, annotations: torch.Tensor, tokens: list[int], t: int
+) -> np.ndarray:
     """The reference's R_qi row of word t, on the pass over ``<start> w_1 .. w_t`` (t + 1 queries)
     with the target word w_{t+1}'s logit differentiated."""
     captions, lengths = caption_tensor([tokens[: t + 1]], 1, 2)  # <start> w_1 .. w_{t+1} <end>
