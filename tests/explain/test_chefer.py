@@ -14,7 +14,7 @@ from captioning.config import TransformerDecoderConfig
 from captioning.explain import ExplainInputs, ExplainSettings, explain
 from captioning.explain.methods import parse_methods
 from captioning.explain.scoring import WordScorer, caption_tensor
-from captioning.explain.transformer import traced_forward
+from captioning.explain.transformer import chefer_relevance, traced_forward
 from captioning.models.transformer import TransformerDecoder
 from captioning.utils.errors import InputError
 
@@ -79,11 +79,16 @@ def reference_map(
     cams = [avg_heads(m[0].detach().numpy(), g[0].numpy()) for m, g in zip(maps, grads, strict=True)]
     layers = len(trace.self_attention)
     encoder_cams, self_cams = cams[: len(trace.encoder)], cams[len(trace.encoder) : -layers]
-    cross_cams = cams[-layers:]
-    r_ii = np.eye(P)
+    return reference_relevance(encoder_cams, self_cams, cams[-layers:])[t]
+
+
+def reference_relevance(encoder_cams, self_cams, cross_cams) -> np.ndarray:
+    """Their generator's R_qi (queries, cells) from the head-aggregated maps of each sublayer."""
+    cells, queries = encoder_cams[0].shape[0], self_cams[0].shape[0]
+    r_ii = np.eye(cells)
     for cam in encoder_cams:  # handle_self_attention_image
         r_ii = r_ii + cam @ r_ii
-    r_qq, r_qi = np.eye(t + 1), np.zeros((t + 1, P))
+    r_qq, r_qi = np.eye(queries), np.zeros((queries, cells))
     for cam_ss, cam_sq in zip(self_cams, cross_cams, strict=True):
         r_qq_add, r_qi_add = cam_ss @ r_qq, cam_ss @ r_qi  # apply_self_attention_rules
         r_qq, r_qi = r_qq + r_qq_add, r_qi + r_qi_add
@@ -91,7 +96,7 @@ def reference_map(
             addition = handle_residual(r_qq).T @ (cam_sq @ handle_residual(r_ii))  # apply_mm_attention_rules
         addition[np.isnan(addition)] = 0
         r_qi = r_qi + addition
-    return r_qi[t]
+    return r_qi
 
 
 def test_chefer_equals_the_reference_rules():
@@ -104,6 +109,26 @@ def test_chefer_equals_the_reference_rules():
             np.testing.assert_allclose(maps[b, t].numpy(), expected, atol=1e-6)
     assert maps[0, 3:].abs().max() == 0  # after the first caption's end
     assert maps.abs().sum() > 0
+
+
+@pytest.mark.parametrize("silent_row", [None, 2])
+def test_the_rules_zero_an_update_the_normalisation_leaves_undefined(silent_row):
+    # A word whose self-attention rows are 0 in every layer leaves a row of R_qq - I summing to 0:
+    # their division gives NaN there, and their generator sets the whole NaN update to 0.
+    rng = np.random.default_rng(0)
+    queries, cells = 4, 6
+    encoder = [rng.random((cells, cells)) for _ in range(2)]
+    self_cams = [np.tril(rng.random((queries, queries))) for _ in range(2)]
+    cross = [rng.random((queries, cells)) for _ in range(2)]
+    if silent_row is not None:
+        for cam in self_cams:
+            cam[silent_row] = 0.0
+    expected = reference_relevance(encoder, self_cams, cross)
+    actual = chefer_relevance(
+        *([torch.tensor(m)[None] for m in group] for group in (encoder, self_cams, cross))
+    )
+    np.testing.assert_allclose(actual[0].numpy(), expected, atol=1e-12)
+    assert (expected == 0).all() if silent_row is not None else (expected > 0).all()
 
 
 def test_chefer_differs_from_the_project_variant():
