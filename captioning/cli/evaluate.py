@@ -465,7 +465,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             for rank, other in enumerate(item.alternatives, 2):
                 print(printable(f"  {rank}. {other.text}"))
         if decode_config.num_return > 1:
-            measures = caption_set_scores(captioned, config.data.tokenizer, with_references=False)
+            measures = caption_set_scores(
+                captioned, config.data.tokenizer, with_references=False, strategy=decode_config.strategy
+            )
             print("\n".join(caption_set_lines(measures)))
         _print_summary({"captions": results, "image id -> file": index, "ranked captions": ranked}, notes)
         return None
@@ -521,7 +523,9 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if decode_config.num_return > 1:  # the first caption was scored above; these measure all n
         if ranked is not None:
             write_ranked_results(ranked, captioned, config.data.tokenizer)
-        scores["caption sets"] = caption_set_scores(captioned, config.data.tokenizer)
+        scores["caption sets"] = caption_set_scores(
+            captioned, config.data.tokenizer, strategy=decode_config.strategy
+        )
         print(f"the {decode_config.num_return} captions of each image:")
         print("\n".join(caption_set_lines(scores["caption sets"])))
     scores_path, per_image = write_scores(scores_target, scores)

@@ -312,6 +312,9 @@ class LSTMDecoderConfig(DecoderConfig):
     hard_entropy: float = 0.002  # hard attention: lambda_e, weight of the entropy bonus
     hard_baseline_decay: float = 0.9  # hard attention: decay of the moving-average reward baseline
     hard_expected_prob: float = 0.5  # hard attention: probability of the expected context instead of a sample
+    # caption: each caption draws its own (the paper's semi-sampling); minibatch: one draw for the whole
+    # minibatch, as capgen.py's h_sampling_mask (the authors' code); docs/training.md
+    hard_expected_draw: str = "caption"  # hard attention: caption | minibatch (one draw per pass)
     # paper: every term's gradient reaches alpha_t (equation 12 plus equation 14's penalty); authors: only
     # REINFORCE's and the entropy's, as capgen.py's known_grads (no gradient from the penalty or through
     # the expected context); docs/training.md
@@ -331,6 +334,7 @@ class LSTMDecoderConfig(DecoderConfig):
             "model.decoder.hidden_dropout needs model.decoder.deep_output",
         )
         _one_of("model.decoder.hard_alpha_gradients", self.hard_alpha_gradients, ("paper", "authors"))
+        _one_of("model.decoder.hard_expected_draw", self.hard_expected_draw, ("caption", "minibatch"))
         _one_of("model.decoder.attention", self.attention, ("soft", "hard"))
         _one_of("model.decoder.activation", self.activation, ("tanh", "relu"))
         _one_of("model.decoder.gate", self.gate, ("scalar", "channel", "none"))

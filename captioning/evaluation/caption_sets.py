@@ -6,9 +6,12 @@ Papers on diverse captioning report, for the n captions a system gives each imag
   the set would score if a perfect judge picked one caption per image). Each caption is scored
   as pycocoevalcap's ``Cider`` scores it, against its image's references, with document
   frequencies from the references of the images scored (:class:`CiderDScorer`).
-- ``distinct-1``, ``distinct-2``: the distinct words (bigrams) of an image's captions divided by
-  the number of words in them (Li et al. 2016's distinct-n, within each image's set), averaged
-  over the images with words.
+- ``distinct-1``, ``distinct-2``: Li et al. 2016's distinct-n, over the corpus: the distinct words
+  (bigrams) of all the captions of all images divided by the number of words in them (their
+  paper scales by the total number of generated tokens; some implementations divide by the number
+  of n-grams instead, which changes distinct-2 slightly).
+- ``distinct-1 per set``, ``distinct-2 per set``: the same within each image's set, averaged over
+  the images with words (a caption repeated across images lowers the corpus number, not this one).
 - ``mBLEU-4``: each caption's BLEU-4 (pycocoevalcap) against the other captions of its image,
   averaged over the captions of an image and then over images with two or more captions (Shetty
   et al. 2017); lower means more diverse.
@@ -26,6 +29,7 @@ from pycocoevalcap.bleu.bleu import Bleu
 from captioning.data.tokenizers import tokenizer_for
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.metrics import CiderDScorer
+from captioning.models.decoding import SAMPLE_ROUNDS
 
 
 def distinct_ngrams(captions: Sequence[Sequence[str]], n: int) -> float | None:
@@ -61,8 +65,9 @@ def caption_set_measures(
             computed, as for a folder of images).
         tokenizer: ``data.tokenizer``.
     Returns:
-        ``oracle CIDEr-D`` (None without references), ``distinct-1``, ``distinct-2``, ``mBLEU-4``
-        (None when no image has two captions) and ``captions per image`` (their mean number).
+        ``oracle CIDEr-D`` (None without references), ``distinct-1`` and ``distinct-2`` (over all
+        captions), ``distinct-1 per set`` and ``distinct-2 per set`` (averaged over images),
+        ``mBLEU-4`` (None when no image has two captions) and ``captions per image`` (their mean).
     Raises:
         EvaluationInputError: an image without captions, or one without references.
     """
@@ -86,15 +91,34 @@ def caption_set_measures(
             raise EvaluationInputError(f"image {missing[0]!r} has no references")
         scorer = CiderDScorer({i: [tokenize(ref) for ref in references[i]] for i in tokenized})
         oracle = float(np.mean([scorer.scores([i] * len(sets), sets).max() for i, sets in tokenized.items()]))
+    corpus = [caption for sets in tokenized.values() for caption in sets]
     return {
         "oracle CIDEr-D": oracle,
-        "distinct-1": mean([distinct_ngrams(sets, 1) for sets in tokenized.values()]),
-        "distinct-2": mean([distinct_ngrams(sets, 2) for sets in tokenized.values()]),
+        "distinct-1": distinct_ngrams(corpus, 1),
+        "distinct-2": distinct_ngrams(corpus, 2),
+        "distinct-1 per set": mean([distinct_ngrams(sets, 1) for sets in tokenized.values()]),
+        "distinct-2 per set": mean([distinct_ngrams(sets, 2) for sets in tokenized.values()]),
         "mBLEU-4": mean([mutual_bleu(sets) for sets in tokenized.values()]),
         "captions per image": float(np.mean([len(sets) for sets in tokenized.values()])),
     }
 
 
-def caption_set_lines(measures: Mapping[str, float | None]) -> list[str]:
-    """The measures as lines for a summary (``n/a`` where not computed)."""
-    return [f"{name:<20} {'n/a' if value is None else f'{value:.4f}'}" for name, value in measures.items()]
+def how_sets_were_drawn(strategy: str) -> str:
+    """What an image's set is under ``decode.strategy``: the label stored beside the measures.
+
+    Sampled sets are drawn again while they hold fewer than N distinct captions (up to
+    ``SAMPLE_ROUNDS`` rounds), which raises distinct-n and lowers mBLEU-4 against N raw samples."""
+    if strategy == "sample":
+        return (
+            f"distinct samples: N drawn, again up to {SAMPLE_ROUNDS} rounds until N are distinct (papers "
+            "that take N raw samples report lower distinct-n and higher mBLEU-4)"
+        )
+    return "the search's best distinct hypotheses"
+
+
+def caption_set_lines(measures: Mapping[str, float | str | None]) -> list[str]:
+    """The measures as lines for a summary (``n/a`` where not computed; a label as it is)."""
+    return [
+        f"{name:<20} {'n/a' if value is None else value if isinstance(value, str) else f'{value:.4f}'}"
+        for name, value in measures.items()
+    ]

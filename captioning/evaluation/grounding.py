@@ -18,8 +18,15 @@ as a Shapes colour), two numbers are measured on the attention map of the mentio
   in row-major order), and the mention hits when any ground-truth pixel lies strictly within
   ``tolerance`` pixels of it (default 15). The ground truth is the union of the named objects'
   segmentation masks (polygons or RLE, decoded with pycocotools), or their boxes for objects
-  without a segmentation. Reported as the mean over mentions and, as papers report it, as the mean
-  over categories of each category's accuracy (``grounding-pointing-published-classes``).
+  without a segmentation. Reported as the mean over mentions, as the mean over every category of the
+  instances file of each category's accuracy (a category never mentioned counting 0, as TorchRay's
+  ``PointingGame.accuracy`` averages; ``grounding-pointing-published-classes``) and as the mean over
+  the classes mentioned (``grounding-pointing-published-mentioned-classes``).
+
+The population is not the published game's: the published game scores every ground-truth category
+of every image (the map for that category), here only the objects the generated caption names are
+scored, each on its mention's map. A paper's pointing game is therefore not comparable with these
+numbers.
 
 Boxes of zero width or height cover nothing and are left out of all three.
 
@@ -43,6 +50,7 @@ from captioning.evaluation.pointing import (
     MAX_PIXELS,
     checked_segmentation,
     class_mean,
+    dataset_class_mean,
     is_number,
     object_mask,
     published_hit,
@@ -366,11 +374,14 @@ def grounding_per_image(
     return per_image
 
 
-def image_grounding_json(grounding: ImageGrounding, classes: bool = False) -> dict[str, float | int | None]:
+def image_grounding_json(
+    grounding: ImageGrounding, classes: bool = False, categories: Sequence[str] = ()
+) -> dict[str, float | int | None]:
     """``grounding-mass``, ``grounding-pointing`` (strict) and ``grounding-pointing-published``, the
     means over the mentions (None without any), and ``grounding-words``, how many mentions there
-    are; with ``classes``, also ``grounding-pointing-published-classes``, the published game's mean
-    over classes of each class's accuracy, as papers report it."""
+    are; with ``classes``, also the published game's class means: ``grounding-pointing-published-classes``
+    over every one of ``categories`` (a category never mentioned counts 0, as TorchRay averages) and
+    ``grounding-pointing-published-mentioned-classes`` over the classes mentioned."""
     result: dict[str, float | int | None] = {
         "grounding-mass": float(np.mean(grounding.masses)) if grounding.masses else None,
         "grounding-pointing": float(np.mean(grounding.hits)) if grounding.hits else None,
@@ -379,7 +390,10 @@ def image_grounding_json(grounding: ImageGrounding, classes: bool = False) -> di
         ),
     }
     if classes:
-        result["grounding-pointing-published-classes"] = class_mean(
+        result["grounding-pointing-published-classes"] = dataset_class_mean(
+            grounding.published_hits, grounding.classes, categories
+        )
+        result["grounding-pointing-published-mentioned-classes"] = class_mean(
             grounding.published_hits, grounding.classes
         )
     result["grounding-words"] = len(grounding.masses)
@@ -412,11 +426,13 @@ def grounding_scores(
         share of mentions whose most attended cell centre is inside a named box (the strict rule),
         "grounding-pointing-published": share of mentions whose map maximum is within ``tolerance``
         pixels of a named object's pixels (Zhang et al. 2016), "grounding-pointing-published-classes":
-        the same averaged over classes, "grounding-words": number of mentions counted (one per
-        phrase)}``; the rates are None when no word names an object. In the mention means every
-        mention weighs the same, whichever image it is in.
+        the same averaged over every category of ``instances`` (0 for one never mentioned),
+        "grounding-pointing-published-mentioned-classes": averaged over the classes mentioned,
+        "grounding-words": number of mentions counted (one per phrase)}``; the rates are None when
+        no word names an object. In the mention means every mention weighs the same, whichever image
+        it is in.
     Raises:
         ValueError: an image without instances, or attention whose shape does not fit words and grid.
     """
     per_image = grounding_per_image(items, instances, matcher, tolerance)
-    return image_grounding_json(merged_grounding(per_image), classes=True)
+    return image_grounding_json(merged_grounding(per_image), classes=True, categories=instances.categories)

@@ -6,7 +6,9 @@ A map points at its maximum after upsampling to the image's pixels (bilinear, pi
 ground-truth pixel lies strictly within ``tolerance`` pixels (Euclidean, default 15) of it. On COCO
 the ground truth is the instance's segmentation mask (polygons or RLE, decoded with pycocotools);
 an object without a segmentation counts by its box, rasterised the same way. The accuracy is
-reported per category (hits / mentions of the category) and averaged over the categories.
+reported per category and averaged over the categories as TorchRay's ``PointingGame.accuracy``
+does: over every category of the dataset, a category never evaluated counting 0
+(:func:`dataset_class_mean`); :func:`class_mean` averages over the categories evaluated only.
 """
 
 from __future__ import annotations
@@ -161,8 +163,31 @@ def published_hit(
     return bool((((rows + top - y) ** 2 + (cols + left - x) ** 2) < tolerance**2).any())
 
 
+def dataset_class_mean(
+    hits: Sequence[float], classes: Sequence[str], categories: Sequence[str]
+) -> float | None:
+    """TorchRay's class mean: over every one of the dataset's ``categories``, hits / max(evaluations, 1)
+    (a category never evaluated counts 0), averaged; None without categories or without any hit
+    counted (no evaluation: the game was not played).
+
+    Args:
+        hits: one 0/1 (or expected) hit per evaluation (here a mention).
+        classes: the class of each; one that is not a single category (a word naming objects of
+            several, ``circle+square``) is no category's evaluation and is left out.
+        categories: the dataset's categories (an instances file's ``categories``).
+    """
+    if not categories or not hits:
+        return None
+    totals = {name: [0.0, 0] for name in categories}
+    for hit, name in zip(hits, classes, strict=True):
+        if name in totals:
+            totals[name][0] += hit
+            totals[name][1] += 1
+    return float(np.mean([hit_sum / max(count, 1) for hit_sum, count in totals.values()]))
+
+
 def class_mean(hits: Sequence[float], classes: Sequence[str]) -> float | None:
-    """The mean over classes of each class's mean hit (None without any hit counted).
+    """The mean over the classes evaluated of each class's mean hit (None without any hit counted).
 
     Args:
         hits: one 0/1 (or expected) hit per mention.

@@ -94,8 +94,10 @@ def ratio_statistics(
     return result
 
 
-# The published pointing game's mean over classes: per image, each class's (hits, mentions).
-CLASS_MEAN = "grounding-pointing-published-classes"
+# The published pointing game's mean over the classes mentioned: per image, each class's (hits,
+# mentions). The mean over every category of the dataset is not rebuilt (the category list is not in
+# a scores file).
+CLASS_MEAN = "grounding-pointing-published-mentioned-classes"
 
 
 def class_statistics(

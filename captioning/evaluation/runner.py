@@ -12,7 +12,7 @@ from captioning.data.readers import reader_of
 from captioning.data.records import DatasetError
 from captioning.data.tokenizers import detokenize
 from captioning.evaluation.attributes import add_attributes, attribute_line
-from captioning.evaluation.caption_sets import caption_set_measures
+from captioning.evaluation.caption_sets import caption_set_measures, how_sets_were_drawn
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import (
     ImageGrounding,
@@ -67,15 +67,18 @@ def write_ranked_results(path: str | Path, captioned: list[Captioned], tokenizer
 
 
 def caption_set_scores(
-    captioned: list[Captioned], tokenizer: str = "ptb", with_references: bool = True
-) -> dict[str, float | None]:
+    captioned: list[Captioned], tokenizer: str = "ptb", with_references: bool = True, strategy: str = "beam"
+) -> dict[str, float | str | None]:
     """:func:`captioning.evaluation.caption_sets.caption_set_measures` of the ranked captions of
-    ``captioned`` (the oracle against each record's references when ``with_references``)."""
+    ``captioned`` (the oracle against each record's references when ``with_references``), with
+    ``sets``: how ``decode.strategy`` drew them (:func:`how_sets_were_drawn`)."""
     sets = {item.record.image_id: [detokenize(r.words, tokenizer) for r in item.ranked] for item in captioned}
     references = (
         {item.record.image_id: list(item.record.raw) for item in captioned} if with_references else None
     )
-    return caption_set_measures(sets, references, tokenizer)
+    measures: dict[str, float | str | None] = dict(caption_set_measures(sets, references, tokenizer))
+    measures["sets"] = how_sets_were_drawn(strategy)
+    return measures
 
 
 def default_instances(config: Config) -> tuple[Path, ...]:
@@ -143,7 +146,9 @@ def add_boxed_scores(
     if attention is not None:
         items = [(image_id, words[image_id], *attention[image_id]) for image_id in covered]
         per_image = grounding_per_image(items, boxes, matcher, tolerance)
-        result.update(image_grounding_json(merged_grounding(per_image), classes=True))
+        result.update(
+            image_grounding_json(merged_grounding(per_image), classes=True, categories=boxes.categories)
+        )
         result["grounding-images"] = len(covered)
         if "per_image" in result:
             result["per_image"] = [
@@ -265,12 +270,18 @@ def grounding_line(scores: Mapping[str, Any], images: int) -> str | None:
         f"(strict: most attended cell's centre in the box) {scores['grounding-pointing']:.3f}"
         + (
             f"; pointing game (published, Zhang et al. 2016: maximum within {tolerance} of the object) "
-            f"{published:.3f} per mention, {scores['grounding-pointing-published-classes']:.3f} per class"
+            f"{published:.3f} per mention, {_rate(scores.get('grounding-pointing-published-classes'))} per "
+            "category (every category of the instances files, one never named counting 0), "
+            f"{_rate(scores.get('grounding-pointing-published-mentioned-classes'))} per class named"
             if published is not None
             else ""
         )
         + f"; over {scores['grounding-words']} object words in {covered} of {images} images with boxes"
     )
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def summary_lines(scores: Mapping[str, Any], images: int) -> list[str]:

@@ -2,7 +2,7 @@
 deletion and insertion curves (``faithfulness``), cascading randomisation (``sanity``), grounding and
 hallucinated mentions per method (``plausibility``) and the table of a captioned split (``study``)."""
 
-from captioning.explain import transformer as _transformer  # noqa: F401 - registers rollout and chefer
+from captioning.explain import transformer as _transformer  # noqa: F401 - registers its methods
 from captioning.explain.methods import METHODS, ExplainInputs, ExplainSettings, explain, register_method
 
 __all__ = ["METHODS", "ExplainInputs", "ExplainSettings", "explain", "register_method"]

@@ -14,8 +14,9 @@ on the decoder's own (B, P) grid, returning maps (B, T, P) for the T words of B 
 - ``occlusion``: each cell set to the baseline feature in turn, the drop in the word's log-probability;
   all words of a caption come from the same occluded passes, batched over cells (a per-word call of
   captum's ``FeatureAblation`` would repeat every pass T times);
-- ``rollout`` and ``chefer`` (Transformer only): attention rollout (Abnar and Zuidema 2020) and
-  gradient-weighted attention over layers and heads (Chefer et al. 2021), :mod:`.transformer`.
+- ``rollout``, ``chefer`` and ``gradient_rollout`` (Transformer only): attention rollout (Abnar and
+  Zuidema 2020), Chefer et al. 2021's encoder-decoder relevance rules and this project's
+  gradient-weighted rollout, :mod:`.transformer`.
 
 Methods are a registry (``METHODS``): a module of your own adds one with
 ``@register_method("name")`` and reaches ``visualize.py --method``, ``evaluate.py --faithfulness`` and

@@ -109,9 +109,10 @@ def grounding_rows(
     strict rule: the most relevant cell's centre inside a named box; ties share the hit),
     ``pointing_published`` and ``pointing_published_classes`` (Zhang et al. 2016: the upsampled map's
     maximum within ``tolerance`` pixels of a named object's pixels, over mentions and averaged over
-    classes) and ``mentions``, over every object mention of the images in the instances file. The
-    rules are the ones :mod:`captioning.evaluation.grounding` and :mod:`~captioning.evaluation.pointing`
-    define, so each method's row reads beside the attention scores of ``evaluate.py``."""
+    every category of ``instances``, one never named counting 0, as TorchRay averages) and
+    ``mentions``, over every object mention of the images in the instances file. The rules are the
+    ones :mod:`captioning.evaluation.grounding` and :mod:`~captioning.evaluation.pointing` define,
+    so each method's row reads beside the attention scores of ``evaluate.py``."""
     matcher = WordMatcher()
     covered = [item for item in explained if item.image_id in instances.image_sizes]
     methods = list(explained[0].maps) if explained else []
@@ -126,7 +127,9 @@ def grounding_rows(
             matcher,
             tolerance,
         )
-        scores = image_grounding_json(merged_grounding(per_image), classes=True)
+        scores = image_grounding_json(
+            merged_grounding(per_image), classes=True, categories=instances.categories
+        )
         rows[method] = {
             "mass": scores["grounding-mass"],
             "pointing": scores["grounding-pointing"],

@@ -1,23 +1,33 @@
-"""Relevance through the Transformer's attention layers: rollout and gradient-weighted attention.
+"""Relevance through the Transformer's attention layers: rollout, Chefer et al.'s rules and this
+project's gradient-weighted rollout.
 
-The grid cells (P) and the caption's words (T) are one graph of P + T tokens. Each attention sublayer
-mixes the representations of its query tokens with those of its keys: the grid encoder's
-self-attention (grid -> grid), each decoder block's masked self-attention (words -> words) and its
-cross-attention (words -> grid). ``R`` (P + T, P + T) says how much of each token's representation
-comes from each input token; it starts as the identity and every sublayer updates the rows of its
-queries from the rows of its keys, in the order the model runs them:
+The grid cells (P) and the caption's words (T) are the tokens. The grid encoder's self-attention mixes
+cells with cells, each decoder block's masked self-attention words with words and its
+cross-attention words with cells. Each method keeps relevance matrices that start as the identity (or
+zero) and updates them sublayer by sublayer in the order the model runs them; a word's map is its
+row's share on the grid:
 
-- ``rollout`` (Abnar and Zuidema 2020): ``R_q <- 0.5 R_q + 0.5 A R_k``, A the attention weights
-  averaged over the heads (the residual connection as half of each layer's mixing);
-- ``chefer`` (Chefer et al. 2021, "Generic attention-model explainability"):
-  ``R_q <- R_q + Abar R_k`` with ``Abar = mean over heads of (dA * A)^+``, dA the gradient of the
-  explained word's log-probability with respect to the weights A (their rule for self-attention,
-  applied to every sublayer of the graph; their normalisation of the cross-attention update is
-  left out).
+- ``rollout`` (Abnar and Zuidema 2020): one matrix ``R`` (P + T, P + T) over the joint graph,
+  ``R_q <- 0.5 R_q + 0.5 A R_k``, A the attention weights averaged over the heads (the residual
+  connection as half of each layer's mixing).
+- ``chefer`` (Chefer et al. 2021, "Generic attention-model explainability for interpreting bi-modal
+  and encoder-decoder transformers", their encoder-decoder rules as ``ExplanationGenerator.py`` of
+  their released code computes them): ``Abar = mean over heads of (dA * A)^+``, dA the gradient of
+  the word's logit with respect to the weights A. ``R_ii`` (P, P) starts as the identity and each
+  grid-encoder layer adds ``Abar R_ii``; ``R_qq`` (T, T) starts as the identity and ``R_qi`` (T, P)
+  as zero; each decoder self-attention adds ``Abar R_qq`` to ``R_qq`` and ``Abar R_qi`` to ``R_qi``
+  (their rules 6 and 7), each cross-attention adds ``normalise(R_qq)^T (Abar normalise(R_ii))`` to
+  ``R_qi`` (rule 10), where ``normalise(R) = (R - I) / rowsum(R - I) + I`` (equations 8 and 9) and,
+  as in their code, entries of the addition that the division leaves NaN (a row of ``R - I`` summing
+  to 0) count 0. Word t's graph is the one its own step runs: the grid and the words up to t (the
+  causal mask makes the teacher-forced pass's rows <= t equal to that step's; later words would
+  only add rows of ``R - I`` summing to 0, which would zero every cross-attention update).
+- ``gradient_rollout`` (this project's variant, not Chefer et al.'s): one matrix over the joint graph
+  as rollout, ``R_q <- R_q + Abar R_k`` at every sublayer (the self-attention rule applied to the
+  cross-attention too, without normalisation), Abar from the gradient of the word's log-probability.
 
-A word's map is its row's share on the grid, ``R[P + t, :P]``. The weights come from
-:func:`traced_forward`, the decoder's teacher-forced pass with every attention's weights kept (its
-logits equal ``TransformerDecoder.forward``'s).
+The weights come from :func:`traced_forward`, the decoder's teacher-forced pass with every
+attention's weights kept (its logits equal ``TransformerDecoder.forward``'s).
 """
 
 from __future__ import annotations
@@ -109,7 +119,8 @@ def traced_forward(
 
 def propagate(sublayers: list[tuple[slice, slice, Tensor]], size: int, rule: str) -> Tensor:
     """The relevance R (N, size, size) of the joint graph after ``sublayers`` (query rows, key rows,
-    head-aggregated weights (N, queries, keys)), by the ``rollout`` or ``chefer`` rule."""
+    head-aggregated weights (N, queries, keys)), by the ``rollout`` rule (``0.5 R_q + 0.5 A R_k``) or
+    the ``gradient_rollout`` one (``R_q + A R_k``)."""
     images = sublayers[0][2].size(0)
     first = sublayers[0][2]
     relevance = torch.eye(size, dtype=first.dtype, device=first.device).expand(images, size, size)
@@ -148,9 +159,9 @@ def rollout(inputs: ExplainInputs) -> Tensor:
     return relevance[:, cells : cells + words, :cells]
 
 
-@register_method("chefer", _not_transformer)
-def chefer(inputs: ExplainInputs) -> Tensor:
-    """Gradient-weighted attention over layers and heads (Chefer et al. 2021)."""
+@register_method("gradient_rollout", _not_transformer)
+def gradient_rollout(inputs: ExplainInputs) -> Tensor:
+    """Gradient-weighted attention rollout (this project's variant): R_q += Abar R_k at every sublayer."""
     scorer = inputs.scorer
     cells, words = inputs.annotations.size(1), scorer.words
     maps = []
@@ -166,9 +177,80 @@ def chefer(inputs: ExplainInputs) -> Tensor:
         for t in range(words):
             gradients = torch.autograd.grad(chosen[:, t].sum(), weights, retain_graph=t + 1 < words)
             weighted = [
-                (q, k, (g * w).clamp_min(0).mean(dim=1).detach())
-                for (q, k, w), g in zip(sublayers, gradients, strict=True)
+                (q, k, _gradient_weighted(w, g)) for (q, k, w), g in zip(sublayers, gradients, strict=True)
             ]
-            relevance = propagate(weighted, cells + trace.logits.size(1), "chefer")
+            relevance = propagate(weighted, cells + trace.logits.size(1), "gradient_rollout")
             maps.append(relevance[:, cells + t, :cells])
+    return torch.stack(maps, dim=1)
+
+
+def _gradient_weighted(weights: Tensor, gradients: Tensor) -> Tensor:
+    """Abar = mean over heads of (dA * A)^+: (N, nh, q, k) -> (N, q, k), detached."""
+    return (gradients * weights).clamp_min(0).mean(dim=1).detach()
+
+
+def normalise_residual(relevance: Tensor) -> Tensor:
+    """Chefer et al.'s equations 8 and 9: ``(R - I) / rowsum(R - I) + I`` of (N, n, n) matrices; a row
+    of ``R - I`` summing to 0 gives NaN, as in their code."""
+    eye = torch.eye(relevance.size(-1), dtype=relevance.dtype, device=relevance.device)
+    shifted = relevance - eye
+    return shifted / shifted.sum(dim=-1, keepdim=True) + eye
+
+
+def chefer_relevance(encoder: list[Tensor], self_attention: list[Tensor], cross: list[Tensor]) -> Tensor:
+    """``R_qi`` (N, T, P) of Chefer et al.'s encoder-decoder rules from the head-aggregated Abar.
+
+    Args:
+        encoder: per grid-encoder layer, Abar (N, P, P).
+        self_attention: per decoder layer, Abar of its self-attention (N, T, T).
+        cross: per decoder layer, Abar of its cross-attention (N, T, P).
+    """
+    first = cross[0]
+    images, words, cells = first.shape
+    grid = torch.eye(cells, dtype=first.dtype, device=first.device).expand(images, cells, cells)  # R_ii
+    for weights in encoder:
+        grid = grid + weights @ grid
+    text = torch.eye(words, dtype=first.dtype, device=first.device).expand(images, words, words)  # R_qq
+    relevance = first.new_zeros(images, words, cells)  # R_qi
+    grid_normalised = normalise_residual(grid)
+    for self_weights, cross_weights in zip(self_attention, cross, strict=True):
+        text, relevance = text + self_weights @ text, relevance + self_weights @ relevance
+        addition = normalise_residual(text).transpose(1, 2) @ (cross_weights @ grid_normalised)
+        relevance = relevance + torch.nan_to_num(addition, nan=0.0)
+    return relevance
+
+
+def _no_grid_self_attention(decoder: CaptionDecoder) -> str | None:
+    reason = _not_transformer(decoder)
+    if reason is None and not len(cast("TransformerDecoder", decoder).grid_encoder):
+        return (
+            "needs the grid encoder's self-attention (model.decoder.encoder_layers is 0: Chefer et al.'s "
+            "normalisation of R_ii then divides by zero and every map is 0); use gradient_rollout"
+        )
+    return reason
+
+
+@register_method("chefer", _no_grid_self_attention)
+def chefer(inputs: ExplainInputs) -> Tensor:
+    """Chefer et al. 2021's encoder-decoder relevance rules, the word's logit explained."""
+    scorer = inputs.scorer
+    words = scorer.words
+    maps = []
+    with torch.enable_grad():
+        trace = _trace(inputs)
+        targets = scorer.captions[:, 1 : words + 1]  # (N, T)
+        chosen = trace.logits[:, :words].gather(2, targets.unsqueeze(2)).squeeze(2)  # (N, T) logits
+        tensors = [*trace.encoder, *trace.self_attention, *trace.cross_attention]
+        layers = len(trace.self_attention)
+        for t in range(words):
+            gradients = torch.autograd.grad(chosen[:, t].sum(), tensors, retain_graph=t + 1 < words)
+            weighted = [_gradient_weighted(w, g) for w, g in zip(tensors, gradients, strict=True)]
+            encoder, decoder = weighted[: len(trace.encoder)], weighted[len(trace.encoder) :]
+            prefix = slice(0, t + 1)  # word t's step sees the words up to t
+            relevance = chefer_relevance(
+                encoder,
+                [w[:, prefix, prefix] for w in decoder[:layers]],
+                [w[:, prefix] for w in decoder[layers:]],
+            )
+            maps.append(relevance[:, t])
     return torch.stack(maps, dim=1)

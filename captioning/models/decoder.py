@@ -164,6 +164,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
                 expected_prob=config.hard_expected_prob,
                 baseline_decay=config.hard_baseline_decay,
                 expected_gradient=config.hard_alpha_gradients == "paper",
+                expected_draw=config.hard_expected_draw,
             )
         return ShowAttendTellDecoder(**kwargs)
 
@@ -353,8 +354,10 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
 
     In training, each caption uses a sampled location at every step, except that with
     probability ``expected_prob`` a caption uses the expected context instead (the paper's
-    variance reduction). Trained with the variational lower bound (equation 12): REINFORCE on the
-    location log-probabilities with the caption's log-likelihood as reward, a moving-average
+    variance reduction). ``expected_draw`` "caption" draws that choice for each caption (the paper);
+    "minibatch" draws it once for every caption of the pass, as the authors' ``capgen.py`` draws its
+    ``h_sampling_mask`` once per minibatch. Trained with the variational lower bound (equation 12):
+    REINFORCE on the location log-probabilities with the caption's log-likelihood as reward, a moving-average
     baseline (the buffer ``reward_baseline``, saved in checkpoints) and an entropy bonus
     (``captioning.training.losses.hard_attention_loss``). Self-critical rollouts sample locations
     too and their log-probabilities join the policy gradient (``StepOutput.location_log_prob``).
@@ -374,10 +377,14 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
         expected_prob: float = 0.5,
         baseline_decay: float = 0.9,
         expected_gradient: bool = True,
+        expected_draw: str = "caption",
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        if expected_draw not in ("caption", "minibatch"):
+            raise ValueError(f"expected_draw must be caption or minibatch, got {expected_draw!r}")
         self.expected_prob = expected_prob
+        self.expected_draw = expected_draw
         self.expected_gradient = expected_gradient
         self.baseline_decay = baseline_decay
         self.register_buffer("reward_baseline", torch.full((), float("nan")))  # NaN until the first step
@@ -396,11 +403,11 @@ class HardAttentionDecoder(ShowAttendTellDecoder):
             return self.attention.combine(weights, prepared), None, None
         expected = self.attention.combine(weights if self.expected_gradient else weights.detach(), prepared)
         if self._use_expected is None or self._use_expected.numel() < weights.size(0):
-            # At the first step after prepare() every row is active. The draws are i.i.d. per row,
-            # so the length-sorted order of the teacher-forced pass does not matter.
-            self._use_expected = (
-                torch.rand(weights.size(0), device=weights.device) < self.expected_prob
-            )  # (n,)
+            # At the first step after prepare() every row is active. The draws are i.i.d. per row
+            # (or one for all), so the length-sorted order of the teacher-forced pass does not matter.
+            draws = weights.size(0) if self.expected_draw == "caption" else 1
+            drawn = torch.rand(draws, device=weights.device) < self.expected_prob  # (n,) or (1,)
+            self._use_expected = drawn.expand(weights.size(0))  # (n,)
         alpha = weights.mean(dim=1)  # (n, P)
         location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)  # (n,)
         one_hot = torch.zeros_like(weights).scatter_(

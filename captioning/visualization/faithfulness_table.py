@@ -17,7 +17,7 @@ COLUMNS = (
     ("grounding_mass", "mass in box"),
     ("pointing", "pointing game (strict)"),
     ("pointing_published", "pointing game (published, mentions)"),
-    ("pointing_published_classes", "pointing game (published, classes)"),
+    ("pointing_published_classes", "pointing game (published, all categories)"),
     ("hallucinated_object_mass", "object mass: hallucinated"),
     ("grounded_object_mass", "object mass: grounded"),
 )

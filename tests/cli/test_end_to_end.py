@@ -192,6 +192,7 @@ def test_evaluate_decodes_a_split_and_scores_it(demo, tmp_path):
         "grounding-pointing",
         "grounding-pointing-published",
         "grounding-pointing-published-classes",
+        "grounding-pointing-published-mentioned-classes",
     } <= set(scores)
     if scores["grounding-words"]:
         assert "pointing game (strict" in result.stdout and "pointing game (published" in result.stdout

@@ -38,6 +38,7 @@ def _arctic(config: Config) -> bool:
         and decoder.dropout == 0.5
         and decoder.hard_expected_prob == 0.5
         and decoder.hard_alpha_gradients == "authors"
+        and decoder.hard_expected_draw == "minibatch"
         and math.isclose(decoder.doubly_stochastic, 64 / 196, abs_tol=5e-4)
         and math.isclose(decoder.hard_entropy, 64 * 0.002, abs_tol=5e-4)
         and math.isclose(decoder.hard_reinforce, 64 / (10 * 12), abs_tol=5e-4)
@@ -60,6 +61,12 @@ CLAIMS: dict[str, Callable[[Config], bool]] = {
     "kelvinxu/arctic-captions": _arctic,
     "evaluate_coco.py": _arctic,
     "optimizers.py": _arctic,
+    "capgen.py": _arctic,
+    # the header says how its decoding differs from generate_caps.py's (beam 1, 200 words): beam 3, 20 words
+    "generate_caps.py": lambda c: (
+        (c.decode.strategy, c.decode.beam_size, c.decode.max_length, c.decode.length_alpha)
+        == ("beam", 3, 20, 0)
+    ),
     "Vaswani et al. 2017": lambda c: (
         c.model.decoder.kind == "transformer"
         and not c.model.decoder.pre_norm

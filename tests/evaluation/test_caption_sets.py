@@ -11,7 +11,13 @@ from pycocoevalcap.cider.cider import Cider
 from test_visualize_cli import checkpoint  # noqa: F401 (a fixture: an untrained tiny captioner on tiny Shapes)
 from tool_runs import in_process
 
-from captioning.evaluation.caption_sets import caption_set_measures, distinct_ngrams, mutual_bleu
+from captioning.evaluation.caption_sets import (
+    caption_set_lines,
+    caption_set_measures,
+    distinct_ngrams,
+    how_sets_were_drawn,
+    mutual_bleu,
+)
 from captioning.evaluation.coco_files import EvaluationInputError
 
 REFERENCES = {
@@ -51,8 +57,48 @@ def test_distinct_ngrams_count_by_hand():
     assert distinct_ngrams([[], []], 1) is None
     measures = caption_set_measures(SETS)
     expected = [distinct_ngrams([c.split() for c in SETS[i]], 2) for i in SETS]
-    assert measures["distinct-2"] == pytest.approx(sum(expected) / 3)
+    assert measures["distinct-2 per set"] == pytest.approx(sum(expected) / 3)
     assert measures["oracle CIDEr-D"] is None and measures["captions per image"] == 3
+
+
+def li_distinct(captions: list[str], n: int) -> float:
+    """Li et al. 2016's distinct-n written out: distinct n-grams over the number of generated words."""
+    seen, words = [], 0
+    for caption in captions:
+        tokens = caption.split()
+        words += len(tokens)
+        for i in range(len(tokens) - n + 1):
+            if tokens[i : i + n] not in seen:
+                seen.append(tokens[i : i + n])
+    return len(seen) / words
+
+
+def test_distinct_n_over_the_corpus_and_per_set():
+    # two images, three 3-word captions each: 5 and 6 distinct words per set, 7 over both
+    sets = {
+        1: ["a red circle", "a red square", "a blue circle"],
+        2: ["a red square", "a blue square", "one green square"],
+    }
+    measures = caption_set_measures(sets)
+    corpus = [caption for captions in sets.values() for caption in captions]
+    assert measures["distinct-1"] == pytest.approx(li_distinct(corpus, 1)) == pytest.approx(7 / 18)
+    assert measures["distinct-1 per set"] == pytest.approx(
+        (li_distinct(sets[1], 1) + li_distinct(sets[2], 1)) / 2
+    )
+    assert measures["distinct-1 per set"] == pytest.approx(11 / 18)  # 0.611 against 0.389 over the corpus
+    assert measures["distinct-2"] == pytest.approx(li_distinct(corpus, 2))
+    assert measures["distinct-2 per set"] == pytest.approx(
+        (li_distinct(sets[1], 2) + li_distinct(sets[2], 2)) / 2
+    )
+
+
+def test_the_sets_say_how_they_were_drawn():
+    assert "again up to 5 rounds" in how_sets_were_drawn("sample")
+    assert "raw" in how_sets_were_drawn("sample")
+    assert "distinct hypotheses" in how_sets_were_drawn("beam")
+    lines = caption_set_lines({"distinct-1": 0.5, "mBLEU-4": None, "sets": how_sets_were_drawn("sample")})
+    assert lines[0].split() == ["distinct-1", "0.5000"] and lines[1].split() == ["mBLEU-4", "n/a"]
+    assert lines[2].startswith("sets") and "distinct samples" in lines[2]
 
 
 def test_mutual_bleu_is_each_caption_against_the_others():
@@ -96,8 +142,10 @@ def test_evaluate_scores_the_first_caption_and_measures_the_sets(checkpoint: Pat
     assert all(len(captions) == 3 == len(set(captions)) for captions in sets.values())
     measured = scores["caption sets"]
     expected = caption_set_measures(sets)
-    for key in ("distinct-1", "distinct-2", "mBLEU-4", "captions per image"):
+    for key in ("distinct-1", "distinct-2", "distinct-1 per set", "distinct-2 per set", "mBLEU-4"):
         assert measured[key] == pytest.approx(expected[key])
+    assert measured["captions per image"] == pytest.approx(expected["captions per image"])
+    assert measured["sets"] == how_sets_were_drawn("beam")
     assert measured["oracle CIDEr-D"] >= scores["CIDEr-D"] - 1e-9  # the best of three, the first among them
     # the first caption is scored as a one-caption system's output
     one = tmp_path / "one.json"

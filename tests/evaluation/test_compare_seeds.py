@@ -154,8 +154,8 @@ def test_compare_names_columns_and_brings_grounding_and_chair(files, tmp_path): 
     assert metrics["grounding-pointing"]["difference"] == pytest.approx(0.0)
     assert metrics["grounding-pointing-published"]["a"] == pytest.approx(0.75)
     assert metrics["grounding-pointing-published"]["difference"] == pytest.approx(0.25)
-    assert metrics["grounding-pointing-published-classes"]["a"] == pytest.approx(0.5)
-    assert metrics["grounding-pointing-published-classes"]["difference"] == pytest.approx(0.5)
+    assert metrics["grounding-pointing-published-mentioned-classes"]["a"] == pytest.approx(0.5)
+    assert metrics["grounding-pointing-published-mentioned-classes"]["difference"] == pytest.approx(0.5)
     assert metrics["CHAIR-s"]["difference"] == pytest.approx(0.5)  # B hallucinates on 20 of 40 images
     assert metrics["CHAIR-i"]["b"] == pytest.approx(0.5) and metrics["CHAIR-i"]["ci_low"] > 0
     assert all(m["p_holm"] >= m["p_value"] for m in metrics.values())

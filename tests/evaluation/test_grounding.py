@@ -23,7 +23,8 @@ from captioning.evaluation.grounding import (
 
 
 def one_image(*objects: ObjectBox, size: tuple[float, float] = (100.0, 100.0)) -> Instances:
-    return Instances(image_sizes={1: size}, objects={1: list(objects)})
+    categories = tuple(sorted({obj.category for obj in objects}))  # the file's: those of its objects
+    return Instances(image_sizes={1: size}, objects={1: list(objects)}, categories=categories)
 
 
 def peak(grid: tuple[int, int], *cells_and_weights: tuple[int, int, float]) -> np.ndarray:
@@ -45,6 +46,7 @@ HIT = dict.fromkeys(
         "grounding-pointing",
         "grounding-pointing-published",
         "grounding-pointing-published-classes",
+        "grounding-pointing-published-mentioned-classes",
     ],
     1.0,
 )
@@ -216,7 +218,8 @@ def test_a_teddy_bear_is_one_mention_scored_on_its_noun():
     # bear.
     maps = [np.full((4, 4), 1 / 16), peak((4, 4), (3, 3, 1.0)), peak((4, 4), (0, 0, 1.0))]
     result = score(one_image(TEDDY, BEAR), ["a", "teddy", "bear"], maps, (4, 4))
-    assert result == {**HIT, "grounding-words": 1}
+    # the class mean is over the file's two categories, the bear never named counting 0
+    assert result == {**HIT, "grounding-pointing-published-classes": 0.5, "grounding-words": 1}
     assert score(one_image(BEAR), ["a", "teddy", "bear"], maps, (4, 4))["grounding-words"] == 0
 
 

@@ -63,7 +63,8 @@ def test_a_maximum_10_px_outside_hits_only_the_published_game_and_20_px_misses_b
     result = scores_of(write_instances(tmp_path / "i.json", [BOX]), [(1, ["dog"], pixel_map(x, 50)[None])])
     assert result["grounding-pointing"] == strict
     assert result["grounding-pointing-published"] == published
-    assert result["grounding-pointing-published-classes"] == published
+    assert result["grounding-pointing-published-mentioned-classes"] == published
+    assert result["grounding-pointing-published-classes"] == published / 2  # cat, never named, counts 0
 
 
 def test_the_tolerance_is_an_option_and_strictly_inside():
@@ -142,6 +143,49 @@ def test_the_class_mean_differs_from_the_mention_mean(tmp_path):
     assert result["grounding-words"] == 3
     assert result["grounding-pointing-published"] == pytest.approx(2 / 3)
     assert result["grounding-pointing-published-classes"] == pytest.approx(0.5)
+    assert result["grounding-pointing-published-mentioned-classes"] == pytest.approx(0.5)
+
+
+class TorchRayPointingGame:
+    """TorchRay's ``PointingGame`` counters written out: per class hits and misses, accuracy the mean
+    over all ``num_classes`` of hits / max(hits + misses, 1)."""
+
+    def __init__(self, num_classes: int):
+        self.hits, self.misses = [0.0] * num_classes, [0.0] * num_classes
+
+    def aggregate(self, hit: bool, class_id: int) -> None:
+        if hit:
+            self.hits[class_id] += 1
+        else:
+            self.misses[class_id] += 1
+
+    @property
+    def accuracy(self) -> float:
+        rates = [h / max(h + m, 1) for h, m in zip(self.hits, self.misses, strict=True)]
+        return sum(rates) / len(rates)
+
+
+def test_the_class_mean_counts_a_category_never_named_as_0_as_torchray_does(tmp_path):
+    # dog hit twice, cat missed once, bird (in the file's categories) never named: TorchRay's mean is
+    # (1 + 0 + 0) / 3; the mean over the classes named is (1 + 0) / 2.
+    annotations = [
+        {"image_id": 1, "category_id": 1, "bbox": [40.0, 40.0, 20.0, 20.0]},
+        {"image_id": 2, "category_id": 1, "bbox": [40.0, 40.0, 20.0, 20.0]},
+        {"image_id": 2, "category_id": 2, "bbox": [0.0, 0.0, 10.0, 10.0]},
+        {"image_id": 2, "category_id": 3, "bbox": [80.0, 80.0, 10.0, 10.0]},
+    ]
+    path = write_instances(tmp_path / "i.json", annotations, images=2)
+    data = json.loads(path.read_text())
+    data["categories"].append({"id": 3, "name": "bird"})
+    path.write_text(json.dumps(data))
+    on_dog = pixel_map(50, 50)
+    result = scores_of(path, [(1, ["dog"], on_dog[None]), (2, ["dog", "cat"], np.stack([on_dog, on_dog]))])
+    game = TorchRayPointingGame(3)  # dog 0, cat 1, bird 2
+    for hit, class_id in [(True, 0), (True, 0), (False, 1)]:
+        game.aggregate(hit, class_id)
+    assert result["grounding-pointing-published-classes"] == pytest.approx(game.accuracy)
+    assert game.accuracy == pytest.approx(1 / 3)
+    assert result["grounding-pointing-published-mentioned-classes"] == pytest.approx(0.5)
 
 
 def test_a_coarse_map_is_upsampled_to_the_image_before_its_maximum_is_taken():

@@ -1,6 +1,6 @@
 """Each attribution method on tiny decoders equals an independent computation: occlusion by an explicit
 loop over the cells, gradient x input and Grad-CAM by autograd, integrated gradients against a Riemann
-sum, rollout and gradient-weighted attention by hand over the joint graph of a 2-layer Transformer."""
+sum, rollout and the gradient-weighted rollout by hand over the joint graph of a 2-layer Transformer."""
 
 from __future__ import annotations
 
@@ -199,10 +199,10 @@ def test_rollout_by_hand_on_a_two_layer_transformer():
     assert (maps[scorer.word_mask] >= 0).all()
 
 
-def test_gradient_weighted_attention_by_hand():
+def test_gradient_weighted_rollout_by_hand():
     decoder = build("transformer")
     inputs = inputs_of(decoder)
-    maps = explain("chefer", inputs)
+    maps = explain("gradient_rollout", inputs)
     scorer = inputs.scorer
     for b, t in real_words():
         trace = traced_forward(decoder, inputs.annotations, scorer.captions, scorer.lengths)
@@ -213,7 +213,7 @@ def test_gradient_weighted_attention_by_hand():
         weights = [
             (g[b] * w[b]).clamp_min(0).mean(0).detach().numpy() for g, w in zip(grads, tensors, strict=True)
         ]
-        relevance = joint_matrices(trace, b, weights, "chefer")
+        relevance = joint_matrices(trace, b, weights, "gradient_rollout")
         np.testing.assert_allclose(maps[b, t].numpy(), relevance[P + t, :P], atol=1e-6)
 
 
@@ -230,4 +230,5 @@ def test_transformer_methods_refuse_the_lstm():
         "occlusion",
         "rollout",
         "chefer",
+        "gradient_rollout",
     } <= set(METHODS.names())

@@ -43,7 +43,7 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run, tiny_shapes
     scores = json.loads(scores_path.read_text())
     table = scores["faithfulness"]
     expected = ["attention", "gradient", "integrated_gradients", "gradcam", "occlusion"]
-    expected += ["rollout", "chefer"] if kind == "transformer" else []
+    expected += ["rollout", "gradient_rollout", "chefer"] if kind == "transformer" else []
     assert list(table["methods"]) == expected
     assert table["images"] == 4
     for name in expected:

@@ -300,6 +300,36 @@ def test_hard_attention_draws_expected_or_sampled_anew_for_every_pass():
     assert len({tuple(d.tolist()) for d in draws}) == len(draws)  # never the same draw twice
 
 
+def hard_draws(draw: str, passes: int = 40) -> list[torch.Tensor]:
+    """Which of 8 captions used the expected context, for each of ``passes`` teacher-forced passes."""
+    torch.manual_seed(11)
+    config = LSTMDecoderConfig(
+        attention="hard", embed_dim=8, hidden_dim=8, attention_dim=8, dropout=0.0, hard_expected_draw=draw
+    )
+    decoder = ShowAttendTellDecoder.from_config(config, V, C).train()
+    annotations, captions = torch.randn(8, P, C), torch.randint(4, V, (8, 5))
+    captions[:, 0], captions[:, -1] = 1, 2
+    draws = []
+    with torch.no_grad():
+        for _ in range(passes):
+            output = decoder(annotations, captions, torch.full((8,), 5), torch.arange(8))
+            expected_rows = output.location_log_probs[:, 0] == 0  # the expected context's rows log 0
+            draws.append(decoder._use_expected.clone())
+            assert torch.equal(expected_rows, draws[-1])
+    return draws
+
+
+def test_hard_attention_minibatch_draw_is_one_choice_for_all_captions():
+    # capgen.py draws h_sampling_mask once per minibatch: every caption of a pass makes the same choice,
+    # and passes differ; the paper's per-caption draw mixes the two kinds within a pass.
+    minibatch, caption = hard_draws("minibatch"), hard_draws("caption")
+    assert all(d.shape == (8,) and (d.all() or not d.any()) for d in minibatch)
+    assert 0 < sum(bool(d[0]) for d in minibatch) < len(minibatch)  # both choices over the passes
+    assert sum(0 < int(d.sum()) < 8 for d in caption) > len(caption) // 2  # mixed within most passes
+    with raises_naming(ConfigError, "model.decoder.hard_expected_draw", "image"):
+        LSTMDecoderConfig(attention="hard", hard_expected_draw="image")
+
+
 def test_hard_attention_reinforce_gradient_reaches_attention():
     # with only sampled locations, the REINFORCE term must give the attention scorer a gradient
     torch.manual_seed(9)
