@@ -86,8 +86,15 @@ def get_args_parser() -> argparse.ArgumentParser:
         metavar=("A", "B"),
         help="column names of the two systems (default: the files' names, or their folders')",
     )
-    tools.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for --compare")
-    tools.add_argument("--seed", type=int, default=0, help="seed of the --compare resampling")
+    tools.add_argument(
+        "--resamples",
+        type=int,
+        default=1000,
+        help="bootstrap resamples for --compare and --faithfulness's intervals and tests",
+    )
+    tools.add_argument(
+        "--seed", type=int, default=0, help="seed of the --compare and --faithfulness resampling"
+    )
     tools.add_argument(
         "--aggregate",
         type=Path,

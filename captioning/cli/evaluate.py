@@ -233,6 +233,9 @@ def _faithfulness_settings(args: argparse.Namespace):
             option = "--" + flag.replace("_", "-")
             raise ConfigError(f"{option} must be 0 or more, got {getattr(args, flag)}")
     methods = METHODS.names() if args.faithfulness == "default" else parse_methods(args.faithfulness)
+    from captioning.evaluation.compare import check_bootstrap_options
+
+    check_bootstrap_options(args.resamples, args.seed)  # the table's intervals and tests
     return FaithfulnessSettings(
         methods=methods,
         ig_steps=args.ig_steps,
@@ -502,6 +505,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     explained: list = []  # each explained image's maps per method, for the page
     if faithfulness is not None:
         from captioning.explain.split import signature_field, split_study, table_lines
+        from captioning.explain.statistics import BootstrapSettings
 
         study = split_study(
             model,
@@ -515,6 +519,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             args.faithfulness_images,
             progress,
             explained,
+            BootstrapSettings(args.resamples, args.seed),
         )
         scores["faithfulness"] = study
         scores["signature"] += f"|faith:{signature_field(faithfulness, study['images'])}"

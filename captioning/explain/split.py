@@ -14,6 +14,7 @@ from captioning.config import Config
 from captioning.data.datasets import ImageOnlyDataset, collate_captions
 from captioning.evaluation.grounding import Instances
 from captioning.explain.plausibility import Explained
+from captioning.explain.statistics import BootstrapSettings
 from captioning.explain.study import FaithfulnessSettings, faithfulness_study
 from captioning.inference.batches import annotations_of, move
 from captioning.inference.captioner import Captioned
@@ -58,9 +59,11 @@ def split_study(
     images: int = 0,
     progress: bool = True,
     maps_out: list[Explained] | None = None,
+    bootstrap: BootstrapSettings | None = None,
 ) -> dict:
     """The faithfulness table of the first ``images`` (0: all) captioned images of a split;
-    ``maps_out``, when given, receives each explained image's maps per method."""
+    ``maps_out``, when given, receives each explained image's maps per method; ``bootstrap``: the
+    resampling of its intervals and tests."""
     chosen = [item for item in captioned if item.caption.tokens][: images or None]
     grids = split_grids(model, config, chosen, device, output_dir, build_cache, progress)
     references = {item.record.image_id: [list(tokens) for tokens in item.record.captions] for item in chosen}
@@ -77,6 +80,7 @@ def split_study(
         references,
         progress,
         maps_out,
+        bootstrap,
     )
     result["images"] = len(chosen)
     return result

@@ -28,6 +28,7 @@ from captioning.explain.plausibility import (
 )
 from captioning.explain.sanity import cascading_randomisation
 from captioning.explain.scoring import WordScorer, caption_tensor
+from captioning.explain.statistics import BootstrapSettings, add_statistics, number_of_tests
 from captioning.models.base import CaptionDecoder
 from captioning.utils.errors import InputError
 
@@ -115,6 +116,7 @@ def faithfulness_study(
     references: Mapping[int, Sequence[Sequence[str]]] | None = None,
     progress: bool = True,
     maps_out: list[Explained] | None = None,
+    bootstrap: BootstrapSettings | None = None,
 ) -> dict:
     """The faithfulness table of N captioned images.
 
@@ -129,10 +131,13 @@ def faithfulness_study(
         references: image id -> tokenised reference captions (CHAIR's objects named by them).
         maps_out: when given, receives each image's maps per method (:class:`Explained`), in order
             (for a page that draws them).
+        bootstrap: the resampling of the rows' intervals and tests (:mod:`captioning.explain.statistics`).
     Returns:
-        ``{"settings", "methods": {method: row}, "random", "by_word_class", "sanity", "hallucination",
-        "per_image"}`` (JSON values).
+        ``{"settings", "statistics", "methods": {method: row}, "random", "paired", "by_word_class",
+        "sanity", "hallucination", "per_image"}`` (JSON values); each row holds its n images and words,
+        its areas' and gaps' intervals and the gaps' tests.
     """
+    bootstrap = bootstrap or BootstrapSettings()
     methods = parse_methods(",".join(settings.methods), decoder)
     baseline = annotations.detach().float().mean(dim=(0, 1))  # (C,) the mean grid feature
     collected = _Collected({name: [] for name in methods})
@@ -164,11 +169,22 @@ def faithfulness_study(
         maps_out.extend(collected.explained)
     per_method = {name: _joined(parts) for name, parts in collected.per_method.items()}
     control = [_joined([batch[seed] for batch in collected.control]) for seed in range(settings.random_seeds)]
-    everything = torch.ones(len(collected.classes), dtype=torch.bool)
-    table = summarise(per_method, control, everything)
-    result: dict = {"settings": settings.signature(), "random": table.pop("random"), "methods": table}
+    areas = {name: (r.deletion_area.numpy(), r.insertion_area.numpy()) for name, r in per_method.items()}
+    control_areas = [(c.deletion_area.numpy(), c.insertion_area.numpy()) for c in control]
+
+    def rows_of(select: np.ndarray, pairs: bool) -> tuple[dict, list]:
+        rows = summarise(per_method, control, torch.from_numpy(select))
+        return rows, add_statistics(
+            rows, areas, control_areas, collected.word_images, select, bootstrap, pairs
+        )
+
+    table, paired = rows_of(np.ones(len(collected.classes), dtype=bool), True)
+    statistics = bootstrap.describe(number_of_tests(len(methods)))
+    statistics.update(images=len(collected.explained), words=len(collected.classes))
+    result: dict = {"settings": settings.signature(), "statistics": statistics, "random": table.pop("random")}
+    result.update(methods=table, paired=paired)
     result["by_word_class"] = {
-        word_class: summarise(per_method, control, torch.tensor([c == word_class for c in collected.classes]))
+        word_class: rows_of(np.array([c == word_class for c in collected.classes], dtype=bool), False)[0]
         for word_class in WORD_CLASSES
     }
     result["per_image"] = _per_image(per_method, control, collected.word_images)
@@ -214,8 +230,8 @@ def _joined(parts: Sequence[WordCurves]) -> WordCurves:
 def _per_image(
     per_method: Mapping[str, WordCurves], control: Sequence[WordCurves], word_images: Sequence[int]
 ) -> list:
-    """Per image, each method's (and the control's mean) deletion and insertion areas over its words:
-    the rows a paired bootstrap of two studies resamples."""
+    """Per image, its number of words and each method's (and the control's mean) deletion and
+    insertion areas over its words: the rows a paired bootstrap of two studies resamples."""
     images = np.asarray(word_images)
     random_deletion = torch.stack([c.deletion_area for c in control]).mean(0).numpy()
     random_insertion = torch.stack([c.insertion_area for c in control]).mean(0).numpy()
@@ -224,6 +240,7 @@ def _per_image(
         chosen = images == image_id
         row: dict = {
             "image_id": int(image_id),
+            "words": int(chosen.sum()),
             "random": {
                 "deletion_auc": float(random_deletion[chosen].mean()),
                 "insertion_auc": float(random_insertion[chosen].mean()),
