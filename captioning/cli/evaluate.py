@@ -142,6 +142,10 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     from captioning.evaluation.compare import compare_command
 
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
+    from captioning.explain.compare import faithfulness_of
+
+    # every run's faithfulness table read and checked before any caption is scored
+    tables = [faithfulness_of(path) for path in results_a], [faithfulness_of(path) for path in results_b]
     comparison = compare_command(
         args.annotations,
         results_a,
@@ -157,19 +161,16 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         tokenizer=args.tokenizer,
         chair=args.chair_table or "released",
     )
-    _compare_faithfulness(results_a, results_b, args, comparison)
+    _compare_faithfulness(*tables, args, comparison)
     return comparison
 
 
-def _compare_faithfulness(
-    results_a: list[Path], results_b: list[Path], args: argparse.Namespace, comparison: dict
-) -> None:
-    """The faithfulness rows of the systems' scores (one run a side or several), when every run's
-    scores hold them: printed, and added to ``--out``'s comparison."""
+def _compare_faithfulness(a: list, b: list, args: argparse.Namespace, comparison: dict) -> None:
+    """The faithfulness rows of the systems' scores (each run's table or None, one run a side or
+    several), when every run's scores hold them: printed, and added to ``--out``'s comparison."""
     from captioning.evaluation.significance import comparison_table
-    from captioning.explain.compare import faithfulness_comparison, faithfulness_of
+    from captioning.explain.compare import faithfulness_comparison
 
-    a, b = [faithfulness_of(path) for path in results_a], [faithfulness_of(path) for path in results_b]
     tables_a, tables_b = [t for t in a if t is not None], [t for t in b if t is not None]
     if len(tables_a) < len(a) or len(tables_b) < len(b):
         if tables_a or tables_b:  # some runs explained, not all: say why no rows
@@ -182,7 +183,7 @@ def _compare_faithfulness(
     both = "by both" if len(a) == len(b) == 1 else f"by all {len(a) + len(b)} runs"
     print(
         f"faithfulness of the maps, {images} images explained {both} "
-        "(areas x100; deletion: lower is faithful)"
+        "(areas: the mean over their words, x100; deletion: lower is faithful; p Holm: over these rows)"
     )
     print(comparison_table(rows, names))
     comparison["faithfulness"] = {name: row.to_json() for name, row in rows.items()}

@@ -3,60 +3,137 @@ rows of the systems' scores, paired bootstrap.
 
 When every results file has scores beside it (``x_results.json`` -> ``x_scores.json``) that hold a
 faithfulness table (``evaluate.py --faithfulness``), each method's deletion and insertion areas, and
-the random control's, are compared over the images every run explained: the mean of the per-image
-areas (averaged over a side's runs), B - A, its 95% interval and p-value from the same paired
-bootstrap as the metrics (:func:`captioning.evaluation.significance.group_bootstrap`), which with
-several runs a side resamples the runs too (the variance between seeds).
+the random control's, are compared over the images every run explained: the mean over their words
+(each image's per-image area weighted by its number of words, ``words``; 1 when a row does not say),
+averaged over a side's runs, B - A, its 95% interval and p-value from the same paired bootstrap as
+the metrics (:func:`captioning.evaluation.significance.compare_groups`: the images in id order,
+resampled with their words, and with several runs a side the runs too: the variance between seeds);
+the p-values are adjusted together by Holm's method.
+
+Every table is read with the project's JSON reader and its shape checked (:func:`check_table`) before
+any caption is scored: a malformed one is refused in one line naming the file and the entry.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from captioning.evaluation.significance import Comparison, group_bootstrap
+from captioning.evaluation.coco_files import EvaluationInputError
+from captioning.evaluation.significance import Comparison, compare_groups, holm, ratio_score, resample_counts
+from captioning.utils.json_files import read_json_file
 from captioning.utils.run_folder import scores_path_for
 
+CURVES = ("deletion", "insertion")
 
-def faithfulness_of(results: Path) -> Mapping[str, Any] | None:
-    """The faithfulness table of the scores beside ``results``, or None."""
+
+def _refuse(path: Path, entry: str, value: Any, what: str) -> EvaluationInputError:
+    return EvaluationInputError(f"{path}: faithfulness{entry}: {value!r:.60} {what}")
+
+
+def _area(path: Path, entry: str, row: Mapping[str, Any], key: str) -> None:
+    if key not in row:
+        raise _refuse(path, entry, key, "missing (each method's entry holds deletion_auc and insertion_auc)")
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _refuse(path, f"{entry}.{key}", value, "is not a finite number")
+
+
+def check_table(path: Path, table: Any) -> dict:
+    """``table``, the ``faithfulness`` of the scores file ``path``, when it has the shape the comparison
+    reads: ``methods`` an object, ``per_image`` a list of objects each with an integer ``image_id``
+    (once), an optional positive integer ``words``, and for every method and ``random`` an object of
+    finite ``deletion_auc`` and ``insertion_auc``.
+
+    Raises:
+        EvaluationInputError: one line naming the file and the first entry that breaks the shape.
+    """
+    if not isinstance(table, dict):
+        raise _refuse(path, "", type(table).__name__, "is not an object")
+    methods = table.get("methods", {})
+    if not isinstance(methods, dict):
+        raise _refuse(path, ".methods", methods, "is not an object of methods")
+    rows = table.get("per_image")
+    if not isinstance(rows, list):
+        raise _refuse(path, ".per_image", rows, "is not a list of per-image rows")
+    seen: set[int] = set()
+    for index, row in enumerate(rows):
+        entry = f".per_image[{index}]"
+        if not isinstance(row, dict):
+            raise _refuse(path, entry, row, "is not an object")
+        image_id = row.get("image_id")
+        if isinstance(image_id, bool) or not isinstance(image_id, int):
+            raise _refuse(path, f"{entry}.image_id", image_id, "is not an integer image id")
+        if image_id in seen:
+            raise _refuse(path, f"{entry}.image_id", image_id, "is given twice")
+        seen.add(image_id)
+        words = row.get("words", 1)
+        if isinstance(words, bool) or not isinstance(words, int) or words < 1:
+            raise _refuse(path, f"{entry}.words", words, "is not a positive number of words")
+        for name in [*methods, "random"]:
+            areas = row.get(name)
+            if not isinstance(areas, dict):
+                raise _refuse(path, f"{entry}.{name}", areas, "is not an object of areas")
+            for curve in CURVES:
+                _area(path, f"{entry}.{name}", areas, f"{curve}_auc")
+    return table
+
+
+def faithfulness_of(results: Path) -> dict | None:
+    """The faithfulness table of the scores beside ``results`` (checked: :func:`check_table`), or None
+    when there are no such scores or they hold no table.
+
+    Raises:
+        JsonError: the scores are not JSON or pass a bound of the project's reader (one line).
+        EvaluationInputError: the scores or their table are not of the shape the comparison reads.
+    """
     path = scores_path_for(results)
     if not path.is_file():
         return None
-    try:
-        scores = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # not ours to judge here: the metrics' comparison reads the results themselves
-    table = scores.get("faithfulness") if isinstance(scores, dict) else None
-    return table if isinstance(table, dict) and isinstance(table.get("per_image"), list) else None
+    scores = read_json_file(path)
+    if not isinstance(scores, dict):
+        raise EvaluationInputError(f"{path}: {type(scores).__name__}, not a scores object")
+    if "faithfulness" not in scores:
+        return None
+    return check_table(path, scores["faithfulness"])
 
 
 def faithfulness_comparison(
     a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], resamples: int, seed: int
 ) -> tuple[dict[str, Comparison], int]:
     """Each method every table has (and ``random``): its ``deletion`` and ``insertion`` area, B's runs
-    against A's (one table per run, at least one a side), over the images every table explained:
-    (comparisons, images)."""
+    against A's (one table per run, at least one a side, each checked by :func:`check_table`), over the
+    images every table explained: (comparisons, images)."""
     tables = [*a, *b]
     rows = [{row["image_id"]: row for row in table["per_image"]} for table in tables]
-    common = [image for image in rows[0] if all(image in other for other in rows[1:])]
+    common = sorted(image for image in rows[0] if all(image in other for other in rows[1:]))
     if not common or not a or not b:
         return {}, 0
     methods = [
         name for name in tables[0].get("methods", {}) if all(name in t.get("methods", {}) for t in tables)
     ] + ["random"]
+    counts = resample_counts(len(common), resamples, seed)  # (R, N) shared by every run and row
 
-    def columns(run: Mapping[Any, Mapping[str, Any]]) -> dict[str, np.ndarray]:
-        return {
-            f"{name} {curve}": np.array([run[image][name][f"{curve}_auc"] for image in common])
-            for name in methods
-            for curve in ("deletion", "insertion")
-        }
+    def statistics(run: Mapping[Any, Mapping[str, Any]], name: str, curve: str) -> np.ndarray:
+        """(N, 2) per image: its area summed over its words, and its words."""
+        words = np.array([run[image].get("words", 1) for image in common], dtype=np.float64)
+        areas = np.array([run[image][name][f"{curve}_auc"] for image in common], dtype=np.float64)
+        return np.stack([areas * words, words], axis=1)
 
-    runs = [columns(run) for run in rows]
-    comparisons = group_bootstrap(runs[: len(a)], runs[len(a) :], resamples=resamples, seed=seed)
-    return comparisons, len(common)
+    comparisons = {}
+    for name in methods:
+        for curve in CURVES:
+            sides = [
+                [statistics(run, name, curve) for run in side] for side in (rows[: len(a)], rows[len(a) :])
+            ]
+            comparisons[f"{name} {curve}"] = compare_groups(counts, sides[0], sides[1], ratio_score, seed)
+    adjusted = holm([c.p_value for c in comparisons.values()])
+    adjusted_rows = {
+        key: replace(c, p_holm=p) for (key, c), p in zip(comparisons.items(), adjusted, strict=True)
+    }
+    return adjusted_rows, len(common)
