@@ -275,13 +275,17 @@ def _write_faithfulness_page(
     grid: tuple[int, int],
     figures: int,
     progress: bool,
+    boxes=None,
 ) -> Path:
-    """The faithfulness page of ``scores`` with the maps of the first ``figures`` explained images."""
+    """The faithfulness page of ``scores`` with the maps of the first ``figures`` explained images (and
+    the boxes of the objects each word names, when ``boxes`` cover the image)."""
     from captioning.data.images import load_image
+    from captioning.evaluation.grounding import WordMatcher, word_boxes
     from captioning.visualization.faithfulness_page import ExplainedImage, write_faithfulness_page
 
     records = {item.record.image_id: item.record for item in captioned}
     areas = {row["image_id"]: row for row in scores["faithfulness"].get("per_image", [])}
+    matcher = WordMatcher()  # one table of category words for every image
     items = [
         ExplainedImage(
             one.image_id,
@@ -289,6 +293,7 @@ def _write_faithfulness_page(
             one.words,
             one.maps,
             areas.get(one.image_id, {}),
+            word_boxes(one.words, one.image_id, boxes, matcher),
         )
         for one in explained[:figures]
     ]
@@ -537,7 +542,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     scores_path, per_image = write_scores(scores_target, scores)
     if page is not None:
         _write_faithfulness_page(
-            page, scores, explained, captioned, model.grid, args.faithfulness_figures, progress
+            page, scores, explained, captioned, model.grid, args.faithfulness_figures, progress, boxes
         )
     _print_summary(
         {

@@ -169,8 +169,11 @@ def faithfulness_study(
         maps_out.extend(collected.explained)
     per_method = {name: _joined(parts) for name, parts in collected.per_method.items()}
     control = [_joined([batch[seed] for batch in collected.control]) for seed in range(settings.random_seeds)]
-    areas = {name: (r.deletion_area.numpy(), r.insertion_area.numpy()) for name, r in per_method.items()}
-    control_areas = [(c.deletion_area.numpy(), c.insertion_area.numpy()) for c in control]
+    areas = {
+        name: (r.deletion_area.double().numpy(), r.insertion_area.double().numpy())
+        for name, r in per_method.items()
+    }
+    control_areas = [(c.deletion_area.double().numpy(), c.insertion_area.double().numpy()) for c in control]
 
     def rows_of(select: np.ndarray, pairs: bool) -> tuple[dict, list]:
         rows = summarise(per_method, control, torch.from_numpy(select))
@@ -233,8 +236,9 @@ def _per_image(
     """Per image, its number of words and each method's (and the control's mean) deletion and
     insertion areas over its words: the rows a paired bootstrap of two studies resamples."""
     images = np.asarray(word_images)
-    random_deletion = torch.stack([c.deletion_area for c in control]).mean(0).numpy()
-    random_insertion = torch.stack([c.insertion_area for c in control]).mean(0).numpy()
+    # in float64: an image's mean times its words is the sum the bootstrap of its words resamples
+    random_deletion = torch.stack([c.deletion_area.double() for c in control]).mean(0).numpy()
+    random_insertion = torch.stack([c.insertion_area.double() for c in control]).mean(0).numpy()
     rows = []
     for image_id in dict.fromkeys(word_images):
         chosen = images == image_id
@@ -248,8 +252,8 @@ def _per_image(
         }
         for name, result in per_method.items():
             row[name] = {
-                "deletion_auc": float(result.deletion_area.numpy()[chosen].mean()),
-                "insertion_auc": float(result.insertion_area.numpy()[chosen].mean()),
+                "deletion_auc": float(result.deletion_area.double().numpy()[chosen].mean()),
+                "insertion_auc": float(result.insertion_area.double().numpy()[chosen].mean()),
             }
         rows.append(row)
     return rows

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class ExplainedImage:
         maps: method -> (T, P) maps, row-major cells of the grid.
         areas: method (and ``"random"``) -> ``{"deletion_auc", "insertion_auc"}`` of this image
             (the study's ``per_image`` row; empty when it has none).
+        boxes: per word, the (x, y, width, height) boxes in the picture's pixels of the objects it
+            names (``grounding.word_boxes``), outlined on its maps; empty without boxes.
     """
 
     image_id: int
@@ -49,6 +51,7 @@ class ExplainedImage:
     words: Sequence[str]
     maps: Mapping[str, np.ndarray]
     areas: Mapping[str, Mapping[str, float]]
+    boxes: Sequence[Sequence[tuple[float, float, float, float]]] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class ImageSection:
     methods: list[str]
     figure: str
     rows: list[tuple[str, str, str]]  # (method, deletion area, insertion area), "-" where none
+    boxed: list[str]  # the words whose objects' boxes are outlined on their maps
 
 
 def _area(row: Mapping[str, Any] | None, key: str) -> str:
@@ -72,7 +76,8 @@ def _area(row: Mapping[str, Any] | None, key: str) -> str:
 
 
 def _figure_png(image: Image.Image, item: ExplainedImage, grid: tuple[int, int], mode: str, cmap: str) -> str:
-    figure = method_figure(image, list(item.words), item.maps, grid, mode, cmap, max_side=160)
+    boxes = item.boxes if len(item.boxes) == len(item.words) else None
+    figure = method_figure(image, list(item.words), item.maps, grid, mode, cmap, max_side=160, boxes=boxes)
     buffer = io.BytesIO()
     # JPEG: the overlays do not compress as PNG (about 1 MB a figure of 7 methods), and a page of
     # 20 figures should open in a moment
@@ -135,12 +140,14 @@ def write_faithfulness_page(
                 methods=methods,
                 figure=_figure_png(image, item, grid, mode, cmap),
                 rows=rows,
+                boxed=[word for word, boxes in zip(item.words, item.boxes, strict=False) if boxes],
             )
         )
     facts = [
         ("checkpoint", str(checkpoint) if checkpoint is not None else "(not given)"),
         ("signature", signature or "(none)"),
         ("images explained", str(table.get("images", "?"))),
+        ("words explained", str(table.get("statistics", {}).get("words", "?"))),
         ("images drawn below", str(len(sections))),
         ("colours", f"{cmap}; each method's row from 0 to its largest value in the figure"),
     ]

@@ -56,7 +56,7 @@ _STATS_LINE = 0.2  # the peak/entropy line under each panel
 _STATS_SIZE = 8
 _COLORBAR_WIDTH = 0.12
 _COLORBAR_SPACE = 0.9  # the bar, its ticks and its label, right of the panels
-_BOX_COLOUR = "#ff4d4d"
+BOX_COLOUR = "#ff4d4d"  # the dashed outline of the objects a word names, in every figure
 _COLORBAR_LABELS = {
     "figure": "attention weight",
     "absolute": "attention weight",
@@ -363,7 +363,7 @@ def attention_figure(
                             w * scale_x,
                             h * scale_y,
                             fill=False,
-                            edgecolor=_BOX_COLOUR,
+                            edgecolor=BOX_COLOUR,
                             linewidth=1.5,
                             linestyle="--",
                         )

@@ -17,10 +17,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from PIL import Image
 
 from captioning.utils.text import printable
-from captioning.visualization.figures import statistics_text
+from captioning.visualization.figures import BOX_COLOUR, statistics_text
 from captioning.visualization.overlay import (
     attention_statistics,
     colour_map,
@@ -49,6 +50,7 @@ def method_figure(
     cmap: str = "viridis",
     alpha: float = 0.6,
     max_side: int | None = 384,
+    boxes: Sequence[Sequence[tuple[float, float, float, float]]] | None = None,
 ) -> Figure:
     """The image with each method's map of each word over it.
 
@@ -57,11 +59,15 @@ def method_figure(
         maps: method -> (T, P) or (T, gh, gw) map of each word, in row order.
         grid: (gh, gw).
         mode: ``bilinear`` or ``gaussian`` upsampling; cmap, alpha: the overlays' colours.
+        boxes: per word, the (x, y, width, height) boxes in the image's pixels of the objects it names
+            (``grounding.word_boxes``), outlined dashed on each of its panels.
     Raises:
-        ValueError: a method's maps are not one per word.
+        ValueError: a method's maps, or the lists of boxes, are not one per word.
     """
     words = list(words)
     rows = list(maps)
+    if boxes is not None and len(boxes) != len(words):
+        raise ValueError(f"{len(boxes)} lists of boxes for {len(words)} words")
     for name in rows:
         if len(maps[name]) != len(words):
             raise ValueError(f"method {name}: {len(maps[name])} maps for {len(words)} words")
@@ -99,6 +105,14 @@ def method_figure(
                 t = c - 1
                 ax.imshow(upsampled[t], cmap=colours, norm=Normalize(0.0, top), alpha=alpha)
                 ax.set_title(printable(words[t]), fontsize=9)
+                for x, y, w, h in boxes[t] if boxes is not None else ():
+                    scale_x, scale_y = width / image.size[0], height / image.size[1]
+                    ax.add_patch(
+                        Rectangle(
+                            (x * scale_x, y * scale_y), w * scale_x, h * scale_y,
+                            fill=False, edgecolor=BOX_COLOUR, linewidth=1.5, linestyle="--",
+                        )
+                    )  # fmt: skip
                 ax.text(
                     0.5, -0.02, statistics_text(peaks[t], entropies[t]), transform=ax.transAxes,
                     ha="center", va="top", fontsize=6,

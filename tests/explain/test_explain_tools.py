@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from bootstrap_reference import paired_test, percentile_interval
 from tiny_models import tiny_checkpoint
 from tool_runs import REPO, in_process
 
@@ -37,11 +38,13 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run, tiny_shapes
         "--results", tmp_path / "results.json", "--out", scores_path,
         "--faithfulness", "--ig-steps", "2", "--curve-steps", "2",
         "--random-seeds", "2", "--sanity-images", "2", "--faithfulness-figures", "2",
+        "--resamples", "200", "--seed", "5",
         cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     scores = json.loads(scores_path.read_text())
     table = scores["faithfulness"]
+    assert_intervals_of_the_images(table, 200, 5)
     expected = ["attention", "gradient", "integrated_gradients", "gradcam", "occlusion"]
     expected += ["rollout", "gradient_rollout", "chefer"] if kind == "transformer" else []
     assert list(table["methods"]) == expected
@@ -61,13 +64,69 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run, tiny_shapes
     from captioning.visualization.run_report import write_run_report
 
     page = write_run_report(tmp_path / "report.html", [], (2, 2), scores).read_text(encoding="utf-8")
-    assert "Does the map explain the word? (4 images)" in page
-    for name in expected:
-        assert f"<tr><td>{name}" in page
-    deletion = f'<td class="number">{table["methods"]["occlusion"]["deletion_auc"]:.3f}</td>'
-    assert deletion in page.split("<tr><td>occlusion")[1].split("</tr>")[0]
+    assert_table_shown(page, table, expected)
     page_path = tmp_path / "scores_faithfulness.html"
     assert_faithfulness_page(page_path, result.stdout, table, tiny_shapes.root / "test", expected)
+
+
+def assert_intervals_of_the_images(table: dict, resamples: int, seed: int) -> None:
+    """The table's n, area intervals and gap tests equal an independent bootstrap of its per-image rows
+    (each image's mean area times its words, resampled with them)."""
+    rows = sorted(table["per_image"], key=lambda row: row["image_id"])
+    words = [row["words"] for row in rows]
+    assert table["statistics"]["words"] == sum(words) and table["statistics"]["images"] == len(rows)
+    assert (table["statistics"]["resamples"], table["statistics"]["seed"]) == (resamples, seed)
+
+    def sums(name: str, curve: str) -> list[float]:
+        return [row[name][f"{curve}_auc"] * row["words"] for row in rows]
+
+    for name, row in [("random", table["random"]), *table["methods"].items()]:
+        assert (row["images"], row["words"]) == (len(rows), sum(words))
+        for curve in ("deletion", "insertion"):
+            expected = percentile_interval(sums(name, curve), words, resamples, seed)
+            assert row[f"{curve}_auc_ci"] == pytest.approx(expected, abs=1e-6)
+            if name != "random":
+                a, b = sums(name, curve), sums("random", curve)
+                a, b = (a, b) if curve == "deletion" else (b, a)
+                difference, low, high, p = paired_test(a, b, words, resamples, seed)
+                assert row[f"{curve}_gap"] == pytest.approx(difference, abs=1e-6)  # the row's gap: float32
+                assert row[f"{curve}_gap_ci"] == pytest.approx([low, high], abs=1e-6)
+                assert row[f"{curve}_gap_p"] == pytest.approx(p)
+    methods = list(table["methods"])
+    assert len(table["paired"]) == len(methods) * (len(methods) - 1)  # each pair, both curves
+    for test in table["paired"]:
+        a, b = sums(test["a"], test["curve"]), sums(test["b"], test["curve"])
+        difference, low, high, p = paired_test(a, b, words, resamples, seed)
+        found = (test["difference"], test["ci_low"], test["ci_high"])
+        assert found == pytest.approx((difference, low, high), abs=1e-6)
+        assert test["p_value"] == pytest.approx(p)
+
+
+def assert_table_shown(page: str, table: dict, methods: list) -> None:
+    """A page's faithfulness table: n, a row per method with its areas and their intervals, the paired
+    tests, the per-class tables and the settings."""
+    import re
+
+    assert "Does the map explain the word? (4 images)" in page
+    assert f"n = 4 images, {table['statistics']['words']} words explained" in page
+    for name in methods:
+        found = re.search(rf'<tr class="row" data-method="{name}">(.*?)</tr>', page, re.S)
+        row = table["methods"][name]
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", found.group(1))
+        low, high = row["deletion_auc_ci"]
+        assert cells[0] == name + (
+            " (flagged: barely changes with the model)" if row["sanity_flagged"] else ""
+        )
+        assert cells[1:5] == [
+            "4",
+            str(row["words"]),
+            f"{row['deletion_auc']:.3f}",
+            f"[{low:.3f}, {high:.3f}]",
+        ]
+    assert page.count('<tr class="pair">') == len(table["paired"])
+    for word_class, rows in table["by_word_class"].items():
+        assert (f'data-class="{word_class}"' in page) == bool(rows)
+    assert "<dt>resamples</dt><dd>200</dd>" in page and "<dt>ig_steps</dt><dd>2</dd>" in page
 
 
 def figure_height(picture, words: int, rows: int) -> int:
@@ -95,8 +154,7 @@ def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: 
 
     assert re.search(r"faithfulness page\s+" + re.escape(str(page_path)), stdout)
     page = page_path.read_text(encoding="utf-8")
-    assert "Does the map explain the word? (4 images)" in page
-    assert all(f"<tr><td>{name}" in page for name in methods)  # the table, a row per method
+    assert_table_shown(page, table, methods)
     sections = re.findall(
         r'<section class="image" id="(img\d+)" data-image-id="(\d+)">(.*?)</section>', page, re.S
     )
