@@ -343,3 +343,26 @@ def test_a_method_of_ones_own_reaches_the_tools_through_import(tmp_path: Path, r
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert len(list((tmp_path / "figures").glob("*.png"))) == 1
+
+
+def test_method_figure_outlines_each_words_boxes_on_every_methods_row():
+    from matplotlib.patches import Rectangle
+    from PIL import Image
+
+    from captioning.visualization.method_figures import method_figure
+
+    maps = {"attention": np.ones((2, 4)), "occlusion": np.zeros((2, 4))}
+    boxes = [[], [(100.0, 40.0, 60.0, 20.0)]]  # the second word names one object
+    figure = method_figure(
+        Image.new("RGB", (320, 160)), ["red", "circle"], maps, (2, 2), max_side=160, boxes=boxes
+    )
+    panels = [ax for ax in figure.axes if ax.images]  # per row: the image, then a panel per word
+    assert len(panels) == 6
+    for row in range(2):
+        image, red, circle = panels[3 * row : 3 * row + 3]
+        assert not image.patches and not red.patches
+        (box,) = [p for p in circle.patches if isinstance(p, Rectangle)]
+        assert box.get_xy() == pytest.approx((50.0, 20.0))  # drawn at 160 x 80: half the pixels
+        assert (box.get_width(), box.get_height()) == pytest.approx((30.0, 10.0))
+    with pytest.raises(ValueError, match="1 lists of boxes for 2 words"):
+        method_figure(Image.new("RGB", (40, 30)), ["a", "b"], maps, (2, 2), boxes=[[]])
