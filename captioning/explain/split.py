@@ -96,27 +96,40 @@ def signature_field(settings: FaithfulnessSettings, images: int) -> str:
 
 
 def table_lines(result: dict) -> list[str]:
-    """The per-method table as console lines."""
-    header = (
-        f"{'method':<22}{'deletion':>9}{'insertion':>10}{'del gap':>9}{'ins gap':>9}{'sanity r':>9}"
-        f"{'mass':>7}{'pointing':>9}"
-    )
-    random = result["random"]
-    lines = [
-        f"faithfulness of {result.get('images', '?')} images (deletion: lower is better; insertion: higher)",
-        header,
-        f"{'random':<22}{random['deletion_auc']:>9.3f}{random['insertion_auc']:>10.3f}",
-    ]
+    """The per-method table as console lines: each area with its 95% interval over images, the gaps
+    with their Holm-adjusted p-values, then the paired tests that name a more faithful method."""
 
     def number(value, width: int, digits: int = 3) -> str:
         return f"{value:>{width}.{digits}f}" if isinstance(value, float) else f"{'-':>{width}}"
 
+    def ranged(row: dict, key: str) -> str:
+        low, high = row.get(f"{key}_ci") or (None, None)
+        bounds = f"[{low:.3f},{high:.3f}]" if isinstance(low, float) and isinstance(high, float) else ""
+        return number(row.get(key), 7) + f"{bounds:>16}"
+
+    statistics = result.get("statistics", {})
+    random = result["random"]
+    lines = [
+        f"faithfulness of {result.get('images', '?')} images, {statistics.get('words', '?')} words "
+        "(deletion: lower is better; insertion: higher; [95% interval over images]; p Holm of the gap)",
+        f"{'method':<22}{'deletion':>23}{'insertion':>23}{'del gap':>9}{'p':>7}{'ins gap':>9}{'p':>7}"
+        f"{'sanity r':>9}{'mass':>7}{'pointing':>9}",
+        f"{'random':<22}{ranged(random, 'deletion_auc')}{ranged(random, 'insertion_auc')}",
+    ]
     for name, row in result["methods"].items():
         flag = " (flagged)" if row.get("sanity_flagged") else ""
         lines.append(
-            f"{name:<22}{number(row['deletion_auc'], 9)}{number(row['insertion_auc'], 10)}"
-            f"{number(row['deletion_gap'], 9)}{number(row['insertion_gap'], 9)}"
+            f"{name:<22}{ranged(row, 'deletion_auc')}{ranged(row, 'insertion_auc')}"
+            f"{number(row.get('deletion_gap'), 9)}{number(row.get('deletion_gap_p_holm'), 7)}"
+            f"{number(row.get('insertion_gap'), 9)}{number(row.get('insertion_gap_p_holm'), 7)}"
             f"{number(row.get('sanity_spearman'), 9, 2)}{number(row.get('grounding_mass'), 7, 2)}"
             f"{number(row.get('pointing'), 9, 2)}{flag}"
         )
+    for test in result.get("paired", []):
+        if test.get("more_faithful"):
+            other = test["b"] if test["more_faithful"] == test["a"] else test["a"]
+            lines.append(
+                f"{test['curve']}: {test['more_faithful']} more faithful than {other} "
+                f"(p Holm {test['p_holm']:.4f})"
+            )
     return lines
