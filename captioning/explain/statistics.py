@@ -19,6 +19,8 @@ resamples ratio metrics).
   (:func:`captioning.evaluation.significance.holm`), as the caption comparison adjusts its metrics.
 - The random order's seeds: each seed's mean area over the words, kept as a list (the page shows their
   mean, minimum and maximum); its interval is that of the seeds' mean, resampled over images.
+- Grounding mass and the pointing games per mention: percentile intervals of the same bootstrap over
+  the images with boxes, each drawn with its mentions (:func:`grounding_intervals`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from itertools import combinations
 
 import numpy as np
 
+from captioning.evaluation.grounding import Instances, WordMatcher, grounding_per_image
 from captioning.evaluation.significance import (
     Comparison,
     compare_groups,
@@ -36,6 +39,7 @@ from captioning.evaluation.significance import (
     ratio_score,
     resample_counts,
 )
+from captioning.explain.plausibility import Explained
 from captioning.utils.errors import InputError
 
 CURVES = ("deletion", "insertion")
@@ -186,3 +190,33 @@ def add_statistics(
 def number_of_tests(methods: int, pairs: bool = True) -> int:
     """The number of tests a table of ``methods`` methods adjusts together."""
     return len(CURVES) * (methods + (methods * (methods - 1) // 2 if pairs else 0))
+
+
+# key of a method's row -> the per-mention list of ImageGrounding it averages
+GROUNDING_LISTS = {"grounding_mass": "masses", "pointing": "hits", "pointing_published": "published_hits"}
+
+
+def grounding_intervals(
+    explained: Sequence[Explained], instances: Instances, tolerance: float, settings: BootstrapSettings
+) -> dict[str, dict[str, list[float]]]:
+    """Per method, the 95% percentile intervals of its grounding mass and both pointing games per
+    mention (``<key>_ci`` of :data:`GROUNDING_LISTS`), from a bootstrap over the images the instances
+    cover, each drawn with its mentions (the rules of
+    :func:`captioning.explain.plausibility.grounding_rows`)."""
+    matcher = WordMatcher()
+    covered = [item for item in explained if item.image_id in instances.image_sizes]
+    if not covered:
+        return {}
+    counts = resample_counts(len(covered), settings.resamples, settings.seed)
+    intervals: dict[str, dict[str, list[float]]] = {}
+    for method in covered[0].maps:
+        items = (
+            (item.image_id, item.words, np.clip(item.maps[method], 0.0, None), item.grid) for item in covered
+        )
+        per_image = grounding_per_image(items, instances, matcher, tolerance)
+        intervals[method] = {}
+        for key, field in GROUNDING_LISTS.items():
+            values = [getattr(per_image[item.image_id], field) for item in covered]
+            statistics = np.array([[float(np.sum(v)), float(len(v))] for v in values])  # (N, 2)
+            intervals[method][f"{key}_ci"] = percentile_interval(counts, statistics)
+    return intervals

@@ -28,7 +28,12 @@ from captioning.explain.plausibility import (
 )
 from captioning.explain.sanity import cascading_randomisation
 from captioning.explain.scoring import WordScorer, caption_tensor
-from captioning.explain.statistics import BootstrapSettings, add_statistics, number_of_tests
+from captioning.explain.statistics import (
+    BootstrapSettings,
+    add_statistics,
+    grounding_intervals,
+    number_of_tests,
+)
 from captioning.models.base import CaptionDecoder
 from captioning.utils.errors import InputError
 
@@ -206,6 +211,9 @@ def faithfulness_study(
             result["methods"][name]["sanity_flagged"] = result["sanity"][name]["flagged"]
     if instances is not None:
         grounding = grounding_rows(collected.explained, instances, settings.pointing_tolerance)
+        intervals = grounding_intervals(
+            collected.explained, instances, settings.pointing_tolerance, bootstrap
+        )
         mentions = mention_rows(collected.explained, instances, references)
         hallucination = hallucination_summary(mentions, methods)
         result["hallucination"] = hallucination
@@ -221,6 +229,7 @@ def faithfulness_study(
                     "grounded_object_mass": hallucination[name]["grounded"]["object_mass"],
                     "hallucinated_entropy": hallucination[name]["hallucinated"]["entropy"],
                     "grounded_entropy": hallucination[name]["grounded"]["entropy"],
+                    **intervals.get(name, {}),
                 }
             )
     return result

@@ -82,9 +82,16 @@ def _method_row(name: str, row: Mapping[str, Any]) -> TableRow:
         number(row.get("images"), 0),
         number(row.get("words"), 0),
         cells,
-        [number(row.get(key), 2 if key == "sanity_spearman" else 3) for key, _ in PLAUSIBILITY],
+        [_with_interval(row, key) for key, _ in PLAUSIBILITY],
         bool(row.get("sanity_flagged")),
     )
+
+
+def _with_interval(row: Mapping[str, Any], key: str) -> str:
+    """A plausibility number, with its interval where the row has one (``<key>_ci``)."""
+    shown = number(row.get(key), 2 if key == "sanity_spearman" else 3)
+    bounds = interval(row.get(f"{key}_ci"))
+    return shown if bounds == DASH or shown == DASH else f"{shown} {bounds}"
 
 
 def _seeds(values: Any) -> str:

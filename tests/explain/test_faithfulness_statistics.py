@@ -128,3 +128,35 @@ def test_bootstrap_settings_are_checked(resamples, seed):
     name = "resamples" if resamples in (0, 2.5) or resamples is True else "seed"
     with raises_naming(InputError, name):
         BootstrapSettings(resamples, seed)
+
+
+def test_grounding_intervals_equal_an_independent_bootstrap_over_images_with_their_mentions():
+    from captioning.evaluation.grounding import Instances, ObjectBox
+    from captioning.explain.plausibility import Explained, grounding_rows
+    from captioning.explain.statistics import grounding_intervals
+
+    # 12 images of 100 x 100 with a dog in the top-left quarter, captions naming it 1 to 3 times;
+    # each mention's map puts 0 to 1 of its mass on the dog's cell (grid 2 x 2)
+    rng = np.random.default_rng(2)
+    ids = list(range(1, 13))
+    instances = Instances(
+        {i: (100.0, 100.0) for i in ids},
+        {i: [ObjectBox("dog", (0.0, 0.0, 50.0, 50.0), {})] for i in ids},
+        ("dog",),
+    )
+    explained, masses = [], []
+    for image_id in ids:
+        mentions = int(rng.integers(1, 4))
+        words = ["a", "dog"] * mentions
+        on_dog = rng.uniform(0, 1, mentions)
+        maps = np.full((len(words), 4), 0.25)
+        maps[1::2] = np.stack([on_dog, *[(1 - on_dog) / 3] * 3], axis=1)
+        explained.append(Explained(image_id, words, {"m": maps}, (2, 2)))
+        masses.append(on_dog)
+    intervals = grounding_intervals(explained, instances, 15.0, BootstrapSettings(RESAMPLES, SEED))["m"]
+    sums, counts = [float(m.sum()) for m in masses], [len(m) for m in masses]
+    assert intervals["grounding_mass_ci"] == pytest.approx(percentile_interval(sums, counts, RESAMPLES, SEED))
+    hits = [float((m > (1 - m) / 3).sum()) for m in masses]  # the strict game: the dog's cell is the top one
+    assert intervals["pointing_ci"] == pytest.approx(percentile_interval(hits, counts, RESAMPLES, SEED))
+    row = grounding_rows(explained, instances, 15.0)["m"]
+    assert row["mass"] == pytest.approx(sum(sums) / sum(counts))  # the row the interval goes with
