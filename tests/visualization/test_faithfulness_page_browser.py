@@ -1,6 +1,6 @@
-"""The faithfulness page of a real ``evaluate.py --faithfulness`` run, opened in a real browser
-(Debian's chromium, headless): n, the intervals, the paired tests, the per-class tables and the
-settings are visible, and each drawn image's figure of maps has loaded."""
+"""The faithfulness page of a real ``evaluate.py --faithfulness`` run, and the run report of its
+scores, opened in a real browser (Debian's chromium, headless): n, the intervals, the paired tests,
+the per-class tables and the settings are visible, and each drawn image's figure of maps has loaded."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tool_runs import REPO, in_process
 
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
+from captioning.visualization.run_report import write_run_report
 
 pytestmark = [
     pytest.mark.slow,
@@ -64,9 +65,16 @@ def test_the_page_shows_n_intervals_and_the_per_class_table(
         cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    table = json.loads(scores_path.read_text())["faithfulness"]
+    scores = json.loads(scores_path.read_text())
+    table = scores["faithfulness"]
+    report = write_run_report(tmp_path / "report.html", [], (2, 2), scores)  # as train.py's report.html
     driver = browser(tmp_path)
     try:
+        driver.get(report.as_uri())
+        row = driver.find_element(By.CSS_SELECTOR, '#faithfulness-methods tr[data-method="occlusion"]')
+        low, high = table["methods"]["occlusion"]["insertion_auc_ci"]
+        assert row.is_displayed() and f"[{low:.3f}, {high:.3f}]" in row.text
+        assert driver.find_element(By.CSS_SELECTOR, "p.n").is_displayed()
         driver.get((tmp_path / "scores_faithfulness.html").as_uri())
         assert driver.find_element(By.CSS_SELECTOR, "p.n").is_displayed()
         words = table["statistics"]["words"]
