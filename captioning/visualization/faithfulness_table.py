@@ -163,13 +163,19 @@ def _class_rows(table: Mapping[str, Any]) -> list[tuple[str, list[TableRow]]]:
     return result
 
 
+def _setting(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(str(item) for item in value)
+    return str(value)
+
+
 def _settings(table: Mapping[str, Any]) -> list[tuple[str, str]]:
     settings = table.get("settings", {})
     statistics = table.get("statistics", {})
     pairs = []
     for group in (settings, statistics):
         if isinstance(group, Mapping):
-            pairs += [(str(key), str(value)) for key, value in group.items()]
+            pairs += [(str(key), _setting(value)) for key, value in group.items()]
     return pairs
 
 
