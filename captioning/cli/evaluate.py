@@ -484,6 +484,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     records = split_records(config, args.split, generate=generate)
     # Every input before decoding: the boxes are read now, and ground only the images they cover.
     boxes = load_boxes(args.instances or default_instances(config))
+    if faithfulness is not None:  # the study's bootstrap draws (R, N) counts at once: they must fit
+        from captioning.evaluation.compare import check_bootstrap_fits
+
+        check_bootstrap_fits(args.resamples, min(len(records), args.faithfulness_images or len(records)))
     captioned = caption_records(
         model, config, records, device, decode_config, progress, output_dir=run_dir, build_cache=build_cache
     )

@@ -200,6 +200,30 @@ def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, r
     )
 
 
+@pytest.mark.parametrize(
+    "resamples, seed, needle",
+    [
+        ("0", "0", "--resamples"),
+        ("10", "-1", "--seed"),
+        ("100000000000", "0", "--resamples: 100000000000 resamples"),
+    ],
+    ids=["no-resamples", "negative-seed", "beyond-memory"],
+)
+def test_the_bootstrap_of_the_study_is_checked_before_decoding(tmp_path: Path, run, resamples, seed, needle):
+    from messages import assert_naming
+
+    _, checkpoint = run
+    result = in_process(
+        "evaluate.py", "--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress",
+        "--results", tmp_path / "results.json", "--out", tmp_path / "scores.json",
+        "--faithfulness", "attention", "--resamples", resamples, "--seed", seed,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert_naming(result.stderr.strip().splitlines()[-1], "error: ", needle)
+    assert not (tmp_path / "results.json").exists()  # refused before any caption was decoded
+
+
 def test_model_explain_gives_maps_and_curves(run, tiny_shapes: ShapesFiles):
     import captioning
 
