@@ -19,6 +19,7 @@ resamples ratio metrics).
   (:func:`captioning.evaluation.significance.holm`), as the caption comparison adjusts its metrics.
 - The random order's seeds: each seed's mean area over the words, kept as a list (the page shows their
   mean, minimum and maximum); its interval is that of the seeds' mean, resampled over images.
+- A table of one image has n and no interval or test (its resamples are all the image itself).
 - Grounding mass and the pointing games per mention: percentile intervals of the same bootstrap over
   the images with boxes, each drawn with its mentions (:func:`grounding_intervals`).
 """
@@ -148,14 +149,18 @@ def add_statistics(
     random = {curve: stats(np.mean([seed[k] for seed in control], axis=0)) for k, curve in enumerate(CURVES)}
     rows["random"]["images"] = images
     for k, curve in enumerate(CURVES):
-        rows["random"][f"{curve}_auc_ci"] = percentile_interval(counts, random[curve])
         rows["random"][f"{curve}_auc_seeds"] = [float(np.asarray(seed[k])[select].mean()) for seed in control]
+    for name in per_method:
+        rows[name]["images"] = images
+    if images < 2:  # one image resampled is itself: no interval, and a test that always "finds" a difference
+        return []
+    for k, curve in enumerate(CURVES):
+        rows["random"][f"{curve}_auc_ci"] = percentile_interval(counts, random[curve])
     method_stats = {
         name: {c: stats(areas[k]) for k, c in enumerate(CURVES)} for name, areas in per_method.items()
     }
     tests: list[tuple[bool, dict, str, Comparison]] = []  # (a pair?, where it goes, curve, test)
     for name, curves in method_stats.items():
-        rows[name]["images"] = images
         for curve in CURVES:
             rows[name][f"{curve}_auc_ci"] = percentile_interval(counts, curves[curve])
             # the gap is positive when the map beats chance: random - method on deletion, method - random
@@ -205,7 +210,7 @@ def grounding_intervals(
     :func:`captioning.explain.plausibility.grounding_rows`)."""
     matcher = WordMatcher()
     covered = [item for item in explained if item.image_id in instances.image_sizes]
-    if not covered:
+    if len(covered) < 2:  # one image: no interval (see the module docstring)
         return {}
     counts = resample_counts(len(covered), settings.resamples, settings.seed)
     intervals: dict[str, dict[str, list[float]]] = {}

@@ -160,3 +160,19 @@ def test_grounding_intervals_equal_an_independent_bootstrap_over_images_with_the
     assert intervals["pointing_ci"] == pytest.approx(percentile_interval(hits, counts, RESAMPLES, SEED))
     row = grounding_rows(explained, instances, 15.0)["m"]
     assert row["mass"] == pytest.approx(sum(sums) / sum(counts))  # the row the interval goes with
+
+
+def test_a_table_of_one_image_has_n_and_no_interval_or_test():
+    word_images, deletion, insertion, seeds = fixed_study()
+    select = np.array([image == 30 for image in word_images])  # the first image's words only
+    per_method = {
+        name: WordCurves(flat(deletion[name]).deletion, flat(insertion[name]).insertion) for name in deletion
+    }
+    control = [WordCurves(flat(d).deletion, flat(i).insertion) for d, i in seeds]
+    rows = summarise(per_method, control, torch.from_numpy(select))
+    areas = {name: (deletion[name], insertion[name]) for name in deletion}
+    paired = add_statistics(rows, areas, seeds, word_images, select, BootstrapSettings(RESAMPLES, SEED))
+    assert paired == []
+    for row in rows.values():
+        assert row["images"] == 1 and row["words"] == int(select.sum())
+        assert not [key for key in row if key.endswith(("_ci", "_p", "_p_holm"))]
