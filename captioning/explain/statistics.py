@@ -154,7 +154,7 @@ def add_statistics(
         rows[name]["images"] = images
     if images < 2:  # one image resampled is itself: no interval, and a test that always "finds" a difference
         return []
-    for k, curve in enumerate(CURVES):
+    for curve in CURVES:
         rows["random"][f"{curve}_auc_ci"] = percentile_interval(counts, random[curve])
     method_stats = {
         name: {c: stats(areas[k]) for k, c in enumerate(CURVES)} for name, areas in per_method.items()
