@@ -174,27 +174,7 @@ def faithfulness_study(
         maps_out.extend(collected.explained)
     per_method = {name: _joined(parts) for name, parts in collected.per_method.items()}
     control = [_joined([batch[seed] for batch in collected.control]) for seed in range(settings.random_seeds)]
-    areas = {
-        name: (r.deletion_area.double().numpy(), r.insertion_area.double().numpy())
-        for name, r in per_method.items()
-    }
-    control_areas = [(c.deletion_area.double().numpy(), c.insertion_area.double().numpy()) for c in control]
-
-    def rows_of(select: np.ndarray, pairs: bool) -> tuple[dict, list]:
-        rows = summarise(per_method, control, torch.from_numpy(select))
-        return rows, add_statistics(
-            rows, areas, control_areas, collected.word_images, select, bootstrap, pairs
-        )
-
-    table, paired = rows_of(np.ones(len(collected.classes), dtype=bool), True)
-    statistics = bootstrap.describe(number_of_tests(len(methods)))
-    statistics.update(images=len(collected.explained), words=len(collected.classes))
-    result: dict = {"settings": settings.signature(), "statistics": statistics, "random": table.pop("random")}
-    result.update(methods=table, paired=paired)
-    result["by_word_class"] = {
-        word_class: rows_of(np.array([c == word_class for c in collected.classes], dtype=bool), False)[0]
-        for word_class in WORD_CLASSES
-    }
+    result: dict = {"settings": settings.signature(), **_tables(per_method, control, collected, bootstrap)}
     result["per_image"] = _per_image(per_method, control, collected.word_images)
     if settings.sanity_images:
         count = min(settings.sanity_images, annotations.size(0))
@@ -233,6 +213,42 @@ def faithfulness_study(
                 }
             )
     return result
+
+
+def _tables(
+    per_method: Mapping[str, WordCurves],
+    control: Sequence[WordCurves],
+    collected: _Collected,
+    bootstrap: BootstrapSettings,
+) -> dict:
+    """The rows of every word and of each word class, with their n, intervals and tests:
+    ``{"statistics", "random", "methods", "paired", "by_word_class"}``."""
+    # float64: an image's mean area times its words is then the sum its bootstrap resamples
+    areas = {
+        name: (r.deletion_area.double().numpy(), r.insertion_area.double().numpy())
+        for name, r in per_method.items()
+    }
+    control_areas = [(c.deletion_area.double().numpy(), c.insertion_area.double().numpy()) for c in control]
+
+    def rows_of(select: np.ndarray, pairs: bool) -> tuple[dict, list]:
+        rows = summarise(dict(per_method), list(control), torch.from_numpy(select))
+        return rows, add_statistics(
+            rows, areas, control_areas, collected.word_images, select, bootstrap, pairs
+        )
+
+    table, paired = rows_of(np.ones(len(collected.classes), dtype=bool), True)
+    statistics = bootstrap.describe(number_of_tests(len(per_method)))
+    statistics.update(images=len(collected.explained), words=len(collected.classes))
+    return {
+        "statistics": statistics,
+        "random": table.pop("random"),
+        "methods": table,
+        "paired": paired,
+        "by_word_class": {
+            word_class: rows_of(np.array([c == word_class for c in collected.classes], dtype=bool), False)[0]
+            for word_class in WORD_CLASSES
+        },
+    }
 
 
 def _joined(parts: Sequence[WordCurves]) -> WordCurves:
