@@ -181,7 +181,8 @@ def _settings(table: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def faithfulness_html(table: Mapping[str, Any]) -> str:
     """The tables of ``scores["faithfulness"]`` (see the module docstring) as HTML; a method the
-    sanity check flags is marked."""
+    sanity check flags is marked (a table that is not an object shows as an empty one)."""
+    table = table if isinstance(table, Mapping) else {}
     rows, seeds = _rows(table)
     statistics = table.get("statistics", {})
     statistics = statistics if isinstance(statistics, Mapping) else {}

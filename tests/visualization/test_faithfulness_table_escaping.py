@@ -58,12 +58,12 @@ def hostile_table() -> dict:
     }
 
 
-def assert_nothing_live(page: str, own_scripts: int) -> None:
+def assert_nothing_live(page: str, own_scripts: int, shown: bool = True) -> None:
     elements = Elements()
     elements.feed(page)
     assert len(elements.scripts) == own_scripts and not any("alert" in s for s in elements.scripts)
     assert elements.handlers == []
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # shown, as text
+    assert ("&lt;script&gt;alert(1)&lt;/script&gt;" in page) is shown  # shown, as text
 
 
 def test_the_run_report_shows_hostile_table_values_as_text(tmp_path: Path):
@@ -79,3 +79,10 @@ def test_the_faithfulness_page_shows_hostile_table_values_as_text(tmp_path: Path
         checkpoint=SCRIPT, signature=HANDLER, progress=False,
     ).read_text(encoding="utf-8")  # fmt: skip
     assert_nothing_live(page, own_scripts=0)
+
+
+def test_a_table_that_is_not_an_object_shows_as_an_empty_one(tmp_path: Path):
+    page = write_run_report(tmp_path / "report.html", [], (2, 2), {"faithfulness": [SCRIPT]})
+    text = page.read_text(encoding="utf-8")
+    assert "Does the map explain the word? (? images)" in text
+    assert_nothing_live(text, own_scripts=1, shown=False)  # nothing of the list is shown
