@@ -32,6 +32,7 @@ from captioning.cli.common import add_import_argument
 def get_args_parser() -> argparse.ArgumentParser:
     from captioning.config import CHAIR_TABLES
     from captioning.evaluation.scorers import describe_metrics
+    from captioning.explain import config as explain_config
 
     parser = argparse.ArgumentParser(
         description=__doc__,
@@ -230,14 +231,9 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="draw the maps of the first N explained images, one row per method, on the page "
         "<name>_faithfulness.html written beside the scores with the table (20; 0: the table only)",
     )
-    explaining.add_argument("--ig-steps", type=int, default=16, help="integrated gradients' steps (16)")
-    explaining.add_argument(
-        "--curve-steps", type=int, default=10, help="points of each curve after the first (10)"
-    )
-    explaining.add_argument("--random-seeds", type=int, default=3, help="random orders of the control (3)")
-    explaining.add_argument(
-        "--sanity-images", type=int, default=8, help="images of the cascading randomisation (8; 0: none)"
-    )
+    explain_config.add_explain_flags(
+        explaining, explain_config.ExplainConfig
+    )  # one per flagged field of ExplainConfig, its checks and defaults
     parser.add_argument(
         "--skip-bad-images",
         action="store_true",

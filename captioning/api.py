@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,6 +43,10 @@ from captioning.utils.device import resolve_device
 from captioning.utils.errors import InputError
 from captioning.utils.imports import import_modules
 from captioning.visualization.views import MODES, attention_view, check_layer_choice
+
+if TYPE_CHECKING:
+    from captioning.explain.config import ExplainConfig
+    from captioning.explain.study import WordExplanation
 
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
 """A path, a PIL image, a (C, H, W) tensor or an (H, W, C) array (see ``as_rgb_image``)."""
@@ -111,13 +115,15 @@ class Explanation:
         caption: the :class:`Caption`.
         maps: method -> (T, gh, gw) float32 map of each word (``attention`` sums to 1; the others are
             signed scores on their own scale).
-        curves: the per-word curves (``deletion``, ``insertion``: method -> (T, K) tensors of the word's
-            probability; ``deletion_auc``, ``insertion_auc``: method -> (T,)), empty without curves.
+        curves: the per-word curves, numpy arrays: ``deletion``, ``insertion`` (method -> (T, K) the
+            word's probability at each point), ``deletion_auc``, ``insertion_auc`` (method -> (T,)
+            areas, trapezoid over ``shares``) and ``shares`` ((K,) the share of cells changed at each
+            point); empty dicts without curves.
     """
 
     caption: Caption
     maps: dict[str, np.ndarray]
-    curves: Any
+    curves: WordExplanation
 
 
 class CaptioningModel:
@@ -262,53 +268,41 @@ class CaptioningModel:
         methods: Sequence[str] | str = ("attention", "gradient", "gradcam"),
         *,
         curves: bool = True,
-        ig_steps: int = 16,
-        curve_steps: int = 10,
-        baseline: torch.Tensor | None = None,
-        **decoding,
+        baseline: str | np.ndarray | torch.Tensor = "dataset_mean",
+        settings: ExplainConfig | None = None,
+        **options: Any,
     ) -> list[Explanation]:
         """Caption images and explain each word with attribution methods (``captioning.explain``).
 
+        Every option is checked before any work (no image is decoded, no grid encoded): its type,
+        range and cost (``captioning.explain.config``, ``captioning.explain.cost``), the baseline's
+        shape and values, the decoding options and the images as :meth:`caption` checks them.
+
         Args:
-            images: as for :meth:`caption`.
+            images: as for :meth:`caption` (a non-empty list).
             methods: names in ``captioning.explain.METHODS`` (a list or ``"attention,gradcam"``).
             curves: also each word's deletion and insertion curves (the word's probability as the
                 cells are removed, or inserted, in the order its map ranks them).
-            ig_steps, curve_steps: integrated gradients' steps; the curves' points after the first.
-            baseline: (C,) the feature a removed cell takes; default: the mean grid feature of ``images``.
-            decoding: ``caption``'s keyword arguments (``beam_size=3``, ...).
+            baseline: what a removed cell holds: ``dataset_mean`` (the training split's mean grid
+                feature, computed once and kept in the run folder), ``zeros``, ``blur`` (each image
+                blurred on its pixels), or a (C,) tensor or numpy array of finite values.
+            settings: an ``ExplainConfig`` (or a subclass of it with fields of its own) to start from.
+            options: any field of ``ExplainConfig`` by name (``ig_steps=16``, ``curve_steps=10``,
+                ``score="logit"``, ``order_seed=0``, ...), and :meth:`caption`'s keyword arguments
+                (``beam_size=3``, ``layer=``, ``head=``, ...); an unknown name is refused.
         Returns:
-            one :class:`Explanation` per image, in order.
+            one :class:`Explanation` per image, in order; numpy arrays throughout.
         Raises:
-            InputError: a method that cannot explain this model (rollout of an LSTM); as ``caption``.
+            InputError: a bad option (naming it), a method that cannot explain this model (rollout of
+                an LSTM), a model run by ONNX Runtime (no gradients), no image.
             UnknownNameError: an unregistered method.
+            ImageError, ConfigError: as ``caption``.
         """
-        from captioning.explain.methods import parse_methods
-        from captioning.explain.study import FaithfulnessSettings, explain_captions
+        from captioning.explain.explaining import explain_images
 
-        images = list(images)
-        names = parse_methods(
-            methods if isinstance(methods, str) else ",".join(methods), self.captioner.decoder
-        )
-        settings = FaithfulnessSettings(methods=names, ig_steps=ig_steps, curve_steps=curve_steps)
-        captions = self.caption(images, **decoding)
-        transform = self.captioner.encoder.transform
-        with torch.no_grad():
-            pixels = torch.stack(
-                [transform(as_rgb_image(image, f"images[{k}]")) for k, image in enumerate(images)]
-            )
-            grids = self.captioner.encode(pixels.to(self.device)).float()  # (B, P, C)
-        tokens = [[self.vocab.stoi[word] for word in caption.words] for caption in captions]
-        mean = grids.mean(dim=(0, 1)) if baseline is None else baseline.to(grids)
-        explained = explain_captions(self.captioner.decoder, grids, tokens, names, mean, settings, curves)
-        return [
-            Explanation(
-                caption,
-                {name: maps.numpy().reshape(-1, *self.grid) for name, maps in item.maps.items()},
-                item,
-            )
-            for caption, item in zip(captions, explained, strict=True)
-        ]
+        self._needs_weights("explain")
+        explained = explain_images(self, images, methods, curves, baseline, settings, options)
+        return [Explanation(caption, maps, curves_of) for caption, maps, curves_of in explained]
 
     def save_pretrained(self, folder: str | Path, overwrite: bool = False) -> Path:
         """Write a portable model folder (safetensors weights, configuration, vocabulary, model card)

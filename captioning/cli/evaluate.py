@@ -226,8 +226,8 @@ def _faithfulness_settings(args: argparse.Namespace):
             "--faithfulness explains the captions of a split: give it with --checkpoint and --split"
         )
     from captioning.explain import METHODS
+    from captioning.explain import config as explain_config
     from captioning.explain.methods import parse_methods
-    from captioning.explain.study import FaithfulnessSettings
 
     for flag in ("faithfulness_images", "faithfulness_figures"):
         if getattr(args, flag, 0) < 0:
@@ -237,13 +237,8 @@ def _faithfulness_settings(args: argparse.Namespace):
     from captioning.evaluation.compare import check_bootstrap_options
 
     check_bootstrap_options(args.resamples, args.seed)  # the table's intervals and tests
-    return FaithfulnessSettings(
-        methods=methods,
-        ig_steps=args.ig_steps,
-        curve_steps=args.curve_steps,
-        random_seeds=args.random_seeds,
-        sanity_images=args.sanity_images,
-    )
+    # the class the parser's flags came from (get_args_parser reads the same attribute)
+    return explain_config.config_from_flags(args, explain_config.ExplainConfig, methods=methods)
 
 
 def _fitted_methods(settings, requested: str, decoder):
@@ -254,6 +249,20 @@ def _fitted_methods(settings, requested: str, decoder):
     if requested == "default":
         return replace(settings, methods=applicable_methods(decoder))
     return replace(settings, methods=parse_methods(requested, decoder))
+
+
+def _study_baseline(settings, model, config: Config, device, run_dir: Path, args, overrides) -> tuple:
+    """The faithfulness study's checks against the model (its grid) and its shared baseline with its
+    name, before any decoding: the training mean is read back from the run folder or computed now."""
+    from captioning.explain.cost import check_explain_fits
+    from captioning.explain.split import shared_baseline
+
+    check_explain_fits(settings, model.grid[0] * model.grid[1], model.encoder.channels, device)
+    _, build_cache = _user_chose_paths(args, overrides, config)
+    in_run = run_dir if Path(args.checkpoint).parent.name == "checkpoints" else None  # <run>/checkpoints/x.pt
+    return shared_baseline(
+        model, config, settings, device, in_run, args.checkpoint, build_cache, not args.no_progress
+    )
 
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
@@ -441,11 +450,13 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         config = replace(config, data=replace(config.data, pointing_tolerance=args.pointing_tolerance))
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
+    baseline = None  # the faithfulness study's baseline shared by every image, and its name
     if faithfulness is not None:
         faithfulness = replace(
             _fitted_methods(faithfulness, args.faithfulness, model.decoder),
             pointing_tolerance=config.data.pointing_tolerance,
         )
+        baseline = _study_baseline(faithfulness, model, config, device, run_dir, args, overrides)
     decode_config = decode_config_with(config, **decoding)
     # Every caption of every image, ranked, beside the results file when several are asked for
     # (by a flag, --set or the checkpoint's own decode.num_return).
@@ -517,6 +528,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         from captioning.explain.split import signature_field, split_study, table_lines
         from captioning.explain.statistics import BootstrapSettings
 
+        shared, baseline_name = baseline
         study = split_study(
             model,
             config,
@@ -530,9 +542,11 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             progress,
             explained,
             BootstrapSettings(args.resamples, args.seed),
+            shared,
         )
+        study["baseline"] = baseline_name
         scores["faithfulness"] = study
-        scores["signature"] += f"|faith:{signature_field(faithfulness, study['images'])}"
+        scores["signature"] += f"|faith:{signature_field(faithfulness, study['images'], baseline_name)}"
         print("\n".join(table_lines(study)))
     print(scores_text(scores, len(captioned)))
     if decode_config.num_return > 1:  # the first caption was scored above; these measure all n

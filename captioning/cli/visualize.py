@@ -295,7 +295,7 @@ def _method_figures(
     )
     written = []
     for item, explanation, stem in zip(captioned, explained, stems, strict=True):
-        maps = {name: explanation.maps[name].numpy() for name in names}
+        maps = {name: explanation.maps[name] for name in names}
         figure = method_figure(load_image(item.record.path), item.words, maps, model.grid, mode, cmap)
         path = save_figure(figure, Path(out_dir) / f"{stem}.{file_format}")
         written.append((path, len(item.words) + 1))

@@ -1,22 +1,28 @@
 """Attribution methods: which grid cells does each word of a caption depend on?
 
-Every method explains ``log p(w_t | w_<t, grid)`` (:class:`captioning.explain.scoring.WordScorer`)
-on the decoder's own (B, P) grid, returning maps (B, T, P) for the T words of B captions:
+Every method explains the score of each word, teacher-forced on the model's own caption
+(:class:`captioning.explain.scoring.WordScorer`; ``ExplainConfig.score``: ``log p(w_t | w_<t, grid)``
+by default, or the word's logit, or its probability), on the decoder's own (B, P) grid, returning
+maps (B, T, P) for the T words of B captions:
 
 - ``attention``: the decoder's attention map (its attention view), the map the figures draw;
 - ``gradient``: gradient x input on the grid features, summed over channels (captum's
   ``InputXGradient``);
-- ``integrated_gradients``: Sundararajan et al. 2017 from the baseline grid (every cell the mean grid
-  feature) to the image's grid, ``ig_steps`` right Riemann steps, summed over channels (captum's
-  ``IntegratedGradients``);
+- ``integrated_gradients``: Sundararajan et al. 2017 from the baseline grid to the image's grid,
+  ``ig_steps`` (at least 2) right Riemann steps, summed over channels (captum's ``IntegratedGradients``);
 - ``gradcam``: Grad-CAM (Selvaraju et al. 2017) on the grid activations: each channel weighted by its
   gradient averaged over the cells, summed, negative values cut (captum's ``LayerGradCam``);
-- ``occlusion``: each cell set to the baseline feature in turn, the drop in the word's log-probability;
+- ``occlusion``: each cell set to the baseline grid's cell in turn, the drop in the word's score;
   all words of a caption come from the same occluded passes, batched over cells (a per-word call of
   captum's ``FeatureAblation`` would repeat every pass T times);
 - ``rollout``, ``chefer`` and ``gradient_rollout`` (Transformer only): attention rollout (Abnar and
   Zuidema 2020), Chefer et al. 2021's encoder-decoder relevance rules and this project's
   gradient-weighted rollout, :mod:`.transformer`.
+
+The baseline is what a removed cell holds (``ExplainConfig.baseline``, resolved by
+:mod:`captioning.explain.baselines`): by default the training split's mean grid feature in every cell
+(one (C,) feature, computed once from the feature cache), or a zero feature, or the grid of the image
+blurred on its pixels ((B, P, C), one per image); a caller may give any (C,) or (B, P, C) tensor.
 
 Methods are a registry (``METHODS``): a module of your own adds one with
 ``@register_method("name")`` and reaches ``visualize.py --method``, ``evaluate.py --faithfulness`` and
@@ -43,7 +49,8 @@ class ExplainSettings:
     """How the methods and curves run.
 
     Attributes:
-        ig_steps: integrated gradients' Riemann steps from the baseline to the grid.
+        ig_steps: integrated gradients' Riemann steps from the baseline to the grid (at least 2, as
+            captum requires).
         batch_rows: grids per forward pass when a method or a curve runs many (occlusion, IG, curves).
     """
 
@@ -51,9 +58,9 @@ class ExplainSettings:
     batch_rows: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("ig_steps", "batch_rows"):
-            if getattr(self, name) < 1:
-                raise InputError(f"explain {name} must be at least 1, got {getattr(self, name)}")
+        for name, low in (("ig_steps", 2), ("batch_rows", 1)):
+            if getattr(self, name) < low:
+                raise InputError(f"explain {name} must be at least {low}, got {getattr(self, name)}")
 
 
 @dataclass
@@ -63,7 +70,8 @@ class ExplainInputs:
     Attributes:
         scorer: the word scores of the B captions under their decoder.
         annotations: (B, P, C) the images' grids.
-        baseline: (C,) the feature a removed cell takes (the dataset's mean grid feature).
+        baseline: (C,) the feature a removed cell takes in every cell, or (B, P, C) each image's own
+            baseline grid (see the module docstring).
         settings: the methods' options.
     """
 
@@ -192,16 +200,16 @@ def gradient_x_input(inputs: ExplainInputs) -> Tensor:
     return _per_word(inputs, one)
 
 
-def _baseline_grid(inputs: ExplainInputs) -> Tensor:
-    """(B, P, C): every cell the baseline feature."""
-    return inputs.baseline.to(inputs.annotations).expand_as(inputs.annotations).contiguous()
+def baseline_grid(baseline: Tensor, annotations: Tensor) -> Tensor:
+    """(B, P, C): a (C,) baseline in every cell, or a (B, P, C) one as it is."""
+    return baseline.to(annotations).expand_as(annotations).contiguous()
 
 
 @register_method("integrated_gradients")
 def integrated_gradients(inputs: ExplainInputs) -> Tensor:
-    """Integrated gradients from the mean-feature grid, summed over channels."""
+    """Integrated gradients from the baseline grid, summed over channels."""
     attr = captum()
-    baseline = _baseline_grid(inputs)
+    baseline = baseline_grid(inputs.baseline, inputs.annotations)
     per_pass = max(1, inputs.settings.batch_rows // inputs.scorer.images)
 
     def one(function: Callable[[Tensor], Tensor], t: int) -> Tensor:
@@ -245,19 +253,19 @@ def gradcam(inputs: ExplainInputs) -> Tensor:
 
 @register_method("occlusion")
 def occlusion(inputs: ExplainInputs) -> Tensor:
-    """The drop in the word's log-probability when its cell is set to the baseline feature."""
+    """The drop in the word's score when its cell is set to the baseline's."""
     scorer, annotations = inputs.scorer, inputs.annotations
     images, cells, _ = annotations.shape
-    baseline = inputs.baseline.to(annotations)
+    baseline = baseline_grid(inputs.baseline, annotations)
     with torch.no_grad():
         full = scorer.all_words(annotations)  # (B, T)
         drops = full.new_zeros(images, scorer.words, cells)
         per_pass = max(1, inputs.settings.batch_rows // images)
         for first in range(0, cells, per_pass):
             chosen = torch.arange(first, min(cells, first + per_pass), device=annotations.device)  # (K,)
-            # (K, B, P, C): copy k has cell chosen[k] of every image set to the baseline
+            # (K, B, P, C): copy k has cell chosen[k] of every image set to the baseline's
             occluded = annotations.unsqueeze(0).repeat(chosen.numel(), 1, 1, 1)
-            occluded[torch.arange(chosen.numel()), :, chosen] = baseline
+            occluded[torch.arange(chosen.numel()), :, chosen] = baseline[:, chosen].transpose(0, 1)
             scores = scorer.all_words(occluded.flatten(0, 1)).view(chosen.numel(), images, -1)  # (K, B, T)
             drops[:, :, chosen] = (full.unsqueeze(0) - scores).permute(1, 2, 0)
     return drops

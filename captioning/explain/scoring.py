@@ -1,7 +1,9 @@
-"""The quantity every attribution explains: the log-probability of a caption's word given its prefix.
+"""The quantity every attribution explains: a score of a caption's word given its prefix.
 
 A caption the model wrote is fed back to it (teacher forcing on its own words), so the score of word
-t is ``log p(w_t | w_<t, grid)``, a differentiable function of the annotation grid (B, P, C). Every
+t is, as chosen (``ExplainConfig.score``), ``log p(w_t | w_<t, grid)`` (``log_prob``, the default), the
+word's logit before the softmax (``logit``) or its probability (``prob``): a differentiable function
+of the annotation grid (B, P, C). The deletion and insertion curves always read the probability. Every
 method of :mod:`captioning.explain.methods` and the curves of :mod:`captioning.explain.faithfulness`
 read it through :class:`WordScorer`, which any callable of the same shape can stand in for (a test's
 constructed model).
@@ -42,12 +44,14 @@ class WordScorer:
             uses its expected context).
         captions: (B, L) ``<start> w1 .. wn <end>`` token ids padded with 0, caption b of image b.
         lengths: (B,) tokens per caption including ``<start>`` and ``<end>``.
+        score: ``log_prob``, ``logit`` or ``prob``: what ``all_words`` and ``word`` return.
 
     The explained words are w1 .. wn (T = L - 2 at most); ``word_mask`` (B, T) marks the real ones.
     """
 
-    def __init__(self, decoder: CaptionDecoder, captions: Tensor, lengths: Tensor):
+    def __init__(self, decoder: CaptionDecoder, captions: Tensor, lengths: Tensor, score: str = "log_prob"):
         self.decoder = decoder
+        self.score = score
         self.captions = captions
         self.lengths = lengths
         self.words = int(lengths.max().item()) - 2  # T: the <end> token is not explained
@@ -59,18 +63,22 @@ class WordScorer:
         return self.captions.size(0)
 
     def all_words(self, annotations: Tensor) -> Tensor:
-        """(M, P, C) grids, M a multiple of B (row m is image m % B) -> (M, T) word log-probabilities
-        (0 after each caption's end)."""
+        """(M, P, C) grids, M a multiple of B (row m is image m % B) -> (M, T) word scores (``score``;
+        0 after each caption's end)."""
         rows = torch.arange(annotations.size(0), device=annotations.device) % self.images
         captions, lengths = self.captions[rows], self.lengths[rows]
         output = self.decoder(annotations, captions, lengths)
-        log_probs = _log_softmax(output.logits)[:, : self.words]  # (M, T, V)
+        logits = output.logits[:, : self.words]  # (M, T, V)
+        scores = logits.float() if self.score == "logit" else _log_softmax(logits)
         targets = captions[:, 1 : self.words + 1]  # (M, T) the word each step predicts
-        chosen = log_probs.gather(2, targets.unsqueeze(2)).squeeze(2)  # (M, T)
+        chosen = scores.gather(2, targets.unsqueeze(2)).squeeze(2)  # (M, T)
+        if self.score == "prob":
+            chosen = chosen.exp()
         return chosen * self.word_mask[rows]
 
     def words_at(self, annotations: Tensor, rows: Tensor, words: Tensor) -> Tensor:
-        """Word ``words[m]`` of caption ``rows[m]`` under grid m: (M, P, C), (M,), (M,) -> (M,).
+        """Word ``words[m]`` of caption ``rows[m]`` under grid m: (M, P, C), (M,), (M,) -> (M,)
+        log-probabilities (whatever ``score``: the curves read the probability).
 
         Each row runs only as far as its word (the prefix and the word), so M scattered words cost
         no more than their prefixes.
@@ -95,8 +103,3 @@ class WordScorer:
 def _log_softmax(logits: Tensor) -> Tensor:
     """Log-probabilities in float32 at least (float64 stays float64)."""
     return torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-
-
-def mean_feature(annotations: Tensor) -> Tensor:
-    """The baseline grid feature: the mean over images and cells, (N, P, C) -> (C,)."""
-    return annotations.detach().float().mean(dim=(0, 1))

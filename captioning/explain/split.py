@@ -1,6 +1,7 @@
 """The faithfulness study of a captioned split (``evaluate.py --checkpoint C --split S --faithfulness``):
 the images' grids (from the feature cache when the split's captions were decoded from it, else through
-the encoder), the study of :mod:`captioning.explain.study`, and its line in the scores' signature."""
+the encoder), the baseline (:mod:`captioning.explain.baselines`), the study of
+:mod:`captioning.explain.study`, and its line in the scores' signature."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from captioning.config import Config
 from captioning.data.datasets import ImageOnlyDataset, collate_captions
+from captioning.data.images import load_image
 from captioning.evaluation.grounding import Instances
+from captioning.explain.baselines import BLUR_SIGMA, baseline_hash, blurred_grids, training_mean
+from captioning.explain.config import ExplainConfig, signature_part
 from captioning.explain.plausibility import Explained
 from captioning.explain.statistics import BootstrapSettings
-from captioning.explain.study import FaithfulnessSettings, faithfulness_study
+from captioning.explain.study import faithfulness_study
 from captioning.inference.batches import annotations_of, move
 from captioning.inference.captioner import Captioned
 from captioning.inference.inputs import caption_dataset, uses_cache
@@ -47,12 +51,32 @@ def split_grids(
     )
 
 
+def shared_baseline(
+    model: Captioner,
+    config: Config,
+    settings: ExplainConfig,
+    device: torch.device,
+    run_dir: Path | None,
+    checkpoint: Path | None = None,
+    build_cache: bool = False,
+    progress: bool = False,
+) -> tuple[torch.Tensor | None, str]:
+    """The baseline every image shares, (C,), and its name in the signature; (None, name) for ``blur``,
+    whose grids are each image's own (:func:`split_study` encodes them)."""
+    if settings.baseline == "zeros":
+        return torch.zeros(model.encoder.channels), "zeros"
+    if settings.baseline == "blur":
+        return None, f"blur{BLUR_SIGMA:.4f}"
+    mean = training_mean(model, config, device, run_dir, checkpoint, build_cache, progress)
+    return mean, f"dataset_mean.{baseline_hash(mean)}"
+
+
 def split_study(
     model: Captioner,
     config: Config,
     captioned: Sequence[Captioned],
     device: torch.device,
-    settings: FaithfulnessSettings,
+    settings: ExplainConfig,
     instances: Instances | None,
     output_dir: Path,
     build_cache: bool = True,
@@ -60,12 +84,18 @@ def split_study(
     progress: bool = True,
     maps_out: list[Explained] | None = None,
     bootstrap: BootstrapSettings | None = None,
+    baseline: torch.Tensor | None = None,
 ) -> dict:
     """The faithfulness table of the first ``images`` (0: all) captioned images of a split;
     ``maps_out``, when given, receives each explained image's maps per method; ``bootstrap``: the
-    resampling of its intervals and tests."""
+    resampling of its intervals and tests; ``baseline``: the (C,) one of :func:`shared_baseline`,
+    None for ``blur`` (each image's blurred grid)."""
     chosen = [item for item in captioned if item.caption.tokens][: images or None]
     grids = split_grids(model, config, chosen, device, output_dir, build_cache, progress)
+    if baseline is None:
+        paths = [item.record.path for item in chosen]
+        readers = [lambda path=path: load_image(path) for path in paths]
+        baseline = blurred_grids(model, readers, device, config.decode.batch_size)
     references = {item.record.image_id: [list(tokens) for tokens in item.record.captions] for item in chosen}
     model.eval()
     result = faithfulness_study(
@@ -76,6 +106,7 @@ def split_study(
         [item.record.image_id for item in chosen],
         model.grid,
         settings,
+        baseline.to(grids.device),
         instances,
         references,
         progress,
@@ -86,13 +117,9 @@ def split_study(
     return result
 
 
-def signature_field(settings: FaithfulnessSettings, images: int) -> str:
-    """The study's settings as one signature value (no ``|`` or ``:``)."""
-    return (
-        f"{'+'.join(settings.methods)},ig{settings.ig_steps},steps{settings.curve_steps},"
-        f"seeds{settings.random_seeds},sanity{settings.sanity_images}@{settings.sanity_threshold},n{images},"
-        f"baseline=mean,point{settings.pointing_tolerance:g}px"
-    )
+def signature_field(settings: ExplainConfig, images: int, baseline: str | None = None) -> str:
+    """The study's settings as one signature value (no ``|`` or ``:``): :func:`signature_part`."""
+    return signature_part(settings, images, baseline)
 
 
 def table_lines(result: dict) -> list[str]:

@@ -8,7 +8,7 @@ shows and what ``docs/attention-and-report.md`` tabulates for the demo models.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captioning.evaluation.grounding import Instances
+from captioning.explain.config import ExplainConfig
 from captioning.explain.faithfulness import CurveSettings, WordCurves, method_curves, random_curves, summarise
 from captioning.explain.methods import ExplainInputs, ExplainSettings, explain, parse_methods
 from captioning.explain.plausibility import (
@@ -35,54 +36,23 @@ from captioning.explain.statistics import (
     number_of_tests,
 )
 from captioning.models.base import CaptionDecoder
-from captioning.utils.errors import InputError
+
+FaithfulnessSettings = ExplainConfig  # the study's settings are the explain settings
 
 
-@dataclass(frozen=True)
-class FaithfulnessSettings:
-    """The options of a faithfulness study (stored in the scores' signature).
+def method_settings(config: ExplainConfig) -> ExplainSettings:
+    """What the methods read of ``config``."""
+    return ExplainSettings(config.ig_steps, config.batch_rows)
 
-    Attributes:
-        methods: the attribution methods (``METHODS`` names).
-        ig_steps, batch_rows: as :class:`captioning.explain.methods.ExplainSettings`.
-        curve_steps: points of each deletion and insertion curve after the first.
-        random_seeds: random orders of the control.
-        sanity_images: images whose maps the cascading randomisation recomputes (0: none).
-        sanity_threshold: the final rank correlation at or above which a method is flagged.
-        batch_images: images explained together.
-        pointing_tolerance: the published pointing game's tolerance in pixels (``data.pointing_tolerance``).
-    """
 
-    methods: tuple[str, ...] = ("attention", "gradient", "integrated_gradients", "gradcam", "occlusion")
-    ig_steps: int = 16
-    batch_rows: int = 256
-    curve_steps: int = 10
-    random_seeds: int = 3
-    sanity_images: int = 8
-    sanity_threshold: float = 0.5
-    batch_images: int = 8
-    pointing_tolerance: float = 15.0
+def curve_settings(config: ExplainConfig) -> CurveSettings:
+    """What the curves read of ``config``."""
+    return CurveSettings(config.curve_steps, config.random_seeds, config.batch_rows, config.order_seed)
 
-    def __post_init__(self) -> None:
-        for name in ("curve_steps", "random_seeds", "batch_images"):
-            if getattr(self, name) < 1:
-                raise InputError(f"faithfulness {name} must be at least 1, got {getattr(self, name)}")
-        if self.sanity_images < 0:
-            raise InputError(f"faithfulness sanity_images must be 0 or more, got {self.sanity_images}")
 
-    @property
-    def explain(self) -> ExplainSettings:
-        return ExplainSettings(self.ig_steps, self.batch_rows)
-
-    @property
-    def curves(self) -> CurveSettings:
-        return CurveSettings(self.curve_steps, self.random_seeds, self.batch_rows)
-
-    def signature(self) -> dict:
-        """The settings as JSON values."""
-        values = asdict(self)
-        values["methods"] = list(self.methods)
-        return values
+def _baseline_of(baseline: Tensor, part: slice) -> Tensor:
+    """A (C,) baseline as it is; a (N, P, C) one's images ``part``."""
+    return baseline if baseline.dim() == 1 else baseline[part]
 
 
 @dataclass
@@ -101,10 +71,12 @@ def explain_batch(
     methods: Sequence[str],
     baseline: Tensor,
     settings: ExplainSettings,
+    score: str = "log_prob",
 ) -> tuple[dict[str, Tensor], WordScorer]:
-    """Each method's maps (B, T, P) of B captions (word ids without ``<start>``/``<end>``) of B grids."""
+    """Each method's maps (B, T, P) of B captions (word ids without ``<start>``/``<end>``) of B grids,
+    explaining each word's ``score`` (``ExplainConfig.score``); ``baseline`` (C,) or (B, P, C)."""
     captions, lengths = caption_tensor(tokens)
-    scorer = WordScorer(decoder, captions.to(annotations.device), lengths.to(annotations.device))
+    scorer = WordScorer(decoder, captions.to(annotations.device), lengths.to(annotations.device), score)
     inputs = ExplainInputs(scorer, annotations, baseline, settings)
     return {name: explain(name, inputs) for name in methods}, scorer
 
@@ -116,7 +88,8 @@ def faithfulness_study(
     words: Sequence[Sequence[str]],
     image_ids: Sequence[int],
     grid: tuple[int, int],
-    settings: FaithfulnessSettings,
+    settings: ExplainConfig,
+    baseline: Tensor,
     instances: Instances | None = None,
     references: Mapping[int, Sequence[Sequence[str]]] | None = None,
     progress: bool = True,
@@ -127,11 +100,12 @@ def faithfulness_study(
 
     Args:
         decoder: the model's decoder (eval mode).
-        annotations: (N, P, C) the images' grids; their mean feature is the baseline.
+        annotations: (N, P, C) the images' grids.
         tokens: each caption's word ids (``Caption.tokens``); words: the same as words.
         image_ids: the images' ids (for grounding, hallucination and the per-image rows).
         grid: (gh, gw), P = gh * gw.
         settings: methods and options.
+        baseline: (C,) or (N, P, C), what a removed cell holds (``captioning.explain.baselines``).
         instances: boxes, for grounding and hallucinated mentions (optional).
         references: image id -> tokenised reference captions (CHAIR's objects named by them).
         maps_out: when given, receives each image's maps per method (:class:`Explained`), in order
@@ -144,20 +118,21 @@ def faithfulness_study(
     """
     bootstrap = bootstrap or BootstrapSettings()
     methods = parse_methods(",".join(settings.methods), decoder)
-    baseline = annotations.detach().float().mean(dim=(0, 1))  # (C,) the mean grid feature
+    explaining, curving = method_settings(settings), curve_settings(settings)
     collected = _Collected({name: [] for name in methods})
     batches = range(0, annotations.size(0), settings.batch_images)
     for first in tqdm(batches, desc="explaining", disable=not progress, leave=False, unit="batch"):
         part = slice(first, min(annotations.size(0), first + settings.batch_images))
-        grids = annotations[part]
-        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, baseline, settings.explain)
+        grids, base = annotations[part], _baseline_of(baseline, part)
+        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, base, explaining, settings.score)
         index = scorer.word_mask.nonzero()  # (W, 2): (caption row, word)
+        images = index[:, 0] + first  # each word's image in the study: seeds its random orders
         for name in methods:
             chosen = maps[name][index[:, 0], index[:, 1]]  # (W, P)
             collected.per_method[name].append(
-                method_curves(scorer.words_at, grids, baseline, chosen, index, settings.curves)
+                method_curves(scorer.words_at, grids, base, chosen, index, curving, images)
             )
-        collected.control.append(random_curves(scorer.words_at, grids, baseline, index, settings.curves))
+        collected.control.append(random_curves(scorer.words_at, grids, base, index, curving, images))
         for row, image_id in enumerate(image_ids[part]):
             caption = list(words[first + row])
             collected.classes += word_classes(caption, instances)
@@ -174,14 +149,20 @@ def faithfulness_study(
         maps_out.extend(collected.explained)
     per_method = {name: _joined(parts) for name, parts in collected.per_method.items()}
     control = [_joined([batch[seed] for batch in collected.control]) for seed in range(settings.random_seeds)]
-    result: dict = {"settings": settings.signature(), **_tables(per_method, control, collected, bootstrap)}
+    result: dict = {"settings": settings_json(settings), **_tables(per_method, control, collected, bootstrap)}
     result["per_image"] = _per_image(per_method, control, collected.word_images)
     if settings.sanity_images:
         count = min(settings.sanity_images, annotations.size(0))
 
         def maps_of(model: CaptionDecoder) -> dict[str, Tensor]:
             return explain_batch(
-                model, annotations[:count], tokens[:count], methods, baseline, settings.explain
+                model,
+                annotations[:count],
+                tokens[:count],
+                methods,
+                _baseline_of(baseline, slice(0, count)),
+                explaining,
+                settings.score,
             )[0]
 
         mask = WordScorer(decoder, *caption_tensor(tokens[:count])).word_mask.to(annotations.device)
@@ -251,8 +232,18 @@ def _tables(
     }
 
 
+def settings_json(settings: ExplainConfig) -> dict:
+    """The settings as JSON values (every field)."""
+    return {
+        item.name: list(v) if isinstance(v := getattr(settings, item.name), tuple) else v
+        for item in fields(settings)
+    }
+
+
 def _joined(parts: Sequence[WordCurves]) -> WordCurves:
-    return WordCurves(torch.cat([p.deletion for p in parts]), torch.cat([p.insertion for p in parts]))
+    return WordCurves(
+        torch.cat([p.deletion for p in parts]), torch.cat([p.insertion for p in parts]), parts[0].shares
+    )
 
 
 def _per_image(
@@ -286,19 +277,21 @@ def _per_image(
 
 @dataclass
 class WordExplanation:
-    """One caption's maps and curves.
+    """One caption's maps and curves, numpy arrays throughout.
 
     Attributes:
-        maps: method -> (T, P) maps of its T words.
-        deletion, insertion: method -> (T, K) the word's probability after each step of the curve.
-        deletion_auc, insertion_auc: method -> (T,) the areas.
+        maps: method -> (T, P) float32 maps of its T words.
+        deletion, insertion: method -> (T, K) the word's probability after each point of the curve.
+        deletion_auc, insertion_auc: method -> (T,) the areas (trapezoid over ``shares``).
+        shares: (K,) the share of the grid's cells changed at each point (empty without curves).
     """
 
-    maps: dict[str, Tensor]
-    deletion: dict[str, Tensor]
-    insertion: dict[str, Tensor]
-    deletion_auc: dict[str, Tensor]
-    insertion_auc: dict[str, Tensor]
+    maps: dict[str, np.ndarray]
+    deletion: dict[str, np.ndarray]
+    insertion: dict[str, np.ndarray]
+    deletion_auc: dict[str, np.ndarray]
+    insertion_auc: dict[str, np.ndarray]
+    shares: np.ndarray
 
 
 def explain_captions(
@@ -307,33 +300,41 @@ def explain_captions(
     tokens: Sequence[Sequence[int]],
     methods: Sequence[str],
     baseline: Tensor,
-    settings: FaithfulnessSettings,
+    settings: ExplainConfig,
     curves: bool = True,
 ) -> list[WordExplanation]:
     """Each method's maps of B captions of B grids (B, P, C) and, with ``curves``, each word's
-    deletion and insertion curves (empty dicts without)."""
+    deletion and insertion curves (empty dicts without); ``baseline`` (C,) or (B, P, C)."""
+    explaining, curving = method_settings(settings), curve_settings(settings)
     explanations = []
     for first in range(0, annotations.size(0), settings.batch_images):
         part = slice(first, min(annotations.size(0), first + settings.batch_images))
-        grids = annotations[part]
-        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, baseline, settings.explain)
+        grids, base = annotations[part], _baseline_of(baseline, part)
+        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, base, explaining, settings.score)
         index = scorer.word_mask.nonzero()
+        images = index[:, 0] + first
         results = {
             name: method_curves(
-                scorer.words_at, grids, baseline, maps[name][index[:, 0], index[:, 1]], index, settings.curves
+                scorer.words_at, grids, base, maps[name][index[:, 0], index[:, 1]], index, curving, images
             )
             for name in (methods if curves else ())
         }
+        points = _numpy(next(iter(results.values())).shares) if results else np.zeros(0)
+
         for row in range(grids.size(0)):
-            count = len(tokens[first + row])
-            mine = index[:, 0] == row
+            count, mine = len(tokens[first + row]), index[:, 0] == row
             explanations.append(
                 WordExplanation(
-                    {name: maps[name][row, :count].cpu() for name in methods},
-                    {name: result.deletion[mine].cpu() for name, result in results.items()},
-                    {name: result.insertion[mine].cpu() for name, result in results.items()},
-                    {name: result.deletion_area[mine].cpu() for name, result in results.items()},
-                    {name: result.insertion_area[mine].cpu() for name, result in results.items()},
+                    {name: _numpy(maps[name][row, :count]) for name in methods},
+                    {name: _numpy(result.deletion[mine]) for name, result in results.items()},
+                    {name: _numpy(result.insertion[mine]) for name, result in results.items()},
+                    {name: _numpy(result.deletion_area[mine]) for name, result in results.items()},
+                    {name: _numpy(result.insertion_area[mine]) for name, result in results.items()},
+                    points,
                 )
             )
     return explanations
+
+
+def _numpy(values: Tensor) -> np.ndarray:
+    return values.detach().cpu().numpy()

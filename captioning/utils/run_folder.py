@@ -59,6 +59,7 @@ RUN_OUTPUTS = (
     f"{EVAL_PREFIX}*_files.json",
     f"{EVAL_PREFIX}*_faithfulness.html",
     f"{EVAL_PREFIX}*_ranked.json",
+    "train_mean_feature.json",  # the explanations' baseline, computed once (captioning.explain.baselines)
 )
 _SUBFOLDERS = ("figures", "tensorboard", CHECKPOINTS)
 # What a launch that died before its first checkpoint leaves: ``--resume auto`` may start over on these only.
