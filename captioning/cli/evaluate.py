@@ -251,18 +251,19 @@ def _fitted_methods(settings, requested: str, decoder):
     return replace(settings, methods=parse_methods(requested, decoder))
 
 
-def _study_baseline(settings, model, config: Config, device, run_dir: Path, args, overrides) -> tuple:
-    """The faithfulness study's checks against the model (its grid) and its shared baseline with its
-    name, before any decoding: the training mean is read back from the run folder or computed now."""
+def _study_baseline(settings, model, config: Config, device, args, words: int) -> tuple:
+    """The faithfulness study's memory for at most ``words`` words checked, and its shared baseline
+    with its name, before any decoding: the training mean is read back from the run folder or computed
+    now (from the feature cache when there is one; none is built for it)."""
     from captioning.explain.cost import check_explain_fits
     from captioning.explain.split import shared_baseline
 
-    check_explain_fits(settings, model.grid[0] * model.grid[1], model.encoder.channels, device)
-    _, build_cache = _user_chose_paths(args, overrides, config)
-    in_run = run_dir if Path(args.checkpoint).parent.name == "checkpoints" else None  # <run>/checkpoints/x.pt
-    return shared_baseline(
-        model, config, settings, device, in_run, args.checkpoint, build_cache, not args.no_progress
-    )
+    check_explain_fits(settings, model.grid[0] * model.grid[1], model.encoder.channels, words, device)
+    checkpoint = Path(args.checkpoint)
+    run = (
+        checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    )  # <run>/checkpoints/x.pt
+    return shared_baseline(model, config, settings, device, run, checkpoint, False, not args.no_progress)
 
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
@@ -450,13 +451,12 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         config = replace(config, data=replace(config.data, pointing_tolerance=args.pointing_tolerance))
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
-    baseline = None  # the faithfulness study's baseline shared by every image, and its name
     if faithfulness is not None:
         faithfulness = replace(
             _fitted_methods(faithfulness, args.faithfulness, model.decoder),
             pointing_tolerance=config.data.pointing_tolerance,
         )
-        baseline = _study_baseline(faithfulness, model, config, device, run_dir, args, overrides)
+
     decode_config = decode_config_with(config, **decoding)
     # Every caption of every image, ranked, beside the results file when several are asked for
     # (by a flag, --set or the checkpoint's own decode.num_return).
@@ -495,10 +495,14 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     records = split_records(config, args.split, generate=generate)
     # Every input before decoding: the boxes are read now, and ground only the images they cover.
     boxes = load_boxes(args.instances or default_instances(config))
-    if faithfulness is not None:  # the study's bootstrap draws (R, N) counts at once: they must fit
+    if faithfulness is not None:  # its bootstrap draws, its memory and its baseline before decoding
         from captioning.evaluation.compare import check_bootstrap_fits
 
-        check_bootstrap_fits(args.resamples, min(len(records), args.faithfulness_images or len(records)))
+        explained_images = min(len(records), args.faithfulness_images or len(records))
+        check_bootstrap_fits(args.resamples, explained_images)  # (R, N) counts drawn at once
+        baseline = _study_baseline(
+            faithfulness, model, config, device, args, explained_images * decode_config.max_length
+        )
     captioned = caption_records(
         model, config, records, device, decode_config, progress, output_dir=run_dir, build_cache=build_cache
     )

@@ -56,6 +56,13 @@ class ExplainConfig:
     for what is derived from the fields."""
 
     methods: tuple[str, ...] = _option(DEFAULT_METHODS, "attribution methods (METHODS names)", flag=False)
+    ig_steps: int = _option(16, "integrated gradients' right Riemann steps (at least 2)")
+    curve_steps: int = _option(10, "points of each deletion and insertion curve after the first")
+    random_seeds: int = _option(3, "random orders of the control")
+    sanity_images: int = _option(8, "images of the cascading randomisation (0: none)")
+    sanity_threshold: float = _option(
+        0.5, "the final rank correlation at or above which a method is flagged", flag=False
+    )
     score: str = _option(
         "log_prob",
         "what each method explains for a word: log_prob (log p(word | prefix, grid)), logit (the "
@@ -69,15 +76,8 @@ class ExplainConfig:
         "or blur (the cell of the image blurred on its pixels, Gaussian sigma 10/224 of its shorter side)",
         choices=BASELINES,
     )
-    ig_steps: int = _option(16, "integrated gradients' right Riemann steps (at least 2)")
-    curve_steps: int = _option(10, "points of each deletion and insertion curve after the first")
-    random_seeds: int = _option(3, "random orders of the control")
     order_seed: int = _option(
         0, "seed of the random orders: the order of cells a map ties, and the control's orders"
-    )
-    sanity_images: int = _option(8, "images of the cascading randomisation (0: none)")
-    sanity_threshold: float = _option(
-        0.5, "the final rank correlation at or above which a method is flagged", flag=False
     )
     batch_images: int = _option(8, "images explained together", flag=False)
     batch_rows: int = _option(256, "grids per forward pass of a method or a curve", flag=False)
@@ -181,8 +181,8 @@ _NOT_IN_SIGNATURE = frozenset({"batch_images", "batch_rows"})
 
 def signature_part(config: ExplainConfig, images: int, baseline: str | None = None) -> str:
     """The settings as one signature value (no ``|`` or ``:``), e.g.
-    ``attention+gradcam,ig16,steps10,seeds3,sanity8@0.5,n200,baseline=dataset_mean.3f2a9c01d4e5,
-    score=log_prob,order_seed=0,point15px``.
+    ``attention+gradcam,ig16,steps10,seeds3,sanity8@0.5,n200,score=log_prob,
+    baseline=dataset_mean.3f2a9c01d4e5,order_seed=0,point15px``.
 
     Args:
         images: how many images were explained.

@@ -1,14 +1,15 @@
-"""What an explanation costs, checked before any work: the counts of :class:`ExplainConfig` against
-the model's grid and the memory free on the device.
+"""What an explanation costs in memory, checked before any work: the counts of :class:`ExplainConfig`
+against the model's grid, the words to explain and the memory free on the device.
 
 The counts' passes per explained word are bounded when the settings are made
-(``ExplainConfig.rows_per_word``, at most ``MAX_ROWS_PER_WORD``); what needs the model is checked here:
+(``ExplainConfig.rows_per_word``, at most ``MAX_ROWS_PER_WORD``); what needs the model and the input is
+checked here, each part of the memory named by the key that sets it:
 
-- ``curve_steps`` at most the grid's P cells: a curve changes whole cells, so more points than cells
-  only repeat points (and the memory of each point's grids);
-- the largest allocation of one pass: ``batch_rows`` grids of P x C float32 values, held about four
-  times (the grids, their baseline, the mixed copy, the decoder's work), plus integrated gradients'
-  per-step lists (``CAPTUM_STEP_BYTES`` per step), within the device's free memory.
+- ``batch_rows``: one pass's grids, ``batch_rows`` x P x C float32 values held about four times (the
+  grids, their baseline, the mixed copy, the decoder's work);
+- ``ig_steps``: integrated gradients' per-step lists (``CAPTUM_STEP_BYTES`` per step);
+- ``curve_steps``: every word's curves kept for the table, (steps + 1) float32 points of deletion and
+  insertion per method and per random seed, and each word's (P,) map per method.
 """
 
 from __future__ import annotations
@@ -22,28 +23,32 @@ from captioning.utils.memory import available_bytes, gib
 GRID_COPIES = 4  # grids of one pass held at once (see the module docstring)
 
 
-def pass_bytes(config: ExplainConfig, cells: int, channels: int) -> int:
-    """Bytes of one pass's grids and integrated gradients' step lists."""
-    return GRID_COPIES * config.batch_rows * cells * channels * 4 + CAPTUM_STEP_BYTES * config.ig_steps
+def memory_parts(config: ExplainConfig, cells: int, channels: int, words: int) -> dict[str, int]:
+    """Bytes by the key that sets them, for ``words`` explained words on a grid of P ``cells``."""
+    kept = 2 * (config.curve_steps + 1) * (len(config.methods) + config.random_seeds)
+    return {
+        "batch_rows": GRID_COPIES * config.batch_rows * cells * channels * 4,
+        "ig_steps": CAPTUM_STEP_BYTES * config.ig_steps,
+        "curve_steps": words * 4 * (kept + cells * len(config.methods)),
+    }
 
 
-def check_explain_fits(config: ExplainConfig, cells: int, channels: int, device: torch.device) -> None:
-    """Refuse, before any work, settings the model's grid (P ``cells`` of ``channels``) or the device's
-    free memory cannot hold.
+def check_explain_fits(
+    config: ExplainConfig, cells: int, channels: int, words: int, device: torch.device
+) -> None:
+    """Refuse, before any work, settings whose memory for ``words`` explained words (at most: images x
+    ``decode.max_length``) on a grid of P ``cells`` x ``channels`` is more than ``device`` has free.
 
     Raises:
-        InputError: one line naming the key (and its flag).
+        InputError: one line naming the key that needs the most (and its flag).
     """
-    if config.curve_steps > cells:
-        raise InputError(
-            f"explain curve_steps {config.curve_steps} (--curve-steps) is more than the grid's {cells} "
-            "cells: a curve changes whole cells, so at most one point per cell"
-        )
-    needed = pass_bytes(config, cells, channels)
+    parts = memory_parts(config, cells, channels, words)
+    needed = sum(parts.values())
     free = available_bytes(device)
     if free is not None and needed > free:
-        key = "ig_steps" if CAPTUM_STEP_BYTES * config.ig_steps > needed // 2 else "batch_rows"
+        key = max(parts, key=lambda name: parts[name])
+        flag = "" if key == "batch_rows" else f" ({'--' + key.replace('_', '-')})"
         raise InputError(
-            f"explain {key} {getattr(config, key)} needs about {gib(needed)} at once, more than the "
-            f"{gib(free)} free on {device}: lower it"
+            f"explain {key} {getattr(config, key)}{flag} with {words} words needs about {gib(needed)}, "
+            f"more than the {gib(free)} free on {device}: lower it"
         )

@@ -101,13 +101,14 @@ def explain_images(
     names = _method_names(methods, model.captioner.decoder)
     config, caption_options = _settings(settings, names, baseline, options)
     listed = _image_list(images)
-    decode_config_with(
+    decode = decode_config_with(
         model.config.decode, **{k: v for k, v in caption_options.items() if k not in _CAPTION_ONLY}
     )
     if not isinstance(baseline, str):
         checked_baseline(baseline, model.captioner.encoder.channels)
     grid = model.grid
-    check_explain_fits(config, grid[0] * grid[1], model.captioner.encoder.channels, model.device)
+    words = len(listed) * decode.max_length  # at most
+    check_explain_fits(config, grid[0] * grid[1], model.captioner.encoder.channels, words, model.device)
     for k, image in enumerate(listed):
         check_picture(image, f"images[{k}]")
     base = _baseline(model, config, baseline, listed)

@@ -59,6 +59,14 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run, tiny_shapes
     assert set(table["by_word_class"]) == {"object", "attribute", "function", "other"}
     assert len(table["per_image"]) == 4
     assert "|faith:" + "+".join(expected) + ",ig2,steps2,seeds2,sanity2@0.5,n4" in scores["signature"]
+    # the baseline by default: the training split's mean feature, named by its hash and kept in the run
+    from captioning.explain.baselines import BASELINE_FILE, baseline_hash
+
+    kept = json.loads((checkpoint.parents[1] / BASELINE_FILE).read_text())["mean"]
+    assert (
+        f",score=log_prob,baseline=dataset_mean.{baseline_hash(torch.tensor(kept))}," in scores["signature"]
+    )
+    assert table["baseline"] == f"dataset_mean.{baseline_hash(torch.tensor(kept))}"
     assert "faithfulness of 4 images" in result.stdout and "integrated_gradients" in result.stdout
     # the run report shows the table beside the scores
     from captioning.visualization.run_report import write_run_report
@@ -242,9 +250,20 @@ def test_model_explain_gives_maps_and_curves(run, tiny_shapes: ShapesFiles):
             assert explanation.maps[name].shape == (words, *model.grid)
             assert explanation.curves.deletion[name].shape == (words, 3)
             # nothing removed yet and everything inserted: the same grid, the same probability
-            torch.testing.assert_close(
-                explanation.curves.deletion[name][:, 0], explanation.curves.insertion[name][:, -1]
+            np.testing.assert_allclose(
+                explanation.curves.deletion[name][:, 0], explanation.curves.insertion[name][:, -1], rtol=1e-5
             )
+            # numpy throughout: maps, curves, areas and the points' shares
+            for value in (
+                explanation.maps[name],
+                explanation.curves.deletion[name],
+                explanation.curves.insertion[name],
+                explanation.curves.deletion_auc[name],
+                explanation.curves.insertion_auc[name],
+                explanation.curves.shares,
+            ):
+                assert isinstance(value, np.ndarray), type(value)
+            assert explanation.curves.deletion_auc[name].round(3).shape == (words,)
         # the attention of the teacher-forced caption is the attention it was written with
         np.testing.assert_allclose(explanation.maps["attention"], caption.attention, atol=1e-5)
     with pytest.raises(captioning.utils.errors.CaptioningError):
