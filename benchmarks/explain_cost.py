@@ -23,7 +23,7 @@ import torch
 from captioning.explain.faithfulness import method_curves, random_curves
 from captioning.explain.methods import applicable_methods
 from captioning.explain.split import split_grids
-from captioning.explain.study import FaithfulnessSettings, explain_batch
+from captioning.explain.study import FaithfulnessSettings, curve_settings, explain_batch, method_settings
 from captioning.inference.captioner import caption_records, load_captioner, split_records
 
 
@@ -59,7 +59,9 @@ def main(args: argparse.Namespace) -> None:
         explain_times, curve_times = [], []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            maps, scorer = explain_batch(model.decoder, grids, tokens, [name], baseline, settings.explain)
+            maps, scorer = explain_batch(
+                model.decoder, grids, tokens, [name], baseline, method_settings(settings)
+            )
             explain_times.append(time.perf_counter() - start)
             index = scorer.word_mask.nonzero()
             start = time.perf_counter()
@@ -71,10 +73,12 @@ def main(args: argparse.Namespace) -> None:
             "explain_s_per_image": statistics.median(explain_times) / len(tokens),
             "curves_s_per_image": statistics.median(curve_times) / len(tokens),
         }
-    _, scorer = explain_batch(model.decoder, grids, tokens, ["attention"], baseline, settings.explain)
+    _, scorer = explain_batch(
+        model.decoder, grids, tokens, ["attention"], baseline, method_settings(settings)
+    )
     index = scorer.word_mask.nonzero()
     start = time.perf_counter()
-    random_curves(scorer.words_at, grids, baseline, index, replace(settings.curves, random_seeds=1))
+    random_curves(scorer.words_at, grids, baseline, index, replace(curve_settings(settings), random_seeds=1))
     result = {
         "checkpoint": str(args.checkpoint),
         "decoder": config.model.decoder.kind,

@@ -237,7 +237,7 @@ def visualize_images(
     }
     if methods is not None:
         written = _method_figures(
-            model, decode_from_images, captioned, methods, out_dir, stems, file_format, mode, cmap
+            model, decode_from_images, captioned, methods, out_dir, stems, file_format, mode, cmap, checkpoint
         )
     else:
         written = write_figures(
@@ -273,14 +273,15 @@ def visualize_images(
 
 
 def _method_figures(
-    model, config, captioned, methods: str, out_dir, stems, file_format: str, mode: str, cmap: str
+    model, config, captioned, methods: str, out_dir, stems, file_format: str, mode: str, cmap: str, checkpoint
 ) -> list[tuple[Path, int]]:
-    """One figure per image with a row per attribution method: (path, panels) per image."""
-    import torch
-
+    """One figure per image with a row per attribution method: (path, panels) per image. The baseline
+    is the training split's mean grid feature (kept in the run folder, as ``evaluate.py --faithfulness``
+    keeps it), or a zero feature when the training split cannot be read (said on a line)."""
     from captioning.data.images import load_image
-    from captioning.explain.split import split_grids
-    from captioning.explain.study import FaithfulnessSettings, explain_captions
+    from captioning.explain.config import ExplainConfig
+    from captioning.explain.split import shared_baseline, split_grids
+    from captioning.explain.study import explain_captions
     from captioning.visualization.figures import save_figure
     from captioning.visualization.method_figures import method_figure
 
@@ -288,10 +289,16 @@ def _method_figures(
     device = next(model.decoder.parameters()).device
     grids = split_grids(model, config, captioned, device, Path("."), build_cache=False, progress=False)
     tokens = [item.caption.tokens for item in captioned]
-    with torch.no_grad():
-        baseline = grids.mean(dim=(0, 1))  # (C,) the mean grid feature of these images
+    settings = ExplainConfig(methods=names)
+    run = Path(checkpoint).parent.parent if Path(checkpoint).parent.name == "checkpoints" else None
+    try:
+        baseline, _ = shared_baseline(model, config, settings, device, run, Path(checkpoint))
+    except InputError as error:
+        print(f"baseline: zeros ({error})", flush=True)
+        baseline, _ = shared_baseline(model, config, replace(settings, baseline="zeros"), device, run)
+    assert baseline is not None  # dataset_mean or zeros: one feature for every image
     explained = explain_captions(
-        model.decoder, grids, tokens, names, baseline, FaithfulnessSettings(methods=names), curves=False
+        model.decoder, grids, tokens, names, baseline.to(grids), settings, curves=False
     )
     written = []
     for item, explanation, stem in zip(captioned, explained, stems, strict=True):
