@@ -148,6 +148,8 @@ def write_faithfulness_page(
         ("signature", signature or "(none)"),
         ("images explained", str(table.get("images", "?"))),
         ("words explained", str(table.get("statistics", {}).get("words", "?"))),
+        ("baseline", str(table.get("baseline", table.get("settings", {}).get("baseline", "?")))),
+        ("explained score", str(table.get("settings", {}).get("score", "log_prob"))),
         ("images drawn below", str(len(sections))),
         ("colours", f"{cmap}; each method's row from 0 to its largest value in the figure"),
     ]

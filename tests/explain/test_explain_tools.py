@@ -163,6 +163,8 @@ def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: 
     assert re.search(r"faithfulness page\s+" + re.escape(str(page_path)), stdout)
     page = page_path.read_text(encoding="utf-8")
     assert_table_shown(page, table, methods)
+    assert f"<dt>baseline</dt><dd>{table['baseline']}</dd>" in page  # what a removed cell held
+    assert "<dt>explained score</dt><dd>log_prob</dd>" in page
     sections = re.findall(
         r'<section class="image" id="(img\d+)" data-image-id="(\d+)">(.*?)</section>', page, re.S
     )
