@@ -27,7 +27,10 @@ signature names each input that changes the numbers, as ``key:value`` fields joi
   (image sizes, every object's category, box and attributes, the category list: the same boxes
   give the same hash from any files), and ``words``: of the CHAIR word table (synonyms, phrases
   that name no object, modifiers);
-- ``point``: with attention grounding, the published pointing game's tolerance (``15px``).
+- ``point``: with attention grounding, the published pointing game's tolerance (``15px``);
+- ``faith``: with ``evaluate.py --faithfulness``, every setting of the explanations that changes
+  their numbers, derived from the fields of ``captioning.explain.config.ExplainConfig``
+  (``signature_part``), the baseline named by its hash, and the images explained.
 
 ``decode``, ``ckpt``, ``scst`` and ``results`` describe the system being scored (:data:`SYSTEM_FIELDS`):
 two systems differ there by design, while any other difference makes their numbers incomparable.
