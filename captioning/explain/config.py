@@ -35,7 +35,8 @@ the grid of the image blurred on its pixels."""
 
 MAX_ROWS_PER_WORD = 100_000
 """Decoder passes (one caption's prefix under one grid) the settings may cost per explained word:
-about 500 times the defaults' cost (192 passes). A count beyond it would run for hours on a handful of images."""
+about 500 times the defaults' cost (192 passes). A count beyond it would run for hours on a handful
+of images."""
 
 CAPTUM_STEP_BYTES = 64
 """Bytes integrated gradients holds per step before its first pass (captum's lists of step sizes and
