@@ -68,13 +68,17 @@ class WordScorer:
         rows = torch.arange(annotations.size(0), device=annotations.device) % self.images
         captions, lengths = self.captions[rows], self.lengths[rows]
         output = self.decoder(annotations, captions, lengths)
-        logits = output.logits[:, : self.words]  # (M, T, V)
+        return self.scores_of(output.logits, captions) * self.word_mask[rows]
+
+    def scores_of(self, logits: Tensor, captions: Tensor | None = None) -> Tensor:
+        """(M, L', V) teacher-forced logits of ``captions`` (M, L) (default: the B captions) -> (M, T)
+        the ``score`` of each caption's words (what a method with its own forward pass explains)."""
+        captions = self.captions if captions is None else captions
+        logits = logits[:, : self.words]  # (M, T, V)
         scores = logits.float() if self.score == "logit" else _log_softmax(logits)
         targets = captions[:, 1 : self.words + 1]  # (M, T) the word each step predicts
         chosen = scores.gather(2, targets.unsqueeze(2)).squeeze(2)  # (M, T)
-        if self.score == "prob":
-            chosen = chosen.exp()
-        return chosen * self.word_mask[rows]
+        return chosen.exp() if self.score == "prob" else chosen
 
     def words_at(self, annotations: Tensor, rows: Tensor, words: Tensor) -> Tensor:
         """Word ``words[m]`` of caption ``rows[m]`` under grid m: (M, P, C), (M,), (M,) -> (M,)

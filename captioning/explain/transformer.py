@@ -167,11 +167,7 @@ def gradient_rollout(inputs: ExplainInputs) -> Tensor:
     maps = []
     with torch.enable_grad():
         trace = _trace(inputs)
-        log_probs = torch.log_softmax(
-            trace.logits, dim=-1, dtype=torch.promote_types(trace.logits.dtype, torch.float32)
-        )
-        targets = scorer.captions[:, 1 : words + 1]  # (N, T)
-        chosen = log_probs[:, :words].gather(2, targets.unsqueeze(2)).squeeze(2)  # (N, T)
+        chosen = scorer.scores_of(trace.logits)  # (N, T) each word's score (ExplainConfig.score)
         sublayers = trace.sublayers(cells)
         weights = [w for _, _, w in sublayers]
         for t in range(words):
