@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from captioning.data.images import as_rgb_image, check_picture
 from captioning.explain.baselines import BASELINE_FILE, blurred_grids, checked_baseline, training_mean
@@ -38,7 +39,9 @@ def _method_names(methods: object, decoder: Any) -> tuple[str, ...]:
 
 
 def _image_list(images: object) -> list:
-    if isinstance(images, (str, Path)) or not isinstance(images, Iterable):
+    if isinstance(images, (str, Path, Image.Image, np.ndarray, torch.Tensor)) or not isinstance(
+        images, Iterable
+    ):
         raise InputError(f"images must be a list of images, got {type(images).__name__}: pass [image]")
     listed = list(images)
     if not listed:

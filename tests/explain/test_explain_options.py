@@ -94,6 +94,8 @@ def test_explain_refuses_each_bad_option_before_any_work(model, images, options:
 def test_explain_refuses_no_image_and_an_unreadable_one_before_any_work(model, images, tmp_path: Path):
     with raises_naming(InputError, "images"):
         model.explain([])
+    with raises_naming(InputError, "images", "[image]"):
+        model.explain(images[0])  # one image, not a list
     bad = tmp_path / "not_an_image.png"
     bad.write_text("text")
     with raises_naming(CaptioningError, "images[1]"):
