@@ -280,6 +280,7 @@ def _method_figures(
     keeps it), or a zero feature when the training split cannot be read (said on a line)."""
     from captioning.data.images import load_image
     from captioning.explain.config import ExplainConfig
+    from captioning.explain.methods import needs_baseline
     from captioning.explain.split import shared_baseline, split_grids
     from captioning.explain.study import explain_captions
     from captioning.visualization.figures import save_figure
@@ -291,6 +292,8 @@ def _method_figures(
     tokens = [item.caption.tokens for item in captioned]
     settings = ExplainConfig(methods=names)
     run = Path(checkpoint).parent.parent if Path(checkpoint).parent.name == "checkpoints" else None
+    if not needs_baseline(names, curves=False):  # no method here reads one
+        settings = replace(settings, baseline="zeros")
     try:
         baseline, _ = shared_baseline(model, config, settings, device, run, Path(checkpoint))
     except InputError as error:

@@ -20,7 +20,7 @@ from captioning.data.images import as_rgb_image, check_picture
 from captioning.explain.baselines import BASELINE_FILE, blurred_grids, checked_baseline, training_mean
 from captioning.explain.config import BASELINES, ExplainConfig, config_with
 from captioning.explain.cost import check_explain_fits
-from captioning.explain.methods import parse_methods
+from captioning.explain.methods import needs_baseline, parse_methods
 from captioning.explain.study import WordExplanation, explain_captions
 from captioning.inference.captioner import decode_config_with
 from captioning.utils.errors import InputError
@@ -67,12 +67,14 @@ def _settings(
     return settings, {key: value for key, value in options.items() if key not in own}
 
 
-def _baseline(model: Any, settings: ExplainConfig, given: object, pictures: list) -> torch.Tensor:
+def _baseline(
+    model: Any, settings: ExplainConfig, given: object, pictures: list, curves: bool
+) -> torch.Tensor:
     """(C,) or (N, P, C) on the CPU: the array given, or the named baseline."""
     channels = model.captioner.encoder.channels
     if not isinstance(given, str):
         return checked_baseline(given, channels)
-    if settings.baseline == "zeros":
+    if settings.baseline == "zeros" or not needs_baseline(settings.methods, curves):  # else unread
         return torch.zeros(channels)
     if settings.baseline == "blur":
         readers = [
@@ -114,7 +116,7 @@ def explain_images(
     check_explain_fits(config, grid[0] * grid[1], model.captioner.encoder.channels, words, model.device)
     for k, image in enumerate(listed):
         check_picture(image, f"images[{k}]")
-    base = _baseline(model, config, baseline, listed)
+    base = _baseline(model, config, baseline, listed, curves)
     captions = model.caption(listed, **caption_options)
     transform = model.captioner.encoder.transform
     with torch.no_grad():

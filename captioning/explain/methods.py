@@ -31,7 +31,7 @@ Methods are a registry (``METHODS``): a module of your own adds one with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -88,32 +88,47 @@ class ExplainInputs:
 @dataclass(frozen=True)
 class AttributionMethod:
     """A registered method: ``explain`` gives (B, T, P) maps (0 after each caption's end);
-    ``unsupported`` says why a decoder cannot be explained by it (None when it can)."""
+    ``unsupported`` says why a decoder cannot be explained by it (None when it can); ``baseline``
+    whether it reads ``ExplainInputs.baseline`` (when no method asked for and no curve does, none is
+    computed)."""
 
     explain: Callable[[ExplainInputs], Tensor]
     unsupported: Callable[[CaptionDecoder], str | None] = lambda decoder: None
     description: str = ""
+    baseline: bool = True
 
 
 METHODS: Registry[AttributionMethod] = Registry("attribution method", key="--method")
 
 
 def register_method(
-    name: str, unsupported: Callable[[CaptionDecoder], str | None] | None = None, description: str = ""
+    name: str,
+    unsupported: Callable[[CaptionDecoder], str | None] | None = None,
+    description: str = "",
+    baseline: bool = True,
 ) -> Callable[[Callable[[ExplainInputs], Tensor]], Callable[[ExplainInputs], Tensor]]:
-    """Decorator registering a function ``ExplainInputs -> (B, T, P) maps`` as the method ``name``."""
+    """Decorator registering a function ``ExplainInputs -> (B, T, P) maps`` as the method ``name``
+    (``baseline=False``: it never reads ``ExplainInputs.baseline``)."""
 
     def add(function: Callable[[ExplainInputs], Tensor]) -> Callable[[ExplainInputs], Tensor]:
         doc = (function.__doc__ or "").strip().splitlines()
         METHODS.add(
             name,
             AttributionMethod(
-                function, unsupported or (lambda decoder: None), description or (doc[0] if doc else "")
+                function,
+                unsupported or (lambda decoder: None),
+                description or (doc[0] if doc else ""),
+                baseline,
             ),
         )
         return function
 
     return add
+
+
+def needs_baseline(methods: Sequence[str], curves: bool) -> bool:
+    """Whether explaining with ``methods`` (and, with ``curves``, their curves) reads a baseline."""
+    return curves or any(METHODS[name].baseline for name in methods)
 
 
 def parse_methods(text: str, decoder: CaptionDecoder | None = None) -> tuple[str, ...]:
@@ -179,7 +194,7 @@ def _per_word(
         )
 
 
-@register_method("attention")
+@register_method("attention", baseline=False)
 def attention_maps(inputs: ExplainInputs) -> Tensor:
     """The decoder's own attention map of each word (its attention view)."""
     scorer = inputs.scorer
@@ -188,7 +203,7 @@ def attention_maps(inputs: ExplainInputs) -> Tensor:
     return output.alphas[:, : scorer.words].float()
 
 
-@register_method("gradient")
+@register_method("gradient", baseline=False)
 def gradient_x_input(inputs: ExplainInputs) -> Tensor:
     """Gradient x input on the grid features, summed over channels."""
     attr = captum()
@@ -233,7 +248,7 @@ class _GridActivations(nn.Module):
         return annotations.transpose(1, 2)
 
 
-@register_method("gradcam")
+@register_method("gradcam", baseline=False)
 def gradcam(inputs: ExplainInputs) -> Tensor:
     """Grad-CAM on the grid activations, negative values cut."""
     attr = captum()

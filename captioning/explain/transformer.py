@@ -148,7 +148,7 @@ def _trace(inputs: ExplainInputs) -> Trace:
     return traced_forward(decoder, inputs.annotations, scorer.captions, scorer.lengths)
 
 
-@register_method("rollout", _not_transformer)
+@register_method("rollout", _not_transformer, baseline=False)
 def rollout(inputs: ExplainInputs) -> Tensor:
     """Attention rollout over every layer (Abnar and Zuidema 2020), heads averaged."""
     cells, words = inputs.annotations.size(1), inputs.scorer.words
@@ -159,7 +159,7 @@ def rollout(inputs: ExplainInputs) -> Tensor:
     return relevance[:, cells : cells + words, :cells]
 
 
-@register_method("gradient_rollout", _not_transformer)
+@register_method("gradient_rollout", _not_transformer, baseline=False)
 def gradient_rollout(inputs: ExplainInputs) -> Tensor:
     """Gradient-weighted attention rollout (this project's variant): R_q += Abar R_k at every sublayer."""
     scorer = inputs.scorer
@@ -226,7 +226,7 @@ def _no_grid_self_attention(decoder: CaptionDecoder) -> str | None:
     return reason
 
 
-@register_method("chefer", _no_grid_self_attention)
+@register_method("chefer", _no_grid_self_attention, baseline=False)
 def chefer(inputs: ExplainInputs) -> Tensor:
     """Chefer et al. 2021's encoder-decoder relevance rules, the word's logit explained."""
     scorer = inputs.scorer

@@ -135,3 +135,18 @@ def test_the_explained_score_is_the_one_chosen(score: str):
             (gradient,) = torch.autograd.grad(value, grid)
             expected = (gradient * grid).sum(-1)[0].detach()
             torch.testing.assert_close(maps["gradient"][b, t].double(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_no_baseline_is_computed_where_nothing_reads_one(checkpoint: Path, images, monkeypatch):
+    """Attention, gradient x input and Grad-CAM read no baseline: without curves none is computed (the
+    demo's maps of a model whose training images are elsewhere); a method that reads one asks for it."""
+    from captioning.explain import explaining
+
+    model = captioning.load(checkpoint, device="cpu")
+    monkeypatch.setattr(explaining, "training_mean", lambda *a, **k: pytest.fail("computed"))
+    explained = model.explain(images[:1], ["attention", "gradient", "gradcam"], curves=False)[0]
+    assert set(explained.maps) == {"attention", "gradient", "gradcam"}
+    with pytest.raises(BaseException, match="computed"):
+        model.explain(images[:1], ["occlusion"], curves=False)
+    with pytest.raises(BaseException, match="computed"):
+        model.explain(images[:1], ["attention"], curves=True)
