@@ -130,7 +130,7 @@ class ExplainConfig:
         }
         key = max(counts, key=lambda name: saved[name])
         raise InputError(
-            f"explain {key} {getattr(self, key)} ({flag_name(key)}) makes each explained word cost "
+            f"explain {_named(self, key)} {getattr(self, key)} makes each explained word cost "
             f"about {total:,} decoder passes, more than {MAX_ROWS_PER_WORD:,}: lower it"
         )
 
@@ -148,11 +148,17 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _named(config: ExplainConfig, name: str) -> str:
+    """``ig_steps (--ig-steps)`` for a field with a flag, else the field's name."""
+    flagged = fields_by_name(type(config))[name].metadata.get("flag")
+    return f"{name} ({flag_name(name)})" if flagged else name
+
+
 def _at_least(config: ExplainConfig, name: str, low: int, why: str = "") -> None:
     value = getattr(config, name)
     if value < low:
         raise InputError(
-            f"explain {name} ({flag_name(name)}) must be at least {low}, got {value}"
+            f"explain {_named(config, name)} must be at least {low}, got {value}"
             + (f": {why}" if why else "")
         )
 
@@ -164,9 +170,7 @@ def _check_types(config: ExplainConfig) -> None:
     for item in fields(config):
         value, hint = getattr(config, item.name), hints[item.name]
         if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
-            raise InputError(
-                f"explain {item.name} ({flag_name(item.name)}) must be an integer, got {value!r}"
-            )
+            raise InputError(f"explain {_named(config, item.name)} must be an integer, got {value!r}")
         if hint is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise InputError(f"explain {item.name} must be a number, got {value!r}")
         if hint is str and not isinstance(value, str):
