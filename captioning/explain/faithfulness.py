@@ -144,21 +144,32 @@ class WordCurves:
 
     Attributes:
         deletion, insertion: (W, K) probabilities after each step.
-        shares: (K,) the share of cells changed at each point (``shares``).
+        shares: (K,) the share of cells changed at each point (``shares``); None: K evenly spaced
+            points of [0, 1] (curves built by hand whose steps divide the cells).
         deletion_area, insertion_area: (W,) trapezoid areas over ``shares``.
     """
 
     deletion: Tensor
     insertion: Tensor
-    shares: Tensor
+    shares: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.shares is None:
+            self.shares = torch.linspace(0, 1, self.deletion.size(-1), dtype=torch.float64)
+
+    @property
+    def points(self) -> Tensor:
+        """(K,) ``shares`` (set at construction)."""
+        assert self.shares is not None
+        return self.shares
 
     @property
     def deletion_area(self) -> Tensor:
-        return area(self.deletion, self.shares)
+        return area(self.deletion, self.points)
 
     @property
     def insertion_area(self) -> Tensor:
-        return area(self.insertion, self.shares)
+        return area(self.insertion, self.points)
 
 
 def method_curves(

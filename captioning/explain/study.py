@@ -319,7 +319,7 @@ def explain_captions(
             )
             for name in (methods if curves else ())
         }
-        points = _numpy(next(iter(results.values())).shares) if results else np.zeros(0)
+        points = _numpy(next(iter(results.values())).points) if results else np.zeros(0)
 
         for row in range(grids.size(0)):
             count, mine = len(tokens[first + row]), index[:, 0] == row
