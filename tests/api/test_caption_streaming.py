@@ -74,10 +74,11 @@ def _same(caption: Caption, alone: Caption) -> None:
 
 
 def test_decoded_pictures_in_memory_are_one_batch(model, decoded, tmp_path):
-    paths = [_photo(tmp_path / f"photo{k:02d}.{'jpg' if k % 2 else 'png'}", k) for k in range(60)]
+    # 24 pictures of 400 x 400 in batches of 4: six batches, as many decoded at once as one or two hold
+    paths = [_photo(tmp_path / f"photo{k:02d}.{'jpg' if k % 2 else 'png'}", k, size=400) for k in range(24)]
     captions = model.caption(paths, batch_size=4)
-    assert len(captions) == 60
-    assert decoded.made == 60  # each image decoded once
+    assert len(captions) == 24
+    assert decoded.made == 24  # each image decoded once
     assert decoded.peak <= 2 * 4, f"{decoded.peak} decoded pictures alive at once, for batches of 4"
     assert decoded.alive == 0  # none kept once the captions are made
 

@@ -75,6 +75,7 @@ def test_visualize_draws_figures_from_an_old_checkpoint_and_model_folder(saved: 
     assert len(figures) == 1 and figures[0].stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_train_resumes_from_an_old_checkpoint(tmp_path: Path) -> None:
     """``train.py --resume`` reads an old run's configuration and last checkpoint and trains on."""
     folder = shutil.copytree(FIXTURES / "run", tmp_path / "run")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from tool_runs import REPO
 
 import captioning
@@ -60,6 +61,7 @@ def test_a_model_folder_keeps_its_stage_in_the_card_and_the_signature(tmp_path):
         assert (reward is not None) == (stage == "scst")  # the signature's scst: field comes from it
 
 
+@pytest.mark.slow
 def test_the_tools_given_a_run_folder_read_the_checkpoint_captioning_load_picks(tmp_path):
     """``evaluate.py --checkpoint``, ``visualize.py --checkpoint`` (and ``--serve``, through
     ``captioning.load``) take a run folder as ``captioning.load`` does: the checkpoint its test scores

@@ -53,6 +53,7 @@ def test_a_run_in_this_process_leaves_the_process_as_it_found_it(shapes, tmp_pat
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no alarm left to go off in a later test
 
 
+@pytest.mark.slow
 def test_an_argparse_error_gives_the_same_exit_status_and_line_as_a_subprocess(tmp_path):
     here = in_process("evaluate.py", "--frobnicate", "3", cwd=tmp_path)
     there = run_tool("evaluate.py", "--frobnicate", "3", cwd=tmp_path)

@@ -96,6 +96,7 @@ def test_script_writes_figures_report_and_summary(tmp_path: Path, checkpoint: Pa
     assert page.count('class="photo"') == 2 and 'id="img1-w2"' in page  # >= 3 words each
 
 
+@pytest.mark.slow
 def test_missing_image_is_one_line_error(tmp_path: Path, checkpoint: Path, odd_images: list[Path]):
     missing = tmp_path / "no_such_image.jpg"
     result = run_tool(

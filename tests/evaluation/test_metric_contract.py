@@ -53,7 +53,8 @@ BATCH = {100 * k + i: (label, i) for k, label in enumerate(VARIANTS) for i in IM
 
 def metric_params() -> list:
     return [
-        pytest.param(name, marks=[pytest.mark.java] if METRICS[name].needs_java else [])
+        # Each Java metric starts a JVM per call (METEOR: tens of seconds a test): the slow tier.
+        pytest.param(name, marks=[pytest.mark.java, pytest.mark.slow] if METRICS[name].needs_java else [])
         for name in METRICS.names()
     ]
 

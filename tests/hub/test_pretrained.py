@@ -187,6 +187,7 @@ def _bad_folders(folder: Path, tmp_path: Path) -> list[tuple[Path, tuple[object,
     return cases
 
 
+@pytest.mark.slow
 def test_bad_folders_fail_in_one_line_before_any_work(untrained, tmp_path):
     folder = captioning.load(untrained["lstm"], device="cpu").save_pretrained(tmp_path / "good")
     # A decoder-only weights file, for a folder whose random encoder needs its weights.

@@ -91,6 +91,7 @@ def test_the_last_fine_tuned_stage_holds_the_final_norm(name: str) -> None:
     assert encoder.stages()[-1].training and not encoder.stages()[0].training
 
 
+@pytest.mark.slow
 def test_preprocessing_comes_from_the_library() -> None:
     vit = build_encoder(
         EncoderConfig(name="timm:vit_tiny_patch16_224", weights="none", image_size=64, grid_size=0)

@@ -176,7 +176,10 @@ def test_the_readme_runs_every_tool_and_keeps_its_sections_in_order() -> None:
     assert len(readme.splitlines()) <= 300, "the README is the front page: the depth goes to docs/"
     invoked = {script for _, script, _ in tool_commands(readme)}
     assert set(TOOLS) <= invoked
-    assert "pytest" in readme and 'pytest -m "not slow"' in readme
+    # The tiers: the default one, the slow one, and both, which CI runs.
+    assert "\npytest " in readme and "\npytest -m slow " in readme
+    both = 'pytest -m "slow or not slow"'
+    assert both in readme and both.replace("pytest", "pytest -q") in (REPO / ".ci" / "run").read_text()
 
 
 def test_the_readmes_links_and_images_reach_files_of_the_repository() -> None:
@@ -228,6 +231,7 @@ def _mkdocs_build(folder: Path, site: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_documentation_site_builds_strictly(tmp_path: Path) -> None:
     result = _mkdocs_build(REPO, tmp_path / "site")
     assert result.returncode == 0, result.stderr
@@ -235,6 +239,7 @@ def test_the_documentation_site_builds_strictly(tmp_path: Path) -> None:
     assert "The FLOP count" in (tmp_path / "site" / "benchmarks" / "index.html").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_a_page_left_out_of_the_navigation_or_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     copy = tmp_path / "repo"
     shutil.copytree(REPO / "docs", copy / "docs")

@@ -131,6 +131,7 @@ def test_parsing_a_command_line_does_not_import_the_registries():
     assert result.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_the_encoder_and_scorer_examples_of_the_extending_page_register_and_build():
     # Run in a new process: the examples register names this process's other tests do not expect.
     page = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
@@ -169,6 +170,7 @@ except EncoderWeightsError as error:
     ]  # MobileNetV3-Small: 576 channels, a 2x2 grid at 64 px; a weights file resolved by resolve_weights
 
 
+@pytest.mark.slow
 def test_the_reader_options_example_of_the_extending_page_registers_and_reads_its_option():
     # Run in a new process: the example registers a reader this process's contract tests do not expect.
     page = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")

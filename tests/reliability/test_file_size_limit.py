@@ -10,12 +10,14 @@ import resource
 import subprocess
 import sys
 
+import pytest
 from PIL import Image
 from tool_runs import ONE_THREAD, REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "pre_move" / "run" / "checkpoints" / "best.pt"
 
 
+@pytest.mark.slow
 def test_visualize_under_a_file_size_limit_names_the_figure(tmp_path):
     Image.new("RGB", (200, 150), (200, 30, 30)).save(tmp_path / "photo.png")
     out = tmp_path / "figures"
