@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -151,11 +152,7 @@ def compare_results_files(
         run a side, ``signatures`` and ``results`` hold one string each, else lists.
     """
     check_bootstrap_options(resamples, seed)
-    for name in names or ():  # a column heading: one printable line, or the table breaks
-        if not isinstance(name, str) or not name.strip() or not name.isprintable() or len(name) > 60:
-            raise EvaluationInputError(
-                f"--names {name!r:.80}: a column name is one line of at most 60 printable characters"
-            )
+    _check_names(names)
     runs_a = [Path(results_a)] if isinstance(results_a, str | Path) else [Path(p) for p in results_a]
     runs_b = [Path(results_b)] if isinstance(results_b, str | Path) else [Path(p) for p in results_b]
     columns = (names[0], names[1]) if names else default_names(runs_a, runs_b)
@@ -164,6 +161,16 @@ def compare_results_files(
     check_bootstrap_fits(resamples, len(references))  # before scoring: the draws are held in memory at once
     if use_java is None:
         use_java = shutil.which("java") is not None
+    score_run = partial(
+        _score_run,
+        references,
+        use_java=use_java,
+        spice=spice,
+        java_timeout=java_timeout,
+        tokenizer=tokenizer,
+        instances=instances,
+        chair=chair,
+    )
     sides = []
     for runs, captions in ((runs_a, captions_a), (runs_b, captions_b)):
         side: dict[str, list[Any]] = {
@@ -174,71 +181,11 @@ def compare_results_files(
             "signatures": [],
         }
         for path, run in zip(runs, captions, strict=True):
-            scores = score_captions(
-                references,
-                run,
-                use_java=use_java,
-                spice=spice,
-                java_timeout=java_timeout,
-                tokenizer=tokenizer,
-            )
-            side["per_image"].append(
-                {
-                    metric: np.array([scores.per_image[i][metric] for i in image_ids])
-                    for metric in per_image_metrics()
-                    if scores.overall.get(metric) is not None
-                }
-            )
-            # BLEU's statistics from each run's own tokens: Java's tokenizer may have timed out for one only.
-            gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
-            side["bleu"].append(bleu_statistics(gts, res, image_ids))
-            ratios, classes = read_ratio_statistics(path, image_ids)
-            side["classes"].append(classes)
-            if instances is not None:
-                ratios.update(
-                    chair_statistics(
-                        {i: tokenize(c) for i, c in run.items()},
-                        {i: [tokenize(r) for r in references[i]] for i in image_ids},
-                        instances,
-                        image_ids,
-                        chair,
-                    )
-                )
-            side["ratios"].append(ratios)
-            side["signatures"].append(
-                make_signature(
-                    references,
-                    scores.tokenizer,
-                    results=path,
-                    chair=chair if instances is not None else None,
-                    boxes=instances,
-                    table=chair_table(chair) if instances is not None else None,
-                )
-            )
+            for key, value in score_run(path, run).items():
+                side[key].append(value)
         sides.append(side)
-    # The class mean over one class list for every run of both sides.
-    every_run = [ratios for side in sides for ratios in side["ratios"]]
-    for ratios, statistics in zip(
-        every_run, aligned_classes([c for side in sides for c in side["classes"]]), strict=False
-    ):
-        ratios[CLASS_MEAN] = statistics
-    shared = [
-        metric
-        for metric in (*RATIO_METRICS, CLASS_MEAN)
-        if all(metric in ratios for side in sides for ratios in side["ratios"])
-    ]
     a, b = sides
-    comparisons = group_bootstrap(
-        a["per_image"],
-        b["per_image"],
-        a["bleu"],
-        b["bleu"],
-        resamples,
-        seed,
-        [{m: r[m] for m in shared} for r in a["ratios"]],
-        [{m: r[m] for m in shared} for r in b["ratios"]],
-        RATIO_SCORES,
-    )
+    comparisons = _compare_sides(a, b, resamples, seed)
 
     def one_or_all(values: list) -> Any:
         return values[0] if len(values) == 1 else values
@@ -254,6 +201,98 @@ def compare_results_files(
         "runs": {"a": len(runs_a), "b": len(runs_b)},
         "per_run": {"a": run_scores(a, comparisons), "b": run_scores(b, comparisons)},
         "table": comparison_table(comparisons, columns),
+    }
+
+
+def _check_names(names: Sequence[str] | None) -> None:
+    """Each column name is a heading: one printable line, or the table breaks."""
+    for name in names or ():
+        if not isinstance(name, str) or not name.strip() or not name.isprintable() or len(name) > 60:
+            raise EvaluationInputError(
+                f"--names {name!r:.80}: a column name is one line of at most 60 printable characters"
+            )
+
+
+def _compare_sides(
+    a: dict[str, list[Any]], b: dict[str, list[Any]], resamples: int, seed: int
+) -> dict[str, Any]:
+    """The paired (group) bootstrap of every metric both sides' runs hold, ratios included."""
+    sides = (a, b)
+    # The class mean over one class list for every run of both sides.
+    every_run = [ratios for side in sides for ratios in side["ratios"]]
+    for ratios, statistics in zip(
+        every_run, aligned_classes([c for side in sides for c in side["classes"]]), strict=False
+    ):
+        ratios[CLASS_MEAN] = statistics
+    shared = [
+        metric
+        for metric in (*RATIO_METRICS, CLASS_MEAN)
+        if all(metric in ratios for side in sides for ratios in side["ratios"])
+    ]
+    return group_bootstrap(
+        a["per_image"],
+        b["per_image"],
+        a["bleu"],
+        b["bleu"],
+        resamples,
+        seed,
+        [{m: r[m] for m in shared} for r in a["ratios"]],
+        [{m: r[m] for m in shared} for r in b["ratios"]],
+        RATIO_SCORES,
+    )
+
+
+def _score_run(
+    references: Mapping[int, list[str]],
+    path: Path,
+    run: Mapping[int, str],
+    *,
+    use_java: bool,
+    spice: bool,
+    java_timeout: float,
+    tokenizer: str,
+    instances: Instances | None,
+    chair: str,
+) -> dict[str, Any]:
+    """One run's share of a side (:func:`compare_results_files`): its per-image scores, BLEU
+    statistics, ratio statistics (grounding from its scores file; CHAIR from its captions with
+    ``instances``), class statistics and signature."""
+    image_ids = list(references)
+    scores = score_captions(
+        references, run, use_java=use_java, spice=spice, java_timeout=java_timeout, tokenizer=tokenizer
+    )
+    per_image = {
+        metric: np.array([scores.per_image[i][metric] for i in image_ids])
+        for metric in per_image_metrics()
+        if scores.overall.get(metric) is not None
+    }
+    # BLEU's statistics from each run's own tokens: Java's tokenizer may have timed out for one only.
+    gts, res = tokenize_captions(references, run, scores.tokenizer == "ptb", java_timeout, tokenizer)
+    ratios, classes = read_ratio_statistics(path, image_ids)
+    if instances is not None:
+        ratios.update(
+            chair_statistics(
+                {i: tokenize(c) for i, c in run.items()},
+                {i: [tokenize(r) for r in references[i]] for i in image_ids},
+                instances,
+                image_ids,
+                chair,
+            )
+        )
+    signature = make_signature(
+        references,
+        scores.tokenizer,
+        results=path,
+        chair=chair if instances is not None else None,
+        boxes=instances,
+        table=chair_table(chair) if instances is not None else None,
+    )
+    return {
+        "per_image": per_image,
+        "bleu": bleu_statistics(gts, res, image_ids),
+        "ratios": ratios,
+        "classes": classes,
+        "signatures": signature,
     }
 
 
