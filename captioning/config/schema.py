@@ -189,6 +189,48 @@ class ShapesDataConfig(DataConfig):
         _check(self.shapes_image_size >= 32, "data.shapes_image_size must be >= 32")
 
 
+SHAPE_CLASSES = ("circle", "square", "triangle", "diamond")  # the shapes Shapes draws (its categories)
+
+
+@DATASETS.register_options("shapes_hallucination")
+@dataclass(frozen=True)
+class ShapesHallucinationDataConfig(ShapesDataConfig):
+    """Shapes with a co-occurrence prior that its test split breaks: a testbed where a captioner names
+    objects that are not there, with every object's box (docs/shapes.md, "A testbed for hallucination")."""
+
+    dataset: str = "shapes_hallucination"
+    root: FolderPath = "data/shapes_hallucination"
+    shapes_cause: str = "circle"  # the class the partner comes with in train and val
+    shapes_partner: str = "square"  # small and partly under the cause; never in a test image with it
+    shapes_prior: float = 0.95  # P(partner | cause) in train and val (test: 0)
+    shapes_cause_share: float = 0.5  # train and val images holding the cause (test: all)
+    shapes_covered: float = 0.5  # mean share of the partner's (test: the decoy's) pixels the cause covers
+    shapes_partner_side: float = 0.13  # the partner's side / the image's (a small shape: 0.20)
+    shapes_decoy: float = 0.5  # test images with a small shape of a third class where the partner would be
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("data.shapes_cause", self.shapes_cause, SHAPE_CLASSES)
+        _one_of("data.shapes_partner", self.shapes_partner, SHAPE_CLASSES)
+        _check(
+            self.shapes_max_objects >= 2, "data.shapes_max_objects must be 2 or 3 (the cause and its partner)"
+        )
+        _check(
+            self.shapes_cause != self.shapes_partner, "data.shapes_partner must differ from data.shapes_cause"
+        )
+        for name in ("shapes_prior", "shapes_cause_share", "shapes_decoy"):
+            value = getattr(self, name)
+            _check(0.0 <= value <= 1.0, f"data.{name} must be a share in [0, 1], got {value}")
+        _check(
+            0.0 <= self.shapes_covered <= 0.8,
+            f"data.shapes_covered must be in [0, 0.8], got {self.shapes_covered}",
+        )
+        _check(
+            0.05 <= self.shapes_partner_side <= 0.2,
+            f"data.shapes_partner_side must be in [0.05, 0.2], got {self.shapes_partner_side}",
+        )
+
+
 @dataclass(frozen=True)
 class KarpathySplitConfig(DataConfig):
     """The options of a reader of Karpathy's split file (``dataset_coco.json``, ...), shared by the

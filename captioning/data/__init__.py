@@ -31,6 +31,7 @@ from captioning.data.readers import (
 from captioning.data.record_index import load_indexed
 from captioning.data.records import DatasetError, ImageRecord, records_of_split
 from captioning.data.shapes import generate_shapes, read_shapes
+from captioning.data.shapes_hallucination import generate_shapes_hallucination
 from captioning.data.shards import read_shards
 from captioning.data.tokenizers import replace_lone_surrogates
 from captioning.data.vocab import Vocabulary
@@ -48,6 +49,7 @@ __all__ = [
     "data_source",
     "divide_official_val",
     "generate_shapes",
+    "generate_shapes_hallucination",
     "load_records",
     "read_coco",
     "read_folder",

@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from captioning.config import DataConfig, ShapesDataConfig
+from captioning.config.schema import SHAPE_CLASSES
 from captioning.data.karpathy import read_karpathy
 from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
@@ -40,7 +41,7 @@ from captioning.utils.json_files import read_json_file
 
 logger = logging.getLogger(__name__)
 
-SHAPE_WORDS = ("circle", "square", "triangle", "diamond")
+SHAPE_WORDS = SHAPE_CLASSES  # ("circle", "square", "triangle", "diamond")
 COLOR_WORDS = ("red", "green", "blue", "yellow", "purple")
 SIZE_WORDS = ("small", "large")
 # The phrases saying where the first object is relative to the second; keys are `relation` results.
@@ -94,12 +95,14 @@ MAX_OBJECTS = 3
 
 @dataclass(frozen=True)
 class ShapeObject:
-    """One drawn shape; ``box`` is ``(x, y, width, height)`` in pixels, as in COCO."""
+    """One drawn shape; ``box`` is ``(x, y, width, height)`` in pixels, as in COCO; ``covered`` the share
+    of its pixels that objects drawn after it cover (0: whole; written to the instances file when above 0)."""
 
     shape: str
     color: str
     size: str
     box: tuple[int, int, int, int]
+    covered: float = 0.0
 
     @property
     def center(self) -> tuple[float, float]:
@@ -170,15 +173,43 @@ def generate_shapes(
         raise ValueError(f"max_objects must be between 1 and {MAX_OBJECTS}, got {max_objects}")
     if image_size < 32:
         raise ValueError(f"image_size must be >= 32, got {image_size}")
-    files = shapes_files(root)
     counts = {"train": num_train, "val": num_val, "test": num_test}
     parameters = {
         "format_version": FORMAT_VERSION,
         "seed": seed,
         "image_size": image_size,
         "max_objects": max_objects,
-        **{f"num_{split}": n for split, n in counts.items()},
     }
+
+    def place(rng: np.random.Generator, split: str) -> list[ShapeObject]:
+        return _place_objects(rng, image_size, max_objects)
+
+    return write_shapes(root, parameters, counts, place)
+
+
+ObjectPlacer = Callable[
+    [np.random.Generator, str], list[ShapeObject]
+]  # (rng, split) -> objects, drawn in order
+
+
+def write_shapes(
+    root: str | Path, parameters: dict[str, Any], counts: dict[str, int], place: ObjectPlacer
+) -> ShapesFiles:
+    """Write a Shapes folder whose objects ``place`` chooses, or reuse one written with the same parameters.
+
+    Args:
+        root: output folder (created).
+        parameters: the generation parameters, kept in the manifest; ``seed`` and ``image_size`` are
+            read from them, and every other entry tells one folder from another (a variant's options).
+        counts: split -> images.
+        place: an image's objects from its generator and split, in drawing order (a later object
+            covers an earlier one where they overlap).
+    Returns:
+        The paths of the written files.
+    """
+    files = shapes_files(root)
+    seed, image_size = parameters["seed"], parameters["image_size"]
+    parameters = {**parameters, **{f"num_{split}": counts[split] for split in SPLITS}}
     layout = _image_layout(counts)
     if _is_complete(files, parameters, layout):
         return files
@@ -189,7 +220,7 @@ def generate_shapes(
     images = []
     for image_id, split, position in layout:
         rng = np.random.default_rng([seed, SPLITS.index(split), position])
-        objects = _place_objects(rng, image_size, max_objects)
+        objects = place(rng, split)
         image = _render(objects, rng, image_size)
         image.save(files.root / _relative_path(split, image_id), format="PNG", compress_level=1)
         images.append(_GeneratedImage(image_id, split, objects, _captions(objects, rng)))
@@ -298,22 +329,33 @@ def _apart(first: ShapeObject, second: ShapeObject, gap: int, margin: float) -> 
     return separated and abs(abs(cx1 - cx2) - abs(cy1 - cy2)) >= margin
 
 
+def draw_shape(draw: ImageDraw.ImageDraw, obj: ShapeObject, fill: Any) -> None:
+    """Draw ``obj``'s shape filled with ``fill`` (a colour, or 1 on a mode "1" mask)."""
+    x, y, side, _ = obj.box
+    right, bottom, middle_x, middle_y = x + side - 1, y + side - 1, x + (side - 1) / 2, y + (side - 1) / 2
+    if obj.shape == "circle":
+        draw.ellipse((x, y, right, bottom), fill=fill)
+    elif obj.shape == "square":
+        draw.rectangle((x, y, right, bottom), fill=fill)
+    elif obj.shape == "triangle":
+        draw.polygon([(middle_x, y), (right, bottom), (x, bottom)], fill=fill)
+    else:  # diamond
+        draw.polygon([(middle_x, y), (right, middle_y), (middle_x, bottom), (x, middle_y)], fill=fill)
+
+
+def shape_mask(obj: ShapeObject, image_size: int) -> np.ndarray:
+    """(S, S) bool: the pixels ``obj``'s shape fills."""
+    mask = Image.new("1", (image_size, image_size), 0)
+    draw_shape(ImageDraw.Draw(mask), obj, 1)
+    return np.asarray(mask, dtype=bool)
+
+
 def _render(objects: list[ShapeObject], rng: np.random.Generator, image_size: int) -> Image.Image:
     image = Image.new("RGB", (image_size, image_size), _BACKGROUND)
     draw = ImageDraw.Draw(image)
     for obj in objects:
-        x, y, side, _ = obj.box
-        right, bottom, middle_x, middle_y = x + side - 1, y + side - 1, x + (side - 1) / 2, y + (side - 1) / 2
         jittered = np.array(_COLOR_RGB[obj.color]) + rng.integers(-12, 13, 3)
-        color = tuple(int(c) for c in np.clip(jittered, 0, 255))
-        if obj.shape == "circle":
-            draw.ellipse((x, y, right, bottom), fill=color)
-        elif obj.shape == "square":
-            draw.rectangle((x, y, right, bottom), fill=color)
-        elif obj.shape == "triangle":
-            draw.polygon([(middle_x, y), (right, bottom), (x, bottom)], fill=color)
-        else:  # diamond
-            draw.polygon([(middle_x, y), (right, middle_y), (middle_x, bottom), (x, middle_y)], fill=color)
+        draw_shape(draw, obj, tuple(int(c) for c in np.clip(jittered, 0, 255)))
     # Mild grey noise on 2x2 blocks: texture for the encoder, and PNGs stay small.
     half = (image_size + 1) // 2
     noise = rng.integers(-_NOISE, _NOISE + 1, size=(half, half, 1), dtype=np.int16)
@@ -413,6 +455,7 @@ def _instances_json(images: list[_GeneratedImage], image_size: int) -> dict:
                     "iscrowd": 0,
                     "color": obj.color,
                     "size": obj.size,
+                    **({"covered": round(obj.covered, 4)} if obj.covered > 0 else {}),
                 }
             )
     return {

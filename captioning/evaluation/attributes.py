@@ -22,6 +22,22 @@ Three numbers, each a ratio of per-image sums (so ``evaluate.py --compare`` resa
 - ``attribute-recall`` = recalled objects / objects (of the images with attribute annotations);
 - ``attribute-wrong`` = captions with at least one wrong phrase / captions.
 
+The numbers above judge each phrase on its own, so "a large red circle and a large red circle" for
+one circle is two correct phrases. One-to-one matching counts what they cannot: every *mention* (a
+category word CHAIR counts, with the attribute words before it, maybe none) is matched to at most one
+object and every object to at most one mention that describes it (a maximum bipartite matching), and a
+mention left over is one of
+
+- ``duplicate``: every object it could name is named by another mention (the one circle above, named
+  twice);
+- ``misdescribed``: an object of its category is left over that it does not describe ("a small red
+  square and a small red square" for a red and a green one: the second misdescribes the green one);
+- ``absent``: no object of its category is in the image (a CHAIR hallucination, against the boxes).
+
+- ``attribute-wrong-one-to-one`` = captions with a mention left over / captions, beside
+  ``attribute-wrong``; with the counts ``attribute-mentions``, ``attribute-matched`` and
+  ``attribute-unmatched-duplicate``/``-misdescribed``/``-absent``.
+
 The numbers are computed only when the instances file has attribute annotations; COCO's have none.
 """
 
@@ -31,6 +47,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from scipy.sparse import csr_array
+from scipy.sparse.csgraph import maximum_bipartite_matching
+
 from captioning.evaluation.grounding import Instances, ObjectBox
 from captioning.evaluation.hallucination import WordTable, chair_vocabulary
 
@@ -39,7 +59,9 @@ ATTRIBUTE_METRICS = {
     "attribute-precision": ("attribute-correct", "attribute-phrases"),
     "attribute-recall": ("attribute-recalled", "attribute-objects"),
     "attribute-wrong": ("attribute-wrong-caption", "attribute-captions"),
+    "attribute-wrong-one-to-one": ("attribute-wrong-one-to-one-caption", "attribute-captions"),
 }
+UNMATCHED_REASONS = ("duplicate", "misdescribed", "absent")
 ATTRIBUTE_COUNTS = (
     "attribute-phrases",
     "attribute-correct",
@@ -47,6 +69,10 @@ ATTRIBUTE_COUNTS = (
     "attribute-recalled",
     "attribute-wrong-captions",
     "attribute-images",
+    "attribute-mentions",
+    "attribute-matched",
+    "attribute-wrong-one-to-one-captions",
+    *(f"attribute-unmatched-{reason}" for reason in UNMATCHED_REASONS),
 )
 
 
@@ -84,7 +110,11 @@ class Phrase:
 
 
 def attribute_phrases(
-    tokens: Sequence[str], table: WordTable, words: Mapping[str, frozenset[str]], vocabulary: set[str]
+    tokens: Sequence[str],
+    table: WordTable,
+    words: Mapping[str, frozenset[str]],
+    vocabulary: set[str],
+    bare: bool = False,
 ) -> list[Phrase]:
     """The attribute phrases of one tokenised caption, in caption order.
 
@@ -93,6 +123,7 @@ def attribute_phrases(
         table: the CHAIR word table, already extended with the instances' category names.
         words: :func:`attribute_words` of the instances.
         vocabulary: the categories counted (:func:`chair_vocabulary`).
+        bare: also every mention without attribute words (a phrase naming none): all the mentions.
     """
     lowered = [token.lower() for token in tokens]
     phrases = []
@@ -103,10 +134,44 @@ def attribute_phrases(
         first = start
         while first > end_of_previous and lowered[first - 1] in words:
             first -= 1
-        if first < start:
+        if first < start or bare:
             phrases.append(Phrase(category, tuple((w, words[w]) for w in lowered[first:start])))
         end_of_previous = end
     return phrases
+
+
+def match_one_to_one(mentions: Sequence[Phrase], objects: Sequence[ObjectBox]) -> list[str | None]:
+    """Each mention's fate under a one-to-one matching of mentions to the objects they describe.
+
+    Args:
+        mentions: one caption's mentions (:func:`attribute_phrases` with ``bare``), in caption order.
+        objects: its image's objects.
+    Returns:
+        Per mention: None when the maximum bipartite matching gives it an object, else why it is left
+        over (one of :data:`UNMATCHED_REASONS`, see the module).
+    """
+    if not mentions:
+        return []
+    fits = np.array([[mention.describes(obj) for obj in objects] for mention in mentions], dtype=bool)
+    fits = fits.reshape(len(mentions), len(objects))  # (M, O)
+    matched_object = (
+        maximum_bipartite_matching(csr_array(fits.astype(np.int8)), perm_type="column")
+        if objects
+        else np.full(len(mentions), -1)
+    )  # (M,): the object each mention gets, -1 for none
+    taken = set(int(index) for index in matched_object if index >= 0)
+    fates: list[str | None] = []
+    for mention, index in zip(mentions, matched_object, strict=True):
+        same_class = [k for k, obj in enumerate(objects) if obj.category == mention.category]
+        if index >= 0:
+            fates.append(None)
+        elif not same_class:
+            fates.append("absent")
+        elif any(k not in taken for k in same_class):
+            fates.append("misdescribed")
+        else:
+            fates.append("duplicate")
+    return fates
 
 
 @dataclass
@@ -118,12 +183,16 @@ class ImageAttributes:
         wrong: the phrases no object of the image fits (their text).
         objects: the image's objects that have attribute annotations.
         recalled: how many of them a correct phrase describes.
+        mentions: how many category mentions the caption makes (with or without attribute words).
+        unmatched: ``(mention text, reason)`` of each mention one-to-one matching leaves over.
     """
 
     phrases: list[Phrase] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
     objects: int = 0
     recalled: int = 0
+    mentions: int = 0
+    unmatched: list[tuple[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """Per-image fields: the counts behind the three ratios, and ``wrong-phrases``."""
@@ -137,6 +206,10 @@ class ImageAttributes:
             "attribute-captions": 1,
             "attribute-wrong-caption": int(bool(self.wrong)),
             "wrong-phrases": list(self.wrong),
+            "attribute-mentions": self.mentions,
+            "attribute-matched": self.mentions - len(self.unmatched),
+            "attribute-wrong-one-to-one-caption": int(bool(self.unmatched)),
+            "unmatched-mentions": [{"mention": text, "reason": reason} for text, reason in self.unmatched],
         }
 
 
@@ -163,6 +236,16 @@ class AttributeHallucination:
             "attribute-recalled": recalled,
             "attribute-wrong-captions": sum(bool(i.wrong) for i in images),
             "attribute-images": len(images),
+            "attribute-wrong-one-to-one": (
+                sum(bool(i.unmatched) for i in images) / len(images) if images else None
+            ),
+            "attribute-mentions": sum(i.mentions for i in images),
+            "attribute-matched": sum(i.mentions - len(i.unmatched) for i in images),
+            "attribute-wrong-one-to-one-captions": sum(bool(i.unmatched) for i in images),
+            **{
+                f"attribute-unmatched-{reason}": sum(r == reason for i in images for _, r in i.unmatched)
+                for reason in UNMATCHED_REASONS
+            },
         }
 
 
@@ -194,11 +277,15 @@ def attribute_hallucination(
         phrases = attribute_phrases(tokens, table, words, vocabulary)
         correct = [phrase for phrase in phrases if any(phrase.describes(obj) for obj in objects)]
         described = [obj for obj in objects if obj.attributes and any(p.describes(obj) for p in correct)]
+        mentions = attribute_phrases(tokens, table, words, vocabulary, bare=True)
+        fates = match_one_to_one(mentions, objects)
         per_image[image_id] = ImageAttributes(
             phrases,
             [phrase.text for phrase in phrases if phrase not in correct],
             sum(1 for obj in objects if any(isinstance(v, str) for v in obj.attributes.values())),
             len(described),
+            len(mentions),
+            [(mention.text, fate) for mention, fate in zip(mentions, fates, strict=True) if fate is not None],
         )
     return AttributeHallucination(per_image)
 
@@ -235,4 +322,17 @@ def attribute_line(scores: Mapping[str, Any]) -> str | None:
         f"({scores['attribute-correct']} of {scores['attribute-phrases']} phrases right), "
         f"recall {number(recall)} ({scores['attribute-recalled']} of {scores['attribute-objects']} objects), "
         f"{scores['attribute-wrong-captions']} of {scores['attribute-images']} captions with a wrong phrase"
+        + _one_to_one_clause(scores)
+    )
+
+
+def _one_to_one_clause(scores: Mapping[str, Any]) -> str:
+    """``"; 31 of 200 misdescribe an object one-to-one (...)"`` or "" for scores without the count."""
+    if "attribute-wrong-one-to-one-captions" not in scores:
+        return ""
+    reasons = ", ".join(f"{scores.get(f'attribute-unmatched-{r}', 0)} {r}" for r in UNMATCHED_REASONS)
+    return (
+        f"; {scores['attribute-wrong-one-to-one-captions']} of {scores['attribute-images']} "
+        f"misdescribe an object one-to-one ({scores['attribute-matched']} of {scores['attribute-mentions']} "
+        f"mentions matched; left over: {reasons})"
     )

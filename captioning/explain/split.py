@@ -17,6 +17,7 @@ from captioning.data.images import load_image
 from captioning.evaluation.grounding import Instances
 from captioning.explain.baselines import BLUR_SIGMA, baseline_hash, blurred_grids, training_mean
 from captioning.explain.config import ExplainConfig, signature_part
+from captioning.explain.hallucinated_maps import peak_lines
 from captioning.explain.plausibility import Explained
 from captioning.explain.statistics import BootstrapSettings
 from captioning.explain.study import faithfulness_study
@@ -159,4 +160,4 @@ def table_lines(result: dict) -> list[str]:
                 f"{test['curve']}: {test['more_faithful']} more faithful than {other} "
                 f"(p Holm {test['p_holm']:.4f})"
             )
-    return lines
+    return lines + peak_lines(result.get("hallucination_peaks", {}))

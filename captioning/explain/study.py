@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from captioning.evaluation.grounding import Instances
 from captioning.explain.config import ExplainConfig
 from captioning.explain.faithfulness import CurveSettings, WordCurves, method_curves, random_curves, summarise
+from captioning.explain.hallucinated_maps import hallucination_peaks
 from captioning.explain.methods import ExplainInputs, ExplainSettings, explain, parse_methods
 from captioning.explain.plausibility import (
     WORD_CLASSES,
@@ -113,8 +114,9 @@ def faithfulness_study(
         bootstrap: the resampling of the rows' intervals and tests (:mod:`captioning.explain.statistics`).
     Returns:
         ``{"settings", "statistics", "methods": {method: row}, "random", "paired", "by_word_class",
-        "sanity", "hallucination", "per_image"}`` (JSON values); each row holds its n images and words,
-        its areas' and gaps' intervals and the gaps' tests.
+        "sanity", "hallucination", "hallucination_peaks", "per_image"}`` (JSON values); each row holds
+        its n images and words, its areas' and gaps' intervals and the gaps' tests;
+        ``hallucination_peaks``: :func:`captioning.explain.hallucinated_maps.hallucination_peaks`.
     """
     bootstrap = bootstrap or BootstrapSettings()
     methods = parse_methods(",".join(settings.methods), decoder)
@@ -178,6 +180,7 @@ def faithfulness_study(
         mentions = mention_rows(collected.explained, instances, references)
         hallucination = hallucination_summary(mentions, methods)
         result["hallucination"] = hallucination
+        result["hallucination_peaks"] = hallucination_peaks(collected.explained, instances, mentions, methods)
         for name in methods:
             result["methods"][name].update(
                 {

@@ -6,7 +6,8 @@ It shows, for all words and per word class, one row per attribution method besid
 each with its n images and n words and the 95% intervals of its areas and gaps (bootstrap over images,
 :mod:`captioning.explain.statistics`); the random control's seeds as their mean and their minimum to
 maximum; the paired tests between methods and of each method against the random order, with their
-p-values before and after Holm's adjustment; and the settings the table was made with.
+p-values before and after Holm's adjustment; where each method's map peaks at the hallucinated
+mentions, beside the grounded ones; and the settings the table was made with.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def faithfulness_html(table: Mapping[str, Any]) -> str:
     rows, seeds = _rows(table)
     statistics = table.get("statistics", {})
     statistics = statistics if isinstance(statistics, Mapping) else {}
+    peak_pairs, peak_rows = _peak_rows(table)
     return render_page(
         "faithfulness_table.html.j2",
         images=str(table.get("images", statistics.get("images", "?"))),
@@ -196,5 +198,30 @@ def faithfulness_html(table: Mapping[str, Any]) -> str:
         paired=_paired(table),
         correction=str(statistics.get("correction", "")),
         classes=_class_rows(table),
+        peak_pairs=peak_pairs,
+        peak_rows=peak_rows,
         settings=_settings(table),
     )
+
+
+def _peak_rows(table: Mapping[str, Any]) -> tuple[str, list[list[str]]]:
+    """The co-occurring classes as text and, per method, where its maps peak at the hallucinated
+    mentions beside the grounded ones (:func:`captioning.explain.hallucinated_maps.hallucination_peaks`):
+    ``[method, mentions, co-occurring, wrong object, which, nowhere, grounded mentions, on their object,
+    on another, nowhere]``; no rows when no mention was hallucinated."""
+    peaks = table.get("hallucination_peaks", {})
+    methods = peaks.get("methods", {}) if isinstance(peaks, Mapping) else {}
+    entries = {name: entry for name, entry in methods.items() if isinstance(entry, Mapping)}
+    if not any(entry.get("mentions") for entry in entries.values()):
+        return "", []
+    rows = []
+    for name, entry in entries.items():
+        grounded = entry.get("grounded", {})
+        which = ", ".join(f"{c} {n}" for c, n in sorted(entry.get("wrong_object_classes", {}).items()))
+        rows.append(
+            [str(name), *(str(entry.get(key, 0)) for key in ("mentions", "co_occurring", "wrong_object"))]
+            + [which, str(entry.get("nowhere", 0))]
+            + [str(grounded.get(key, 0)) for key in ("mentions", "named_object", "other_object", "nowhere")]
+        )
+    pairs = ", ".join(f"{c} beside {d}" for c, d in peaks.get("co_occurring_classes", {}).items())
+    return pairs or "none", rows

@@ -1,0 +1,149 @@
+"""Where a method's map points at a hallucinated mention: at the wrong object, at the object of the
+class the hallucinated one co-occurs with, or nowhere.
+
+A mention is hallucinated as CHAIR has it (:func:`captioning.explain.plausibility.mention_rows`: its
+category is neither among the image's annotated objects nor named by its references). Its map's peak
+is the cell with the largest value (the first of equal ones); the peak lands on the object whose box
+holds the cell's centre (the smallest such box, as an object tucked under a larger one has its box
+inside the larger one's), and is
+
+- ``co_occurring``: on an object of the class the hallucinated class co-occurs with
+  (:func:`co_occurring_classes`): the model looked at what its prior ties the word to;
+- ``wrong_object``: on an object of another class (which class is counted);
+- ``nowhere``: on no object's box, or the map has no positive value (it points at nothing).
+
+The classes come from the instances file: for each category ``c``, the category ``d`` that maximises
+``P(c in the image | d in the image)`` over the file's images, among the categories in at least
+``MIN_IMAGES`` images: on the hallucination testbed (``data.dataset=shapes_hallucination``) the square's
+is the circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from captioning.evaluation.grounding import Instances, ObjectBox
+from captioning.explain.plausibility import Explained
+
+PEAK_KINDS = ("co_occurring", "wrong_object", "nowhere")
+MIN_IMAGES = 10  # a class in fewer images gives no reliable co-occurrence
+
+
+def co_occurring_classes(instances: Instances, min_images: int = MIN_IMAGES) -> dict[str, str]:
+    """Category -> the category it most probably appears beside (see the module); a category with
+    no other category in ``min_images`` images or more has none."""
+    present = [{obj.category for obj in objects} for objects in instances.objects.values()]
+    categories = sorted(set().union(*present)) if present else []
+    holding = {d: [classes for classes in present if d in classes] for d in categories}
+    partners: dict[str, str] = {}
+    for c in categories:
+        best: tuple[float, int, str] | None = None
+        for d in categories:
+            if d == c or len(holding[d]) < min_images:
+                continue
+            together = sum(c in classes for classes in holding[d])
+            key = (together / len(holding[d]), together, d)
+            if together and (best is None or key[:2] > best[:2]):
+                best = key
+        if best is not None:
+            partners[c] = best[2]
+    return partners
+
+
+def peak_object(
+    weights: np.ndarray, objects: Sequence[ObjectBox], image_size: tuple[float, float], grid: tuple[int, int]
+) -> ObjectBox | None:
+    """The object the map's peak lands on, or None (no positive value, or the peak on no object's box).
+
+    Args:
+        weights: (P,) one word's map over the grid's cells, row-major.
+        objects: the image's objects.
+        image_size: (width, height) in pixels.
+        grid: (gh, gw), P = gh * gw.
+    """
+    values = np.asarray(weights, dtype=np.float64).ravel()
+    if not values.size or values.max() <= 0:
+        return None
+    row, col = divmod(int(values.argmax()), grid[1])
+    x = (col + 0.5) * image_size[0] / grid[1]
+    y = (row + 0.5) * image_size[1] / grid[0]
+    holding = [
+        obj
+        for obj in objects
+        if obj.bbox[0] <= x <= obj.bbox[0] + obj.bbox[2] and obj.bbox[1] <= y <= obj.bbox[1] + obj.bbox[3]
+    ]
+    return min(holding, key=lambda obj: obj.bbox[2] * obj.bbox[3]) if holding else None
+
+
+def peak_kind(target: ObjectBox | None, category: str, partners: Mapping[str, str]) -> str:
+    """One of :data:`PEAK_KINDS` for a hallucinated mention of ``category`` whose peak is on ``target``."""
+    if target is None:
+        return "nowhere"
+    return "co_occurring" if partners.get(category) == target.category else "wrong_object"
+
+
+def hallucination_peaks(
+    explained: Sequence[Explained],
+    instances: Instances,
+    rows: Sequence[Mapping],
+    methods: Sequence[str],
+    partners: Mapping[str, str] | None = None,
+) -> dict:
+    """Per method, where its maps peak at the hallucinated mentions of ``rows``.
+
+    Args:
+        explained: the images' maps (``Explained.maps[method]`` (T, P)).
+        instances: the objects and image sizes.
+        rows: :func:`captioning.explain.plausibility.mention_rows` of ``explained``.
+        methods: the methods to count.
+        partners: category -> its co-occurring class; None: :func:`co_occurring_classes` of ``instances``.
+    Returns:
+        ``{"co_occurring_classes": {category: class}, "methods": {method: {"mentions", "co_occurring",
+        "wrong_object", "nowhere", "wrong_object_classes": {class: count}}}}``.
+    """
+    partners = co_occurring_classes(instances) if partners is None else dict(partners)
+    by_image = {item.image_id: item for item in explained}
+    counts: dict[str, dict] = {
+        method: {"mentions": 0, **{kind: 0 for kind in PEAK_KINDS}, "wrong_object_classes": {}}
+        for method in methods
+    }
+    for row in rows:
+        if not row["hallucinated"]:
+            continue
+        item = by_image[row["image_id"]]
+        objects = instances.objects.get(item.image_id, [])
+        for method in methods:
+            target = peak_object(
+                item.maps[method][row["word"]], objects, instances.image_sizes[item.image_id], item.grid
+            )
+            kind = peak_kind(target, row["category"], partners)
+            entry = counts[method]
+            entry["mentions"] += 1
+            entry[kind] += 1
+            if kind == "wrong_object" and target is not None:
+                entry["wrong_object_classes"][target.category] = (
+                    entry["wrong_object_classes"].get(target.category, 0) + 1
+                )
+    used = {row["category"] for row in rows if row["hallucinated"]}
+    return {
+        "co_occurring_classes": {c: partners[c] for c in sorted(used) if c in partners},
+        "methods": counts,
+    }
+
+
+def peak_lines(peaks: Mapping) -> list[str]:
+    """The counts as console lines (none when no mention was hallucinated)."""
+    methods = peaks.get("methods", {})
+    if not any(entry["mentions"] for entry in methods.values()):
+        return []
+    pairs = ", ".join(f"{c} beside {d}" for c, d in peaks.get("co_occurring_classes", {}).items()) or "none"
+    lines = [f"where the maps peak at hallucinated mentions (co-occurring classes: {pairs})"]
+    for method, entry in methods.items():
+        which = ", ".join(f"{c} {n}" for c, n in sorted(entry["wrong_object_classes"].items()))
+        lines.append(
+            f"  {method:<22} of {entry['mentions']}: co-occurring object {entry['co_occurring']}, wrong "
+            f"object {entry['wrong_object']}{f' ({which})' if which else ''}, nowhere {entry['nowhere']}"
+        )
+    return lines
