@@ -16,8 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from captioning.config import CocoDataConfig, ConfigError, DataConfig, KarpathyDataConfig, ShapesDataConfig
+from captioning.config import (
+    CocoDataConfig,
+    ConfigError,
+    DataConfig,
+    KarpathyDataConfig,
+    ShapesDataConfig,
+    ShapesHallucinationDataConfig,
+)
 from captioning.data import DATASETS, DatasetError, ImageRecord, generate_shapes
+from captioning.data.shapes_hallucination import co_occurrence_of, generate_shapes_hallucination
 from captioning.data.readers import data_source, reader_class
 from captioning.data.tar_members import image_exists
 from captioning.registry import UnknownNameError
@@ -61,6 +69,20 @@ def _shapes(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
         files = generate_shapes(config.root, num_train=4, num_val=2, num_test=2, image_size=32)
         _edit_json(files.split_file, lambda data: data["images"][1].update(split="holdout"))
         return files.split_file.name, "image 1 ", "'holdout'"
+
+    return Fixture(config, break_entry)
+
+
+def _shapes_hallucination(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
+    sizes = {"shapes_train": 4, "shapes_val": 2, "shapes_test": 2, "shapes_image_size": 32}
+    config = ShapesHallucinationDataConfig(root=str(tmp_path / "testbed"), **sizes)
+
+    def break_entry() -> tuple[str, ...]:
+        files = generate_shapes_hallucination(
+            config.root, co_occurrence_of(config), num_train=4, num_val=2, num_test=2, image_size=32
+        )
+        _edit_json(files.split_file, lambda data: data["images"][2].update(split="holdout"))
+        return files.split_file.name, "image 2 ", "'holdout'"
 
     return Fixture(config, break_entry)
 
@@ -129,6 +151,7 @@ def _webdataset(request: pytest.FixtureRequest, tmp_path: Path) -> Fixture:
 FIXTURES: dict[str, Callable[[pytest.FixtureRequest, Path], Fixture]] = {
     "karpathy": _karpathy,
     "shapes": _shapes,
+    "shapes_hallucination": _shapes_hallucination,
     "coco": _coco,
     "imagefolder": _imagefolder,
     "folder": _folder,

@@ -1,0 +1,109 @@
+"""Where a map peaks at a hallucinated mention: on the co-occurring class's object, on a wrong object
+(which), or nowhere; on constructed boxes and maps whose peaks are placed by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from captioning.evaluation.grounding import Instances, ObjectBox
+from captioning.explain.hallucinated_maps import (
+    co_occurring_classes,
+    hallucination_peaks,
+    peak_lines,
+    peak_object,
+)
+from captioning.explain.plausibility import Explained, mention_rows
+from captioning.visualization.faithfulness_table import faithfulness_html
+
+# 90 x 90 pixel images on a 3 x 3 grid (30-pixel cells). Image 1: a large circle over the top-left 2 x 2
+# cells with a small triangle tucked in its corner cell (row 1, column 1, inside the circle's box too);
+# image 2: a circle in the bottom-right cell. Images 3-12: a circle with a square, so the square's
+# co-occurring class is the circle; 13-22: triangles alone.
+CIRCLE = ObjectBox("circle", (0.0, 0.0, 60.0, 60.0), {"color": "red"})
+TRIANGLE = ObjectBox("triangle", (35.0, 35.0, 20.0, 20.0), {"color": "blue"})
+OBJECTS = {1: [TRIANGLE, CIRCLE], 2: [ObjectBox("circle", (60.0, 60.0, 30.0, 30.0))]}
+OBJECTS.update(
+    {i: [ObjectBox("circle", (0, 0, 9, 9)), ObjectBox("square", (10, 10, 5, 5))] for i in range(3, 13)}
+)
+OBJECTS.update({i: [ObjectBox("triangle", (0, 0, 9, 9))] for i in range(13, 23)})
+INSTANCES = Instances(
+    {i: (90.0, 90.0) for i in OBJECTS}, OBJECTS, ("circle", "square", "triangle", "diamond")
+)
+
+
+def cell(row: int, col: int, value: float = 1.0) -> np.ndarray:
+    weights = np.zeros(9)
+    weights[row * 3 + col] = value
+    return weights
+
+
+def test_the_co_occurring_class_is_the_one_a_class_most_probably_appears_beside():
+    # P(square | circle) = 10 / 12, P(square | triangle) = 0 / 11; P(circle | square) = 1; the triangle
+    # appears beside the circle in 1 of the circle's 12 images: P(triangle | circle) = 1/12
+    assert co_occurring_classes(INSTANCES) == {"square": "circle", "circle": "square", "triangle": "circle"}
+    # with the square (in 10 images) too rare to count, the circle's is the triangle: P(circle | triangle) = 1/11
+    assert co_occurring_classes(INSTANCES, min_images=11) == {
+        "square": "circle",
+        "triangle": "circle",
+        "circle": "triangle",
+    }
+
+
+def test_the_peak_lands_on_the_smallest_box_holding_its_cell():
+    objects = OBJECTS[1]
+    assert peak_object(cell(0, 0), objects, (90.0, 90.0), (3, 3)) is CIRCLE
+    assert peak_object(cell(1, 1), objects, (90.0, 90.0), (3, 3)) is TRIANGLE  # inside both boxes
+    assert peak_object(cell(2, 2), objects, (90.0, 90.0), (3, 3)) is None  # background
+    assert peak_object(np.zeros(9) - 1.0, objects, (90.0, 90.0), (3, 3)) is None  # nothing positive
+
+
+def test_each_method_s_maps_at_hallucinated_squares_are_counted_by_where_they_peak():
+    words = ["a", "circle", "and", "a", "square"]
+    # image 1: "square" is hallucinated; the three methods peak on the circle, the triangle, background
+    maps_one = {
+        "on_cause": np.stack([cell(0, 0)] * 4 + [cell(0, 0)]),
+        "on_decoy": np.stack([cell(0, 0)] * 4 + [cell(1, 1)]),
+        "nowhere": np.stack([cell(0, 0)] * 4 + [cell(2, 2, 0.5)]),
+    }
+    # image 2: hallucinated too; every method peaks on its circle (bottom-right cell)
+    maps_two = {name: np.stack([cell(2, 2)] * 5) for name in maps_one}
+    explained = [Explained(1, words, maps_one, (3, 3)), Explained(2, words, maps_two, (3, 3))]
+    rows = mention_rows(explained, INSTANCES)
+    assert [(row["image_id"], row["category"], row["hallucinated"]) for row in rows] == [
+        (1, "circle", False), (1, "square", True), (2, "circle", False), (2, "square", True),
+    ]  # fmt: skip
+    peaks = hallucination_peaks(explained, INSTANCES, rows, list(maps_one))
+    assert peaks["co_occurring_classes"] == {"square": "circle"}
+    methods = peaks["methods"]
+    assert methods["on_cause"] == {
+        "mentions": 2, "co_occurring": 2, "wrong_object": 0, "nowhere": 0, "wrong_object_classes": {},
+    }  # fmt: skip
+    assert methods["on_decoy"] == {
+        "mentions": 2, "co_occurring": 1, "wrong_object": 1, "nowhere": 0, "wrong_object_classes": {"triangle": 1},
+    }  # fmt: skip
+    assert methods["nowhere"] == {
+        "mentions": 2, "co_occurring": 1, "wrong_object": 0, "nowhere": 1, "wrong_object_classes": {},
+    }  # fmt: skip
+    # a partner given by the caller: the square now co-occurs with the triangle
+    given = hallucination_peaks(explained, INSTANCES, rows, ["on_decoy"], {"square": "triangle"})
+    assert (
+        given["methods"]["on_decoy"]["co_occurring"] == 1
+        and given["methods"]["on_decoy"]["wrong_object"] == 1
+    )
+    assert given["methods"]["on_decoy"]["wrong_object_classes"] == {"circle": 1}
+    # the console lines and the page's table say the counts
+    lines = peak_lines(peaks)
+    assert "square beside circle" in lines[0]
+    assert any("on_decoy" in line and "wrong object 1 (triangle 1)" in line for line in lines)
+    page = faithfulness_html({"methods": {}, "hallucination_peaks": peaks})
+    decoy_row = page.split("<tr><td>on_decoy</td>")[1].split("</tr>")[0]
+    assert decoy_row.count('<td class="number">') == 4 and "triangle 1" in decoy_row
+
+
+def test_no_hallucinated_mention_gives_zero_counts_and_no_table():
+    explained = [Explained(2, ["a", "circle"], {"attention": np.stack([cell(2, 2)] * 2)}, (3, 3))]
+    peaks = hallucination_peaks(explained, INSTANCES, mention_rows(explained, INSTANCES), ["attention"])
+    assert peaks["methods"]["attention"]["mentions"] == 0 and peaks["co_occurring_classes"] == {}
+    assert peak_lines(peaks) == [] and "peaks at hallucinated" not in faithfulness_html(
+        {"hallucination_peaks": peaks}
+    )
