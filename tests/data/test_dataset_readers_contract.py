@@ -25,8 +25,8 @@ from captioning.config import (
     ShapesHallucinationDataConfig,
 )
 from captioning.data import DATASETS, DatasetError, ImageRecord, generate_shapes
-from captioning.data.shapes_hallucination import co_occurrence_of, generate_shapes_hallucination
 from captioning.data.readers import data_source, reader_class
+from captioning.data.shapes_hallucination import co_occurrence_of, generate_shapes_hallucination
 from captioning.data.tar_members import image_exists
 from captioning.registry import UnknownNameError
 

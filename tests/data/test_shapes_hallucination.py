@@ -29,7 +29,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _images(files) -> dict[int, dict]:
-    """image id -> {"split", "file", "objects": [annotation, ...], "captions": [...]} from the written files."""
+    """image id -> {"split", "file", "objects": [annotation, ...], "captions": [...]}, from the files."""
     instances = json.loads(files.instances.read_text())
     names = {c["id"]: c["name"] for c in instances["categories"]}
     images: dict[int, dict] = {
@@ -45,7 +45,7 @@ def _images(files) -> dict[int, dict]:
         images[annotation["image_id"]]["objects"].append(
             {**annotation, "name": names[annotation["category_id"]]}
         )
-    for split, path in files.captions.items():
+    for path in files.captions.values():
         for annotation in json.loads(path.read_text())["annotations"]:
             images[annotation["image_id"]]["captions"].append(annotation["caption"])
     return images

@@ -41,7 +41,7 @@ def test_the_co_occurring_class_is_the_one_a_class_most_probably_appears_beside(
     # P(square | circle) = 10 / 12, P(square | triangle) = 0 / 11; P(circle | square) = 1; the triangle
     # appears beside the circle in 1 of the circle's 12 images: P(triangle | circle) = 1/12
     assert co_occurring_classes(INSTANCES) == {"square": "circle", "circle": "square", "triangle": "circle"}
-    # with the square (in 10 images) too rare to count, the circle's is the triangle: P(circle | triangle) = 1/11
+    # the square (in 10 images) too rare to count: the circle's is the triangle, P(circle | triangle) = 1/11
     assert co_occurring_classes(INSTANCES, min_images=11) == {
         "square": "circle",
         "triangle": "circle",
@@ -79,7 +79,8 @@ def test_each_method_s_maps_at_hallucinated_squares_are_counted_by_where_they_pe
         "mentions": 2, "co_occurring": 2, "wrong_object": 0, "nowhere": 0, "wrong_object_classes": {},
     }  # fmt: skip
     assert methods["on_decoy"] == {
-        "mentions": 2, "co_occurring": 1, "wrong_object": 1, "nowhere": 0, "wrong_object_classes": {"triangle": 1},
+        "mentions": 2, "co_occurring": 1, "wrong_object": 1, "nowhere": 0,
+        "wrong_object_classes": {"triangle": 1},
     }  # fmt: skip
     assert methods["nowhere"] == {
         "mentions": 2, "co_occurring": 1, "wrong_object": 0, "nowhere": 1, "wrong_object_classes": {},
