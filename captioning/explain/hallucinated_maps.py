@@ -12,6 +12,10 @@ inside the larger one's), and is
 - ``wrong_object``: on an object of another class (which class is counted);
 - ``nowhere``: on no object's box, or the map has no positive value (it points at nothing).
 
+The grounded mentions' maps are counted by the same rule as the baseline (``grounded``): on an object
+of the named class (``named_object``), on another object (``other_object``), or ``nowhere``; a small
+object on a coarse grid often has no cell centre in its box, so ``nowhere`` reads against them.
+
 The classes come from the instances file: for each category ``c``, the category ``d`` that maximises
 ``P(c in the image | d in the image)`` over the file's images, among the categories in at least
 ``MIN_IMAGES`` images: on the hallucination testbed (``data.dataset=shapes_hallucination``) the square's
@@ -28,6 +32,7 @@ from captioning.evaluation.grounding import Instances, ObjectBox
 from captioning.explain.plausibility import Explained
 
 PEAK_KINDS = ("co_occurring", "wrong_object", "nowhere")
+GROUNDED_KINDS = ("named_object", "other_object", "nowhere")
 MIN_IMAGES = 10  # a class in fewer images gives no reliable co-occurrence
 
 
@@ -101,23 +106,33 @@ def hallucination_peaks(
         partners: category -> its co-occurring class; None: :func:`co_occurring_classes` of ``instances``.
     Returns:
         ``{"co_occurring_classes": {category: class}, "methods": {method: {"mentions", "co_occurring",
-        "wrong_object", "nowhere", "wrong_object_classes": {class: count}}}}``.
+        "wrong_object", "nowhere", "wrong_object_classes": {class: count}, "grounded": {"mentions",
+        "named_object", "other_object", "nowhere"}}}}``.
     """
     partners = co_occurring_classes(instances) if partners is None else dict(partners)
     by_image = {item.image_id: item for item in explained}
     counts: dict[str, dict] = {
-        method: {"mentions": 0, **{kind: 0 for kind in PEAK_KINDS}, "wrong_object_classes": {}}
+        method: {
+            "mentions": 0,
+            **{kind: 0 for kind in PEAK_KINDS},
+            "wrong_object_classes": {},
+            "grounded": {"mentions": 0, **{kind: 0 for kind in GROUNDED_KINDS}},
+        }
         for method in methods
     }
     for row in rows:
-        if not row["hallucinated"]:
-            continue
         item = by_image[row["image_id"]]
         objects = instances.objects.get(item.image_id, [])
         for method in methods:
             target = peak_object(
                 item.maps[method][row["word"]], objects, instances.image_sizes[item.image_id], item.grid
             )
+            if not row["hallucinated"]:
+                grounded = counts[method]["grounded"]
+                grounded["mentions"] += 1
+                named = target is not None and target.category == row["category"]
+                grounded["nowhere" if target is None else "named_object" if named else "other_object"] += 1
+                continue
             kind = peak_kind(target, row["category"], partners)
             entry = counts[method]
             entry["mentions"] += 1
@@ -145,5 +160,16 @@ def peak_lines(peaks: Mapping) -> list[str]:
         lines.append(
             f"  {method:<22} of {entry['mentions']}: co-occurring object {entry['co_occurring']}, wrong "
             f"object {entry['wrong_object']}{f' ({which})' if which else ''}, nowhere {entry['nowhere']}"
+            + _grounded_clause(entry.get("grounded", {}))
         )
     return lines
+
+
+def _grounded_clause(grounded: Mapping) -> str:
+    """``"; grounded mentions: of 91, on their object 60, ..."`` (or "" without grounded mentions)."""
+    if not grounded.get("mentions"):
+        return ""
+    return (
+        f"; grounded: of {grounded['mentions']}, on their object {grounded['named_object']}, "
+        f"another {grounded['other_object']}, nowhere {grounded['nowhere']}"
+    )

@@ -59,11 +59,12 @@ def test_the_peak_lands_on_the_smallest_box_holding_its_cell():
 
 def test_each_method_s_maps_at_hallucinated_squares_are_counted_by_where_they_peak():
     words = ["a", "circle", "and", "a", "square"]
-    # image 1: "square" is hallucinated; the three methods peak on the circle, the triangle, background
+    # image 1: "square" is hallucinated; the three methods peak on the circle, the triangle, background;
+    # at the grounded "circle" the first peaks on the circle, the second on the triangle, the third nowhere
     maps_one = {
         "on_cause": np.stack([cell(0, 0)] * 4 + [cell(0, 0)]),
-        "on_decoy": np.stack([cell(0, 0)] * 4 + [cell(1, 1)]),
-        "nowhere": np.stack([cell(0, 0)] * 4 + [cell(2, 2, 0.5)]),
+        "on_decoy": np.stack([cell(0, 0), cell(1, 1)] + [cell(0, 0)] * 2 + [cell(1, 1)]),
+        "nowhere": np.stack([cell(0, 0), cell(2, 2)] + [cell(0, 0)] * 2 + [cell(2, 2, 0.5)]),
     }
     # image 2: hallucinated too; every method peaks on its circle (bottom-right cell)
     maps_two = {name: np.stack([cell(2, 2)] * 5) for name in maps_one}
@@ -77,13 +78,16 @@ def test_each_method_s_maps_at_hallucinated_squares_are_counted_by_where_they_pe
     methods = peaks["methods"]
     assert methods["on_cause"] == {
         "mentions": 2, "co_occurring": 2, "wrong_object": 0, "nowhere": 0, "wrong_object_classes": {},
+        "grounded": {"mentions": 2, "named_object": 2, "other_object": 0, "nowhere": 0},
     }  # fmt: skip
     assert methods["on_decoy"] == {
         "mentions": 2, "co_occurring": 1, "wrong_object": 1, "nowhere": 0,
         "wrong_object_classes": {"triangle": 1},
+        "grounded": {"mentions": 2, "named_object": 1, "other_object": 1, "nowhere": 0},
     }  # fmt: skip
     assert methods["nowhere"] == {
         "mentions": 2, "co_occurring": 1, "wrong_object": 0, "nowhere": 1, "wrong_object_classes": {},
+        "grounded": {"mentions": 2, "named_object": 1, "other_object": 0, "nowhere": 1},
     }  # fmt: skip
     # a partner given by the caller: the square now co-occurs with the triangle
     given = hallucination_peaks(explained, INSTANCES, rows, ["on_decoy"], {"square": "triangle"})
@@ -97,8 +101,11 @@ def test_each_method_s_maps_at_hallucinated_squares_are_counted_by_where_they_pe
     assert "square beside circle" in lines[0]
     assert any("on_decoy" in line and "wrong object 1 (triangle 1)" in line for line in lines)
     page = faithfulness_html({"methods": {}, "hallucination_peaks": peaks})
-    decoy_row = page.split("<tr><td>on_decoy</td>")[1].split("</tr>")[0]
-    assert decoy_row.count('<td class="number">') == 4 and "triangle 1" in decoy_row
+    decoy_row = page.split('<tr class="peaks" data-method="on_decoy">')[1].split("</tr>")[0]
+    assert decoy_row.count('<td class="number">') == 8 and "triangle 1" in decoy_row
+    assert any(
+        "on_decoy" in line and "grounded: of 2, on their object 1, another 1" in line for line in lines
+    )
 
 
 def test_no_hallucinated_mention_gives_zero_counts_and_no_table():
