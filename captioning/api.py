@@ -16,95 +16,64 @@ batch at a time) and figures are drawn by ``attention_figure``, so the captions 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from matplotlib.figure import Figure
 from PIL import Image
 
 from captioning.config import Config, DecodeConfig
+from captioning.config.loading import decode_config_with
 from captioning.data.images import ImageError, as_rgb_image, check_picture
 from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
-from captioning.inference.captioner import (
-    Captioned,
-    caption_records,
-    decode_config_with,
-    load_trained_captioner,
-)
-from captioning.models.captioner import Captioner
-from captioning.models.decoding import check_decoding_fits
-from captioning.models.encoders.activations import check_encoder_fits
-from captioning.utils.device import resolve_device
+from captioning.models.caption import Caption
+from captioning.models.views import attention_view
 from captioning.utils.errors import InputError
 from captioning.utils.imports import import_modules
-from captioning.visualization.views import MODES, attention_view, check_layer_choice
 
+# torch and matplotlib load with the first PyTorch model or figure: an ONNX export captions without them
 if TYPE_CHECKING:
+    import torch
+    from matplotlib.figure import Figure
+
     from captioning.explain.config import ExplainConfig
     from captioning.explain.study import WordExplanation
+    from captioning.export.model import OnnxCaptioningModel
+    from captioning.inference.captioner import Captioned
+    from captioning.models.captioner import Captioner
 
-ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
+ImageInput = "str | Path | Image.Image | np.ndarray | torch.Tensor"
 """A path, a PIL image, a (C, H, W) tensor or an (H, W, C) array (see ``as_rgb_image``)."""
 
 
-@dataclass(frozen=True, eq=False)
-class Caption:
-    """One image's caption and where the model looked for each word.
+def single_image(images: object) -> bool:
+    """Whether ``images`` is one image where a list of them is expected."""
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    kinds: tuple[type, ...] = (str, Path, Image.Image, np.ndarray)
+    return isinstance(images, kinds + ((torch.Tensor,) if torch is not None else ()))
 
-    Attributes:
-        text: the words joined by spaces (empty when the model ended at once).
-        words: the T generated words, without ``<start>`` and ``<end>``.
-        attention: (T, gh, gw) float32, each word's attention over the encoder's grid; every map
-            sums to 1. For a Transformer, the map of the attention view asked for (by default the
-            mean of the heads of the last layer; see ``attention_label``).
-        beta: (T,) the gate value of each word (``model.decoder.gate``), or None without a gate.
-        log_prob: the model's log-probability of the words and of ``<end>`` when reached.
-        score: what the search ranked by (``log_prob`` after length normalisation).
-        finished: whether ``<end>`` came within ``max_length`` words.
-        attention_label: which map ``attention`` holds, in words (``layer 3 of 3, mean of 8 heads``);
-            empty for a single map.
-        alternatives: with ``decode.num_return`` n > 1, the image's next n - 1 distinct captions,
-            ranked (this one is the first, the system's output); empty otherwise.
-    """
 
-    text: str
-    words: list[str]
-    attention: np.ndarray
-    beta: np.ndarray | None
-    log_prob: float
-    score: float
-    finished: bool
-    attention_label: str = ""
-    alternatives: tuple[Caption, ...] = ()
-
-    @property
-    def ranked(self) -> list[Caption]:
-        """This caption and its ``alternatives``: the image's captions, best first."""
-        return [self, *self.alternatives]
-
-    @classmethod
-    def of(cls, item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
-        """The public form of one decoded image (``caption_records``' output)."""
-        decoded = item.caption
-        # (T, gh, gw): one attention map per word
-        attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
-        beta = None if decoded.betas is None else decoded.betas.detach().float().cpu().numpy()  # (T,)
-        return cls(
-            item.text,
-            list(item.words),
-            attention,
-            beta,
-            float(decoded.log_prob),
-            float(decoded.score),
-            bool(decoded.finished),
-            attention_label,
-            tuple(cls.of(other, grid, attention_label) for other in item.alternatives),
-        )
+def public_caption(item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
+    """The public form of one decoded image (``caption_records``' output)."""
+    decoded = item.caption
+    # (T, gh, gw): one attention map per word
+    attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
+    beta = None if decoded.betas is None else decoded.betas.detach().float().cpu().numpy()  # (T,)
+    return Caption(
+        item.text,
+        list(item.words),
+        attention,
+        beta,
+        float(decoded.log_prob),
+        float(decoded.score),
+        bool(decoded.finished),
+        attention_label,
+        tuple(public_caption(other, grid, attention_label) for other in item.alternatives),
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,7 +183,11 @@ class CaptioningModel:
             ConfigError: an invalid or unknown decoding option.
             ValueError: a layer or head the decoder does not have.
         """
-        if isinstance(images, (str, Path, Image.Image, np.ndarray, torch.Tensor)):
+        from captioning.models.decoding import check_decoding_fits
+        from captioning.models.encoders.activations import check_encoder_fits
+        from captioning.visualization.views import check_layer_choice
+
+        if single_image(images):
             raise TypeError(
                 f"caption() takes a list of images, got one {type(images).__name__}: "
                 "pass [image] for a single image"
@@ -257,10 +230,12 @@ class CaptioningModel:
             )
             for k, image in numbered
         ]
+        from captioning.inference.captioner import caption_records
+
         captioned = caption_records(
             self.captioner, config, records, self.device, decode, progress=False, pictures=pictures
         )
-        return [Caption.of(item, self.grid, label) for item in captioned]
+        return [public_caption(item, self.grid, label) for item in captioned]
 
     def explain(
         self,
@@ -348,7 +323,7 @@ class CaptioningModel:
 
 def load(
     path: str | Path, device: str = "auto", imports: Sequence[str] = (), runtime: str = "torch"
-) -> CaptioningModel:
+) -> CaptioningModel | OnnxCaptioningModel:
     """Load a checkpoint written by ``train.py`` or a folder written by ``save_pretrained`` (or, with
     ``runtime="onnxruntime"``, by ``model.export``).
 
@@ -361,26 +336,29 @@ def load(
             decoder, a scorer, a tokenizer), imported first: module names (``my_parts``) or paths to
             ``.py`` files, as the tools' ``--import`` takes them.
         runtime: ``torch``, or ``onnxruntime``: ``path`` is a folder written by ``model.export`` whose
-            graphs ONNX Runtime runs on the CPU (``device`` ``auto`` or ``cpu``), with the same search.
+            graphs ONNX Runtime runs on the CPU (``device`` ``auto`` or ``cpu``) with the same search
+            over NumPy arrays: an ``OnnxCaptioningModel``, which needs neither torch nor torchvision
+            (``pip install "captioning[onnx-runtime]"``).
     Raises:
         CheckpointError: a missing, corrupt or foreign checkpoint or folder, or weights that do not fit
             its configuration (one line naming the file).
         EncoderWeightsError: the encoder's pretrained weights cannot be found.
     """
-    from captioning.hub.checkpoint import model_path
-
     import_modules(list(imports), option="imports")
     if runtime not in ("torch", "onnxruntime"):
         raise InputError(f"runtime must be torch or onnxruntime, got {runtime!r}")
     if runtime == "onnxruntime":
-        from captioning.export.runtime import load_onnx
+        from captioning.export.model import OnnxCaptioningModel
 
         if device not in ("auto", "cpu"):
             raise InputError(
                 f"runtime='onnxruntime' runs on the CPU: device must be auto or cpu, got {device!r}"
             )
-        captioner, config, stage = load_onnx(path)
-        return CaptioningModel(captioner, config, torch.device("cpu"), Path(path), stage, runtime)
+        return OnnxCaptioningModel.load(path)
+    from captioning.hub.checkpoint import model_path
+    from captioning.inference.captioner import load_trained_captioner
+    from captioning.utils.device import resolve_device
+
     torch_device = resolve_device(device)
     path = model_path(path)  # a run folder: the checkpoint its test scores came from
     captioner, config, reward = load_trained_captioner(path, torch_device)
@@ -399,6 +377,7 @@ def show(caption: Caption, image: ImageInput, mode: str = "bilinear") -> Figure:
         A matplotlib ``Figure`` (Agg canvas): ``.savefig(path)``, or displayed as is in a notebook.
     """
     from captioning.visualization.figures import attention_figure
+    from captioning.visualization.views import MODES
 
     if mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")

@@ -19,7 +19,16 @@ from typing import Any
 
 import yaml
 
-from captioning.config import DATASETS, DECODERS, Config, ConfigError, DataConfig, path_options, to_dict
+from captioning.config import (
+    DATASETS,
+    DECODERS,
+    Config,
+    ConfigError,
+    DataConfig,
+    DecodeConfig,
+    path_options,
+    to_dict,
+)
 from captioning.registry import FamilyRegistry
 from captioning.utils.files import not_a_regular_file
 
@@ -440,3 +449,22 @@ def save_config(config: Config, path: str | Path) -> None:
 
     text = yaml.safe_dump(to_dict(config), sort_keys=False)
     atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def decode_config_with(config: Config | DecodeConfig, **changes) -> DecodeConfig:
+    """``config``'s decoding options (a whole configuration's ``decode`` section, or a
+    ``DecodeConfig``) with the non-None ``changes`` applied, validated as one ``DecodeConfig`` of
+    the same class (a subclass's own fields may be changed too).
+
+    Raises:
+        ConfigError: a change that names no field of it (listing the fields), or an invalid value.
+    """
+    decode = config.decode if isinstance(config, Config) else config
+    names = [f.name for f in dataclasses.fields(decode)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"unknown decoding option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+            f"the options are {', '.join(names)}"
+        )
+    return dataclasses.replace(decode, **{k: v for k, v in changes.items() if v is not None})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -231,9 +232,9 @@ def _checked_pixels(value: object, entry: str) -> np.ndarray:
     """A tensor's or an array's pixels as an (H, W, C) array, uint8 or floating point in [0, 1],
     after every check ``as_rgb_image`` applies to them (a CPU tensor's pixels are a view of it)."""
     import numpy as np
-    import torch
 
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported: not imported here
+    if torch is not None and isinstance(value, torch.Tensor):
         if value.layout != torch.strided or value.is_meta:
             where = "on the meta device" if value.is_meta else f"with layout {value.layout}"
             raise ImageError(f"{entry}: a tensor image needs dense values, got a tensor {where}")

@@ -19,6 +19,16 @@ class VocabularyError(CaptioningError, ValueError):
     """A vocabulary file or dict is malformed."""
 
 
+def first_non_word(words: Sequence[object]) -> tuple[int, str] | None:
+    """The first entry of ``words`` that is a string but not a word (empty, or holding whitespace: a
+    caption's words are joined by spaces, so ``'a b'`` would read as two words and ``''`` as none),
+    as ``(index, word)``; None when every string is a word. Checked where a saved model is read."""
+    for index, word in enumerate(words):
+        if isinstance(word, str) and (not word or word.split() != [word]):
+            return index, word
+    return None
+
+
 class Vocabulary:
     """A fixed word list with the four special tokens first.
 

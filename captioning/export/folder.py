@@ -1,62 +1,61 @@
-"""An ONNX export folder: what ``model.export(folder, format="onnx")`` writes and
-``captioning.load(folder, runtime="onnxruntime")`` reads.
+"""An ONNX export folder: what ``model.export(folder, format="onnx")`` writes (``writing``) and
+``captioning.load(folder, runtime="onnxruntime")`` reads (here, without torch).
 
 ::
 
     folder/
       encoder.onnx, decoder_prepare.onnx, decoder_init.onnx, decoder_step.onnx
                        the graphs (``captioning.export.graphs``), each checked with onnx.checker
+      <graph>.data     a graph's weights kept beside it (external data: a graph past
+                       ``EXTERNAL_WEIGHTS_BYTES``), only when there is one
       config.json      what a model folder's config.json holds (format "captioning-onnx"), and
-                       "onnx": the graphs' sha256, the decoder's tensors in them (``StepLayout``),
-                       the attention map ``alpha`` reports and the quantisation, if any
+                       "onnx": the sha256 of the graphs and of their external data, the decoder's
+                       tensors in them (``StepLayout``), the attention map ``alpha`` reports and
+                       the quantisation, if any
       vocab.json       the vocabulary (the decoder's word ids)
 
 The images' preprocessing (square resize, normalisation) is the encoder fingerprint's
-(``encoder_fingerprint`` in config.json), as for the PyTorch model.
+(``encoder_fingerprint`` in config.json), as for the PyTorch model. Every file is read through the
+project's JSON reader (``captioning.utils.json_files``: its size and depth bounds), and every file the
+graphs read is checked against the sha256 config.json names before ONNX Runtime opens any of them.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from captioning.config import Config, ConfigError
 from captioning.config.loading import from_dict
-from captioning.data.vocab import Vocabulary, VocabularyError
-from captioning.export.graphs import GRAPHS, STEP, StepLayout, export_graphs
-from captioning.hub.checkpoint import CheckpointError
-from captioning.hub.model_folder import CONFIG, FORMAT, ONNX_FORMAT, VOCAB
-from captioning.hub.save import model_description, write_text
-from captioning.models.base import AttentionView
-from captioning.utils.errors import InputError
-from captioning.utils.files import atomic_write, not_a_regular_file, replace_folder
-from captioning.utils.output_paths import check_output_folder
-from captioning.utils.run_folder import CHECKPOINTS, LOCK_NAME, RunFolderError
-
-if TYPE_CHECKING:
-    from captioning.hub.save import SavableModel
+from captioning.data.tokenizers import TOKENIZERS
+from captioning.data.vocab import Vocabulary, VocabularyError, first_non_word
+from captioning.export.layout import GRAPHS, StepLayout
+from captioning.hub.identity import CONFIG, FORMAT, ONNX_FORMAT, VOCAB
+from captioning.models.views import AttentionView
+from captioning.utils.errors import CheckpointError, InputError
+from captioning.utils.files import not_a_regular_file
+from captioning.utils.json_files import JsonError, read_json_file
 
 VERSION = 1
 EXPORT_FILES = (*GRAPHS, CONFIG, VOCAB)
 QUANTISATIONS = ("none", "int8")
+MAX_DESCRIPTION_BYTES = 16 * 2**20  # config.json and vocab.json (a 100,000-word vocabulary: ~2 MB)
+MAX_EXTERNAL_FILES = 64
 
 
-def require(module: str) -> ModuleType:
+def require(module: str, extra: str = "onnx") -> ModuleType:
     """Import ``onnx`` or ``onnxruntime``, or stop with the one line that says how to install them."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError:
         raise InputError(
-            f'ONNX export and runtime need the {module} library: pip install -e ".[onnx]"'
+            f'ONNX export and runtime need the {module} library: pip install -e ".[{extra}]"'
         ) from None
 
 
@@ -70,6 +69,7 @@ class ExportDescription:
         label: that map in words (``Caption.attention_label``).
         quantisation: ``none``, or ``int8`` (dynamic int8 weights of the decoder step).
         hashes: file name -> sha256 of each graph.
+        external: file name -> sha256 of each file of external data the graphs read (often none).
     """
 
     layout: StepLayout
@@ -77,9 +77,11 @@ class ExportDescription:
     label: str
     quantisation: str
     hashes: dict[str, str]
+    external: dict[str, str]
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -87,115 +89,17 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_export_target(folder: Path, overwrite: bool) -> None:
-    """Refuse, before any work, a folder the export must not replace: a run folder, a model folder or
-    any folder holding other files; an earlier ONNX export only with ``overwrite``."""
-    check_output_folder(folder, "export")
-    if not folder.is_dir():
-        return
-    names = sorted(os.listdir(folder))
-    if not names:
-        return
-    run_marks = [n for n in (CHECKPOINTS, "config.yaml", "history.json", LOCK_NAME) if n in names]
-    if run_marks:
-        raise RunFolderError(
-            f"{folder}: a run folder (holds {', '.join(run_marks)}); export writes a folder of its own: "
-            f"give a new folder, e.g. {folder / 'onnx'}"
-        )
-    others = [name for name in names if name not in EXPORT_FILES]
-    if others or _format_of(folder / CONFIG) != ONNX_FORMAT:
-        listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        why = f"holds {listed}" if others else f"its {CONFIG} is not an ONNX export's"
-        raise RunFolderError(f"{folder}: not an ONNX export ({why}); give a new or empty folder")
-    if not overwrite:
-        raise RunFolderError(f"{folder}: holds an ONNX export already; pass overwrite=True to replace it")
-    for name in EXPORT_FILES:
-        problem = not_a_regular_file(folder / name)
-        if problem:
-            raise RunFolderError(f"{folder / name}: {problem}; an export's files are regular files")
-
-
-def _format_of(path: Path) -> str | None:
-    try:
-        description = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return description.get("format") if isinstance(description, dict) else None
-
-
-def export_onnx(
-    model: SavableModel, folder: str | Path, overwrite: bool = False, quantise: str = "none"
-) -> Path:
-    """Write ``model`` as an ONNX export (see the module docstring), as one unit (``replace_folder``).
-
-    The graphs are traced from a CPU copy of the model in eval mode, reporting the default attention
-    map (the mean of the heads of the last layer); ``model`` itself is left as it was.
-
-    Args:
-        quantise: ``none``, or ``int8``: the decoder step's matrix products with int8 weights
-            (``onnxruntime.quantization.quantize_dynamic``) for the CPU; the encoder stays float.
-    Raises:
-        RunFolderError: ``folder`` is a file, a run folder or holds other files (see
-            ``check_export_target``), before any work.
-        InputError: ``quantise`` is not one of ``QUANTISATIONS``; onnx or onnxruntime is missing.
-    """
-    folder = Path(folder)
-    if quantise not in QUANTISATIONS:
-        raise InputError(f"quantise must be one of {', '.join(QUANTISATIONS)}, got {quantise!r}")
-    check_export_target(folder, overwrite)
-    require("onnx")
-    if quantise != "none":
-        require("onnxruntime")
-    captioner = copy.deepcopy(model.captioner).to("cpu").eval()
-    captioner.decoder.set_attention_view(AttentionView())
-    description = model_description(model, ONNX_FORMAT, VERSION)
-
-    def write(staging: Path) -> None:
-        layout = export_graphs(captioner, staging)
-        if quantise == "int8":
-            _quantise(staging / STEP)
-        description["onnx"] = {
-            "graphs": {name: _sha256(staging / name) for name in GRAPHS},
-            "layout": asdict(layout),
-            "attention_view": asdict(captioner.decoder.attention_view),
-            "attention_label": captioner.decoder.describe_attention(),
-            "quantisation": quantise,
-            "torch": torch.__version__,
-        }
-        write_text(staging / VOCAB, json.dumps(model.vocab.to_dict(), ensure_ascii=False))
-        write_text(staging / CONFIG, json.dumps(description, indent=2))
-
-    replace_folder(folder, write)
-    return folder
-
-
-def _quantise(path: Path) -> None:
-    """``path`` replaced by its int8 dynamic quantisation (weights of MatMul and Gemm in int8)."""
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    def write(temporary: Path) -> None:
-        previous = logging.root.manager.disable
-        logging.disable(logging.WARNING)  # its advice to run shape inference first: the graph has the shapes
-        try:
-            quantize_dynamic(str(path), str(temporary), weight_type=QuantType.QInt8)
-        finally:
-            logging.disable(previous)
-
-    atomic_write(path, write)
-
-
 def read_export(folder: str | Path) -> tuple[Config, Vocabulary, dict[str, Any], ExportDescription]:
-    """Read and check an ONNX export's config.json and vocab.json, and that its graphs are the ones
-    config.json names.
+    """Read and check an ONNX export's config.json and vocab.json, and that its graphs (and their
+    external data) are the ones config.json names.
 
     Returns:
         The configuration, the vocabulary, config.json as read, and what it says of the graphs.
     Raises:
-        CheckpointError: a folder that is not an ONNX export, a missing or unreadable file, a graph
-            whose bytes are not those config.json names, an entry of config.json with a wrong value
-            (one line naming the file and the entry).
+        CheckpointError: a folder that is not an ONNX export, a missing or unreadable file, JSON past
+            the project's bounds, a word that is empty or holds whitespace, a graph or external data
+            file whose bytes are not those config.json names, a file config.json does not name, an
+            entry of config.json with a wrong value (one line naming the file and the entry).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -204,7 +108,7 @@ def read_export(folder: str | Path) -> tuple[Config, Vocabulary, dict[str, Any],
             f"{folder}: {what}; runtime='onnxruntime' loads a folder written by model.export"
         )
     path = folder / CONFIG
-    description = _read_json(path)
+    description = read_json(path)
     kind = description.get("format") if isinstance(description, dict) else None
     if kind == FORMAT:
         raise CheckpointError(
@@ -221,13 +125,31 @@ def read_export(folder: str | Path) -> tuple[Config, Vocabulary, dict[str, Any],
             f"{path}: ONNX export version {description.get('version')!r:.20} is not supported "
             f"(this code reads version {VERSION})"
         )
+    words = read_json(folder / VOCAB)
     try:
         config = from_dict(description["config"], stored=True)
-        vocab = Vocabulary.from_dict(_read_json(folder / VOCAB))
+        vocab = Vocabulary.from_dict(words)
     except (ConfigError, VocabularyError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"{path}: invalid stored configuration or vocabulary ({error})") from None
+    _check_words(folder, config, vocab)
     graphs = _entry(description, "onnx", dict, path)
     return config, vocab, description, _check_graphs(folder, graphs, path)
+
+
+def _check_words(folder: Path, config: Config, vocab: Vocabulary) -> None:
+    """The rules a model folder's words follow (``captioning.hub.model_folder``): a registered
+    tokenizer, and words that are neither empty nor hold whitespace."""
+    if config.data.tokenizer not in TOKENIZERS:
+        raise CheckpointError(
+            f"{folder / CONFIG}: data.tokenizer {config.data.tokenizer!r:.60} names no registered "
+            f"tokenizer (registered: {', '.join(TOKENIZERS.names())})"
+        )
+    found = first_non_word(vocab.itos)
+    if found is not None:
+        raise CheckpointError(
+            f"{folder / VOCAB}: words[{found[0]}] {found[1]!r:.60} is not a word (empty or holding "
+            "whitespace, where a caption's words are joined by spaces)"
+        )
 
 
 def _entry(mapping: dict, key: str, kind: type, path: Path, where: str = "") -> Any:
@@ -268,19 +190,54 @@ def _check_graphs(folder: Path, graphs: dict, path: Path) -> ExportDescription:
         problem = not_a_regular_file(graph) or (None if graph.exists() else "file not found")
         if problem:
             raise CheckpointError(f"{graph}: {problem} (an ONNX export holds {', '.join(GRAPHS)})")
-        expected = hashes.get(name)
-        if not isinstance(expected, str):
+        if not isinstance(hashes.get(name), str):
             raise CheckpointError(f'{path}: entry "onnx.graphs.{name}" must be the graph\'s sha256')
-        if _sha256(graph) != expected:
-            raise CheckpointError(
-                f"{graph}: not the graph {CONFIG} names (its sha256 differs): the export was changed "
-                "after it was written; export the model again"
-            )
+        _check_hash(graph, hashes[name], "graph")
+        if graph.stat().st_size == 0:  # an empty file parses as an empty graph in ONNX Runtime
+            raise CheckpointError(f"{graph}: an empty file, not an ONNX graph; export the model again")
+    external = _check_external(folder, graphs.get("external_data", {}), path)
     layout = StepLayout(counts[0], counts[1], beta)
-    return ExportDescription(layout, AttentionView(*view), label, quantisation, dict(hashes))
+    return ExportDescription(layout, AttentionView(*view), label, quantisation, dict(hashes), external)
 
 
-def _read_json(path: Path) -> Any:
+def _check_hash(file: Path, expected: str, what: str) -> None:
+    if sha256(file) != expected:
+        raise CheckpointError(
+            f"{file}: not the {what} {CONFIG} names (its sha256 differs): the export was changed "
+            "after it was written; export the model again"
+        )
+
+
+def _check_external(folder: Path, entry: Any, path: Path) -> dict[str, str]:
+    """The graphs' external data files: each one config.json names, unchanged; any other file in the
+    folder is refused (a graph reads only files beside it, so a file not named is one nobody checked)."""
+    if not isinstance(entry, dict) or len(entry) > MAX_EXTERNAL_FILES:
+        raise CheckpointError(
+            f'{path}: entry "onnx.external_data" must map at most {MAX_EXTERNAL_FILES} file names to '
+            f"their sha256, got {json.dumps(entry)[:60]}"
+        )
+    for name, digest in entry.items():
+        if not isinstance(digest, str) or name in EXPORT_FILES or Path(name).name != name:
+            raise CheckpointError(
+                f'{path}: entry "onnx.external_data" must name files beside the graphs with their '
+                f"sha256, got {name!r:.60}: {json.dumps(digest)[:40]}"
+            )
+        file = folder / name
+        problem = not_a_regular_file(file) or (None if file.exists() else "file not found")
+        if problem:
+            raise CheckpointError(f"{file}: {problem} ({CONFIG} names it as a graph's external data)")
+        _check_hash(file, digest, "external data")
+    others = sorted(set(os.listdir(folder)) - set(EXPORT_FILES) - set(entry))
+    if others:
+        raise CheckpointError(
+            f"{folder / others[0]}: a file {CONFIG} does not name (an ONNX export holds its graphs, "
+            f'their external data listed in "onnx.external_data", {CONFIG} and {VOCAB}); remove it'
+        )
+    return dict(entry)
+
+
+def read_json(path: Path) -> Any:
+    """An export's JSON file, through the project's JSON reader (size, depth and integer bounds)."""
     problem = not_a_regular_file(path) or (None if path.exists() else "file not found")
     if problem:
         raise CheckpointError(
@@ -288,9 +245,11 @@ def _read_json(path: Path) -> Any:
             "model.export(folder, format='onnx') writes them)"
         )
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+        return read_json_file(path, MAX_DESCRIPTION_BYTES)
+    except JsonError as error:  # names the file and what is wrong
+        raise CheckpointError(str(error)) from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read ({error.strerror or error})") from None
 
 
-__all__ = ["ExportDescription", "check_export_target", "export_onnx", "read_export", "require"]
+__all__ = ["EXPORT_FILES", "ExportDescription", "read_export", "read_json", "require", "sha256"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,14 @@ import torch
 from torch import Tensor, nn
 
 from captioning.data.vocab import Vocabulary
+from captioning.export.layout import ENCODER, INIT, PREPARE, STEP, StepLayout
 from captioning.models.base import CaptionDecoder
 from captioning.models.captioner import Captioner
 
 OPSET = 17  # LayerNormalization is an operator from opset 17 on; ONNX Runtime 1.17 runs up to 20
-ENCODER, PREPARE, INIT, STEP = (
-    "encoder.onnx",
-    "decoder_prepare.onnx",
-    "decoder_init.onnx",
-    "decoder_step.onnx",
-)
-GRAPHS = (ENCODER, PREPARE, INIT, STEP)
+# A graph whose weights pass this keeps them beside it, in ``<graph>.data`` (ONNX's external data: one
+# protobuf file holds at most 2 GiB); its hash is config.json's as the graph's is.
+EXTERNAL_WEIGHTS_BYTES = 2**30
 
 
 def flatten(value: Any) -> list[Tensor]:
@@ -61,30 +57,6 @@ def rebuild(template: Any, tensors: Iterator[Tensor]) -> Any:
         items = [rebuild(item, tensors) for item in template]
         return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
     return template
-
-
-@dataclass(frozen=True)
-class StepLayout:
-    """How the decoder's tensors lie in the graphs' inputs and outputs (stored in config.json).
-
-    Attributes:
-        prepared: the number of ``prepared_*`` tensors.
-        state: the number of ``state_*`` tensors.
-        beta: whether the step outputs ``beta`` (a decoder with a gate).
-    """
-
-    prepared: int
-    state: int
-    beta: bool
-
-    def prepared_names(self) -> list[str]:
-        return [f"prepared_{i}" for i in range(self.prepared)]
-
-    def state_names(self, prefix: str = "state") -> list[str]:
-        return [f"{prefix}_{i}" for i in range(self.state)]
-
-    def step_outputs(self) -> list[str]:
-        return ["log_probs", "alpha", *(["beta"] if self.beta else []), *self.state_names("next_state")]
 
 
 class _Encode(nn.Module):
@@ -137,6 +109,7 @@ def _export(
 ) -> None:
     import onnx
 
+    before = set(path.parent.iterdir())
     with warnings.catch_warnings():
         # The exporter announces its successor and notes the slices it could not fold; neither
         # changes the graph written.
@@ -151,7 +124,29 @@ def _export(
             dynamic_axes=dynamic_axes,
             opset_version=OPSET,
         )
+    _weights_beside(path, set(path.parent.iterdir()) - before - {path})
     onnx.checker.check_model(str(path), full_check=True)
+
+
+def _weights_beside(path: Path, written: set[Path]) -> None:
+    """Keep the weights of the graph at ``path`` in one file beside it, ``<graph>.data``, when they pass
+    ``EXTERNAL_WEIGHTS_BYTES`` (``written``: the files the exporter wrote beside it, replaced)."""
+    import onnx
+
+    model = onnx.load(str(path))  # with the weights of ``written``, if any
+    if sum(tensor.ByteSize() for tensor in model.graph.initializer) <= EXTERNAL_WEIGHTS_BYTES:
+        return
+    location = f"{path.name}.data"
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=0,
+    )
+    for file in written - {path.parent / location}:
+        file.unlink()
 
 
 def _growing_axes(before: list[Tensor], after: list[Tensor]) -> list[list[int]]:

@@ -1,40 +1,61 @@
-"""Captioning with an ONNX export through ONNX Runtime, with the project's own search.
+"""An ONNX export's graphs run by ONNX Runtime on the CPU, over NumPy arrays: no torch.
 
-The graphs run in ONNX Runtime (CPU): the encoder, and the decoder's ``prepare``, ``init_state`` and
-``step``. They are wrapped in the two parts a ``Captioner`` is made of, so that everything above runs
-unchanged: ``OnnxEncoder`` (an ``Encoder``: the images' preprocessing comes from the export's encoder
-fingerprint) and ``OnnxDecoder`` (a ``CaptionDecoder``: greedy, sampling and beam search in
-``captioning.models.decoding`` call its ``prepare``, ``init_state``, ``step`` and the state's
-``select``). PyTorch remains only as the glue: the images' resize and normalisation
-(torchvision), and the search's bookkeeping over the arrays the graphs return (top-k, reordering
-rows), each array passed between torch and numpy without a copy where it can be.
+``load_networks(folder)`` reads the folder (``captioning.export.folder``), opens the four graphs and
+checks them on one blank image; it returns ``OnnxNetworks``: the images' preprocessing (PIL and
+NumPy, from the export's encoder fingerprint: ``Preprocessing``), the encoder, and the decoder's
+``prepare``, ``init_state`` and ``step``, which the search (``captioning.export.search``) drives as
+``captioning.models.decoding`` drives a PyTorch decoder.
+
+Every failure of ONNX Runtime, when a graph is opened or run (a malformed graph, one that asks for
+more memory than there is), is one line naming the graph's file (``CheckpointError``).
 """
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor, nn
-from torchvision.transforms import InterpolationMode
+from PIL import Image
 
 from captioning.config import Config
-from captioning.export.folder import read_export, require
-from captioning.export.graphs import ENCODER, INIT, PREPARE, STEP, StepLayout
-from captioning.hub.checkpoint import CheckpointError
-from captioning.hub.model_folder import CONFIG
-from captioning.models.base import AttentionView, CaptionDecoder, StepOutput
-from captioning.models.captioner import Captioner
-from captioning.models.encoders.registry import Encoder, image_transform
-from captioning.utils.errors import InputError
+from captioning.data.vocab import Vocabulary
+from captioning.export.folder import ExportDescription, read_export, require
+from captioning.export.layout import ENCODER, INIT, PREPARE, STEP, StepLayout
+from captioning.hub.identity import CONFIG
+from captioning.utils.errors import CheckpointError
+
+# torchvision's InterpolationMode values -> the PIL filter its Resize applies to a PIL image
+RESAMPLING = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+    "lanczos": Image.Resampling.LANCZOS,
+}
 
 
-def _array(tensor: Tensor) -> np.ndarray:
-    """A C-contiguous numpy view (a copy only when the tensor is not contiguous)."""
-    return np.ascontiguousarray(tensor.detach().cpu().numpy())
+def _runtime_errors() -> tuple[type[BaseException], ...]:
+    """Every exception class ONNX Runtime raises (each derives from ``Exception`` alone)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    kinds = [getattr(state, name) for name in dir(state)]
+    return tuple(k for k in kinds if isinstance(k, type) and issubclass(k, Exception)) + (MemoryError,)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
+
+
+def default_threads() -> int:
+    """Intra-op threads: ``OMP_NUM_THREADS`` when set (as torch reads it), else ONNX Runtime's default."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 0
 
 
 class Graph:
@@ -43,24 +64,22 @@ class Graph:
     Args:
         path: the .onnx file.
         inputs, outputs: the names the graph must take and give, in order.
-        threads: intra-op threads (the process's torch setting, so both runtimes get the same).
+        threads: intra-op threads (0: ONNX Runtime's default).
     Raises:
         CheckpointError: ONNX Runtime cannot load the file, or its inputs or outputs differ.
     """
 
-    def __init__(self, path: Path, inputs: list[str], outputs: list[str], threads: int):
-        ort = require("onnxruntime")
-        from onnxruntime.capi import onnxruntime_pybind11_state as state
-
+    def __init__(self, path: Path, inputs: list[str], outputs: list[str], threads: int = 0):
+        ort = require("onnxruntime", "onnx-runtime")
+        self.errors = _runtime_errors()
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only: not the notes on the nodes it places
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except (state.Fail, state.InvalidGraph, state.InvalidProtobuf, state.NoSuchFile) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CheckpointError(f"{path}: ONNX Runtime cannot load it ({first[:200]})") from None
+        except self.errors as error:
+            raise CheckpointError(f"{path}: ONNX Runtime cannot load it ({_first_line(error)})") from None
         got_inputs = [i.name for i in self.session.get_inputs()]
         got_outputs = [o.name for o in self.session.get_outputs()]
         if got_inputs != inputs or got_outputs != outputs:
@@ -70,150 +89,99 @@ class Graph:
             )
         self.path = path
 
-    def run(self, feeds: dict[str, Tensor]) -> list[Tensor]:
-        """The outputs, as CPU tensors sharing the arrays ONNX Runtime returned."""
-        arrays = self.session.run(None, {name: _array(value) for name, value in feeds.items()})
-        return [torch.from_numpy(np.asarray(array)) for array in arrays]
+    def input_shape(self, index: int = 0) -> list[Any]:
+        """The shape the graph declares for an input (a name for a dynamic axis)."""
+        return list(self.session.get_inputs()[index].shape)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The outputs, as NumPy arrays.
+
+        Raises:
+            CheckpointError: ONNX Runtime fails to run it (one line naming the file).
+        """
+        try:
+            return list(self.session.run(None, feeds))
+        except self.errors as error:
+            raise CheckpointError(
+                f"{self.path}: ONNX Runtime failed running it ({_first_line(error)})"
+            ) from None
 
 
-class OnnxEncoder(Encoder):
-    """An ``Encoder`` whose network is the export's encoder graph, run by ONNX Runtime.
+@dataclass(frozen=True)
+class Preprocessing:
+    """PIL RGB image -> normalised (3, S, S) float32 array, as the PyTorch model's transform: resized to
+    a square without cropping with the fingerprint's filter, scaled to [0, 1], normalised per channel
+    (``torchvision``'s ``Resize`` on a PIL image is PIL's resize; ``ToTensor`` divides by 255)."""
 
-    It reports what an encoder reports (``channels``, ``grid``, ``transform``, ``fingerprint``) from
-    the encoder fingerprint stored at export; it has no parameters and nothing to fine-tune, and is
-    its own inference copy.
+    image_size: int
+    interpolation: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
 
-    Args:
-        graph: the session of ``encoder.onnx``: (B, 3, S, S) -> (B, P, C).
-        fingerprint: the trained encoder's ``Encoder.fingerprint()`` (checked by ``_fingerprint``).
+    def __call__(self, picture: Image.Image) -> np.ndarray:
+        size = (self.image_size, self.image_size)
+        pixels = np.asarray(picture.convert("RGB").resize(size, RESAMPLING[self.interpolation]))
+        scaled = pixels.astype(np.float32) / np.float32(255.0)  # (S, S, 3)
+        mean = np.asarray(self.mean, dtype=np.float32)
+        std = np.asarray(self.std, dtype=np.float32)
+        return np.ascontiguousarray(((scaled - mean) / std).transpose(2, 0, 1))  # (3, S, S)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One decoding step of N rows: ``log_probs`` (N, V), ``alpha`` (N, P), ``beta`` (N,) or None, and
+    the next state's arrays (each (N, ...))."""
+
+    log_probs: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray | None
+    state: tuple[np.ndarray, ...]
+
+
+class OnnxNetworks:
+    """The export's four graphs, and what they need to be fed: the preprocessing and the sizes.
+
+    Attributes:
+        preprocessing: picture -> (3, S, S) array.
+        grid: (gh, gw); ``positions`` P = gh * gw; ``channels`` C; ``vocab_size`` V.
     """
-
-    def __init__(self, graph: Graph, fingerprint: dict[str, Any]):
-        nn.Module.__init__(self)  # no network of its own to build: the graph is the network
-        self.graph = graph
-        self.stored_fingerprint = fingerprint
-        self.name = str(fingerprint["name"])
-        self.image_size = int(fingerprint["image_size"])
-        self.grid = (int(fingerprint["grid"][0]), int(fingerprint["grid"][1]))
-        self.native_grid = self.grid
-        self.grid_size = 0
-        self.channels = int(fingerprint["channels"])
-        self.mean = tuple(float(v) for v in fingerprint["normalisation"]["mean"])
-        self.std = tuple(float(v) for v in fingerprint["normalisation"]["std"])
-        self.interpolation = InterpolationMode(fingerprint["interpolation"])
-        self.weights = fingerprint["weights"]
-        self.channels_last = False
-        self.position_embedding_size = fingerprint.get("position_embedding_size")
-        self._stages = ()
-        self.trainable_stages = 0
-        self.transform = image_transform(self.image_size, self.interpolation, self.mean, self.std)
-
-    def forward(self, images: Tensor) -> Tensor:
-        """(B, 3, S, S) normalised images -> (B, P, C) annotation vectors, through ONNX Runtime."""
-        return self.graph.run({"images": images.float()})[0]
-
-    def inference_copy(self) -> Encoder:
-        return self  # nothing to fold: the graph was traced from the folded copy
-
-    def train(self, mode: bool = True) -> OnnxEncoder:
-        if mode:
-            raise InputError("a model run by ONNX Runtime cannot be trained")
-        nn.Module.train(self, False)
-        return self
-
-    def fingerprint(self) -> dict[str, Any]:
-        return dict(self.stored_fingerprint)
-
-
-class OnnxPrepared(NamedTuple):
-    """The per-image tensors of ``decoder_prepare`` (each (B, ...)), read by ``group`` rows per image."""
-
-    tensors: tuple[Tensor, ...]
-    grid_positions: int  # P
-    group: int = 1
-
-    @property
-    def positions(self) -> int:
-        return self.grid_positions
-
-    def select(self, index: Tensor) -> OnnxPrepared:
-        return self._replace(tensors=tuple(t.index_select(0, index) for t in self.tensors))
-
-    def head(self, n: int) -> OnnxPrepared:
-        return self._replace(tensors=tuple(t[:n] for t in self.tensors))
-
-
-class OnnxState(NamedTuple):
-    """The decoder's state of N rows as the graphs hold it (each (N, ...)): reordered by ``select``."""
-
-    tensors: tuple[Tensor, ...]
-
-    def select(self, index: Tensor) -> OnnxState:
-        return OnnxState(tuple(t.index_select(0, index) for t in self.tensors))
-
-
-class OnnxDecoder(CaptionDecoder):
-    """A ``CaptionDecoder`` whose ``prepare``, ``init_state`` and ``step`` are the export's graphs.
-
-    Args:
-        graphs: the sessions of ``decoder_prepare``, ``decoder_init`` and ``decoder_step``.
-        layout: the decoder's tensors in them.
-        vocab_size, annotation_dim, positions: V, C and P.
-        view, label: the attention map ``alpha`` reports (fixed when the graphs were traced).
-    """
-
-    input_weight = ""
-    layered = True  # the view is the export's: set_attention_view refuses any other
 
     def __init__(
         self,
-        graphs: tuple[Graph, Graph, Graph],
+        graphs: tuple[Graph, Graph, Graph, Graph],
         layout: StepLayout,
+        preprocessing: Preprocessing,
+        grid: tuple[int, int],
+        channels: int,
         vocab_size: int,
-        annotation_dim: int,
-        positions: int,
-        view: AttentionView,
-        label: str,
     ):
-        super().__init__()
-        self.prepare_graph, self.init_graph, self.step_graph = graphs
-        self.layout = layout
-        self.vocab_size, self.annotation_dim, self.positions = vocab_size, annotation_dim, positions
-        self.attention_view = view
-        self.label = label
+        self.encoder, self.prepare_graph, self.init_graph, self.step_graph = graphs
+        self.layout, self.preprocessing = layout, preprocessing
+        self.grid, self.channels, self.vocab_size = grid, channels, vocab_size
+        self.positions = grid[0] * grid[1]
 
-    def set_attention_view(self, view: AttentionView) -> None:
-        """Only the map the graphs were traced with: another one needs the PyTorch model.
+    def encode(self, images: np.ndarray) -> np.ndarray:
+        """(B, 3, S, S) normalised images -> (B, P, C) annotation vectors."""
+        return self.encoder.run({"images": images.astype(np.float32, copy=False)})[0]
 
-        Raises:
-            InputError: a view other than the exported one.
-        """
-        if view != self.attention_view:
-            raise InputError(
-                "this ONNX export reports one attention map "
-                f"({self.label or 'the only one'}): choose a layer or head with the PyTorch model"
-            )
+    def prepare(self, annotations: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per-image work on (B, P, C), once per image: each array (B, ...)."""
+        return tuple(self.prepare_graph.run({"annotations": annotations}))
 
-    def describe_attention(self) -> str:
-        return self.label
-
-    def prepare(self, annotations: Tensor) -> OnnxPrepared:
-        """Per-image work on (B, P, C), once per image."""
-        return OnnxPrepared(tuple(self.prepare_graph.run({"annotations": annotations})), self.positions)
-
-    def init_state(self, annotations: Tensor) -> OnnxState:
+    def init_state(self, annotations: np.ndarray) -> tuple[np.ndarray, ...]:
         """The state before the first word, one row per image of (B, P, C)."""
-        return OnnxState(tuple(self.init_graph.run({"annotations": annotations})))
+        return tuple(self.init_graph.run({"annotations": annotations}))
 
-    def step(self, prepared: OnnxPrepared, tokens: Tensor, state: OnnxState) -> StepOutput:
-        """Advance N = B * ``prepared.group`` rows by one word (see ``CaptionDecoder.step``)."""
-        feeds = {"tokens": tokens.long()}
-        feeds.update(zip(self.layout.prepared_names(), prepared.tensors, strict=True))
-        feeds.update(zip(self.layout.state_names(), state.tensors, strict=True))
+    def step(
+        self, prepared: tuple[np.ndarray, ...], tokens: np.ndarray, state: tuple[np.ndarray, ...]
+    ) -> StepResult:
+        """Advance N = B * G rows (G per image, image-major; G read from the shapes) by one word."""
+        feeds = {"tokens": tokens.astype(np.int64, copy=False)}
+        feeds.update(zip(self.layout.prepared_names(), prepared, strict=True))
+        feeds.update(zip(self.layout.state_names(), state, strict=True))
         outputs = self.step_graph.run(feeds)
-        log_probs, alpha = outputs[0], outputs[1]
         beta = outputs[2] if self.layout.beta else None
-        return StepOutput(log_probs, OnnxState(tuple(outputs[2 + self.layout.beta :])), alpha, beta)
+        return StepResult(outputs[0], outputs[1], beta, tuple(outputs[2 + self.layout.beta :]))
 
 
 def _is_int(value: Any, low: int = 1, high: int = 1 << 20) -> bool:
@@ -245,7 +213,7 @@ def _fingerprint(description: dict[str, Any], path: Path) -> dict[str, Any]:
             and isinstance(grid, list)
             and len(grid) == 2
             and all(_is_int(g, 1, 8192) for g in grid)
-            and fingerprint.get("interpolation") in {mode.value for mode in InterpolationMode}
+            and fingerprint.get("interpolation") in RESAMPLING
             and isinstance(normalisation, dict)
             and _numbers(normalisation.get("mean"))
             and _numbers(normalisation.get("std"), positive=True)
@@ -258,25 +226,34 @@ def _fingerprint(description: dict[str, Any], path: Path) -> dict[str, Any]:
     return fingerprint
 
 
-def load_onnx(folder: str | Path) -> tuple[Captioner, Config, str]:
-    """The captioner of an ONNX export, run by ONNX Runtime on the CPU.
+def load_networks(
+    folder: str | Path, threads: int | None = None
+) -> tuple[OnnxNetworks, Config, Vocabulary, ExportDescription, str]:
+    """The graphs of an ONNX export, opened and checked on one blank image.
 
     Returns:
-        The ``Captioner`` (``OnnxEncoder`` and ``OnnxDecoder``), the configuration it was trained
-        with and its training stage (``xe``, or ``scst`` after self-critical epochs).
+        The networks, the configuration the model was trained with, its vocabulary, what config.json
+        says of the graphs, and its training stage (``xe``, or ``scst`` after self-critical epochs).
     Raises:
-        CheckpointError: not an export, a missing, changed or unreadable file, a tampered
-            config.json (one line naming the file and the entry).
+        CheckpointError: not an export, a missing, changed or unreadable file, a tampered config.json,
+            a graph that does not fit config.json or fails its check (one line naming the file).
         InputError: onnxruntime is not installed.
     """
-    require("onnxruntime")
+    require("onnxruntime", "onnx-runtime")
     folder = Path(folder)
     config, vocab, description, export = read_export(folder)
     fingerprint = _fingerprint(description, folder / CONFIG)
-    threads = torch.get_num_threads()
+    threads = default_threads() if threads is None else threads
     layout = export.layout
-    encoder = OnnxEncoder(Graph(folder / ENCODER, ["images"], ["annotations"], threads), fingerprint)
+    encoder = Graph(folder / ENCODER, ["images"], ["annotations"], threads)
+    size = int(fingerprint["image_size"])
+    if encoder.input_shape()[1:] != [3, size, size]:
+        raise CheckpointError(
+            f"{folder / ENCODER}: takes images of {tuple(encoder.input_shape()[1:])} (channels, height, "
+            f'width), but {folder / CONFIG} entry "encoder_fingerprint.image_size" says {size}'
+        )
     graphs = (
+        encoder,
         Graph(folder / PREPARE, ["annotations"], layout.prepared_names(), threads),
         Graph(folder / INIT, ["annotations"], layout.state_names(), threads),
         Graph(
@@ -286,32 +263,39 @@ def load_onnx(folder: str | Path) -> tuple[Captioner, Config, str]:
             threads,
         ),
     )
-    positions = encoder.grid[0] * encoder.grid[1]
-    decoder = OnnxDecoder(graphs, layout, len(vocab), encoder.channels, positions, export.view, export.label)
-    _check_sizes(folder, encoder, decoder, len(vocab))
+    normalisation = fingerprint["normalisation"]
+    preprocessing = Preprocessing(
+        size,
+        fingerprint["interpolation"],
+        tuple(float(v) for v in normalisation["mean"]),  # type: ignore[arg-type]
+        tuple(float(v) for v in normalisation["std"]),  # type: ignore[arg-type]
+    )
+    grid = (int(fingerprint["grid"][0]), int(fingerprint["grid"][1]))
+    networks = OnnxNetworks(graphs, layout, preprocessing, grid, int(fingerprint["channels"]), len(vocab))
+    _check_sizes(folder, networks)
     stage = "scst" if description.get("stage") == "scst" else "xe"
-    captioner = Captioner(encoder, decoder, vocab, config.model)
-    return captioner.eval(), config, stage
+    return networks, config, vocab, export, stage
 
 
-def _check_sizes(folder: Path, encoder: OnnxEncoder, decoder: OnnxDecoder, words: int) -> None:
+def _check_sizes(folder: Path, networks: OnnxNetworks) -> None:
     """One blank image through every graph, its sizes against config.json's: the annotations (P, C),
     the step's log_probs (V) and alpha (P)."""
-    from captioning.data.vocab import Vocabulary
-
-    with torch.inference_mode():
-        images = torch.zeros(1, 3, encoder.image_size, encoder.image_size)
-        annotations = encoder(images)
-        expected = (1, decoder.positions, encoder.channels)
-        if tuple(annotations.shape) != expected:
-            raise CheckpointError(
-                f"{folder / ENCODER}: gives annotations of {tuple(annotations.shape)[1:]} (positions, "
-                f'channels), but {folder / CONFIG} entry "encoder_fingerprint" says {expected[1:]}'
-            )
-        tokens = torch.full((1,), Vocabulary.start_id, dtype=torch.long)
-        output = decoder.step(decoder.prepare(annotations), tokens, decoder.init_state(annotations))
-    if tuple(output.log_probs.shape) != (1, words) or tuple(output.alpha.shape) != (1, decoder.positions):
+    size = networks.preprocessing.image_size
+    annotations = networks.encode(np.zeros((1, 3, size, size), dtype=np.float32))
+    expected = (1, networks.positions, networks.channels)
+    if tuple(annotations.shape) != expected:
+        raise CheckpointError(
+            f"{folder / ENCODER}: gives annotations of {tuple(annotations.shape)[1:]} (positions, "
+            f'channels), but {folder / CONFIG} entry "encoder_fingerprint" says {expected[1:]}'
+        )
+    tokens = np.full((1,), Vocabulary.start_id, dtype=np.int64)
+    output = networks.step(networks.prepare(annotations), tokens, networks.init_state(annotations))
+    words, positions = networks.vocab_size, networks.positions
+    if output.log_probs.shape != (1, words) or output.alpha.shape != (1, positions):
         raise CheckpointError(
             f"{folder / STEP}: scores {output.log_probs.shape[-1]} words over {output.alpha.shape[-1]} "
-            f"positions, but the export's vocabulary has {words} words and its grid {decoder.positions}"
+            f"positions, but the export's vocabulary has {words} words and its grid {positions}"
         )
+
+
+__all__ = ["Graph", "OnnxNetworks", "Preprocessing", "StepResult", "load_networks"]

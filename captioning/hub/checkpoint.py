@@ -20,7 +20,7 @@ import torch
 from captioning.config import Config, ConfigError, LSTMDecoderConfig, to_dict
 from captioning.config.loading import from_dict
 from captioning.data.vocab import Vocabulary, VocabularyError
-from captioning.utils.errors import CaptioningError
+from captioning.utils.errors import CheckpointError
 from captioning.utils.files import NoSpaceError, atomic_write, not_a_regular_file
 from captioning.utils.json_files import read_json_file
 from captioning.utils.state_files import StateFileError, read_state_file
@@ -41,10 +41,6 @@ __all__ = [
     "save_checkpoint",
     "set_rng_state",
 ]
-
-
-class CheckpointError(CaptioningError, ValueError):
-    """A checkpoint cannot be written or used; the message is one line naming the file."""
 
 
 def rng_state() -> dict[str, Any]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from captioning.models.encoders import file_identity
-
 _DIGITS = 12  # hex digits of a sha256 kept in a signature field
 WEIGHTS = "model.safetensors"  # a model folder's weights file (captioning.hub.model_folder)
 CONFIG, VOCAB, CARD = "config.json", "vocab.json", "README.md"  # the model folder's other files
+FORMAT = "captioning-model"  # config.json's "format" in a model folder (captioning.hub.model_folder)
+ONNX_FORMAT = "captioning-onnx"  # ... in an ONNX export (model.export(folder, format="onnx"))
 
 
 def is_model_folder(path: str | Path) -> bool:
@@ -24,6 +24,8 @@ def weights_file(path: str | Path) -> Path:
 
 def file_hash(path: str | Path) -> str:
     """sha256 (first 12 hex digits) of a file's bytes; of a model folder's weights file for a folder."""
+    from captioning.models.encoders import file_identity  # torch: not needed to read a folder's names
+
     return file_identity(weights_file(path))["sha256"][:_DIGITS]
 
 

@@ -28,18 +28,17 @@ import torch
 
 from captioning.config import Config
 from captioning.data.tokenizers import TOKENIZERS
+from captioning.data.vocab import first_non_word
 from captioning.hub.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from captioning.hub.checkpoint import VERSION as CHECKPOINT_VERSION
 from captioning.hub.checkpoint import CheckpointError, check_payload, scored_checkpoint
-from captioning.hub.identity import CONFIG, VOCAB, WEIGHTS
+from captioning.hub.identity import CONFIG, FORMAT, ONNX_FORMAT, VOCAB, WEIGHTS
 from captioning.utils.files import not_a_regular_file
 from captioning.utils.json_files import read_json_file
 from captioning.utils.run_folder import CHECKPOINTS
 from captioning.utils.state_files import StateFileError, read_state_file
 
-FORMAT = "captioning-model"
 VERSION = 1
-ONNX_FORMAT = "captioning-onnx"  # an ONNX export (model.export(folder, format="onnx"), captioning.export)
 SECTIONS = ("decoder", "encoder")  # weight names are "<section>.<parameter>"
 
 
@@ -140,12 +139,13 @@ def _check_words(folder: Path, payload: dict[str, Any]) -> None:
             "--import MODULE)"
         )
     words = payload["vocab"].get("words") if isinstance(payload["vocab"], dict) else None
-    for index, word in enumerate(words if isinstance(words, list) else []):
-        if isinstance(word, str) and (not word or word.split() != [word]):
-            raise CheckpointError(
-                f"{folder / VOCAB}: words[{index}] {word!r:.60} is not a word (empty or holding "
-                "whitespace, where a caption's words are joined by spaces)"
-            )
+    found = first_non_word(words if isinstance(words, list) else [])
+    if found is not None:
+        index, word = found
+        raise CheckpointError(
+            f"{folder / VOCAB}: words[{index}] {word!r:.60} is not a word (empty or holding "
+            "whitespace, where a caption's words are joined by spaces)"
+        )
 
 
 def _read_json(folder: Path, name: str) -> Any:

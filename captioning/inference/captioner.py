@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from captioning.config import Config, ConfigError, DecodeConfig, reward_description
+from captioning.config import Config, DecodeConfig, reward_description
+from captioning.config.loading import decode_config_with as decode_config_with  # where the tools find it
 from captioning.data import data_source, load_records
 from captioning.data.cache_build import cache_batch_size
 from captioning.data.datasets import ImageOnlyDataset, collate_captions, usable_workers
@@ -157,22 +158,3 @@ def split_records(config: Config, split: str, generate: bool = True) -> list[Ima
     records = load_records(config.data, generate=generate, splits=(split,))
     check_splits(records, config.data.dataset, [split], data_source(config.data))
     return records_of_split(records, split)
-
-
-def decode_config_with(config: Config | DecodeConfig, **changes) -> DecodeConfig:
-    """``config``'s decoding options (a whole configuration's ``decode`` section, or a
-    ``DecodeConfig``) with the non-None ``changes`` applied, validated as one ``DecodeConfig`` of
-    the same class (a subclass's own fields may be changed too).
-
-    Raises:
-        ConfigError: a change that names no field of it (listing the fields), or an invalid value.
-    """
-    decode = config.decode if isinstance(config, Config) else config
-    names = [f.name for f in fields(decode)]
-    unknown = sorted(set(changes) - set(names))
-    if unknown:
-        raise ConfigError(
-            f"unknown decoding option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
-            f"the options are {', '.join(names)}"
-        )
-    return replace(decode, **{k: v for k, v in changes.items() if v is not None})

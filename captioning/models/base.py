@@ -28,6 +28,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 from torch import Tensor, nn
 
 from captioning.config import DECODERS, DecoderConfig
+from captioning.models.views import AttentionView as AttentionView  # its decoders report one
 from captioning.utils.errors import InputError
 
 
@@ -67,28 +68,6 @@ class StepOutput(NamedTuple):
     location_log_prob: Tensor | None = (
         None  # (N,) hard attention in training: log alpha of the sampled location
     )
-
-
-@dataclass(frozen=True)
-class AttentionView:
-    """Which attention map a decoder reports: a layer and a head (0-based), None meaning the mean over them.
-
-    The default, the mean over the heads of the last layer, is the map the losses and the
-    figures use unless told otherwise.
-    """
-
-    layer: int | None = -1
-    head: int | None = None
-
-    def describe(self, layers: int, heads: int) -> str:
-        """Words for a figure, e.g. ``layer 3 of 3, mean of 8 heads``; empty with one layer of one head."""
-        layer = (
-            f"mean of {layers} layers"
-            if self.layer is None
-            else f"layer {self.layer % layers + 1} of {layers}"
-        )
-        head = f"mean of {heads} heads" if self.head is None else f"head {self.head + 1} of {heads}"
-        return ", ".join(([layer] if layers > 1 else []) + ([head] if heads > 1 else []))
 
 
 class CaptionDecoder(nn.Module):

@@ -21,6 +21,11 @@ class ConfigError(CaptioningError, ValueError):
     raises it, and its public names include it)."""
 
 
+class CheckpointError(CaptioningError, ValueError):
+    """A checkpoint, model folder or export cannot be written or used; the message is one line naming
+    the file (``captioning.hub.checkpoint`` and ``captioning.export`` raise it)."""
+
+
 class InputError(CaptioningError, ValueError):
     """A value given to a tool or a function is not one it takes (a flag, a device name, an attention
     layer): the message names the option and what it takes."""

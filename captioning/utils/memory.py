@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 import resource
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def available_bytes(device: torch.device | str = "cpu") -> int | None:
     """Bytes a new allocation may take now: CUDA's free memory, else the system's ``MemAvailable``
     (or free pages where ``/proc/meminfo`` is missing), and at most what this process's address-space
     limit (``ulimit -v``, ``prlimit --as``) leaves; None when it cannot be known."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+    if str(device).startswith("cuda"):  # torch only for CUDA: the CPU's answer needs none
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
     system = _system_available()
     room = _address_space_left()
     if system is None or room is None:

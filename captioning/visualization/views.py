@@ -3,37 +3,13 @@ Transformer's attention maps (``--layer``, ``--head``) a figure shows."""
 
 from __future__ import annotations
 
-from captioning.models.base import AttentionView, CaptionDecoder
+from captioning.models.base import CaptionDecoder
+from captioning.models.views import attention_view as attention_view  # the choice figures offer
 from captioning.utils.errors import InputError
 
 MODES = ("bilinear", "gaussian")  # as in captioning.visualization.overlay
 NORMALIZATIONS = ("figure", "absolute", "word")  # as in captioning.visualization.overlay
 FORMATS = ("png", "pdf", "svg")  # as in captioning.visualization.figures
-
-
-def attention_view(layer: str | int | None = None, head: str | int | None = None) -> AttentionView:
-    """The map ``--layer N|mean`` and ``--head H|mean`` name.
-
-    Numbers are 1-based; by default the last layer, mean of heads.
-
-    Raises:
-        ValueError: a value that is neither ``mean`` nor a positive whole number.
-    """
-
-    def index(name: str, value: str | int | None, default: int | None) -> int | None:
-        if value is None:
-            return default
-        if str(value).strip().lower() == "mean":
-            return None
-        try:
-            number = int(str(value))
-        except ValueError:
-            number = 0
-        if number < 1:
-            raise InputError(f"--{name} must be a {name} number (1, 2, ...) or mean, got {value!r}")
-        return number - 1
-
-    return AttentionView(index("layer", layer, -1), index("head", head, None))
 
 
 def check_layer_choice(decoder: CaptionDecoder, kind: str, option: str, layer: str | int | None) -> None:
