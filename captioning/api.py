@@ -306,7 +306,7 @@ class CaptioningModel:
             RunFolderError: ``folder`` is a run folder, a model folder or holds other files.
             InputError: another format, or onnx is not installed (``pip install -e ".[onnx]"``).
         """
-        from captioning.export.folder import export_onnx
+        from captioning.export.writing import export_onnx
 
         if format != "onnx":
             raise InputError(f"format must be onnx, got {format!r}")

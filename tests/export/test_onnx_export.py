@@ -17,19 +17,11 @@ from PIL import Image
 from tiny_models import tiny_checkpoint
 
 import captioning
-from captioning.config import DECODERS as CONFIG_DECODERS
-from captioning.export.graphs import export_decoder_graphs
-from captioning.export.runtime import Graph, OnnxDecoder, OnnxPrepared, OnnxState
 from captioning.hub.checkpoint import CheckpointError
-from captioning.models.captioner import build_decoder
 from captioning.utils.errors import InputError
 from captioning.utils.run_folder import RunFolderError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-C, GRID, V = 12, (3, 3), 13  # annotation channels, grid, vocabulary
-P = GRID[0] * GRID[1]
-
 
 @pytest.fixture(scope="module")
 def exports(
@@ -78,74 +70,21 @@ def test_onnx_runtime_captions_as_pytorch(exports, tiny_shapes, kind, strategy, 
             np.testing.assert_allclose(have.beta, want.beta, atol=1e-5)
 
 
-# Each family's options that change what a step computes (the rest are the tiny defaults).
-FAMILIES = {
-    "lstm additive, scalar gate": ("lstm", {"embed_dim": 16, "hidden_dim": 16, "attention_dim": 16}),
-    "lstm multihead, channel gate": (
-        "lstm",
-        {"scoring": "multihead", "num_heads": 2, "gate": "channel", "attention_dim": 16, "hidden_dim": 16},
-    ),
-    "lstm scaled dot, no gate, plain output": (
-        "lstm",
-        {"scoring": "scaled_dot", "gate": "none", "deep_output": False, "init_layers": 2, "hidden_dim": 16},
-    ),
-    "lstm hard attention": ("lstm", {"attention": "hard", "output_tanh": True, "hidden_dim": 16}),
-    "transformer": ("transformer", {"d_model": 16, "num_heads": 2, "d_ff": 32, "decoder_layers": 2}),
-    "transformer pre-norm": (
-        "transformer",
-        {
-            "d_model": 16,
-            "num_heads": 4,
-            "d_ff": 32,
-            "encoder_layers": 0,
-            "decoder_layers": 3,
-            "pre_norm": True,
-        },
-    ),
-}
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_every_decoder_family_searches_the_same_through_its_graphs(tmp_path, family):
-    """Greedy and beam search (4 beams, trigram blocking) over the graphs give the PyTorch decoder's
-    words, log-probabilities and attention: ``prepare``, ``init_state``, ``step`` and ``select``
-    round-trip, with rows per image and the cache length read from the shapes."""
-    from search_options import settings
-
-    from captioning.models.decoding import beam_search, greedy_search
-
-    kind, options = FAMILIES[family]
-    torch.manual_seed(0)
-    decoder = build_decoder(CONFIG_DECODERS[kind].config(**options), V, C, GRID).eval()
-    if kind == "lstm":  # a random LSTM that depends on the image (a random Transformer does)
-        with torch.no_grad():
-            for parameter in decoder.parameters():
-                parameter.mul_(3.0)
-    annotations = torch.randn(3, P, C, generator=torch.Generator().manual_seed(1))  # (B, P, C)
-    layout = export_decoder_graphs(decoder, annotations[:2], tmp_path)
-    names = (["annotations"], ["tokens", *layout.prepared_names(), *layout.state_names()])
-    graphs = (
-        Graph(tmp_path / "decoder_prepare.onnx", names[0], layout.prepared_names(), 1),
-        Graph(tmp_path / "decoder_init.onnx", names[0], layout.state_names(), 1),
-        Graph(tmp_path / "decoder_step.onnx", names[1], layout.step_outputs(), 1),
-    )
-    onnx_decoder = OnnxDecoder(graphs, layout, V, C, P, decoder.attention_view, decoder.describe_attention())
-    assert isinstance(onnx_decoder.prepare(annotations), OnnxPrepared)
-    assert isinstance(onnx_decoder.init_state(annotations), OnnxState)
-    searches = [
-        lambda d: greedy_search(d, annotations, settings(max_length=7)),
-        lambda d: beam_search(
-            d, annotations, settings(beam_size=4, max_length=7, length_alpha=0.7, block_trigrams=True)
-        ),
-    ]
-    for search in searches:
-        for want, have in zip(search(decoder), search(onnx_decoder), strict=True):
-            assert have.tokens == want.tokens
-            assert have.log_prob == pytest.approx(want.log_prob, abs=1e-4)
-            torch.testing.assert_close(have.attention, want.attention, atol=1e-5, rtol=0)
-            assert (have.betas is None) == (want.betas is None)
-            if want.betas is not None:
-                torch.testing.assert_close(have.betas, want.betas, atol=1e-5, rtol=0)
+def test_the_preprocessing_without_torchvision_equals_the_pytorch_transform(exports, tiny_shapes):
+    """PIL and NumPy resize and normalise each picture as torchvision's transform does (within float
+    rounding), and the encoder graph gives the PyTorch encoder's grids."""
+    model, folder = exports["lstm"]
+    onnx_model = captioning.load(folder, runtime="onnxruntime")
+    encoder = model.captioner.encoder
+    pictures = [Image.open(p).convert("RGB") for p in sorted((tiny_shapes.root / "test").glob("*.png"))]
+    pictures.append(Image.fromarray(np.random.default_rng(0).integers(0, 256, (37, 91, 3), dtype=np.uint8)))
+    for picture in pictures:
+        want = encoder.transform(picture).numpy()
+        np.testing.assert_allclose(onnx_model.networks.preprocessing(picture), want, atol=1e-5)
+    pixels = np.stack([onnx_model.networks.preprocessing(p) for p in pictures])
+    with torch.no_grad():
+        grids = model.captioner.encode(torch.from_numpy(pixels)).numpy()
+    np.testing.assert_allclose(onnx_model.networks.encode(pixels), grids, atol=1e-4)
 
 
 def test_the_export_holds_checked_graphs_and_the_model_description(exports):
@@ -173,6 +112,7 @@ def test_the_export_holds_checked_graphs_and_the_model_description(exports):
     assert description["onnx"]["layout"] == {"prepared": 4, "state": 4, "beta": False}
     onnx_model = captioning.load(folder, runtime="onnxruntime")
     assert onnx_model.runtime == "onnxruntime" and "run by onnxruntime" in repr(onnx_model)
+    assert description["onnx"]["external_data"] == {}
     assert onnx_model.grid == model.grid and onnx_model.vocab.itos == model.vocab.itos
 
 
@@ -299,15 +239,14 @@ def test_an_int8_export_quantises_the_decoder_step_and_stays_close(exports, tiny
     images = sorted((tiny_shapes.root / "test").glob("*.png"))
     first_words = []
     for onnx_model in (captioning.load(f, runtime="onnxruntime") for f in (float_folder, folder)):
-        captioner = onnx_model.captioner
-        pictures = torch.stack([captioner.encoder.transform(Image.open(p).convert("RGB")) for p in images])
-        annotations = captioner.encode(pictures)
-        decoder = captioner.decoder
-        tokens = torch.full((len(images),), START, dtype=torch.long)
+        networks = onnx_model.networks
+        pictures = np.stack([networks.preprocessing(Image.open(p).convert("RGB")) for p in images])
+        annotations = networks.encode(pictures)
+        tokens = np.full(len(images), START, dtype=np.int64)
         first_words.append(
-            decoder.step(decoder.prepare(annotations), tokens, decoder.init_state(annotations)).log_probs
+            networks.step(networks.prepare(annotations), tokens, networks.init_state(annotations)).log_probs
         )
-    difference = (first_words[0] - first_words[1]).abs().max().item()
+    difference = float(np.abs(first_words[0] - first_words[1]).max())
     assert 0 < difference < 0.05
     captions = captioning.load(folder, runtime="onnxruntime").caption(images, beam_size=3)
     assert all(np.allclose(c.attention.sum(axis=(1, 2)), 1, atol=1e-5) for c in captions)
