@@ -21,14 +21,16 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-
-from pycocotools.coco import COCO
+from typing import TYPE_CHECKING
 
 from captioning.config import CocoDataConfig, ConfigError, DataConfig
 from captioning.data.karpathy import SkipLog, image_path_under, read_json, read_karpathy, require_field
 from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize
+
+if TYPE_CHECKING:
+    from pycocotools.coco import COCO
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +160,8 @@ def _index(annotation_file: Path, source: str) -> COCO:
         if require_field(annotation, "image_id", int, where) not in image_ids:
             raise DatasetError(f"{where}: image_id {annotation['image_id']} is not in 'images'")
         require_field(annotation, "caption", str, where)
+    from pycocotools.coco import COCO  # on first use: a model run by ONNX Runtime reads no COCO files
+
     coco = COCO()
     coco.dataset = data
     try:

@@ -52,13 +52,24 @@ from typing import Any, ClassVar
 
 import regex
 from nltk.tokenize import TreebankWordTokenizer
-from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
 
 from captioning.registry import Registry
 from captioning.utils.errors import CaptioningError
 
-# Tokens the official evaluation drops after tokenizing (pycocoevalcap's list, used verbatim).
-PUNCTUATION = frozenset(PUNCTUATIONS)
+
+@lru_cache(maxsize=1)
+def _punctuation() -> frozenset[str]:
+    """Tokens the official evaluation drops after tokenizing (pycocoevalcap's list, used verbatim);
+    read on first use, so that a model run by ONNX Runtime needs no pycocoevalcap."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
+
+    return frozenset(PUNCTUATIONS)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PUNCTUATION":  # _punctuation(), as a name
+        return _punctuation()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Words the Stanford tokenizer treats as abbreviations, keeping their period at a sentence end.
 ABBREVIATIONS = frozenset(
@@ -322,7 +333,7 @@ def tokenize(caption: str) -> list[str]:
     if atoms:  # each stand-in, padded with spaces, came out as a token of its own, in order
         remaining = iter(atoms)
         tokens = [next(remaining) if token == _ATOM else token for token in tokens]
-    return [token for token in tokens if token not in PUNCTUATION]
+    return [token for token in tokens if token not in _punctuation()]
 
 
 def _is_word(token: str) -> bool:
@@ -405,7 +416,7 @@ def tokenize_jieba(caption: str) -> list[str]:
     words = (word.strip().lower() for word in jieba.cut(text.strip().replace("。", ""), cut_all=False))
     # a piece holding only joiners or marks (jieba splits emoji sequences) is no word to score
     visible = (w for w in words if any(unicodedata.category(ch)[0] in "LNSP" for ch in w))
-    return [word for word in visible if word not in PUNCTUATION]
+    return [word for word in visible if word not in _punctuation()]
 
 
 @functools.cache
