@@ -10,14 +10,19 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from captioning.config import Config, ConfigError
 from captioning.config.loading import load_config, parse_overrides
-from captioning.utils.errors import CaptioningError
+from captioning.utils.errors import CaptioningError, InputError
 from captioning.utils.imports import import_modules
 from captioning.utils.run_folder import is_run_config
 from captioning.utils.text import printable
+
+if TYPE_CHECKING:
+    import torch
+
+    from captioning.models.captioner import Captioner
 
 # The shipped configurations are package data (``configs/`` at the repository root links here).
 SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -269,3 +274,51 @@ def checkpoint_to_read(path: str | Path) -> Path:
     if chosen != Path(path):
         print(f"checkpoint: {chosen} (the one the test scores of {path} came from)", flush=True)
     return chosen
+
+
+def refuse_export_for_attribution(checkpoint: str | Path, option: str) -> None:
+    """Attribution methods need the PyTorch model's gradients: an ONNX export given with ``option``
+    (``--faithfulness``, ``--method``) is refused, before any work.
+
+    Raises:
+        InputError: naming the option, the folder and what to pass instead.
+    """
+    from captioning.export.folder import is_export
+
+    if is_export(checkpoint):
+        raise InputError(
+            f"{option} needs gradients: {checkpoint} is an ONNX export, which captions, scores and draws "
+            "attention only; give the checkpoint or model folder it was exported from"
+        )
+
+
+def load_for_tool(path: Path, device: str) -> tuple[Captioner, Config, str | None, torch.device]:
+    """The captioner ``--checkpoint`` names for ``evaluate.py`` and ``visualize.py``: a checkpoint or a
+    model folder on ``device``, or an ONNX export run by ONNX Runtime through its graphs on the CPU;
+    also its configuration, its self-critical reward (None after cross-entropy only), and the device
+    it runs on.
+
+    Raises:
+        InputError: an ONNX export with ``--device`` naming a GPU.
+        CheckpointError: as ``captioning.load``.
+    """
+    import torch
+
+    from captioning.config import reward_description
+    from captioning.export.folder import is_export
+    from captioning.inference.captioner import load_trained_captioner
+    from captioning.utils.device import resolve_device
+
+    if not is_export(path):
+        torch_device = resolve_device(device)
+        return (*load_trained_captioner(path, torch_device), torch_device)
+    if device not in ("auto", "cpu"):
+        raise InputError(
+            f"--device {device!r}: {path} is an ONNX export, run by ONNX Runtime on the CPU; "
+            "leave --device out or pass --device cpu"
+        )
+    from captioning.export.bridge import torch_captioner
+
+    captioner, config, stage = torch_captioner(path)
+    reward = reward_description(config.train) if stage == "scst" else None
+    return captioner, config, reward, torch.device("cpu")

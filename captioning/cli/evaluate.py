@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
-from captioning.cli.common import checkpoint_to_read
+from captioning.cli.common import checkpoint_to_read, load_for_tool, refuse_export_for_attribution
 from captioning.config import Config, ConfigError
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
@@ -37,7 +37,6 @@ from captioning.evaluation.runner import (
 from captioning.inference.captioner import (
     caption_records,
     decode_config_with,
-    load_trained_captioner,
     split_records,
 )
 from captioning.utils.device import resolve_device
@@ -378,6 +377,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
     args.checkpoint = checkpoint_to_read(args.checkpoint)
+    if faithfulness is not None:
+        refuse_export_for_attribution(args.checkpoint, "--faithfulness")
     decoding = {
         "strategy": args.strategy,
         "beam_size": args.beam_size,
@@ -441,7 +442,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         from captioning.evaluation.clip_score import load_clip_scorer
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
-    model, config, reward = load_trained_captioner(args.checkpoint, device)
+    model, config, reward, device = load_for_tool(args.checkpoint, args.device)
     if data_config is not None:
         config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioning.cli.common import checkpoint_to_read
+from captioning.cli.common import checkpoint_to_read, load_for_tool, refuse_export_for_attribution
 from captioning.config import Config
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
@@ -186,6 +186,8 @@ def visualize_images(
     view = attention_view(layer, head)
     check_output_folder(out_dir, "--out-dir")
     checkpoint = checkpoint_to_read(checkpoint)
+    if methods is not None:
+        refuse_export_for_attribution(checkpoint, "--method")
     paths = [Path(p) for p in images]
     figures = [("--out-dir", Path(out_dir) / f"{stem}.{file_format}") for stem in _unique_stems(paths)]
     check_outputs(
@@ -196,12 +198,10 @@ def visualize_images(
         load_image(path)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
     from captioning.evaluation.runner import default_instances, load_boxes
-    from captioning.inference.captioner import caption_records, load_captioner, split_records
-    from captioning.utils.device import resolve_device
+    from captioning.inference.captioner import caption_records, split_records
     from captioning.visualization.report import write_figures, write_report
 
-    torch_device = resolve_device(device)
-    model, config = load_captioner(checkpoint, torch_device)
+    model, config, _, torch_device = load_for_tool(checkpoint, device)
     check_layer_choice(model.decoder, config.model.decoder.kind, "--layer", layer)
     try:
         model.decoder.set_attention_view(view)  # before decoding: the captions' maps are this view's

@@ -71,6 +71,7 @@ def __getattr__(name: str) -> Any:
         return _punctuation()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 # Words the Stanford tokenizer treats as abbreviations, keeping their period at a sentence end.
 ABBREVIATIONS = frozenset(
     [

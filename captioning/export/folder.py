@@ -89,6 +89,19 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def is_export(path: str | Path) -> bool:
+    """Whether ``path`` is a folder whose config.json says it is an ONNX export (the tools then read it
+    through ``captioning.export.bridge``); a folder it cannot read is not one."""
+    path = Path(path)
+    if not (path / CONFIG).is_file():
+        return False
+    try:
+        description = read_json(path / CONFIG)
+    except CheckpointError:
+        return False
+    return isinstance(description, dict) and description.get("format") == ONNX_FORMAT
+
+
 def read_export(folder: str | Path) -> tuple[Config, Vocabulary, dict[str, Any], ExportDescription]:
     """Read and check an ONNX export's config.json and vocab.json, and that its graphs (and their
     external data) are the ones config.json names.
@@ -252,4 +265,4 @@ def read_json(path: Path) -> Any:
         raise CheckpointError(f"{path}: cannot read ({error.strerror or error})") from None
 
 
-__all__ = ["EXPORT_FILES", "ExportDescription", "read_export", "read_json", "require", "sha256"]
+__all__ = ["EXPORT_FILES", "ExportDescription", "is_export", "read_export", "read_json", "require", "sha256"]

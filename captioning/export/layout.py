@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from captioning.hub.identity import EXPORT_GRAPH
+
 ENCODER, PREPARE, INIT, STEP = (
-    "encoder.onnx",
+    EXPORT_GRAPH,
     "decoder_prepare.onnx",
     "decoder_init.onnx",
     "decoder_step.onnx",

@@ -8,6 +8,7 @@ from pathlib import Path
 _DIGITS = 12  # hex digits of a sha256 kept in a signature field
 WEIGHTS = "model.safetensors"  # a model folder's weights file (captioning.hub.model_folder)
 CONFIG, VOCAB, CARD = "config.json", "vocab.json", "README.md"  # the model folder's other files
+EXPORT_GRAPH = "encoder.onnx"  # a graph every ONNX export holds (captioning.export.layout.ENCODER)
 FORMAT = "captioning-model"  # config.json's "format" in a model folder (captioning.hub.model_folder)
 ONNX_FORMAT = "captioning-onnx"  # ... in an ONNX export (model.export(folder, format="onnx"))
 
@@ -18,8 +19,16 @@ def is_model_folder(path: str | Path) -> bool:
 
 
 def weights_file(path: str | Path) -> Path:
-    """The file whose bytes identify a model: a checkpoint itself, or a model folder's weights."""
-    return Path(path) / WEIGHTS if is_model_folder(path) else Path(path)
+    """The file whose bytes identify a model: a checkpoint itself, a model folder's weights, or an ONNX
+    export's config.json (it holds the sha256 of every graph and weights file of the export)."""
+    if not is_model_folder(path):
+        return Path(path)
+    folder = Path(path)
+    return (
+        folder / CONFIG
+        if (folder / EXPORT_GRAPH).exists() and not (folder / WEIGHTS).exists()
+        else folder / WEIGHTS
+    )
 
 
 def file_hash(path: str | Path) -> str:

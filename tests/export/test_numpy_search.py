@@ -41,7 +41,14 @@ FAMILIES = {
     "transformer": ("transformer", {"d_model": 16, "num_heads": 2, "d_ff": 32, "decoder_layers": 2}),
     "transformer pre-norm": (
         "transformer",
-        {"d_model": 16, "num_heads": 4, "d_ff": 32, "encoder_layers": 0, "decoder_layers": 3, "pre_norm": True},
+        {
+            "d_model": 16,
+            "num_heads": 4,
+            "d_ff": 32,
+            "encoder_layers": 0,
+            "decoder_layers": 3,
+            "pre_norm": True,
+        },
     ),
 }
 
@@ -51,9 +58,13 @@ SEARCHES = {
     "greedy, min length, repetition penalty, no unk": settings(
         strategy="greedy", max_length=6, min_length=3, repetition_penalty=1.7, forbid_unk=True
     ),
-    "beam 4, length alpha, trigrams": settings(beam_size=4, max_length=7, length_alpha=0.7, block_trigrams=True),
+    "beam 4, length alpha, trigrams": settings(
+        beam_size=4, max_length=7, length_alpha=0.7, block_trigrams=True
+    ),
     "beam 3, three returned": settings(beam_size=3, num_return=3, max_length=6),
-    "diverse beam 6 in 3 groups": settings(beam_size=6, beam_groups=3, diversity=0.8, num_return=4, max_length=6),
+    "diverse beam 6 in 3 groups": settings(
+        beam_size=6, beam_groups=3, diversity=0.8, num_return=4, max_length=6
+    ),
     "beam, repetition penalty below 1, min length": settings(
         beam_size=2, repetition_penalty=0.6, min_length=2, max_length=5
     ),

@@ -23,6 +23,7 @@ from captioning.utils.run_folder import RunFolderError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
+
 @pytest.fixture(scope="module")
 def exports(
     tmp_path_factory, tiny_shapes, shapes_vocab
