@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import numpy as np
 from PIL import Image
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from captioning.inference.captioner import Captioned
     from captioning.models.captioner import Captioner
 
-ImageInput = "str | Path | Image.Image | np.ndarray | torch.Tensor"
+ImageInput: TypeAlias = "str | Path | Image.Image | np.ndarray | torch.Tensor"
 """A path, a PIL image, a (C, H, W) tensor or an (H, W, C) array (see ``as_rgb_image``)."""
 
 
@@ -319,6 +319,18 @@ class CaptioningModel:
                 f"{what}() needs the PyTorch weights; this model ({self.source}) runs ONNX graphs: "
                 "load the checkpoint or model folder it was exported from"
             )
+
+
+@overload
+def load(
+    path: str | Path, device: str = ..., imports: Sequence[str] = ..., runtime: Literal["torch"] = ...
+) -> CaptioningModel: ...
+
+
+@overload
+def load(
+    path: str | Path, device: str = ..., imports: Sequence[str] = ..., runtime: str = ...
+) -> CaptioningModel | OnnxCaptioningModel: ...
 
 
 def load(

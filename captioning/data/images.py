@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
@@ -228,7 +228,7 @@ def check_picture(value: object, entry: str) -> None:
         _checked_pixels(value, entry)
 
 
-def _checked_pixels(value: object, entry: str) -> np.ndarray:
+def _checked_pixels(value: Any, entry: str) -> np.ndarray:
     """A tensor's or an array's pixels as an (H, W, C) array, uint8 or floating point in [0, 1],
     after every check ``as_rgb_image`` applies to them (a CPU tensor's pixels are a view of it)."""
     import numpy as np

@@ -1,9 +1,9 @@
 """The NumPy search over an export's graphs (``captioning.export.search``, ``captioning.export.beam``)
 gives the PyTorch search's captions (``captioning.models.decoding``) over the PyTorch decoder, on
 every strategy and option: the same words, log-probabilities and scores within 1e-4, the same
-attention and gate values within 1e-4. Sampling is compared draw for draw: both searches take their uniforms from
-one shared stream (torch's ``multinomial`` replaced by the inverse of the cumulative distribution,
-the rule the NumPy sampler applies)."""
+attention and gate values within 1e-4. Sampling is compared draw for draw: both searches take their
+uniforms from one shared stream (torch's ``multinomial`` replaced by the inverse of the cumulative
+distribution, the rule the NumPy sampler applies)."""
 
 from __future__ import annotations
 
