@@ -67,6 +67,8 @@ def caption_run(model: captioning.CaptioningModel, paths: list[Path], beam_size:
 def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
+    # ONNX Runtime's intra-op threads: torch's (captioning.export.runtime reads OMP_NUM_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     paths = sorted(p for p in args.images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     paths = paths[: args.limit] if args.limit else paths
     if not paths:
