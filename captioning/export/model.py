@@ -24,9 +24,10 @@ from captioning.config.loading import decode_config_with
 from captioning.data.images import as_rgb_image, check_picture
 from captioning.data.tokenizers import detokenize
 from captioning.data.vocab import Vocabulary
+from captioning.export.beam import beam_search
 from captioning.export.folder import ExportDescription
 from captioning.export.runtime import OnnxNetworks, load_networks
-from captioning.export.search import Hypothesis, decode
+from captioning.export.search import Hypothesis, greedy_search, sample_captions
 from captioning.models.caption import Caption
 from captioning.models.views import attention_view
 from captioning.utils.errors import InputError
@@ -129,7 +130,7 @@ class OnnxCaptioningModel:
                     for k, image in enumerate(images[start : start + size], start)
                 ]
             )  # (B, 3, S, S)
-            found = decode(self.networks, self.networks.encode(pixels), decode_config, rng)
+            found = _search(self.networks, self.networks.encode(pixels), decode_config, rng)
             captions += [self._public(hypothesis) for hypothesis in found]
         return captions
 
@@ -183,6 +184,17 @@ class OnnxCaptioningModel:
             f"{what} needs the PyTorch weights; this model ({self.source}) runs ONNX graphs: "
             "load the checkpoint or model folder it was exported from"
         )
+
+
+def _search(
+    networks: OnnxNetworks, annotations: np.ndarray, config: DecodeConfig, rng: np.random.Generator
+) -> list[Hypothesis]:
+    """Caption B images (B, P, C) with the strategy and options of ``config``."""
+    if config.strategy == "greedy":
+        return greedy_search(networks, annotations, config)
+    if config.strategy == "sample":
+        return sample_captions(networks, annotations, config, rng)
+    return beam_search(networks, annotations, config)
 
 
 __all__ = ["OnnxCaptioningModel"]

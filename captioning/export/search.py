@@ -187,17 +187,4 @@ def sample_captions(
     return [_ranked(pool, n) for pool in pools]
 
 
-def decode(
-    networks: OnnxNetworks, annotations: np.ndarray, config: DecodeConfig, rng: np.random.Generator
-) -> list[Hypothesis]:
-    """Caption B images (B, P, C) with the strategy and options of ``config``."""
-    from captioning.export.beam import beam_search
-
-    if config.strategy == "greedy":
-        return greedy_search(networks, annotations, config)
-    if config.strategy == "sample":
-        return sample_captions(networks, annotations, config, rng)
-    return beam_search(networks, annotations, config)
-
-
-__all__ = ["Hypothesis", "choice_scores", "decode", "greedy_search", "rollout", "sample_captions", "sampler"]
+__all__ = ["Hypothesis", "choice_scores", "greedy_search", "rollout", "sample_captions", "sampler"]
