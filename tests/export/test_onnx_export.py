@@ -71,6 +71,26 @@ def test_onnx_runtime_captions_as_pytorch(exports, tiny_shapes, kind, strategy, 
             np.testing.assert_allclose(have.beta, want.beta, atol=1e-5)
 
 
+def test_sampling_with_a_seed_repeats_and_diverse_beams_match_pytorch(exports, tiny_shapes):
+    """Through the API: a seed gives the same sampled captions again (and its alternatives), a bad seed
+    is refused in one line; diverse beam search with three captions returned gives PyTorch's."""
+    model, folder = exports["transformer"]
+    onnx_model = captioning.load(folder, runtime="onnxruntime")
+    images = sorted((tiny_shapes.root / "test").glob("*.png"))
+    options = {"strategy": "sample", "num_return": 2, "top_p": 0.9, "max_length": 6}
+    first = onnx_model.caption(images, seed=11, **options)
+    again = onnx_model.caption(images, seed=11, **options)
+    assert [[c.words for c in x.ranked] for x in first] == [[c.words for c in x.ranked] for x in again]
+    with raises_naming(InputError, "seed", "-1"):
+        onnx_model.caption(images, seed=-1, **options)
+    diverse = {"beam_size": 4, "beam_groups": 2, "diversity": 0.5, "num_return": 3, "max_length": 6}
+    for want, have in zip(
+        model.caption(images, **diverse), onnx_model.caption(images, **diverse), strict=True
+    ):
+        assert [c.words for c in have.ranked] == [c.words for c in want.ranked]
+        assert [c.log_prob for c in have.ranked] == pytest.approx([c.log_prob for c in want.ranked], abs=1e-4)
+
+
 def test_the_preprocessing_without_torchvision_equals_the_pytorch_transform(exports, tiny_shapes):
     """PIL and NumPy resize and normalise each picture as torchvision's transform does (within float
     rounding), and the encoder graph gives the PyTorch encoder's grids."""
