@@ -213,6 +213,7 @@ def test_what_needs_pytorch_weights_or_another_map_is_refused(exports, tmp_path)
     for name, call in (
         ("save_pretrained()", lambda: onnx_model.save_pretrained(tmp_path / "m")),
         ("export()", lambda: onnx_model.export(tmp_path / "e")),
+        ("explain()", lambda: onnx_model.explain([np.zeros((8, 8, 3), dtype=np.uint8)])),
     ):
         with raises_naming(InputError, name, exports["transformer"][1], "ONNX"):
             call()
