@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from captioning.config import Config, ConfigError
 from captioning.config.loading import load_config, parse_overrides
 from captioning.utils.errors import CaptioningError, InputError
+from captioning.utils.extras import config_extras, option_extras, preflight
 from captioning.utils.imports import import_modules
 from captioning.utils.run_folder import is_run_config
 from captioning.utils.text import printable
@@ -174,6 +175,37 @@ def check_registered_names(config: Config) -> None:
     DATASETS.check(config.data.dataset)
     TOKENIZERS.check(config.data.tokenizer)
     check_validation_metric(config.train.metric)
+    check_config_extras(config)
+
+
+def check_option_extras(args: argparse.Namespace) -> None:
+    """The extras the flags given need (``--method``, ``--faithfulness``, ``--clip-score``, ``--serve``,
+    ``--tokenizer jieba|mecab``), checked before the command's first step.
+
+    Raises:
+        MissingExtraError: one line naming the flag and the extra that installs what it needs.
+    """
+    flags = ("method", "faithfulness", "clip_score", "serve", "tokenizer")
+    preflight(option_extras(**{flag: getattr(args, flag, None) for flag in flags}))
+
+
+def check_config_extras(
+    config: Config, encoder: bool = True, tokenizer: bool = True, dataset: bool = True
+) -> None:
+    """The extras ``config``'s encoder (``timm:``, ``open_clip:``), tokenizer (jieba, mecab) and dataset
+    (webdataset) need, checked before any data is read or model built; ``encoder``, ``tokenizer`` or
+    ``dataset`` False leaves that part out (a tool that does not use it).
+
+    Raises:
+        MissingExtraError: one line naming the key and the extra that installs what it needs.
+    """
+    preflight(
+        config_extras(
+            encoder=config.model.encoder.name if encoder else None,
+            tokenizer=config.data.tokenizer if tokenizer else None,
+            dataset=config.data.dataset if dataset else None,
+        )
+    )
 
 
 def given_keys(args: argparse.Namespace) -> set[str]:
@@ -206,6 +238,7 @@ def run_cli(
     try:
         _refuse_nul_bytes(args)
         import_modules(getattr(args, "imports", None) or [])
+        check_option_extras(args)
         main(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

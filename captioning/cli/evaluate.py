@@ -8,7 +8,12 @@ from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
-from captioning.cli.common import checkpoint_to_read, load_for_tool, refuse_export_for_attribution
+from captioning.cli.common import (
+    check_config_extras,
+    checkpoint_to_read,
+    load_for_tool,
+    refuse_export_for_attribution,
+)
 from captioning.config import Config, ConfigError
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
@@ -40,6 +45,7 @@ from captioning.inference.captioner import (
     split_records,
 )
 from captioning.utils.device import resolve_device
+from captioning.utils.extras import config_extras, preflight
 from captioning.utils.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
 from captioning.utils.output_paths import check_outputs
 from captioning.utils.run_folder import (
@@ -408,6 +414,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     dataset = overrides.get("data.dataset") or (data_config.dataset if data_config is not None else None)
     if dataset is not None:  # the checkpoint's own is checked where it is first read
         DATASETS.check(dataset)
+    tokenizer = overrides.get("data.tokenizer") or (data_config and data_config.tokenizer)
+    preflight(config_extras(tokenizer=tokenizer, dataset=dataset if records is None else None))
     # Outputs go to the run folder the checkpoint sits in (<run>/checkpoints/x.pt), else the current one,
     # under names of evaluate.py's own that never replace the main job's test_results.json & co.
     run_dir = run_folder_of(args.checkpoint)
@@ -452,6 +460,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         config = replace(config, data=replace(config.data, pointing_tolerance=args.pointing_tolerance))
     if args.skip_bad_images:
         config = replace(config, data=replace(config.data, skip_bad_images=True))
+    # the checkpoint's own tokenizer (scoring) and dataset (a split), before any image is read
+    check_config_extras(config, encoder=False, dataset=records is None)
     if faithfulness is not None:
         faithfulness = replace(
             _fitted_methods(faithfulness, args.faithfulness, model.decoder),

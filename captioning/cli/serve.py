@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import html
-import importlib.util
 import io
 import os
 import signal
@@ -45,6 +44,7 @@ from captioning.cli.upload_guard import QUEUED, guard_uploads
 from captioning.config import ConfigError
 from captioning.data.images import ImageError, load_image
 from captioning.utils.errors import CaptioningError
+from captioning.utils.extras import extra_message, preflight
 
 DEFAULT_PORT = 7860
 DEFAULT_HOST = "127.0.0.1"
@@ -100,7 +100,7 @@ def _gradio() -> Any:
     try:
         import gradio
     except ImportError:
-        raise DemoError('the demo needs gradio: pip install -e ".[demo]"') from None
+        raise DemoError(extra_message("demo", "the demo", ["gradio"])) from None
     return gradio
 
 
@@ -375,8 +375,7 @@ def serve(
         CheckpointError: the checkpoint or folder is refused (one line naming it).
     """
     check_port(host, port)
-    if importlib.util.find_spec("gradio") is None:
-        raise DemoError('the demo needs gradio: pip install -e ".[demo]"')
+    preflight([("demo", "the demo")], error=DemoError)
     model = load(checkpoint, device)  # a bad checkpoint fails before gradio's long import
     folder = DemoFolder()  # before gradio is imported: it reads GRADIO_TEMP_DIR then
     app = None

@@ -8,7 +8,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from captioning.cli.common import checkpoint_to_read, load_for_tool, refuse_export_for_attribution
+from captioning.cli.common import (
+    check_config_extras,
+    checkpoint_to_read,
+    load_for_tool,
+    refuse_export_for_attribution,
+)
 from captioning.config import Config
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
@@ -211,6 +216,7 @@ def visualize_images(
     if methods is not None:
         methods = ",".join(parse_methods(methods, model.decoder))
     config = visualization_config(config, data_config, overrides, beam_size, num_return)
+    check_config_extras(config, encoder=False, tokenizer=False, dataset=split is not None)
     if split is not None:
         # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
         generate = data_config is not None or "data.root" in parse_overrides(overrides)

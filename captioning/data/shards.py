@@ -56,6 +56,7 @@ from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.shard_listings import FOLDER as LISTINGS_FOLDER
 from captioning.data.shard_listings import Listings
 from captioning.data.tokenizers import tokenize, tokenizer_for
+from captioning.utils.extras import extra_message
 from captioning.utils.json_files import JsonError, parse_json
 
 logger = logging.getLogger(__name__)
@@ -77,9 +78,7 @@ def _library() -> tuple[Callable[[str], tuple[str | None, str | None]], Callable
         import braceexpand
         from webdataset.tariterators import base_plus_ext
     except ImportError:
-        raise ConfigError(
-            f'data.dataset=webdataset needs the webdataset package: pip install -e ".[{EXTRA}]"'
-        ) from None
+        raise ConfigError(extra_message(EXTRA, "data.dataset=webdataset")) from None
     return base_plus_ext, braceexpand.braceexpand
 
 

@@ -55,6 +55,7 @@ from nltk.tokenize import TreebankWordTokenizer
 
 from captioning.registry import Registry
 from captioning.utils.errors import CaptioningError
+from captioning.utils.extras import extra_message
 
 
 @lru_cache(maxsize=1)
@@ -396,9 +397,7 @@ def _needs(module: str, extra: str, tokenizer: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise TokenizerError(
-            f'data.tokenizer={tokenizer} needs the {module} package: pip install -e ".[{extra}]"'
-        ) from error
+        raise TokenizerError(extra_message(extra, f"data.tokenizer={tokenizer}", [module])) from error
 
 
 @TOKENIZERS.register("jieba")

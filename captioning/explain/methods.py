@@ -42,6 +42,7 @@ from captioning.explain.scoring import WordScorer
 from captioning.models.base import CaptionDecoder
 from captioning.registry import Registry
 from captioning.utils.errors import InputError
+from captioning.utils.extras import extra_message
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def captum() -> ModuleType:
     try:
         import captum.attr
     except ImportError:
-        raise InputError('attribution methods need captum: pip install -e ".[explain]"') from None
+        raise InputError(extra_message("explain", "attribution methods")) from None
     return captum.attr
 
 

@@ -39,6 +39,7 @@ from captioning.export.layout import GRAPHS, StepLayout
 from captioning.hub.identity import CONFIG, FORMAT, ONNX_FORMAT, VOCAB
 from captioning.models.views import AttentionView
 from captioning.utils.errors import CheckpointError, InputError
+from captioning.utils.extras import extra_message
 from captioning.utils.files import not_a_regular_file
 from captioning.utils.json_files import JsonError, read_json_file
 
@@ -54,9 +55,7 @@ def require(module: str, extra: str = "onnx") -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError:
-        raise InputError(
-            f'ONNX export and runtime need the {module} library: pip install -e ".[{extra}]"'
-        ) from None
+        raise InputError(extra_message(extra, "ONNX export and runtime", [module])) from None
 
 
 @dataclass(frozen=True)

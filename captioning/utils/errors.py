@@ -31,6 +31,11 @@ class InputError(CaptioningError, ValueError):
     layer): the message names the option and what it takes."""
 
 
+class MissingExtraError(CaptioningError, ImportError):
+    """An option needs an optional extra that is not installed: the message names the option and the
+    extra that installs it (``captioning.utils.extras``)."""
+
+
 class RunError(CaptioningError, RuntimeError):
     """An expected failure while running: no CUDA or Java where asked for, a process of the group
     that failed or sent nothing."""

@@ -29,6 +29,7 @@ from captioning.config import ConfigError, EncoderConfig
 from captioning.models.encoders.activations import ActivationMeter
 from captioning.registry import Registry
 from captioning.utils.errors import CaptioningError, InputError
+from captioning.utils.extras import extra_message
 
 
 class EncoderWeightsError(CaptioningError, RuntimeError):
@@ -143,9 +144,7 @@ def optional_library(module: str, extra: str, name: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError:
-        raise ConfigError(
-            f'model.encoder.name {name!r} needs the {module} library: pip install -e ".[{extra}]"'
-        ) from None
+        raise ConfigError(extra_message(extra, f"model.encoder.name {name!r}", [module])) from None
 
 
 def image_transform(
