@@ -131,7 +131,9 @@ def caption_file(
 ) -> tuple[str, Image.Image, list[tuple[np.ndarray, str]]]:
     """What the page shows for one image file: the caption, ``visualize.py``'s figure, and each word's
     overlay (H, W, 3) uint8 titled ``word (beta=0.73)`` as in the figure. With an attribution
-    ``method`` (``captioning.explain``), the figure is ``visualize.py --method attention,METHOD``'s.
+    ``method`` (``captioning.explain``), the figure is ``visualize.py --method attention,METHOD``'s
+    (5 panels a line), and each word's attention overlay is followed by its ``word: METHOD`` overlay
+    on that method's colour scale.
 
     ``num_return`` > 1 (at most ``beam_size``; greedy gives one): the text lists that many ranked
     captions, ``1. ...`` first, and the figure (the first one's attention) lists the others.
@@ -172,11 +174,19 @@ def caption_file(
     figure = drawn.figure
     if method != "none":
         from captioning.visualization.method_figures import method_figure
+        from captioning.visualization.overlay import scale_top, upsample_attention
 
         explained = model.explain(
             [path], ["attention", method], curves=False, strategy=strategy, beam_size=int(beam_size)
         )[0]
-        figure = method_figure(picture, caption.words, explained.maps, model.grid, mode)
+        # Wrapped at 5 panels a line, as the attention figure: the page shows it at the column's width.
+        figure = method_figure(picture, caption.words, explained.maps, model.grid, mode, columns=5)
+        positive = np.clip(np.asarray(explained.maps[method], dtype=np.float64), 0.0, None)  # (T, P)
+        size = (pixels.shape[0], pixels.shape[1])
+        shown = upsample_attention(positive, model.grid, size, mode, normalize=False) / scale_top(positive)
+        beside = [(blend(pixels, np.clip(shown[t], 0.0, 1.0), DEFAULT_CMAP, 0.6), f"{word}: {method}")
+                  for t, word in enumerate(caption.words)]  # fmt: skip
+        overlays = [pair for both in zip(overlays, beside, strict=True) for pair in both]
     return text, _png(figure), overlays
 
 
@@ -346,7 +356,12 @@ def build_app(model: CaptioningModel, examples: list[str] | None = None) -> Any:
                     interactive=False,
                     elem_id="figure",
                 )
-        overlays = gr.Gallery(label="each word's attention", columns=6, format="png", elem_id="words")
+        overlays = gr.Gallery(
+            label="each word's attention (the chosen method's beside it)",
+            columns=6,
+            format="png",
+            elem_id="words",
+        )
         outputs = [text, figure, overlays]
         button.click(run, inputs, outputs, api_name="caption")
         inputs[0].upload(run, inputs, outputs, api_name=False)

@@ -162,7 +162,8 @@ def visualize_images(
             each figure then has one row per method, each on its own colour scale
             (``captioning.visualization.method_figures``).
     With ``split``, each word that names an annotated object of the dataset's instances
-    (``data.instances``; Shapes: its own) has that object's box drawn on its panel.
+    (``data.instances``; Shapes: its own) has that object's box drawn on its panel (on every method's
+    panel with ``methods``).
 
     Raises:
         ImageError: an image is missing or unreadable (one line naming it).
@@ -243,7 +244,17 @@ def visualize_images(
     }
     if methods is not None:
         written = _method_figures(
-            model, decode_from_images, captioned, methods, out_dir, stems, file_format, mode, cmap, checkpoint
+            model,
+            decode_from_images,
+            captioned,
+            methods,
+            out_dir,
+            stems,
+            file_format,
+            mode,
+            cmap,
+            checkpoint,
+            boxes,
         )
     else:
         written = write_figures(
@@ -279,12 +290,24 @@ def visualize_images(
 
 
 def _method_figures(
-    model, config, captioned, methods: str, out_dir, stems, file_format: str, mode: str, cmap: str, checkpoint
+    model,
+    config,
+    captioned,
+    methods: str,
+    out_dir,
+    stems,
+    file_format: str,
+    mode: str,
+    cmap: str,
+    checkpoint,
+    boxes,
 ) -> list[tuple[Path, int]]:
     """One figure per image with a row per attribution method: (path, panels) per image. The baseline
     is the training split's mean grid feature (kept in the run folder, as ``evaluate.py --faithfulness``
-    keeps it), or a zero feature when the training split cannot be read (said on a line)."""
+    keeps it), or a zero feature when the training split cannot be read (said on a line). With
+    ``boxes`` (a split's instances), each word's panels outline the objects it names."""
     from captioning.data.images import load_image
+    from captioning.evaluation.grounding import WordMatcher, word_boxes
     from captioning.explain.config import ExplainConfig
     from captioning.explain.methods import needs_baseline
     from captioning.explain.split import shared_baseline, split_grids
@@ -310,9 +333,12 @@ def _method_figures(
         model.decoder, grids, tokens, names, baseline.to(grids), settings, curves=False
     )
     written = []
+    matcher = WordMatcher()
     for item, explanation, stem in zip(captioned, explained, stems, strict=True):
         maps = {name: explanation.maps[name] for name in names}
-        figure = method_figure(load_image(item.record.path), item.words, maps, model.grid, mode, cmap)
+        named = word_boxes(item.words, item.record.image_id, boxes, matcher)
+        image = load_image(item.record.path)
+        figure = method_figure(image, item.words, maps, model.grid, mode, cmap, boxes=named)
         path = save_figure(figure, Path(out_dir) / f"{stem}.{file_format}")
         written.append((path, len(item.words) + 1))
     return written

@@ -57,10 +57,11 @@ _STATS_SIZE = 8
 _COLORBAR_WIDTH = 0.12
 _COLORBAR_SPACE = 0.9  # the bar, its ticks and its label, right of the panels
 BOX_COLOUR = "#ff4d4d"  # the dashed outline of the objects a word names, in every figure
+ATTENTION_UNITS = "attention weight (share of the word's attention)"
 _COLORBAR_LABELS = {
-    "figure": "attention weight",
-    "absolute": "attention weight",
-    "word": "share of word's peak",
+    "figure": ATTENTION_UNITS,
+    "absolute": ATTENTION_UNITS,
+    "word": "share of the word's peak weight",
 }
 
 Box = tuple[float, float, float, float]  # (x, y, width, height) in pixels, COCO convention
@@ -190,9 +191,15 @@ def _wrap(text: str, width_inches: float, font_size: float) -> list[str]:
     return textwrap.wrap(text, characters, break_long_words=True) or [""]
 
 
-def statistics_text(peak: float, entropy: float) -> str:
-    """The line under a word's panel: its peak weight, entropy and effective number of cells."""
-    return f"peak {peak:.2f} \u00b7 H {entropy:.2f} ({math.exp(entropy):.1f} cells)"
+def wrapped_label(label: str, length_inches: float, font_size: float) -> str:
+    """A colour bar's label broken into lines that fit along a bar ``length_inches`` long."""
+    return "\n".join(_wrap(label, length_inches, font_size))
+
+
+def statistics_text(peak: float, entropy: float, peak_format: str = ".2f") -> str:
+    """The line under a word's panel: its peak (in the colours' units, written with ``peak_format``),
+    entropy and effective number of cells."""
+    return f"peak {peak:{peak_format}} \u00b7 H {entropy:.2f} ({math.exp(entropy):.1f} cells)"
 
 
 def attention_figure(
@@ -386,7 +393,9 @@ def attention_figure(
         )
         bar_range = (0.0, 1.0) if normalize == "word" else ranges[0]
         colorbar = figure.colorbar(ScalarMappable(Normalize(*bar_range), colours), cax=bar_axes)
-        colorbar.set_label(_COLORBAR_LABELS[normalize], fontsize=_STATS_SIZE)
+        colorbar.set_label(
+            wrapped_label(_COLORBAR_LABELS[normalize], panel_height, _STATS_SIZE), fontsize=_STATS_SIZE
+        )
         colorbar.ax.tick_params(labelsize=_STATS_SIZE)
     if reference_lines:
         figure.text(

@@ -122,13 +122,34 @@ def attention_statistics(attention: Tensor | np.ndarray) -> tuple[np.ndarray, np
     return weights.amax(dim=1).numpy(), entropy.clamp_min(0.0).numpy() + 0.0  # + 0.0: no "-0.00"
 
 
+# A flat map must look flat: a colour scale's top is at least this many times the value a map's cells
+# would have if its (positive) total were spread evenly over the grid. A uniform map of attention over
+# 49 cells (0.02 each) is then drawn at a quarter of the scale, not at its top; a sharp map's peak is far
+# above the floor (above 4/P) and sets the top itself.
+FLAT_FLOOR = 4.0
+
+
+def scale_top(maps: Tensor | np.ndarray) -> float:
+    """The top of a colour scale that starts at 0 for (T, P) or (T, gh, gw) ``maps`` (their positive
+    part): the largest value, or ``FLAT_FLOOR`` times the largest even spread (a word's positive total
+    over P cells) when that is higher; 1 when every value is 0 or below."""
+    values = np.clip(np.asarray(torch.as_tensor(maps).detach().double().cpu()), 0.0, None)
+    if values.size == 0:
+        return 1.0
+    values = values.reshape(values.shape[0], -1)  # (T, P)
+    floor = FLAT_FLOOR * float(values.sum(axis=1).max()) / values.shape[1]
+    top = max(float(values.max()), floor)
+    return top if top > 1e-12 else 1.0
+
+
 def display_range(attention: Tensor | np.ndarray, normalize: str = "figure") -> list[tuple[float, float]]:
     """The (vmin, vmax) that colours each word's map under ``normalize`` (see ``NORMALIZATIONS``).
 
     Args:
         attention: (T, P) or (T, gh, gw) grid weights.
-        normalize: ``figure`` (0 to the largest weight of all T maps), ``absolute`` (0 to 1) or
-            ``word`` (0 to each map's own peak).
+        normalize: ``figure`` (0 to the largest weight of all T maps, at least ``FLAT_FLOOR`` / P so
+            that a flat map is drawn dark: ``scale_top``), ``absolute`` (0 to 1) or ``word`` (0 to
+            each map's own peak, which draws a flat map as bright as a sharp one).
     Returns:
         T pairs; the top is never 0 (an all-zero map is drawn at the bottom of the scale).
     Raises:
@@ -140,7 +161,7 @@ def display_range(attention: Tensor | np.ndarray, normalize: str = "figure") -> 
     if normalize == "absolute":
         tops = np.ones_like(peaks)
     elif normalize == "figure":
-        tops = np.full_like(peaks, peaks.max() if len(peaks) else 1.0)
+        tops = np.full_like(peaks, scale_top(attention) if len(peaks) else 1.0)
     else:
         tops = peaks
     return [(0.0, float(top) if top > 1e-12 else 1.0) for top in tops]

@@ -314,10 +314,12 @@ def test_method_figure_statistics_and_scale():
     np.testing.assert_allclose(shares(maps["b"]), np.full((2, 4), 0.25))  # nothing positive: uniform
     figure = method_figure(Image.new("RGB", (40, 30)), ["a", "b"], maps, (2, 2))
     texts = [text.get_text() for ax in figure.axes for text in ax.texts]
-    assert "peak 1.00 \u00b7 H 0.00 (1.0 cells)" in texts and "peak 0.50 \u00b7 H 0.69 (2.0 cells)" in texts
+    # the peak in the colours' units (the map's largest value), the entropy of its positive part's shares
+    assert "peak 1 \u00b7 H 0.00 (1.0 cells)" in texts and "peak 2 \u00b7 H 0.69 (2.0 cells)" in texts
     bars = [ax for ax in figure.axes if not ax.images]
-    # one colour bar per row, 0 to the row's largest positive value (an all-zero row: 0 to 1)
-    assert sorted(tuple(ax.get_ylim()) for ax in bars) == [(0.0, 1.0), (0.0, 2.0)]
+    # one colour bar per row from 0: row a tops at 4 x its even spread (4 over 4 cells), above its
+    # largest value 2 (overlay.scale_top); an all-zero row: 0 to 1
+    assert sorted(tuple(ax.get_ylim()) for ax in bars) == [(0.0, 1.0), (0.0, 4.0)]
     with pytest.raises(ValueError, match="3 maps for 2 words"):
         method_figure(Image.new("RGB", (40, 30)), ["a", "b"], {"c": np.zeros((3, 4))}, (2, 2))
 
@@ -368,7 +370,11 @@ def test_the_demo_draws_a_method_beside_attention(run, tiny_shapes: ShapesFiles)
     image = str(sorted((tiny_shapes.root / "test").glob("*.png"))[0])
     text, attention_only, overlays = caption_file(model, image, "beam", 2)
     same, beside, same_overlays = caption_file(model, image, "beam", 2, method="gradcam")
-    assert same == text and len(same_overlays) == len(overlays)
+    assert same == text and len(same_overlays) == 2 * len(overlays)  # each word: attention, then gradcam
+    assert [title for _, title in same_overlays[::2]] == [title for _, title in overlays]
+    assert [title for _, title in same_overlays[1::2]] == [
+        f"{w}: gradcam" for w in model.caption([image])[0].words
+    ]
     assert beside.size != attention_only.size  # the two-row figure of visualize.py --method attention,gradcam
 
 

@@ -14,6 +14,7 @@ from PIL import Image
 from test_visualization import GRID, captioned_item, one_hot
 
 from captioning.evaluation.grounding import Instances, ObjectBox
+from captioning.visualization.faithfulness_table import COLUMNS as FAITHFULNESS_COLUMNS
 from captioning.visualization.run_report import (
     curve_keys,
     curve_panels,
@@ -294,3 +295,65 @@ def test_curves_that_coincide_both_show_and_a_stage_panel_spans_its_epochs():
     assert scores.get_xlim() == (0.5, 18.5)
     assert panels["self-critical stage: loss and reward"].get_xlim() == (16.5, 18.5)  # its 2 epochs
     assert panels["cross-entropy stage: loss"].get_xlim() == (0.5, 16.5)
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None or not Path(CHROMEDRIVER).is_file(),
+    reason="headless Chromium and chromedriver are not installed",
+)
+def test_the_scores_block_stays_inside_the_page(tmp_path, run_items):
+    """A long scores line (a signature, a wide table) scrolls inside its block, in a real browser: the
+    page itself never grows wider than the window, and the block's right edge stays inside it."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    items, scores, boxes = run_items
+    methods = {
+        name: {key: 0.123456 for key, _ in FAITHFULNESS_COLUMNS}
+        for name in ("attention", "integrated_gradients (flagged: barely changes)", "gradient_rollout")
+    }
+    faithfulness = {"images": 4, "random": {"deletion_auc": 0.5, "insertion_auc": 0.5}, "methods": methods}
+    wide = {
+        **scores,
+        "table": "metric " + "  ".join(f"column-{k}: 0.{k:03d}" for k in range(60)),
+        "faithfulness": faithfulness,
+    }
+    path = write_run_report(tmp_path / "report.html", items, GRID, wide, history=HISTORY, boxes=boxes)
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=800,700",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        driver.get(path.as_uri())
+        measured = driver.execute_script(
+            """
+            const block = document.querySelector('#scores pre');
+            const section = document.querySelector('#scores');
+            const table = document.querySelector('#scores table.faithfulness');
+            return {page: document.documentElement.scrollWidth, window: document.documentElement.clientWidth,
+                    right: block.getBoundingClientRect().right, scroll: block.scrollWidth,
+                    client: block.clientWidth, overflow: getComputedStyle(block).overflowX,
+                    section: section.getBoundingClientRect().right,
+                    sectionScroll: section.scrollWidth, sectionClient: section.clientWidth,
+                    sectionOverflow: getComputedStyle(section).overflowX,
+                    table: table.scrollWidth};
+            """
+        )
+    finally:
+        driver.quit()
+    assert measured["scroll"] > measured["client"]  # the line is wider than the block ...
+    assert measured["overflow"] in ("auto", "scroll")  # ... which scrolls
+    assert measured["right"] <= measured["window"]  # and stays inside the window
+    assert measured["page"] <= measured["window"]  # the page does not scroll sideways
+    # the faithfulness table, wider than the window, scrolls inside the block too
+    assert measured["table"] > measured["window"] and measured["section"] <= measured["window"]
+    assert measured["sectionScroll"] > measured["sectionClient"]
+    assert measured["sectionOverflow"] in ("auto", "scroll")
