@@ -55,7 +55,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--normalize",
         choices=("figure", "absolute", "word"),
         default="figure",
-        help="colour scale: one for all words of a figure, 0 to its largest weight (default); "
+        help="colour scale: one for all words of a figure, 0 to its largest weight, at least 4x an even "
+        "spread so that a flat map looks flat (default); "
         "absolute, 0 to 1; or word, each map to its own peak (a flat map looks as hot as a "
         "sharp one)",
     )
@@ -96,7 +97,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--method",
         default=None,
         metavar="METHODS",
-        help="draw attribution methods beside attention, one row per method on its own colour scale: "
+        help="draw attribution methods beside attention, one row per method on its own colour scale "
+        "in its units (needs the explain extra): "
         "comma-separated names (attention, gradient, integrated_gradients, gradcam, occlusion; rollout, "
         "chefer for the Transformer; an --import module may add one), e.g. --method attention,gradcam",
     )
