@@ -414,7 +414,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     dataset = overrides.get("data.dataset") or (data_config.dataset if data_config is not None else None)
     if dataset is not None:  # the checkpoint's own is checked where it is first read
         DATASETS.check(dataset)
-    tokenizer = overrides.get("data.tokenizer") or (data_config and data_config.tokenizer)
+    tokenizer = overrides.get("data.tokenizer") or (data_config.tokenizer if data_config else None)
     preflight(config_extras(tokenizer=tokenizer, dataset=dataset if records is None else None))
     # Outputs go to the run folder the checkpoint sits in (<run>/checkpoints/x.pt), else the current one,
     # under names of evaluate.py's own that never replace the main job's test_results.json & co.
