@@ -104,8 +104,6 @@ def method_figure(
     for name in rows:
         if len(maps[name]) != len(words):
             raise ValueError(f"method {name}: {len(maps[name])} maps for {len(words)} words")
-    if boxes is not None and len(boxes) != len(words):
-        raise ValueError(f"{len(words)} words but {len(boxes)} lists of boxes")
     if columns is not None and columns < 2:
         raise ValueError(f"columns must be >= 2 (the image and a word), got {columns}")
     width, height = display_size(image.size, max_side)
@@ -159,7 +157,7 @@ def method_figure(
                         h * scale[1],
                         fill=False,
                         edgecolor=BOX_COLOUR,
-                        linewidth=1.2,
+                        linewidth=1.5,
                         linestyle="--",
                     )  # fmt: skip
                 )

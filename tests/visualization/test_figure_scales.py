@@ -116,7 +116,7 @@ def test_method_panels_outline_the_named_objects_boxes():
         assert not [p for p in red.patches if isinstance(p, Rectangle)]
         (box,) = [p for p in circle.patches if isinstance(p, Rectangle)]
         assert (box.get_x(), box.get_y(), box.get_width(), box.get_height()) == (10.0, 5.0, 30.0, 20.0)
-    with pytest.raises(ValueError, match="2 words but 1 lists of boxes"):
+    with pytest.raises(ValueError, match="1 lists of boxes for 2 words"):
         method_figure(image, ["red", "circle"], maps, GRID, boxes=[[]])
 
 

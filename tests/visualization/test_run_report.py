@@ -14,7 +14,7 @@ from PIL import Image
 from test_visualization import GRID, captioned_item, one_hot
 
 from captioning.evaluation.grounding import Instances, ObjectBox
-from captioning.visualization.faithfulness_table import COLUMNS as FAITHFULNESS_COLUMNS
+from captioning.visualization.faithfulness_table import PLAUSIBILITY
 from captioning.visualization.run_report import (
     curve_keys,
     curve_panels,
@@ -309,7 +309,12 @@ def test_the_scores_block_stays_inside_the_page(tmp_path, run_items):
 
     items, scores, boxes = run_items
     methods = {
-        name: {key: 0.123456 for key, _ in FAITHFULNESS_COLUMNS}
+        name: {
+            **{f"{curve}_{part}": 0.123456 for curve in ("deletion", "insertion") for part in ("auc", "gap")},
+            **{key: 0.123456 for key, _ in PLAUSIBILITY},
+            "images": 4,
+            "words": 12,
+        }
         for name in ("attention", "integrated_gradients (flagged: barely changes)", "gradient_rollout")
     }
     faithfulness = {"images": 4, "random": {"deletion_auc": 0.5, "insertion_auc": 0.5}, "methods": methods}
