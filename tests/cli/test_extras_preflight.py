@@ -144,6 +144,7 @@ def test_train_refuses_a_configuration_without_its_extra(tmp_path, monkeypatch, 
     assert not run.exists() and not data.exists()  # nothing generated, cached or claimed
 
 
+@pytest.mark.slow  # a real subprocess
 def test_a_blocking_import_hook_in_a_real_process_is_seen(tmp_path: Path, checkpoint: Path):
     """The check asks the import system without importing: a finder that refuses captum (as an
     environment without it) stops ``evaluate.py --faithfulness`` before the split is decoded."""

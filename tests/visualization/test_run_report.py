@@ -297,6 +297,7 @@ def test_curves_that_coincide_both_show_and_a_stage_panel_spans_its_epochs():
     assert panels["cross-entropy stage: loss"].get_xlim() == (0.5, 16.5)
 
 
+@pytest.mark.slow  # a browser
 @pytest.mark.skipif(
     shutil.which("chromium") is None or not Path(CHROMEDRIVER).is_file(),
     reason="headless Chromium and chromedriver are not installed",
