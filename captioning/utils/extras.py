@@ -34,7 +34,9 @@ class Extra:
 # order, with these words (tests/project/test_extras.py holds the three to each other).
 EXTRAS: dict[str, Extra] = {
     "demo": Extra(("gradio", "gradio_client"), "the live demo (`visualize.py --serve`)"),
-    "explain": Extra(("captum",), "attribution methods (`--method`, `--faithfulness`, `model.explain`)"),
+    "explain": Extra(
+        ("captum",), "gradient attribution methods (`--method`, `--faithfulness`, `model.explain`)"
+    ),
     "onnx": Extra(("onnx", "onnxruntime"), 'ONNX export and `runtime="onnxruntime"`'),
     "onnx-runtime": Extra(("onnxruntime",), '`runtime="onnxruntime"` alone, without torch'),
     "timm": Extra(("timm",), "`timm:` encoders"),
@@ -45,6 +47,9 @@ EXTRAS: dict[str, Extra] = {
     "docs": Extra(("mkdocs", "material"), "the documentation site (mkdocs)"),
 }
 
+# The shipped attribution methods that call captum (``captioning.explain.methods``); the others
+# (attention, occlusion, the Transformer's rules) and a user's own run without it.
+CAPTUM_METHODS = frozenset({"gradient", "integrated_gradients", "gradcam"})
 # Configuration values that need an extra: encoder families by their prefix, tokenizers, datasets.
 ENCODER_FAMILIES = {"timm": "timm", "open_clip": "clip"}
 TOKENIZER_EXTRAS = {"jieba": "zh", "mecab": "ja"}
@@ -111,12 +116,14 @@ def option_extras(
     serve: str | None = None,
     tokenizer: str | None = None,
 ) -> list[tuple[str, str]]:
-    """The ``(extra, flag)`` pairs the command-line flags given need (None: the flag was not given)."""
+    """The ``(extra, flag)`` pairs the command-line flags given need (None: the flag was not given);
+    ``--method`` and ``--faithfulness`` need captum when they name a method of ``CAPTUM_METHODS``, or
+    all of them (``--faithfulness`` alone)."""
     needs = []
-    if method is not None:
-        needs.append(("explain", "--method"))
-    if faithfulness is not None:
-        needs.append(("explain", "--faithfulness"))
+    for flag, value in (("--method", method), ("--faithfulness", faithfulness)):
+        names = {name.strip() for name in (value or "").split(",")}
+        if value == "default" or names & CAPTUM_METHODS:  # default: every method that fits the model
+            needs.append(("explain", flag))
     if clip_score is not None:
         needs.append(("clip", "--clip-score"))
     if serve is not None:

@@ -20,8 +20,8 @@ import captioning.cli.serve
 import captioning.inference.captioner
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
-from captioning.utils.errors import MissingExtraError
-from captioning.utils.extras import EXTRAS, missing_modules, preflight
+from captioning.utils.errors import InputError, MissingExtraError
+from captioning.utils.extras import CAPTUM_METHODS, EXTRAS, missing_modules, option_extras, preflight
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -182,3 +182,34 @@ def test_preflight_names_the_missing_modules_of_the_extra(monkeypatch):
 def test_every_extra_is_installed_in_the_test_environment():
     for name in EXTRAS:  # the test environment has every extra
         assert missing_modules(name) == [], name
+
+
+def test_only_methods_that_call_captum_need_it():
+    assert option_extras(method="attention,occlusion") == []
+    assert option_extras(method="attention, gradcam") == [("explain", "--method")]
+    assert option_extras(faithfulness="default") == [("explain", "--faithfulness")]  # every method
+    assert option_extras(faithfulness="rollout,chefer") == []
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_captum_is_needed_by_exactly_the_methods_the_table_names(
+    monkeypatch, tmp_path, tiny_shapes: ShapesFiles, shapes_vocab: Vocabulary, kind
+):
+    """Each method that fits the model, run with captum unimportable: the ones ``CAPTUM_METHODS``
+    names stop with the extra's line, the others explain without it."""
+    import captioning
+    from captioning.explain.methods import applicable_methods
+
+    path = tiny_checkpoint(tmp_path / "checkpoints" / "best.pt", tiny_shapes.root, shapes_vocab, kind)
+    model = captioning.load(path, device="cpu")
+    image = sorted((tiny_shapes.root / "test").glob("*.png"))[0]
+    _block(monkeypatch, "captum", "captum.attr")
+    names = applicable_methods(model.captioner.decoder)
+    assert CAPTUM_METHODS <= set(names)
+    for name in names:
+        if name in CAPTUM_METHODS:
+            with raises_naming(InputError, "captum", '".[explain]"'):
+                model.explain([image], [name], curves=False)
+        else:
+            (explained,) = model.explain([image], [name], curves=False)
+            assert name in explained.maps
