@@ -15,8 +15,10 @@ from messages import assert_naming, raises_naming
 from tiny_models import tiny_checkpoint
 from tool_runs import ONE_THREAD, REPO, in_process
 
+import captioning.cli.common
 import captioning.cli.evaluate
 import captioning.cli.serve
+import captioning.cli.visualize
 import captioning.inference.captioner
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
@@ -41,7 +43,8 @@ def loads(monkeypatch) -> list:
         calls.append(args)
         raise AssertionError("the model was loaded before the extra was checked")
 
-    monkeypatch.setattr(captioning.cli.evaluate, "load_trained_captioner", load)
+    for module in (captioning.cli.common, captioning.cli.evaluate, captioning.cli.visualize):
+        monkeypatch.setattr(module, "load_for_tool", load)
     monkeypatch.setattr(captioning.inference.captioner, "load_trained_captioner", load)
     monkeypatch.setattr(captioning.inference.captioner, "load_captioner", load)
     return calls
