@@ -33,6 +33,7 @@ from captioning.evaluation.grounding import (
 )
 from captioning.evaluation.hallucination import chair_vocabulary
 from captioning.evaluation.pointing import DEFAULT_TOLERANCE
+from captioning.utils.shares import positive_shares
 
 FUNCTION_WORDS = frozenset(
     """a an the this that these those some any each every of in on at by for with from to into onto
@@ -72,10 +73,10 @@ def word_classes(words: Sequence[str], instances: Instances | None = None) -> li
 
 
 def normalised(weights: np.ndarray) -> np.ndarray:
-    """A map's positive part as shares summing to 1 (uniform when nothing is positive)."""
-    positive = np.clip(np.asarray(weights, dtype=np.float64), 0.0, None)
-    total = positive.sum()
-    return positive / total if total > 0 else np.full(positive.shape, 1.0 / positive.size)
+    """A map's positive part as shares summing to 1 over all its cells (uniform when nothing is
+    positive), in the map's own shape."""
+    weights = np.asarray(weights)
+    return positive_shares(weights.reshape(-1)).reshape(weights.shape)
 
 
 def entropy(weights: np.ndarray) -> float:

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image
 
+from captioning.utils.shares import positive_shares
 from captioning.utils.text import printable
 from captioning.visualization.figures import (
     ATTENTION_UNITS,
@@ -61,14 +62,6 @@ METHOD_UNITS = {
 def method_units(name: str) -> str:
     """The colour-bar label of method ``name``: ``METHOD_UNITS``, or the method's own units."""
     return METHOD_UNITS.get(name, f"{printable(name)} (the method's own units)")
-
-
-def shares(maps: np.ndarray) -> np.ndarray:
-    """(T, P) maps -> their positive parts as shares summing to 1 per word (uniform when none)."""
-    positive = np.clip(np.asarray(maps, dtype=np.float64), 0.0, None)
-    totals = positive.sum(axis=1, keepdims=True)
-    uniform = np.full_like(positive, 1.0 / max(positive.shape[1], 1))
-    return np.where(totals > 0, positive / np.where(totals > 0, totals, 1.0), uniform)
 
 
 def method_figure(
@@ -131,7 +124,7 @@ def method_figure(
         top = scale_top(positive)
         norm = Normalize(0.0, top)
         upsampled = upsample_attention(positive, grid, (height, width), mode, normalize=False)  # (T, H, W)
-        _, entropies = attention_statistics(shares(flat))  # of the positive part's shares
+        _, entropies = attention_statistics(positive_shares(flat))  # of the positive part's shares
         peaks = positive.max(axis=1) if positive.size else np.zeros(len(words))  # the colours' units
         block_top = figure_height - _MARGIN - r * (block + _GAP)
         first_bottom = block_top - _TITLE - panel_height

@@ -307,11 +307,14 @@ def test_visualize_draws_one_row_per_method(tmp_path: Path, run, tiny_shapes: Sh
 def test_method_figure_statistics_and_scale():
     from PIL import Image
 
-    from captioning.visualization.method_figures import method_figure, shares
+    from captioning.explain.plausibility import normalised
+    from captioning.utils.shares import positive_shares
+    from captioning.visualization.method_figures import method_figure
 
     maps = {"a": np.array([[1.0, 0.0, 0.0, 0.0], [-1.0, 2.0, 2.0, 0.0]]), "b": np.zeros((2, 4))}
-    np.testing.assert_allclose(shares(maps["a"]), [[1, 0, 0, 0], [0, 0.5, 0.5, 0]])
-    np.testing.assert_allclose(shares(maps["b"]), np.full((2, 4), 0.25))  # nothing positive: uniform
+    np.testing.assert_allclose(positive_shares(maps["a"]), [[1, 0, 0, 0], [0, 0.5, 0.5, 0]])
+    np.testing.assert_allclose(positive_shares(maps["b"]), np.full((2, 4), 0.25))  # nothing positive: uniform
+    np.testing.assert_allclose(normalised(maps["a"]), [[1 / 5, 0, 0, 0], [0, 2 / 5, 2 / 5, 0]])  # one map
     figure = method_figure(Image.new("RGB", (40, 30)), ["a", "b"], maps, (2, 2))
     texts = [text.get_text() for ax in figure.axes for text in ax.texts]
     # the peak in the colours' units (the map's largest value), the entropy of its positive part's shares
