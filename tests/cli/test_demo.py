@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser import chromium
 from messages import raises_naming
 from test_faults import assert_one_line_error
 from tiny_models import photo, tiny_checkpoint
@@ -136,25 +137,7 @@ def test_the_demo_shows_several_ranked_captions(checkpoint, tmp_path):
 
 
 def _browser(tmp_path: Path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1280,1600",
-    ):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    return chromium(tmp_path, (1280, 1600))
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from browser import chromium
 from tiny_models import tiny_checkpoint
 from tool_runs import REPO, in_process
 
@@ -26,24 +27,7 @@ pytestmark = [
 
 
 def browser(tmp_path: Path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1600,1200",
-    ):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    return chromium(tmp_path, (1600, 1200))
 
 
 def test_the_page_shows_n_intervals_and_the_per_class_table(

@@ -5,11 +5,11 @@ epoch, and a table of images that sorts by each per-image score and opens each i
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from browser import chromium, needs_chromium
 from PIL import Image
 from test_visualization import GRID, captioned_item, one_hot
 
@@ -23,7 +23,6 @@ from captioning.visualization.run_report import (
     write_run_report,
 )
 
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HISTORY = [
     {
         "stage": "xe",
@@ -188,29 +187,14 @@ def test_curves_leave_out_what_is_not_a_curve():
     assert curves_png(HISTORY).startswith(b"\x89PNG") and curves_png([]) == b""
 
 
-@pytest.mark.skipif(
-    shutil.which("chromium") is None or not Path(CHROMEDRIVER).is_file(),
-    reason="headless Chromium and chromedriver are not installed",
-)
+@pytest.mark.slow  # a browser
+@needs_chromium
 def test_table_sorts_worst_first_and_an_image_opens(tmp_path, run_items):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     items, scores, boxes = run_items
     path = write_run_report(tmp_path / "report.html", items, GRID, scores, history=HISTORY, boxes=boxes)
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1000,800",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = chromium(tmp_path, (1000, 800))
     try:
         driver.get(path.as_uri())
 
@@ -298,15 +282,10 @@ def test_curves_that_coincide_both_show_and_a_stage_panel_spans_its_epochs():
 
 
 @pytest.mark.slow  # a browser
-@pytest.mark.skipif(
-    shutil.which("chromium") is None or not Path(CHROMEDRIVER).is_file(),
-    reason="headless Chromium and chromedriver are not installed",
-)
+@needs_chromium
 def test_the_scores_block_stays_inside_the_page(tmp_path, run_items):
     """A long scores line (a signature, a wide table) scrolls inside its block, in a real browser: the
     page itself never grows wider than the window, and the block's right edge stays inside it."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
     items, scores, boxes = run_items
     methods = {
@@ -325,18 +304,7 @@ def test_the_scores_block_stays_inside_the_page(tmp_path, run_items):
         "faithfulness": faithfulness,
     }
     path = write_run_report(tmp_path / "report.html", items, GRID, wide, history=HISTORY, boxes=boxes)
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=800,700",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = chromium(tmp_path, (800, 700))
     try:
         driver.get(path.as_uri())
         measured = driver.execute_script(
