@@ -147,10 +147,11 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
     from captioning.evaluation.compare import compare_command
 
     boxes = load_boxes(args.instances) if args.instances else None  # CHAIR of every run, from its captions
-    from captioning.explain.compare import faithfulness_of
+    from captioning.explain.compare import check_comparable, faithfulness_of
 
     # every run's faithfulness table read and checked before any caption is scored
     tables = [faithfulness_of(path) for path in results_a], [faithfulness_of(path) for path in results_b]
+    check_comparable(*tables, [*results_a, *results_b], args.resamples)
     comparison = compare_command(
         args.annotations,
         results_a,

@@ -24,12 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from captioning.config.schema import MAX_DECODE_LENGTH
 from captioning.evaluation.coco_files import EvaluationInputError
+from captioning.evaluation.compare import check_bootstrap_fits
 from captioning.evaluation.significance import Comparison, compare_groups, holm, ratio_score, resample_counts
 from captioning.utils.json_files import read_json_file
 from captioning.utils.run_folder import scores_path_for
 
 CURVES = ("deletion", "insertion")
+MAX_WORDS = MAX_DECODE_LENGTH  # a row's explained words: one caption's, at most decode.max_length
 
 
 def _refuse(path: Path, entry: str, value: Any, what: str) -> EvaluationInputError:
@@ -42,6 +45,8 @@ def _area(path: Path, entry: str, row: Mapping[str, Any], key: str) -> None:
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _refuse(path, f"{entry}.{key}", value, "is not a finite number")
+    if not 0 <= value <= 1:
+        raise _refuse(path, f"{entry}.{key}", value, "is not an area in [0, 1] (a curve of probabilities)")
 
 
 def check_table(path: Path, table: Any) -> dict:
@@ -73,8 +78,10 @@ def check_table(path: Path, table: Any) -> dict:
             raise _refuse(path, f"{entry}.image_id", image_id, "is given twice")
         seen.add(image_id)
         words = row.get("words", 1)
-        if isinstance(words, bool) or not isinstance(words, int) or words < 1:
-            raise _refuse(path, f"{entry}.words", words, "is not a positive number of words")
+        if isinstance(words, bool) or not isinstance(words, int) or not 1 <= words <= MAX_WORDS:
+            raise _refuse(
+                path, f"{entry}.words", words, f"is not a number of words in [1, {MAX_WORDS}] (a caption's)"
+            )
         for name in [*methods, "random"]:
             areas = row.get(name)
             if not isinstance(areas, dict):
@@ -103,6 +110,42 @@ def faithfulness_of(results: Path) -> dict | None:
     return check_table(path, scores["faithfulness"])
 
 
+def common_images(tables: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The image ids every table's ``per_image`` rows hold, in id order."""
+    ids = [{row["image_id"] for row in table["per_image"]} for table in tables]
+    return sorted(set.intersection(*ids)) if ids else []
+
+
+def check_comparable(
+    a: Sequence[Mapping[str, Any] | None],
+    b: Sequence[Mapping[str, Any] | None],
+    results: Sequence[Path],
+    resamples: int,
+) -> None:
+    """Before any caption is scored: when every run's scores hold a table (``a`` and ``b`` from
+    :func:`faithfulness_of`, None for a run without one; ``results`` the runs' files in the same
+    order), the tables share an image, and the bootstrap's (R, N) draws over the shared images fit.
+
+    Raises:
+        EvaluationInputError: the first table that holds no image, or none of the images of the runs
+            before it (naming its file); ``resamples`` draws that do not fit in memory.
+    """
+    tables = [*a, *b]
+    if not tables or any(table is None for table in tables):
+        return  # not compared (a run has no table): said where the rows are printed
+    shared: set[int] | None = None
+    for path, table in zip(results, tables, strict=True):
+        assert table is not None
+        ids = {row["image_id"] for row in table["per_image"]}
+        shared = ids if shared is None else shared & ids
+        if not shared:
+            what = "holds no image" if not ids else "shares no image with the runs before it"
+            raise EvaluationInputError(
+                f"{scores_path_for(path)}: faithfulness.per_image {what}: the maps cannot be compared"
+            )
+    check_bootstrap_fits(resamples, len(shared or ()))
+
+
 def faithfulness_comparison(
     a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], resamples: int, seed: int
 ) -> tuple[dict[str, Comparison], int]:
@@ -111,7 +154,7 @@ def faithfulness_comparison(
     images every table explained: (comparisons, images)."""
     tables = [*a, *b]
     rows = [{row["image_id"]: row for row in table["per_image"]} for table in tables]
-    common = sorted(image for image in rows[0] if all(image in other for other in rows[1:]))
+    common = common_images(tables)
     if not common or not a or not b:
         return {}, 0
     methods = [
