@@ -143,6 +143,11 @@ def attribute_phrases(
 def match_one_to_one(mentions: Sequence[Phrase], objects: Sequence[ObjectBox]) -> list[str | None]:
     """Each mention's fate under a one-to-one matching of mentions to the objects they describe.
 
+    Equal mentions (the same words) describe the same objects, so each distinct mention is judged
+    against the objects once, and only as many of its copies as it describes objects enter the
+    matching (the first ones, in caption order): no matching gives the others an object. The cost is
+    bounded by distinct mentions x objects, whatever the caption repeats.
+
     Args:
         mentions: one caption's mentions (:func:`attribute_phrases` with ``bare``), in caption order.
         objects: its image's objects.
@@ -152,25 +157,24 @@ def match_one_to_one(mentions: Sequence[Phrase], objects: Sequence[ObjectBox]) -
     """
     if not mentions:
         return []
-    fits = np.array([[mention.describes(obj) for obj in objects] for mention in mentions], dtype=bool)
-    fits = fits.reshape(len(mentions), len(objects))  # (M, O)
-    matched_object = (
-        maximum_bipartite_matching(csr_array(fits.astype(np.int8)), perm_type="column")
-        if objects
-        else np.full(len(mentions), -1)
-    )  # (M,): the object each mention gets, -1 for none
+    copies: dict[Phrase, list[int]] = {}  # distinct mention -> its positions in the caption
+    for index, mention in enumerate(mentions):
+        copies.setdefault(mention, []).append(index)
+    fits = {mention: np.array([mention.describes(obj) for obj in objects], dtype=bool) for mention in copies}
+    rows = [index for mention, where in copies.items() for index in where[: int(fits[mention].sum())]]
+    matched_object = np.full(len(mentions), -1)  # (M,): the object each mention gets, -1 for none
+    if rows:
+        graph = np.stack([fits[mentions[index]] for index in rows]).astype(np.int8)  # (R, O)
+        matched_object[rows] = maximum_bipartite_matching(csr_array(graph), perm_type="column")
     taken = set(int(index) for index in matched_object if index >= 0)
+    left_over: dict[str, bool | None] = {}  # category -> an object of it left unmatched (None: none at all)
+    for category in {mention.category for mention in mentions}:
+        same_class = [k for k, obj in enumerate(objects) if obj.category == category]
+        left_over[category] = any(k not in taken for k in same_class) if same_class else None
     fates: list[str | None] = []
     for mention, index in zip(mentions, matched_object, strict=True):
-        same_class = [k for k, obj in enumerate(objects) if obj.category == mention.category]
-        if index >= 0:
-            fates.append(None)
-        elif not same_class:
-            fates.append("absent")
-        elif any(k not in taken for k in same_class):
-            fates.append("misdescribed")
-        else:
-            fates.append("duplicate")
+        free = left_over[mention.category]
+        fates.append(None if index >= 0 else "absent" if free is None else "misdescribed" if free else "duplicate")
     return fates
 
 
@@ -275,13 +279,15 @@ def attribute_hallucination(
             raise ValueError(f"image {image_id!r} is not in the instances file")
         objects = instances.objects.get(image_id, [])
         phrases = attribute_phrases(tokens, table, words, vocabulary)
-        correct = [phrase for phrase in phrases if any(phrase.describes(obj) for obj in objects)]
+        # each distinct phrase judged once: a caption repeating one costs no more than saying it once
+        fits = {phrase: any(phrase.describes(obj) for obj in objects) for phrase in set(phrases)}
+        correct = {phrase for phrase, fit in fits.items() if fit}
         described = [obj for obj in objects if obj.attributes and any(p.describes(obj) for p in correct)]
         mentions = attribute_phrases(tokens, table, words, vocabulary, bare=True)
         fates = match_one_to_one(mentions, objects)
         per_image[image_id] = ImageAttributes(
             phrases,
-            [phrase.text for phrase in phrases if phrase not in correct],
+            [phrase.text for phrase in phrases if not fits[phrase]],
             sum(1 for obj in objects if any(isinstance(v, str) for v in obj.attributes.values())),
             len(described),
             len(mentions),

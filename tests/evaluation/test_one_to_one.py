@@ -13,7 +13,7 @@ import pytest
 from test_attributes import CATEGORIES, write_instances
 
 from captioning.data.tokenizers import tokenize
-from captioning.evaluation.attributes import attribute_hallucination, attribute_line
+from captioning.evaluation.attributes import Phrase, attribute_hallucination, attribute_line
 from captioning.evaluation.chair_table import chair_table
 from captioning.evaluation.grounding import load_instances
 from captioning.evaluation.ratios import chair_statistics, ratio_statistics
@@ -151,3 +151,21 @@ def test_random_captions_match_a_brute_force_count(tmp_path):
         reasons = [entry["reason"] for entry in result.per_image[image_id].to_json()["unmatched-mentions"]]
         assert {r: reasons.count(r) for r in expected} == expected, (captions[image_id], objects[image_id])
     assert sum(sum(t.values()) > 0 for t in truth.values()) > 10  # the cases left mentions over
+
+
+def test_a_caption_repeating_a_mention_costs_its_distinct_mentions_not_its_length(tmp_path, monkeypatch):
+    # 30 red and 30 green circles; a caption naming "a red circle" 3,000 times: 30 mentions get a red
+    # circle, the other 2,970 are left over while green circles are free (misdescribed)
+    objects = {1: [("circle", {"color": "red" if k % 2 else "green", "size": "small"}) for k in range(60)]}
+    boxes = load_instances(write_instances(tmp_path / "many.json", objects))
+    calls = []
+    describes = Phrase.describes
+    monkeypatch.setattr(Phrase, "describes", lambda self, obj: calls.append(1) or describes(self, obj))
+    result = judge(boxes, {1: " and ".join(["a red circle"] * 3000)})
+    fields = result.per_image[1].to_json()
+    assert fields["attribute-matched"] == 30
+    assert [entry["reason"] for entry in fields["unmatched-mentions"]] == ["misdescribed"] * 2970
+    assert fields["wrong-phrases"] == [] and fields["attribute-correct"] == 3000
+    assert fields["attribute-recalled"] == 30  # the red circles a correct phrase describes
+    # the work is one distinct mention (and its bare form) against the 60 objects, a few times over
+    assert len(calls) <= 4 * 60, len(calls)
