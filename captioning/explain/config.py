@@ -101,9 +101,11 @@ class ExplainConfig:
             _at_least(self, name, 1)
         for name in ("sanity_images", "order_seed"):
             _at_least(self, name, 0)
-        for name in ("sanity_threshold", "pointing_tolerance"):
-            if not math.isfinite(getattr(self, name)):
-                raise InputError(f"explain {name} must be a finite number, got {getattr(self, name)!r}")
+        for name, (low, closed, high, what) in _RANGES.items():
+            value = getattr(self, name)
+            above = value >= low if closed else value > low
+            if not (math.isfinite(value) and above and value <= high):
+                raise InputError(f"explain {name} must be {what}, got {value!r}")
         self._check_cost()
 
     def rows_per_word(self) -> int:
@@ -133,6 +135,14 @@ class ExplainConfig:
             f"explain {_named(self, key)} {getattr(self, key)} makes each explained word cost "
             f"about {total:,} decoder passes, more than {MAX_ROWS_PER_WORD:,}: lower it"
         )
+
+
+# The real-valued fields' ranges (low, low included, high): a rank correlation, and the pointing game's radius (as
+# data.pointing_tolerance bounds it: above 0, at most 1e6 pixels).
+_RANGES = {
+    "sanity_threshold": (-1.0, True, 1.0, "a rank correlation in [-1, 1]"),
+    "pointing_tolerance": (0.0, False, 1e6, "a number of pixels in (0, 1e6]"),
+}
 
 
 def _rows(ig_steps: int, curve_steps: int, random_seeds: int, methods: int) -> int:

@@ -70,6 +70,13 @@ def images(tiny_shapes: ShapesFiles) -> list[Path]:
         ({"random_seeds": 10**5, "curve_steps": 2}, "random_seeds"),
         ({"score": "softmax"}, "score"),
         ({"order_seed": -1}, "order_seed"),
+        # real-valued settings in the range of what they are, as data.pointing_tolerance is
+        ({"pointing_tolerance": -3.0}, "pointing_tolerance"),
+        ({"pointing_tolerance": 0.0}, "pointing_tolerance"),
+        ({"pointing_tolerance": 1e300}, "pointing_tolerance"),
+        ({"sanity_threshold": 5.0}, "sanity_threshold"),  # a rank correlation: nothing is ever flagged
+        ({"sanity_threshold": -7.0}, "sanity_threshold"),  # every method flagged
+        ({"methods": ["attention", "no_such_method"]}, "no_such_method"),
         ({"methods": None}, "methods"),
         ({"methods": [1]}, "methods"),
         ({"methods": []}, "method"),
