@@ -166,6 +166,10 @@ DATASETS: FamilyRegistry[DataConfig] = FamilyRegistry(
 )
 
 
+MAX_SHAPES_IMAGES = 1_000_000  # data.shapes_train/val/test: images a split of Shapes is generated with
+MAX_SHAPES_SIDE = 2048  # data.shapes_image_size: pixels (12 MB of RGB an image at the bound)
+
+
 @DATASETS.register_options("shapes")
 @dataclass(frozen=True)
 class ShapesDataConfig(DataConfig):
@@ -186,7 +190,17 @@ class ShapesDataConfig(DataConfig):
             min(self.shapes_train, self.shapes_val, self.shapes_test) >= 1,
             "data.shapes_train/val/test must be >= 1",
         )
-        _check(self.shapes_image_size >= 32, "data.shapes_image_size must be >= 32")
+        for name in ("shapes_train", "shapes_val", "shapes_test"):
+            count = getattr(self, name)
+            _check(count <= MAX_SHAPES_IMAGES, f"data.{name} must be at most {MAX_SHAPES_IMAGES:,}, got {count}")
+        _check(
+            32 <= self.shapes_image_size <= MAX_SHAPES_SIDE,
+            f"data.shapes_image_size must be in [32, {MAX_SHAPES_SIDE}], got {self.shapes_image_size}",
+        )
+        _check(
+            0 <= self.shapes_seed < 2**63,
+            f"data.shapes_seed must be in [0, 2**63) (numpy's seeds), got {self.shapes_seed}",
+        )
 
 
 SHAPE_CLASSES = ("circle", "square", "triangle", "diamond")  # the shapes Shapes draws (its categories)
