@@ -10,7 +10,8 @@ body can carry an image as well as a form), refuses with one line:
   answers, whatever route wrote them), until sessions end or their files go stale (``RequestFiles``);
 - ``429`` when the client posted ``CLIENT_MB`` MiB of request bodies in the last ``CLIENT_WINDOW_S``
   seconds (the time an answer is kept), counted as the bodies arrive (a body announced larger is
-  refused before it is read): one client cannot take the whole folder;
+  refused before it is read; one sent without a length, or longer than it said, is cut where it
+  passes the bound): one client cannot take the whole folder, nor the demo's memory;
 - ``429`` when the client already has ``PER_CLIENT`` requests posting files (forms) in flight, or all
   clients ``IN_FLIGHT``.
 
@@ -91,12 +92,9 @@ class UploadGuard:
             await _refuse(send, 507, f"the demo holds its limit of {limit} MB of files; retry later")
             return
         if self._posted(client) + _announced(scope) > self.client_bytes:
-            limit = self.client_bytes // 2**20
-            await _refuse(
-                send, 429, f"this client posted {limit} MB in {CLIENT_WINDOW_S / 60:.0f} minutes; retry later"
-            )
+            await _refuse(send, 429, self._over(client))
             return
-        receive = self._counted(client, receive)
+        receive, send = self._counted(client, receive, send)
         if not self._posts_files(scope):
             await self.app(scope, receive, send)
             return
@@ -130,17 +128,39 @@ class UploadGuard:
             return 0
         return sum(size for _, size in records)
 
-    def _counted(self, client: str, receive: Receive) -> Receive:
-        """``receive`` recording each body chunk's size for ``client`` as it arrives."""
+    def _counted(self, client: str, receive: Receive, send: Send) -> tuple[Receive, Send]:
+        """``receive`` recording each body chunk's size for ``client`` as it arrives, and ``send``.
+
+        A body that takes the client past its bytes (one sent in chunks without a ``content-length``,
+        or longer than it announced) is cut where it does: the app is told the client left, and is
+        answered 429 unless its answer had begun (what the app sends after that is dropped)."""
+        state = {"started": False, "cut": False}
 
         async def counted() -> MutableMapping[str, Any]:
+            if state["cut"]:
+                return {"type": "http.disconnect"}
             message = await receive()
             size = len(message.get("body") or b"")
             if size:
                 self.posted.setdefault(client, deque()).append((time.monotonic(), size))
+                if self._posted(client) > self.client_bytes:
+                    if not state["started"]:
+                        await _refuse(send, 429, self._over(client))
+                    state["cut"] = True
+                    return {"type": "http.disconnect"}
             return message
 
-        return counted
+        async def answered(message: MutableMapping[str, Any]) -> None:
+            if state["cut"]:
+                return
+            state["started"] = state["started"] or message.get("type") == "http.response.start"
+            await send(message)
+
+        return counted, answered
+
+    def _over(self, client: str) -> str:
+        limit = self.client_bytes // 2**20
+        return f"this client posted {limit} MB in {CLIENT_WINDOW_S / 60:.0f} minutes; retry later"
 
     @staticmethod
     def _posts_files(scope: Scope) -> bool:
@@ -149,9 +169,12 @@ class UploadGuard:
 
 
 def _announced(scope: Scope) -> int:
-    """The body size a request's ``content-length`` announces (0 when absent or not a number)."""
-    value = dict(scope.get("headers") or []).get(b"content-length", b"0")
-    return int(value) if value.isdigit() and len(value) < 20 else 0
+    """The body size a request's ``content-length`` announces (0 when absent or not a number: such a
+    body is counted as it arrives). An enormous one is announced as it is, and refused."""
+    value = dict(scope.get("headers") or []).get(b"content-length", b"0").strip()
+    if not value.isdigit():
+        return 0
+    return int(value) if len(value) <= 30 else 10**30  # (int() of a huge digit string costs its square)
 
 
 def _top_files(folder: Path) -> set[str]:

@@ -34,3 +34,66 @@ def test_the_testbeds_counts_sizes_and_seed_are_bounded_before_anything_is_gener
     )  # fmt: skip
     assert_one_line_error(result.returncode, result.stderr, option, alone=False)
     assert not root.exists() and not (tmp_path / "run").exists()
+
+
+CHUNK = 1000
+
+
+def post(headers: list[tuple[bytes, bytes]], chunks: int) -> tuple[int | None, int, bytes]:
+    """A JSON POST of ``chunks`` body chunks of CHUNK bytes through a guard allowing a client 10 of
+    them, to an app that reads the body to its end and answers 200: (status sent, body bytes the app
+    read, the answer's body)."""
+    sent: list[dict] = []
+    read = 0
+    pending = [{"type": "http.request", "body": b"x" * CHUNK, "more_body": k < chunks - 1} for k in range(chunks)]
+
+    async def receive() -> dict:
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def app(scope, receive, send) -> None:  # reads the whole body, as a JSON route does
+        nonlocal read
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # starlette: ClientDisconnect, nothing answered
+            read += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    scope = {"type": "http", "method": "POST", "path": "/gradio_api/call/caption", "client": ("10.0.0.9", 1),
+             "headers": [(b"content-type", b"application/json"), *headers]}  # fmt: skip
+    guard = UploadGuard(app, Path(__file__).parent / "no-such-folder", client_bytes=10 * CHUNK)
+    asyncio.run(guard(scope, receive, send))
+    starts = [m["status"] for m in sent if m["type"] == "http.response.start"]
+    assert len(starts) <= 1, sent  # one answer, never two
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return (starts[0] if starts else None), read, body
+
+
+@pytest.mark.parametrize(
+    "length",
+    [
+        None,  # chunked: no content-length at all
+        b"2000",  # announced within the bound, longer when it comes
+        b"-5",  # not a length
+        b"lots",
+        b"12 000",
+    ],
+)
+def test_a_body_past_the_clients_bytes_is_cut_where_it_passes_them_whatever_it_announced(length):
+    headers = [] if length is None else [(b"content-length", length)]
+    status, read, body = post(headers, chunks=10_000)  # 10 MB against a bound of 10 kB
+    assert status == 429 and b"this client posted" in body
+    assert read <= 10 * CHUNK  # the app never held more than the client's bytes
+    assert post(headers, chunks=5)[:2] == (200, 5 * CHUNK)  # a body within the bound is served whole
+
+
+@pytest.mark.parametrize("length", [b"9" * 20, b"9" * 25, b"9" * 5000])  # past 64 bits; past int()'s digits
+def test_an_enormous_content_length_is_refused_before_the_body_is_read(length):
+    status, read, body = post([(b"content-length", length)], chunks=3)
+    assert (status, read) == (429, 0) and b"this client posted" in body
