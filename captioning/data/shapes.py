@@ -36,7 +36,7 @@ from captioning.data.karpathy import read_karpathy
 from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord
 from captioning.data.tokenizers import tokenize
-from captioning.utils.files import atomic_write
+from captioning.utils.files import atomic_write, refuse_links
 from captioning.utils.json_files import read_json_file
 
 logger = logging.getLogger(__name__)
@@ -211,6 +211,7 @@ def write_shapes(
     seed, image_size = parameters["seed"], parameters["image_size"]
     parameters = {**parameters, **{f"num_{split}": counts[split] for split in SPLITS}}
     layout = _image_layout(counts)
+    _refuse_links(files, layout)
     if _is_complete(files, parameters, layout):
         return files
     logger.info("generating Shapes (%d images, seed %d) in %s", len(layout), seed, files.root)
@@ -284,6 +285,19 @@ def _file_name(image_id: int) -> str:
 def _relative_path(split: str, image_id: int) -> str:
     """The image file relative to the root: the split's folder, then the file name."""
     return f"{split}/{_file_name(image_id)}"
+
+
+def _refuse_links(files: ShapesFiles, layout: list[tuple[int, str, int]]) -> None:
+    """Before the folder is read or written: ``root`` is a folder, and no split folder, image or JSON
+    file in it is a link or an odd file (``refuse_links``), which would lead the writes out of it."""
+    root, instead = files.root, "set data.root to another folder"
+    if root.exists() and not root.is_dir():
+        raise DatasetError(f"{root}: not a folder (data.root): Shapes is generated in a folder")
+    paths = [files.split_file, files.instances, files.manifest, *files.captions.values()]
+    for split in SPLITS:
+        refuse_links(root / split, root, folder=True, instead=instead)
+    for path in paths + [root / _relative_path(split, image_id) for image_id, split, _ in layout]:
+        refuse_links(path, root, instead=instead)
 
 
 def _is_complete(files: ShapesFiles, parameters: dict[str, Any], layout: list[tuple[int, str, int]]) -> bool:

@@ -1,9 +1,11 @@
-"""Hostile inputs against the newest surfaces: the hallucination testbed's options and the demo's POST
-guard. Each bad value is refused in one line naming it before any work (nothing generated, nothing read)."""
+"""Hostile inputs against the newest surfaces: the hallucination testbed's options and folder, and the
+demo's POST guard. Each bad value is refused in one line naming it before any work (nothing generated,
+nothing read, nothing written outside the data folder); a body past its client's bound is cut."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from test_faults import assert_one_line_error
 from tool_runs import in_process
 
 from captioning.cli.upload_guard import UploadGuard
+from captioning.data.shapes_hallucination import generate_shapes_hallucination
 
 
 @pytest.mark.parametrize(
@@ -97,3 +100,57 @@ def test_a_body_past_the_clients_bytes_is_cut_where_it_passes_them_whatever_it_a
 def test_an_enormous_content_length_is_refused_before_the_body_is_read(length):
     status, read, body = post([(b"content-length", length)], chunks=3)
     assert (status, read) == (429, 0) and b"this client posted" in body
+
+
+SMALL = ["data.shapes_train=6", "data.shapes_val=2", "data.shapes_test=2", "data.shapes_image_size=64"]
+
+
+def train_on(root: Path, tmp_path: Path):
+    flags = [flag for option in SMALL for flag in ("--set", option)]
+    return in_process(
+        "train.py", "--config", str(Path(__file__).parents[2] / "configs/shapes_hallucination.yaml"), *flags,
+        "--set", f"data.root={root}", "--output-dir", str(tmp_path / "run"), "--epochs", "1", "--max-steps", "1",
+        "--no-test", "--no-progress", cwd=tmp_path,
+    )  # fmt: skip
+
+
+def planted_split_folder(root: Path, outside: Path) -> str:
+    shutil.rmtree(root / "test")
+    (root / "test").symlink_to(outside, target_is_directory=True)
+    (root / "shapes_manifest.json").unlink()  # the folder is generated again: through the link, once
+    return str(root / "test")
+
+
+def planted_split_file(root: Path, outside: Path) -> str:
+    (root / "dataset_shapes.json").unlink()
+    (root / "dataset_shapes.json").symlink_to(outside / "victim.json")
+    (root / "shapes_manifest.json").unlink()
+    return str(root / "dataset_shapes.json")
+
+
+def planted_image(root: Path, outside: Path) -> str:
+    image = sorted((root / "train").glob("*.png"))[0]
+    image.unlink()
+    image.symlink_to(outside / "victim.json")  # read as an image, or written through on a rebuild
+    return str(image)
+
+
+@pytest.mark.parametrize("plant", [planted_split_folder, planted_split_file, planted_image])
+def test_a_link_planted_in_the_testbeds_folder_is_refused_and_nothing_outside_is_written(tmp_path, plant):
+    root, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.json").write_text("kept", encoding="utf-8")
+    generate_shapes_hallucination(root, num_train=6, num_val=2, num_test=2, image_size=64)
+    link = plant(root, outside)
+    result = train_on(root, tmp_path)
+    assert_one_line_error(result.returncode, result.stderr, link, "symbolic link", alone=False)
+    assert sorted(path.name for path in outside.iterdir()) == ["victim.json"]
+    assert (outside / "victim.json").read_text(encoding="utf-8") == "kept"
+
+
+def test_a_data_root_that_is_a_file_is_refused_in_one_line(tmp_path):
+    root = tmp_path / "data"
+    root.write_text("not a folder", encoding="utf-8")
+    result = train_on(root, tmp_path)
+    assert_one_line_error(result.returncode, result.stderr, str(root), "not a folder", alone=False)
+    assert root.read_text(encoding="utf-8") == "not a folder"
