@@ -49,6 +49,41 @@ def test_the_co_occurring_class_is_the_one_a_class_most_probably_appears_beside(
     }
 
 
+def _co_occurring_by_loops(images: list[set[str]], min_images: int) -> dict[str, str]:
+    """For each category c, the d != c in min_images images or more maximising (P(c | d), images with
+    both), the first name on ties, counted image by image."""
+    names = sorted(set().union(*images))
+    partners = {}
+    for c in names:
+        best = None
+        for d in names:
+            with_d = [classes for classes in images if d in classes]
+            both = sum(1 for classes in with_d if c in classes)
+            if d == c or len(with_d) < min_images or not both:
+                continue
+            if best is None or (both / len(with_d), both) > best[:2]:
+                best = (both / len(with_d), both, d)
+        if best is not None:
+            partners[c] = best[2]
+    return partners
+
+
+def test_the_co_occurring_classes_of_many_categories_equal_a_count_image_by_image():
+    rng = np.random.default_rng(4)
+    names = [f"c{k:02d}" for k in range(40)]
+    images = [
+        {names[int(k)] for k in rng.choice(40, size=int(rng.integers(0, 5)), p=np.linspace(2, 1, 40) / 60)}
+        for _ in range(600)
+    ]  # some categories rare (under min_images), many ties of ratio and count
+    instances = Instances(
+        {i: (10.0, 10.0) for i in range(len(images))},
+        {i: [ObjectBox(name, (0.0, 0.0, 1.0, 1.0)) for name in sorted(classes)] for i, classes in enumerate(images)},
+    )  # fmt: skip
+    for min_images in (1, 10, 40):
+        assert co_occurring_classes(instances, min_images) == _co_occurring_by_loops(images, min_images)
+    assert co_occurring_classes(Instances({}, {})) == {}
+
+
 def test_the_peak_lands_on_the_smallest_box_holding_its_cell():
     objects = OBJECTS[1]
     assert peak_object(cell(0, 0), objects, (90.0, 90.0), (3, 3)) is CIRCLE
