@@ -192,7 +192,9 @@ class ShapesDataConfig(DataConfig):
         )
         for name in ("shapes_train", "shapes_val", "shapes_test"):
             count = getattr(self, name)
-            _check(count <= MAX_SHAPES_IMAGES, f"data.{name} must be at most {MAX_SHAPES_IMAGES:,}, got {count}")
+            _check(
+                count <= MAX_SHAPES_IMAGES, f"data.{name} must be at most {MAX_SHAPES_IMAGES:,}, got {count}"
+            )
         _check(
             32 <= self.shapes_image_size <= MAX_SHAPES_SIDE,
             f"data.shapes_image_size must be in [32, {MAX_SHAPES_SIDE}], got {self.shapes_image_size}",

@@ -174,7 +174,9 @@ def match_one_to_one(mentions: Sequence[Phrase], objects: Sequence[ObjectBox]) -
     fates: list[str | None] = []
     for mention, index in zip(mentions, matched_object, strict=True):
         free = left_over[mention.category]
-        fates.append(None if index >= 0 else "absent" if free is None else "misdescribed" if free else "duplicate")
+        fates.append(
+            None if index >= 0 else "absent" if free is None else "misdescribed" if free else "duplicate"
+        )
     return fates
 
 

@@ -137,8 +137,8 @@ class ExplainConfig:
         )
 
 
-# The real-valued fields' ranges (low, low included, high): a rank correlation, and the pointing game's radius (as
-# data.pointing_tolerance bounds it: above 0, at most 1e6 pixels).
+# The real-valued fields' ranges (low, low included, high): a rank correlation, and the pointing game's
+# radius (as data.pointing_tolerance bounds it: above 0, at most 1e6 pixels).
 _RANGES = {
     "sanity_threshold": (-1.0, True, 1.0, "a rank correlation in [-1, 1]"),
     "pointing_tolerance": (0.0, False, 1e6, "a number of pixels in (0, 1e6]"),

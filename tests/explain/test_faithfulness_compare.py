@@ -127,8 +127,14 @@ TAMPERED = {
     "no-method-entry": (lambda t: t["per_image"][5].pop("occlusion"), "per_image[5].occlusion"),
     "zero-words": (lambda t: t["per_image"][6].update(words=0), "per_image[6].words"),
     # areas of probability curves lie in [0, 1]; a row's words are one caption's: bounded as decoding is
-    "huge-area": (lambda t: t["per_image"][0]["occlusion"].update(deletion_auc=1e308), f"{ROW0}.deletion_auc"),
-    "negative-area": (lambda t: t["per_image"][4]["occlusion"].update(deletion_auc=-5.0), f"{ROW4}.deletion_auc"),
+    "huge-area": (
+        lambda t: t["per_image"][0]["occlusion"].update(deletion_auc=1e308),
+        ROW0 + ".deletion_auc",
+    ),
+    "negative-area": (
+        lambda t: t["per_image"][4]["occlusion"].update(insertion_auc=-5),
+        ROW4 + ".insertion_auc",
+    ),
     "huge-words": (lambda t: t["per_image"][3].update(words=10**300), "per_image[3].words"),
     "many-words": (lambda t: t["per_image"][3].update(words=501), "per_image[3].words"),
     "no-rows": (lambda t: t.update(per_image=[]), "per_image holds no image"),

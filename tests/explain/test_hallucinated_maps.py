@@ -77,8 +77,8 @@ def test_the_co_occurring_classes_of_many_categories_equal_a_count_image_by_imag
     ]  # some categories rare (under min_images), many ties of ratio and count
     instances = Instances(
         {i: (10.0, 10.0) for i in range(len(images))},
-        {i: [ObjectBox(name, (0.0, 0.0, 1.0, 1.0)) for name in sorted(classes)] for i, classes in enumerate(images)},
-    )  # fmt: skip
+        {i: [ObjectBox(name, (0.0, 0.0, 1.0, 1.0)) for name in classes] for i, classes in enumerate(images)},
+    )
     for min_images in (1, 10, 40):
         assert co_occurring_classes(instances, min_images) == _co_occurring_by_loops(images, min_images)
     assert co_occurring_classes(Instances({}, {})) == {}

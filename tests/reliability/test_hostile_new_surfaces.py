@@ -48,7 +48,9 @@ def post(headers: list[tuple[bytes, bytes]], chunks: int) -> tuple[int | None, i
     read, the answer's body)."""
     sent: list[dict] = []
     read = 0
-    pending = [{"type": "http.request", "body": b"x" * CHUNK, "more_body": k < chunks - 1} for k in range(chunks)]
+    pending = [
+        {"type": "http.request", "body": b"x" * CHUNK, "more_body": k < chunks - 1} for k in range(chunks)
+    ]
 
     async def receive() -> dict:
         return pending.pop(0) if pending else {"type": "http.disconnect"}
@@ -106,11 +108,11 @@ SMALL = ["data.shapes_train=6", "data.shapes_val=2", "data.shapes_test=2", "data
 
 
 def train_on(root: Path, tmp_path: Path):
-    flags = [flag for option in SMALL for flag in ("--set", option)]
+    flags = [flag for option in [*SMALL, f"data.root={root}"] for flag in ("--set", option)]
+    config = str(Path(__file__).parents[2] / "configs/shapes_hallucination.yaml")
     return in_process(
-        "train.py", "--config", str(Path(__file__).parents[2] / "configs/shapes_hallucination.yaml"), *flags,
-        "--set", f"data.root={root}", "--output-dir", str(tmp_path / "run"), "--epochs", "1", "--max-steps", "1",
-        "--no-test", "--no-progress", cwd=tmp_path,
+        "train.py", "--config", config, *flags, "--output-dir", str(tmp_path / "run"), "--epochs", "1",
+        "--max-steps", "1", "--no-test", "--no-progress", cwd=tmp_path,
     )  # fmt: skip
 
 
