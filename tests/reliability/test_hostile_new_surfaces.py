@@ -9,11 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_demo_bounds import model, start_demo
 from test_faults import assert_one_line_error
 from tool_runs import in_process
 
-from captioning.cli.upload_guard import UploadGuard
+from captioning.cli.upload_guard import CLIENT_MB, UploadGuard, folder_bytes
 from captioning.data.shapes_hallucination import generate_shapes_hallucination
+
+__all__ = ["model"]  # a fixture of another test module
 
 
 @pytest.mark.parametrize(
@@ -156,3 +159,36 @@ def test_a_data_root_that_is_a_file_is_refused_in_one_line(tmp_path):
     result = train_on(root, tmp_path)
     assert_one_line_error(result.returncode, result.stderr, str(root), "not a folder", alone=False)
     assert root.read_text(encoding="utf-8") == "not a folder"
+
+
+@pytest.mark.slow  # a real demo process (gradio's import and start)
+def test_a_chunked_raw_api_call_past_the_clients_bytes_is_cut_on_a_running_demo(model, tmp_path):
+    import httpx
+
+    demo = start_demo(model, tmp_path / "tmp")
+    try:
+        sent = 0
+
+        def chunks():  # a JSON body without a content-length, twice the client's share
+            nonlocal sent
+            yield b'{"data": [{"url": "data:image/png;base64,'
+            while sent < 2 * CLIENT_MB * 2**20:
+                sent += 2**20
+                yield b"A" * 2**20
+            yield b'", "meta": {"_type": "gradio.FileData"}}, "greedy", 1, 1, "none"]}'
+
+        with httpx.Client(timeout=300) as http:
+            try:
+                status = http.post(
+                    f"{demo.url}/gradio_api/call/caption",
+                    content=chunks(),
+                    headers={"content-type": "application/json"},
+                ).status_code
+            except httpx.HTTPError:  # the server may close the connection while the client still sends
+                status = None
+        assert status in (429, None)
+        assert folder_bytes(demo.folder) < CLIENT_MB * 2**20
+        assert httpx.get(demo.url, timeout=60).status_code == 200  # the page is still served
+    finally:
+        assert demo.stop() == 0
+    assert "Traceback" not in demo.log.read_text(), demo.log.read_text()[-3000:]
