@@ -243,7 +243,13 @@ def _faithfulness_settings(args: argparse.Namespace):
 
     check_bootstrap_options(args.resamples, args.seed)  # the table's intervals and tests
     # the class the parser's flags came from (get_args_parser reads the same attribute)
-    return explain_config.config_from_flags(args, explain_config.ExplainConfig, methods=methods)
+    settings = explain_config.config_from_flags(args, explain_config.ExplainConfig, methods=methods)
+    if getattr(args, "data_randomised_checkpoint", None) is not None and settings.sanity_images == 0:
+        raise ConfigError(
+            "--data-randomised-checkpoint compares the maps of the sanity images: "
+            "give --sanity-images 1 or more"
+        )
+    return settings
 
 
 def _fitted_methods(settings, requested: str, decoder):
@@ -269,6 +275,19 @@ def _study_baseline(settings, model, config: Config, device, args, words: int) -
         checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
     )  # <run>/checkpoints/x.pt
     return shared_baseline(model, config, settings, device, run, checkpoint, False, not args.no_progress)
+
+
+def _shuffled_decoder(args: argparse.Namespace, model, device):
+    """The decoder of ``--data-randomised-checkpoint`` (None without it), checked against ``model``."""
+    path = getattr(args, "data_randomised_checkpoint", None)
+    if path is None:
+        return None
+    from captioning.explain.split import check_shuffled
+    from captioning.inference.captioner import load_trained_captioner
+
+    shuffled, shuffled_config, _ = load_trained_captioner(path, device)
+    check_shuffled(model, shuffled, shuffled_config, path)
+    return shuffled.decoder
 
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
@@ -380,6 +399,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if args.checkpoint is None:
         raise ConfigError("give --checkpoint (with --split or --images), or --annotations with --results")
     faithfulness = _faithfulness_settings(args)
+    if getattr(args, "data_randomised_checkpoint", None) is not None:
+        if faithfulness is None:
+            raise ConfigError("--data-randomised-checkpoint goes with --faithfulness")
+        args.data_randomised_checkpoint = checkpoint_to_read(args.data_randomised_checkpoint)
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
     args.checkpoint = checkpoint_to_read(args.checkpoint)
@@ -438,6 +461,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     inputs = [
         ("--checkpoint", args.checkpoint),
         ("--config", args.config),
+        ("--data-randomised-checkpoint", getattr(args, "data_randomised_checkpoint", None)),
         *(("--instances", path) for path in args.instances or ()),
         *(("--images", record.path) for record in records or ()),
     ]
@@ -451,6 +475,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
     model, config, reward, device = load_for_tool(args.checkpoint, args.device)
+    shuffled = _shuffled_decoder(args, model, device)  # checked before any decoding
     if data_config is not None:
         config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
@@ -466,6 +491,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         faithfulness = replace(
             _fitted_methods(faithfulness, args.faithfulness, model.decoder),
             pointing_tolerance=config.data.pointing_tolerance,
+            similarity_size=config.model.encoder.image_size,
         )
 
     decode_config = decode_config_with(config, **decoding)
@@ -558,6 +584,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             explained,
             BootstrapSettings(args.resamples, args.seed),
             shared,
+            shuffled=shuffled,
         )
         study["baseline"] = baseline_name
         scores["faithfulness"] = study
