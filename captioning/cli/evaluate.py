@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import sys
 from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +47,8 @@ from captioning.inference.captioner import (
     split_records,
 )
 from captioning.utils.device import resolve_device
-from captioning.utils.extras import config_extras, preflight
+from captioning.utils.errors import MissingExtraError
+from captioning.utils.extras import config_extras, extra_message, preflight
 from captioning.utils.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
 from captioning.utils.output_paths import check_outputs
 from captioning.utils.run_folder import (
@@ -249,7 +252,16 @@ def _faithfulness_settings(args: argparse.Namespace):
             "--data-randomised-checkpoint compares the maps of the sanity images: "
             "give --sanity-images 1 or more"
         )
+    if settings.sanity_images and not _importable("skimage"):  # the randomisation tests' SSIM and HOG
+        raise MissingExtraError(extra_message("explain", "--sanity-images (SSIM and HOG)", ["skimage"]))
     return settings
+
+
+def _importable(module: str) -> bool:
+    """Whether ``import module`` can find it, without importing it (None in ``sys.modules`` blocks it)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def _fitted_methods(settings, requested: str, decoder):

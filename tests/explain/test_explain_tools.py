@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,19 @@ def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: 
         )
         row = next(r for r in table["per_image"] if r["image_id"] == int(image_id))
         assert areas == {name: f"{row[name]['deletion_auc']:.3f}" for name in [*methods, "random"]}
+
+
+def test_the_randomisation_tests_without_scikit_image_are_refused_before_any_work(
+    tmp_path: Path, run, monkeypatch
+):
+    kind, checkpoint = run
+    monkeypatch.setitem(sys.modules, "skimage", None)  # as Python blocks an import: not installed
+    arguments = ["--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"]
+    arguments += ["--results", tmp_path / "results.json", "--faithfulness", "attention"]
+    refused = in_process("evaluate.py", *arguments, "--sanity-images", "2", cwd=REPO)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert all(name in refused.stderr for name in ("--sanity-images", "skimage", ".[explain]"))
+    assert not (tmp_path / "results.json").exists()  # nothing decoded
 
 
 def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, run):
