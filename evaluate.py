@@ -234,6 +234,14 @@ def get_args_parser() -> argparse.ArgumentParser:
     explain_config.add_explain_flags(
         explaining, explain_config.ExplainConfig
     )  # one per flagged field of ExplainConfig, its checks and defaults
+    explaining.add_argument(
+        "--data-randomised-checkpoint",
+        type=Path,
+        metavar="PATH",
+        help="Adebayo et al.'s data randomisation test: a checkpoint of the same model and data trained "
+        "with --set data.shuffle_captions=true; each method's maps of the sanity images are compared "
+        "with its maps there (docs/attention-and-report.md)",
+    )
     parser.add_argument(
         "--skip-bad-images",
         action="store_true",

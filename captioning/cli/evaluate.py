@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import sys
 from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +47,8 @@ from captioning.inference.captioner import (
     split_records,
 )
 from captioning.utils.device import resolve_device
-from captioning.utils.extras import config_extras, preflight
+from captioning.utils.errors import MissingExtraError
+from captioning.utils.extras import config_extras, extra_message, preflight
 from captioning.utils.files import atomic_write, not_a_regular_file, output_note, same_file, writes_in_place
 from captioning.utils.output_paths import check_outputs
 from captioning.utils.run_folder import (
@@ -244,7 +247,22 @@ def _faithfulness_settings(args: argparse.Namespace):
 
     check_bootstrap_options(args.resamples, args.seed)  # the table's intervals and tests
     # the class the parser's flags came from (get_args_parser reads the same attribute)
-    return explain_config.config_from_flags(args, explain_config.ExplainConfig, methods=methods)
+    settings = explain_config.config_from_flags(args, explain_config.ExplainConfig, methods=methods)
+    if getattr(args, "data_randomised_checkpoint", None) is not None and settings.sanity_images == 0:
+        raise ConfigError(
+            "--data-randomised-checkpoint compares the maps of the sanity images: "
+            "give --sanity-images 1 or more"
+        )
+    if settings.sanity_images and not _importable("skimage"):  # the randomisation tests' SSIM and HOG
+        raise MissingExtraError(extra_message("explain", "--sanity-images (SSIM and HOG)", ["skimage"]))
+    return settings
+
+
+def _importable(module: str) -> bool:
+    """Whether ``import module`` can find it, without importing it (None in ``sys.modules`` blocks it)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def _fitted_methods(settings, requested: str, decoder):
@@ -270,6 +288,19 @@ def _study_baseline(settings, model, config: Config, device, args, words: int) -
         checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
     )  # <run>/checkpoints/x.pt
     return shared_baseline(model, config, settings, device, run, checkpoint, False, not args.no_progress)
+
+
+def _shuffled_decoder(args: argparse.Namespace, model, device):
+    """The decoder of ``--data-randomised-checkpoint`` (None without it), checked against ``model``."""
+    path = getattr(args, "data_randomised_checkpoint", None)
+    if path is None:
+        return None
+    from captioning.explain.split import check_shuffled
+    from captioning.inference.captioner import load_trained_captioner
+
+    shuffled, shuffled_config, _ = load_trained_captioner(path, device)
+    check_shuffled(model, shuffled, shuffled_config, path)
+    return shuffled.decoder
 
 
 def _scores_paths(out: Path | None, results: Path) -> Path:
@@ -381,6 +412,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     if args.checkpoint is None:
         raise ConfigError("give --checkpoint (with --split or --images), or --annotations with --results")
     faithfulness = _faithfulness_settings(args)
+    if getattr(args, "data_randomised_checkpoint", None) is not None:
+        if faithfulness is None:
+            raise ConfigError("--data-randomised-checkpoint goes with --faithfulness")
+        args.data_randomised_checkpoint = checkpoint_to_read(args.data_randomised_checkpoint)
     if (args.split is None) == (args.images is None):
         raise ConfigError("with --checkpoint give exactly one of --split or --images")
     args.checkpoint = checkpoint_to_read(args.checkpoint)
@@ -439,6 +474,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     inputs = [
         ("--checkpoint", args.checkpoint),
         ("--config", args.config),
+        ("--data-randomised-checkpoint", getattr(args, "data_randomised_checkpoint", None)),
         *(("--instances", path) for path in args.instances or ()),
         *(("--images", record.path) for record in records or ()),
     ]
@@ -452,6 +488,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 
         clip_scorer = load_clip_scorer(args.clip_score, device=device)
     model, config, reward, device = load_for_tool(args.checkpoint, args.device)
+    shuffled = _shuffled_decoder(args, model, device)  # checked before any decoding
     if data_config is not None:
         config = with_data_section(config, data_config)
     config = apply_overrides(config, overrides, CHECKPOINT_SECTIONS)
@@ -467,6 +504,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         faithfulness = replace(
             _fitted_methods(faithfulness, args.faithfulness, model.decoder),
             pointing_tolerance=config.data.pointing_tolerance,
+            similarity_size=config.model.encoder.image_size,
         )
 
     decode_config = decode_config_with(config, **decoding)
@@ -559,6 +597,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
             explained,
             BootstrapSettings(args.resamples, args.seed),
             shared,
+            shuffled=shuffled,
         )
         study["baseline"] = baseline_name
         scores["faithfulness"] = study

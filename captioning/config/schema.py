@@ -133,6 +133,8 @@ class DataConfig:
     num_workers: int = 0  # DataLoader worker processes
     cache_dir: OutputFolder | None = None  # feature cache; None: <data.root>/features (shards': theirs)
     use_cache: bool = True  # cache frozen-encoder features on disk (ignored when fine-tuning)
+    shuffle_captions: bool = False  # train split's captions permuted across its images (data randomisation)
+    shuffle_captions_seed: int = 0  # the permutation of data.shuffle_captions (same seed, same permutation)
 
     def __post_init__(self) -> None:
         _check_types(self, "data.")

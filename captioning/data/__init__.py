@@ -29,7 +29,7 @@ from captioning.data.readers import (
     register_reader,
 )
 from captioning.data.record_index import load_indexed
-from captioning.data.records import DatasetError, ImageRecord, records_of_split
+from captioning.data.records import DatasetError, ImageRecord, records_of_split, shuffled_captions
 from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.data.shapes_hallucination import generate_shapes_hallucination
 from captioning.data.shards import read_shards
@@ -96,7 +96,8 @@ def load_records(
             reader's shard listings) may be written when it is not current (default: when
             ``output_dir`` is given); it lives under the configured cache folder.
     Returns:
-        One record per image, in the reader's order.
+        One record per image, in the reader's order; with ``config.shuffle_captions`` the train split's
+        captions permuted across its images (:func:`captioning.data.records.shuffled_captions`).
     Raises:
         DatasetError: an image id outside the 64-bit range results and tensors hold; an image with
             over ``MAX_CAPTIONS_PER_IMAGE`` captions; Shapes data missing where it may not be generated.
@@ -124,6 +125,12 @@ def load_records(
                 f"{data_source(config)}: image id {record.image_id} does not fit a 64-bit integer"
             )
     _check_caption_counts(records, config)
+    if config.shuffle_captions:
+        records = shuffled_captions(records, "train", config.shuffle_captions_seed)
+        logger.info(
+            "data.shuffle_captions: the train split's captions are permuted across its images (seed %d)",
+            config.shuffle_captions_seed,
+        )
     if output_dir is not None:
         write_data_summary(records, config, Path(output_dir))
     return records

@@ -42,6 +42,10 @@ CAPTUM_STEP_BYTES = 64
 """Bytes integrated gradients holds per step before its first pass (captum's lists of step sizes and
 path positions, Python floats)."""
 
+SANITY_RANDOMISATIONS = ("both", "cascading")
+"""Which of Adebayo et al.'s model parameter randomisations run: the cascading one and the independent
+one (each layer group alone), or the cascading one alone."""
+
 DEFAULT_METHODS = ("attention", "gradient", "integrated_gradients", "gradcam", "occlusion")
 
 
@@ -60,9 +64,12 @@ class ExplainConfig:
     ig_steps: int = _option(16, "integrated gradients' right Riemann steps (at least 2)")
     curve_steps: int = _option(10, "points of each deletion and insertion curve after the first")
     random_seeds: int = _option(3, "random orders of the control")
-    sanity_images: int = _option(8, "images of the cascading randomisation (0: none)")
+    sanity_images: int = _option(8, "images of Adebayo et al.'s randomisation tests (0: none)")
     sanity_threshold: float = _option(
-        0.5, "the final rank correlation at or above which a method is flagged", flag=False
+        0.5,
+        "this project's flag (Adebayo et al. set none): the absolute-value rank correlation after the "
+        "whole cascade at or above which a method is flagged",
+        flag=False,
     )
     score: str = _option(
         "log_prob",
@@ -85,12 +92,23 @@ class ExplainConfig:
     pointing_tolerance: float = _option(
         15.0, "the published pointing game's tolerance in pixels (data.pointing_tolerance)", flag=False
     )
+    sanity_randomisation: str = _option(
+        "both",
+        "the model parameter randomisation: both (cascading, then each layer group alone) or cascading "
+        "(half the cost)",
+        choices=SANITY_RANDOMISATIONS,
+    )
+    similarity_size: int = _option(
+        224,
+        "image side in pixels the maps are stretched to for SSIM and HOG (the model's image size)",
+        flag=False,
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
         if not self.methods:
             raise InputError("explain methods: name at least one method")
-        for name in ("score", "baseline"):
+        for name in ("score", "baseline", "sanity_randomisation"):
             choices = fields_by_name(type(self))[name].metadata["choices"]
             if getattr(self, name) not in choices:
                 raise InputError(
@@ -106,6 +124,7 @@ class ExplainConfig:
             above = value >= low if closed else value > low
             if not (math.isfinite(value) and above and value <= high):
                 raise InputError(f"explain {name} must be {what}, got {value!r}")
+        _at_least(self, "similarity_size", 24, "HOG's blocks are 3x3 cells of 8 pixels")
         self._check_cost()
 
     def rows_per_word(self) -> int:
@@ -201,6 +220,7 @@ _SIGNATURE_PARTS: dict[str, Callable[[Any], str | None]] = {
     "sanity_images": lambda c: f"sanity{c.sanity_images}@{c.sanity_threshold:g}",
     "sanity_threshold": lambda c: None,  # with sanity_images
     "pointing_tolerance": lambda c: f"point{c.pointing_tolerance:g}px",
+    "similarity_size": lambda c: f"sim{c.similarity_size}px",
 }
 # Fields that change how fast the study runs, never its numbers.
 _NOT_IN_SIGNATURE = frozenset({"batch_images", "batch_rows"})

@@ -24,7 +24,9 @@ from captioning.explain.study import faithfulness_study
 from captioning.inference.batches import annotations_of, move
 from captioning.inference.captioner import Captioned
 from captioning.inference.inputs import caption_dataset, uses_cache
+from captioning.models.base import CaptionDecoder
 from captioning.models.captioner import Captioner
+from captioning.utils.errors import InputError
 
 
 @torch.no_grad()
@@ -86,11 +88,13 @@ def split_study(
     maps_out: list[Explained] | None = None,
     bootstrap: BootstrapSettings | None = None,
     baseline: torch.Tensor | None = None,
+    shuffled: CaptionDecoder | None = None,
 ) -> dict:
     """The faithfulness table of the first ``images`` (0: all) captioned images of a split;
     ``maps_out``, when given, receives each explained image's maps per method; ``bootstrap``: the
     resampling of its intervals and tests; ``baseline``: the (C,) one of :func:`shared_baseline`,
-    None for ``blur`` (each image's blurred grid)."""
+    None for ``blur`` (each image's blurred grid); ``shuffled``, the decoder of a model trained on
+    shuffled captions (:func:`check_shuffled`), adds the data randomisation test."""
     chosen = [item for item in captioned if item.caption.tokens][: images or None]
     grids = split_grids(model, config, chosen, device, output_dir, build_cache, progress)
     if baseline is None:
@@ -113,9 +117,39 @@ def split_study(
         progress,
         maps_out,
         bootstrap,
+        shuffled=shuffled,
     )
     result["images"] = len(chosen)
     return result
+
+
+def check_shuffled(model: Captioner, shuffled: Captioner, config: Config, path: Path) -> None:
+    """The model of ``--data-randomised-checkpoint`` fits the data randomisation test of ``model``: trained
+    with ``data.shuffle_captions``, on the same vocabulary, encoder (so the same grids) and decoder
+    family.
+
+    Raises:
+        InputError: one line naming the option, the file and what differs.
+    """
+    where = f"--data-randomised-checkpoint {path}"
+    if not config.data.shuffle_captions:
+        raise InputError(
+            f"{where}: not trained with data.shuffle_captions=true (its captions were the images' own)"
+        )
+    if shuffled.vocab != model.vocab:
+        raise InputError(
+            f"{where}: its vocabulary ({len(shuffled.vocab)} words) is not the checkpoint's "
+            f"({len(model.vocab)} words): train it on the same data"
+        )
+    if shuffled.encoder.fingerprint() != model.encoder.fingerprint():
+        raise InputError(
+            f"{where}: its encoder ({shuffled.encoder.name}) gives other grids than the checkpoint's"
+        )
+    if type(shuffled.decoder) is not type(model.decoder):
+        raise InputError(
+            f"{where}: decoder {type(shuffled.decoder).__name__}, "
+            f"the checkpoint's is {type(model.decoder).__name__}"
+        )
 
 
 def signature_field(settings: ExplainConfig, images: int, baseline: str | None = None) -> str:
@@ -141,7 +175,7 @@ def table_lines(result: dict) -> list[str]:
         f"faithfulness of {result.get('images', '?')} images, {statistics.get('words', '?')} words "
         "(deletion: lower is better; insertion: higher; [95% interval over images]; p Holm of the gap)",
         f"{'method':<22}{'deletion':>23}{'insertion':>23}{'del gap':>9}{'p':>7}{'ins gap':>9}{'p':>7}"
-        f"{'sanity r':>9}{'mass':>7}{'pointing':>9}",
+        f"{'rand |r|':>9}{'mass':>7}{'pointing':>9}",
         f"{'random':<22}{ranged(random, 'deletion_auc')}{ranged(random, 'insertion_auc')}",
     ]
     for name, row in result["methods"].items():
@@ -150,7 +184,7 @@ def table_lines(result: dict) -> list[str]:
             f"{name:<22}{ranged(row, 'deletion_auc')}{ranged(row, 'insertion_auc')}"
             f"{number(row.get('deletion_gap'), 9)}{number(row.get('deletion_gap_p_holm'), 7)}"
             f"{number(row.get('insertion_gap'), 9)}{number(row.get('insertion_gap_p_holm'), 7)}"
-            f"{number(row.get('sanity_spearman'), 9, 2)}{number(row.get('grounding_mass'), 7, 2)}"
+            f"{number(row.get('sanity_spearman_abs'), 9, 2)}{number(row.get('grounding_mass'), 7, 2)}"
             f"{number(row.get('pointing'), 9, 2)}{flag}"
         )
     for test in result.get("paired", []):

@@ -28,7 +28,7 @@ from captioning.explain.plausibility import (
     mention_rows,
     word_classes,
 )
-from captioning.explain.sanity import cascading_randomisation
+from captioning.explain.sanity import data_randomisation_test, final_similarities, randomisation_test
 from captioning.explain.scoring import WordScorer, caption_tensor
 from captioning.explain.statistics import (
     BootstrapSettings,
@@ -96,6 +96,7 @@ def faithfulness_study(
     progress: bool = True,
     maps_out: list[Explained] | None = None,
     bootstrap: BootstrapSettings | None = None,
+    shuffled: CaptionDecoder | None = None,
 ) -> dict:
     """The faithfulness table of N captioned images.
 
@@ -112,11 +113,14 @@ def faithfulness_study(
         maps_out: when given, receives each image's maps per method (:class:`Explained`), in order
             (for a page that draws them).
         bootstrap: the resampling of the rows' intervals and tests (:mod:`captioning.explain.statistics`).
+        shuffled: a decoder of the same family and vocabulary trained on shuffled captions
+            (``data.shuffle_captions``): the data randomisation test on the sanity images.
     Returns:
         ``{"settings", "statistics", "methods": {method: row}, "random", "paired", "by_word_class",
-        "sanity", "hallucination", "hallucination_peaks", "per_image"}`` (JSON values); each row holds
-        its n images and words, its areas' and gaps' intervals and the gaps' tests;
-        ``hallucination_peaks``: :func:`captioning.explain.hallucinated_maps.hallucination_peaks`.
+        "sanity", "data_randomisation" (with ``shuffled``), "hallucination", "hallucination_peaks",
+        "per_image"}`` (JSON values); each row holds its n images and words, its areas' and gaps'
+        intervals and the gaps' tests; ``hallucination_peaks``:
+        :func:`captioning.explain.hallucinated_maps.hallucination_peaks`.
     """
     bootstrap = bootstrap or BootstrapSettings()
     methods = parse_methods(",".join(settings.methods), decoder)
@@ -154,24 +158,7 @@ def faithfulness_study(
     result: dict = {"settings": settings_json(settings), **_tables(per_method, control, collected, bootstrap)}
     result["per_image"] = _per_image(per_method, control, collected.word_images)
     if settings.sanity_images:
-        count = min(settings.sanity_images, annotations.size(0))
-
-        def maps_of(model: CaptionDecoder) -> dict[str, Tensor]:
-            return explain_batch(
-                model,
-                annotations[:count],
-                tokens[:count],
-                methods,
-                _baseline_of(baseline, slice(0, count)),
-                explaining,
-                settings.score,
-            )[0]
-
-        mask = WordScorer(decoder, *caption_tensor(tokens[:count])).word_mask.to(annotations.device)
-        result["sanity"] = cascading_randomisation(decoder, maps_of, mask, settings.sanity_threshold)
-        for name in methods:
-            result["methods"][name]["sanity_spearman"] = result["sanity"][name]["final"]
-            result["methods"][name]["sanity_flagged"] = result["sanity"][name]["flagged"]
+        _sanity(result, decoder, annotations, tokens, methods, baseline, grid, settings, shuffled)
     if instances is not None:
         grounding = grounding_rows(collected.explained, instances, settings.pointing_tolerance)
         intervals = grounding_intervals(
@@ -241,6 +228,57 @@ def settings_json(settings: ExplainConfig) -> dict:
         item.name: list(v) if isinstance(v := getattr(settings, item.name), tuple) else v
         for item in fields(settings)
     }
+
+
+def _sanity(
+    result: dict,
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    tokens: Sequence[Sequence[int]],
+    methods: Sequence[str],
+    baseline: Tensor,
+    grid: tuple[int, int],
+    settings: ExplainConfig,
+    shuffled: CaptionDecoder | None,
+) -> None:
+    """Adebayo et al.'s randomisation tests on the first ``sanity_images`` images, into ``result``."""
+    count = min(settings.sanity_images, annotations.size(0))
+    grids, captions = annotations[:count], tokens[:count]
+    base, explaining = _baseline_of(baseline, slice(0, count)), method_settings(settings)
+    trained: dict[str, Tensor] = {}
+
+    def maps_of(model: CaptionDecoder) -> dict[str, Tensor]:
+        if model is decoder and trained:  # the trained model's maps, made once for both tests
+            return trained
+        maps = explain_batch(model, grids, captions, methods, base, explaining, settings.score)[0]
+        if model is decoder:
+            trained.update(maps)
+        return maps
+
+    mask = WordScorer(decoder, *caption_tensor(tokens[:count])).word_mask.to(annotations.device)
+    sanity = randomisation_test(
+        decoder,
+        maps_of,
+        mask,
+        grid,
+        settings.similarity_size,
+        independent=settings.sanity_randomisation == "both",
+        threshold=settings.sanity_threshold,
+    )
+    result["sanity"] = sanity
+    for name in methods:
+        result["methods"][name].update(final_similarities(sanity, name))
+        result["methods"][name]["sanity_flagged"] = sanity["flag"][name]
+    if shuffled is not None:
+        shuffled.eval()
+        test = data_randomisation_test(
+            maps_of(decoder), maps_of(shuffled), mask, grid, settings.similarity_size
+        )
+        result["data_randomisation"] = test
+        for name in methods:
+            for measure, value in test["methods"][name].items():
+                if not measure.startswith("words_"):
+                    result["methods"][name][f"data_randomisation_{measure}"] = value
 
 
 def _joined(parts: Sequence[WordCurves]) -> WordCurves:

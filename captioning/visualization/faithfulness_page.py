@@ -27,6 +27,7 @@ from captioning.visualization.faithfulness_table import faithfulness_html
 from captioning.visualization.method_figures import method_figure
 from captioning.visualization.overlay import DEFAULT_CMAP
 from captioning.visualization.pages import page_asset, render_page
+from captioning.visualization.sanity_figures import sanity_section
 
 _STYLE = page_asset("run_report.css") + "\n" + page_asset("faithfulness_page.css")
 
@@ -159,6 +160,7 @@ def write_faithfulness_page(
         facts=facts,
         table_html=faithfulness_html(table),
         sections=sections,
+        sanity=sanity_section(table),
         style=_STYLE,
     )
     path = Path(path)

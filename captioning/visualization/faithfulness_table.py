@@ -20,7 +20,10 @@ from captioning.visualization.pages import render_page
 
 # (key of a method's row, column header) of the numbers without an interval
 PLAUSIBILITY = (
-    ("sanity_spearman", "rank correlation after randomisation"),
+    ("sanity_spearman", "Spearman after the whole cascade"),
+    ("sanity_spearman_abs", "Spearman of |map| after the whole cascade"),
+    ("sanity_ssim", "SSIM after the whole cascade"),
+    ("sanity_hog", "HOG similarity after the whole cascade"),
     ("grounding_mass", "mass in box"),
     ("pointing", "pointing game (strict)"),
     ("pointing_published", "pointing game (published, mentions)"),
@@ -90,7 +93,7 @@ def _method_row(name: str, row: Mapping[str, Any]) -> TableRow:
 
 def _with_interval(row: Mapping[str, Any], key: str) -> str:
     """A plausibility number, with its interval where the row has one (``<key>_ci``)."""
-    shown = number(row.get(key), 2 if key == "sanity_spearman" else 3)
+    shown = number(row.get(key), 2 if key.startswith("sanity_") else 3)
     bounds = interval(row.get(f"{key}_ci"))
     return shown if bounds == DASH or shown == DASH else f"{shown} {bounds}"
 
@@ -182,7 +185,8 @@ def _settings(table: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def faithfulness_html(table: Mapping[str, Any]) -> str:
     """The tables of ``scores["faithfulness"]`` (see the module docstring) as HTML; a method the
-    sanity check flags is marked (a table that is not an object shows as an empty one)."""
+    randomisation test flags (this project's threshold, not Adebayo et al.'s) is marked (a table that
+    is not an object shows as an empty one)."""
     table = table if isinstance(table, Mapping) else {}
     rows, seeds = _rows(table)
     statistics = table.get("statistics", {})

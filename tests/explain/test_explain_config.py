@@ -45,6 +45,8 @@ def test_every_field_that_changes_the_numbers_is_in_the_signature():
         "baseline": "zeros",
         "order_seed": 5,
         "pointing_tolerance": 9.0,
+        "sanity_randomisation": "cascading",
+        "similarity_size": 64,
     }
     speed_only = {"batch_images", "batch_rows"}
     assert set(changed) | speed_only == {item.name for item in fields(ExplainConfig)}  # every field listed

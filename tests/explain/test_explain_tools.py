@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +56,14 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run, tiny_shapes
         assert row["deletion_gap"] == pytest.approx(table["random"]["deletion_auc"] - row["deletion_auc"])
         assert isinstance(row["sanity_flagged"], bool)
         assert row["grounding_mentions"] >= 0  # Shapes writes its boxes: grounding per method
-        assert table["sanity"][name]["stages"][0] == "attention"
+        for measure in ("spearman", "spearman_abs", "ssim", "hog"):  # Adebayo et al.'s four, per stage
+            for variant in ("cascading", "independent"):
+                assert len(table["sanity"][variant][name][measure]) == len(table["sanity"]["stages"])
+            assert row[f"sanity_{measure}"] == table["sanity"]["cascading"][name][measure][-1]
+    assert table["sanity"]["stages"][0].startswith("output layer")  # top down
+    assert table["sanity"]["size"] == 64  # the maps stretched to the model's images for SSIM and HOG
+    if kind == "lstm":  # attention is computed before the output layer: unchanged by its re-draw
+        assert table["sanity"]["cascading"]["attention"]["ssim"][0] == pytest.approx(1.0)
     assert set(table["by_word_class"]) == {"object", "attribute", "function", "other"}
     assert len(table["per_image"]) == 4
     assert "|faith:" + "+".join(expected) + ",ig2,steps2,seeds2,sanity2@0.5,n4" in scores["signature"]
@@ -67,6 +75,7 @@ def test_evaluate_writes_the_faithfulness_table(tmp_path: Path, run, tiny_shapes
         f",score=log_prob,baseline=dataset_mean.{baseline_hash(torch.tensor(kept))}," in scores["signature"]
     )
     assert table["baseline"] == f"dataset_mean.{baseline_hash(torch.tensor(kept))}"
+    assert ",sim64px" in scores["signature"]
     assert "faithfulness of 4 images" in result.stdout and "integrated_gradients" in result.stdout
     # the run report shows the table beside the scores
     from captioning.visualization.run_report import write_run_report
@@ -123,7 +132,7 @@ def assert_table_shown(page: str, table: dict, methods: list) -> None:
         cells = re.findall(r"<td[^>]*>(.*?)</td>", found.group(1))
         low, high = row["deletion_auc_ci"]
         assert cells[0] == name + (
-            " (flagged: barely changes with the model)" if row["sanity_flagged"] else ""
+            " (this project's flag: barely changes with the model)" if row["sanity_flagged"] else ""
         )
         assert cells[1:5] == [
             "4",
@@ -155,6 +164,7 @@ def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: 
     """The page beside the scores: the table, and the first 2 explained test images, each with its
     figure of maps (one row per method) and its own areas per method."""
     import base64
+    import html
     import io
     import re
 
@@ -165,6 +175,9 @@ def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: 
     assert_table_shown(page, table, methods)
     assert f"<dt>baseline</dt><dd>{table['baseline']}</dd>" in page  # what a removed cell held
     assert "<dt>explained score</dt><dd>log_prob</dd>" in page
+    sanity = page.split('<section class="run" id="sanity">')[1].split("</section>")[0]
+    assert sanity.count('<img class="sanity"') == 2  # cascading and independent: a figure each
+    assert all(f"<tr><td>{html.escape(stage)}</td>" in sanity for stage in table["sanity"]["stages"])
     sections = re.findall(
         r'<section class="image" id="(img\d+)" data-image-id="(\d+)">(.*?)</section>', page, re.S
     )
@@ -189,6 +202,19 @@ def assert_faithfulness_page(page_path: Path, stdout: str, table: dict, images: 
         )
         row = next(r for r in table["per_image"] if r["image_id"] == int(image_id))
         assert areas == {name: f"{row[name]['deletion_auc']:.3f}" for name in [*methods, "random"]}
+
+
+def test_the_randomisation_tests_without_scikit_image_are_refused_before_any_work(
+    tmp_path: Path, run, monkeypatch
+):
+    kind, checkpoint = run
+    monkeypatch.setitem(sys.modules, "skimage", None)  # as Python blocks an import: not installed
+    arguments = ["--checkpoint", checkpoint, "--split", "test", "--no-java", "--no-progress"]
+    arguments += ["--results", tmp_path / "results.json", "--faithfulness", "attention"]
+    refused = in_process("evaluate.py", *arguments, "--sanity-images", "2", cwd=REPO)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert all(name in refused.stderr for name in ("--sanity-images", "skimage", ".[explain]"))
+    assert not (tmp_path / "results.json").exists()  # nothing decoded
 
 
 def test_a_method_that_does_not_fit_is_refused_before_any_work(tmp_path: Path, run):

@@ -1,6 +1,6 @@
 """Deletion and insertion on a constructed model whose word depends on one known cell: a map pointing at
-it gives the ideal curves, a random map the random control's; the cascading randomisation flags a method
-whose maps do not change and passes one that does."""
+it gives the ideal curves, a random map the random control's (the randomisation tests:
+test_randomisation_tests.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,7 @@ from captioning.explain.faithfulness import (
     shares,
     summarise,
 )
-from captioning.explain.methods import ExplainSettings
-from captioning.explain.sanity import cascading_randomisation, randomisation_stages, spearman
 from captioning.explain.scoring import WordScorer, caption_tensor
-from captioning.explain.study import explain_batch
 from captioning.models.decoder import ShowAttendTellDecoder
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -105,36 +102,6 @@ def test_the_curves_read_the_real_decoders_words():
     torch.testing.assert_close(result.deletion[:, -1], empty)  # everything deleted
     torch.testing.assert_close(result.insertion[:, 0], empty)
     torch.testing.assert_close(result.insertion[:, -1], full)
-
-
-def test_the_sanity_check_flags_maps_that_do_not_change():
-    decoder = tiny_lstm()
-    annotations = torch.rand(3, P, C, generator=torch.Generator().manual_seed(0))
-    tokens = [[4, 7, 5], [6, 8], [9, 4, 4, 10]]
-    captions, lengths = caption_tensor(tokens, 1, 2)
-    mask = WordScorer(decoder, captions, lengths).word_mask
-
-    def maps_of(model):
-        maps = explain_batch(model, annotations, tokens, ["attention"], torch.zeros(C), ExplainSettings())[0]
-        # a constructed method that shows the input, whatever the model: each cell's feature norm
-        maps["input_norm"] = annotations.norm(dim=-1).unsqueeze(1).expand(-1, mask.size(1), -1)
-        return maps
-
-    before = {name: value.clone() for name, value in maps_of(decoder).items()}
-    result = cascading_randomisation(decoder, maps_of, mask, threshold=0.5)
-    assert result["input_norm"]["flagged"] and result["input_norm"]["final"] == pytest.approx(1.0)
-    assert not result["attention"]["flagged"] and result["attention"]["final"] < 0.5
-    assert result["attention"]["stages"][0] == "attention"
-    assert len(result["attention"]["spearman"]) == len(randomisation_stages(decoder))
-    # the trained decoder itself is left as it was
-    torch.testing.assert_close(maps_of(decoder)["attention"], before["attention"])
-
-
-def test_spearman_ranks_ties_and_skips_constant_maps():
-    before = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]])
-    assert spearman(before, before * 10) == pytest.approx(1.0)
-    assert spearman(before, -before) == pytest.approx(-1.0)
-    assert spearman(before[1:], before[1:]) is None
 
 
 def count_word(annotations: torch.Tensor, rows: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
