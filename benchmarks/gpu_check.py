@@ -1,8 +1,8 @@
 """One call on a CUDA machine: the CUDA tests and the GPU benchmarks, printed as one JSON object.
 
-    python benchmarks/gpu_check.py            # about 5 minutes on one GPU, at most 8
+    python benchmarks/gpu_check.py            # about 6 minutes on one GPU, at most 10
 
-It runs, each in its own process with its own time limit (the four add up to 7.7 minutes):
+It runs, each in its own process with its own time limit (the five add up to 9.5 minutes):
 
 - ``pytest -m cuda tests``: mixed-precision steps against float32, the compiled step against eager,
   GPU beam search against CPU beam search (``tests/training/test_cuda.py``);
@@ -10,7 +10,10 @@ It runs, each in its own process with its own time limit (the four add up to 7.7
   feature cache and the COCO epoch estimate (``coco_epoch_s``);
 - ``speed.py --parts transformer --device cuda``: the Transformer decoder's step and beam search;
 - ``speed.py --parts scst,caption --device cuda``: the self-critical step beside the framework's and
-  our cross-entropy step, and a folder of photos captioned beside the tutorial's per-image path.
+  our cross-entropy step, and a folder of photos captioned beside the tutorial's per-image path;
+- ``gpu_study.py --device cuda``: a small faithfulness study (32 Shapes images at 288 px, every
+  method, grid curves, 3 random seeds, the cascade on 8 images; RISE's pixel protocol on 4), timed,
+  its areas compared with the same study on the CPU on 2 images.
 
 A part that fails or runs out of time is reported under its key (``error``, the last lines it
 printed) and the others still run. Without CUDA it prints one line saying so and exits 0.
@@ -31,8 +34,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEED = ROOT / "benchmarks" / "speed.py"
-# Seconds per part; together under 8 minutes with the start-up of each process.
-TESTS_S, SPEED_S, TRANSFORMER_S, SCST_CAPTION_S = 110, 150, 100, 100
+STUDY = ROOT / "benchmarks" / "gpu_study.py"
+# Seconds per part; together under 10 minutes with the start-up of each process.
+TESTS_S, SPEED_S, TRANSFORMER_S, SCST_CAPTION_S, STUDY_S = 110, 150, 100, 100, 110
 
 
 def run(command: list[str], limit: float) -> tuple[subprocess.CompletedProcess | None, str]:
@@ -102,6 +106,14 @@ def speed(arguments: list[str], limit: float) -> dict[str, Any]:
     return json.loads(completed.stdout)
 
 
+def faithfulness_study(limit: float) -> dict[str, Any]:
+    """``gpu_study.py --device cuda``: its JSON object, or the error."""
+    completed, problem = run([sys.executable, str(STUDY), "--device", "cuda"], limit)
+    if problem:
+        return {"error": problem}
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: CUDA is not available on this machine; nothing was run")
@@ -120,6 +132,7 @@ def main() -> int:
         ["--device", "cuda", "--parts", "scst,caption", "--repeats", "3", "--tutorial-repeats", "1"],
         SCST_CAPTION_S,
     )
+    results["study"] = faithfulness_study(STUDY_S)
     results["wall_s"] = time.perf_counter() - start
     print(json.dumps(results))
     return 0

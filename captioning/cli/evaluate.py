@@ -236,7 +236,7 @@ def _faithfulness_settings(args: argparse.Namespace):
         )
     from captioning.explain import METHODS
     from captioning.explain import config as explain_config
-    from captioning.explain.methods import parse_methods
+    from captioning.explain.methods import check_extras, parse_methods
 
     for flag in ("faithfulness_images", "faithfulness_figures"):
         if getattr(args, flag, 0) < 0:
@@ -246,6 +246,7 @@ def _faithfulness_settings(args: argparse.Namespace):
     from captioning.evaluation.compare import check_bootstrap_options
 
     check_bootstrap_options(args.resamples, args.seed)  # the table's intervals and tests
+    check_extras(methods, "--faithfulness")  # before the model is read or a caption decoded
     # the class the parser's flags came from (get_args_parser reads the same attribute)
     settings = explain_config.config_from_flags(args, explain_config.ExplainConfig, methods=methods)
     if getattr(args, "data_randomised_checkpoint", None) is not None and settings.sanity_images == 0:

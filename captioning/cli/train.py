@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,6 +21,8 @@ from captioning.evaluation.runner import (
     write_scores,
 )
 from captioning.evaluation.scorers import check_validation_metric
+from captioning.explain.options import run_settings
+from captioning.explain.study import FaithfulnessSettings
 from captioning.inference.captioner import caption_records, load_trained_captioner, split_records
 from captioning.training.run import RunOutputs, best_checkpoint, cache_features, start_run
 from captioning.utils import distributed
@@ -37,11 +40,13 @@ def evaluate_test_split(
     outputs: RunOutputs,
     figures: int = 6,
     boxes: Instances | None = None,
+    study: FaithfulnessSettings | None = None,
 ) -> dict:
     """Score the best checkpoint on the test split; write results, scores, figures and the report.
 
     ``boxes`` are the configured instances files, read before training; without them, the
-    dataset's own (Shapes') are read here.
+    dataset's own (Shapes') are read here. ``study``: the faithfulness study to end with
+    (``train.faithfulness``), its table in the scores and its page ``test_faithfulness.html``.
     """
     checkpoint = best_checkpoint(output_dir)
     model, config, reward = load_trained_captioner(checkpoint, device)
@@ -64,10 +69,33 @@ def evaluate_test_split(
         tolerance=config.data.pointing_tolerance,
     )
     scores["checkpoint"] = str(checkpoint)
+    explained: list = []  # each explained image's maps per method, for the faithfulness page
+    if study is not None:
+        from captioning.explain.split import shared_baseline, signature_field, split_study, table_lines
+
+        study = replace(study, pointing_tolerance=config.data.pointing_tolerance)
+        images = config.train.faithfulness_images
+        # the baseline evaluate.py --faithfulness takes for this checkpoint (kept in the run folder)
+        baseline, name = shared_baseline(
+            model, config, study, device, output_dir, checkpoint, False, progress
+        )
+        table = split_study(
+            model, config, captioned, device, study, boxes, output_dir, True, images, progress, explained,
+            baseline=baseline,
+        )  # fmt: skip
+        scores["faithfulness"] = table
+        scores["signature"] += f"|faith:{signature_field(study, table['images'], name)}"
+        print("\n".join(table_lines(table)))
     scores_path, per_image_path = write_scores(output_dir / "test_scores.json", scores)
     outputs.files["test scores"] = scores_path
     if per_image_path is not None:  # none beside scores written to a device or a pipe
         outputs.files["test scores per image"] = per_image_path
+    if study is not None:
+        from captioning.cli.evaluate import _write_faithfulness_page
+
+        outputs.files["faithfulness page"] = _write_faithfulness_page(
+            output_dir / "test_faithfulness.html", scores, explained, captioned, model.grid, 20, progress
+        )
     outputs.caption_warning = degenerate_captions(
         [item.text for item in captioned], "test", config.data.tokenizer
     )
@@ -149,6 +177,7 @@ def main_job(
     check_data_paths(config.data)  # a mistyped path names its key before the instances are read
     check_validation_metric(config.train.metric)  # also for a configuration built in Python
     boxes = load_boxes(config.data.instances) if test and is_main else None
+    study = run_settings(config) if test else None  # its methods and their library, before training
     with start_run(config, resume, progress, test, length_given) as run:  # claim, resume, reseed
         run.trainer.fit()  # the training loop: epochs of both stages, validation, checkpoints
     outputs = run.outputs
@@ -160,6 +189,7 @@ def main_job(
                 progress,
                 outputs,
                 boxes=boxes,
+                study=study,
             )
         if distributed.init_from_environment("cpu").is_main:
             print(summary(outputs), flush=True)

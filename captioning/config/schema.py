@@ -551,6 +551,12 @@ class TrainConfig:
     scst_baseline: str = "greedy"  # greedy | mean (mean reward of the other samples)
     scst_samples: int = 5  # sampled captions per image
     scst_reward_eos: bool = True  # the CIDEr-D reward counts <end> (Rennie et al.); false: the older reward
+    # The faithfulness study of the test split after scoring it (evaluate.py --faithfulness's defaults):
+    # its table in test_scores.json, its page in test_faithfulness.html (docs/attention-and-report.md).
+    faithfulness: bool = False  # end the run with the study
+    faithfulness_images: int = 0  # explain the first N test images; 0 = all
+    faithfulness_methods: str = "default"  # comma-separated methods; default: all that fit the model
+    faithfulness_pixel_steps: int = 0  # also RISE's pixel-space curves in N steps; 0 = the grid's only
 
     def __post_init__(self) -> None:
         _check_types(self, "train.")
@@ -579,7 +585,14 @@ class TrainConfig:
             self.scst_samples >= 2 or self.scst_baseline == "greedy",
             "train.scst_samples must be >= 2 with the mean baseline",
         )
-        for name in ("checkpoint_every", "max_steps", "val_images", "scst_epochs"):
+        for name in (
+            "checkpoint_every",
+            "max_steps",
+            "val_images",
+            "scst_epochs",
+            "faithfulness_images",
+            "faithfulness_pixel_steps",
+        ):
             _check(getattr(self, name) >= 0, f"train.{name} must be >= 0")
         _check(self.log_every >= 1, "train.log_every must be >= 1")
 

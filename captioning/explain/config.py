@@ -25,6 +25,9 @@ from typing import Any
 
 from captioning.utils.errors import InputError
 
+if typing.TYPE_CHECKING:
+    from captioning.explain.pixel_curves import PixelCurveSettings
+
 SCORES = ("log_prob", "logit", "prob")
 """What each method explains for a word w_t: ``log p(w_t | w_<t, grid)``, the word's logit before the
 softmax, or its probability."""
@@ -103,6 +106,15 @@ class ExplainConfig:
         "image side in pixels the maps are stretched to for SSIM and HOG (the model's image size)",
         flag=False,
     )
+    # RISE's protocol in pixel space beside the grid curves (captioning.explain.pixel_curves)
+    pixel_steps: int = _option(
+        0,
+        "also RISE's deletion and insertion in pixel space, in this many steps (0: the grid curves only; "
+        "RISE: 224): the map upsampled to the image, the encoder in the loop (docs/faithfulness.md)",
+    )
+    pixel_deletion_value: float = _option(
+        0.0, "what a deleted pixel becomes, in the encoder's normalised units (0: the mean colour, RISE's)"
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -117,7 +129,7 @@ class ExplainConfig:
         _at_least(self, "ig_steps", 2, "captum's integrated gradients needs two steps or more")
         for name in ("curve_steps", "random_seeds", "batch_images", "batch_rows"):
             _at_least(self, name, 1)
-        for name in ("sanity_images", "order_seed"):
+        for name in ("sanity_images", "order_seed", "pixel_steps"):
             _at_least(self, name, 0)
         for name, (low, closed, high, what) in _RANGES.items():
             value = getattr(self, name)
@@ -125,7 +137,20 @@ class ExplainConfig:
             if not (math.isfinite(value) and above and value <= high):
                 raise InputError(f"explain {name} must be {what}, got {value!r}")
         _at_least(self, "similarity_size", 24, "HOG's blocks are 3x3 cells of 8 pixels")
+        if not math.isfinite(self.pixel_deletion_value):
+            raise InputError(
+                f"explain pixel_deletion_value must be a finite number, got {self.pixel_deletion_value!r}"
+            )
         self._check_cost()
+
+    @property
+    def pixel(self) -> PixelCurveSettings | None:
+        """The pixel-space curves' settings (None with ``pixel_steps`` 0)."""
+        from captioning.explain.pixel_curves import PixelCurveSettings
+
+        if not self.pixel_steps:
+            return None
+        return PixelCurveSettings(steps=self.pixel_steps, deletion_value=self.pixel_deletion_value)
 
     def rows_per_word(self) -> int:
         """Decoder passes per explained word that the counts cost: integrated gradients' steps, and

@@ -20,7 +20,8 @@ from captioning.data.images import as_rgb_image, check_picture
 from captioning.explain.baselines import BASELINE_FILE, blurred_grids, checked_baseline, training_mean
 from captioning.explain.config import BASELINES, ExplainConfig, config_with
 from captioning.explain.cost import check_explain_fits
-from captioning.explain.methods import needs_baseline, parse_methods
+from captioning.explain.methods import check_extras, needs_baseline, parse_methods
+from captioning.explain.pixel_curves import PixelInputs
 from captioning.explain.study import WordExplanation, explain_captions
 from captioning.inference.captioner import decode_config_with
 from captioning.utils.errors import InputError
@@ -104,6 +105,7 @@ def explain_images(
     if not isinstance(curves, bool):
         raise InputError(f"curves must be True or False, got {curves!r}")
     names = _method_names(methods, model.captioner.decoder)
+    check_extras(names, "methods")  # captum before any captioning
     config, caption_options = _settings(settings, names, baseline, options)
     listed = _image_list(images)
     decode = decode_config_with(
@@ -126,7 +128,10 @@ def explain_images(
         grids = model.captioner.encode(pixels.to(model.device)).float()  # (B, P, C)
     tokens = [[model.vocab.stoi[word] for word in caption.words] for caption in captions]
     decoder = model.captioner.decoder
-    explained = explain_captions(decoder, grids, tokens, names, base.to(grids), config, curves)
+    on_pixels = PixelInputs(
+        model.captioner.encode, lambda first, stop: pixels[first:stop].to(model.device), grid
+    )  # RISE's pixel curves with settings.pixel_steps
+    explained = explain_captions(decoder, grids, tokens, names, base.to(grids), config, curves, on_pixels)
     return [
         (caption, {name: np.asarray(maps).reshape(-1, *grid) for name, maps in item.maps.items()}, item)
         for caption, item in zip(captions, explained, strict=True)

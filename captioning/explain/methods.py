@@ -31,6 +31,7 @@ Methods are a registry (``METHODS``): a module of your own adds one with
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -97,6 +98,7 @@ class AttributionMethod:
     unsupported: Callable[[CaptionDecoder], str | None] = lambda decoder: None
     description: str = ""
     baseline: bool = True
+    needs_captum: bool = False  # it calls captum (the explain extra), checked before any work
 
 
 METHODS: Registry[AttributionMethod] = Registry("attribution method", key="--method")
@@ -107,9 +109,11 @@ def register_method(
     unsupported: Callable[[CaptionDecoder], str | None] | None = None,
     description: str = "",
     baseline: bool = True,
+    needs_captum: bool = False,
 ) -> Callable[[Callable[[ExplainInputs], Tensor]], Callable[[ExplainInputs], Tensor]]:
     """Decorator registering a function ``ExplainInputs -> (B, T, P) maps`` as the method ``name``
-    (``baseline=False``: it never reads ``ExplainInputs.baseline``)."""
+    (``baseline=False``: it never reads ``ExplainInputs.baseline``; ``needs_captum``: it calls captum,
+    which the tools check for before any work)."""
 
     def add(function: Callable[[ExplainInputs], Tensor]) -> Callable[[ExplainInputs], Tensor]:
         doc = (function.__doc__ or "").strip().splitlines()
@@ -120,11 +124,26 @@ def register_method(
                 unsupported or (lambda decoder: None),
                 description or (doc[0] if doc else ""),
                 baseline,
+                needs_captum,
             ),
         )
         return function
 
     return add
+
+
+def check_extras(names: Sequence[str], option: str = "--method") -> None:
+    """Refuse, before any work, methods whose library is not installed (captum: the explain extra).
+
+    Raises:
+        InputError: naming ``option``, the methods and the extra that installs their library.
+    """
+    needing = [name for name in names if METHODS[name].needs_captum]
+    if needing and importlib.util.find_spec("captum") is None:
+        raise InputError(
+            f'{option}: {", ".join(needing)} need captum: pip install -e ".[explain]" '
+            "(or name methods without it: attention, occlusion)"
+        )
 
 
 def needs_baseline(methods: Sequence[str], curves: bool) -> bool:
@@ -204,7 +223,7 @@ def attention_maps(inputs: ExplainInputs) -> Tensor:
     return output.alphas[:, : scorer.words].float()
 
 
-@register_method("gradient", baseline=False)
+@register_method("gradient", baseline=False, needs_captum=True)
 def gradient_x_input(inputs: ExplainInputs) -> Tensor:
     """Gradient x input on the grid features, summed over channels."""
     attr = captum()
@@ -221,7 +240,7 @@ def baseline_grid(baseline: Tensor, annotations: Tensor) -> Tensor:
     return baseline.to(annotations).expand_as(annotations).contiguous()
 
 
-@register_method("integrated_gradients")
+@register_method("integrated_gradients", needs_captum=True)
 def integrated_gradients(inputs: ExplainInputs) -> Tensor:
     """Integrated gradients from the baseline grid, summed over channels."""
     attr = captum()
@@ -249,7 +268,7 @@ class _GridActivations(nn.Module):
         return annotations.transpose(1, 2)
 
 
-@register_method("gradcam", baseline=False)
+@register_method("gradcam", baseline=False, needs_captum=True)
 def gradcam(inputs: ExplainInputs) -> Tensor:
     """Grad-CAM on the grid activations, negative values cut."""
     attr = captum()

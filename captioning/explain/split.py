@@ -18,6 +18,8 @@ from captioning.evaluation.grounding import Instances
 from captioning.explain.baselines import BLUR_SIGMA, baseline_hash, blurred_grids, training_mean
 from captioning.explain.config import ExplainConfig, signature_part
 from captioning.explain.hallucinated_maps import peak_lines
+from captioning.explain.pixel_curves import PixelInputs
+from captioning.explain.plan import StudyPlan, calibrate, study_plan
 from captioning.explain.plausibility import Explained
 from captioning.explain.statistics import BootstrapSettings
 from captioning.explain.study import faithfulness_study
@@ -103,6 +105,9 @@ def split_study(
         baseline = blurred_grids(model, readers, device, config.decode.batch_size)
     references = {item.record.image_id: [list(tokens) for tokens in item.record.captions] for item in chosen}
     model.eval()
+    pixels = split_pixels(model, config, chosen, device) if settings.pixel is not None else None
+    plan = planned(model, grids, [item.caption.tokens for item in chosen], settings, pixels)
+    print("\n".join(plan.lines()), flush=True)
     result = faithfulness_study(
         model.decoder,
         grids,
@@ -118,8 +123,10 @@ def split_study(
         maps_out,
         bootstrap,
         shuffled=shuffled,
+        pixels=pixels,
     )
     result["images"] = len(chosen)
+    result["plan"] = plan.to_json()
     return result
 
 
@@ -150,6 +157,33 @@ def check_shuffled(model: Captioner, shuffled: Captioner, config: Config, path: 
             f"{where}: decoder {type(shuffled.decoder).__name__}, "
             f"the checkpoint's is {type(model.decoder).__name__}"
         )
+
+
+def split_pixels(
+    model: Captioner, config: Config, captioned: Sequence[Captioned], device: torch.device
+) -> PixelInputs:
+    """The captioned images as the encoder takes them, read a batch at a time, and the encoder."""
+    dataset = ImageOnlyDataset([item.record for item in captioned], model.encoder.transform)
+
+    def images(first: int, stop: int) -> torch.Tensor:
+        items = [dataset[index] for index in range(first, stop)]
+        return torch.stack([item["image"] for item in items if item is not None]).to(device)
+
+    return PixelInputs(model.encode, images, model.grid)
+
+
+def planned(
+    model: Captioner,
+    grids: torch.Tensor,
+    tokens: Sequence[Sequence[int]],
+    settings: ExplainConfig,
+    pixels: PixelInputs | None,
+) -> StudyPlan:
+    """The study's plan with the estimate of a short calibration on its own grids and images."""
+    images = pixels.images(0, min(2, len(tokens))) if pixels is not None else None
+    size = images.size(-2) * images.size(-1) if images is not None else 0
+    plan = study_plan(model.decoder, tokens, grids.size(1), settings, size)
+    return calibrate(plan, model.decoder, grids, tokens, settings.batch_rows, model.encode, images)
 
 
 def signature_field(settings: ExplainConfig, images: int, baseline: str | None = None) -> str:
@@ -194,4 +228,36 @@ def table_lines(result: dict) -> list[str]:
                 f"{test['curve']}: {test['more_faithful']} more faithful than {other} "
                 f"(p Holm {test['p_holm']:.4f})"
             )
-    return lines + peak_lines(result.get("hallucination_peaks", {}))
+    lines += peak_lines(result.get("hallucination_peaks", {}))
+    if "pixel" in result:
+        lines += pixel_lines(result)
+    return lines
+
+
+def pixel_lines(result: dict) -> list[str]:
+    """The grid and pixel protocols' areas side by side, and whether they rank the methods alike."""
+    pixel = result["pixel"]
+    lines = [
+        "grid and pixel (RISE) protocols side by side (areas; deletion: lower is better)",
+        f"{'method':<22}{'grid del':>9}{'pixel del':>10}{'grid ins':>9}{'pixel ins':>10}",
+    ]
+    rows = {
+        "random": (result["random"], pixel["random"]),
+        **{
+            name: (row, pixel["methods"][name])
+            for name, row in result["methods"].items()
+            if name in pixel["methods"]
+        },
+    }
+    for name, (grid, on_pixels) in rows.items():
+        lines.append(
+            f"{name:<22}{grid['deletion_auc']:>9.3f}{on_pixels['deletion_auc']:>10.3f}"
+            f"{grid['insertion_auc']:>9.3f}{on_pixels['insertion_auc']:>10.3f}"
+        )
+    for curve, agreement in pixel["rank_agreement"].items():
+        tau = agreement["kendall_tau"]
+        lines.append(
+            f"{curve} ranking, grid: {' > '.join(agreement['grid_order'])}; pixel: "
+            f"{' > '.join(agreement['pixel_order'])} (Kendall tau {'-' if tau is None else f'{tau:.2f}'})"
+        )
+    return lines

@@ -20,6 +20,14 @@ from captioning.explain.config import ExplainConfig
 from captioning.explain.faithfulness import CurveSettings, WordCurves, method_curves, random_curves, summarise
 from captioning.explain.hallucinated_maps import hallucination_peaks
 from captioning.explain.methods import ExplainInputs, ExplainSettings, explain, parse_methods
+from captioning.explain.pixel_curves import (
+    PixelInputs,
+    PixelWordCurves,
+    joined,
+    method_pixel_curves,
+    random_pixel_curves,
+    rank_agreement,
+)
 from captioning.explain.plausibility import (
     WORD_CLASSES,
     Explained,
@@ -63,6 +71,8 @@ class _Collected:
     classes: list[str] = field(default_factory=list)
     word_images: list[int] = field(default_factory=list)
     explained: list[Explained] = field(default_factory=list)
+    pixel_per_method: dict[str, list[PixelWordCurves]] = field(default_factory=dict)
+    pixel_control: list[list[PixelWordCurves]] = field(default_factory=list)
 
 
 def explain_batch(
@@ -97,6 +107,7 @@ def faithfulness_study(
     maps_out: list[Explained] | None = None,
     bootstrap: BootstrapSettings | None = None,
     shuffled: CaptionDecoder | None = None,
+    pixels: PixelInputs | None = None,
 ) -> dict:
     """The faithfulness table of N captioned images.
 
@@ -115,6 +126,8 @@ def faithfulness_study(
         bootstrap: the resampling of the rows' intervals and tests (:mod:`captioning.explain.statistics`).
         shuffled: a decoder of the same family and vocabulary trained on shuffled captions
             (``data.shuffle_captions``): the data randomisation test on the sanity images.
+        pixels: the images and the encoder, for the pixel curves (``settings.pixel_steps``; the
+            table then holds ``"pixel"``, :func:`_pixel_table`).
     Returns:
         ``{"settings", "statistics", "methods": {method: row}, "random", "paired", "by_word_class",
         "sanity", "data_randomisation" (with ``shuffled``), "hallucination", "hallucination_peaks",
@@ -139,6 +152,8 @@ def faithfulness_study(
                 method_curves(scorer.words_at, grids, base, chosen, index, curving, images)
             )
         collected.control.append(random_curves(scorer.words_at, grids, base, index, curving, images))
+        if pixels is not None and settings.pixel is not None:
+            _pixel_batch(collected, pixels, part, scorer, maps, index, settings)
         for row, image_id in enumerate(image_ids[part]):
             caption = list(words[first + row])
             collected.classes += word_classes(caption, instances)
@@ -157,6 +172,8 @@ def faithfulness_study(
     control = [_joined([batch[seed] for batch in collected.control]) for seed in range(settings.random_seeds)]
     result: dict = {"settings": settings_json(settings), **_tables(per_method, control, collected, bootstrap)}
     result["per_image"] = _per_image(per_method, control, collected.word_images)
+    if collected.pixel_control:
+        result["pixel"] = _pixel_table(collected, result["methods"], settings, bootstrap)
     if settings.sanity_images:
         _sanity(result, decoder, annotations, tokens, methods, baseline, grid, settings, shuffled)
     if instances is not None:
@@ -183,6 +200,47 @@ def faithfulness_study(
                     **intervals.get(name, {}),
                 }
             )
+    return result
+
+
+def _pixel_batch(
+    collected: _Collected,
+    pixels: PixelInputs,
+    part: slice,
+    scorer: WordScorer,
+    maps: Mapping[str, Tensor],
+    index: Tensor,
+    settings: ExplainConfig,
+) -> None:
+    """The pixel curves of one batch's words (``index`` (W, 2)): each method's and the control's."""
+    pixel = settings.pixel
+    assert pixel is not None
+    images = pixels.images(part.start, part.stop)  # (b, 3, H, W)
+    for name, method_maps in maps.items():
+        chosen = method_maps[index[:, 0], index[:, 1]]  # (W, P)
+        collected.pixel_per_method.setdefault(name, []).append(
+            method_pixel_curves(pixels.encode, scorer.words_at, images, chosen, index, pixels.grid, pixel)
+        )
+    collected.pixel_control.append(
+        random_pixel_curves(pixels.encode, scorer.words_at, images, index, settings.random_seeds, pixel)
+    )
+
+
+def _pixel_table(
+    collected: _Collected, grid_rows: dict[str, dict], settings: ExplainConfig, bootstrap: BootstrapSettings
+) -> dict:
+    """The pixel protocol's rows as the grid's (``statistics``, ``random``, ``methods``, ``paired``,
+    ``by_word_class``, ``per_image``, with their intervals and tests), and ``rank_agreement``: whether
+    the two protocols rank the methods alike."""
+    per_method: dict[str, WordCurves] = {
+        name: joined(parts) for name, parts in collected.pixel_per_method.items()
+    }
+    control: list[WordCurves] = [
+        joined([batch[seed] for batch in collected.pixel_control]) for seed in range(settings.random_seeds)
+    ]
+    result = _tables(per_method, control, collected, bootstrap)
+    result["per_image"] = _per_image(per_method, control, collected.word_images)
+    result["rank_agreement"] = rank_agreement(grid_rows, result["methods"])
     return result
 
 
@@ -325,6 +383,9 @@ class WordExplanation:
         deletion, insertion: method -> (T, K) the word's probability after each point of the curve.
         deletion_auc, insertion_auc: method -> (T,) the areas (trapezoid over ``shares``).
         shares: (K,) the share of the grid's cells changed at each point (empty without curves).
+        pixel_deletion, pixel_insertion, pixel_deletion_auc, pixel_insertion_auc: the same in pixel
+            space (:mod:`captioning.explain.pixel_curves`; (T, n + 1) curves, RISE's areas), empty
+            without them.
     """
 
     maps: dict[str, np.ndarray]
@@ -333,6 +394,10 @@ class WordExplanation:
     deletion_auc: dict[str, np.ndarray]
     insertion_auc: dict[str, np.ndarray]
     shares: np.ndarray
+    pixel_deletion: dict[str, np.ndarray] = field(default_factory=dict)
+    pixel_insertion: dict[str, np.ndarray] = field(default_factory=dict)
+    pixel_deletion_auc: dict[str, np.ndarray] = field(default_factory=dict)
+    pixel_insertion_auc: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def explain_captions(
@@ -343,9 +408,11 @@ def explain_captions(
     baseline: Tensor,
     settings: ExplainConfig,
     curves: bool = True,
+    pixels: PixelInputs | None = None,
 ) -> list[WordExplanation]:
     """Each method's maps of B captions of B grids (B, P, C) and, with ``curves``, each word's
-    deletion and insertion curves (empty dicts without); ``baseline`` (C,) or (B, P, C)."""
+    deletion and insertion curves (empty dicts without); ``baseline`` (C,) or (B, P, C); with
+    ``pixels`` and ``settings.pixel_steps``, its curves in pixel space too."""
     explaining, curving = method_settings(settings), curve_settings(settings)
     explanations = []
     for first in range(0, annotations.size(0), settings.batch_images):
@@ -361,6 +428,21 @@ def explain_captions(
             for name in (methods if curves else ())
         }
         points = _numpy(next(iter(results.values())).points) if results else np.zeros(0)
+        on_pixels: dict[str, PixelWordCurves] = {}
+        if pixels is not None and settings.pixel is not None:
+            images_part = pixels.images(first, part.stop)
+            on_pixels = {
+                name: method_pixel_curves(
+                    pixels.encode,
+                    scorer.words_at,
+                    images_part,
+                    maps[name][index[:, 0], index[:, 1]],
+                    index,
+                    pixels.grid,
+                    settings.pixel,
+                )
+                for name in methods
+            }
 
         for row in range(grids.size(0)):
             count, mine = len(tokens[first + row]), index[:, 0] == row
@@ -372,6 +454,10 @@ def explain_captions(
                     {name: _numpy(result.deletion_area[mine]) for name, result in results.items()},
                     {name: _numpy(result.insertion_area[mine]) for name, result in results.items()},
                     points,
+                    {name: _numpy(result.deletion[mine]) for name, result in on_pixels.items()},
+                    {name: _numpy(result.insertion[mine]) for name, result in on_pixels.items()},
+                    {name: _numpy(result.deletion_area[mine]) for name, result in on_pixels.items()},
+                    {name: _numpy(result.insertion_area[mine]) for name, result in on_pixels.items()},
                 )
             )
     return explanations

@@ -48,6 +48,7 @@ MAIN_JOB_OUTPUTS = (
     f"{MAIN_PREFIX}_results.json",
     f"{MAIN_PREFIX}_scores.json",
     f"{MAIN_PREFIX}_scores.per_image.json",
+    f"{MAIN_PREFIX}_faithfulness.html",
     "figures/[0-9]*.png",
     "report.html",
 )
