@@ -47,6 +47,8 @@ def test_every_field_that_changes_the_numbers_is_in_the_signature():
         "pointing_tolerance": 9.0,
         "sanity_randomisation": "cascading",
         "similarity_size": 64,
+        "pixel_steps": 3,
+        "pixel_deletion_value": 0.5,
     }
     speed_only = {"batch_images", "batch_rows"}
     assert set(changed) | speed_only == {item.name for item in fields(ExplainConfig)}  # every field listed

@@ -75,7 +75,7 @@ def test_train_ends_with_the_study_evaluate_gives(tmp_path: Path):
     [
         ("train.faithfulness_methods", "rollout", ["train.faithfulness_methods", "rollout"]),
         ("train.faithfulness_methods", "saliency", ["train.faithfulness_methods", "saliency"]),
-        ("train.faithfulness_pixel_steps", "-1", ["train.faithfulness_pixel_steps", "-1"]),
+        ("train.faithfulness_pixel_steps", "-1", ["train.faithfulness_pixel_steps", ">= 0"]),
     ],
 )
 def test_a_study_that_cannot_run_is_refused_before_training(tmp_path: Path, key, value, names):
