@@ -114,7 +114,9 @@ def study_plan(
     plan.forward_rows["curves"] = words * 2 * (settings.curve_steps + 1) * orders
     if settings.sanity_images:
         count = min(settings.sanity_images, images)
-        stages = len(randomisation_stages(decoder)) + 1  # the trained maps, then each stage's
+        # the trained maps, then each stage's: cascading, and with "both" each stage alone too
+        variants = 2 if getattr(settings, "sanity_randomisation", "cascading") == "both" else 1
+        stages = len(randomisation_stages(decoder)) * variants + 1
         forward, backward = explaining(count, sum(lengths[:count]))
         plan.forward_rows["sanity"], plan.backward_rows["sanity"] = forward * stages, backward * stages
     if settings.pixel is not None and image_pixels:

@@ -36,7 +36,7 @@ def test_the_plan_counts_what_the_study_runs():
     assert plan.backward_rows["explain"] == words * (1 + 3 + 1)
     assert plan.forward_rows["explain"] == images + 3 * images + images * (P + 1)
     assert plan.forward_rows["curves"] == words * 2 * 5 * (5 + 2)
-    stages = len(randomisation_stages(model)) + 1  # the trained maps, then each stage's
+    stages = 2 * len(randomisation_stages(model)) + 1  # trained, then cascading and independent
     sanity_words = 3 + 2
     assert plan.backward_rows["sanity"] == stages * sanity_words * 5
     assert plan.forward_rows["sanity"] == stages * (2 + 3 * 2 + 2 * (P + 1))
