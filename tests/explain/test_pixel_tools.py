@@ -114,7 +114,7 @@ def test_a_missing_captum_is_refused_before_any_decoding(tmp_path: Path, checkpo
     monkeypatch.setitem(sys.modules, "captum", None)  # as if the explain extra were not installed
     result = in_process("evaluate.py", *arguments(checkpoint, tmp_path), "--faithfulness", cwd=REPO)
     assert result.returncode == 2
-    assert_naming(result.stderr.strip(), "--faithfulness", "gradient", "captum", ".[explain]")
+    assert_naming(result.stderr.strip(), "--faithfulness", "captum", ".[explain]")
     assert not (tmp_path / "results.json").exists()
     # methods without captum still run
     fine = in_process(
