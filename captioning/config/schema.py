@@ -69,11 +69,22 @@ def _type_hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+# The 32-bit floats every option that reaches a tensor becomes: a smaller magnitude is 0 or a subnormal
+# (top_p 1e-300 would keep no word), a larger one inf.
+FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+
+
+def _fits_float32(value: float) -> bool:
+    """Whether a finite ``value`` is 0 or a normal 32-bit float (NaN and inf: each option's own check)."""
+    return not math.isfinite(value) or value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX
+
+
 def _check_types(section: object, prefix: str) -> None:
     """Every field of ``section`` holds its declared type (a configuration built in Python, e.g. by the
     API's ``beam_size=2.5``, is refused here as a file's would be when it is read): ``int`` fields an
-    int (not a bool), ``float`` fields a finite-or-not real number, ``bool`` fields a bool, ``str``
-    fields a str."""
+    int (not a bool), ``float`` fields a finite-or-not real number that is 0 or a normal 32-bit float
+    (the type options become in tensors), ``bool`` fields a bool, ``str`` fields a str."""
     hints = _type_hints(type(section))
     for item in dataclasses.fields(section):  # type: ignore[arg-type]
         value, hint = getattr(section, item.name), hints.get(item.name)
@@ -82,6 +93,11 @@ def _check_types(section: object, prefix: str) -> None:
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         if hint is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        if hint is float and not _fits_float32(value):
+            raise ConfigError(
+                f"{key} must be 0 or of magnitude in [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}], the "
+                f"32-bit floats it is used as, got {value!r}"
+            )
         if hint is bool and not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         if hint is str and not isinstance(value, str):

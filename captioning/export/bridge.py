@@ -142,7 +142,8 @@ class OnnxDecoder(CaptionDecoder):
         )
         beta = None if output.beta is None else torch.from_numpy(output.beta)
         log_probs, alpha = torch.from_numpy(output.log_probs), torch.from_numpy(output.alpha)
-        return StepOutput(log_probs, OnnxState(_tensors(output.state)), alpha, beta)
+        logits = torch.from_numpy(output.logits)
+        return StepOutput(log_probs, OnnxState(_tensors(output.state)), alpha, beta, logits=logits)
 
 
 def torch_captioner(folder: str | Path) -> tuple[Captioner, Config, str]:

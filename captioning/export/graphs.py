@@ -7,7 +7,7 @@ exporter: it needs nothing beyond torch and onnx) and checked with ``onnx.checke
 ``encoder.onnx``       ``images`` (B, 3, S, S) normalised -> ``annotations`` (B, P, C)
 ``decoder_prepare``    ``annotations`` (B, P, C) -> ``prepared_0..`` the per-image work (``prepare``)
 ``decoder_init``       ``annotations`` (B, P, C) -> ``state_0..`` the state before the first word
-``decoder_step``       ``tokens`` (N,), ``prepared_*`` (B, ...), ``state_*`` (N, ...) -> ``log_probs``
+``decoder_step``       ``tokens`` (N,), ``prepared_*`` (B, ...), ``state_*`` (N, ...) -> ``logits``
                        (N, V), ``alpha`` (N, P), ``beta`` (N,) with a gate, ``next_state_*`` (N, ...)
 =====================  ==============================================================================
 
@@ -96,7 +96,9 @@ class _Step(nn.Module):
         state = rebuild(self.state, iter(tensors[count:]))
         output = self.decoder.step(prepared, tokens, state)
         beta = (output.beta,) if self.layout.beta and output.beta is not None else ()
-        return (output.log_probs, output.alpha, *beta, *flatten(output.state))
+        # the logits (the repetition penalty's sign rule reads them); their log-softmax is log_probs
+        scores = output.logits if output.logits is not None else output.log_probs
+        return (scores, output.alpha, *beta, *flatten(output.state))
 
 
 def _export(
@@ -216,7 +218,7 @@ def export_decoder_graphs(decoder: CaptionDecoder, annotations: Tensor, folder: 
     step_axes = {
         **{name: {0: "images"} for name in layout.prepared_names()},
         "tokens": {0: "rows"},
-        "log_probs": {0: "rows"},
+        "logits": {0: "rows"},
         "alpha": {0: "rows"},
         "beta": {0: "rows"},
     }

@@ -37,4 +37,4 @@ class StepLayout:
         return [f"{prefix}_{i}" for i in range(self.state)]
 
     def step_outputs(self) -> list[str]:
-        return ["log_probs", "alpha", *(["beta"] if self.beta else []), *self.state_names("next_state")]
+        return ["logits", "alpha", *(["beta"] if self.beta else []), *self.state_names("next_state")]

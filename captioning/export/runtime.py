@@ -129,13 +129,15 @@ class Preprocessing:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One decoding step of N rows: ``log_probs`` (N, V), ``alpha`` (N, P), ``beta`` (N,) or None, and
-    the next state's arrays (each (N, ...))."""
+    """One decoding step of N rows: ``log_probs`` (N, V), ``alpha`` (N, P), ``beta`` (N,) or None, the
+    next state's arrays (each (N, ...)), and the ``logits`` (N, V) ``log_probs`` is the log-softmax of
+    (greedy decoding and sampling choose from them, the repetition penalty applied to them)."""
 
     log_probs: np.ndarray
     alpha: np.ndarray
     beta: np.ndarray | None
     state: tuple[np.ndarray, ...]
+    logits: np.ndarray
 
 
 class OnnxNetworks:
@@ -180,8 +182,13 @@ class OnnxNetworks:
         feeds.update(zip(self.layout.prepared_names(), prepared, strict=True))
         feeds.update(zip(self.layout.state_names(), state, strict=True))
         outputs = self.step_graph.run(feeds)
+        # The graph gives the logits (an export from before 2026-12-07: the log-probabilities, whose
+        # log-softmax is themselves); the log-probabilities are their log-softmax, as in PyTorch.
+        logits = outputs[0].astype(np.float32, copy=False)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         beta = outputs[2] if self.layout.beta else None
-        return StepResult(outputs[0], outputs[1], beta, tuple(outputs[2 + self.layout.beta :]))
+        return StepResult(log_probs, outputs[1], beta, tuple(outputs[2 + self.layout.beta :]), logits)
 
 
 def _is_int(value: Any, low: int = 1, high: int = 1 << 20) -> bool:

@@ -44,9 +44,11 @@ def _select(arrays: State, index: np.ndarray) -> State:
 
 
 def choice_scores(log_probs: np.ndarray, history: np.ndarray, step: int, config: DecodeConfig) -> np.ndarray:
-    """(N, V) scores to choose from: ``log_probs`` with ``<pad>``, ``<start>`` (``<unk>`` with
-    ``forbid_unk``; ``<end>`` before ``min_length``) at -inf in place, the repetition penalty, then
-    repeated trigrams blocked. ``history``: (N, t) the words so far."""
+    """(N, V) scores to choose from: ``log_probs`` (the step's logits in greedy decoding and sampling,
+    its log-probabilities in beam search, as ``captioning.models.choices.choice_scores``) with
+    ``<pad>``, ``<start>`` (``<unk>`` with ``forbid_unk``; ``<end>`` before ``min_length``) at -inf in
+    place, the repetition penalty (the transformers library's sign rule), then repeated trigrams
+    blocked. ``history``: (N, t) the words so far."""
     log_probs[:, [PAD, START, UNK] if config.forbid_unk else [PAD, START]] = -np.inf
     if step < config.min_length:
         log_probs[:, END] = -np.inf
@@ -120,7 +122,8 @@ def rollout(
     for t in range(config.max_length + 1):
         step = networks.step(prepared, tokens, state)
         state, log_probs = step.state, step.log_probs
-        chosen = choose(choice_scores(log_probs, history, t, config))
+        # chosen from the logits, the repetition penalty applied to them (as the PyTorch search)
+        chosen = choose(choice_scores(step.logits, history, t, config))
         emit = running & (chosen == END) if t == config.max_length else running
         tokens = np.where(emit, chosen, PAD)
         history = np.concatenate([history, tokens[:, None]], axis=1)

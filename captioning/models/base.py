@@ -68,6 +68,9 @@ class StepOutput(NamedTuple):
     location_log_prob: Tensor | None = (
         None  # (N,) hard attention in training: log alpha of the sampled location
     )
+    # (N, V) the scores ``log_probs`` is the log-softmax of: greedy decoding and sampling apply the
+    # repetition penalty to them (its sign rule reads their signs); None: a decoder that gives none.
+    logits: Tensor | None = None
 
 
 class CaptionDecoder(nn.Module):

@@ -240,7 +240,8 @@ class ShowAttendTellDecoder(CaptionDecoder):
             self.embed_to_gates(embedded), prepared, state
         )
         logits = self._logits(embedded, state.h, context)  # (N, V)
-        return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, alpha, beta, location_log_prob)
+        logits = logits.float()
+        return StepOutput(torch.log_softmax(logits, dim=-1), state, alpha, beta, location_log_prob, logits)
 
     def forward(
         self, annotations: Tensor, captions: Tensor, lengths: Tensor, image_index: Tensor | None = None

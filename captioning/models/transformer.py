@@ -412,8 +412,10 @@ class TransformerDecoder(CaptionDecoder):
         position = torch.arange(state.length, state.length + 1, device=tokens.device)
         x = self._embed(tokens, position)  # (N, d)
         x, state, weights = (self._compiled_step_blocks or self._step_blocks)(x, state, prepared)
-        logits = self.out(x)  # (N, V)
-        return StepOutput(torch.log_softmax(logits.float(), dim=-1), state, self._reported(weights), None)
+        logits = self.out(x).float()  # (N, V)
+        return StepOutput(
+            torch.log_softmax(logits, dim=-1), state, self._reported(weights), None, logits=logits
+        )
 
     def forward(
         self, annotations: Tensor, captions: Tensor, lengths: Tensor, image_index: Tensor | None = None

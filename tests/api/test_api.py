@@ -24,7 +24,7 @@ from captioning.config import ConfigError, DecodeConfig
 from captioning.data.images import ImageError
 from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
-from captioning.models import decoding
+from captioning.models import choices
 from captioning.visualization.figures import save_figure
 
 
@@ -208,13 +208,13 @@ def test_decoding_options_are_one_object_and_unknown_names_are_refused(untrained
         model.caption(image, beam_width=3)
     # a fork's new option: a field of a DecodeConfig subclass reaches the search through caption()
     reached = []
-    original = decoding.choice_scores
+    original = choices.choice_scores
 
     def choice_scores(log_probs, history, step, config):
         reached.append(config.word_cap)
         return original(log_probs, history, step, config)
 
-    monkeypatch.setattr(decoding, "choice_scores", choice_scores)
+    monkeypatch.setattr(choices, "choice_scores", choice_scores)
     model.caption(image, _WithOption(**vars(options)), word_cap=7)
     assert reached and set(reached) == {7}
     with raises_naming(ConfigError, "num_return 2", "strategy", "greedy"):

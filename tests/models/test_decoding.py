@@ -1,4 +1,5 @@
-"""Greedy, sampling and beam search, pinned to references: greedy, exhaustive search, per-image decoding."""
+"""What every search does, pinned to references: per-image decoding, a replay through the decoder's
+steps, the configured constraints, dispatch by strategy."""
 
 from __future__ import annotations
 
@@ -7,15 +8,28 @@ import math
 
 import pytest
 import torch
+from search_decoders import (
+    END,
+    PAD,
+    START,
+    P,
+    all_strategies,
+    annotations_for,
+    assert_same_caption,
+    bigram_decoder,
+    make_decoder,
+    replay,
+    trigrams,
+    varied_decoder,
+)
 from search_options import settings
 
-from captioning.config import DecodeConfig, LSTMDecoderConfig
+from captioning.config import DecodeConfig
 from captioning.data.vocab import Vocabulary
-from captioning.models import decoding
-from captioning.models.decoder import ShowAttendTellDecoder
+from captioning.models import choices, decoding
+from captioning.models.beam_search import beam_search
 from captioning.models.decoding import (
     Caption,
-    beam_search,
     decode,
     greedy_search,
     rollout,
@@ -23,181 +37,7 @@ from captioning.models.decoding import (
     sampler,
 )
 
-PAD, START, END = 0, 1, 2
-C, P, V = 8, 9, 11  # annotation channels, grid positions, vocabulary (4 specials + 7 words)
-
-
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def make_decoder(
-    seed: int = 0,
-    vocab_size: int = V,
-    scoring: str = "additive",
-    gate: str = "scalar",
-    gain: float = 3.0,
-    end_bias: float | None = None,
-) -> ShowAttendTellDecoder:
-    """A random decoder in eval mode.
-
-    ``gain`` scales every parameter: the default initialisation gives near-uniform word
-    distributions and the same caption for every image; larger weights give captions that differ
-    per image and end at different lengths. ``end_bias`` sets the output bias of ``<end>``.
-    """
-    torch.manual_seed(seed)
-    config = LSTMDecoderConfig(
-        scoring=scoring, num_heads=4, embed_dim=16, hidden_dim=16, attention_dim=16, gate=gate, dropout=0.0
-    )
-    decoder = ShowAttendTellDecoder.from_config(config, vocab_size, C).eval()
-    with torch.no_grad():
-        for parameter in decoder.parameters():
-            parameter.mul_(gain)
-        if end_bias is not None:
-            decoder.out.bias[END] = end_bias
-    return decoder
-
-
-def annotations_for(batch: int, seed: int = 100) -> torch.Tensor:
-    return torch.randn(batch, P, C, generator=torch.Generator().manual_seed(seed))
-
-
-def varied_decoder(annotations: torch.Tensor, max_length: int, **options) -> ShowAttendTellDecoder:
-    """The first random decoder (by seed) whose greedy captions of ``annotations`` end at 3+ lengths.
-
-    Searching keeps the tests meaningful (images finish at different steps) whatever the
-    initialisation of the layers draws from the random generator.
-    """
-    for seed in range(50):
-        decoder = make_decoder(seed=seed, **options)
-        if (
-            len({len(c.tokens) for c in greedy_search(decoder, annotations, settings(max_length=max_length))})
-            >= 3
-        ):
-            return decoder
-    raise AssertionError("no random decoder gives captions of varied lengths")
-
-
-@torch.no_grad()
-def replay(decoder, annotations: torch.Tensor, tokens: list[int], finished: bool):
-    """Feed ``<start> tokens`` through ``decoder.step`` for one image (1, P, C).
-
-    Returns the caption's log-probability (plus ``<end>`` when finished), alphas (len, P), betas.
-    """
-    prepared, state = decoder.prepare(annotations), decoder.init_state(annotations)
-    previous, log_prob, alphas, betas = START, 0.0, [], []
-    for word in tokens + ([END] if finished else []):
-        out = decoder.step(prepared, torch.tensor([previous]), state)
-        log_prob += float(out.log_probs[0, word])
-        alphas.append(out.alpha[0])
-        betas.append(None if out.beta is None else out.beta[0])
-        state, previous = out.state, word
-    alphas = torch.stack(alphas[: len(tokens)]) if tokens else torch.zeros(0, P)
-    betas = betas[: len(tokens)]
-    betas = None if (betas and betas[0] is None) else (torch.stack(betas) if betas else torch.zeros(0))
-    return log_prob, alphas, betas
-
-
-def assert_same_caption(actual: Caption, expected: Caption, atol: float = 1e-5):
-    assert actual.tokens == expected.tokens
-    assert actual.finished == expected.finished
-    assert actual.log_prob == pytest.approx(expected.log_prob, abs=atol)
-    assert actual.score == pytest.approx(expected.score, abs=atol)
-    torch.testing.assert_close(actual.attention, expected.attention, rtol=0, atol=atol)
-    if expected.betas is None:
-        assert actual.betas is None
-    else:
-        torch.testing.assert_close(actual.betas, expected.betas, rtol=0, atol=atol)
-
-
-def trigrams(tokens: list[int]) -> list[tuple[int, ...]]:
-    return [tuple(tokens[i : i + 3]) for i in range(len(tokens) - 2)]
-
-
-# ----------------------------------------------------------------------------- beam 1 == greedy
-@pytest.mark.parametrize("min_length", [0, 3])
-@pytest.mark.parametrize(
-    "scoring, gate", [("additive", "scalar"), ("multihead", "channel"), ("general", "none")]
-)
-def test_beam_size_one_equals_greedy(scoring, gate, min_length):
-    annotations = annotations_for(6)
-    decoder = varied_decoder(annotations, 8, scoring=scoring, gate=gate)
-    greedy = greedy_search(decoder, annotations, settings(max_length=8, min_length=min_length))
-    beam = beam_search(decoder, annotations, settings(beam_size=1, max_length=8, min_length=min_length))
-    for g, b in zip(greedy, beam, strict=True):
-        assert_same_caption(b, g)
-
-
-# ----------------------------------------------------------------------------- exhaustive search
-@torch.no_grad()
-def exhaustive_best(
-    decoder, annotations: torch.Tensor, max_length: int, min_length: int = 0, length_alpha: float = 0.0
-) -> tuple[list[int], float, bool]:
-    """The best caption of one image (1, P, C) by enumerating every sequence of words (<end>, <pad>
-    and <start> excluded: a caption never contains them).
-
-    Finished captions (``<end>`` after 0..max_length words, not before ``min_length``) are ranked by
-    log-probability / ((5 + words + 1) / 6) ** alpha; unfinished ones of max_length words (ranked
-    by log-probability / ((5 + words) / 6) ** alpha) count only when no finished caption exists.
-    """
-    words = [w for w in range(decoder.vocab_size) if w not in (END, PAD, START)]
-    prepared, initial = decoder.prepare(annotations), decoder.init_state(annotations)
-    finished, unfinished = [], []
-    frontier = [([], 0.0, initial, START)]
-    for t in range(max_length + 1):
-        next_frontier = []
-        for tokens, log_prob, state, previous in frontier:
-            out = decoder.step(prepared, torch.tensor([previous]), state)
-            log_probs = out.log_probs[0].double()
-            end = log_prob + float(log_probs[END])
-            if t >= min_length and math.isfinite(end):
-                finished.append((end / ((5 + t + 1) / 6) ** length_alpha, tokens, end))
-            if t == max_length:
-                unfinished.append((log_prob / ((5 + t) / 6) ** length_alpha, tokens, log_prob))
-                continue
-            next_frontier += [(tokens + [w], log_prob + float(log_probs[w]), out.state, w) for w in words]
-        frontier = next_frontier
-    if finished:
-        _, tokens, log_prob = max(finished, key=lambda item: item[0])
-        return tokens, log_prob, True
-    _, tokens, log_prob = max(unfinished, key=lambda item: item[0])
-    return tokens, log_prob, False
-
-
-@pytest.mark.parametrize(
-    "min_length, length_alpha, end_bias",
-    [(0, 0.0, None), (0, 2.0, None), (2, 0.0, None), (0, 0.0, float("-inf"))],
-    ids=["plain", "length_alpha", "min_length", "no_end"],
-)
-def test_large_beam_equals_exhaustive_search(min_length, length_alpha, end_bias):
-    vocab_size, max_length = 6, 3
-    annotations = annotations_for(4, seed=3)
-    options = {"max_length": max_length, "min_length": min_length, "length_alpha": length_alpha}
-    # A decoder for which the reference is not trivial: a beam of 2 misses the best caption of some
-    # image (without <end>, a small beam finds the best unfinished caption of every random decoder).
-    for seed in range(20):
-        decoder = make_decoder(seed=seed, vocab_size=vocab_size, end_bias=end_bias)
-        best = [exhaustive_best(decoder, annotations[i : i + 1], **options) for i in range(4)]
-        small_beams = beam_search(decoder, annotations, settings(beam_size=2, **options))
-        unnormalised = [
-            exhaustive_best(decoder, annotations[i : i + 1], max_length, min_length) for i in range(4)
-        ]
-        misses = any(small.tokens != b[0] for small, b in zip(small_beams, best, strict=True))
-        # with length_alpha, also a decoder for which the normalisation changes some image's best caption
-        normalised = length_alpha == 0 or any(a[0] != b[0] for a, b in zip(unnormalised, best, strict=True))
-        if end_bias is not None or (misses and normalised):
-            break
-    else:
-        raise AssertionError("every random decoder is solved by a beam of 2")
-    # Every live hypothesis and every one of its continuations fits in the beam: 5**3 * 6 = 750.
-    beam_size = (vocab_size - 1) ** max_length * vocab_size
-    beams = beam_search(decoder, annotations, settings(beam_size=beam_size, **options))
-    for caption, (tokens, log_prob, finished) in zip(beams, best, strict=True):
-        assert caption.tokens == tokens
-        assert caption.finished == finished == (end_bias is None)
-        assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
-        penalty = ((5 + len(tokens) + int(finished)) / 6) ** length_alpha
-        assert caption.score == pytest.approx(log_prob / penalty, abs=1e-4)
-        assert len(tokens) >= min_length
 
 
 # ----------------------------------------------------------------------------- batching
@@ -253,17 +93,6 @@ def test_no_end_gives_best_unfinished_caption_of_max_length(search, options, end
         torch.testing.assert_close(caption.attention, alphas, rtol=0, atol=1e-5)
 
 
-def test_beam_never_raises_when_trigram_blocking_leaves_no_word():
-    # 4 specials + 1 word and no <end>: only 4 tokens can follow <end>-less, so at most 4**3 = 64
-    # distinct trigrams exist and every hypothesis runs out of allowed words before 70 words.
-    decoder = make_decoder(seed=7, vocab_size=5, end_bias=float("-inf"))
-    (caption,) = beam_search(
-        decoder, annotations_for(1), settings(beam_size=2, max_length=70, block_trigrams=True)
-    )
-    assert not caption.finished
-    assert len(caption.tokens) <= 70 and caption.attention.shape == (len(caption.tokens), P)
-
-
 # ----------------------------------------------------------------------------- min_length
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
 def test_min_length_is_respected(strategy):
@@ -288,25 +117,6 @@ def test_min_length_is_respected(strategy):
 
 
 # ----------------------------------------------------------------------------- trigram blocking
-def bigram_decoder(strength: float = 6.0) -> ShowAttendTellDecoder:
-    """A decoder whose next word depends only on the previous one and loves the cycle 4 5 4 5 ...
-    (its logits ``strength`` above the others' in the mean)."""
-    decoder = make_decoder(seed=9, gate="none")
-    table = torch.randn(V, V, generator=torch.Generator().manual_seed(9))  # table[previous, next]
-    table[START, 4] = table[4, 5] = table[5, 4] = strength
-    table[:, END] = -4.0
-    with torch.no_grad():
-        decoder.embedding.weight.zero_()
-        decoder.embedding.weight[:, :V] = torch.eye(V)  # one-hot embeddings (embed_dim 16 >= V)
-        decoder.hidden_to_out.weight.zero_()
-        decoder.hidden_to_out.bias.zero_()
-        decoder.context_to_out.weight.zero_()
-        decoder.out.weight.zero_()
-        decoder.out.weight[:, :V] = table.T
-        decoder.out.bias.zero_()
-    return decoder
-
-
 @pytest.mark.parametrize("beam_size", [1, 3, 5])
 def test_block_trigrams(beam_size):
     decoder = bigram_decoder()
@@ -326,18 +136,6 @@ def test_block_trigrams(beam_size):
 
 
 # ----------------------------------------------------------------------------- returned captions
-def all_strategies(decoder, annotations):
-    torch.manual_seed(10)
-    return {
-        "greedy": greedy_search(decoder, annotations, settings(max_length=7)),
-        "beam3": beam_search(decoder, annotations, settings(beam_size=3, max_length=7)),
-        "beam4-alpha": beam_search(
-            decoder, annotations, settings(beam_size=4, max_length=7, length_alpha=1.0)
-        ),
-        "sample": sample_captions(decoder, annotations, settings(max_length=7, temperature=1.5)),
-    }
-
-
 @pytest.mark.parametrize(
     "scoring, gate",
     [("additive", "scalar"), ("multihead", "channel"), ("scaled_dot", "none"), ("general", "scalar")],
@@ -409,48 +207,6 @@ def test_caption_words():
     assert caption.words(vocab) == ["a", "red", "circle"]
 
 
-# ----------------------------------------------------------------------------- sampling
-def test_sampling_with_top_1_equals_greedy():
-    decoder = make_decoder(seed=13)
-    annotations = annotations_for(5)
-    greedy = greedy_search(decoder, annotations, settings(max_length=8, min_length=1))
-    torch.manual_seed(0)
-    sampled = sample_captions(
-        decoder, annotations, settings(max_length=8, min_length=1, top_k=1, temperature=5.0)
-    )
-    for s, g in zip(sampled, greedy, strict=True):
-        assert_same_caption(s, g)
-
-
-def test_sampling_is_reproducible_with_a_seed_and_varies_without():
-    decoder = make_decoder(seed=14)
-    annotations = annotations_for(4)
-    draws = []
-    for seed in (0, 0, 1):
-        torch.manual_seed(seed)
-        draws.append(sample_captions(decoder, annotations, settings(max_length=8, temperature=2.0)))
-    for a, b in zip(draws[0], draws[1], strict=True):
-        assert_same_caption(a, b, atol=0)
-    assert [c.tokens for c in draws[0]] != [c.tokens for c in draws[2]]
-
-
-@torch.no_grad()
-def test_top_k_restricts_sampled_words():
-    decoder = make_decoder(seed=15)
-    annotations = annotations_for(4)
-    torch.manual_seed(0)
-    captions = sample_captions(decoder, annotations, settings(max_length=6, top_k=2, temperature=3.0))
-    for i, caption in enumerate(captions):
-        prepared, state = decoder.prepare(annotations[i : i + 1]), decoder.init_state(annotations[i : i + 1])
-        previous = START
-        for word in caption.tokens + ([END] if caption.finished else []):
-            out = decoder.step(prepared, torch.tensor([previous]), state)
-            allowed = out.log_probs[0].clone()
-            allowed[[PAD, START]] = float("-inf")  # never emitted, so never among the top k
-            assert word in allowed.topk(2).indices.tolist()
-            state, previous = out.state, word
-
-
 # ----------------------------------------------------------------------------- decode()
 @pytest.mark.parametrize(
     "config, strategy",
@@ -502,7 +258,7 @@ def test_a_new_decoding_option_is_one_field_plus_its_use(monkeypatch):
     annotations = annotations_for(3)
     plain = _WithCap(strategy="beam", max_length=6, forbid_unk=False)
     forbidden = decode(decoder, annotations, plain)[0].tokens[0]  # a word the model does say
-    original = decoding.choice_scores
+    original = choices.choice_scores
 
     def choice_scores(log_probs, history, step, config):
         scores = original(log_probs, history, step, config)
@@ -511,7 +267,7 @@ def test_a_new_decoding_option_is_one_field_plus_its_use(monkeypatch):
             scores[:, config.word_cap] = float("-inf")
         return scores
 
-    monkeypatch.setattr(decoding, "choice_scores", choice_scores)  # the option's use
+    monkeypatch.setattr(choices, "choice_scores", choice_scores)  # the option's use, in every search
     for strategy in ("greedy", "beam", "sample"):
         config = dataclasses.replace(plain, strategy=strategy, word_cap=forbidden)
         torch.manual_seed(0)
@@ -540,267 +296,6 @@ def test_decoding_does_not_track_gradients():
     decoder = make_decoder(seed=17)
     for captions in all_strategies(decoder, annotations_for(2)).values():
         assert all(not c.attention.requires_grad for c in captions)
-
-
-# ----------------------------------------------------------------------------- nucleus sampling
-def test_nucleus_keeps_exactly_the_smallest_set_reaching_top_p():
-    generator = torch.Generator().manual_seed(21)
-    logits = torch.randn(64, 12, generator=generator) * 2.0
-    logits[0, 3] = float("-inf")  # a word already forbidden stays forbidden
-    for top_p in (0.05, 0.3, 0.5, 0.9, 0.999):
-        kept = torch.isfinite(decoding.nucleus(logits, top_p))
-        for row in range(logits.size(0)):
-            probs = torch.softmax(logits[row], dim=0).tolist()
-            order = sorted(range(len(probs)), key=lambda w: -probs[w])  # an explicit sort
-            expected, mass = set(), 0.0
-            for word in order:
-                expected.add(word)
-                mass += probs[word]
-                if mass >= top_p:
-                    break
-            assert set(kept[row].nonzero().squeeze(1).tolist()) == expected, (top_p, row)
-    torch.testing.assert_close(decoding.nucleus(logits, 1.0), logits)
-
-
-@torch.no_grad()
-def test_top_p_combines_with_top_k_and_temperature_when_sampling():
-    decoder = make_decoder(seed=15)
-    annotations = annotations_for(4)
-    config = settings(max_length=6, top_k=4, top_p=0.6, temperature=1.5)
-    torch.manual_seed(0)
-    captions = sample_captions(decoder, annotations, config)
-    for i, caption in enumerate(captions):
-        prepared, state = decoder.prepare(annotations[i : i + 1]), decoder.init_state(annotations[i : i + 1])
-        previous = START
-        for word in caption.tokens + ([END] if caption.finished else []):
-            out = decoder.step(prepared, torch.tensor([previous]), state)
-            scores = out.log_probs[0].clone()
-            scores[[PAD, START]] = float("-inf")
-            logits = scores / 1.5
-            kth = logits.topk(4).values[-1]
-            logits[logits < kth] = float("-inf")
-            probs = torch.softmax(logits, dim=0).tolist()
-            nucleus, mass = [], 0.0
-            for w in sorted(range(V), key=lambda w: -probs[w]):
-                nucleus.append(w)
-                mass += probs[w]
-                if mass >= 0.6:
-                    break
-            assert word in nucleus and len(nucleus) <= 4
-            state, previous = out.state, word
-    # a tiny nucleus is the most likely word: greedy
-    torch.manual_seed(0)
-    tiny = sample_captions(decoder, annotations, settings(max_length=6, top_p=1e-6, temperature=3.0))
-    for s, g in zip(tiny, greedy_search(decoder, annotations, settings(max_length=6)), strict=True):
-        assert_same_caption(s, g)
-
-
-def test_self_critical_rollouts_sample_from_the_nucleus():
-    decoder = make_decoder(seed=19)
-    annotations = annotations_for(3)
-    torch.manual_seed(0)
-    sampled = rollout(decoder, annotations, sampler(settings(top_p=1e-6)), settings(max_length=6), repeats=4)
-    greedy = greedy_search(decoder, annotations, settings(max_length=6))
-    for row in range(12):
-        length = int(sampled.lengths[row])
-        assert sampled.tokens[row, :length].tolist() == greedy[row // 4].tokens
-    torch.manual_seed(0)
-    free = rollout(decoder, annotations, sampler(settings()), settings(max_length=6), repeats=4)
-    assert not torch.equal(free.tokens, sampled.tokens)  # the whole distribution samples other words
-
-
-# ----------------------------------------------------------------------------- repetition penalty
-def test_repetition_penalty_is_the_ctrl_form():
-    scores = torch.tensor([[2.0, -1.0, 0.5, -3.0, 4.0], [1.0, 1.0, -2.0, -2.0, 0.0]])
-    history = torch.tensor([[0, 1, 1], [3, 4, 3]])
-    penalised = decoding.penalize_repetitions(scores, history, 2.0)
-    expected = torch.tensor([[1.0, -2.0, 0.5, -3.0, 4.0], [1.0, 1.0, -2.0, -4.0, 0.0]])
-    torch.testing.assert_close(penalised, expected)
-    assert decoding.penalize_repetitions(scores, history, 1.0) is scores
-
-
-@torch.no_grad()
-def greedy_with_penalty(decoder, annotations, penalty: float, max_length: int) -> tuple[list[int], float]:
-    """Greedy decoding of one image with the CTRL penalty applied by hand."""
-    prepared, state = decoder.prepare(annotations), decoder.init_state(annotations)
-    previous, tokens, log_prob = START, [], 0.0
-    for _ in range(max_length + 1):
-        out = decoder.step(prepared, torch.tensor([previous]), state)
-        scores = out.log_probs[0].clone()
-        scores[[PAD, START]] = float("-inf")
-        for word in set(tokens):
-            scores[word] = scores[word] / penalty if scores[word] > 0 else scores[word] * penalty
-        word = int(scores.argmax())
-        if len(tokens) == max_length and word != END:
-            return tokens, log_prob
-        log_prob += float(out.log_probs[0, word])
-        if word == END:
-            return tokens, log_prob
-        tokens.append(word)
-        state, previous = out.state, word
-    return tokens, log_prob
-
-
-@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
-def test_repetition_penalty_applies_in_every_strategy(strategy):
-    decoder = bigram_decoder(strength=2.5)  # repeats 4 5 4 5 ... unconstrained
-    annotations = annotations_for(3)
-    plain = settings(strategy=strategy, beam_size=3, max_length=10)
-    torch.manual_seed(0)
-    free = decode(decoder, annotations, plain)
-    torch.manual_seed(0)
-    penalised = decode(decoder, annotations, dataclasses.replace(plain, repetition_penalty=3.0))
-    repeats = [len(c.tokens) - len(set(c.tokens)) for c in free]
-    fewer = [len(c.tokens) - len(set(c.tokens)) for c in penalised]
-    assert sum(fewer) < sum(repeats), (fewer, repeats)
-    for i, caption in enumerate(penalised):  # the reported log-probability stays the model's
-        log_prob, _, _ = replay(decoder, annotations[i : i + 1], caption.tokens, caption.finished)
-        assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
-    if strategy == "greedy":
-        for i, caption in enumerate(penalised):
-            tokens, log_prob = greedy_with_penalty(decoder, annotations[i : i + 1], 3.0, 10)
-            assert caption.tokens == tokens
-            assert caption.log_prob == pytest.approx(log_prob, abs=1e-4)
-
-
-# ----------------------------------------------------------------------------- diverse beam search
-@torch.no_grad()
-def diverse_beam_reference(decoder, annotations, beam_size, groups, diversity, max_length, length_alpha):
-    """Diverse beam search for one image (1, P, C), written plainly: every group's beams one by one.
-
-    Returns every hypothesis kept (finished ones first, then by score) as (tokens, score, log_prob).
-    """
-    width = beam_size // groups
-    prepared, start_state = decoder.prepare(annotations), decoder.init_state(annotations)
-    live = [[([], 0.0, 0.0, start_state)] for _ in range(groups)]  # (tokens, score, log_prob, state)
-    finished: list[list[tuple]] = [[] for _ in range(groups)]
-    done = [False] * groups
-    for t in range(max_length + 1):
-        used = [0] * V  # the words the earlier groups' live beams took at this step
-        next_live = []
-        for g in range(groups):
-            if done[g]:
-                next_live.append([])
-                continue
-            candidates = []
-            for tokens, score, log_prob, state in live[g]:
-                out = decoder.step(prepared, torch.tensor([tokens[-1] if tokens else START]), state)
-                scores = out.log_probs[0].clone()
-                scores[[PAD, START]] = float("-inf")
-                for word in range(V):
-                    if math.isfinite(scores[word]):
-                        cost = float(scores[word]) - (diversity * used[word] if g else 0.0)
-                        model = log_prob + float(out.log_probs[0, word])
-                        candidates.append((score + cost, tokens, word, model, out.state))
-            candidates.sort(key=lambda c: -c[0])
-            best = candidates[: 2 * width]
-            for score, tokens, word, model, _ in best[:width]:
-                if word == END:
-                    penalty = ((5 + len(tokens) + 1) / 6) ** length_alpha
-                    finished[g].append((tokens, score / penalty, model, True))
-            kept = [c for c in best if c[2] != END][:width]
-            next_live.append(
-                [(tokens + [word], score, model, state) for score, tokens, word, model, state in kept]
-            )
-            for c in kept:
-                used[c[2]] += 1
-        if t == max_length:
-            break
-        live = next_live
-        done = [len(pool) >= width for pool in finished]
-        if all(done):
-            break
-    pool = [h for group in finished for h in group]
-    for g in range(groups):
-        if not done[g]:
-            for tokens, score, log_prob, _ in live[g]:
-                pool.append((tokens, score / ((5 + len(tokens)) / 6) ** length_alpha, log_prob, False))
-    pool.sort(key=lambda h: (h[3], h[1]), reverse=True)
-    ranked = []
-    for h in pool:
-        if all(h[0] != other[0] for other in ranked):
-            ranked.append(h)
-    return ranked
-
-
-@pytest.mark.parametrize(
-    "beam_size, groups, diversity, length_alpha",
-    [(2, 1, 0.0, 0.0), (4, 2, 0.8, 0.0), (6, 3, 0.5, 1.0), (6, 2, 3.0, 0.0)],
-    ids=["one-group", "2x2", "3x2-alpha", "2x3-strong"],
-)
-def test_diverse_beam_search_equals_a_plain_reference(beam_size, groups, diversity, length_alpha):
-    annotations = annotations_for(4, seed=22)
-    decoder = varied_decoder(annotations, 6)
-    config = settings(
-        beam_size=beam_size,
-        beam_groups=groups,
-        diversity=diversity,
-        max_length=6,
-        length_alpha=length_alpha,
-        num_return=beam_size,
-    )
-    captions = beam_search(decoder, annotations, config)
-    plain = beam_search(decoder, annotations, dataclasses.replace(config, diversity=0.0))
-    differs = False
-    for i, caption in enumerate(captions):
-        reference = diverse_beam_reference(
-            decoder, annotations[i : i + 1], beam_size, groups, diversity, 6, length_alpha
-        )
-        ranked = [caption, *caption.alternatives]
-        assert [c.tokens for c in ranked] == [h[0] for h in reference[:beam_size]]
-        for c, (_, score, log_prob, done) in zip(ranked, reference, strict=False):
-            assert c.score == pytest.approx(score, abs=1e-4)
-            assert c.log_prob == pytest.approx(log_prob, abs=1e-4)
-            assert c.finished == done
-        differs |= [c.tokens for c in ranked] != [c.tokens for c in [plain[i], *plain[i].alternatives]]
-    assert differs == (groups > 1)  # the penalty changes some image's captions
-
-
-def test_one_group_is_beam_search_whatever_the_diversity():
-    annotations = annotations_for(5, seed=5)
-    decoder = varied_decoder(annotations, 10)
-    plain = beam_search(decoder, annotations, settings(beam_size=4, max_length=10, length_alpha=0.5))
-    grouped = beam_search(
-        decoder, annotations, settings(beam_size=4, max_length=10, length_alpha=0.5, diversity=7.0)
-    )
-    for a, b in zip(grouped, plain, strict=True):
-        assert_same_caption(a, b, atol=0)
-
-
-# ----------------------------------------------------------------------------- several captions
-def test_num_return_gives_distinct_ranked_captions_led_by_the_best():
-    annotations = annotations_for(4)
-    decoder = varied_decoder(annotations, 8)
-    best = beam_search(decoder, annotations, settings(beam_size=5, max_length=8))
-    several = beam_search(decoder, annotations, settings(beam_size=5, max_length=8, num_return=3))
-    for i, (one, caption) in enumerate(zip(best, several, strict=True)):
-        assert_same_caption(caption, one, atol=0)  # the first is the system's output as before
-        ranked = [caption, *caption.alternatives]
-        assert len(ranked) == 3 and len({tuple(c.tokens) for c in ranked}) == 3
-        keys = [(c.finished, c.score) for c in ranked]
-        assert keys == sorted(keys, reverse=True)
-        for c in ranked:
-            log_prob, alphas, _ = replay(decoder, annotations[i : i + 1], c.tokens, c.finished)
-            assert c.log_prob == pytest.approx(log_prob, abs=1e-4)
-            torch.testing.assert_close(c.attention, alphas, rtol=0, atol=1e-5)
-    assert best[0].alternatives == []
-
-
-def test_num_return_samples_distinct_captions_ranked_by_log_prob():
-    decoder = make_decoder(seed=14)
-    annotations = annotations_for(3)
-    torch.manual_seed(0)
-    captions = sample_captions(
-        decoder, annotations, settings(strategy="sample", max_length=8, num_return=4, temperature=2.0)
-    )
-    for i, caption in enumerate(captions):
-        ranked = [caption, *caption.alternatives]
-        assert len(ranked) == 4 and len({tuple(c.tokens) for c in ranked}) == 4
-        keys = [(c.finished, c.log_prob) for c in ranked]
-        assert keys == sorted(keys, reverse=True)
-        for c in ranked:
-            log_prob, _, _ = replay(decoder, annotations[i : i + 1], c.tokens, c.finished)
-            assert c.log_prob == pytest.approx(log_prob, abs=1e-4)
 
 
 @pytest.mark.parametrize(
