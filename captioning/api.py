@@ -200,7 +200,14 @@ class CaptioningModel:
         if not images:
             return []
         positions = self.grid[0] * self.grid[1]
-        check_decoding_fits(decode, len(self.vocab), positions, len(images), self.device)
+        check_decoding_fits(
+            decode,
+            len(self.vocab),
+            positions,
+            len(images),
+            self.device,
+            self.captioner.decoder.annotation_dim,
+        )
         images_per_pass = min(decode.batch_size, len(images))
         check_encoder_fits(self.captioner.encoder, images_per_pass, self.device, "decode.batch_size")
         decoder = self.captioner.decoder

@@ -29,6 +29,7 @@ from captioning.config import (
     path_options,
     to_dict,
 )
+from captioning.config.schema import check_float32
 from captioning.registry import FamilyRegistry
 from captioning.utils.files import not_a_regular_file
 
@@ -85,6 +86,7 @@ def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False, path: bo
             raise ConfigError(f"{key} must be a number, got {_shown(value)}") from None
         if not math.isfinite(number):
             raise ConfigError(f"{key} must be a finite number, got {value!r}")
+        check_float32(number, key)  # before any work: --set is checked before a checkpoint is read
         return number
     if type_hint is str:
         if value is None:  # str(None) would be the folder name "None"

@@ -75,9 +75,14 @@ FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 
 
-def _fits_float32(value: float) -> bool:
-    """Whether a finite ``value`` is 0 or a normal 32-bit float (NaN and inf: each option's own check)."""
-    return not math.isfinite(value) or value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX
+def check_float32(value: float, key: str) -> None:
+    """Refuse a finite ``value`` that is neither 0 nor a normal 32-bit float (NaN and inf are each
+    option's own check), naming ``key``."""
+    if math.isfinite(value) and value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
+        raise ConfigError(
+            f"{key} must be 0 or of magnitude in [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}], the "
+            f"32-bit floats it is used as, got {value!r}"
+        )
 
 
 def _check_types(section: object, prefix: str) -> None:
@@ -93,11 +98,8 @@ def _check_types(section: object, prefix: str) -> None:
             raise ConfigError(f"{key} must be an integer, got {value!r}")
         if hint is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
-        if hint is float and not _fits_float32(value):
-            raise ConfigError(
-                f"{key} must be 0 or of magnitude in [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}], the "
-                f"32-bit floats it is used as, got {value!r}"
-            )
+        if hint is float:
+            check_float32(value, key)
         if hint is bool and not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         if hint is str and not isinstance(value, str):

@@ -33,9 +33,10 @@ from captioning.hub.checkpoint import (
 from captioning.inference.batches import EpochBatches, generate_captions
 from captioning.inference.inputs import caption_dataset, check_splits, uses_cache
 from captioning.models.captioner import Captioner, build_decoder
-from captioning.models.decoding import Caption, check_decoding_fits
+from captioning.models.decoding import Caption
 from captioning.models.encoders import build_encoder
 from captioning.models.encoders.activations import check_encoder_fits
+from captioning.models.memory_bounds import check_decoder_fits, check_decoding_fits
 
 
 @dataclass
@@ -78,6 +79,8 @@ def load_trained_captioner(
     payload = load_folder(checkpoint) if is_model_folder(checkpoint) else load_checkpoint(checkpoint)
     config, vocab = checkpoint_config(payload, checkpoint)
     encoder = build_encoder(config.model.encoder)
+    # its parameters priced before they are built (meta shapes of a huge layer count take long too)
+    check_decoder_fits(config.model.decoder, len(vocab), encoder.channels, encoder.grid, device)
     with torch.device("meta"):  # the decoder's shapes, checked against the weights before building it
         shapes = build_decoder(config.model.decoder, len(vocab), encoder.channels, encoder.grid)
     input_weight = payload["decoder"].get(shapes.input_weight)
@@ -123,7 +126,9 @@ def caption_records(
     their files (the Python API and the demo; ``evaluate.py --images`` reads the same files).
     """
     decode_config = decode_config or config.decode
-    check_decoding_fits(decode_config, len(model.vocab), model.grid[0] * model.grid[1], len(records), device)
+    positions = model.grid[0] * model.grid[1]
+    channels = model.decoder.annotation_dim
+    check_decoding_fits(decode_config, len(model.vocab), positions, len(records), device, channels)
     config = Config(config.data, config.model, config.train, decode_config)
     batches = EpochBatches(len(records), decode_config.batch_size, seed=0, epoch=0, shuffle=False)
     dataset: Dataset

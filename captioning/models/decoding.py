@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from captioning.config import ConfigError, DecodeConfig
+from captioning.config import DecodeConfig
 from captioning.models import choices
 from captioning.models.base import CaptionDecoder
 from captioning.models.beam_search import beam_search
@@ -31,7 +31,7 @@ from captioning.models.choices import (
     ranked,
     step_logits,
 )
-from captioning.utils.memory import available_bytes, gib
+from captioning.models.memory_bounds import check_decoding_fits
 
 __all__ = [
     "END",
@@ -228,32 +228,3 @@ STRATEGIES: dict[str, Callable[[CaptionDecoder, Tensor, DecodeConfig], list[Capt
 def decode(decoder: CaptionDecoder, annotations: Tensor, config: DecodeConfig) -> list[Caption]:
     """Caption B images (B, P, C) with the strategy and options of ``config``."""
     return STRATEGIES[config.strategy](decoder, annotations, config)
-
-
-def check_decoding_fits(
-    config: DecodeConfig, vocab_size: int, positions: int, images: int, device: torch.device
-) -> None:
-    """Refuse, before any decoding, a beam wider than the vocabulary, or hypotheses whose search state
-    does not fit in the device's free memory.
-
-    A batch decodes ``min(decode.batch_size, images) x beam_size`` hypotheses at once; each keeps a
-    few (V,) score rows and, for every word, its (P,) attention map.
-
-    Raises:
-        ConfigError: one line naming the keys (and the evaluate.py flags) to change.
-    """
-    beams = {"beam": config.beam_size, "sample": config.num_return}.get(config.strategy, 1)
-    if config.strategy == "beam" and beams > vocab_size:
-        raise ConfigError(
-            f"decode.beam_size (--beam-size) must be at most the vocabulary's {vocab_size} words, got {beams}"
-        )
-    rows = min(config.batch_size, max(images, 1)) * beams
-    needed = rows * 4 * (3 * vocab_size + (config.max_length + 1) * (positions + 2))  # float32 bytes
-    free = available_bytes(device)
-    if free is not None and needed > free:
-        raise ConfigError(
-            f"decode.beam_size {beams} x decode.batch_size {config.batch_size} hypotheses of up to "
-            f"decode.max_length {config.max_length} words need about {gib(needed)}, more than the "
-            f"{gib(free)} free on {device}; lower --beam-size or --max-length, or --set "
-            "decode.batch_size="
-        )

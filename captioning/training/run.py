@@ -36,9 +36,9 @@ from captioning.inference.inputs import (
 )
 from captioning.models.base import CaptionDecoder
 from captioning.models.captioner import Captioner, build_decoder
-from captioning.models.decoding import check_decoding_fits
 from captioning.models.encoders import Encoder, build_encoder
 from captioning.models.encoders.activations import check_encoder_fits
+from captioning.models.memory_bounds import check_decoder_fits, check_decoding_fits, check_rollouts_fit
 from captioning.training.claim import auto_resume_point
 from captioning.training.cpu_threads import busy_machine_advice, say_if_busy
 from captioning.training.engine import TrainState
@@ -123,6 +123,13 @@ def build_run_model(
     else:
         vocab = build_vocabulary(train_records, config.data.min_word_count)
         state = None
+    # What the run will need, before the plan and its first step: the decoder's parameters (with their
+    # gradients and Adam's moments), the validation's decoding and the self-critical rollouts.
+    positions, channels = encoder.grid[0] * encoder.grid[1], encoder.channels
+    check_decoder_fits(config.model.decoder, len(vocab), channels, encoder.grid, device, training=True)
+    validated = min(config.train.val_images or counts["val"], counts["val"])  # decoded after every epoch
+    check_decoding_fits(config.decode, len(vocab), positions, validated, device, channels)
+    check_rollouts_fit(config, len(vocab), positions, channels, device)
     if group.is_main:
         cache_dir = feature_cache_dir(config, Path(config.train.output_dir)) if uses_cache(config) else None
         plan = describe_plan(
@@ -141,8 +148,6 @@ def build_run_model(
     decoder = build_decoder(config.model.decoder, len(vocab), encoder.channels, encoder.grid)
     model = Captioner(encoder, decoder, vocab, config.model).to(device)
     model.encoder.set_trainable(config.model.encoder.fine_tune_stages)
-    validated = min(config.train.val_images or counts["val"], counts["val"])  # decoded after every epoch
-    check_decoding_fits(config.decode, len(vocab), model.grid[0] * model.grid[1], validated, device)
     return records, model
 
 
