@@ -64,10 +64,12 @@ def _coerce(type_hint: Any, value: Any, key: str, strict: bool = False, path: bo
             raise ConfigError(f"{key} must be a list, got {value!r}")
         return tuple(_coerce(str, v, key, path=path) for v in value)
     if type_hint is bool:
+        # The words YAML reads as truth values, as --set and a file's quoted text: not 1 or 0, which
+        # YAML and the Python API take for numbers and refuse for a bool.
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
-            return value.lower() in ("true", "yes", "1", "on")
+        if isinstance(value, str) and value.lower() in ("true", "yes", "on", "false", "no", "off"):
+            return value.lower() in ("true", "yes", "on")
         raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
     if type_hint is int:
         # Integers only, as written: 1e3 or 2.0 is a float in YAML and is not silently truncated.
