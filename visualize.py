@@ -168,6 +168,9 @@ def main(args: argparse.Namespace) -> None:
         methods=args.method,
     )
     print(result.summary())
+    warning = result.warning()  # fewer captions than --num-return asked for
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

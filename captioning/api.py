@@ -57,8 +57,11 @@ def single_image(images: object) -> bool:
     return isinstance(images, kinds + ((torch.Tensor,) if torch is not None else ()))
 
 
-def public_caption(item: Captioned, grid: tuple[int, int], attention_label: str = "") -> Caption:
-    """The public form of one decoded image (``caption_records``' output)."""
+def public_caption(
+    item: Captioned, grid: tuple[int, int], attention_label: str = "", asked: int = 1
+) -> Caption:
+    """The public form of one decoded image (``caption_records``' output), decoded with
+    ``decode.num_return`` ``asked`` (``Caption.missing``: how many fewer came)."""
     decoded = item.caption
     # (T, gh, gw): one attention map per word
     attention = decoded.attention.detach().float().cpu().numpy().reshape(len(item.words), *grid)
@@ -73,6 +76,7 @@ def public_caption(item: Captioned, grid: tuple[int, int], attention_label: str 
         bool(decoded.finished),
         attention_label,
         tuple(public_caption(other, grid, attention_label) for other in item.alternatives),
+        max(asked - len(item.ranked), 0),
     )
 
 
@@ -175,7 +179,8 @@ class CaptioningModel:
         Returns:
             ``Caption`` objects; captions equal ``evaluate.py --images`` on the same files and options.
             With ``num_return`` n > 1 each holds its image's next n - 1 distinct captions, ranked,
-            in ``alternatives`` (``ranked`` lists all n).
+            in ``alternatives`` (``ranked`` lists all n), or fewer when the search found fewer distinct
+            ones: ``missing`` says how many fewer.
         Raises:
             ImageError: an image cannot be read or has a wrong shape, type or range (naming ``images[k]``);
                 before any work, except a file found damaged only when its batch is decoded (truncated
@@ -242,7 +247,7 @@ class CaptioningModel:
         captioned = caption_records(
             self.captioner, config, records, self.device, decode, progress=False, pictures=pictures
         )
-        return [public_caption(item, self.grid, label) for item in captioned]
+        return [public_caption(item, self.grid, label, decode.num_return) for item in captioned]
 
     def explain(
         self,

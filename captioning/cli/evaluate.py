@@ -44,6 +44,7 @@ from captioning.evaluation.runner import (
 from captioning.inference.captioner import (
     caption_records,
     decode_config_with,
+    fewer_captions_warning,
     split_records,
 )
 from captioning.utils.device import resolve_device
@@ -96,6 +97,13 @@ def _user_chose_paths(
     cache_chosen = "data.cache_dir" in overrides or (root_chosen and not config.data.cache_dir)
     # a cache under the run folder (a folder of photos: DatasetReader.cache_under_root) is the run's own
     return root_chosen, cache_chosen or not reader_of(config.data).cache_under_root(config.data)
+
+
+def _warn_fewer(captioned: list, asked: int) -> None:
+    """The warning line, on stderr, when some images got fewer captions than ``--num-return`` asked."""
+    warning = fewer_captions_warning(captioned, asked)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
 
 
 def _report_skipped(records: list, captioned: list) -> None:
@@ -540,6 +548,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
                 captioned, config.data.tokenizer, with_references=False, strategy=decode_config.strategy
             )
             print("\n".join(caption_set_lines(measures)))
+            _warn_fewer(captioned, decode_config.num_return)
         _print_summary({"captions": results, "image id -> file": index, "ranked captions": ranked}, notes)
         return None
 
@@ -613,6 +622,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
         )
         print(f"the {decode_config.num_return} captions of each image:")
         print("\n".join(caption_set_lines(scores["caption sets"])))
+        _warn_fewer(captioned, decode_config.num_return)
     scores_path, per_image = write_scores(scores_target, scores)
     if page is not None:
         _write_faithfulness_page(

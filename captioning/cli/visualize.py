@@ -51,6 +51,13 @@ class VisualizationResult:
     panels: list[int]
     report: Path | None = None
     notes: dict[Path, str] = field(default_factory=dict)  # what writing each file did there (``output_note``)
+    asked: int = 1  # captions asked for per image (decode.num_return)
+
+    def warning(self) -> str | None:
+        """One line when some images got fewer captions than ``asked`` (``fewer_captions_warning``)."""
+        from captioning.inference.captioner import fewer_captions_warning
+
+        return fewer_captions_warning(self.captioned, self.asked)
 
     def summary(self) -> str:
         """Each image's caption, then every file written (and which replaced an earlier one)."""
@@ -285,7 +292,12 @@ def visualize_images(
         else None
     )
     return VisualizationResult(
-        captioned, [path for path, _ in written], [panels for _, panels in written], report, notes
+        captioned,
+        [path for path, _ in written],
+        [panels for _, panels in written],
+        report,
+        notes,
+        config.decode.num_return,
     )
 
 

@@ -131,10 +131,11 @@ class OnnxCaptioningModel:
                 ]
             )  # (B, 3, S, S)
             found = _search(self.networks, self.networks.encode(pixels), decode_config, rng)
-            captions += [self._public(hypothesis) for hypothesis in found]
+            captions += [self._public(hypothesis, decode_config.num_return) for hypothesis in found]
         return captions
 
-    def _public(self, hypothesis: Hypothesis) -> Caption:
+    def _public(self, hypothesis: Hypothesis, asked: int = 1) -> Caption:
+        """The public form of a hypothesis of a search for ``asked`` captions (``Caption.missing``)."""
         words = [self.vocab.itos[t] for t in hypothesis.tokens]
         return Caption(
             detokenize(words, self.config.data.tokenizer),
@@ -146,11 +147,13 @@ class OnnxCaptioningModel:
             hypothesis.finished,
             self.description.label,
             tuple(self._public(other) for other in hypothesis.alternatives),
+            max(asked - 1 - len(hypothesis.alternatives), 0),
         )
 
     def _check_fits(self, config: DecodeConfig, images: int) -> None:
         """Refuse, before any work, a search whose hypotheses do not fit in free memory: each keeps a few
-        (V,) score rows and a (P,) map per word; each image its (P, C) grid."""
+        (V,) score rows, a (P,) map per word and its own copy of the (P, C) grid (as
+        ``captioning.models.memory_bounds.hypothesis_bytes``); each image its (P, C) grid."""
         rows = {"beam": config.beam_size, "sample": config.num_return}.get(config.strategy, 1)
         key = {"beam": "decode.beam_size", "sample": "decode.num_return"}.get(
             config.strategy, "decode.batch_size"
@@ -158,6 +161,7 @@ class OnnxCaptioningModel:
         batch = min(config.batch_size, images)
         networks = self.networks
         per_row = 3 * networks.vocab_size + (config.max_length + 1) * (networks.positions + 2)
+        per_row += networks.positions * networks.channels  # the grid each hypothesis's attention reads
         needed = 4 * batch * (rows * per_row + networks.positions * networks.channels)
         free = available_bytes("cpu")
         if free is not None and needed > free:

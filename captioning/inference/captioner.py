@@ -37,6 +37,7 @@ from captioning.models.decoding import Caption
 from captioning.models.encoders import build_encoder
 from captioning.models.encoders.activations import check_encoder_fits
 from captioning.models.memory_bounds import check_decoder_fits, check_decoding_fits
+from captioning.utils.text import printable
 
 
 @dataclass
@@ -59,6 +60,21 @@ class Captioned:
     def __post_init__(self) -> None:
         if not self.text:
             self.text = " ".join(self.words)
+
+
+def fewer_captions_warning(captioned: Sequence[Captioned], asked: int) -> str | None:
+    """One warning line when some images got fewer than the ``asked`` captions (``decode.num_return``),
+    else None: sampling keeps distinct draws only (it draws again a few times, then gives what it
+    has), and diverse beam search's groups may end on the same captions."""
+    short = [item for item in captioned if len(item.ranked) < asked]
+    if asked <= 1 or not short:
+        return None
+    least = min(short, key=lambda item: len(item.ranked))
+    return printable(
+        f"warning: {len(short)} of {len(captioned)} images have fewer than the {asked} captions asked for "
+        f"(decode.num_return), e.g. {Path(least.record.path).name} has {len(least.ranked)}: the search "
+        "found no more distinct ones (sampling drew the same captions again, or beam groups shared them)"
+    )
 
 
 def load_captioner(checkpoint: str | Path, device: torch.device) -> tuple[Captioner, Config]:

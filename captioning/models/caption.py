@@ -26,6 +26,10 @@ class Caption:
             empty for a single map.
         alternatives: with ``decode.num_return`` n > 1, the image's next n - 1 distinct captions,
             ranked (this one is the first, the system's output); empty otherwise.
+        missing: how many fewer captions than the n asked for the search found for this image
+            (``ranked`` holds n - missing): sampling keeps distinct draws only and gives what it has
+            after a few rounds, and diverse beam search's groups may end on the same captions; 0 when
+            all n came (and on the alternatives).
     """
 
     text: str
@@ -37,6 +41,7 @@ class Caption:
     finished: bool
     attention_label: str = ""
     alternatives: tuple[Caption, ...] = ()
+    missing: int = 0
 
     @property
     def ranked(self) -> list[Caption]:
