@@ -30,6 +30,7 @@ from captioning.cli.common import add_import_argument
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    from captioning.cli.decoding_flags import add_decoding_flags
     from captioning.config import CHAIR_TABLES
     from captioning.evaluation.scorers import describe_metrics
     from captioning.explain import config as explain_config
@@ -103,38 +104,15 @@ def get_args_parser() -> argparse.ArgumentParser:
         metavar="SCORES.json",
         help="test_scores.json of runs that differ only in train.seed: mean, std, min, max",
     )
-    decoding = parser.add_argument_group("decoding (defaults: the checkpoint's configuration)")
-    decoding.add_argument("--strategy", choices=("greedy", "beam", "sample"))
-    decoding.add_argument("--beam-size", type=int)
-    decoding.add_argument("--max-length", type=int)
-    decoding.add_argument("--length-alpha", type=float, help="GNMT length normalisation exponent")
-    decoding.add_argument("--block-trigrams", action="store_true", default=None)
-    decoding.add_argument(
-        "--repetition-penalty",
-        type=float,
-        help="CTRL repetition penalty, every strategy: a word already said has its log-probability "
-        "multiplied by this (1.2 is common; 1 = off)",
+    decoding = parser.add_argument_group(
+        "decoding (one flag per decode.* key; defaults: the checkpoint's configuration)"
     )
-    decoding.add_argument("--temperature", type=float, help="sampling: divide the log-probabilities by this")
-    decoding.add_argument("--top-k", type=int, help="sampling: the k most likely words only (0 = all)")
-    decoding.add_argument(
-        "--top-p",
-        type=float,
-        help="sampling: nucleus sampling, the most likely words up to this mass (1 = all)",
-    )
-    decoding.add_argument(
-        "--beam-groups",
-        type=int,
-        help="diverse beam search: split the beams into this many groups (a divisor of the beam size)",
-    )
-    decoding.add_argument(
-        "--diversity", type=float, help="diverse beam search: the cost of a word an earlier group chose"
-    )
-    decoding.add_argument(
-        "--num-return",
-        type=int,
-        help="captions per image, ranked (beam: at most the beam size; sample: distinct draws); the "
-        "first is scored, all go to <prefix>_ranked.json with the oracle and diversity measures",
+    add_decoding_flags(
+        decoding,
+        notes={
+            "num_return": "(with --split the first is scored; all go to <prefix>_ranked.json with the "
+            "oracle and diversity measures)"
+        },
     )
     decoding.add_argument(
         "--set",
@@ -143,7 +121,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="change a data.* or decode.* key of the checkpoint's configuration, e.g. "
-        "--set decode.min_length=5 (repeatable; the flags above win)",
+        "--set data.chair_table=extended (repeatable; the flags above win)",
     )
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument(

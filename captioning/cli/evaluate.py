@@ -16,7 +16,8 @@ from captioning.cli.common import (
     load_for_tool,
     refuse_export_for_attribution,
 )
-from captioning.config import Config, ConfigError
+from captioning.cli.decoding_flags import decode_class, decoding_changes
+from captioning.config import MAX_DECODE_LENGTH, Config, ConfigError
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
     apply_overrides,
@@ -430,29 +431,17 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     args.checkpoint = checkpoint_to_read(args.checkpoint)
     if faithfulness is not None:
         refuse_export_for_attribution(args.checkpoint, "--faithfulness")
-    decoding = {
-        "strategy": args.strategy,
-        "beam_size": args.beam_size,
-        "max_length": args.max_length,
-        "length_alpha": args.length_alpha,
-        "block_trigrams": args.block_trigrams,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "beam_groups": args.beam_groups,
-        "diversity": args.diversity,
-        "repetition_penalty": args.repetition_penalty,
-        "num_return": args.num_return,
-    }
+    decoding = decoding_changes(args)  # a flag per decode.* key
     overrides = parse_overrides(args.overrides)
     # Cheap checks first, so that a typo fails in a moment rather than after loading the model.
     check_overrides(overrides, CHECKPOINT_SECTIONS)
     # Each flag's own range now; what depends on the checkpoint's options (num_return and
-    # beam_groups against its beam_size) is checked once it is loaded.
-    early_beam = (
-        args.beam_size if args.beam_size is not None else (args.num_return or 1) * (args.beam_groups or 1)
-    )
-    decode_config_with(Config(), **{**decoding, "beam_size": early_beam})
+    # beam_groups against its beam_size, min_length against its max_length) is checked once it is loaded.
+    early = {
+        "beam_size": args.beam_size or (args.num_return or 1) * (args.beam_groups or 1),
+        "max_length": args.max_length or MAX_DECODE_LENGTH,
+    }
+    decode_config_with(decode_class()(), **{**decoding, **early})
     records = read_folder(args.images) if args.images is not None else None
     # Only the data section is read: a run's config.yaml of any version is taken (stored=True).
     data_config = load_config(args.config, stored=True).data if args.config is not None else None

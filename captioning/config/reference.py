@@ -26,7 +26,7 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, 
     """
     rows = []
     hints = typing.get_type_hints(cls)
-    comments = _field_comments(cls)
+    comments = field_help(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         if hint in FAMILIES:
@@ -69,18 +69,24 @@ def _type_name(hint: Any) -> str:
     return getattr(origin or hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def _field_comments(cls: type) -> dict[str, str]:
-    """The ``# comment`` after each field in the class source, the one place options are explained:
-    a field inherited from a base class (``KarpathySplitConfig``'s ``split_file``) has the base's."""
+def field_help(cls: type) -> dict[str, str]:
+    """What each option of a configuration class means, the one place it is explained: the field's
+    ``metadata["help"]`` when it has one (a class made without source, ``dataclasses.make_dataclass``),
+    else the ``# comment`` after the field in the class source. A field inherited from a base class
+    (``KarpathySplitConfig``'s ``split_file``) has the base's. The configuration reference and
+    evaluate.py's decoding flags read it."""
     pattern = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
     comments: dict[str, str] = {}
     for base in reversed(cls.__mro__):
         if dataclasses.is_dataclass(base):
-            comments.update(
-                (m.group(1), m.group(2).strip())
-                for line in inspect.getsource(base).splitlines()
-                if (m := pattern.match(line))
-            )
+            try:
+                source = inspect.getsource(base).splitlines()
+            except (OSError, TypeError):  # made at run time: no source
+                source = []
+            comments.update((m.group(1), m.group(2).strip()) for line in source if (m := pattern.match(line)))
+    for item in dataclasses.fields(cls):
+        if item.metadata.get("help"):
+            comments[item.name] = str(item.metadata["help"])
     return comments
 
 

@@ -466,31 +466,32 @@ class ModelConfig:
 # Words of a generated caption at most: COCO's longest reference has about 50; past a few hundred a
 # decode is a runaway (every step costs a decoder pass, and each word keeps its attention map).
 MAX_DECODE_LENGTH = 500
+DECODE_STRATEGIES = ("greedy", "beam", "sample")  # captioning.models.decoding.STRATEGIES
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     """How captions are generated at validation, test and visualization time."""
 
-    strategy: str = "beam"  # greedy | beam | sample
+    strategy: str = field(default="beam", metadata={"choices": DECODE_STRATEGIES})  # greedy | beam | sample
     beam_size: int = 3  # hypotheses kept per image
     max_length: int = 20  # words, without <end>
     min_length: int = 0  # <end> is forbidden before this many words
     length_alpha: float = 0.0  # GNMT length normalisation ((5 + len) / 6) ** alpha; 0 = none
     block_trigrams: bool = False  # forbid a trigram from appearing twice in one caption
-    temperature: float = 1.0  # sampling and self-critical rollouts
+    temperature: float = 1.0  # sampling and self-critical rollouts: the logits are divided by this
     top_k: int = 0  # sampling and self-critical rollouts: the k most likely words only; 0 = all
     top_p: float = 1.0  # sampling and self-critical rollouts: the nucleus of this mass only; 1 = all
     beam_groups: int = 1  # diverse beam search: groups of beam_size / beam_groups beams; 1 = plain
     diversity: float = 0.0  # diverse beam search: cost of a word an earlier group chose at this step
-    repetition_penalty: float = 1.0  # CTRL: an already said word's log-prob x this (every strategy)
+    repetition_penalty: float = 1.0  # logit of a said word / this (x if negative); beam: log-prob x this
     num_return: int = 1  # captions per image, ranked (beam: <= beam_size; sample: distinct draws)
     forbid_unk: bool = True  # never emit <unk> (validation, test, figures and self-critical rollouts)
     batch_size: int = 50  # images decoded at once
 
     def __post_init__(self) -> None:
         _check_types(self, "decode.")
-        _one_of("decode.strategy", self.strategy, ("greedy", "beam", "sample"))
+        _one_of("decode.strategy", self.strategy, DECODE_STRATEGIES)
         _check(self.beam_size >= 1, f"decode.beam_size must be >= 1, got {self.beam_size}")
         _check(
             1 <= self.max_length <= MAX_DECODE_LENGTH,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import make_dataclass, replace
+from dataclasses import fields, make_dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -166,14 +166,12 @@ def test_a_checkpoint_from_before_the_end_token_keeps_the_reward_it_was_trained_
 def test_a_new_decoding_option_reaches_the_signature_from_its_field():
     # The decoding part is read from the options' fields: a new field is in the signature once it
     # differs from its default, with no line of signature code.
-    wider = make_dataclass(
-        "WiderDecodeConfig", [("diversity", float, 0.0)], bases=(DecodeConfig,), frozen=True
-    )
+    wider = make_dataclass("WiderDecodeConfig", [("word_cap", int, 0)], bases=(DecodeConfig,), frozen=True)
+    assert "word_cap" not in {f.name for f in fields(DecodeConfig)}  # a field DecodeConfig lacks
     assert decode_description(wider()) == decode_description(DecodeConfig()) == "beam3.max20"
-    assert decode_description(wider(diversity=0.5)) == "beam3.max20.diversity=0.5"
-    assert make_signature(REFERENCES, "ptb", wider(diversity=0.5)) != make_signature(
-        REFERENCES, "ptb", wider()
-    )
+    assert decode_description(wider(word_cap=7)) == "beam3.max20.word_cap=7"
+    assert make_signature(REFERENCES, "ptb", wider(word_cap=7)) != make_signature(REFERENCES, "ptb", wider())
+    assert decode_description(DecodeConfig(diversity=0.5)) == "beam3.max20.diversity=0.5"
     # The batch size changes how fast captions come, not which.
     assert decode_description(DecodeConfig(batch_size=7)) == "beam3.max20"
     described = {
