@@ -116,12 +116,12 @@ def decoder_bytes(
         if f.name.endswith("_layers") and type(getattr(config, f.name)) is int
     }
     least = {name: min(value, 1) for name, value in counts.items()}
-    small = dataclasses.replace(config, **least)  # type: ignore[arg-type]
+    small = dataclasses.replace(config, **least)
     base = _parameter_bytes(small, vocab_size, channels, grid)
     added = {}
     for name, value in counts.items():
         if value > least[name]:
-            one_more = dataclasses.replace(small, **{name: least[name] + 1})  # type: ignore[arg-type]
+            one_more = dataclasses.replace(small, **{name: least[name] + 1})
             added[name] = (value - least[name]) * (
                 _parameter_bytes(one_more, vocab_size, channels, grid) - base
             )
