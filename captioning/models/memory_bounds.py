@@ -67,7 +67,8 @@ def check_rollouts_fit(
 ) -> None:
     """Refuse, before the first step, self-critical rollouts whose hypotheses do not fit: each step
     samples ``train.scst_samples`` captions of each of ``train.batch_size`` images (and a greedy one
-    with the greedy baseline), and every word's tensors are kept for the backward pass.
+    with the greedy baseline), each a hypothesis (``hypothesis_bytes``) whose every word's score rows
+    are kept for the backward pass too.
 
     Raises:
         ConfigError: one line naming ``train.scst_samples`` and ``train.batch_size``.
@@ -76,9 +77,10 @@ def check_rollouts_fit(
     if train.scst_epochs == 0:
         return
     rows = train.batch_size * train.scst_samples
-    steps = config.decode.max_length + 1
-    needed = rows * steps * hypothesis_bytes(vocab_size, positions, channels, config.decode.max_length)
-    needed += train.batch_size * hypothesis_bytes(vocab_size, positions, channels, config.decode.max_length)
+    length = config.decode.max_length
+    kept = FLOAT_BYTES * (length + 1) * 3 * vocab_size  # each word's (V,) rows, for the backward pass
+    needed = rows * (hypothesis_bytes(vocab_size, positions, channels, length) + kept)
+    needed += train.batch_size * hypothesis_bytes(vocab_size, positions, channels, length)  # greedy
     free = available_bytes(device)
     if free is not None and needed > free:
         raise ConfigError(
