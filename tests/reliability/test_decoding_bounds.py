@@ -75,7 +75,7 @@ def test_a_top_p_that_is_zero_in_32_bits_is_refused_through_the_api_and_model_fo
 def test_evaluate_refuses_a_top_p_that_is_zero_in_32_bits_before_loading(how, photos, tmp_path, monkeypatch):
     from captioning.cli import evaluate as commands
 
-    monkeypatch.setattr(commands, "load_trained_captioner", never)
+    monkeypatch.setattr(commands, "load_for_tool", never)
     results = tmp_path / "captions.json"
     flags = ("--images", photos, "--results", results, "--strategy", "sample", "--no-progress")
     result = in_process("evaluate.py", "--checkpoint", FIXTURE, *flags, *how, cwd=tmp_path)

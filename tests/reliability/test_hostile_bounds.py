@@ -36,7 +36,7 @@ def test_a_runaway_max_length_is_refused_from_the_flag_and_from_a_checkpoint(sha
     from captioning.cli import evaluate as commands
 
     args = ["--split", "test", "--no-java", "--no-progress"]
-    monkeypatch.setattr(commands, "load_trained_captioner", never)
+    monkeypatch.setattr(commands, "load_for_tool", never)
     result = in_process(
         "evaluate.py", "--checkpoint", shapes.checkpoint, *args, "--max-length", 10**9, cwd=tmp_path
     )
