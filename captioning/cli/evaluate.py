@@ -438,8 +438,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     # Each flag's own range now; what depends on the checkpoint's options (num_return and
     # beam_groups against its beam_size, min_length against its max_length) is checked once it is loaded.
     early = {
-        "beam_size": args.beam_size or (args.num_return or 1) * (args.beam_groups or 1),
-        "max_length": args.max_length or MAX_DECODE_LENGTH,
+        "beam_size": (args.num_return or 1) * (args.beam_groups or 1)
+        if args.beam_size is None
+        else args.beam_size,
+        "max_length": MAX_DECODE_LENGTH if args.max_length is None else args.max_length,
     }
     decode_config_with(decode_class()(), **{**decoding, **early})
     records = read_folder(args.images) if args.images is not None else None

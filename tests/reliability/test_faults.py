@@ -611,6 +611,6 @@ def test_evaluate_refuses_bad_options_before_loading_the_model(shapes, monkeypat
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the options were checked")
 
-    monkeypatch.setattr(commands, "load_trained_captioner", never)
+    monkeypatch.setattr(commands, "load_for_tool", never)
     code, stderr = run_in_process("evaluate.py", ["--checkpoint", shapes.checkpoint, *args])
     assert_one_line_error(code, stderr, *needles)

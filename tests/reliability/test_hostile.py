@@ -340,7 +340,7 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
             ["data.dataset", "'nope'", "shapes", "karpathy", "imagefolder"],
         ),
         (["--set", "decode.length_alpha=inf"], ["decode.length_alpha", "finite"]),
-        (["--set", "decode.temperature=1e-300"], ["decode.temperature", "[0.001, 1000]"]),
+        (["--set", "decode.temperature=1e-300"], ["decode.temperature", "32-bit", "1e-300"]),
         (["--set", "train.lr=nan"], ["train.lr", "finite"]),
         (["--seed", "-1"], ["train.seed", "-1", "2**32 - 1"]),
         (["--encoder", "nonexistent"], ["model.encoder.name", "nonexistent"]),
@@ -357,7 +357,7 @@ def test_evaluate_writes_its_own_names_and_says_when_it_replaces_one(trained_run
         ),
         (
             ["--set", "data.dataset=karpathy", "--set", "data.shapes_train=5"],
-            ["data.shapes_train", "shapes dataset reader", "'karpathy'"],
+            ["data.shapes_train", "shapes and shapes_hallucination dataset readers", "'karpathy'"],
         ),
     ],
     ids=[
@@ -568,7 +568,7 @@ def test_unwritable_outputs_are_refused_before_decoding(shapes, tmp_path, monkey
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the outputs were checked")
 
-    monkeypatch.setattr(commands, "load_trained_captioner", never)
+    monkeypatch.setattr(commands, "load_for_tool", never)
     monkeypatch.setattr(runner, "load_trained_captioner", never)
     folder = tmp_path / "a-folder"
     folder.mkdir()

@@ -276,7 +276,7 @@ def test_a_per_image_path_that_is_a_folder_is_refused_before_decoding(trained_ru
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the outputs were checked")
 
-    monkeypatch.setattr(commands, "load_trained_captioner", never)
+    monkeypatch.setattr(commands, "load_for_tool", never)
     run = copy_run(trained_run, tmp_path)
     folder = tmp_path / "mine_scores.per_image.json"
     folder.mkdir()
