@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from captioning.evaluation.runner import default_instances, load_boxes
-from captioning.explain.config import ExplainConfig
+from captioning.explain.config import ExplainConfig, signature_part
 from captioning.explain.methods import applicable_methods
 from captioning.explain.split import shared_baseline, split_study
 from captioning.inference.captioner import caption_records, load_captioner, split_records
@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> dict:
         "images": images,
         "words": study["plan"]["words"],
         "methods": list(settings.methods),
-        "settings": settings.signature(),
+        "settings": signature_part(settings, images),
         "threads": torch.get_num_threads(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
