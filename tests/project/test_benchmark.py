@@ -528,3 +528,46 @@ def test_the_selfcritical_baseline_rewards_with_our_cider_d_and_learns():
     )
     assert math.isfinite(loss)
     assert any(not torch.equal(a, b) for a, b in zip(before, decoder.parameters(), strict=True))
+
+
+def test_json_bound_prints_the_bounds_share_of_each_files_parse(tmp_path):
+    """benchmarks/json_bound.py at a tiny scale: a row per written file, with both times and a share."""
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "json_bound.py"), "--scale", "0.002", "--repeats", "1"],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = [line.split() for line in completed.stdout.splitlines()[1:]]
+    assert [row[0] for row in rows] == ["instances_like.json", "karpathy_like.json"]
+    for _, megabytes, parse, bound, share in rows:
+        assert float(megabytes) > 0 and float(parse) > 0 and float(bound) > 0 and share.endswith("%")
+
+
+@pytest.mark.slow  # trains a tiny run
+def test_whole_split_times_the_study_of_a_trained_run(tmp_path):
+    """benchmarks/whole_split.py on a tiny trained run: the plan, then the study timed, as JSON."""
+    from tiny_models import trained_checkpoint
+
+    checkpoint, _ = trained_checkpoint(tmp_path)
+    out = tmp_path / "whole_split.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "whole_split.py"),
+            *("--checkpoint", checkpoint, "--images", "2", "--threads", "1", "--sanity-images", "1"),
+            *("--json", out),
+        ],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["images"] == 2 and result["words"] >= 2 and result["study_wall_s"] > 0
+    assert "n2" in result["settings"].split(",") and set(result["estimated_s"]) >= {"explain", "curves"}
