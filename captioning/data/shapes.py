@@ -247,8 +247,13 @@ class ShapesReader(DatasetReader):
     writes_root = True
 
     def read(self, config: DataConfig) -> list[ImageRecord]:
-        assert isinstance(config, ShapesDataConfig)  # data.dataset shapes is read into its own class
         check_data_paths(config)
+        self.generate(config)
+        return read_shapes(config.root, own_tokenizer(config))
+
+    def generate(self, config: DataConfig) -> None:
+        """Write the dataset under ``config.root`` unless it is there already with these options."""
+        assert isinstance(config, ShapesDataConfig)  # data.dataset shapes is read into its own class
         generate_shapes(
             config.root,
             seed=config.shapes_seed,
@@ -258,7 +263,6 @@ class ShapesReader(DatasetReader):
             image_size=config.shapes_image_size,
             max_objects=config.shapes_max_objects,
         )
-        return read_shapes(config.root, own_tokenizer(config))
 
     def default_instances(self, config: DataConfig) -> tuple[Path, ...]:
         """Shapes writes its own boxes (``instances.json``) beside the images."""

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from captioning.config import DataConfig, ShapesHallucinationDataConfig
-from captioning.data.readers import check_data_paths, own_tokenizer, register_reader
-from captioning.data.records import ImageRecord
+from captioning.data.readers import register_reader
 from captioning.data.shapes import (
     COLOR_WORDS,
     FORMAT_VERSION,
@@ -33,7 +32,6 @@ from captioning.data.shapes import (
     ShapeObject,
     ShapesFiles,
     ShapesReader,
-    read_shapes,
     shape_mask,
     write_shapes,
 )
@@ -259,9 +257,8 @@ class ShapesHallucinationReader(ShapesReader):
     """The testbed under ``data.root``, generated there first unless a folder with the same options is
     there already."""
 
-    def read(self, config: DataConfig) -> list[ImageRecord]:
+    def generate(self, config: DataConfig) -> None:
         assert isinstance(config, ShapesHallucinationDataConfig)  # read into its own class
-        check_data_paths(config)
         generate_shapes_hallucination(
             config.root,
             co_occurrence_of(config),
@@ -272,4 +269,3 @@ class ShapesHallucinationReader(ShapesReader):
             image_size=config.shapes_image_size,
             max_objects=config.shapes_max_objects,
         )
-        return read_shapes(config.root, own_tokenizer(config))
