@@ -152,8 +152,10 @@ def _compare_or_aggregate(args: argparse.Namespace, use_java: bool | None) -> di
         check_outputs([("--out", args.out)], inputs)
     if args.aggregate:
         from captioning.evaluation.aggregate import aggregate_command
+        from captioning.explain.seeds import seeds_section
 
-        return aggregate_command(args.aggregate, args.out)
+        sections = {"faithfulness": seeds_section(args.resamples, args.seed)}
+        return aggregate_command(args.aggregate, args.out, sections)
     if args.annotations is None:
         raise ConfigError("--compare needs --annotations (the reference captions of both systems' images)")
     from captioning.evaluation.compare import compare_command

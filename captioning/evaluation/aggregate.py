@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -252,10 +252,27 @@ def aggregate_table(aggregate: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def aggregate_command(paths: Sequence[Path], out: Path | None) -> dict[str, Any]:
-    """Print the aggregate, warn when the runs' signatures differ, write ``out`` if given."""
+# A section another layer adds to the aggregate (the faithfulness tables over seeds): the run folders'
+# scores files -> (JSON value or None when the runs hold nothing of it, console lines).
+Section = Callable[[Sequence[Path]], tuple[Any, list[str]]]
+
+
+def aggregate_command(
+    paths: Sequence[Path], out: Path | None, sections: Mapping[str, Section] | None = None
+) -> dict[str, Any]:
+    """Print the aggregate, warn when the runs' signatures differ, write ``out`` if given.
+
+    ``sections``: name -> what it adds (computed after the runs are checked and before anything is
+    printed; a None value adds nothing to the JSON, its lines are printed all the same).
+    """
     aggregate = aggregate_runs(paths)
+    added = {name: section(paths) for name, section in (sections or {}).items()}  # checked before printing
     print(aggregate_table(aggregate))
+    for name, (value, lines) in added.items():
+        if lines:
+            print("\n".join(lines))
+        if value is not None:
+            aggregate[name] = value
     first = aggregate["signatures"][0]
     for path, signature in zip(paths[1:], aggregate["signatures"][1:], strict=True):
         warn_if_signatures_differ(first, signature, f"{paths[0]} and {path}")

@@ -152,8 +152,42 @@ def compare_groups(
         drawn = run_draws(len(runs), len(counts), seed, group)  # (R, k)
         sides.append((float(np.mean(observed)), np.take_along_axis(boot, drawn, axis=1).mean(axis=1)))  # (R,)
     (score_a, boot_a), (score_b, boot_b) = sides
+    return bootstrap_comparison(score_a, score_b, boot_b - boot_a)
+
+
+def compare_paired_runs(
+    counts: np.ndarray,
+    stats_a: Sequence[np.ndarray],
+    stats_b: Sequence[np.ndarray],
+    score: Callable[[np.ndarray], np.ndarray],
+    seed: int = 0,
+) -> Comparison:
+    """Bootstrap of B - A where run i of A and run i of B are one run measured two ways (two maps of
+    one trained model): each resample draws the images (``counts``, shared) and k runs with
+    replacement, the same k runs for both sides, so the runs' variance enters the interval and the
+    pairing is kept.
+
+    Args:
+        counts: (R, N) :func:`resample_counts`; stats_a, stats_b: k arrays (N, K) each, in run order.
+        score: as for :func:`compare_groups`; seed: seeds the draws of runs.
+    Returns:
+        :class:`Comparison` of the mean over runs of each side's score.
+    """
+    if len(stats_a) != len(stats_b) or not stats_a:
+        raise ValueError("paired runs need the same runs, one or more, on both sides")
+    observed_a = score(np.stack([stats.sum(axis=0) for stats in stats_a]))  # (k,)
+    observed_b = score(np.stack([stats.sum(axis=0) for stats in stats_b]))
+    per_run = np.stack(
+        [score(counts @ b) - score(counts @ a) for a, b in zip(stats_a, stats_b, strict=True)], axis=1
+    )  # (R, k)
+    drawn = run_draws(len(stats_a), len(counts), seed, 0)
+    boot = np.take_along_axis(per_run, drawn, axis=1).mean(axis=1)
+    return bootstrap_comparison(float(np.mean(observed_a)), float(np.mean(observed_b)), boot)
+
+
+def bootstrap_comparison(score_a: float, score_b: float, boot: np.ndarray) -> Comparison:
+    """The comparison of ``score_b - score_a`` given its (R,) bootstrap differences ``boot``."""
     difference = score_b - score_a
-    boot = boot_b - boot_a  # (R,)
     boot = boot[np.isfinite(boot)]
     if not np.isfinite(difference) or len(boot) == 0:
         nan = float("nan")
