@@ -47,7 +47,7 @@ from captioning.utils.json_files import read_json_file
 RANDOM = "random"
 
 
-def _summary(values: Sequence[float]) -> dict[str, float]:
+def _summary(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
     """Mean, std (n - 1), min, max and the t interval of the mean of per-run values."""
     mean = float(np.mean(values))
     std = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
