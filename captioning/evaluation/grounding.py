@@ -150,14 +150,20 @@ def load_instances(instances_file: str | Path) -> Instances:
         x, y, width, height = (float(v) for v in bbox)
         objects[annotation["image_id"]].append(
             ObjectBox(
-                str(coco.cats[annotation["category_id"]]["name"]).lower(),
+                category_word(coco.cats[annotation["category_id"]]["name"]),
                 (x, y, width, height),
                 attributes,
                 segmentation,
             )
         )
-    categories = tuple(str(category["name"]).lower() for category in coco.cats.values())
+    categories = tuple(category_word(category["name"]) for category in coco.cats.values())
     return Instances(image_sizes, objects, categories)
+
+
+def category_word(name: object) -> str:
+    """A category's name as the words of a caption are matched: lower case, its words joined by one
+    space (``" Traffic  light "`` -> ``"traffic light"``)."""
+    return " ".join(str(name).split()).lower()
 
 
 def _check_categories(instances_file: str | Path, categories: Sequence[Mapping[str, Any]]) -> None:

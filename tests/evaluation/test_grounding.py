@@ -371,3 +371,24 @@ def test_load_instances_not_json(tmp_path: Path):
     path.write_text("{")
     with raises_naming(EvaluationInputError, path, "JSON"):
         load_instances(path)
+
+
+def test_category_names_are_matched_whatever_their_spaces_and_case(tmp_path):
+    """An instances file naming its categories " Circle " and "traffic  light" grounds "circle" and
+    "traffic light" in a caption: the names are matched as words are, not as written."""
+    data = {
+        "images": [{"id": 1, "width": 100, "height": 100, "file_name": "a.png"}],
+        "categories": [{"id": 1, "name": " Circle "}, {"id": 2, "name": "traffic  light"}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 50, 50], "area": 2500, "iscrowd": 0},
+            {"id": 2, "image_id": 1, "category_id": 2, "bbox": [50, 50, 50, 50], "area": 2500, "iscrowd": 0},
+        ],
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(data))
+    instances = load_instances(path)
+    assert instances.categories == ("circle", "traffic light")
+    circle, light = instances.objects[1]
+    assert (circle.category, light.category) == ("circle", "traffic light")
+    words = ["a", "circle", "by", "a", "traffic", "light"]
+    assert named(words, instances.objects[1]) == [circle, light]
