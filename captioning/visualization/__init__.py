@@ -9,6 +9,8 @@ torch and matplotlib are loaded.
   ``colorize`` and ``blend`` colour-map maps and alpha-blend them over the image.
 - ``figures``: ``attention_figure`` (the image, then one panel per word, a colour bar, each word's
   peak and entropy, ground-truth boxes) and ``save_figure``.
+- ``fonts``: ``font_families`` (matplotlib's default font, then the installed CJK fonts) and
+  ``font_note`` (one line naming the characters no installed font draws, with the fix).
 - ``report``: ``write_report`` (the self-contained attention viewer of ``visualize.py --html``),
   and ``write_figures`` (one figure per image).
 - ``run_report``: ``write_run_report``, the training run's ``report.html`` (configuration, scores,

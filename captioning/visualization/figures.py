@@ -6,33 +6,26 @@ safe in threads, on servers and in notebooks (a ``Figure`` displays itself in Ju
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 import textwrap
-import unicodedata
-import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from matplotlib import font_manager, rcParams
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colorbar import Colorbar
-from matplotlib.colors import Normalize
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
-from matplotlib.font_manager import FontProperties
-from matplotlib.ft2font import FT2Font
 from matplotlib.patches import Rectangle
 from PIL import Image
 from torch import Tensor
 
 from captioning.utils.files import atomic_write
 from captioning.utils.text import printable
+from captioning.visualization.fonts import font_families, quiet_fonts
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,
     attention_statistics,
@@ -65,85 +58,6 @@ _COLORBAR_LABELS = {
 }
 
 Box = tuple[float, float, float, float]  # (x, y, width, height) in pixels, COCO convention
-# Fonts with Chinese, Japanese and Korean glyphs, used (when installed) for the characters the default
-# font lacks: captions of data.tokenizer characters or whitespace are drawn, not shown as empty boxes.
-CJK_FONTS = (
-    "Noto Sans CJK SC",
-    "Noto Sans CJK JP",
-    "Noto Sans CJK KR",
-    "Source Han Sans SC",
-    "WenQuanYi Micro Hei",
-    "WenQuanYi Zen Hei",
-    "Droid Sans Fallback",
-    "AR PL UMing CN",
-)
-
-
-@lru_cache(maxsize=1)
-def font_families() -> tuple[str, ...]:
-    """The fonts figure text is drawn with: matplotlib's default, then each installed ``CJK_FONTS`` font,
-    which matplotlib falls back to glyph by glyph."""
-    installed = {font.name for font in font_manager.fontManager.ttflist}
-    return (*rcParams["font.sans-serif"][:1], *(name for name in CJK_FONTS if name in installed))
-
-
-FONT_FIX = (
-    "install a font for them (Debian: apt install fonts-noto-cjk), then delete matplotlib's font cache "
-    "(rm -r ~/.cache/matplotlib) so that it is found (docs/own-data.md)"
-)
-
-
-@contextlib.contextmanager
-def quiet_fonts() -> Iterator[None]:
-    """Keep matplotlib's font noise off stderr while drawing: a ``Glyph ... missing`` warning per
-    character and a ``findfont: ...`` line per family it cannot find (``font_note`` says it once)."""
-    font_log = logging.getLogger("matplotlib.font_manager")
-    level = font_log.level
-    font_log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
-            yield
-    finally:
-        font_log.setLevel(level)
-
-
-@lru_cache(maxsize=1)
-def _drawn_characters() -> frozenset[int]:
-    """The code points some font of ``font_families()`` has a glyph for."""
-    drawn: set[int] = set()
-    with quiet_fonts():
-        for family in font_families():
-            try:
-                path = font_manager.findfont(FontProperties(family=family), fallback_to_default=False)
-                drawn.update(FT2Font(path).get_charmap())
-            except (ValueError, OSError, RuntimeError):  # not found, or a file FreeType cannot read
-                continue
-    return frozenset(drawn)
-
-
-def missing_characters(texts: Iterable[str]) -> str:
-    """The characters of ``texts`` that no figure font draws (they show as empty boxes), each once."""
-    drawn = _drawn_characters()
-    missing: dict[str, None] = {}
-    for text in texts:
-        for character in text:
-            if ord(character) not in drawn and unicodedata.category(character)[0] not in "ZC":
-                missing.setdefault(character)
-    return "".join(missing)
-
-
-def font_note(texts: Iterable[str]) -> str | None:
-    """One warning line when figures would draw some characters of ``texts`` as empty boxes, with the
-    fix; None when every character has a font."""
-    missing = missing_characters(texts)
-    if not missing:
-        return None
-    shown = missing[:8] + ("..." if len(missing) > 8 else "")
-    return (
-        f"warning: {len(missing)} characters of these captions ({shown}) are in no installed font, so "
-        f"the figures draw them as empty boxes: {FONT_FIX}"
-    )
 
 
 @dataclass
@@ -202,6 +116,214 @@ def statistics_text(peak: float, entropy: float, peak_format: str = ".2f") -> st
     return f"peak {peak:{peak_format}} \u00b7 H {entropy:.2f} ({math.exp(entropy):.1f} cells)"
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Where the parts of an attention figure go, in inches from its bottom left corner.
+
+    Attributes:
+        columns, rows: panels per row, and rows of panels.
+        panel_height: every panel's height (its width is ``_PANEL_WIDTH``).
+        title_heights: per row, the room its longest title takes above the panels.
+        stats_height: the peak/entropy line under each row (0 for an empty caption).
+        bar_width: the colour bar's room right of the panels (0 for an empty caption).
+        width, height: the figure's size.
+        notes: the lines under the panels (other captions, references).
+        notes_height: their room.
+    """
+
+    columns: int
+    rows: int
+    panel_height: float
+    title_heights: list[float]
+    stats_height: float
+    bar_width: float
+    width: float
+    height: float
+    notes: list[str]
+    notes_height: float
+
+    def row_bottoms(self) -> list[float]:
+        """Each row of panels' bottom edge, top row first."""
+        bottoms = []
+        top = self.height - _MARGIN
+        for title_height in self.title_heights:
+            top -= title_height
+            bottoms.append(top - self.panel_height)
+            top = bottoms[-1] - self.stats_height - _GAP
+        return bottoms
+
+    def rectangle(
+        self, left: float, bottom: float, width: float, height: float
+    ) -> tuple[float, float, float, float]:
+        """(left, bottom, width, height) in inches as the shares of the figure ``add_axes`` takes."""
+        return (left / self.width, bottom / self.height, width / self.width, height / self.height)
+
+
+def _checked_betas(
+    words: list[str],
+    attention: Tensor | np.ndarray,
+    betas: Tensor | np.ndarray | Sequence[float] | None,
+    boxes: Sequence[Sequence[Box]] | None,
+    columns: int,
+) -> np.ndarray | None:
+    """The (T,) gate values as floats, once every per-word input is checked to be one per word.
+
+    Raises:
+        ValueError: ``columns`` < 1, or the numbers of words, attention rows, betas and box lists differ.
+    """
+    if columns < 1:
+        raise ValueError(f"columns must be >= 1, got {columns}")
+    if len(attention) != len(words):
+        raise ValueError(f"{len(words)} words but {len(attention)} attention maps")
+    beta_values = None if betas is None else np.asarray(betas, dtype=np.float64).reshape(-1)
+    if beta_values is not None and len(beta_values) != len(words):
+        raise ValueError(f"{len(words)} words but {len(beta_values)} betas")
+    if boxes is not None and len(boxes) != len(words):
+        raise ValueError(f"{len(words)} words but {len(boxes)} lists of boxes")
+    return beta_values
+
+
+def drawn_pixels(image: Image.Image, max_side: int | None) -> tuple[np.ndarray, tuple[float, float]]:
+    """The (H, W, 3) uint8 RGB pixels of ``image`` scaled down to ``max_side`` (``display_size``), and
+    (x, y) scale from the original's pixels to the drawn ones (for boxes)."""
+    width, height = display_size(image.size, max_side)
+    picture = image.convert("RGB")
+    scale = (width / picture.size[0], height / picture.size[1])
+    if (width, height) != picture.size:
+        picture = picture.resize((width, height), Image.Resampling.BICUBIC)
+    return np.asarray(picture), scale
+
+
+def _panel_titles(
+    words: list[str], text: str | None, attention_label: str, beta_values: np.ndarray | None
+) -> list[list[str]]:
+    """Each panel's title as wrapped lines: the caption (and which map is drawn) over the image, then
+    each word (with its gate value)."""
+    # A vocabulary's words are data: control characters, line breaks and lone surrogates drawn as escapes.
+    caption = printable(" ".join(words) if text is None else text) or "(empty caption)"
+    titles = [
+        _wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
+        + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])
+    ]
+    for t, word in enumerate(map(printable, words)):
+        title = word if beta_values is None else f"{word} (beta={beta_values[t]:.2f})"
+        titles.append(_wrap(title, _PANEL_WIDTH, _TITLE_SIZE))
+    return titles
+
+
+def _note_lines(
+    alternatives: Sequence[str] | None, references: Sequence[str] | None, width_inches: float
+) -> list[str]:
+    """The lines under the panels: the other captions, ranked from 2, then the references."""
+    lines = []
+    if alternatives:
+        lines.append("Other captions, ranked:")
+        for rank, other in enumerate(alternatives, 2):
+            wrapped = _wrap(f"{rank}. " + printable(str(other)), width_inches, _REFERENCE_SIZE)
+            lines.extend([wrapped[0], *("   " + line for line in wrapped[1:])])
+    if references:
+        lines.append("References:")
+        for reference in references:
+            wrapped = _wrap(printable(str(reference)), width_inches, _REFERENCE_SIZE)
+            lines.extend(["- " + wrapped[0], *("  " + line for line in wrapped[1:])])
+    return lines
+
+
+def _layout(
+    titles: list[list[str]],
+    columns: int,
+    pixels: np.ndarray,
+    alternatives: Sequence[str] | None,
+    references: Sequence[str] | None,
+) -> _Layout:
+    """The figure's size and its parts' places for ``titles`` (the image's, then one per word)."""
+    panels = len(titles)
+    has_words = panels > 1
+    ncols = min(columns, panels)
+    nrows = math.ceil(panels / ncols)
+    height, width = pixels.shape[:2]
+    panel_height = _PANEL_WIDTH * min(max(height / width, 0.25), 4.0)
+    title_heights = [
+        0.08 + _TITLE_LINE * max(len(titles[i]) for i in range(r * ncols, min(panels, (r + 1) * ncols)))
+        for r in range(nrows)
+    ]
+    stats_height = _STATS_LINE if has_words else 0.0
+    bar_width = _COLORBAR_SPACE if has_words else 0.0
+    figure_width = 2 * _MARGIN + ncols * _PANEL_WIDTH + (ncols - 1) * _GAP + bar_width
+    notes = _note_lines(alternatives, references, figure_width - 2 * _MARGIN - 0.2)
+    notes_height = _TEXT_LINE * len(notes) + (0.1 if notes else 0.0)
+    figure_height = (
+        2 * _MARGIN
+        + sum(title_heights)
+        + nrows * (panel_height + stats_height)
+        + (nrows - 1) * _GAP
+        + notes_height
+    )
+    return _Layout(
+        ncols, nrows, panel_height, title_heights, stats_height, bar_width, figure_width, figure_height,
+        notes, notes_height,
+    )  # fmt: skip
+
+
+def outline_boxes(ax: Axes, boxes: Iterable[Box], scale: tuple[float, float]) -> None:
+    """Outline ``boxes`` (x, y, width, height in the original image's pixels) on a panel drawn at
+    ``scale`` (x, y) of the original, dashed in ``BOX_COLOUR``."""
+    for x, y, w, h in boxes:
+        ax.add_patch(
+            Rectangle(
+                (x * scale[0], y * scale[1]),
+                w * scale[0],
+                h * scale[1],
+                fill=False,
+                edgecolor=BOX_COLOUR,
+                linewidth=1.5,
+                linestyle="--",
+            )
+        )
+
+
+def _image_panels(figure: Figure, layout: _Layout, pixels: np.ndarray, titles: list[list[str]]) -> list[Axes]:
+    """One panel per title, row by row: the image drawn in each, the title over it."""
+    axes = []
+    for row, bottom in enumerate(layout.row_bottoms()):
+        for column in range(min(layout.columns, len(titles) - row * layout.columns)):
+            left = _MARGIN + column * (_PANEL_WIDTH + _GAP)
+            ax = figure.add_axes(layout.rectangle(left, bottom, _PANEL_WIDTH, layout.panel_height))
+            ax.imshow(pixels, interpolation="antialiased")  # aspect kept; extreme shapes letterbox
+            title = _plain("\n".join(titles[row * layout.columns + column]))
+            ax.set_title(title, fontsize=_TITLE_SIZE, pad=3, fontfamily=font_families())
+            ax.set_axis_off()
+            axes.append(ax)
+    return axes
+
+
+def _draw_colour_bar(
+    figure: Figure, layout: _Layout, bar_range: tuple[float, float], colours: Colormap, label: str
+) -> Colorbar:
+    """The colour bar right of the panels, beside the first row, labelled ``label``."""
+    bottom = layout.row_bottoms()[0]
+    left = layout.width - _MARGIN - layout.bar_width + _GAP
+    bar_axes = figure.add_axes(layout.rectangle(left, bottom, _COLORBAR_WIDTH, layout.panel_height))
+    colorbar = figure.colorbar(ScalarMappable(Normalize(*bar_range), colours), cax=bar_axes)
+    colorbar.set_label(wrapped_label(label, layout.panel_height, _STATS_SIZE), fontsize=_STATS_SIZE)
+    colorbar.ax.tick_params(labelsize=_STATS_SIZE)
+    return colorbar
+
+
+def _draw_notes(figure: Figure, layout: _Layout) -> None:
+    """The other captions and the references under the panels."""
+    figure.text(
+        _MARGIN / layout.width,
+        (_MARGIN + layout.notes_height) / layout.height,
+        _plain("\n".join(layout.notes)),
+        fontsize=_REFERENCE_SIZE,
+        va="top",
+        ha="left",
+        linespacing=1.3,
+        fontfamily=font_families(),
+    )
+
+
 def attention_figure(
     image: Image.Image,
     words: Sequence[str],
@@ -254,174 +376,37 @@ def attention_figure(
             or an unknown ``normalize`` or colour map.
     """
     words = list(words)
-    if columns < 1:
-        raise ValueError(f"columns must be >= 1, got {columns}")
-    if len(attention) != len(words):
-        raise ValueError(f"{len(words)} words but {len(attention)} attention maps")
-    beta_values = None if betas is None else np.asarray(betas, dtype=np.float64).reshape(-1)
-    if beta_values is not None and len(beta_values) != len(words):
-        raise ValueError(f"{len(words)} words but {len(beta_values)} betas")
-    if boxes is not None and len(boxes) != len(words):
-        raise ValueError(f"{len(words)} words but {len(boxes)} lists of boxes")
+    beta_values = _checked_betas(words, attention, betas, boxes, columns)
     ranges = display_range(attention, normalize)
     colours = colour_map(cmap)
-
-    width, height = display_size(image.size, max_side)
-    picture = image.convert("RGB")
-    scale_x, scale_y = width / picture.size[0], height / picture.size[1]
-    if (width, height) != picture.size:
-        picture = picture.resize((width, height), Image.Resampling.BICUBIC)
-    pixels = np.asarray(picture)  # (H, W, 3) uint8
+    pixels, scale = drawn_pixels(image, max_side)
+    height, width = pixels.shape[:2]
     weights = upsample_attention(attention, grid, (height, width), mode, normalize=False)  # (T, H, W)
     peaks, entropies = attention_statistics(attention)  # (T,), (T,)
     tops = np.array([top for _, top in ranges], dtype=np.float32).reshape(-1, 1, 1)  # (T, 1, 1)
     maps = np.clip(weights / tops, 0.0, 1.0) if len(words) else weights  # (T, H, W)
 
-    panels = len(words) + 1
-    ncols = min(columns, panels)
-    nrows = math.ceil(panels / ncols)
-    aspect = min(max(height / width, 0.25), 4.0)
-    panel_height = _PANEL_WIDTH * aspect
-    # A vocabulary's words are data: control characters, line breaks and lone surrogates drawn as escapes.
-    caption = printable(" ".join(words) if text is None else text) or "(empty caption)"
-    titles = [
-        _wrap(caption, _PANEL_WIDTH, _TITLE_SIZE)
-        + (_wrap(f"(attention: {attention_label})", _PANEL_WIDTH, _TITLE_SIZE) if attention_label else [])
-    ]
-    for t, word in enumerate(map(printable, words)):
-        title = word if beta_values is None else f"{word} (beta={beta_values[t]:.2f})"
-        titles.append(_wrap(title, _PANEL_WIDTH, _TITLE_SIZE))
-    title_heights = [
-        0.08 + _TITLE_LINE * max(len(titles[i]) for i in range(r * ncols, min(panels, (r + 1) * ncols)))
-        for r in range(nrows)
-    ]
-    stats_height = _STATS_LINE if words else 0.0
-    bar_width = _COLORBAR_SPACE if words else 0.0
-
-    figure_width = 2 * _MARGIN + ncols * _PANEL_WIDTH + (ncols - 1) * _GAP + bar_width
-    reference_lines = []
-    if alternatives:
-        reference_lines.append("Other captions, ranked:")
-        for rank, other in enumerate(alternatives, 2):
-            wrapped = _wrap(
-                f"{rank}. " + printable(str(other)), figure_width - 2 * _MARGIN - 0.2, _REFERENCE_SIZE
-            )
-            reference_lines.extend([wrapped[0], *("   " + line for line in wrapped[1:])])
-    if references:
-        reference_lines.append("References:")
-        for reference in references:
-            wrapped = _wrap(printable(str(reference)), figure_width - 2 * _MARGIN - 0.2, _REFERENCE_SIZE)
-            reference_lines.extend(["- " + wrapped[0], *("  " + line for line in wrapped[1:])])
-    reference_height = _TEXT_LINE * len(reference_lines) + (0.1 if reference_lines else 0.0)
-    figure_height = (
-        2 * _MARGIN
-        + sum(title_heights)
-        + nrows * (panel_height + stats_height)
-        + (nrows - 1) * _GAP
-        + reference_height
-    )
-
-    figure = Figure(figsize=(figure_width, figure_height))
+    titles = _panel_titles(words, text, attention_label, beta_values)
+    layout = _layout(titles, columns, pixels, alternatives, references)
+    figure = Figure(figsize=(layout.width, layout.height))
     FigureCanvasAgg(figure)
-    axes = []
-    top = figure_height - _MARGIN  # inches from the bottom
-    first_row_bottom = top
-    for row in range(nrows):
-        top -= title_heights[row]
-        bottom = top - panel_height
-        first_row_bottom = bottom if row == 0 else first_row_bottom
-        for column in range(ncols):
-            index = row * ncols + column
-            if index >= panels:
-                break
-            left = _MARGIN + column * (_PANEL_WIDTH + _GAP)
-            ax = figure.add_axes(
-                (
-                    left / figure_width,
-                    bottom / figure_height,
-                    _PANEL_WIDTH / figure_width,
-                    panel_height / figure_height,
-                )
-            )
-            ax.imshow(pixels, interpolation="antialiased")  # aspect kept; extreme shapes letterbox
-            if index > 0:
-                t = index - 1
-                vmin, vmax = ranges[t]
-                ax.imshow(
-                    weights[t],
-                    cmap=colours,
-                    norm=Normalize(vmin, vmax),
-                    alpha=alpha,
-                    interpolation="antialiased",
-                )
-                ax.text(
-                    0.5,
-                    -0.02,
-                    statistics_text(peaks[t], entropies[t]),
-                    transform=ax.transAxes,
-                    ha="center",
-                    va="top",
-                    fontsize=_STATS_SIZE,
-                )
-                for x, y, w, h in boxes[t] if boxes is not None else ():
-                    ax.add_patch(
-                        Rectangle(
-                            (x * scale_x, y * scale_y),
-                            w * scale_x,
-                            h * scale_y,
-                            fill=False,
-                            edgecolor=BOX_COLOUR,
-                            linewidth=1.5,
-                            linestyle="--",
-                        )
-                    )
-            ax.set_title(
-                _plain("\n".join(titles[index])), fontsize=_TITLE_SIZE, pad=3, fontfamily=font_families()
-            )
-            ax.set_axis_off()
-            axes.append(ax)
-        top = bottom - stats_height - _GAP
+    axes = _image_panels(figure, layout, pixels, titles)
+    for t, ax in enumerate(axes[1:]):
+        overlay_norm = Normalize(*ranges[t])
+        ax.imshow(weights[t], cmap=colours, norm=overlay_norm, alpha=alpha, interpolation="antialiased")
+        statistics = statistics_text(peaks[t], entropies[t])
+        ax.text(0.5, -0.02, statistics, transform=ax.transAxes, ha="center", va="top", fontsize=_STATS_SIZE)
+        outline_boxes(ax, boxes[t] if boxes is not None else (), scale)
     colorbar = None
     if words:
-        bar_axes = figure.add_axes(
-            (
-                (figure_width - _MARGIN - bar_width + _GAP) / figure_width,  # beside row 1
-                first_row_bottom / figure_height,
-                _COLORBAR_WIDTH / figure_width,
-                panel_height / figure_height,
-            )
-        )
         bar_range = (0.0, 1.0) if normalize == "word" else ranges[0]
-        colorbar = figure.colorbar(ScalarMappable(Normalize(*bar_range), colours), cax=bar_axes)
-        colorbar.set_label(
-            wrapped_label(_COLORBAR_LABELS[normalize], panel_height, _STATS_SIZE), fontsize=_STATS_SIZE
-        )
-        colorbar.ax.tick_params(labelsize=_STATS_SIZE)
-    if reference_lines:
-        figure.text(
-            _MARGIN / figure_width,
-            (_MARGIN + reference_height) / figure_height,
-            _plain("\n".join(reference_lines)),
-            fontsize=_REFERENCE_SIZE,
-            va="top",
-            ha="left",
-            linespacing=1.3,
-            fontfamily=font_families(),
-        )
+        colorbar = _draw_colour_bar(figure, layout, bar_range, colours, _COLORBAR_LABELS[normalize])
+    if layout.notes:
+        _draw_notes(figure, layout)
     return FigureResult(
-        figure,
-        maps,
-        (width, height),
-        panels,
-        nrows,
-        ncols,
-        axes,
-        normalize,
-        ranges,
-        peaks,
-        entropies,
-        colorbar,
-    )
+        figure, maps, (width, height), len(titles), layout.rows, layout.columns, axes, normalize, ranges,
+        peaks, entropies, colorbar,
+    )  # fmt: skip
 
 
 def save_figure(figure: Figure, path: str | Path, dpi: int = 100) -> Path:

@@ -15,29 +15,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from PIL import Image
 
 from captioning.utils.shares import positive_shares
 from captioning.utils.text import printable
 from captioning.visualization.figures import (
     ATTENTION_UNITS,
-    BOX_COLOUR,
     Box,
+    drawn_pixels,
+    outline_boxes,
     statistics_text,
     wrapped_label,
 )
 from captioning.visualization.overlay import (
     attention_statistics,
     colour_map,
-    display_size,
     scale_top,
     upsample_attention,
 )
@@ -62,6 +62,128 @@ METHOD_UNITS = {
 def method_units(name: str) -> str:
     """The colour-bar label of method ``name``: ``METHOD_UNITS``, or the method's own units."""
     return METHOD_UNITS.get(name, f"{printable(name)} (the method's own units)")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a method figure's panels go, in inches from its bottom left corner.
+
+    Attributes:
+        panel_height: every panel's height (its width is ``_PANEL``).
+        per_line: word panels per line, after the image's column.
+        line_height: one line of panels with its titles and statistics.
+        block: one method's lines.
+        width, height: the figure's size.
+    """
+
+    panel_height: float
+    per_line: int
+    line_height: float
+    block: float
+    width: float
+    height: float
+
+    @classmethod
+    def of(cls, pixels: np.ndarray, words: int, methods: int, columns: int | None) -> _Layout:
+        """The layout of ``methods`` rows of the image and ``words`` panels, ``columns`` panels a line."""
+        height, width = pixels.shape[:2]
+        panel_height = _PANEL * min(max(height / width, 0.25), 4.0)
+        per_line = (columns or words + 1) - 1  # word panels per line, after the image's column
+        lines = max(1, math.ceil(words / max(per_line, 1)))
+        figure_width = 2 * _MARGIN + (per_line + 1) * _PANEL + per_line * _GAP + _BAR
+        line_height = _TITLE + panel_height + _STATS
+        block = lines * line_height  # one method
+        figure_height = 2 * _MARGIN + methods * block + max(methods - 1, 0) * _GAP
+        return cls(panel_height, per_line, line_height, block, figure_width, figure_height)
+
+    def rectangle(self, left: float, bottom: float, width: float) -> tuple[float, float, float, float]:
+        """A panel's (left, bottom, width, height) in inches as the shares of the figure ``add_axes``
+        takes."""
+        return (left / self.width, bottom / self.height, width / self.width, self.panel_height / self.height)
+
+    def panel(self, figure: Figure, line_bottom: float, column: int) -> Axes:
+        """The axes of the panel in ``column`` of the line whose bottom is ``line_bottom``."""
+        return figure.add_axes(self.rectangle(_MARGIN + column * (_PANEL + _GAP), line_bottom, _PANEL))
+
+
+@dataclass(frozen=True)
+class _Overlays:
+    """What every panel draws: the image's (H, W, 3) pixels, then a word's map over them.
+
+    Attributes:
+        pixels: the drawn image; scale: (x, y) from the original's pixels to the drawn ones.
+        grid: (gh, gw) of the maps; mode: ``bilinear`` or ``gaussian`` upsampling.
+        colours: the maps' colour map; alpha: their opacity.
+    """
+
+    pixels: np.ndarray
+    scale: tuple[float, float]
+    grid: tuple[int, int]
+    mode: str
+    colours: Colormap
+    alpha: float
+
+    def upsampled(self, maps: np.ndarray) -> np.ndarray:
+        """(T, P) maps stretched onto the drawn image: (T, H, W)."""
+        size = self.pixels.shape[:2]
+        return upsample_attention(maps, self.grid, size, self.mode, normalize=False)
+
+
+def _check_per_word(
+    words: list[str],
+    maps: Mapping[str, np.ndarray],
+    boxes: Sequence[Sequence[Box]] | None,
+    columns: int | None,
+) -> None:
+    """Raise ``ValueError`` unless every method's maps and the box lists are one per word and
+    ``columns`` leaves room for a word."""
+    if boxes is not None and len(boxes) != len(words):
+        raise ValueError(f"{len(boxes)} lists of boxes for {len(words)} words")
+    for name in maps:
+        if len(maps[name]) != len(words):
+            raise ValueError(f"method {name}: {len(maps[name])} maps for {len(words)} words")
+    if columns is not None and columns < 2:
+        raise ValueError(f"columns must be >= 2 (the image and a word), got {columns}")
+
+
+def _draw_method(
+    figure: Figure,
+    layout: _Layout,
+    block_top: float,
+    name: str,
+    method_maps: np.ndarray,
+    words: list[str],
+    boxes: Sequence[Sequence[Box]] | None,
+    overlays: _Overlays,
+) -> None:
+    """One method's row below ``block_top``: the image titled by the method, each word's map
+    (``method_maps``, (T, P) or (T, gh, gw)) over it with its line, and a colour bar in the method's
+    units."""
+    flat = np.asarray(method_maps, dtype=np.float64).reshape(len(words), -1)  # (T, P)
+    positive = np.clip(flat, 0.0, None)
+    norm = Normalize(0.0, scale_top(positive))
+    upsampled = overlays.upsampled(positive)  # (T, H, W)
+    _, entropies = attention_statistics(positive_shares(flat))  # of the positive part's shares
+    peaks = positive.max(axis=1) if positive.size else np.zeros(len(words))  # the colours' units
+    first_bottom = block_top - _TITLE - layout.panel_height
+    ax = layout.panel(figure, first_bottom, 0)
+    ax.imshow(overlays.pixels)
+    ax.set_title(printable(name), fontsize=9, fontweight="bold")
+    ax.set_axis_off()
+    for t, word in enumerate(words):
+        line, column = divmod(t, max(layout.per_line, 1))
+        ax = layout.panel(figure, first_bottom - line * layout.line_height, column + 1)
+        ax.imshow(overlays.pixels)
+        ax.imshow(upsampled[t], cmap=overlays.colours, norm=norm, alpha=overlays.alpha)
+        ax.set_title(printable(word), fontsize=9)
+        statistics = statistics_text(peaks[t], entropies[t], ".3g")
+        ax.text(0.5, -0.02, statistics, transform=ax.transAxes, ha="center", va="top", fontsize=6)
+        outline_boxes(ax, boxes[t] if boxes is not None else (), overlays.scale)
+        ax.set_axis_off()
+    bar = figure.add_axes(layout.rectangle(layout.width - _MARGIN - _BAR + _GAP, first_bottom, 0.12))
+    colorbar = figure.colorbar(ScalarMappable(norm, overlays.colours), cax=bar)
+    colorbar.set_label(wrapped_label(method_units(name), layout.panel_height, 6), fontsize=6)
+    colorbar.ax.tick_params(labelsize=6)
 
 
 def method_figure(
@@ -91,79 +213,13 @@ def method_figure(
         ValueError: a method's maps, or the box lists, are not one per word; ``columns`` < 2.
     """
     words = list(words)
-    rows = list(maps)
-    if boxes is not None and len(boxes) != len(words):
-        raise ValueError(f"{len(boxes)} lists of boxes for {len(words)} words")
-    for name in rows:
-        if len(maps[name]) != len(words):
-            raise ValueError(f"method {name}: {len(maps[name])} maps for {len(words)} words")
-    if columns is not None and columns < 2:
-        raise ValueError(f"columns must be >= 2 (the image and a word), got {columns}")
-    width, height = display_size(image.size, max_side)
-    scale = (width / image.size[0], height / image.size[1])
-    pixels = np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.BICUBIC))
-    panel_height = _PANEL * min(max(height / width, 0.25), 4.0)
-    per_line = (columns or len(words) + 1) - 1  # word panels per line, after the image's column
-    lines = max(1, math.ceil(len(words) / max(per_line, 1)))
-    figure_width = 2 * _MARGIN + (per_line + 1) * _PANEL + per_line * _GAP + _BAR
-    line_height = _TITLE + panel_height + _STATS
-    block = lines * line_height  # one method
-    figure_height = 2 * _MARGIN + len(rows) * block + max(len(rows) - 1, 0) * _GAP
-    figure = Figure(figsize=(figure_width, figure_height))
+    _check_per_word(words, maps, boxes, columns)
+    pixels, scale = drawn_pixels(image, max_side)
+    layout = _Layout.of(pixels, len(words), len(maps), columns)
+    figure = Figure(figsize=(layout.width, layout.height))
     FigureCanvasAgg(figure)
-    colours = colour_map(cmap)
-
-    def panel(line_bottom: float, column: int) -> Axes:
-        left = _MARGIN + column * (_PANEL + _GAP)
-        box = (left / figure_width, line_bottom / figure_height)
-        return figure.add_axes((*box, _PANEL / figure_width, panel_height / figure_height))
-
-    for r, name in enumerate(rows):
-        flat = np.asarray(maps[name], dtype=np.float64).reshape(len(words), -1)  # (T, P)
-        positive = np.clip(flat, 0.0, None)
-        top = scale_top(positive)
-        norm = Normalize(0.0, top)
-        upsampled = upsample_attention(positive, grid, (height, width), mode, normalize=False)  # (T, H, W)
-        _, entropies = attention_statistics(positive_shares(flat))  # of the positive part's shares
-        peaks = positive.max(axis=1) if positive.size else np.zeros(len(words))  # the colours' units
-        block_top = figure_height - _MARGIN - r * (block + _GAP)
-        first_bottom = block_top - _TITLE - panel_height
-        ax = panel(first_bottom, 0)
-        ax.imshow(pixels)
-        ax.set_title(printable(name), fontsize=9, fontweight="bold")
-        ax.set_axis_off()
-        for t, word in enumerate(words):
-            line, column = divmod(t, max(per_line, 1))
-            ax = panel(first_bottom - line * line_height, column + 1)
-            ax.imshow(pixels)
-            ax.imshow(upsampled[t], cmap=colours, norm=norm, alpha=alpha)
-            ax.set_title(printable(word), fontsize=9)
-            ax.text(
-                0.5, -0.02, statistics_text(peaks[t], entropies[t], ".3g"), transform=ax.transAxes,
-                ha="center", va="top", fontsize=6,
-            )  # fmt: skip
-            for x, y, w, h in boxes[t] if boxes is not None else ():
-                ax.add_patch(
-                    Rectangle(
-                        (x * scale[0], y * scale[1]),
-                        w * scale[0],
-                        h * scale[1],
-                        fill=False,
-                        edgecolor=BOX_COLOUR,
-                        linewidth=1.5,
-                        linestyle="--",
-                    )  # fmt: skip
-                )
-            ax.set_axis_off()
-        bar = figure.add_axes(
-            (
-                (figure_width - _MARGIN - _BAR + _GAP) / figure_width,
-                first_bottom / figure_height,
-                0.12 / figure_width,
-                panel_height / figure_height,
-            )
-        )
-        colorbar = figure.colorbar(ScalarMappable(norm, colours), cax=bar)
-        colorbar.set_label(wrapped_label(method_units(name), panel_height, 6), fontsize=6)
-        colorbar.ax.tick_params(labelsize=6)
+    overlays = _Overlays(pixels, scale, grid, mode, colour_map(cmap), alpha)
+    for r, name in enumerate(maps):
+        block_top = layout.height - _MARGIN - r * (layout.block + _GAP)
+        _draw_method(figure, layout, block_top, name, maps[name], words, boxes, overlays)
     return figure

@@ -24,7 +24,8 @@ from tqdm import tqdm
 from captioning.data.images import load_image
 from captioning.evaluation.grounding import Instances, WordMatcher, word_boxes
 from captioning.utils.files import atomic_write
-from captioning.visualization.figures import Box, attention_figure, font_note, save_figure, statistics_text
+from captioning.visualization.figures import Box, attention_figure, save_figure, statistics_text
+from captioning.visualization.fonts import font_note
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,
     attention_statistics,

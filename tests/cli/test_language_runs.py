@@ -23,7 +23,7 @@ from PIL import Image
 from tool_runs import REPO, in_process
 
 from captioning.data.tokenizers import TOKENIZERS, tokenizer_for
-from captioning.visualization import figures
+from captioning.visualization import fonts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
@@ -95,8 +95,8 @@ def no_cjk_font(monkeypatch):
     monkeypatch.setattr(font_manager.fontManager, "ttflist", own)
 
     def forget() -> None:
-        figures.font_families.cache_clear()
-        figures._drawn_characters.cache_clear()
+        fonts.font_families.cache_clear()
+        fonts._drawn_characters.cache_clear()
         font_manager.fontManager._findfont_cached.cache_clear()
 
     forget()
