@@ -29,7 +29,7 @@ from captioning.config import (
     path_options,
     to_dict,
 )
-from captioning.config.schema import check_float32
+from captioning.config.fields import check_float32
 from captioning.registry import FamilyRegistry
 from captioning.utils.files import not_a_regular_file
 

@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from captioning.config import DataConfig, ShapesDataConfig
-from captioning.config.schema import SHAPE_CLASSES
+from captioning.config.data import SHAPE_CLASSES
 from captioning.data.karpathy import read_karpathy
 from captioning.data.readers import DatasetReader, check_data_paths, own_tokenizer, register_reader
 from captioning.data.records import DatasetError, ImageRecord

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from captioning.config.schema import MAX_DECODE_LENGTH
+from captioning.config.decode import MAX_DECODE_LENGTH
 from captioning.evaluation.coco_files import EvaluationInputError
 from captioning.evaluation.compare import check_bootstrap_fits
 from captioning.evaluation.significance import Comparison, compare_groups, holm, ratio_score, resample_counts
