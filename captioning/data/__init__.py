@@ -16,6 +16,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from captioning.config import DataConfig
+from captioning.data.caption_text import replace_lone_surrogates
 from captioning.data.coco import divide_official_val, read_coco
 from captioning.data.folder import read_folder
 from captioning.data.imagefolder import read_imagefolder
@@ -33,7 +34,6 @@ from captioning.data.records import DatasetError, ImageRecord, records_of_split,
 from captioning.data.shapes import generate_shapes, read_shapes
 from captioning.data.shapes_hallucination import generate_shapes_hallucination
 from captioning.data.shards import read_shards
-from captioning.data.tokenizers import replace_lone_surrogates
 from captioning.data.vocab import Vocabulary
 from captioning.utils.files import atomic_write
 

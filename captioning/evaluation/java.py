@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from captioning.data.tokenizers import replace_lone_surrogates
+from captioning.data.caption_text import replace_lone_surrogates
 from captioning.utils.errors import CaptioningError, RunError
 
 DEFAULT_TIMEOUT_S = 600.0  # the COCO test split (5,000 images) takes well under a minute per call
