@@ -25,6 +25,7 @@ from torch import Tensor
 
 from captioning.utils.files import atomic_write
 from captioning.utils.text import printable
+from captioning.visualization.fonts import CJK_FONTS as CJK_FONTS  # the fonts' names, importable here too
 from captioning.visualization.fonts import font_families, quiet_fonts
 from captioning.visualization.overlay import (
     DEFAULT_CMAP,

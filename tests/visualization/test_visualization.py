@@ -17,8 +17,7 @@ from PIL import Image
 from captioning.data.records import ImageRecord
 from captioning.inference.captioner import Captioned
 from captioning.models.decoding import Caption
-from captioning.visualization.figures import attention_figure, save_figure
-from captioning.visualization.fonts import CJK_FONTS, font_families
+from captioning.visualization.figures import CJK_FONTS, attention_figure, font_families, save_figure
 from captioning.visualization.overlay import blend, colorize, upsample_attention
 from captioning.visualization.report import write_report
 
