@@ -23,17 +23,14 @@ import numpy as np
 
 from captioning.config import DataConfig, ShapesHallucinationDataConfig
 from captioning.data.readers import register_reader
-from captioning.data.shapes import (
+from captioning.data.shapes import FORMAT_VERSION, ShapesFiles, ShapesReader, write_shapes
+from captioning.data.shapes_scenes import (
     COLOR_WORDS,
-    FORMAT_VERSION,
     MAX_OBJECTS,
     SHAPE_WORDS,
     SIZE_WORDS,
     ShapeObject,
-    ShapesFiles,
-    ShapesReader,
     shape_mask,
-    write_shapes,
 )
 
 VARIANT_VERSION = 1  # raise when the output for given parameters changes

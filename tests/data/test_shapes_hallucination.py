@@ -16,8 +16,8 @@ from PIL import Image
 
 from captioning.config import ConfigError, ShapesHallucinationDataConfig
 from captioning.config.loading import load_config, parse_overrides
-from captioning.data.shapes import _COLOR_RGB
 from captioning.data.shapes_hallucination import CoOccurrence, generate_shapes_hallucination
+from captioning.data.shapes_scenes import _COLOR_RGB
 from captioning.data.tokenizers import tokenize
 
 SIZES = {"num_train": 120, "num_val": 10, "num_test": 40, "image_size": 96}
