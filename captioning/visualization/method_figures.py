@@ -159,17 +159,19 @@ def _draw_method(
     """One method's row below ``block_top``: the image titled by the method, each word's map
     (``method_maps``, (T, P) or (T, gh, gw)) over it with its line, and a colour bar in the method's
     units."""
+    first_bottom = block_top - _TITLE - layout.panel_height
+    ax = layout.panel(figure, first_bottom, 0)
+    ax.imshow(overlays.pixels)
+    ax.set_title(printable(name), fontsize=9, fontweight="bold")
+    ax.set_axis_off()
+    if not words:  # an empty caption: the method's row is the image alone
+        return
     flat = np.asarray(method_maps, dtype=np.float64).reshape(len(words), -1)  # (T, P)
     positive = np.clip(flat, 0.0, None)
     norm = Normalize(0.0, scale_top(positive))
     upsampled = overlays.upsampled(positive)  # (T, H, W)
     _, entropies = attention_statistics(positive_shares(flat))  # of the positive part's shares
     peaks = positive.max(axis=1) if positive.size else np.zeros(len(words))  # the colours' units
-    first_bottom = block_top - _TITLE - layout.panel_height
-    ax = layout.panel(figure, first_bottom, 0)
-    ax.imshow(overlays.pixels)
-    ax.set_title(printable(name), fontsize=9, fontweight="bold")
-    ax.set_axis_off()
     for t, word in enumerate(words):
         line, column = divmod(t, max(layout.per_line, 1))
         ax = layout.panel(figure, first_bottom - line * layout.line_height, column + 1)
@@ -201,7 +203,8 @@ def method_figure(
     """The image with each method's map of each word over it.
 
     Args:
-        image: the picture; words: the caption's T words.
+        image: the picture; words: the caption's T words; may be empty (each method's row is then
+            the image alone).
         maps: method -> (T, P) or (T, gh, gw) map of each word, in row order.
         grid: (gh, gw).
         mode: ``bilinear`` or ``gaussian`` upsampling; cmap, alpha: the overlays' colours.

@@ -180,3 +180,12 @@ def test_visualize_method_on_a_split_outlines_the_named_objects(tmp_path, monkey
         assert patches == 2 * sum(len(b) for b in boxes)  # on the panels of both methods
     assert len(drawn) == 4
     assert named > 0  # the captions name objects of their images: the check is not empty
+
+
+def test_method_figure_of_an_empty_caption_is_each_method_over_the_image_alone():
+    figure = method_figure(
+        WHITE, [], {"attention": np.zeros((0, CELLS)), "gradient": np.zeros((0, *GRID))}, GRID
+    )
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles == ["attention", "gradient"]  # one image panel per method, no word panel, no colour bar
+    assert all(len(ax.get_images()) == 1 for ax in figure.axes)
