@@ -1,5 +1,5 @@
 """Batched (diverse) beam search over NumPy arrays, for the graphs of an ONNX export: step for step
-``captioning.models.decoding.beam_search`` (its docstring says what the search does: groups that
+``captioning.models.beam_search.beam_search`` (its docstring says what the search does: groups that
 choose in turn, Hamming diversity, the early stop, GNMT length normalisation), tested to give the
 same words and log-probabilities (``tests/export/test_numpy_search.py``)."""
 
@@ -80,62 +80,20 @@ class _Beams:
 
 def beam_search(networks: OnnxNetworks, annotations: np.ndarray, config: DecodeConfig) -> list[Hypothesis]:
     """The best caption of each of the B images in (B, P, C), holding the next ``num_return - 1``
-    distinct ones as its ``alternatives`` (see ``captioning.models.decoding.beam_search``)."""
-    batch, k, groups = annotations.shape[0], config.beam_size, config.beam_groups
-    width = k // groups
-    beams = _Beams(networks, annotations, k, groups)
+    distinct ones as its ``alternatives`` (see ``captioning.models.beam_search.beam_search``)."""
+    batch, groups = annotations.shape[0], config.beam_groups
+    beams = _Beams(networks, annotations, config.beam_size, groups)
     finished: list[list[list[Hypothesis]]] = [[[] for _ in range(groups)] for _ in range(batch)]
     for t in range(config.max_length + 1):
         step = networks.step(beams.prepared, beams.tokens, beams.state)
         beams.state, beams.gated = step.state, step.beta is not None
-        log_probs = step.log_probs
-        n, vocab_size = beams.images.size, log_probs.shape[1]
-        choices = choice_scores(log_probs, beams.history, t, config).reshape(n, groups, width, vocab_size)
-        model_log_probs = log_probs.reshape(n, groups, width, vocab_size)  # masked as the choices
-        used = np.zeros((n, vocab_size), dtype=np.float32)  # live beams of earlier groups per word
-        next_scores, next_sums, next_tokens, next_rows = [], [], [], []
-        for g in range(groups):
-            step_scores = choices[:, g]  # (n, W, V)
-            if g:
-                step_scores = step_scores - np.float32(config.diversity) * used[:, None]
-            candidates = (beams.scores[:, g][:, :, None] + step_scores).reshape(n, width * vocab_size)
-            top_index = np.argsort(-candidates, axis=1, kind="stable")[
-                :, : min(2 * width, width * vocab_size)
-            ]
-            top_scores = np.take_along_axis(candidates, top_index, axis=1)  # (n, 2W)
-            top_beam, top_token = top_index // vocab_size, top_index % vocab_size
-            top_sums = np.take_along_axis(beams.sums[:, g], top_beam, axis=1) + np.take_along_axis(
-                model_log_probs[:, g].reshape(n, -1), top_index, axis=1
-            )
-            is_end = (top_token == END) & np.isfinite(top_scores)
-            for block, position in zip(*is_end[:, :width].nonzero(), strict=True):
-                row = block * k + g * width + int(top_beam[block, position])
-                finished[int(beams.images[block])][g].append(
-                    beams.hypothesis(
-                        row,
-                        float(top_scores[block, position]),
-                        float(top_sums[block, position]),
-                        True,
-                        config.length_alpha,
-                    )
-                )
-            keep = np.argsort(-(~is_end).astype(np.float32), axis=1, kind="stable")[:, :width]  # (n, W)
-            kept_scores, kept_tokens = (
-                np.take_along_axis(top_scores, keep, 1),
-                np.take_along_axis(top_token, keep, 1),
-            )
-            next_scores.append(kept_scores)
-            next_sums.append(np.take_along_axis(top_sums, keep, 1))
-            next_tokens.append(kept_tokens)
-            next_rows.append(np.take_along_axis(top_beam, keep, 1) + g * width)
-            if g + 1 < groups:  # the next groups pay for the words these live beams chose
-                np.add.at(used, (np.arange(n)[:, None], kept_tokens), np.isfinite(kept_scores))
+        scores, sums, rows, tokens = _choose_words(beams, step.log_probs, t, config, finished)
         if t == config.max_length:  # after max_length words only <end> may follow
             break
-        beams.scores, beams.sums = np.stack(next_scores, 1), np.stack(next_sums, 1)  # (n, G, W)
-        rows = (np.concatenate(next_rows, 1) + np.arange(n)[:, None] * k).reshape(-1)
-        beams.advance(rows, np.concatenate(next_tokens, 1).reshape(-1), step.alpha, step.beta)
+        beams.scores, beams.sums = scores, sums
+        beams.advance(rows, tokens, step.alpha, step.beta)
         # A finished group's beams stop (no more hypotheses, no diversity cost); finished images go.
+        width = beams.scores.shape[2]
         group_done = np.array([[len(pool) >= width for pool in finished[i]] for i in beams.images.tolist()])
         beams.scores = np.where(group_done[:, :, None], np.float32(-np.inf), beams.scores)
         done = group_done.all(axis=1)
@@ -144,6 +102,75 @@ def beam_search(networks: OnnxNetworks, annotations: np.ndarray, config: DecodeC
         if done.any():
             beams.keep((~done).nonzero()[0])
     return _best(beams, finished, config)
+
+
+def _choose_words(
+    beams: _Beams,
+    log_probs: np.ndarray,
+    t: int,
+    config: DecodeConfig,
+    finished: list[list[list[Hypothesis]]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One step of every group in turn, from the step's ``log_probs`` (n*K, V): the candidates that end
+    join ``finished``. Returns the live beams' scores and log-probability sums (n, G, W), the row
+    (n*K,) each continues and the word (n*K,) it continues with."""
+    n, groups, width = beams.scores.shape
+    vocab_size = log_probs.shape[1]
+    choices = choice_scores(log_probs, beams.history, t, config).reshape(n, groups, width, vocab_size)
+    model_log_probs = log_probs.reshape(n, groups, width, vocab_size)  # masked as the choices
+    used = np.zeros((n, vocab_size), dtype=np.float32)  # live beams of earlier groups per word
+    next_scores, next_sums, next_tokens, next_rows = [], [], [], []
+    for g in range(groups):
+        step_scores = choices[:, g]  # (n, W, V)
+        if g:
+            step_scores = step_scores - np.float32(config.diversity) * used[:, None]
+        kept_scores, kept_sums, kept_tokens, kept_beams = _group_step(
+            beams, g, step_scores, model_log_probs[:, g], finished, config.length_alpha
+        )
+        next_scores.append(kept_scores)
+        next_sums.append(kept_sums)
+        next_tokens.append(kept_tokens)
+        next_rows.append(kept_beams + g * width)
+        if g + 1 < groups:  # the next groups pay for the words these live beams chose
+            np.add.at(used, (np.arange(n)[:, None], kept_tokens), np.isfinite(kept_scores))
+    rows = (np.concatenate(next_rows, 1) + np.arange(n)[:, None] * beams.k).reshape(-1)
+    return np.stack(next_scores, 1), np.stack(next_sums, 1), rows, np.concatenate(next_tokens, 1).reshape(-1)
+
+
+def _group_step(
+    beams: _Beams,
+    g: int,
+    step_scores: np.ndarray,
+    model_log_probs: np.ndarray,
+    finished: list[list[list[Hypothesis]]],
+    length_alpha: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Group ``g``'s step from its beams' ``step_scores`` (n, W, V) and the model's ``model_log_probs``
+    (n, W, V): its candidates that end join ``finished``; returns the live beams' scores, sums, words
+    and source beams within the group, (n, W) each."""
+    n, width, vocab_size = step_scores.shape
+    candidates = (beams.scores[:, g][:, :, None] + step_scores).reshape(n, width * vocab_size)
+    top_index = np.argsort(-candidates, axis=1, kind="stable")[:, : min(2 * width, width * vocab_size)]
+    top_scores = np.take_along_axis(candidates, top_index, axis=1)  # (n, 2W)
+    top_beam, top_token = top_index // vocab_size, top_index % vocab_size
+    top_sums = np.take_along_axis(beams.sums[:, g], top_beam, axis=1) + np.take_along_axis(
+        model_log_probs.reshape(n, -1), top_index, axis=1
+    )
+    is_end = (top_token == END) & np.isfinite(top_scores)
+    for block, position in zip(*is_end[:, :width].nonzero(), strict=True):
+        row = block * beams.k + g * width + int(top_beam[block, position])
+        finished[int(beams.images[block])][g].append(
+            beams.hypothesis(
+                row, float(top_scores[block, position]), float(top_sums[block, position]), True, length_alpha
+            )
+        )
+    keep = np.argsort(-(~is_end).astype(np.float32), axis=1, kind="stable")[:, :width]  # (n, W)
+    return (
+        np.take_along_axis(top_scores, keep, 1),
+        np.take_along_axis(top_sums, keep, 1),
+        np.take_along_axis(top_token, keep, 1),
+        np.take_along_axis(top_beam, keep, 1),
+    )
 
 
 def _best(beams: _Beams, finished: list[list[list[Hypothesis]]], config: DecodeConfig) -> list[Hypothesis]:

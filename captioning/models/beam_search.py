@@ -20,6 +20,83 @@ def _length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+class _Beams:
+    """The live rows of a beam search: n image blocks of K rows each (group-major within a block),
+    the decoder's state and what each row said so far."""
+
+    def __init__(self, decoder: CaptionDecoder, annotations: Tensor, k: int, groups: int):
+        device = annotations.device
+        batch, width = annotations.size(0), k // groups
+        self.k = k
+        self.images = torch.arange(batch, device=device)  # the image of each active block of K rows
+        # (B, ...): each image's K beams read the per-image work once
+        self.prepared = decoder.prepare(annotations)._replace(group=k)
+        self.positions = self.prepared.positions
+        self.state = decoder.init_state(annotations).select(self.images.repeat_interleave(k))
+        self.tokens = torch.full((batch * k,), START, dtype=torch.long, device=device)
+        # Only the first beam of a group is live at the start, so its beams do not duplicate each other.
+        self.scores = torch.full((batch, groups, width), float("-inf"), device=device)
+        self.scores[:, :, 0] = 0.0
+        self.sums = torch.zeros(batch, groups, width, device=device)  # the model's log-probabilities
+        self.history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (n*K, t)
+        self.alphas: Tensor | None = None  # (n*K, t, P), None before the first step
+        self.betas: Tensor | None = None  # (n*K, t)
+        self.gated = False  # whether the decoder reports a gate value per word
+
+    def hypothesis(self, row: int, score: float, log_prob: float, done: bool, alpha: float) -> Caption:
+        """Row ``row``'s caption so far, its search ``score`` divided by the GNMT length penalty."""
+        length = self.history.size(1)
+        attention = (
+            torch.zeros(0, self.positions) if self.alphas is None else self.alphas[row, :length].float().cpu()
+        )
+        betas = None
+        if self.gated:
+            betas = torch.zeros(0) if self.betas is None else self.betas[row].float().cpu()
+        return Caption(
+            tokens=self.history[row].tolist(),
+            log_prob=log_prob,
+            attention=attention,
+            betas=betas,
+            finished=done,
+            score=score / float(_length_penalty(length + int(done), alpha)),
+        )
+
+    def advance(self, rows: Tensor, tokens: Tensor, alpha: Tensor, beta: Tensor | None) -> None:
+        """Each row continues ``rows``' hypothesis with ``tokens``; the step's maps are kept.
+
+        Beams move only within their image's block of K rows: ``prepared`` (one copy per image) stays.
+        """
+        self.tokens = tokens
+        self.history = torch.cat([self.history.index_select(0, rows), tokens.unsqueeze(1)], dim=1)
+        step_alpha = alpha.index_select(0, rows).unsqueeze(1)
+        self.alphas = (
+            step_alpha
+            if self.alphas is None
+            else torch.cat([self.alphas.index_select(0, rows), step_alpha], 1)
+        )
+        if beta is not None:
+            step_beta = beta.index_select(0, rows).unsqueeze(1)
+            self.betas = (
+                step_beta
+                if self.betas is None
+                else torch.cat([self.betas.index_select(0, rows), step_beta], 1)
+            )
+        self.state = self.state.select(rows)
+
+    def keep(self, alive: Tensor) -> None:
+        """Only the image blocks ``alive``."""
+        rows = (alive.unsqueeze(1) * self.k + torch.arange(self.k, device=alive.device)).view(-1)
+        self.images, self.scores, self.sums = (
+            self.images.index_select(0, alive),
+            self.scores[alive],
+            self.sums[alive],
+        )
+        self.tokens, self.history = self.tokens.index_select(0, rows), self.history.index_select(0, rows)
+        self.alphas = None if self.alphas is None else self.alphas.index_select(0, rows)
+        self.betas = None if self.betas is None else self.betas.index_select(0, rows)
+        self.state, self.prepared = self.state.select(rows), self.prepared.select(alive)
+
+
 @torch.inference_mode()
 def beam_search(decoder: CaptionDecoder, annotations: Tensor, config: DecodeConfig) -> list[Caption]:
     """Batched (diverse) beam search: the ``beam_size`` beams of all B images advance as one batch.
@@ -45,130 +122,129 @@ def beam_search(decoder: CaptionDecoder, annotations: Tensor, config: DecodeConf
         ones, ranked, as its ``alternatives`` (finished ones first; fewer when fewer distinct
         hypotheses were kept: different groups may hold the same caption).
     """
-    device = annotations.device
-    batch, k, groups = annotations.size(0), config.beam_size, config.beam_groups
-    width = k // groups  # beams per group; an image's K rows are group-major
-    images = torch.arange(batch, device=device)  # which image each active block of K rows belongs to
-    prepared = decoder.prepare(annotations)._replace(group=k)  # (B, ...): each image's K beams read it once
-    state = decoder.init_state(annotations).select(images.repeat_interleave(k))
-    tokens = torch.full((batch * k,), START, dtype=torch.long, device=device)
-    # Only the first beam of a group is live at the start, so its beams do not duplicate each other.
-    scores = torch.full((batch, groups, width), float("-inf"), device=device)
-    scores[:, :, 0] = 0.0
-    sums = torch.zeros(batch, groups, width, device=device)  # the model's log-probabilities
-    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (B*K, t)
-    alpha_history: Tensor | None = None  # (B*K, t, P), None before the first step
-    beta_history: Tensor | None = None  # (B*K, t)
+    batch, groups = annotations.size(0), config.beam_groups
+    beams = _Beams(decoder, annotations, config.beam_size, groups)
     finished: list[list[list[Caption]]] = [[[] for _ in range(groups)] for _ in range(batch)]
-
-    def hypothesis(row: int, score: float, log_prob: float, done: bool) -> Caption:
-        length = history.size(1)
-        attention = (
-            torch.zeros(0, prepared.positions)
-            if alpha_history is None
-            else alpha_history[row, :length].float().cpu()
-        )
-        betas = None
-        if beta is not None:
-            betas = torch.zeros(0) if beta_history is None else beta_history[row].float().cpu()
-        return Caption(
-            tokens=history[row].tolist(),
-            log_prob=log_prob,
-            attention=attention,
-            betas=betas,
-            finished=done,
-            score=score / float(_length_penalty(length + int(done), config.length_alpha)),
-        )
-
     for t in range(config.max_length + 1):
-        log_probs, state, alpha, beta = decoder.step(prepared, tokens, state)[:4]  # (n*K, V) ...
-        vocab_size = log_probs.size(1)
-        n = images.numel()
-        choice = choices.choice_scores(log_probs, history, t, config).view(n, groups, width, vocab_size)
-        model_log_probs = log_probs.view(n, groups, width, vocab_size)
-        used = torch.zeros(n, vocab_size, device=device)  # live beams of earlier groups per word
-        next_scores, next_sums, next_tokens, next_rows = [], [], [], []
-        for g in range(groups):
-            step_scores = choice[:, g]  # (n, W, V)
-            if g:
-                step_scores = step_scores - config.diversity * used.unsqueeze(1)
-            candidates = (scores[:, g].unsqueeze(2) + step_scores).view(n, width * vocab_size)
-            top_scores, top_index = candidates.topk(min(2 * width, width * vocab_size), dim=1)  # (n, 2W)
-            top_beam, top_token = top_index // vocab_size, top_index % vocab_size
-            top_sums = sums[:, g].gather(1, top_beam) + model_log_probs[:, g].reshape(n, -1).gather(
-                1, top_index
-            )
-            is_end = (top_token == END) & torch.isfinite(top_scores)
-            # Finished hypotheses: <end> among the W best candidates of a group.
-            for block, position in is_end[:, :width].nonzero().tolist():
-                image = int(images[block])
-                row = block * k + g * width + int(top_beam[block, position])
-                finished[image][g].append(
-                    hypothesis(
-                        row, float(top_scores[block, position]), float(top_sums[block, position]), True
-                    )
-                )
-            # Live beams: the W best candidates that did not end.
-            keep = (~is_end).float().argsort(dim=1, descending=True, stable=True)[:, :width]  # (n, W)
-            kept_scores, kept_tokens = top_scores.gather(1, keep), top_token.gather(1, keep)
-            next_scores.append(kept_scores)
-            next_sums.append(top_sums.gather(1, keep))
-            next_tokens.append(kept_tokens)
-            next_rows.append(top_beam.gather(1, keep) + g * width)
-            if g + 1 < groups:  # the next groups pay for the words these live beams chose
-                used.scatter_add_(1, kept_tokens, torch.isfinite(kept_scores).float())
+        log_probs, beams.state, alpha, beta = decoder.step(beams.prepared, beams.tokens, beams.state)[:4]
+        beams.gated = beta is not None
+        scores, sums, rows, tokens = _choose_words(beams, log_probs, t, config, finished)
         if t == config.max_length:  # after max_length words only <end> may follow
             break
-        scores, sums = torch.stack(next_scores, 1), torch.stack(next_sums, 1)  # (n, G, W)
-        source_rows = (torch.cat(next_rows, 1) + torch.arange(n, device=device).unsqueeze(1) * k).view(-1)
-        tokens = torch.cat(next_tokens, 1).view(-1)
-        history = torch.cat([history.index_select(0, source_rows), tokens.unsqueeze(1)], dim=1)
-        step_alpha = alpha.index_select(0, source_rows).unsqueeze(1)
-        alpha_history = (
-            step_alpha
-            if alpha_history is None
-            else torch.cat([alpha_history.index_select(0, source_rows), step_alpha], dim=1)
-        )
-        if beta is not None:
-            step_beta = beta.index_select(0, source_rows).unsqueeze(1)
-            beta_history = (
-                step_beta
-                if beta_history is None
-                else torch.cat([beta_history.index_select(0, source_rows), step_beta], dim=1)
-            )
-        # Beams move only within their image's block of K rows: ``prepared`` (one copy per image) stays.
-        state = state.select(source_rows)
+        beams.scores, beams.sums = scores, sums
+        beams.advance(rows, tokens, alpha, beta)
         # A finished group's beams stop (no more hypotheses, no diversity cost); finished images go.
         group_done = torch.tensor(
-            [[len(pool) >= width for pool in finished[i]] for i in images.tolist()], device=device
+            [[len(pool) >= beams.scores.size(2) for pool in finished[i]] for i in beams.images.tolist()],
+            device=annotations.device,
         )  # (n, G)
-        scores = scores.masked_fill(group_done.unsqueeze(2), float("-inf"))
+        beams.scores = beams.scores.masked_fill(group_done.unsqueeze(2), float("-inf"))
         done = group_done.all(dim=1)
         if done.all():
             break
         if done.any():
-            alive = (~done).nonzero().squeeze(1)
-            alive_rows = (alive.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
-            images, scores, sums = images.index_select(0, alive), scores[alive], sums[alive]
-            tokens, history = tokens.index_select(0, alive_rows), history.index_select(0, alive_rows)
-            alpha_history = alpha_history.index_select(0, alive_rows)
-            if beta_history is not None:
-                beta_history = beta_history.index_select(0, alive_rows)
-            state, prepared = state.select(alive_rows), prepared.select(alive)
+            beams.keep((~done).nonzero().squeeze(1))
+    return _best(beams, finished, config)
 
+
+def _choose_words(
+    beams: _Beams, log_probs: Tensor, t: int, config: DecodeConfig, finished: list[list[list[Caption]]]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One step of every group in turn, from the step's ``log_probs`` (n*K, V): the candidates that end
+    join ``finished``.
+
+    Returns:
+        the live beams' scores and the model's log-probability sums (n, G, W), the row (n*K,) each
+        continues and the word (n*K,) it continues with.
+    """
+    n, groups, width = beams.scores.shape
+    vocab_size = log_probs.size(1)
+    choice = choices.choice_scores(log_probs, beams.history, t, config).view(n, groups, width, vocab_size)
+    model_log_probs = log_probs.view(n, groups, width, vocab_size)
+    used = torch.zeros(n, vocab_size, device=log_probs.device)  # live beams of earlier groups per word
+    next_scores, next_sums, next_tokens, next_rows = [], [], [], []
+    for g in range(groups):
+        step_scores = choice[:, g]  # (n, W, V)
+        if g:
+            step_scores = step_scores - config.diversity * used.unsqueeze(1)
+        kept_scores, kept_sums, kept_tokens, kept_beams = _group_step(
+            beams, g, step_scores, model_log_probs[:, g], finished, config.length_alpha
+        )
+        next_scores.append(kept_scores)
+        next_sums.append(kept_sums)
+        next_tokens.append(kept_tokens)
+        next_rows.append(kept_beams + g * width)
+        if g + 1 < groups:  # the next groups pay for the words these live beams chose
+            used.scatter_add_(1, kept_tokens, torch.isfinite(kept_scores).float())
+    offsets = torch.arange(n, device=log_probs.device).unsqueeze(1) * beams.k
+    return (
+        torch.stack(next_scores, 1),
+        torch.stack(next_sums, 1),
+        (torch.cat(next_rows, 1) + offsets).view(-1),
+        torch.cat(next_tokens, 1).view(-1),
+    )
+
+
+def _group_step(
+    beams: _Beams,
+    g: int,
+    step_scores: Tensor,
+    model_log_probs: Tensor,
+    finished: list[list[list[Caption]]],
+    length_alpha: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Group ``g``'s step from its beams' ``step_scores`` (n, W, V) (diversity costs included) and the
+    model's ``model_log_probs`` (n, W, V): its candidates that end at this step join ``finished``.
+
+    Returns:
+        the live beams' scores, log-probability sums, words and source beams within the group, (n, W)
+        each: the W best candidates that did not end.
+    """
+    n, width, vocab_size = step_scores.shape
+    candidates = (beams.scores[:, g].unsqueeze(2) + step_scores).view(n, width * vocab_size)
+    top_scores, top_index = candidates.topk(min(2 * width, width * vocab_size), dim=1)  # (n, 2W)
+    top_beam, top_token = top_index // vocab_size, top_index % vocab_size
+    top_sums = beams.sums[:, g].gather(1, top_beam) + model_log_probs.reshape(n, -1).gather(1, top_index)
+    is_end = (top_token == END) & torch.isfinite(top_scores)
+    # Finished hypotheses: <end> among the W best candidates of a group.
+    for block, position in is_end[:, :width].nonzero().tolist():
+        row = block * beams.k + g * width + int(top_beam[block, position])
+        finished[int(beams.images[block])][g].append(
+            beams.hypothesis(
+                row, float(top_scores[block, position]), float(top_sums[block, position]), True, length_alpha
+            )
+        )
+    keep = (~is_end).float().argsort(dim=1, descending=True, stable=True)[:, :width]  # (n, W)
+    return (
+        top_scores.gather(1, keep),
+        top_sums.gather(1, keep),
+        top_token.gather(1, keep),
+        top_beam.gather(1, keep),
+    )
+
+
+def _best(beams: _Beams, finished: list[list[list[Caption]]], config: DecodeConfig) -> list[Caption]:
+    """Each image's ranked captions: its finished ones, then (when fewer than ``num_return``) its
+    live beams of ``max_length`` words."""
     best = []
-    flat_scores, flat_sums = scores.view(images.numel(), k), sums.view(images.numel(), k)
-    for image in range(batch):
+    n, k = beams.images.numel(), beams.k
+    flat_scores, flat_sums = beams.scores.view(n, k), beams.sums.view(n, k)
+    for image in range(len(finished)):
         pool = [caption for group in finished[image] for caption in group]
         if len(pool) < config.num_return:  # then the unfinished ones of max_length words
-            block = (images == image).nonzero()
+            block = (beams.images == image).nonzero()
             if block.numel():
                 b = int(block[0])
-                unfinished = [
-                    hypothesis(b * k + beam, float(flat_scores[b, beam]), float(flat_sums[b, beam]), False)
+                pool += [  # ranked after every finished one
+                    beams.hypothesis(
+                        b * k + beam,
+                        float(flat_scores[b, beam]),
+                        float(flat_sums[b, beam]),
+                        False,
+                        config.length_alpha,
+                    )
                     for beam in range(k)
                     if torch.isfinite(flat_scores[b, beam])
                 ]
-                pool += unfinished  # ranked after every finished one
         best.append(ranked(pool, config.num_return))
     return best

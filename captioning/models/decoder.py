@@ -8,133 +8,66 @@ One decoding step (section 3.1.2), with h_{t-1} the previous state and a the ann
     p(y_t)  ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))   the deep output, equation 7
 
 phi is the expectation under alpha_t (soft, section 4.2) or a location sampled from alpha_t
-(hard, section 4.1). The teacher-forced ``forward`` keeps only work that depends on h_{t-1}
-inside the time loop: the annotation projections are made once per image, and the embeddings,
-their share of the LSTM gates and the output layer are computed for all steps at once.
+(hard, section 4.1). What does not depend on the cell (attention, gate, output layer, the
+teacher-forced loop) is ``captioning.models.recurrent.RecurrentDecoder``'s; this module gives it the
+LSTM: its state (h, c), h_0 and c_0, and the cell.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioning.config import LSTMDecoderConfig
-from captioning.models.attention import SCORERS, Attention, Prepared, build_attention
-from captioning.models.base import CaptionDecoder, DecoderOutput, StepOutput, register_decoder
+from captioning.models.attention import Prepared
+from captioning.models.base import DecoderOutput, StepOutput, register_decoder
+from captioning.models.recurrent import RecurrentDecoder
 
-__all__ = ["DecoderOutput", "DecoderState", "HardAttentionDecoder", "ShowAttendTellDecoder", "StepOutput"]
+__all__ = ["DecoderOutput", "HardAttentionDecoder", "LSTMState", "ShowAttendTellDecoder", "StepOutput"]
 
 
-class DecoderState(NamedTuple):
-    """LSTM memory, (N, H) each."""
+class LSTMState(NamedTuple):
+    """LSTM memory of N rows: the output h and the cell c, (N, H) each."""
 
     h: Tensor
     c: Tensor
 
-    def select(self, index: Tensor) -> DecoderState:
-        return DecoderState(self.h.index_select(0, index), self.c.index_select(0, index))
+    @property
+    def hidden(self) -> Tensor:
+        return self.h
 
+    def select(self, index: Tensor) -> LSTMState:
+        return LSTMState(self.h.index_select(0, index), self.c.index_select(0, index))
 
-# One recurrence step: the new state, context (N, D), alpha (N, P), beta (N,) or None, and with hard
-# attention in training the sampled location's log-probability (N,) and alpha's entropy (N,).
-CellOutput = tuple[DecoderState, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]
+    def head(self, n: int) -> LSTMState:
+        return LSTMState(self.h[:n], self.c[:n])
 
 
 @register_decoder("lstm", LSTMDecoderConfig)
-class ShowAttendTellDecoder(CaptionDecoder):
-    """LSTM decoder with soft attention over a grid of annotation vectors.
-
-    Args:
-        vocab_size: V, including the special tokens.
-        annotation_dim: C, channels of the encoder grid.
-        attention: a scorer from ``captioning.models.attention`` (its ``context_dim`` is D).
-        embed_dim: m, word embedding size.
-        hidden_dim: H, LSTM size.
-        gate: ``scalar`` (beta_t, the paper), ``channel`` (one gate per context channel) or ``none``.
-        deep_output: equation 7 when True; a linear layer over dropout(h_t) when False.
-        dropout: dropout before the output layer (and after each extra initial-state layer).
-        init_layers: layers of the initial-state MLP: 1 (h_0 = tanh(W mean a), as the paper
-            writes it) or more, each extra one a C -> C ReLU layer with dropout before the two
-            tanh layers (the authors' COCO script uses 2).
-        output_tanh: tanh over equation 7's sum before the output layer, as the authors' code
-            does (the paper prints none); deep output only.
-        hidden_dropout: dropout on h_t before L_h too, as the authors' code does; deep output only.
-    """
+class ShowAttendTellDecoder(RecurrentDecoder):
+    """LSTM decoder with soft attention over a grid of annotation vectors (the arguments are
+    ``RecurrentDecoder``'s; H is the LSTM's size, and the initial-state MLP gives h_0 and c_0)."""
 
     input_weight = "init_h.weight"
+    gate_blocks = 4  # i, f, g, o
 
-    def __init__(
-        self,
-        vocab_size: int,
-        annotation_dim: int,
-        attention: Attention,
-        embed_dim: int = 512,
-        hidden_dim: int = 512,
-        gate: str = "scalar",
-        deep_output: bool = True,
-        dropout: float = 0.5,
-        init_layers: int = 1,
-        output_tanh: bool = False,
-        hidden_dropout: bool = False,
-    ):
-        super().__init__()
-        if (output_tanh or hidden_dropout) and not deep_output:
-            raise ValueError("output_tanh and hidden_dropout need the deep output")
-        self.vocab_size = vocab_size
-        self.annotation_dim = annotation_dim
-        self.hidden_dim = hidden_dim
-        self.attention = attention
-        self.attention_heads = attention.num_heads
-        context_dim = attention.context_dim
-        self.embedding = nn.Embedding(vocab_size, embed_dim)
-        # Extra layers of the authors' initial-state MLP, shared by h_0 and c_0 (none by default).
-        self.init_mlp = nn.Sequential(
-            *[
-                nn.Sequential(nn.Linear(annotation_dim, annotation_dim), nn.ReLU(), nn.Dropout(dropout))
-                for _ in range(init_layers - 1)
-            ]
+    def _init_state_layers(self) -> None:
+        self.init_h = nn.Linear(self.annotation_dim, self.hidden_dim)
+        self.init_c = nn.Linear(self.annotation_dim, self.hidden_dim)
+
+    def _recurrence_layers(self) -> None:
+        # The context and recurrent shares of the gates, in one product per step.
+        self.recurrent_to_gates = nn.Linear(
+            self.attention.context_dim + self.hidden_dim, 4 * self.hidden_dim, bias=False
         )
-        self.init_h = nn.Linear(annotation_dim, hidden_dim)
-        self.init_c = nn.Linear(annotation_dim, hidden_dim)
-        gate_dims = {"scalar": 1, "channel": context_dim, "none": 0}
-        self.gate = nn.Linear(hidden_dim, gate_dims[gate]) if gate_dims[gate] else None
-        # LSTM gates (i, f, g, o): the embedding share is computed for all steps at once,
-        # the context and recurrent shares in one product per step.
-        self.embed_to_gates = nn.Linear(embed_dim, 4 * hidden_dim)
-        self.recurrent_to_gates = nn.Linear(context_dim + hidden_dim, 4 * hidden_dim, bias=False)
-        self.dropout = nn.Dropout(dropout)
-        self.deep_output = deep_output
-        self.output_tanh = output_tanh
-        self.hidden_dropout = hidden_dropout
-        # The compiled recurrence step, once compile_step has made it.
-        self._compiled_cell: Callable[[Tensor, Prepared, DecoderState], CellOutput] | None = None
-        if deep_output:
-            self.hidden_to_out = nn.Linear(hidden_dim, embed_dim)  # L_h
-            self.context_to_out = nn.Linear(context_dim, embed_dim, bias=False)  # L_z
-            self.out = nn.Linear(embed_dim, vocab_size)  # L_o
-        else:
-            self.out = nn.Linear(hidden_dim, vocab_size)
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        super().reset_parameters()
         with torch.no_grad():  # forget-gate bias 1: remember by default early in training
             self.embed_to_gates.bias.zero_()
             self.embed_to_gates.bias[self.hidden_dim : 2 * self.hidden_dim].fill_(1.0)
-
-    @classmethod
-    def check_config(cls, config: LSTMDecoderConfig) -> None:
-        """``model.decoder.scoring`` must name a registered scorer (``SCORERS``) that takes the
-        configuration's sizes: the scorer is built once on the meta device (no memory), so the checks
-        its builder makes (``multihead``: heads dividing ``attention_dim``) refuse a bad value before
-        any work. Checks on the annotations' size wait for the encoder (``dot``)."""
-        SCORERS.check(config.scoring)
-        with torch.device("meta"):
-            SCORERS[config.scoring](config.hidden_dim, config.hidden_dim, config)
 
     @classmethod
     def from_config(
@@ -145,19 +78,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         grid: tuple[int, int] | None = None,
     ) -> ShowAttendTellDecoder:
         """The decoder (soft or hard attention) described by ``config``; the grid does not matter."""
-        kwargs: dict[str, Any] = {
-            "vocab_size": vocab_size,
-            "annotation_dim": annotation_dim,
-            "attention": build_attention(config, annotation_dim),
-            "embed_dim": config.embed_dim,
-            "hidden_dim": config.hidden_dim,
-            "gate": config.gate,
-            "deep_output": config.deep_output,
-            "dropout": config.dropout,
-            "init_layers": config.init_layers,
-            "output_tanh": config.output_tanh,
-            "hidden_dropout": config.hidden_dropout,
-        }
+        kwargs: dict[str, Any] = cls.decoder_arguments(config, vocab_size, annotation_dim)
         if config.attention == "hard":
             return HardAttentionDecoder(
                 **kwargs,
@@ -168,186 +89,19 @@ class ShowAttendTellDecoder(CaptionDecoder):
             )
         return ShowAttendTellDecoder(**kwargs)
 
-    def compile_step(self, backend: str = "inductor") -> None:
-        """``torch.compile`` the recurrence step (attention, gate, LSTM cell), with dynamic batch sizes.
-
-        The step is where the time goes and its shapes change only with the active batch, so it
-        compiles to one fused kernel chain; the surrounding loop stays in Python. Worth it on
-        GPU; on CPU the compilation (a minute or more) rarely pays for itself.
-        """
-        self._compiled_cell = torch.compile(self._cell, dynamic=True, backend=backend)
-
-    # ----------------------------------------------------------------- per-image work, done once
-    def prepare(self, annotations: Tensor) -> Prepared:
-        """Attention projections of the annotations (B, P, C), once per image."""
-        return self.attention.prepare(annotations)
-
-    def init_state(self, annotations: Tensor) -> DecoderState:
+    def init_state(self, annotations: Tensor) -> LSTMState:
         """h_0, c_0 = tanh(MLP(mean_i a_i)), each (B, H)."""
-        mean = self.init_mlp(annotations.mean(dim=1))  # (B, C)
-        return DecoderState(torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean)))
+        mean = self._image_summary(annotations)  # (B, C)
+        return LSTMState(torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean)))
 
-    # ----------------------------------------------------------------- the recurrence
-    def _gate(self, h: Tensor) -> Tensor | None:
-        return torch.sigmoid(self.gate(h)) if self.gate is not None else None  # (N, 1) or (N, D)
-
-    def _context(self, weights: Tensor, prepared: Prepared) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Soft attention: z = E_alpha[values]. Returns (context (N, D), None, None)."""
-        return self.attention.combine(weights, prepared), None, None
-
-    def _cell(self, embed_gates: Tensor, prepared: Prepared, state: DecoderState) -> CellOutput:
-        """One recurrence step for N rows; ``embed_gates`` (N, 4H) is the embedding share."""
+    def _recur(self, embed_gates: Tensor, context: Tensor, state: LSTMState) -> LSTMState:
+        """The LSTM cell: gates (i, f, g, o) from the embedding share (N, 4H) and [z_t; h_{t-1}]."""
         h, c = state
-        weights = self.attention(prepared, h)  # (N, nh, P)
-        context, location_log_prob, entropy = self._context(weights, prepared)  # (N, D)
-        beta = self._gate(h)
-        if beta is not None:
-            context = beta * context
         gates = embed_gates + self.recurrent_to_gates(torch.cat([context, h], dim=1))  # (N, 4H)
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
-        head = self.attention_view.head
-        alpha = weights.mean(dim=1) if head is None else weights[:, head]  # (N, P)
-        beta_value = beta.mean(dim=1) if beta is not None else None  # (N,)
-        return DecoderState(h, c), context, alpha, beta_value, location_log_prob, entropy
-
-    def _logits(self, embedded: Tensor | None, hidden: Tensor, context: Tensor | None) -> Tensor:
-        """Output layer over any leading shape: (..., m), (..., H), (..., D) -> (..., V).
-
-        Only the deep output reads ``embedded`` and ``context``; they may be None without it.
-        """
-        if self.deep_output:
-            hidden = self.dropout(hidden) if self.hidden_dropout else hidden
-            deep = embedded + self.hidden_to_out(hidden) + self.context_to_out(context)  # (..., m)
-            return self.out(self.dropout(torch.tanh(deep) if self.output_tanh else deep))
-        return self.out(self.dropout(hidden))
-
-    def step(self, prepared: Prepared, tokens: Tensor, state: DecoderState) -> StepOutput:
-        """Advance N hypotheses by one word.
-
-        Args:
-            prepared: projections of the images of the N rows (``Prepared.group`` rows per image).
-            tokens: (N,) the previous words y_{t-1}.
-            state: (N, H) memory.
-        Returns:
-            log-probabilities of the next word (N, V), the new state, alpha_t (N, P), beta_t (N,), and
-            with hard attention in training the log-probability of the sampled location (N,; 0 on
-            rows that use the expected context), which a policy gradient over rollouts needs.
-        """
-        embedded = self.embedding(tokens)  # (N, m)
-        state, context, alpha, beta, location_log_prob, _ = (self._compiled_cell or self._cell)(
-            self.embed_to_gates(embedded), prepared, state
-        )
-        logits = self._logits(embedded, state.h, context)  # (N, V)
-        logits = logits.float()
-        return StepOutput(torch.log_softmax(logits, dim=-1), state, alpha, beta, location_log_prob, logits)
-
-    def forward(
-        self, annotations: Tensor, captions: Tensor, lengths: Tensor, image_index: Tensor | None = None
-    ) -> DecoderOutput:
-        """Teacher-forced decoding of N captions.
-
-        Args:
-            annotations: (B, P, C) the annotation grid of B images.
-            captions: (N, L) token ids ``<start> w1 .. wn <end>`` padded with 0.
-            lengths: (N,) tokens per caption including ``<start>`` and ``<end>``.
-            image_index: (N,) the image row of each caption (several captions per image share
-                one image's projections); None when N == B and caption i belongs to image i.
-        Returns:
-            ``DecoderOutput`` with T = max(lengths) - 1 steps, in the captions' order.
-        """
-        num_captions = captions.size(0)
-        steps = int(lengths.max().item()) - 1
-        decode_lengths = lengths - 1  # (N,) words to predict
-        # Sort by length so the active rows at step t are a prefix: the batch shrinks as captions end.
-        order = torch.argsort(decode_lengths, descending=True, stable=True)
-        in_order = bool((order == torch.arange(num_captions, device=order.device)).all())
-        if image_index is None:  # one image per caption: sort the grids, then project each once
-            sorted_annotations = annotations if in_order else annotations.index_select(0, order)
-            prepared = self.prepare(sorted_annotations)
-            state = self.init_state(sorted_annotations)
-        else:  # several captions per image: project each image once, then give every caption its rows
-            rows = image_index if in_order else image_index.index_select(0, order)
-            prepared = self.prepare(annotations).select(rows)
-            state = self.init_state(annotations).select(rows)
-        inputs = (captions if in_order else captions.index_select(0, order))[:, :steps]  # (N, T)
-        embedded = self.embedding(inputs)  # (N, T, m)
-        embed_gates = self.embed_to_gates(embedded).unbind(1)  # T x (N, 4H), all steps in one product
-        active = (
-            (decode_lengths.index_select(0, order).unsqueeze(1) > torch.arange(steps, device=captions.device))
-            .sum(0)
-            .tolist()
-        )  # rows alive per step
-
-        # Per-step results are collected and stacked once: writing each step into a preallocated
-        # (N, T, ...) buffer would make backward copy the whole buffer once per step.
-        # beta (with a gate) and the sampled locations (hard attention in training) come on every
-        # step or on none.
-        hiddens: list[Tensor] = []
-        contexts: list[Tensor] = []
-        alphas: list[Tensor] = []
-        betas: list[Tensor] = []
-        location_log_probs: list[Tensor] = []
-        entropies: list[Tensor] = []
-        cell = self._compiled_cell or self._cell
-        for t, n in enumerate(active):
-            if n < state.h.size(0):  # slice only when rows end: a no-op slice still costs a backward copy
-                state, prepared = DecoderState(state.h[:n], state.c[:n]), prepared.head(n)
-            state, context, alpha, beta, location_log_prob, entropy = cell(
-                embed_gates[t][:n] if n < num_captions else embed_gates[t], prepared, state
-            )
-            hiddens.append(state.h)
-            contexts.append(context)
-            alphas.append(alpha)
-            if beta is not None:
-                betas.append(beta)
-            if location_log_prob is not None and entropy is not None:
-                location_log_probs.append(location_log_prob)
-                entropies.append(entropy)
-
-        sampled_locations = bool(location_log_probs)  # hard attention in training
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(num_captions, device=order.device)
-
-        def unsort(x: Tensor) -> Tensor:
-            return x if in_order else x.index_select(0, inverse)
-
-        def padded(values: list[Tensor], *shape: int) -> Tensor:
-            """(N, T, *shape) in the callers' order from per-step (n_t, *shape), zeros after each end."""
-            return unsort(_stack_steps(values, num_captions, shape, embedded))
-
-        # Unsorted before the output layer: (N, T, H) inputs are V/H times smaller than (N, T, V) logits.
-        hidden_steps = padded(hiddens, self.hidden_dim)  # (N, T, H)
-        if self.deep_output:
-            logits = self._logits(
-                unsort(embedded), hidden_steps, padded(contexts, self.attention.context_dim)
-            )
-        else:
-            logits = self._logits(None, hidden_steps, None)  # (N, T, V), one product for all steps
-        mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
-        return DecoderOutput(
-            logits,
-            padded(alphas, prepared.keys.shape[-2]),
-            mask,
-            padded(betas) if self.gate is not None else None,
-            padded(location_log_probs) if sampled_locations else None,
-            padded(entropies) if sampled_locations else None,
-        )
-
-
-def _stack_steps(values: list[Tensor], rows: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """Stack per-step values (n_t, *shape), n_t non-increasing, into (rows, T, *shape) padded with zeros.
-
-    The result has the dtype of ``like`` (the step values may be lower precision under autocast).
-    """
-    if not values:
-        return like.new_zeros(rows, 0, *shape)
-    columns = [
-        F.pad(value, (0, 0) * len(shape) + (0, rows - value.size(0))) if value.size(0) < rows else value
-        for value in (value.to(like.dtype) for value in values)
-    ]
-    return torch.stack(columns, dim=1)
+        return LSTMState(h, c)
 
 
 class HardAttentionDecoder(ShowAttendTellDecoder):

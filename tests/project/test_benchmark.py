@@ -19,7 +19,7 @@ from search_options import settings
 from test_hostile import small_disk  # noqa: F401 - a fixture: a real 4 MiB tmpfs
 
 from captioning.config import LSTMDecoderConfig
-from captioning.models.decoder import DecoderState, ShowAttendTellDecoder
+from captioning.models.decoder import LSTMState, ShowAttendTellDecoder
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEED = ROOT / "benchmarks" / "speed.py"
@@ -368,7 +368,7 @@ def _decoders(seed: int = 0):
         for parameter in ours.parameters():
             parameter.mul_(3.0)
     # The tutorial's h_0, c_0 have no tanh; give ours the same start so the two compute one function.
-    ours.init_state = lambda a: DecoderState(ours.init_h(a.mean(1)), ours.init_c(a.mean(1)))
+    ours.init_state = lambda a: LSTMState(ours.init_h(a.mean(1)), ours.init_c(a.mean(1)))
     return ours, _load_baseline().TutorialDecoder.from_ours(ours).eval()
 
 
