@@ -13,6 +13,7 @@ returns ``(best.pt, the test split's image files)``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,11 @@ import torch
 from PIL import Image
 from tool_runs import REPO, kept_process_state
 
+from captioning.config import DECODERS as DECODER_FAMILIES
 from captioning.config import (
     Config,
     DecodeConfig,
+    DecoderConfig,
     EncoderConfig,
     LSTMDecoderConfig,
     ModelConfig,
@@ -41,6 +44,26 @@ DECODERS = {
 }
 
 
+TINY_WIDTH, TINY_DEPTH = 16, 2
+
+
+def tiny_decoder_config(kind: str, **options) -> DecoderConfig:
+    """The options of the registered decoder family ``kind`` at its defaults, with every size shrunk:
+    an integer field that names a width (``*_dim``, ``d_*``) at most ``TINY_WIDTH``, one that names a
+    depth (``*_layers``) at most ``TINY_DEPTH``; ``options`` set as given."""
+    config_class = DECODER_FAMILIES[kind].config
+    shrunk = {}
+    for field in dataclasses.fields(config_class):
+        default = field.default
+        if not isinstance(default, int) or isinstance(default, bool):
+            continue
+        if field.name.endswith("_dim") or field.name.startswith("d_"):
+            shrunk[field.name] = min(default, TINY_WIDTH)
+        elif field.name.endswith("_layers"):
+            shrunk[field.name] = min(default, TINY_DEPTH)
+    return config_class(**{**shrunk, **options})
+
+
 def tiny_checkpoint(
     path: Path,
     shapes_root: Path,
@@ -48,13 +71,15 @@ def tiny_checkpoint(
     kind: str = "lstm",
     encoder_weights: str = "none",
     seed: int = 0,
+    decoder: DecoderConfig | None = None,
 ) -> Path:
-    """A seeded untrained captioner on the tiny Shapes data, saved as ``train.py`` saves one."""
+    """A seeded untrained captioner on the tiny Shapes data, saved as ``train.py`` saves one (its decoder
+    ``decoder``, by default ``DECODERS[kind]``)."""
     generator_state = torch.get_rng_state()
     torch.manual_seed(seed)
     model_config = ModelConfig(
         encoder=EncoderConfig(name="efficientnet_lite0", weights=encoder_weights, image_size=64, grid_size=0),
-        decoder=DECODERS[kind],
+        decoder=decoder or DECODERS[kind],
     )
     model = Captioner.build(model_config, vocab)
     torch.set_rng_state(generator_state)

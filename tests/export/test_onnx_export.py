@@ -1,7 +1,8 @@
 """An ONNX export (``model.export(folder, format="onnx")``) captions through ONNX Runtime as the PyTorch
 model does: the same words, greedy and beam, log-probabilities within 1e-4, the same attention maps;
-each decoder family's graphs step like its PyTorch ``step``; a folder that is not a whole, unchanged
-export is refused in one line."""
+every registered decoder family is exported, at its tiny sizes, and its graphs step like its PyTorch
+``step`` and search as its PyTorch search (``export_checks.check_export``); a folder that is not a
+whole, unchanged export is refused in one line."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from export_checks import check_export, grids, random_decoder
 from messages import raises_naming
 from PIL import Image
-from tiny_models import tiny_checkpoint
+from tiny_models import tiny_checkpoint, tiny_decoder_config
 
 import captioning
 from captioning.hub.checkpoint import CheckpointError
+from captioning.models.base import DECODERS
 from captioning.utils.errors import InputError
 from captioning.utils.run_folder import RunFolderError
 
@@ -28,20 +31,29 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def exports(
     tmp_path_factory, tiny_shapes, shapes_vocab
 ) -> dict[str, tuple[captioning.CaptioningModel, Path]]:
-    """Per decoder family: the PyTorch model (untrained, over the pretrained encoder's grids: captions
-    that differ between images) and its export."""
+    """Per registered decoder family: the PyTorch model at the family's tiny sizes (untrained, over the
+    pretrained encoder's grids: captions that differ between images) and its export."""
     folder = tmp_path_factory.mktemp("onnx")
     made = {}
-    for kind in ("lstm", "transformer"):
+    for kind in DECODERS.names():
         checkpoint = tiny_checkpoint(
-            folder / kind / "best.pt", tiny_shapes.root, shapes_vocab, kind, encoder_weights="pretrained"
+            folder / kind / "best.pt",
+            tiny_shapes.root,
+            shapes_vocab,
+            encoder_weights="pretrained",
+            decoder=tiny_decoder_config(kind),
         )
         model = captioning.load(checkpoint, device="cpu")
         made[kind] = (model, model.export(folder / kind / "onnx"))
     return made
 
 
-@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+@pytest.mark.parametrize("kind", DECODERS.names())
+def test_every_decoder_family_exports_steps_and_searches_as_pytorch(kind, tmp_path):
+    check_export(random_decoder(kind), grids(), tmp_path)
+
+
+@pytest.mark.parametrize("kind", DECODERS.names())
 @pytest.mark.parametrize(("strategy", "beam_size"), [("greedy", 1), ("beam", 3)])
 def test_onnx_runtime_captions_as_pytorch(exports, tiny_shapes, kind, strategy, beam_size):
     model, folder = exports[kind]
@@ -217,7 +229,8 @@ def test_what_needs_pytorch_weights_or_another_map_is_refused(exports, tmp_path)
     ):
         with raises_naming(InputError, name, exports["transformer"][1], "ONNX"):
             call()
-    with raises_naming(InputError, "layer 2 of 2", "2 heads"):
+    heads = tiny_decoder_config("transformer").num_heads
+    with raises_naming(InputError, "layer 2 of 2", f"{heads} heads"):
         onnx_model.caption([np.zeros((8, 8, 3), dtype=np.uint8)], layer=1)
     assert not (tmp_path / "m").exists() and not (tmp_path / "e").exists()
 
