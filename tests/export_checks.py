@@ -79,8 +79,8 @@ def assert_graphs_step_as_torch(
     decoder: CaptionDecoder, networks: OnnxNetworks, annotations: torch.Tensor, steps: int = 4
 ) -> None:
     """The graphs' initial state, and over ``steps`` words the logits, alpha, beta and next state, equal
-    PyTorch's within 1e-5 (absolute and relative): on more images than traced, two rows per image, random words, and the rows
-    of each image swapped between steps as beam search reorders them."""
+    PyTorch's within 1e-5 (absolute and relative): on more images than traced, two rows per image,
+    random words, and the rows of each image swapped between steps as beam search reorders them."""
     batch, group = annotations.size(0), 2
     rows = torch.arange(batch).repeat_interleave(group)  # (N,) image-major
     swapped = (rows * group + torch.tensor([1, 0]).repeat(batch)).numpy()  # each image's two rows swapped

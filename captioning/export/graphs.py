@@ -13,10 +13,11 @@ exporter: it needs nothing beyond torch and onnx) and checked with ``onnx.checke
 
 The step takes the images' prepared tensors once per image and N = B * G rows (G beams or samples
 per image, image-major): G is read from the shapes inside the graph, as ``Prepared.group`` is in
-PyTorch. A state's tensors are whatever the decoder keeps (an LSTM's h and c; a Transformer's
-per-layer self-attention keys and values, whose length axis grows by one each step); they are
-flattened in order, so any decoder family whose ``prepare``, ``init_state`` and ``step`` trace is
-exported the same way.
+PyTorch. A state's tensors are whatever the decoder keeps (an LSTM's h and c, a GRU's h alone; a
+Transformer's per-layer self-attention keys and values, whose length axis grows by one each step): a
+state is a ``NamedTuple`` of tensors (or of tuples of them), flattened in order and rebuilt with its
+class, so any decoder family whose ``prepare``, ``init_state`` and ``step`` trace is exported the
+same way (``tests/export_checks.py`` checks every registered family).
 """
 
 from __future__ import annotations
@@ -190,6 +191,11 @@ def export_decoder_graphs(decoder: CaptionDecoder, annotations: Tensor, folder: 
     prepared = decoder.prepare(annotations)
     state = decoder.init_state(annotations)
     prepared_tensors, state_tensors = flatten(prepared), flatten(state)
+    if not state_tensors:  # a state the export cannot see into would be written as no state at all
+        raise TypeError(
+            f"{type(decoder).__name__}.init_state gives a {type(state).__name__} holding no tensors the "
+            "export can flatten: a decoder's state is a NamedTuple of tensors (captioning.models.base)"
+        )
     rows = torch.tensor([0, 0, 1, 1])  # 2 rows per image
     tokens = torch.full((4,), Vocabulary.start_id, dtype=torch.long)
     grouped = prepared._replace(group=2)

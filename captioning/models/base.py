@@ -5,8 +5,11 @@ A decoder (the attention LSTM of ``decoder.py``, the Transformer of ``transforme
 * ``prepare(annotations)``: the per-image work (projections, a grid encoder), once per image. The
   result has the images on dim 0, a ``group`` field (decoder rows per image, image-major) that
   ``NamedTuple._replace`` sets, ``select(index)``, ``head(n)`` and ``positions`` (P);
-* ``init_state(annotations)``: the state of one row per image; its ``select(index)`` reorders or
-  repeats rows (beam search reorders the state with it without knowing what it holds);
+* ``init_state(annotations)``: the state of one row per image, an object the decoder defines (a
+  ``NamedTuple`` of tensors with the rows on dim 0: an LSTM's (h, c), a GRU's h, a Transformer's
+  caches); its ``select(index)`` reorders or repeats rows (beam search, sampling and self-critical
+  rollouts move the state with it without knowing what it holds; a recurrent decoder's state also
+  has ``head(n)`` and ``hidden``: ``captioning.models.recurrent``);
 * ``step(prepared, tokens, state)`` -> ``StepOutput``: one word for N rows;
 * ``forward(annotations, captions, lengths, image_index)`` -> ``DecoderOutput``: teacher forcing;
 * ``set_attention_view(view)``: which attention map ``alpha`` reports (a layer and a head, or the
@@ -50,7 +53,9 @@ class DecoderOutput:
 class StepState(Protocol):
     """What a decoder carries from one step to the next for N rows (LSTM memory, attention caches).
 
-    Decoding reorders or repeats it with ``select`` without knowing what it holds.
+    Decoding reorders or repeats it with ``select`` without knowing what it holds. It is a
+    ``NamedTuple`` of tensors (or of tuples of tensors) with the rows on dim 0: the ONNX export
+    flattens its fields in order and rebuilds it with its class (``captioning.export.graphs``).
     """
 
     def select(self, index: Tensor) -> StepState:

@@ -19,6 +19,7 @@ from PIL import Image
 from tiny_models import tiny_checkpoint, tiny_decoder_config
 
 import captioning
+from captioning.export.graphs import export_decoder_graphs
 from captioning.hub.checkpoint import CheckpointError
 from captioning.models.base import DECODERS
 from captioning.utils.errors import InputError
@@ -51,6 +52,24 @@ def exports(
 @pytest.mark.parametrize("kind", DECODERS.names())
 def test_every_decoder_family_exports_steps_and_searches_as_pytorch(kind, tmp_path):
     check_export(random_decoder(kind), grids(), tmp_path)
+
+
+def test_a_state_the_export_cannot_flatten_is_refused_naming_the_decoder(tmp_path):
+    """A state must be a NamedTuple of tensors: one the export cannot see into would be written as no
+    state at all, so it is refused before any graph is written."""
+
+    class OpaqueState:  # select and head, but no tensors a tuple walk finds
+        def __init__(self, h):
+            self.h = h
+
+        def select(self, index):
+            return OpaqueState(self.h.index_select(0, index))
+
+    decoder = random_decoder("lstm")
+    decoder.init_state = lambda annotations: OpaqueState(torch.zeros(annotations.size(0), 4))
+    with raises_naming(TypeError, "ShowAttendTellDecoder.init_state", "OpaqueState", "NamedTuple"):
+        export_decoder_graphs(decoder, grids(2), tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("kind", DECODERS.names())
