@@ -109,5 +109,25 @@ def test_the_gru_trains_and_its_checkpoint_beam_searches_and_exports(gru, data_r
         assert have.log_prob == pytest.approx(want.log_prob, abs=1e-4)
 
 
+def test_the_extending_pages_gru_example_is_this_family():
+    """docs/extending.md's GRU, run as written (registered in a scope), builds from ``model.decoder.kind``
+    and gives this family's outputs with the same seed."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text(encoding="utf-8")
+    blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
+    (example,) = [block for block in blocks if '@register_decoder("gru"' in block]
+    annotations, captions = grids(2), torch.tensor([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0]])
+    lengths = torch.tensor([5, 3])
+    outputs = []
+    with DECODERS.scope():
+        namespace: dict = {}
+        exec(compile(example, "extending.md", "exec"), namespace)  # the page's own code
+        assert DECODERS.implementation_of("gru") is namespace["GRUDecoder"]
+        outputs.append(random_decoder("gru")(annotations, captions, lengths))
+    with DECODERS.registered("gru", GRUDecoder, GRUDecoderConfig):
+        outputs.append(random_decoder("gru")(annotations, captions, lengths))
+    torch.testing.assert_close(outputs[0].logits, outputs[1].logits, rtol=0, atol=0)
+    torch.testing.assert_close(outputs[0].alphas, outputs[1].alphas, rtol=0, atol=0)
+
+
 def _rgb(path: Path) -> Image.Image:
     return Image.open(path).convert("RGB")
