@@ -18,6 +18,7 @@ in ``_init_state_layers`` and ``_recurrence_layers``). The state is the cell's o
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
@@ -312,14 +313,7 @@ class RecurrentDecoder(CaptionDecoder):
 
         # Per-step results are collected and stacked once: writing each step into a preallocated
         # (N, T, ...) buffer would make backward copy the whole buffer once per step.
-        # beta (with a gate) and the sampled locations (hard attention in training) come on every
-        # step or on none.
-        hiddens: list[Tensor] = []
-        contexts: list[Tensor] = []
-        alphas: list[Tensor] = []
-        betas: list[Tensor] = []
-        location_log_probs: list[Tensor] = []
-        entropies: list[Tensor] = []
+        values = _StepValues()
         cell = self._compiled_cell or self._cell
         for t, n in enumerate(active):
             # slice only when rows end: a no-op slice still costs a backward copy
@@ -328,43 +322,79 @@ class RecurrentDecoder(CaptionDecoder):
             state, context, alpha, beta, location_log_prob, entropy = cell(
                 embed_gates[t][:n] if n < num_captions else embed_gates[t], prepared, state
             )
-            hiddens.append(state.hidden)
-            contexts.append(context)
-            alphas.append(alpha)
-            if beta is not None:
-                betas.append(beta)
-            if location_log_prob is not None and entropy is not None:
-                location_log_probs.append(location_log_prob)
-                entropies.append(entropy)
-
-        sampled_locations = bool(location_log_probs)  # hard attention in training
+            values.add(state.hidden, context, alpha, beta, location_log_prob, entropy)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(num_captions, device=order.device)
+        mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
+        return self._teacher_forced_output(
+            values, None if in_order else inverse, embedded, mask, prepared.positions
+        )
+
+    def _teacher_forced_output(
+        self, values: _StepValues, inverse: Tensor | None, embedded: Tensor, mask: Tensor, positions: int
+    ) -> DecoderOutput:
+        """The ``DecoderOutput`` of the per-step ``values`` of the length-sorted captions: padded to
+        (N, T, ...), put back in the callers' order by ``inverse`` (None: already in it), and the output
+        layer over all steps at once. ``embedded``: (N, T, m) sorted; ``mask``: (N, T) callers' order;
+        ``positions``: P."""
+        num_captions = mask.size(0)
 
         def unsort(x: Tensor) -> Tensor:
-            return x if in_order else x.index_select(0, inverse)
+            return x if inverse is None else x.index_select(0, inverse)
 
-        def padded(values: list[Tensor], *shape: int) -> Tensor:
+        def padded(steps: list[Tensor], *shape: int) -> Tensor:
             """(N, T, *shape) in the callers' order from per-step (n_t, *shape), zeros after each end."""
-            return unsort(_stack_steps(values, num_captions, shape, embedded))
+            return unsort(_stack_steps(steps, num_captions, shape, embedded))
 
         # Unsorted before the output layer: (N, T, H) inputs are V/H times smaller than (N, T, V) logits.
-        hidden_steps = padded(hiddens, self.hidden_dim)  # (N, T, H)
+        hidden_steps = padded(values.hiddens, self.hidden_dim)  # (N, T, H)
         if self.deep_output:
             logits = self._logits(
-                unsort(embedded), hidden_steps, padded(contexts, self.attention.context_dim)
+                unsort(embedded), hidden_steps, padded(values.contexts, self.attention.context_dim)
             )
         else:
             logits = self._logits(None, hidden_steps, None)  # (N, T, V), one product for all steps
-        mask = decode_lengths.unsqueeze(1) > torch.arange(steps, device=captions.device)  # (N, T)
+        sampled_locations = bool(values.location_log_probs)  # hard attention in training
         return DecoderOutput(
             logits,
-            padded(alphas, prepared.keys.shape[-2]),
+            padded(values.alphas, positions),
             mask,
-            padded(betas) if self.gate is not None else None,
-            padded(location_log_probs) if sampled_locations else None,
-            padded(entropies) if sampled_locations else None,
+            padded(values.betas) if self.gate is not None else None,
+            padded(values.location_log_probs) if sampled_locations else None,
+            padded(values.entropies) if sampled_locations else None,
         )
+
+
+@dataclass
+class _StepValues:
+    """What each step of the teacher-forced loop gives, (n_t, ...) for the n_t captions still running.
+    beta (with a gate) and the sampled locations (hard attention in training) come on every step or
+    on none."""
+
+    hiddens: list[Tensor] = field(default_factory=list)
+    contexts: list[Tensor] = field(default_factory=list)
+    alphas: list[Tensor] = field(default_factory=list)
+    betas: list[Tensor] = field(default_factory=list)
+    location_log_probs: list[Tensor] = field(default_factory=list)
+    entropies: list[Tensor] = field(default_factory=list)
+
+    def add(
+        self,
+        hidden: Tensor,
+        context: Tensor,
+        alpha: Tensor,
+        beta: Tensor | None,
+        location_log_prob: Tensor | None,
+        entropy: Tensor | None,
+    ) -> None:
+        self.hiddens.append(hidden)
+        self.contexts.append(context)
+        self.alphas.append(alpha)
+        if beta is not None:
+            self.betas.append(beta)
+        if location_log_prob is not None and entropy is not None:
+            self.location_log_probs.append(location_log_prob)
+            self.entropies.append(entropy)
 
 
 def _stack_steps(values: list[Tensor], rows: int, shape: tuple[int, ...], like: Tensor) -> Tensor:
