@@ -77,7 +77,8 @@ class ShowAttendTellDecoder(RecurrentDecoder):
         annotation_dim: int,
         grid: tuple[int, int] | None = None,
     ) -> ShowAttendTellDecoder:
-        """The decoder (soft or hard attention) described by ``config``; the grid does not matter."""
+        """The decoder (soft or hard attention) described by ``config``; the grid does not matter. A
+        subclass registered as a family of its own is built as itself (soft attention)."""
         kwargs: dict[str, Any] = cls.decoder_arguments(config, vocab_size, annotation_dim)
         if config.attention == "hard":
             return HardAttentionDecoder(
@@ -87,7 +88,7 @@ class ShowAttendTellDecoder(RecurrentDecoder):
                 expected_gradient=config.hard_alpha_gradients == "paper",
                 expected_draw=config.hard_expected_draw,
             )
-        return ShowAttendTellDecoder(**kwargs)
+        return (ShowAttendTellDecoder if issubclass(cls, HardAttentionDecoder) else cls)(**kwargs)
 
     def init_state(self, annotations: Tensor) -> LSTMState:
         """h_0, c_0 = tanh(MLP(mean_i a_i)), each (B, H)."""

@@ -204,6 +204,23 @@ def test_one_registration_gives_a_new_family_its_class_and_its_configuration():
     assert "tiny_lstm_for_test" not in DECODERS  # the registry as it was for the other tests of this process
 
 
+def test_a_subclass_of_the_lstm_registered_as_a_family_is_built_as_itself():
+    """Its cell (``_recur``) is what it changes: a family built as the plain LSTM would drop it."""
+
+    @dataclasses.dataclass(frozen=True)
+    class DoubledConfig(LSTMDecoderConfig):
+        kind: str = "doubled_for_test"
+
+    class Doubled(ShowAttendTellDecoder):
+        def _recur(self, embed_gates, context, state):
+            return super()._recur(embed_gates, 2 * context, state)
+
+    with DECODERS.registered("doubled_for_test", Doubled, DoubledConfig):
+        decoder = build_decoder(DoubledConfig(**SMALL["lstm"]), V, C, GRID)
+    assert type(decoder) is Doubled
+    assert type(build_decoder(LSTMDecoderConfig(**SMALL["lstm"]), V, C, GRID)) is ShowAttendTellDecoder
+
+
 def test_a_built_in_familys_decoder_joins_the_configuration_registered_for_it():
     with raises_naming(ValueError, "'lstm'", "registered"):
         register_decoder("lstm", LSTMDecoderConfig)(ShowAttendTellDecoder)
