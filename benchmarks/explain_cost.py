@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
+from captioning.explain.captions import curve_settings, explain_batch, method_settings
 from captioning.explain.faithfulness import method_curves, random_curves
 from captioning.explain.methods import applicable_methods
 from captioning.explain.split import split_grids
-from captioning.explain.study import FaithfulnessSettings, curve_settings, explain_batch, method_settings
+from captioning.explain.study import FaithfulnessSettings
 from captioning.inference.captioner import caption_records, load_captioner, split_records
 
 

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
 
+    from captioning.explain.captions import WordExplanation
     from captioning.explain.config import ExplainConfig
-    from captioning.explain.study import WordExplanation
     from captioning.export.model import OnnxCaptioningModel
     from captioning.inference.captioner import Captioned
     from captioning.models.captioner import Captioner

@@ -320,10 +320,10 @@ def _method_figures(
     ``boxes`` (a split's instances), each word's panels outline the objects it names."""
     from captioning.data.images import load_image
     from captioning.evaluation.grounding import WordMatcher, word_boxes
+    from captioning.explain.captions import explain_captions
     from captioning.explain.config import ExplainConfig
     from captioning.explain.methods import needs_baseline
     from captioning.explain.split import shared_baseline, split_grids
-    from captioning.explain.study import explain_captions
     from captioning.visualization.figures import save_figure
     from captioning.visualization.method_figures import method_figure
 

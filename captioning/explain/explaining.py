@@ -18,11 +18,11 @@ from PIL import Image
 
 from captioning.data.images import as_rgb_image, check_picture
 from captioning.explain.baselines import BASELINE_FILE, blurred_grids, checked_baseline, training_mean
+from captioning.explain.captions import WordExplanation, explain_captions
 from captioning.explain.config import BASELINES, ExplainConfig, config_with
 from captioning.explain.cost import check_explain_fits
 from captioning.explain.methods import check_extras, needs_baseline, parse_methods
 from captioning.explain.pixel_curves import PixelInputs
-from captioning.explain.study import WordExplanation, explain_captions
 from captioning.inference.captioner import decode_config_with
 from captioning.utils.errors import InputError
 

@@ -16,10 +16,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captioning.evaluation.grounding import Instances
+from captioning.explain.captions import baseline_of, curve_settings, explain_batch, method_settings
 from captioning.explain.config import ExplainConfig
-from captioning.explain.faithfulness import CurveSettings, WordCurves, method_curves, random_curves, summarise
+from captioning.explain.faithfulness import WordCurves, method_curves, random_curves, summarise
 from captioning.explain.hallucinated_maps import hallucination_peaks
-from captioning.explain.methods import ExplainInputs, ExplainSettings, explain, parse_methods
+from captioning.explain.methods import parse_methods
 from captioning.explain.pixel_curves import (
     PixelInputs,
     PixelWordCurves,
@@ -49,21 +50,6 @@ from captioning.models.base import CaptionDecoder
 FaithfulnessSettings = ExplainConfig  # the study's settings are the explain settings
 
 
-def method_settings(config: ExplainConfig) -> ExplainSettings:
-    """What the methods read of ``config``."""
-    return ExplainSettings(config.ig_steps, config.batch_rows)
-
-
-def curve_settings(config: ExplainConfig) -> CurveSettings:
-    """What the curves read of ``config``."""
-    return CurveSettings(config.curve_steps, config.random_seeds, config.batch_rows, config.order_seed)
-
-
-def _baseline_of(baseline: Tensor, part: slice) -> Tensor:
-    """A (C,) baseline as it is; a (N, P, C) one's images ``part``."""
-    return baseline if baseline.dim() == 1 else baseline[part]
-
-
 @dataclass
 class _Collected:
     per_method: dict[str, list[WordCurves]] = field(default_factory=dict)
@@ -73,23 +59,6 @@ class _Collected:
     explained: list[Explained] = field(default_factory=list)
     pixel_per_method: dict[str, list[PixelWordCurves]] = field(default_factory=dict)
     pixel_control: list[list[PixelWordCurves]] = field(default_factory=list)
-
-
-def explain_batch(
-    decoder: CaptionDecoder,
-    annotations: Tensor,
-    tokens: Sequence[Sequence[int]],
-    methods: Sequence[str],
-    baseline: Tensor,
-    settings: ExplainSettings,
-    score: str = "log_prob",
-) -> tuple[dict[str, Tensor], WordScorer]:
-    """Each method's maps (B, T, P) of B captions (word ids without ``<start>``/``<end>``) of B grids,
-    explaining each word's ``score`` (``ExplainConfig.score``); ``baseline`` (C,) or (B, P, C)."""
-    captions, lengths = caption_tensor(tokens)
-    scorer = WordScorer(decoder, captions.to(annotations.device), lengths.to(annotations.device), score)
-    inputs = ExplainInputs(scorer, annotations, baseline, settings)
-    return {name: explain(name, inputs) for name in methods}, scorer
 
 
 def faithfulness_study(
@@ -137,35 +106,14 @@ def faithfulness_study(
     """
     bootstrap = bootstrap or BootstrapSettings()
     methods = parse_methods(",".join(settings.methods), decoder)
-    explaining, curving = method_settings(settings), curve_settings(settings)
     collected = _Collected({name: [] for name in methods})
     batches = range(0, annotations.size(0), settings.batch_images)
     for first in tqdm(batches, desc="explaining", disable=not progress, leave=False, unit="batch"):
         part = slice(first, min(annotations.size(0), first + settings.batch_images))
-        grids, base = annotations[part], _baseline_of(baseline, part)
-        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, base, explaining, settings.score)
-        index = scorer.word_mask.nonzero()  # (W, 2): (caption row, word)
-        images = index[:, 0] + first  # each word's image in the study: seeds its random orders
-        for name in methods:
-            chosen = maps[name][index[:, 0], index[:, 1]]  # (W, P)
-            collected.per_method[name].append(
-                method_curves(scorer.words_at, grids, base, chosen, index, curving, images)
-            )
-        collected.control.append(random_curves(scorer.words_at, grids, base, index, curving, images))
-        if pixels is not None and settings.pixel is not None:
-            _pixel_batch(collected, pixels, part, scorer, maps, index, settings)
-        for row, image_id in enumerate(image_ids[part]):
-            caption = list(words[first + row])
-            collected.classes += word_classes(caption, instances)
-            collected.word_images += [image_id] * len(caption)
-            collected.explained.append(
-                Explained(
-                    image_id,
-                    caption,
-                    {name: maps[name][row, : len(caption)].cpu().numpy() for name in methods},
-                    grid,
-                )
-            )
+        maps = _study_batch(
+            collected, decoder, annotations, tokens, baseline, methods, settings, part, pixels
+        )
+        _collect_explained(collected, maps, methods, words, image_ids, part, grid, instances)
     if maps_out is not None:
         maps_out.extend(collected.explained)
     per_method = {name: _joined(parts) for name, parts in collected.per_method.items()}
@@ -177,30 +125,99 @@ def faithfulness_study(
     if settings.sanity_images:
         _sanity(result, decoder, annotations, tokens, methods, baseline, grid, settings, shuffled)
     if instances is not None:
-        grounding = grounding_rows(collected.explained, instances, settings.pointing_tolerance)
-        intervals = grounding_intervals(
-            collected.explained, instances, settings.pointing_tolerance, bootstrap
-        )
-        mentions = mention_rows(collected.explained, instances, references)
-        hallucination = hallucination_summary(mentions, methods)
-        result["hallucination"] = hallucination
-        result["hallucination_peaks"] = hallucination_peaks(collected.explained, instances, mentions, methods)
-        for name in methods:
-            result["methods"][name].update(
-                {
-                    "grounding_mass": grounding[name]["mass"],
-                    "pointing": grounding[name]["pointing"],
-                    "pointing_published": grounding[name]["pointing_published"],
-                    "pointing_published_classes": grounding[name]["pointing_published_classes"],
-                    "grounding_mentions": grounding[name]["mentions"],
-                    "hallucinated_object_mass": hallucination[name]["hallucinated"]["object_mass"],
-                    "grounded_object_mass": hallucination[name]["grounded"]["object_mass"],
-                    "hallucinated_entropy": hallucination[name]["hallucinated"]["entropy"],
-                    "grounded_entropy": hallucination[name]["grounded"]["entropy"],
-                    **intervals.get(name, {}),
-                }
-            )
+        _add_grounding(result, collected.explained, instances, references, methods, settings, bootstrap)
     return result
+
+
+def _study_batch(
+    collected: _Collected,
+    decoder: CaptionDecoder,
+    annotations: Tensor,
+    tokens: Sequence[Sequence[int]],
+    baseline: Tensor,
+    methods: Sequence[str],
+    settings: ExplainConfig,
+    part: slice,
+    pixels: PixelInputs | None,
+) -> dict[str, Tensor]:
+    """The maps (B, T, P) per method of the images ``part``; their words' deletion and insertion
+    curves, the random control's and (with ``pixels``) the pixel curves go into ``collected``."""
+    grids, base = annotations[part], baseline_of(baseline, part)
+    maps, scorer = explain_batch(
+        decoder, grids, tokens[part], methods, base, method_settings(settings), settings.score
+    )
+    curving = curve_settings(settings)
+    index = scorer.word_mask.nonzero()  # (W, 2): (caption row, word)
+    images = index[:, 0] + part.start  # each word's image in the study: seeds its random orders
+    for name in methods:
+        chosen = maps[name][index[:, 0], index[:, 1]]  # (W, P)
+        collected.per_method[name].append(
+            method_curves(scorer.words_at, grids, base, chosen, index, curving, images)
+        )
+    collected.control.append(random_curves(scorer.words_at, grids, base, index, curving, images))
+    if pixels is not None and settings.pixel is not None:
+        _pixel_batch(collected, pixels, part, scorer, maps, index, settings)
+    return maps
+
+
+def _collect_explained(
+    collected: _Collected,
+    maps: Mapping[str, Tensor],
+    methods: Sequence[str],
+    words: Sequence[Sequence[str]],
+    image_ids: Sequence[int],
+    part: slice,
+    grid: tuple[int, int],
+    instances: Instances | None,
+) -> None:
+    """Each image of ``part``: its words' classes and image ids, and its maps per method (each
+    (T, P) cut to its caption's words) as an :class:`Explained`, added to ``collected``."""
+    for row, image_id in enumerate(image_ids[part]):
+        caption = list(words[part.start + row])
+        collected.classes += word_classes(caption, instances)
+        collected.word_images += [image_id] * len(caption)
+        collected.explained.append(
+            Explained(
+                image_id,
+                caption,
+                {name: maps[name][row, : len(caption)].cpu().numpy() for name in methods},
+                grid,
+            )
+        )
+
+
+def _add_grounding(
+    result: dict,
+    explained: Sequence[Explained],
+    instances: Instances,
+    references: Mapping[int, Sequence[Sequence[str]]] | None,
+    methods: Sequence[str],
+    settings: ExplainConfig,
+    bootstrap: BootstrapSettings,
+) -> None:
+    """The table's grounding and hallucinated-mention columns: ``result["hallucination"]``,
+    ``result["hallucination_peaks"]`` and each method's row's grounding, pointing and mention masses."""
+    grounding = grounding_rows(explained, instances, settings.pointing_tolerance)
+    intervals = grounding_intervals(explained, instances, settings.pointing_tolerance, bootstrap)
+    mentions = mention_rows(explained, instances, references)
+    hallucination = hallucination_summary(mentions, methods)
+    result["hallucination"] = hallucination
+    result["hallucination_peaks"] = hallucination_peaks(explained, instances, mentions, methods)
+    for name in methods:
+        result["methods"][name].update(
+            {
+                "grounding_mass": grounding[name]["mass"],
+                "pointing": grounding[name]["pointing"],
+                "pointing_published": grounding[name]["pointing_published"],
+                "pointing_published_classes": grounding[name]["pointing_published_classes"],
+                "grounding_mentions": grounding[name]["mentions"],
+                "hallucinated_object_mass": hallucination[name]["hallucinated"]["object_mass"],
+                "grounded_object_mass": hallucination[name]["grounded"]["object_mass"],
+                "hallucinated_entropy": hallucination[name]["hallucinated"]["entropy"],
+                "grounded_entropy": hallucination[name]["grounded"]["entropy"],
+                **intervals.get(name, {}),
+            }
+        )
 
 
 def _pixel_batch(
@@ -302,7 +319,7 @@ def _sanity(
     """Adebayo et al.'s randomisation tests on the first ``sanity_images`` images, into ``result``."""
     count = min(settings.sanity_images, annotations.size(0))
     grids, captions = annotations[:count], tokens[:count]
-    base, explaining = _baseline_of(baseline, slice(0, count)), method_settings(settings)
+    base, explaining = baseline_of(baseline, slice(0, count)), method_settings(settings)
     trained: dict[str, Tensor] = {}
 
     def maps_of(model: CaptionDecoder) -> dict[str, Tensor]:
@@ -372,96 +389,3 @@ def _per_image(
             }
         rows.append(row)
     return rows
-
-
-@dataclass
-class WordExplanation:
-    """One caption's maps and curves, numpy arrays throughout.
-
-    Attributes:
-        maps: method -> (T, P) float32 maps of its T words.
-        deletion, insertion: method -> (T, K) the word's probability after each point of the curve.
-        deletion_auc, insertion_auc: method -> (T,) the areas (trapezoid over ``shares``).
-        shares: (K,) the share of the grid's cells changed at each point (empty without curves).
-        pixel_deletion, pixel_insertion, pixel_deletion_auc, pixel_insertion_auc: the same in pixel
-            space (:mod:`captioning.explain.pixel_curves`; (T, n + 1) curves, RISE's areas), empty
-            without them.
-    """
-
-    maps: dict[str, np.ndarray]
-    deletion: dict[str, np.ndarray]
-    insertion: dict[str, np.ndarray]
-    deletion_auc: dict[str, np.ndarray]
-    insertion_auc: dict[str, np.ndarray]
-    shares: np.ndarray
-    pixel_deletion: dict[str, np.ndarray] = field(default_factory=dict)
-    pixel_insertion: dict[str, np.ndarray] = field(default_factory=dict)
-    pixel_deletion_auc: dict[str, np.ndarray] = field(default_factory=dict)
-    pixel_insertion_auc: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-def explain_captions(
-    decoder: CaptionDecoder,
-    annotations: Tensor,
-    tokens: Sequence[Sequence[int]],
-    methods: Sequence[str],
-    baseline: Tensor,
-    settings: ExplainConfig,
-    curves: bool = True,
-    pixels: PixelInputs | None = None,
-) -> list[WordExplanation]:
-    """Each method's maps of B captions of B grids (B, P, C) and, with ``curves``, each word's
-    deletion and insertion curves (empty dicts without); ``baseline`` (C,) or (B, P, C); with
-    ``pixels`` and ``settings.pixel_steps``, its curves in pixel space too."""
-    explaining, curving = method_settings(settings), curve_settings(settings)
-    explanations = []
-    for first in range(0, annotations.size(0), settings.batch_images):
-        part = slice(first, min(annotations.size(0), first + settings.batch_images))
-        grids, base = annotations[part], _baseline_of(baseline, part)
-        maps, scorer = explain_batch(decoder, grids, tokens[part], methods, base, explaining, settings.score)
-        index = scorer.word_mask.nonzero()
-        images = index[:, 0] + first
-        results = {
-            name: method_curves(
-                scorer.words_at, grids, base, maps[name][index[:, 0], index[:, 1]], index, curving, images
-            )
-            for name in (methods if curves else ())
-        }
-        points = _numpy(next(iter(results.values())).points) if results else np.zeros(0)
-        on_pixels: dict[str, PixelWordCurves] = {}
-        if pixels is not None and settings.pixel is not None:
-            images_part = pixels.images(first, part.stop)
-            on_pixels = {
-                name: method_pixel_curves(
-                    pixels.encode,
-                    scorer.words_at,
-                    images_part,
-                    maps[name][index[:, 0], index[:, 1]],
-                    index,
-                    pixels.grid,
-                    settings.pixel,
-                )
-                for name in methods
-            }
-
-        for row in range(grids.size(0)):
-            count, mine = len(tokens[first + row]), index[:, 0] == row
-            explanations.append(
-                WordExplanation(
-                    {name: _numpy(maps[name][row, :count]) for name in methods},
-                    {name: _numpy(result.deletion[mine]) for name, result in results.items()},
-                    {name: _numpy(result.insertion[mine]) for name, result in results.items()},
-                    {name: _numpy(result.deletion_area[mine]) for name, result in results.items()},
-                    {name: _numpy(result.insertion_area[mine]) for name, result in results.items()},
-                    points,
-                    {name: _numpy(result.deletion[mine]) for name, result in on_pixels.items()},
-                    {name: _numpy(result.insertion[mine]) for name, result in on_pixels.items()},
-                    {name: _numpy(result.deletion_area[mine]) for name, result in on_pixels.items()},
-                    {name: _numpy(result.insertion_area[mine]) for name, result in on_pixels.items()},
-                )
-            )
-    return explanations
-
-
-def _numpy(values: Tensor) -> np.ndarray:
-    return values.detach().cpu().numpy()

@@ -20,9 +20,9 @@ from captioning.data.shapes import ShapesFiles
 from captioning.data.vocab import Vocabulary
 from captioning.explain import baselines
 from captioning.explain.baselines import BASELINE_FILE
+from captioning.explain.captions import explain_batch
 from captioning.explain.methods import ExplainSettings
 from captioning.explain.scoring import caption_tensor
-from captioning.explain.study import explain_batch
 from captioning.models.decoder import ShowAttendTellDecoder
 
 pytestmark = pytest.mark.usefixtures("single_thread")

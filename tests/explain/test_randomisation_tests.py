@@ -17,6 +17,7 @@ from skimage.metrics import structural_similarity
 
 from captioning.config import LSTMDecoderConfig, TransformerDecoderConfig
 from captioning.data.records import ImageRecord, shuffled_captions
+from captioning.explain.captions import explain_batch
 from captioning.explain.methods import ExplainSettings
 from captioning.explain.sanity import (
     data_randomisation_test,
@@ -27,7 +28,6 @@ from captioning.explain.sanity import (
 )
 from captioning.explain.scoring import WordScorer, caption_tensor
 from captioning.explain.similarity import MEASURES, similarities
-from captioning.explain.study import explain_batch
 from captioning.models.decoder import ShowAttendTellDecoder
 from captioning.models.transformer import TransformerDecoder
 
