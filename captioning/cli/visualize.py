@@ -177,6 +177,57 @@ def visualize_images(
         CheckpointError: the checkpoint is missing or invalid.
         ValueError / ConfigError: contradictory or invalid options.
     """
+    _check_options(images, split, num, mode, normalize, cmap, file_format, overrides, methods)
+    view = attention_view(layer, head)
+    checkpoint, paths = _checked_files(checkpoint, images, out_dir, file_format, html, methods)
+    # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
+    from captioning.inference.captioner import caption_records
+
+    model, config, _, torch_device = load_for_tool(checkpoint, device)
+    label = _show_attention_view(model, config, view, layer, checkpoint)
+    if methods is not None:
+        from captioning.explain.methods import parse_methods
+
+        methods = ",".join(parse_methods(methods, model.decoder))
+    config = visualization_config(config, data_config, overrides, beam_size, num_return)
+    check_config_extras(config, encoder=False, tokenizer=False, dataset=split is not None)
+    records, boxes, names = _records_to_draw(config, split, num, paths, data_config, overrides)
+    # A handful of images: decode them straight from the files rather than building a feature cache.
+    decode_from_images = replace(config, data=replace(config.data, use_cache=False))
+    captioned = caption_records(model, decode_from_images, records, torch_device, config.decode, progress)
+    if names is not None:  # each decoded image's own name, in the order of the captions
+        position = {record.image_id: k for k, record in enumerate(records)}
+        names = [names[position[item.record.image_id]] for item in captioned]
+    stems = names if names is not None else [str(item.record.image_id) for item in captioned]
+    drawing = _Drawing(out_dir, file_format, mode, normalize, cmap, html, progress, boxes)
+    notes = {path: output_note(path) for path in drawing.paths(stems)}
+    if methods is not None:
+        written = _method_figures(model, decode_from_images, captioned, methods, checkpoint, stems, drawing)
+    else:
+        written = drawing.attention_figures(captioned, model.grid, names, label)
+    report = drawing.report(captioned, model.grid, label)
+    return VisualizationResult(
+        captioned,
+        [path for path, _ in written],
+        [panels for _, panels in written],
+        report,
+        notes,
+        config.decode.num_return,
+    )
+
+
+def _check_options(
+    images: Sequence[str | Path],
+    split: str | None,
+    num: int,
+    mode: str,
+    normalize: str,
+    cmap: str,
+    file_format: str,
+    overrides: Sequence[str],
+    methods: str | None,
+) -> None:
+    """The options of ``visualize_images`` that need no file, each refused on one line naming it."""
     if bool(images) == (split is not None):
         raise InputError("give IMAGE files or --split, not both" if images else "give IMAGE files or --split")
     if num < 1:
@@ -196,7 +247,18 @@ def visualize_images(
         from captioning.explain.methods import parse_methods
 
         parse_methods(methods)  # the names, before any work; whether they fit the model once it is loaded
-    view = attention_view(layer, head)
+
+
+def _checked_files(
+    checkpoint: str | Path,
+    images: Sequence[str | Path],
+    out_dir: str | Path,
+    file_format: str,
+    html: str | Path | None,
+    methods: str | None,
+) -> tuple[Path, list[Path]]:
+    """The checkpoint to read and the image paths, once the outputs are checked against them (none may
+    replace an input) and every image is read, before the model is loaded."""
     check_output_folder(out_dir, "--out-dir")
     checkpoint = checkpoint_to_read(checkpoint)
     if methods is not None:
@@ -209,96 +271,97 @@ def visualize_images(
     )
     for path in paths:  # fail before loading the model, naming the file
         load_image(path)
-    # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
-    from captioning.evaluation.runner import default_instances, load_boxes
-    from captioning.inference.captioner import caption_records, split_records
-    from captioning.visualization.report import write_figures, write_report
+    return checkpoint, paths
 
-    model, config, _, torch_device = load_for_tool(checkpoint, device)
+
+def _show_attention_view(model, config: Config, view, layer: str | int | None, checkpoint: Path) -> str:
+    """The decoder set to draw ``view`` (a layer and head of its attention), checked against the
+    model; returns the view's label for the figures."""
     check_layer_choice(model.decoder, config.model.decoder.kind, "--layer", layer)
     try:
         model.decoder.set_attention_view(view)  # before decoding: the captions' maps are this view's
     except ValueError as error:
         raise InputError(f"{checkpoint}: {error}") from None
-    label = model.decoder.describe_attention()
-    if methods is not None:
-        methods = ",".join(parse_methods(methods, model.decoder))
-    config = visualization_config(config, data_config, overrides, beam_size, num_return)
-    check_config_extras(config, encoder=False, tokenizer=False, dataset=split is not None)
+    return model.decoder.describe_attention()
+
+
+def _records_to_draw(
+    config: Config,
+    split: str | None,
+    num: int,
+    paths: list[Path],
+    data_config: str | Path | None,
+    overrides: Sequence[str],
+) -> tuple[list[ImageRecord], Any, list[str] | None]:
+    """(records, boxes, names): the first ``num`` images of ``split`` with its instances' boxes, or the
+    image files as records, named by their unique stems (None for a split: its images go by id)."""
+    from captioning.evaluation.runner import default_instances, load_boxes
+    from captioning.inference.captioner import split_records
+
     if split is not None:
         # Shapes is generated only under a data.root the user gave, never under the checkpoint's.
         generate = data_config is not None or "data.root" in parse_overrides(overrides)
         records = split_records(config, split, generate=generate)[:num]
-        boxes = load_boxes(default_instances(config))
-        names = None
-    else:
-        records = [ImageRecord(image_id=k, path=path, split="") for k, path in enumerate(paths, start=1)]
-        boxes = None
-        names = _unique_stems(paths)
-    # A handful of images: decode them straight from the files rather than building a feature cache.
-    decode_from_images = replace(config, data=replace(config.data, use_cache=False))
-    captioned = caption_records(model, decode_from_images, records, torch_device, config.decode, progress)
-    if names is not None:
-        position = {record.image_id: k for k, record in enumerate(records)}
-        names = [names[position[item.record.image_id]] for item in captioned]
-    stems = names if names is not None else [str(item.record.image_id) for item in captioned]
-    notes = {
-        path: output_note(path)
-        for path in [
-            *(Path(out_dir) / f"{stem}.{file_format}" for stem in stems),
-            *([Path(html)] if html is not None else []),
-        ]
-    }
-    if methods is not None:
-        written = _method_figures(
-            model,
-            decode_from_images,
+        return records, load_boxes(default_instances(config)), None
+    records = [ImageRecord(image_id=k, path=path, split="") for k, path in enumerate(paths, start=1)]
+    return records, None, _unique_stems(paths)
+
+
+@dataclass(frozen=True)
+class _Drawing:
+    """How ``visualize_images`` draws the attention: the figures' folder, format and colours, the
+    report's path (None: no report) and the boxes of a split's instances."""
+
+    out_dir: str | Path
+    file_format: str
+    mode: str
+    normalize: str
+    cmap: str
+    html: str | Path | None
+    progress: bool
+    boxes: Any
+
+    def paths(self, stems: Sequence[str]) -> list[Path]:
+        """Every file drawing writes: a figure per stem, then the report."""
+        figures = [Path(self.out_dir) / f"{stem}.{self.file_format}" for stem in stems]
+        return [*figures, *([Path(self.html)] if self.html is not None else [])]
+
+    def attention_figures(
+        self, captioned: list, grid: tuple[int, int], names: list[str] | None, label: str
+    ) -> list[tuple[Path, int]]:
+        """One attention figure per image: (path, panels)."""
+        from captioning.visualization.report import write_figures
+
+        return write_figures(
             captioned,
-            methods,
-            out_dir,
-            stems,
-            file_format,
-            mode,
-            cmap,
-            checkpoint,
-            boxes,
-        )
-    else:
-        written = write_figures(
-            captioned,
-            out_dir,
-            model.grid,
-            mode,
-            "." + file_format,
+            self.out_dir,
+            grid,
+            self.mode,
+            "." + self.file_format,
             names,
-            progress,
+            self.progress,
             label,
-            normalize=normalize,
-            cmap=cmap,
-            boxes=boxes,
+            normalize=self.normalize,
+            cmap=self.cmap,
+            boxes=self.boxes,
         )
-    report = (
-        write_report(
+
+    def report(self, captioned: list, grid: tuple[int, int], label: str) -> Path | None:
+        """The HTML report, when one is asked for."""
+        if self.html is None:
+            return None
+        from captioning.visualization.report import write_report
+
+        return write_report(
             captioned,
-            html,
-            model.grid,
-            mode,
-            cmap=cmap,
+            self.html,
+            grid,
+            self.mode,
+            cmap=self.cmap,
             attention_label=label,
-            normalize=normalize,
-            boxes=boxes,
+            normalize=self.normalize,
+            boxes=self.boxes,
         )
-        if html is not None
-        else None
-    )
-    return VisualizationResult(
-        captioned,
-        [path for path, _ in written],
-        [panels for _, panels in written],
-        report,
-        notes,
-        config.decode.num_return,
-    )
 
 
 def _method_figures(
@@ -306,18 +369,14 @@ def _method_figures(
     config,
     captioned,
     methods: str,
-    out_dir,
-    stems,
-    file_format: str,
-    mode: str,
-    cmap: str,
     checkpoint,
-    boxes,
+    stems: Sequence[str],
+    drawing: _Drawing,
 ) -> list[tuple[Path, int]]:
     """One figure per image with a row per attribution method: (path, panels) per image. The baseline
     is the training split's mean grid feature (kept in the run folder, as ``evaluate.py --faithfulness``
     keeps it), or a zero feature when the training split cannot be read (said on a line). With
-    ``boxes`` (a split's instances), each word's panels outline the objects it names."""
+    ``drawing.boxes`` (a split's instances), each word's panels outline the objects it names."""
     from captioning.data.images import load_image
     from captioning.evaluation.grounding import WordMatcher, word_boxes
     from captioning.explain.captions import explain_captions
@@ -348,9 +407,9 @@ def _method_figures(
     matcher = WordMatcher()
     for item, explanation, stem in zip(captioned, explained, stems, strict=True):
         maps = {name: explanation.maps[name] for name in names}
-        named = word_boxes(item.words, item.record.image_id, boxes, matcher)
+        named = word_boxes(item.words, item.record.image_id, drawing.boxes, matcher)
         image = load_image(item.record.path)
-        figure = method_figure(image, item.words, maps, model.grid, mode, cmap, boxes=named)
-        path = save_figure(figure, Path(out_dir) / f"{stem}.{file_format}")
+        figure = method_figure(image, item.words, maps, model.grid, drawing.mode, drawing.cmap, boxes=named)
+        path = save_figure(figure, Path(drawing.out_dir) / f"{stem}.{drawing.file_format}")
         written.append((path, len(item.words) + 1))
     return written
