@@ -24,7 +24,8 @@ from captioning.evaluation.scorers import check_validation_metric
 from captioning.explain.options import run_settings
 from captioning.explain.study import FaithfulnessSettings
 from captioning.inference.captioner import caption_records, load_trained_captioner, split_records
-from captioning.training.run import RunOutputs, best_checkpoint, cache_features, start_run
+from captioning.training.cache_only import cache_features
+from captioning.training.run import RunOutputs, best_checkpoint, start_run
 from captioning.utils import distributed
 from captioning.utils.device import resolve_device
 from captioning.utils.json_files import read_json_file

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +14,9 @@ import torch
 
 from captioning.config import Config, to_dict
 from captioning.config.loading import save_config
-from captioning.data import build_vocabulary, data_source, load_records, reader_of, write_data_summary
+from captioning.data import build_vocabulary, data_source, load_records, write_data_summary
 from captioning.data.cache_build import cache_batch_size
 from captioning.data.datasets import CaptionDataset
-from captioning.data.feature_cache import FeatureCache
-from captioning.data.record_index import records_dir
 from captioning.data.records import ImageRecord, records_of_split
 from captioning.hub.checkpoint import (
     CheckpointError,
@@ -44,7 +41,6 @@ from captioning.training.cpu_threads import busy_machine_advice, say_if_busy
 from captioning.training.engine import TrainState
 from captioning.training.plan import (
     check_images_exist,
-    describe_cache_plan,
     describe_plan,
     resumed_length,
     warmup_note,
@@ -53,7 +49,6 @@ from captioning.training.resume_state import check_resume_payload, check_trainin
 from captioning.training.trainer import Trainer
 from captioning.utils import distributed
 from captioning.utils.device import amp_dtype, bf16_cost, resolve_device, seed_everything
-from captioning.utils.errors import RunError
 from captioning.utils.output_paths import check_output_folder
 from captioning.utils.run_folder import (
     CHECKPOINTS,
@@ -210,88 +205,6 @@ def check_resume(config: Config, output_dir: Path, resume: Path) -> dict:
     return payload
 
 
-def cache_features(config: Config, progress: bool = True) -> tuple[dict[str, Path], RunLock]:
-    """Run the frozen encoder once over every split and store the grids (``train.py --cache-only``).
-
-    It writes ``data_summary.json`` in ``train.output_dir`` and may build the feature cache there
-    (``folder`` datasets), so it holds the run folder's lock as a training run does: it is refused
-    while a run uses the folder, and a run is refused while it caches.
-
-    It prints its plan (``describe_cache_plan``) once the inputs are checked, and says which splits'
-    features were already cached.
-
-    Returns:
-        Every file or folder written, by what it is, and the held lock (``cache_only`` drops it).
-    """
-    if not uses_cache(config):
-        raise ValueError("features are cached only for a frozen encoder with data.use_cache true")
-    device = resolve_device(config.train.device)
-    group = distributed.init_from_environment(device.type)  # under torchrun every rank encodes its share
-    if device.type == "cuda" and group.world_size > 1:
-        device = torch.device("cuda", group.local_rank)
-        torch.cuda.set_device(device)
-    output_dir = Path(config.train.output_dir)
-    if group.is_main:
-        check_output_folder(output_dir, "train.output_dir")
-        RunLock(output_dir).check_free()
-        say_if_busy(device)
-    else:  # rank 0 reads (or generates) the data and claims the folder first
-        distributed.barrier()
-    # As a training run's rank 0 is seeded before it builds the model: random encoder weights
-    # (model.encoder.weights=none) then match the run's, and so does the cache folder they key.
-    seed_everything(config.train.seed, config.train.deterministic)
-    encoder = build_encoder(config.model.encoder)  # before the data: a missing weights file stops here
-    records = load_records(config.data, write_index=group.is_main)
-    check_images_exist(records, config.data.skip_bad_images)
-    vocab = build_vocabulary(records_of_split(records, "train") or records, config.data.min_word_count)
-    decoder = build_decoder(config.model.decoder, len(vocab), encoder.channels, encoder.grid)
-    model = Captioner(encoder, decoder, vocab, config.model).to(device)
-    by_split = {
-        split: [r for r in records_of_split(records, split) if r.captions]
-        for split in ("train", "val", "test")
-    }
-    if group.is_main:
-        print(
-            describe_cache_plan(
-                Counter({split: len(items) for split, items in by_split.items()}),
-                model.encoder.name,
-                model.encoder.grid,
-                model.encoder.channels,
-                feature_cache_dir(config, output_dir),
-            ),
-            flush=True,
-        )
-    lock = RunLock(output_dir)
-    try:  # caching that fails lets go of the folder, as a failed run does
-        written: dict[str, Path] = {}
-        if group.is_main:
-            output_dir.mkdir(parents=True, exist_ok=True)  # every input is checked: the folder may be claimed
-            lock = lock.acquire()
-            written["data summary"] = write_data_summary(records, config.data, output_dir)
-            index = records_dir(config.data)
-            if reader_of(config.data).indexed and index.is_dir():
-                written["dataset index"] = index
-            distributed.barrier()  # the data are read and the folder is claimed: the other ranks go on
-        for split, split_records in by_split.items():
-            if split_records:
-                features = caption_dataset(
-                    split_records, model, config, device, output_dir, progress and group.is_main, 1, group
-                ).features
-                if not isinstance(features, FeatureCache):  # uses_cache holds: caption_dataset builds one
-                    raise RunError(f"{split} features: no feature cache was built in {output_dir}")
-                computed = int(distributed.all_reduce_sum(torch.tensor(features.computed)))
-                if computed:
-                    written[f"{split} features"] = Path(features.path)
-                elif group.is_main:  # an existing cache is not listed as written
-                    print(
-                        f"{split} features: already cached in {features.path}, nothing computed", flush=True
-                    )
-    except BaseException:
-        lock.release()
-        raise
-    return written, lock
-
-
 def train(
     config: Config,
     resume: str | Path | None = None,
@@ -403,6 +316,65 @@ def start_run(
         check_run_subfolders(output_dir)
         RunLock(output_dir).check_free()
         say_if_busy(device)
+    config, point = _resume_point(config, output_dir, group, resume, length_given)
+    if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
+        distributed.barrier()
+    records, model = build_run_model(config, point.resume, device, group, test)
+    if point.stored is not None and point.resume is not None:  # stored is the checkpoint resume names
+        check_training_fits(point.stored, point.stored["training"], model, config, point.resume)
+        point.stored = None  # the weights and moments are loaded again, by the trainer
+    outputs = RunOutputs(output_dir)
+    new_folder = not output_dir.exists()
+    trainer = None
+    try:
+        if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
+            _claim_run_folder(config, records, outputs, point)
+            # The data are read (generated) and the folder is claimed: the other ranks go on.
+            distributed.barrier()
+        trainer = _ready_trainer(config, records, model, outputs, device, group, progress)
+        # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
+        # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders,
+        # and each DataLoader iterator without a generator draws its base seed from the global RNG), which
+        # made rank 0's dropout masks depend on whether the cache existed before the launch.
+        seed_everything(config.train.seed + group.rank, config.train.deterministic)
+        if point.resume is not None:
+            trainer.resume(point.resume)
+            if group.is_main:
+                print(
+                    f"resumed from {point.resume}: stage {trainer.state.stage}, "
+                    f"epoch {trainer.state.epoch + 1}, step {trainer.state.global_step}",
+                    flush=True,
+                )
+    except BaseException:
+        if trainer is not None:
+            trainer.log.close()
+        _let_go(outputs, group, new_folder)
+        raise
+    return Run(config, trainer, outputs, group, new_folder)
+
+
+@dataclass
+class _ResumePoint:
+    """Where a run starts: ``resume``, the checkpoint it continues (None: a new run) and ``stored``, that
+    checkpoint as loaded; ``auto``: ``--resume auto`` was asked for; ``start_over``: it was, after a
+    launch that wrote no checkpoint."""
+
+    resume: Path | None
+    stored: dict | None
+    auto: bool
+    start_over: bool
+
+
+def _resume_point(
+    config: Config,
+    output_dir: Path,
+    group: distributed.ProcessGroup,
+    resume: str | Path | None,
+    length_given: Collection[str] | None,
+) -> tuple[Config, _ResumePoint]:
+    """The run's configuration (a resumed run's lengths as ``plan.resumed_length`` says) and where it
+    starts, ``--resume`` validated before anything is written: a refused resume leaves the folder as
+    it was."""
     if resume is None and config.train.resume == AUTO:
         resume = AUTO
     start_over = False  # --resume auto after a launch that wrote no checkpoint
@@ -412,7 +384,7 @@ def start_run(
     else:
         resume = Path(resume) if resume is not None else None
     stored = None
-    if resume is not None:  # validate first, write after: a refused resume leaves the folder as it was
+    if resume is not None:
         stored = check_resume(config, output_dir, resume)
         if length_given is not None:
             config, note = resumed_length(
@@ -423,77 +395,67 @@ def start_run(
             )
             if note and group.is_main:
                 print(note, flush=True)
-    if not group.is_main:  # rank 0 reads (or generates) the data first; then all ranks fill the feature cache
-        distributed.barrier()
-    records, model = build_run_model(config, resume, device, group, test)
-    if stored is not None and resume is not None:  # stored is the checkpoint resume names
-        check_training_fits(stored, stored["training"], model, config, resume)
-        del stored  # the weights and moments are loaded again, by the trainer
-    outputs = RunOutputs(output_dir)
-    new_folder = not output_dir.exists()
-    trainer = None
-    try:
-        if group.is_main:  # nothing is written before this point: bad input leaves no folder behind
-            output_dir.mkdir(parents=True, exist_ok=True)
-            outputs.lock = RunLock(output_dir).acquire()
-            if start_over:
-                remove_outputs(
-                    output_dir,
-                    f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
-                    "(deleted the {count} files an earlier launch left)",
-                )
-            elif resume is None:
-                claim_output_dir(output_dir, config.train.overwrite)
-                if auto:
-                    print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
-            # Atomic: a relaunch with --resume auto reads it back.
-            atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
-            outputs.files["configuration"] = output_dir / "config.yaml"
-            outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
-            # The data are read (generated) and the folder is claimed: the other ranks go on.
-            distributed.barrier()
-        train_set, val_set = run_datasets(
-            records, model, config, output_dir, progress and group.is_main, device, group
+    return config, _ResumePoint(resume, stored, auto, start_over)
+
+
+def _claim_run_folder(
+    config: Config, records: list[ImageRecord], outputs: RunOutputs, point: _ResumePoint
+) -> None:
+    """Rank 0 makes and locks the output folder, clears it for a new run (or a start over), and writes
+    the configuration and the data summary there."""
+    output_dir = outputs.output_dir
+    output_dir.mkdir(parents=True, exist_ok=True)
+    outputs.lock = RunLock(output_dir).acquire()
+    if point.start_over:
+        remove_outputs(
+            output_dir,
+            f"resume auto: no checkpoint in {output_dir} yet; starting the run over "
+            "(deleted the {count} files an earlier launch left)",
         )
-        if group.is_main:
-            model.vocab.save(output_dir / "vocab.json")
-            outputs.files["vocabulary"] = output_dir / "vocab.json"
-            print(
-                f"data: {len(train_set)} training and {len(val_set)} validation images, "
-                f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
-                f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
-                f"device {device}",
-                flush=True,
-            )
-        if config.train.compile:
-            model.decoder.compile_step()
-        if group.world_size > 1 and config.model.encoder.fine_tune_stages:
-            # One starting point, as the wrap gives the decoder.
-            distributed.broadcast_parameters(model.encoder)
-        # With several processes DistributedDataParallel takes the decoder's place: its forward is the
-        # decoder's, and everything else reaches the decoder through distributed.unwrap, which is why
-        # the attribute keeps the decoder's type.
-        model.decoder = cast(CaptionDecoder, distributed.wrap(model.decoder, group, device))
-        trainer = Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
-        # Seed the training streams (dropout, sampling) again now that set-up is over: set-up draws
-        # from them a varying number of times (a rank that computes feature-cache rows runs DataLoaders,
-        # and each DataLoader iterator without a generator draws its base seed from the global RNG), which
-        # made rank 0's dropout masks depend on whether the cache existed before the launch.
-        seed_everything(config.train.seed + group.rank, config.train.deterministic)
-        if resume is not None:
-            trainer.resume(resume)
-            if group.is_main:
-                print(
-                    f"resumed from {resume}: stage {trainer.state.stage}, epoch {trainer.state.epoch + 1}, "
-                    f"step {trainer.state.global_step}",
-                    flush=True,
-                )
-    except BaseException:
-        if trainer is not None:
-            trainer.log.close()
-        _let_go(outputs, group, new_folder)
-        raise
-    return Run(config, trainer, outputs, group, new_folder)
+    elif point.resume is None:
+        claim_output_dir(output_dir, config.train.overwrite)
+        if point.auto:
+            print(f"resume auto: no checkpoint in {output_dir}; starting a new run", flush=True)
+    # Atomic: a relaunch with --resume auto reads it back.
+    atomic_write(output_dir / "config.yaml", lambda path: save_config(config, path))
+    outputs.files["configuration"] = output_dir / "config.yaml"
+    outputs.files["data summary"] = write_data_summary(records, config.data, output_dir)
+
+
+def _ready_trainer(
+    config: Config,
+    records: list[ImageRecord],
+    model: Captioner,
+    outputs: RunOutputs,
+    device: torch.device,
+    group: distributed.ProcessGroup,
+    progress: bool,
+) -> Trainer:
+    """The trainer, once the datasets are made (the feature cache filled), the vocabulary saved and
+    the decoder compiled and wrapped for several processes."""
+    output_dir = outputs.output_dir
+    main_progress = progress and group.is_main
+    train_set, val_set = run_datasets(records, model, config, output_dir, main_progress, device, group)
+    if group.is_main:
+        model.vocab.save(output_dir / "vocab.json")
+        outputs.files["vocabulary"] = output_dir / "vocab.json"
+        print(
+            f"data: {len(train_set)} training and {len(val_set)} validation images, "
+            f"vocabulary {len(model.vocab)} words, encoder {model.encoder.name} "
+            f"({model.encoder.channels} channels, grid {model.encoder.grid[0]}x{model.encoder.grid[1]}), "
+            f"device {device}",
+            flush=True,
+        )
+    if config.train.compile:
+        model.decoder.compile_step()
+    if group.world_size > 1 and config.model.encoder.fine_tune_stages:
+        # One starting point, as the wrap gives the decoder.
+        distributed.broadcast_parameters(model.encoder)
+    # With several processes DistributedDataParallel takes the decoder's place: its forward is the
+    # decoder's, and everything else reaches the decoder through distributed.unwrap, which is why
+    # the attribute keeps the decoder's type.
+    model.decoder = cast(CaptionDecoder, distributed.wrap(model.decoder, group, device))
+    return Trainer(config, output_dir, model, train_set, val_set, device, group, progress)
 
 
 def best_checkpoint(output_dir: Path) -> Path:
