@@ -92,9 +92,9 @@ def evaluate_test_split(
     if per_image_path is not None:  # none beside scores written to a device or a pipe
         outputs.files["test scores per image"] = per_image_path
     if study is not None:
-        from captioning.cli.evaluate import _write_faithfulness_page
+        from captioning.cli.faithfulness import write_faithfulness_page
 
-        outputs.files["faithfulness page"] = _write_faithfulness_page(
+        outputs.files["faithfulness page"] = write_faithfulness_page(
             output_dir / "test_faithfulness.html", scores, explained, captioned, model.grid, 20, progress
         )
     outputs.caption_warning = degenerate_captions(
