@@ -20,6 +20,7 @@ from torch import Tensor
 from captioning.explain.pixel_curves import change_counts
 from captioning.explain.sanity import randomisation_stages
 from captioning.explain.scoring import WordScorer, caption_tensor
+from captioning.explain.similarity import Reference
 from captioning.models.base import CaptionDecoder
 
 # rows through the decoder per explained word (forward only, forward and backward), per method;
@@ -37,6 +38,8 @@ class StudyPlan:
         methods: the methods.
         forward_rows, backward_rows: part -> decoder rows run forward only / forward and backward.
         encoder_images: images through the encoder (the pixel curves).
+        similarity_words: words' maps compared by the randomisation tests' four measures (each a
+            stretch of both maps to ``similarity_size`` pixels, HOG and SSIM).
         seconds: part -> estimated seconds (empty without a calibration).
     """
 
@@ -46,6 +49,7 @@ class StudyPlan:
     forward_rows: dict[str, int] = field(default_factory=dict)
     backward_rows: dict[str, int] = field(default_factory=dict)
     encoder_images: int = 0
+    similarity_words: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -78,6 +82,7 @@ class StudyPlan:
             "forward_rows": self.forward_rows,
             "backward_rows": self.backward_rows,
             "encoder_images": self.encoder_images,
+            "similarity_words": self.similarity_words,
             "estimated_seconds": self.seconds,
         }
 
@@ -119,6 +124,8 @@ def study_plan(
         stages = len(randomisation_stages(decoder)) * variants + 1
         forward, backward = explaining(count, sum(lengths[:count]))
         plan.forward_rows["sanity"], plan.backward_rows["sanity"] = forward * stages, backward * stages
+        # every stage's maps (and the trained maps once, as the reference) through the four measures
+        plan.similarity_words = sum(lengths[:count]) * len(methods) * stages
     if settings.pixel is not None and image_pixels:
         points = change_counts(image_pixels, settings.pixel.steps).numel()
         plan.forward_rows["pixel curves"] = words * 2 * points * orders
@@ -142,10 +149,13 @@ def calibrate(
     batch_rows: int,
     encode: Callable[[Tensor], Tensor] | None = None,
     images: Tensor | None = None,
+    similarity: tuple[tuple[int, int], int] | None = None,
 ) -> StudyPlan:
     """``plan`` with its seconds: each part's rows at the rates of one timed pass of ``batch_rows`` rows
     (the words of the first captions, repeated to fill it) forward, and forward and backward; the
-    encoder images at the rate of one pass of ``images`` (a few of the study's)."""
+    encoder images at the rate of one pass of ``images`` (a few of the study's); the randomisation
+    tests' measures at the rate of comparing a few words' maps (``similarity``: the grid and the
+    size in pixels they are compared at)."""
     count = min(len(tokens), 8)
     captions, lengths = caption_tensor(tokens[:count])
     scorer = WordScorer(decoder, captions.to(annotations.device), lengths.to(annotations.device))
@@ -168,4 +178,15 @@ def calibrate(
     if plan.encoder_images and encode is not None and images is not None:
         per_image = _timed(lambda: encode(images)) / images.size(0)
         plan.seconds["pixel curves"] = plan.seconds.get("pixel curves", 0.0) + plan.encoder_images * per_image
+    if plan.similarity_words and similarity is not None:
+        plan.seconds["sanity"] = plan.seconds.get("sanity", 0.0) + plan.similarity_words * _similarity_rate(
+            *similarity
+        )
     return plan
+
+
+def _similarity_rate(grid: tuple[int, int], size: int, words: int = 4) -> float:
+    """Seconds to compare one word's maps by the four measures at ``size`` pixels (a timed comparison
+    of ``words`` seeded random maps, its reference's HOG included)."""
+    maps = torch.rand(2, words, grid[0] * grid[1], generator=torch.Generator().manual_seed(0))
+    return _timed(lambda: Reference(maps[0], grid, size).compare(maps[1])) / words

@@ -183,7 +183,10 @@ def planned(
     images = pixels.images(0, min(2, len(tokens))) if pixels is not None else None
     size = images.size(-2) * images.size(-1) if images is not None else 0
     plan = study_plan(model.decoder, tokens, grids.size(1), settings, size)
-    return calibrate(plan, model.decoder, grids, tokens, settings.batch_rows, model.encode, images)
+    similarity = (model.grid, settings.similarity_size) if settings.sanity_images else None
+    return calibrate(
+        plan, model.decoder, grids, tokens, settings.batch_rows, model.encode, images, similarity
+    )
 
 
 def signature_field(settings: ExplainConfig, images: int, baseline: str | None = None) -> str:

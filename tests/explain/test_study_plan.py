@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from captioning.config import LSTMDecoderConfig
+from captioning.explain import similarity
 from captioning.explain.config import ExplainConfig
 from captioning.explain.plan import calibrate, study_plan
 from captioning.explain.sanity import randomisation_stages
@@ -25,7 +26,7 @@ def decoder() -> ShowAttendTellDecoder:
     return ShowAttendTellDecoder.from_config(config, 12, C).eval()
 
 
-def test_the_plan_counts_what_the_study_runs():
+def test_the_plan_counts_what_the_study_runs(monkeypatch):
     model = decoder()
     settings = ExplainConfig(ig_steps=3, curve_steps=4, random_seeds=2, sanity_images=2, batch_images=2)
     plan = study_plan(model, TOKENS, P, settings)
@@ -43,6 +44,16 @@ def test_the_plan_counts_what_the_study_runs():
     lines = plan.lines()
     assert "3 images, 9 words, 5 methods" in lines[0] and f"{plan_total(plan):,} decoder rows" in lines[0]
 
+    # the four measures: each stage's maps compared with the trained ones, which are the reference
+    assert plan.similarity_words == stages * sanity_words * 5
+    compared = []
+    original = similarity.Reference.compare
+    monkeypatch.setattr(
+        similarity.Reference,
+        "compare",
+        lambda self, other: compared.append(len(other)) or original(self, other),
+    )
+
     rows_run = []
     hook = model.register_forward_hook(lambda module, args, output: rows_run.append(args[1].size(0)))
     annotations = torch.rand(3, P, C, generator=torch.Generator().manual_seed(1))
@@ -59,6 +70,7 @@ def test_the_plan_counts_what_the_study_runs():
     )
     hook.remove()
     run = sum(rows_run)
+    assert sum(compared) == (stages - 1) * sanity_words * 5
     # within a few rows: the methods' own passes are batched their way (a batch's captions per pass)
     assert abs(run - plan_total(plan)) <= 0.05 * plan_total(plan)
 
@@ -66,6 +78,9 @@ def test_the_plan_counts_what_the_study_runs():
     assert set(calibrated.seconds) == {"explain", "curves", "sanity"}
     assert all(seconds > 0 for seconds in calibrated.seconds.values())
     assert "expected time (estimate" in calibrated.lines()[1]
+    passes_only = calibrated.seconds["sanity"]
+    calibrated = calibrate(plan, model, annotations, TOKENS, batch_rows=8, similarity=((2, 3), 32))
+    assert calibrated.seconds["sanity"] > passes_only  # the measures priced on top of the passes
 
 
 def plan_total(plan) -> int:
