@@ -80,7 +80,7 @@ def _compare_faithfulness(a: list, b: list, args: argparse.Namespace, comparison
     """The faithfulness rows of the systems' scores (each run's table or None, one run a side or
     several), when every run's scores hold them: printed, and added to ``--out``'s comparison."""
     from captioning.evaluation.significance import comparison_table
-    from captioning.explain.compare import faithfulness_comparison
+    from captioning.explain.compare import faithfulness_comparison, methods_not_shared
 
     tables_a, tables_b = [t for t in a if t is not None], [t for t in b if t is not None]
     if len(tables_a) < len(a) or len(tables_b) < len(b):
@@ -97,7 +97,11 @@ def _compare_faithfulness(a: list, b: list, args: argparse.Namespace, comparison
         "(areas: the mean over their words, x100; deletion: lower is faithful; p Holm: over these rows)"
     )
     print(comparison_table(rows, names))
+    left_out = methods_not_shared([*tables_a, *tables_b])
+    if left_out:
+        print(f"not compared (not in every run's table): {', '.join(left_out)}")
     comparison["faithfulness"] = {name: row.to_json() for name, row in rows.items()}
+    comparison["faithfulness_not_compared"] = left_out
     if args.out is not None:
         overall = {k: v for k, v in comparison.items() if k != "table"}
         atomic_write(args.out, lambda p: p.write_text(json.dumps(overall, indent=2), encoding="utf-8"))

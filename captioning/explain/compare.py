@@ -116,6 +116,14 @@ def common_images(tables: Sequence[Mapping[str, Any]]) -> list[int]:
     return sorted(set.intersection(*ids)) if ids else []
 
 
+def methods_not_shared(tables: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The methods some tables hold and others do not (not compared), in the order first met."""
+    held = [set(table.get("methods", {})) for table in tables]
+    every = set.intersection(*held) if held else set()
+    met = dict.fromkeys(name for table in tables for name in table.get("methods", {}))
+    return [name for name in met if name not in every]
+
+
 def check_comparable(
     a: Sequence[Mapping[str, Any] | None],
     b: Sequence[Mapping[str, Any] | None],

@@ -404,3 +404,33 @@ def test_seed_groups_refuse_runs_of_other_images(files, tmp_path):  # noqa: F811
         "--no-java",
     )
     assert_one_line_error(code, stderr, str(runs_a[0]), "image_id 7", str(fewer))
+
+
+def test_a_method_only_one_side_explained_is_named_not_dropped(files, tmp_path):  # noqa: F811
+    """A's table holds occlusion, B's occlusion and rollout: occlusion is compared, and the output and
+    ``--out`` say rollout was not."""
+    captions = {e["image_id"]: e["caption"] for e in json.loads(files["a"].read_text())}
+    runs = {}
+    for name, methods in (("a", ["occlusion"]), ("b", ["occlusion", "rollout"])):
+        runs[name] = write_system(tmp_path / name, captions)
+        areas = {"deletion_auc": 0.3, "insertion_auc": 0.7}
+        per_image = [
+            {
+                "image_id": i,
+                "random": {"deletion_auc": 0.6, "insertion_auc": 0.4},
+                **dict.fromkeys(methods, areas),
+            }
+            for i in captions
+        ]
+        table = {"methods": dict.fromkeys(methods, {}), "per_image": per_image}
+        (tmp_path / name / "test_scores.json").write_text(json.dumps({"faithfulness": table}))
+    out = tmp_path / "compared.json"
+    code, stdout, stderr = evaluate_in_process(
+        "--compare", str(runs["a"]), str(runs["b"]), "--annotations", str(files["refs"]), "--no-java",
+        "--resamples", "50", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, stderr
+    written = json.loads(out.read_text())
+    assert {key.split()[0] for key in written["faithfulness"]} == {"occlusion", "random"}
+    assert written["faithfulness_not_compared"] == ["rollout"]
+    assert "not compared (not in every run's table): rollout" in stdout
