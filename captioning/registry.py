@@ -81,7 +81,12 @@ class Registry(Generic[T]):
     @contextlib.contextmanager
     def scope(self) -> Iterator[Registry[T]]:
         """A block whose registrations are undone when it ends, however it ends: the registry then
-        holds exactly the entries it held when the block began (a family's attached class included).
+        holds exactly the entries it held when the block began, a family's class as it was then.
+
+        One thing stays: a class attached in the block to a family that had only its options
+        (:meth:`FamilyRegistry.register_options`) is the built-in family's own, attached by the first
+        import of the package that defines it; that import is not made again, so undoing it would
+        leave the family without its class for the rest of the process.
         """
         saved = dict(self._entries)
         attached = {name: entry.implementation for name, entry in saved.items() if isinstance(entry, Family)}
@@ -91,7 +96,8 @@ class Registry(Generic[T]):
             self._entries.clear()
             self._entries.update(saved)
             for name, implementation in attached.items():
-                saved[name].implementation = implementation  # type: ignore[attr-defined]
+                if implementation is not None:
+                    saved[name].implementation = implementation  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
     def registered(self, name: str, entry: Any, *args: Any) -> Iterator[Any]:

@@ -79,6 +79,29 @@ def test_a_scope_puts_back_a_familys_attached_class_and_its_options():
     assert DECODERS["lstm"] is lstm and lstm.implementation is ShowAttendTellDecoder
 
 
+def test_a_built_in_familys_class_attached_in_a_scope_by_its_first_import_stays():
+    """A process whose first import of the decoders' package happens inside a scope (a tool run in a
+    test) keeps the built-in family's class: that import is made once, and undoing what it attached
+    left "unknown decoder 'lstm'" for every later test of the process. A family registered in the
+    scope is still removed."""
+    import dataclasses
+
+    from captioning.config import DECODERS, DecoderConfig
+    from captioning.registry import FamilyRegistry
+
+    registry: FamilyRegistry = FamilyRegistry("decoder", "model.decoder.kind", DecoderConfig)
+    options = DECODERS["lstm"].config
+    registry.register_options("lstm")(options)
+    mine = dataclasses.make_dataclass(
+        "MineConfig", [("kind", str, dataclasses.field(default="mine"))], bases=(DecoderConfig,), frozen=True
+    )
+    with registry.scope():
+        registry.register_family("lstm", options)(dict)  # the package's import attaches its class
+        registry.register_family("mine", mine)(list)  # a family of one's own, registered in the block
+    assert registry.implementation_of("lstm") is dict
+    assert registry.names() == ("lstm",)
+
+
 def test_every_registry_is_put_back_after_each_test_with_the_user_modules_it_imported(tmp_path):
     from tool_runs import kept_registries
 
