@@ -21,6 +21,8 @@ from captioning.utils.errors import InputError
 
 
 def get_args_parser() -> argparse.ArgumentParser:
+    from captioning.cli.decoding_flags import add_decoding_flags
+
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -73,14 +75,6 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="figure file format",
     )
     parser.add_argument("--html", type=Path, default=None, help="also write an interactive HTML report here")
-    parser.add_argument("--beam-size", type=int, default=None, help="beam size (default: the checkpoint's)")
-    parser.add_argument(
-        "--num-return",
-        type=int,
-        default=None,
-        help="captions per image, ranked (at most the beam size): the figure shows the first one's "
-        "attention and lists the others under it",
-    )
     parser.add_argument(
         "--layer",
         default=None,
@@ -114,6 +108,13 @@ def get_args_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a data.* or decode.* key, e.g. --set decode.max_length=12 (repeatable)",
     )
+    decoding = parser.add_argument_group(
+        "decoding (one flag per decode.* key; defaults: the checkpoint's configuration, beam search)"
+    )
+    add_decoding_flags(
+        decoding,
+        notes={"num_return": "(the figure shows the first one's attention and lists the others under it)"},
+    )
     demo = parser.add_argument_group("a live demo in the browser instead of figure files")
     demo.add_argument(
         "--serve",
@@ -144,6 +145,7 @@ def main(args: argparse.Namespace) -> None:
         return
     if args.checkpoint is None:
         raise InputError("give --checkpoint (with IMAGE files or --split), or --serve CHECKPOINT_OR_FOLDER")
+    from captioning.cli.decoding_flags import decoding_changes
     from captioning.cli.visualize import visualize_images
 
     result = visualize_images(
@@ -157,8 +159,7 @@ def main(args: argparse.Namespace) -> None:
         mode=args.mode,
         file_format=args.file_format,
         html=args.html,
-        beam_size=args.beam_size,
-        num_return=args.num_return,
+        decoding=decoding_changes(args),
         device=args.device,
         layer=args.layer,
         head=args.head,

@@ -42,6 +42,25 @@ def add_decoding_flags(group: Any, notes: Mapping[str, str] | None = None) -> No
         group.add_argument(flag, type=scalar, default=None, choices=choices, help=meaning)
 
 
+def check_decoding_values(decoding: Mapping[str, Any]) -> None:
+    """Each given ``decode.*`` value (field name -> value, None: not given) in its own range, before the
+    checkpoint is read; what depends on the checkpoint's options (num_return and beam_groups against
+    its beam_size, min_length against its max_length) is checked once it is loaded.
+
+    Raises:
+        ConfigError: the first value out of its range, naming its key.
+    """
+    from captioning.config import MAX_DECODE_LENGTH
+    from captioning.inference.captioner import decode_config_with
+
+    given = {key: value for key, value in decoding.items() if value is not None}
+    early = {
+        "beam_size": given.get("beam_size", given.get("num_return", 1) * given.get("beam_groups", 1)),
+        "max_length": given.get("max_length", MAX_DECODE_LENGTH),
+    }
+    decode_config_with(decode_class()(), **{**given, **early})
+
+
 def decoding_changes(args: argparse.Namespace) -> dict[str, Any]:
     """The value of each decoding flag by field name (None: not given)."""
     return {item.name: getattr(args, item.name, None) for item in dataclasses.fields(decode_class())}

@@ -17,7 +17,7 @@ from captioning.cli.common import (
     refuse_export_for_attribution,
 )
 from captioning.cli.compare import compare_or_aggregate
-from captioning.cli.decoding_flags import decode_class, decoding_changes
+from captioning.cli.decoding_flags import check_decoding_values, decoding_changes
 from captioning.cli.evaluation_files import (
     EvaluationFiles,
     named_outputs,
@@ -33,7 +33,7 @@ from captioning.cli.faithfulness import (
     shuffled_decoder,
     write_faithfulness_page,
 )
-from captioning.config import MAX_DECODE_LENGTH, Config, ConfigError
+from captioning.config import Config, ConfigError
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
     apply_overrides,
@@ -207,15 +207,7 @@ def _checked_options(args: argparse.Namespace) -> _Checked:
     decoding = decoding_changes(args)  # a flag per decode.* key
     overrides = parse_overrides(args.overrides)
     check_overrides(overrides, CHECKPOINT_SECTIONS)
-    # Each flag's own range now; what depends on the checkpoint's options (num_return and
-    # beam_groups against its beam_size, min_length against its max_length) is checked once it is loaded.
-    early = {
-        "beam_size": (args.num_return or 1) * (args.beam_groups or 1)
-        if args.beam_size is None
-        else args.beam_size,
-        "max_length": MAX_DECODE_LENGTH if args.max_length is None else args.max_length,
-    }
-    decode_config_with(decode_class()(), **{**decoding, **early})
+    check_decoding_values(decoding)  # each flag's own range now; the rest once the checkpoint is loaded
     records = read_folder(args.images) if args.images is not None else None
     data_config = _checked_data_section(args, overrides, images=records is not None)
     return _Checked(faithfulness, decoding, overrides, records, data_config)

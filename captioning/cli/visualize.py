@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +14,7 @@ from captioning.cli.common import (
     load_for_tool,
     refuse_export_for_attribution,
 )
+from captioning.cli.decoding_flags import check_decoding_values
 from captioning.config import Config
 from captioning.config.loading import (
     CHECKPOINT_SECTIONS,
@@ -81,12 +82,14 @@ def visualization_config(
     overrides: Sequence[str] = (),
     beam_size: int | None = None,
     num_return: int | None = None,
+    decoding: Mapping[str, Any] | None = None,
 ) -> Config:
     """A checkpoint's configuration, adjusted for visualizing.
 
     Decoding is beam search with the checkpoint's options unless overridden. ``data_config`` takes
     the ``data`` section from another YAML file; ``overrides`` are ``KEY=VALUE`` strings on
-    ``data.*`` and ``decode.*`` keys; ``beam_size`` and ``num_return`` win over both.
+    ``data.*`` and ``decode.*`` keys; ``decoding`` (a ``decode.*`` field name -> value, None for
+    not given: the tool's flags), then ``beam_size`` and ``num_return``, win over both.
 
     Raises:
         ConfigError: a malformed or non-overridable key, or an invalid value.
@@ -95,6 +98,7 @@ def visualization_config(
         # Only the data section is read: a run's config.yaml of any version is taken (stored=True).
         config = with_data_section(config, load_config(data_config, stored=True).data)
     values: dict[str, Any] = {"decode.strategy": "beam", **parse_overrides(overrides)}
+    values.update({f"decode.{key}": value for key, value in (decoding or {}).items() if value is not None})
     if beam_size is not None:
         values["decode.beam_size"] = beam_size
     if num_return is not None:
@@ -133,6 +137,7 @@ def visualize_images(
     html: str | Path | None = None,
     beam_size: int | None = None,
     num_return: int | None = None,
+    decoding: Mapping[str, Any] | None = None,
     device: str = "auto",
     layer: str | int | None = None,
     head: str | int | None = None,
@@ -154,7 +159,7 @@ def visualize_images(
         mode: ``bilinear`` or ``gaussian`` attention upsampling.
         file_format: ``png``, ``pdf`` or ``svg``.
         html: also write the interactive HTML report there.
-        beam_size: overrides the checkpoint's beam size.
+        beam_size, decoding: the beam size, and any ``decode.*`` field by name (None: the checkpoint's).
         num_return: captions per image (``decode.num_return``): the figures draw the first one's
             attention and list the others, ranked, under it; the summary prints them all.
         layer, head: the attention map drawn (see ``attention_view``): a decoder layer and head
@@ -178,6 +183,8 @@ def visualize_images(
         ValueError / ConfigError: contradictory or invalid options.
     """
     _check_options(images, split, num, mode, normalize, cmap, file_format, overrides, methods)
+    named = {"beam_size": beam_size, "num_return": num_return}
+    check_decoding_values({**(decoding or {}), **{k: v for k, v in named.items() if v is not None}})
     view = attention_view(layer, head)
     checkpoint, paths = _checked_files(checkpoint, images, out_dir, file_format, html, methods)
     # Only now the heavy imports (torch, torchvision, matplotlib): bad input fails in a moment.
@@ -189,7 +196,7 @@ def visualize_images(
         from captioning.explain.methods import parse_methods
 
         methods = ",".join(parse_methods(methods, model.decoder))
-    config = visualization_config(config, data_config, overrides, beam_size, num_return)
+    config = visualization_config(config, data_config, overrides, beam_size, num_return, decoding)
     check_config_extras(config, encoder=False, tokenizer=False, dataset=split is not None)
     records, boxes, names = _records_to_draw(config, split, num, paths, data_config, overrides)
     # A handful of images: decode them straight from the files rather than building a feature cache.

@@ -1,6 +1,6 @@
-"""evaluate.py's decoding flags are DecodeConfig's fields: a field added to the class is a flag in
-``--help`` (with its meaning), reaches the search from the flag, ``--set`` and the Python API, and is
-in the scores' signature, with no other edit."""
+"""evaluate.py's and visualize.py's decoding flags are DecodeConfig's fields: a field added to the
+class is a flag in ``--help`` (with its meaning), reaches the search from the flag, ``--set`` and the
+Python API, and is in the scores' signature, with no other edit."""
 
 from __future__ import annotations
 
@@ -76,6 +76,44 @@ def test_a_new_decoding_field_is_a_flag_that_reaches_the_search(new_field, photo
         assert seen and set(seen) == {7}, flags
     refused = in_process("evaluate.py", "--checkpoint", FIXTURE, "--images", photos, "--word-cap", "x")
     assert refused.returncode == 2 and "--word-cap" in refused.stderr
+
+
+def test_visualize_takes_every_decoding_flag_too(new_field, photos, tmp_path):
+    wider, seen = new_field
+    shown = in_process("visualize.py", "--help")
+    assert shown.returncode == 0
+    assert "--word-cap WORD_CAP" in shown.stdout and "a word id never said; 0 = none" in shown.stdout
+    for item in dataclasses.fields(DecodeConfig):
+        assert "--" + item.name.replace("_", "-") in shown.stdout, item.name
+    run = in_process(
+        "visualize.py", photos / "red.png", "--checkpoint", FIXTURE, "--out-dir", tmp_path / "figures",
+        "--strategy", "greedy", "--word-cap", "7", "--no-progress", cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert seen and set(seen) == {7}
+    assert (tmp_path / "figures" / "red.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags, names",
+    [(["--temperature", "-1"], ["temperature", "-1"]), (["--top-p", "1.5"], ["top_p", "1.5"])],
+    ids=["temperature", "top-p"],
+)
+def test_visualize_refuses_a_decoding_value_before_loading(flags, names, photos, tmp_path, monkeypatch):
+    import captioning.cli.visualize as visualize_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded before the options were checked")
+
+    monkeypatch.setattr(visualize_module, "load_for_tool", never)
+    run = in_process(
+        "visualize.py", photos / "red.png", "--checkpoint", FIXTURE, "--out-dir", tmp_path / "figures",
+        *flags, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert all(name in last for name in names), last
+    assert not (tmp_path / "figures").exists()
 
 
 def test_a_new_decoding_field_reaches_the_api_and_the_signature(new_field):
