@@ -105,7 +105,7 @@ def main(args: argparse.Namespace) -> None:
             parse, bound = alternate_minimums(
                 lambda text=text: json.loads(text), lambda data=data: _too_deep(data), args.repeats
             )
-            print(f"{path.name:<28} {len(data) / 1e6:7.1f} {parse:8.3f} {bound:8.3f} {bound / parse:11.1%}")
+            print(f"{path.name:<28} {len(data) / 1e6:7.1f} {parse:8.3g} {bound:8.3g} {bound / parse:11.1%}")
 
 
 if __name__ == "__main__":
