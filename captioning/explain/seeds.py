@@ -41,7 +41,7 @@ from captioning.evaluation.significance import (
     resample_counts,
 )
 from captioning.explain.compare import CURVES, check_table, common_images
-from captioning.explain.statistics import ALPHA, BootstrapSettings, _more_faithful
+from captioning.explain.statistics import ALPHA, BootstrapSettings, _more_faithful, floor_warning
 from captioning.utils.json_files import read_json_file
 
 RANDOM = "random"
@@ -178,6 +178,9 @@ def seeds_lines(table: Mapping[str, Any]) -> list[str]:
         ]
         lines.append(f"{name:<22}  " + "  ".join(cells))
     lines.append("paired tests over images and seeds (B - A x100 [95% interval], p Holm over all tests):")
+    settings = table["settings"]
+    if warning := floor_warning(settings["tests"], settings["resamples"]):
+        lines.append(warning)
     for test in table["tests"]:
         verdict = f"  -> {test['more_faithful']}" if test["more_faithful"] else ""
         lines.append(

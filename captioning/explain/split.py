@@ -21,7 +21,7 @@ from captioning.explain.hallucinated_maps import peak_lines
 from captioning.explain.pixel_curves import PixelInputs
 from captioning.explain.plan import StudyPlan, calibrate, study_plan
 from captioning.explain.plausibility import Explained
-from captioning.explain.statistics import BootstrapSettings
+from captioning.explain.statistics import BootstrapSettings, floor_warning
 from captioning.explain.study import faithfulness_study
 from captioning.inference.batches import annotations_of, move
 from captioning.inference.captioner import Captioned
@@ -231,6 +231,8 @@ def table_lines(result: dict) -> list[str]:
                 f"{test['curve']}: {test['more_faithful']} more faithful than {other} "
                 f"(p Holm {test['p_holm']:.4f})"
             )
+    if statistics.get("tests") and (warning := floor_warning(statistics["tests"], statistics["resamples"])):
+        lines.append(warning)
     lines += peak_lines(result.get("hallucination_peaks", {}))
     if "pixel" in result:
         lines += pixel_lines(result)

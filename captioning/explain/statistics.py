@@ -78,7 +78,26 @@ class BootstrapSettings:
             "their image)",
             "test": "paired bootstrap over images (both sides resampled with the same images), two-sided",
             "correction": f"Holm over the {tests} tests of the table",
+            "tests": tests,
+            "smallest_p_holm": smallest_p_holm(tests, self.resamples),
         }
+
+
+def smallest_p_holm(tests: int, resamples: int) -> float:
+    """The smallest Holm-adjusted p-value any of ``tests`` bootstrap tests of ``resamples`` resamples
+    can have: the smallest p-value, 1 / (R + 1), times the number of tests (at most 1)."""
+    return min(1.0, tests / (resamples + 1))
+
+
+def floor_warning(tests: int, resamples: int) -> str | None:
+    """A line when the tests cannot reach ``ALPHA`` at all (too few resamples for so many tests)."""
+    floor = smallest_p_holm(tests, resamples)
+    if floor < ALPHA:
+        return None
+    return (
+        f"note: with {resamples} resamples and {tests} tests no p Holm can fall below {floor:.3g}, so no "
+        f"test can be called at {ALPHA:g}: give --resamples {100 * tests} or more (a floor of 0.01)"
+    )
 
 
 def image_statistics(values: np.ndarray, image_index: np.ndarray, images: int) -> np.ndarray:

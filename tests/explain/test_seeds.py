@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_evaluation_tools import evaluate_in_process, write_run
 
-from captioning.explain.seeds import seeds_table
+from captioning.explain.seeds import seeds_lines, seeds_table
 from captioning.explain.statistics import BootstrapSettings
 
 T_975_2 = 4.302652729911275  # Student's t, 97.5th percentile, 2 degrees of freedom (tables)
@@ -157,3 +157,23 @@ def test_aggregate_refuses_a_malformed_table_naming_file_and_entry(tmp_path):
     assert code != 0
     last = stderr.strip().splitlines()[-1]
     assert str(paths[2]) in last and "per_image[3]" in last and "deletion_auc" in last
+
+
+def test_a_table_whose_tests_cannot_reach_5_percent_says_so():
+    """72 tests (8 methods) of 1000 resamples: the smallest p-value 1/1001 times 72 is 0.072, so no
+    pair can be called whatever the maps; the console says so and what to give instead."""
+    from captioning.explain.split import table_lines
+    from captioning.explain.statistics import floor_warning, smallest_p_holm
+
+    assert smallest_p_holm(72, 1000) == pytest.approx(72 / 1001)
+    assert smallest_p_holm(30, 10000) == pytest.approx(30 / 10001)
+    warning = floor_warning(72, 1000)
+    assert warning is not None and "0.0719" in warning and "--resamples 7200" in warning
+    assert floor_warning(30, 1000) is None  # 0.03: a test can be called
+    random = {"deletion_auc": 0.8, "insertion_auc": 0.8}
+    for resamples, expected in ((1000, True), (10000, False)):
+        settings = BootstrapSettings(resamples=resamples).describe(72)
+        result = {"random": random, "methods": {}, "statistics": settings, "images": 2}
+        assert any("no p Holm can fall below" in line for line in table_lines(result)) is expected
+    table = seeds_table(make_tables(), BootstrapSettings(resamples=50))  # 6 tests, floor 6/51
+    assert any("no p Holm can fall below 0.118" in line for line in seeds_lines(table))
