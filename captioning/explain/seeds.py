@@ -40,7 +40,7 @@ from captioning.evaluation.significance import (
     ratio_score,
     resample_counts,
 )
-from captioning.explain.compare import CURVES, check_table, common_images
+from captioning.explain.compare import CURVES, check_table, common_images, methods_not_shared
 from captioning.explain.statistics import ALPHA, BootstrapSettings, _more_faithful, floor_warning
 from captioning.utils.json_files import read_json_file
 
@@ -86,12 +86,13 @@ def seeds_table(tables: Sequence[Mapping[str, Any]], settings: BootstrapSettings
     :func:`captioning.explain.compare.check_table`) are ``tables``.
 
     Returns:
-        ``{"runs": k, "images": N, "words": [per run], "methods": {name: {"deletion_auc",
-        "insertion_auc", "deletion_gap", "insertion_gap"}}`` (each a summary over runs: mean, std, min,
-        max, ci_low, ci_high, per_run; ``random`` has the areas only), ``"tests"``: the paired tests
-        (``curve``, ``a``, ``b``, ``a_area``, ``b_area``, ``difference`` B - A, ``ci_low``, ``ci_high``,
-        ``p_value``, ``p_holm``, ``more_faithful``; ``b`` is ``random`` for a method's gap test),
-        ``"settings"``} or ``{}`` when the tables share no image or no method.
+        ``{"runs": k, "images": N, "not_compared": [methods some tables lack], "words": [per run],
+        "methods": {name: {"deletion_auc", "insertion_auc", "deletion_gap", "insertion_gap"}}`` (each a
+        summary over runs: mean, std, min, max, ci_low, ci_high, per_run; ``random`` has the areas
+        only), ``"tests"``: the paired tests (``curve``, ``a``, ``b``, ``a_area``, ``b_area``,
+        ``difference`` B - A, ``ci_low``, ``ci_high``, ``p_value``, ``p_holm``, ``more_faithful``; ``b``
+        is ``random`` for a method's gap test), ``"settings"``} or ``{}`` when the tables share no
+        image or no method.
     """
     settings = settings or BootstrapSettings()
     images = common_images(tables)
@@ -110,6 +111,7 @@ def seeds_table(tables: Sequence[Mapping[str, Any]], settings: BootstrapSettings
         return np.array([s[:, 0].sum() / s[:, 1].sum() for s in stats[name][curve]])
 
     table: dict[str, Any] = {
+        "not_compared": methods_not_shared(tables),  # methods some runs' tables lack
         "runs": len(tables),
         "images": len(images),
         "words": [int(s[:, 1].sum()) for s in stats[RANDOM]["deletion"]],
@@ -177,6 +179,8 @@ def seeds_lines(table: Mapping[str, Any]) -> list[str]:
             cell(row.get(key)) for key in ("deletion_auc", "insertion_auc", "deletion_gap", "insertion_gap")
         ]
         lines.append(f"{name:<22}  " + "  ".join(cells))
+    if table.get("not_compared"):
+        lines.append(f"not compared (not in every run's table): {', '.join(table['not_compared'])}")
     lines.append("paired tests over images and seeds (B - A x100 [95% interval], p Holm over all tests):")
     settings = table["settings"]
     if warning := floor_warning(settings["tests"], settings["resamples"]):

@@ -177,3 +177,13 @@ def test_a_table_whose_tests_cannot_reach_5_percent_says_so():
         assert any("no p Holm can fall below" in line for line in table_lines(result)) is expected
     table = seeds_table(make_tables(), BootstrapSettings(resamples=50))  # 6 tests, floor 6/51
     assert any("no p Holm can fall below 0.118" in line for line in seeds_lines(table))
+
+
+def test_a_method_only_some_runs_explained_is_named_not_dropped():
+    tables = make_tables(seed=5)
+    for row in tables[1]["per_image"]:
+        row["occlusion"] = {"deletion_auc": 0.5, "insertion_auc": 0.5}
+    tables[1]["methods"]["occlusion"] = {}
+    table = seeds_table(tables, BootstrapSettings(resamples=20))
+    assert table["not_compared"] == ["occlusion"] and "occlusion" not in table["methods"]
+    assert "not compared (not in every run's table): occlusion" in seeds_lines(table)
