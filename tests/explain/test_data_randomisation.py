@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_study_after_training import tiny_run
 from tool_runs import REPO, in_process
 
 from captioning.data import load_records
@@ -20,26 +21,8 @@ MEASURES = ("spearman", "spearman_abs", "ssim", "hog")
 
 
 def settings(data: Path, output: Path, *extra: str) -> list[str]:
-    values = {
-        "data.root": data,
-        "data.shapes_train": 24,
-        "data.shapes_val": 4,
-        "data.shapes_test": 4,
-        "data.shapes_image_size": 64,
-        "model.encoder.image_size": 64,
-        "model.decoder.embed_dim": 16,
-        "model.decoder.hidden_dim": 16,
-        "model.decoder.attention_dim": 16,
-        "train.output_dir": output,
-        "train.epochs": 1,
-        "train.batch_size": 4,
-        "train.schedule": "plateau",
-        "train.scst_epochs": 0,
-        "train.ema_decay": 0.0,
-        "decode.beam_size": 2,
-        "decode.max_length": 6,
-    }
-    return [part for key, value in values.items() for part in ("--set", f"{key}={value}")] + list(extra)
+    """The tiny Shapes run of the study tests, with 24 training images and captions of at most 6 words."""
+    return tiny_run(data, output, **{"data.shapes_train": 24, "decode.max_length": 6}) + list(extra)
 
 
 @pytest.fixture(scope="module")
