@@ -40,10 +40,14 @@ REPO = Path(__file__).resolve().parents[1]
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_tool(script: str, *args, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """The real command-line tool in a subprocess started in ``cwd``."""
+def run_tool(
+    script: str, *args, timeout: float = 300, cwd: Path = REPO, address_space: int | None = None
+) -> subprocess.CompletedProcess:
+    """The real command-line tool in a subprocess started in ``cwd``; with ``address_space``, under that
+    real limit of its memory in bytes (``prlimit --as``), where an allocation past it fails."""
+    limit = ["prlimit", f"--as={address_space}"] if address_space is not None else []
     return subprocess.run(
-        [sys.executable, str(REPO / script), *map(str, args)],
+        [*limit, sys.executable, str(REPO / script), *map(str, args)],
         check=False,
         cwd=cwd,
         capture_output=True,

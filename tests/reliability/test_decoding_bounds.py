@@ -6,8 +6,6 @@ train.py (which checks what its validation and rollouts will need before its fir
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from messages import raises_naming
 from PIL import Image
 from test_faults import assert_one_line_error, shapes
 from test_hostile import short_run
-from tool_runs import ONE_THREAD, REPO, in_process
+from tool_runs import REPO, in_process, run_tool
 
 import captioning
 from captioning.config import ConfigError
@@ -161,21 +159,13 @@ def test_two_hundred_thousand_samples_are_refused_through_the_api(monkeypatch):
 @pytest.mark.slow  # a process importing torch under an address-space limit
 def test_two_hundred_thousand_samples_are_refused_under_a_real_memory_cap(photos, tmp_path):
     results = tmp_path / "captions.json"
-    result = subprocess.run(
-        [
-            "prlimit",
-            f"--as={4 << 30}",  # torch's own address space and a tiny model; not 4 GiB more
-            sys.executable,
-            str(REPO / "evaluate.py"),
-            *("--checkpoint", FIXTURE, "--images", photos, "--results", results),
-            *("--strategy", "sample", "--num-return", "200000", "--no-progress"),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_tool(  # torch's own address space and a tiny model; not 4 GiB more
+        "evaluate.py",
+        *("--checkpoint", FIXTURE, "--images", photos, "--results", results),
+        *("--strategy", "sample", "--num-return", "200000", "--no-progress"),
         timeout=120,
-        env=ONE_THREAD,
         cwd=tmp_path,
-        check=False,
+        address_space=4 << 30,
     )
     assert_one_line_error(result.returncode, result.stderr, "decode.num_return 200000", "lower --num-return")
     assert "MemoryError" not in result.stderr and not results.exists()
@@ -185,20 +175,12 @@ def test_two_hundred_thousand_samples_are_refused_under_a_real_memory_cap(photos
 def test_a_decoder_of_sixteen_thousand_layers_is_refused_under_a_real_memory_cap(tmp_path):
     folder = captioning.load(FIXTURE).save_pretrained(tmp_path / "model")
     edited(folder, lambda description: description["config"]["model"]["decoder"].update(init_layers=16384))
-    result = subprocess.run(
-        [
-            "prlimit",
-            f"--as={4 << 30}",
-            sys.executable,
-            str(REPO / "evaluate.py"),
-            *("--checkpoint", folder, "--split", "test", "--no-java", "--no-progress"),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_tool(
+        "evaluate.py",
+        *("--checkpoint", folder, "--split", "test", "--no-java", "--no-progress"),
         timeout=120,
-        env=ONE_THREAD,
         cwd=tmp_path,
-        check=False,
+        address_space=4 << 30,
     )
     assert_one_line_error(result.returncode, result.stderr, "model.decoder.init_layers 16384", "free on cpu")
     assert "MemoryError" not in result.stderr

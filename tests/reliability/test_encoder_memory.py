@@ -6,8 +6,6 @@ not a process the kernel kills or a raw allocator traceback."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from test_faults import assert_one_line_error
-from tool_runs import ONE_THREAD, REPO, in_process
+from tool_runs import REPO, in_process, run_tool
 
 import captioning
 from captioning.config import ConfigError
@@ -107,21 +105,13 @@ def test_evaluate_names_the_image_size_under_a_real_memory_cap(tmp_path):
     photos = tmp_path / "photos"
     photos.mkdir()
     Image.new("RGB", (40, 30), (200, 30, 30)).save(photos / "small.png")
-    result = subprocess.run(
-        [
-            "prlimit",
-            f"--as={4 << 30}",  # torch's own address space and a tiny model; not 3.8 GiB more
-            sys.executable,
-            str(REPO / "evaluate.py"),
-            *("--checkpoint", folder, "--images", photos, "--results", tmp_path / "captions.json"),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_tool(  # torch's own address space and a tiny model; not 3.8 GiB more
+        "evaluate.py",
+        *("--checkpoint", folder, "--images", photos, "--results", tmp_path / "captions.json"),
+        "--no-progress",
         timeout=120,
-        env=ONE_THREAD,
         cwd=tmp_path,
-        check=False,
+        address_space=4 << 30,
     )
     assert_one_line_error(
         result.returncode,

@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +23,7 @@ from test_faults import assert_one_line_error, shapes
 from test_hostile import short_run
 from test_hostile_bounds import cache_copy
 from test_training import as_flags
-from tool_runs import ONE_THREAD, REPO, in_process
+from tool_runs import REPO, in_process, run_tool
 
 from captioning.config import ConfigError, DataConfig
 from captioning.data import load_records, shard_listings, tar_members
@@ -314,23 +312,15 @@ def test_a_huge_integer_in_a_shards_json_names_the_shard_and_the_key(tmp_path):
 def test_a_brace_pattern_of_a_billion_shards_is_refused_under_a_memory_cap(tmp_path):
     write_img2dataset(tmp_path / "shards", shards=1, per_shard=2)
     pattern = str(tmp_path / "shards" / "{000000000..999999999}.tar")
-    result = subprocess.run(
-        [
-            "prlimit",
-            f"--as={4 * 2**30}",  # the library alone would take 3 GB in 30 s before refusing
-            sys.executable,
-            str(REPO / "train.py"),
-            "--cache-only",
-            "--no-progress",
-            *as_flags({"data.dataset": "webdataset", "data.root": pattern}),
-            *as_flags({"train.output_dir": tmp_path / "run"}),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_tool(  # the library alone would take 3 GB in 30 s before refusing
+        "train.py",
+        "--cache-only",
+        "--no-progress",
+        *as_flags({"data.dataset": "webdataset", "data.root": pattern}),
+        *as_flags({"train.output_dir": tmp_path / "run"}),
         timeout=120,
-        env=ONE_THREAD,
         cwd=tmp_path,
-        check=False,
+        address_space=4 * 2**30,
     )
     assert_one_line_error(
         result.returncode, result.stderr, "data.root: names 1000000000 shards or more, beyond the 1000000"
